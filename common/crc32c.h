@@ -1,0 +1,17 @@
+// CRC-32C (Castagnoli), hardware-accelerated with SSE4.2 where available.
+#ifndef TUTTI_COMMON_CRC32C_H_
+#define TUTTI_COMMON_CRC32C_H_
+
+#include <cstddef>
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+namespace tutti {
+
+// Extends crc (start with 0) over n bytes.
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
+inline uint32_t Crc32c(absl::string_view s) { return Crc32cExtend(0, s.data(), s.size()); }
+
+}  // namespace tutti
+
+#endif  // TUTTI_COMMON_CRC32C_H_

@@ -1,0 +1,31 @@
+// absl::Status <-> grpc::Status at the RPC edge.
+#ifndef TUTTI_COMMON_GRPC_STATUS_H_
+#define TUTTI_COMMON_GRPC_STATUS_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tutti {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view context = {});
+
+// Builds and starts a server listening on `address` ("host:port"; port 0
+// picks a free one). A port in use is reported as UNAVAILABLE naming it.
+// *bound_port receives the actual port.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port);
+
+// A channel with the keepalive and message-size settings tutti uses.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+}  // namespace tutti
+
+#endif  // TUTTI_COMMON_GRPC_STATUS_H_

@@ -1,0 +1,48 @@
+// Loading, defaulting and checking the job configuration (tutti.v1.JobConfig,
+// written as a text-format proto).
+#ifndef TUTTI_COMMON_JOB_CONFIG_H_
+#define TUTTI_COMMON_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/cost_model.h"
+#include "common/smart_resize.h"
+#include "tutti/v1/job.pb.h"
+
+namespace tutti {
+
+// Parses a text-format JobConfig; the error names the file, line and field.
+absl::StatusOr<v1::JobConfig> ParseJobConfig(const std::string& text, const std::string& origin);
+absl::StatusOr<v1::JobConfig> LoadJobConfig(const std::string& path);
+
+// Fills every unset field with its documented default (see job.proto).
+void ApplyJobDefaults(v1::JobConfig* config);
+
+// Checks what can be checked without the index; messages name field and fix.
+absl::Status ValidateJobConfig(const v1::JobConfig& config);
+
+// A stable hex digest of the config (deterministic serialization).
+std::string JobFingerprint(const v1::JobConfig& config);
+
+// The curriculum stage in force at `step` (the last with start_step <= step).
+const v1::CurriculumStage& StageAt(const v1::JobConfig& config, uint64_t step);
+
+VisionGeometryOptions GeometryOptions(const v1::JobConfig& config, uint64_t max_pixels);
+CostModelOptions CostOptions(const v1::JobConfig& config);
+
+// Parses "a:b" into two positive integers.
+absl::Status ParseRatio(const std::string& ratio, uint32_t* a, uint32_t* b);
+
+// Micro-batch split per rank: how many of grad_accum micro-batches are text
+// and how many VL so that the configured ratio holds exactly.
+struct MicroBatchSplit {
+  uint32_t text_micro_batches = 0;
+  uint32_t vl_micro_batches = 0;
+};
+absl::StatusOr<MicroBatchSplit> SplitMicroBatches(const v1::BatchConfig& batch);
+
+}  // namespace tutti
+
+#endif  // TUTTI_COMMON_JOB_CONFIG_H_

@@ -1,0 +1,40 @@
+// POSIX shared-memory segments: the stager writes batches into them and
+// clients map them read-only without copying.
+#ifndef TUTTI_COMMON_SHM_H_
+#define TUTTI_COMMON_SHM_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tutti {
+
+class ShmSegment {
+ public:
+  // Creates (or replaces) a segment of `size` bytes, mapped read-write.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size);
+  // Maps an existing segment; size is taken from the segment.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name, bool writable);
+  // Removes the name (mappings stay valid until unmapped).
+  static void Unlink(const std::string& name);
+
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  char* data() const { return static_cast<char*>(addr_); }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  ShmSegment(std::string name, void* addr, size_t size) : name_(std::move(name)), addr_(addr), size_(size) {}
+  std::string name_;
+  void* addr_;
+  size_t size_;
+};
+
+}  // namespace tutti
+
+#endif  // TUTTI_COMMON_SHM_H_
