@@ -45,25 +45,39 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
 
 size_t DTypeSize(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FLOAT32: return 4;
-    case v1::DTYPE_BFLOAT16: return 2;
-    case v1::DTYPE_INT32: return 4;
-    case v1::DTYPE_INT64: return 8;
-    case v1::DTYPE_UINT8: return 1;
-    case v1::DTYPE_FLOAT16: return 2;
-    default: return 0;
+    case v1::DTYPE_FLOAT32:
+      return 4;
+    case v1::DTYPE_BFLOAT16:
+      return 2;
+    case v1::DTYPE_INT32:
+      return 4;
+    case v1::DTYPE_INT64:
+      return 8;
+    case v1::DTYPE_UINT8:
+      return 1;
+    case v1::DTYPE_FLOAT16:
+      return 2;
+    default:
+      return 0;
   }
 }
 
 absl::string_view DTypeName(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FLOAT32: return "float32";
-    case v1::DTYPE_BFLOAT16: return "bfloat16";
-    case v1::DTYPE_INT32: return "int32";
-    case v1::DTYPE_INT64: return "int64";
-    case v1::DTYPE_UINT8: return "uint8";
-    case v1::DTYPE_FLOAT16: return "float16";
-    default: return "unknown";
+    case v1::DTYPE_FLOAT32:
+      return "float32";
+    case v1::DTYPE_BFLOAT16:
+      return "bfloat16";
+    case v1::DTYPE_INT32:
+      return "int32";
+    case v1::DTYPE_INT64:
+      return "int64";
+    case v1::DTYPE_UINT8:
+      return "uint8";
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    default:
+      return "unknown";
   }
 }
 
@@ -74,8 +88,8 @@ uint64_t ArrayView::elements() const {
 }
 
 absl::StatusOr<Batch> Batch::Map(v1::BatchDescriptor desc, Releaser release) {
-  const std::string where =
-      absl::StrCat(ExchangeWhere(desc.step(), desc.rank()), ", batch segment '", desc.shm_name(), "'");
+  const std::string where = absl::StrCat(ExchangeWhere(desc.step(), desc.rank()),
+                                         ", batch segment '", desc.shm_name(), "'");
   auto corrupt = [&](auto&&... parts) {
     return absl::DataLossError(absl::StrCat(where, ": ", parts...,
                                             " (the stager wrote a batch this client cannot read: "
@@ -108,7 +122,8 @@ absl::StatusOr<Batch> Batch::Map(v1::BatchDescriptor desc, Releaser release) {
     v.nbytes = a.nbytes();
     if (!names.insert(v.name).second) return corrupt("array '", v.name, "' appears twice");
     const size_t esize = DTypeSize(v.dtype);
-    if (esize == 0) return corrupt("array '", v.name, "' has unknown dtype ", static_cast<int>(v.dtype));
+    if (esize == 0)
+      return corrupt("array '", v.name, "' has unknown dtype ", static_cast<int>(v.dtype));
     uint64_t elements = 1;
     for (uint64_t d : v.shape) {
       if (d != 0 && elements > std::numeric_limits<uint64_t>::max() / esize / d) {
@@ -144,7 +159,8 @@ absl::StatusOr<Batch> Batch::Map(v1::BatchDescriptor desc, Releaser release) {
 
   // Cross-array consistency.
   if (const ArrayView* grid = batch.Find("image_grid_thw")) {
-    if (grid->shape[1] != 3) return corrupt("image_grid_thw has shape ", ShapeText(grid->shape), "; expected [images, 3]");
+    if (grid->shape[1] != 3)
+      return corrupt("image_grid_thw has shape ", ShapeText(grid->shape), "; expected [images, 3]");
     uint64_t patches = 0;
     auto thw = batch.image_grid_thw();
     for (size_t i = 0; i < thw.size(); i += 3) {
@@ -198,8 +214,8 @@ absl::Status Batch::Release() {
   if (s_->released) return absl::OkStatus();
   s_->released = true;
   absl::Status s = s_->release ? s_->release() : absl::OkStatus();
-  s_->arrays.clear();     // views end here
-  s_->segment.reset();    // unmapped unless a binding still holds it
+  s_->arrays.clear();   // views end here
+  s_->segment.reset();  // unmapped unless a binding still holds it
   return Annotate(s, absl::StrCat(ExchangeWhere(step(), rank()), ": releasing the batch"));
 }
 
@@ -212,17 +228,20 @@ const ArrayView* Batch::Find(absl::string_view name) const {
 
 absl::Span<const int32_t> Batch::Int32(absl::string_view name) const {
   const ArrayView* a = Find(name);
-  return a != nullptr && a->dtype == v1::DTYPE_INT32 ? a->span<int32_t>() : absl::Span<const int32_t>();
+  return a != nullptr && a->dtype == v1::DTYPE_INT32 ? a->span<int32_t>()
+                                                     : absl::Span<const int32_t>();
 }
 
 absl::Span<const int64_t> Batch::Int64(absl::string_view name) const {
   const ArrayView* a = Find(name);
-  return a != nullptr && a->dtype == v1::DTYPE_INT64 ? a->span<int64_t>() : absl::Span<const int64_t>();
+  return a != nullptr && a->dtype == v1::DTYPE_INT64 ? a->span<int64_t>()
+                                                     : absl::Span<const int64_t>();
 }
 
 absl::Span<const float> Batch::audio_values() const {
   const ArrayView* a = Find("audio_values");
-  return a != nullptr && a->dtype == v1::DTYPE_FLOAT32 ? a->span<float>() : absl::Span<const float>();
+  return a != nullptr && a->dtype == v1::DTYPE_FLOAT32 ? a->span<float>()
+                                                       : absl::Span<const float>();
 }
 
 uint64_t Batch::images() const {

@@ -84,7 +84,9 @@ class Batch {
 
   // Well-known arrays (stager.proto); empty spans / nullptr when absent.
   const ArrayView* pixel_values() const { return Find("pixel_values"); }  // FLOAT32 or BFLOAT16
-  absl::Span<const int32_t> image_grid_thw() const { return Int32("image_grid_thw"); }  // 3 per image
+  absl::Span<const int32_t> image_grid_thw() const {
+    return Int32("image_grid_thw");
+  }  // 3 per image
   absl::Span<const int64_t> image_sample_ids() const { return Int64("image_sample_ids"); }
   absl::Span<const int32_t> input_ids() const { return Int32("input_ids"); }
   absl::Span<const int32_t> cu_seqlens() const { return Int32("cu_seqlens"); }

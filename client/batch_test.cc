@@ -1,10 +1,10 @@
 #include "client/batch.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
 
 #include "client/test_segment.h"
 
@@ -31,7 +31,8 @@ TestSegment& StandardBatch(TestSegment& seg, v1::DType pixel_dtype = v1::DTYPE_F
   }
   seg.Add("image_grid_thw", v1::DTYPE_INT32, {2, 3}, std::vector<int32_t>{1, 2, 2, 1, 2, 4})
       .Add("image_sample_ids", v1::DTYPE_INT64, {2}, std::vector<int64_t>{41, 42})
-      .Add("input_ids", v1::DTYPE_INT32, {7}, std::vector<int32_t>{151652, 151655, 151653, 9, 8, 7, 6})
+      .Add("input_ids", v1::DTYPE_INT32, {7},
+           std::vector<int32_t>{151652, 151655, 151653, 9, 8, 7, 6})
       .Add("cu_seqlens", v1::DTYPE_INT32, {3}, std::vector<int32_t>{0, 5, 7})
       .Add("seq_offsets", v1::DTYPE_INT32, {2}, std::vector<int32_t>{0, 7})
       .Add("micro_batch_offsets", v1::DTYPE_INT32, {2}, std::vector<int32_t>{0, 1})
@@ -180,7 +181,8 @@ TEST(Batch, RefusesInconsistentArrays) {
       {[](auto& d) { Array(d, "input_ids")->set_nbytes(12); }, "nbytes 12"},
       {[](auto& d) { Array(d, "input_ids")->set_offset(Array(d, "input_ids")->offset() + 4); },
        "not a multiple of 64"},
-      {[](auto& d) { Array(d, "input_ids")->set_dtype(static_cast<v1::DType>(99)); }, "unknown dtype"},
+      {[](auto& d) { Array(d, "input_ids")->set_dtype(static_cast<v1::DType>(99)); },
+       "unknown dtype"},
       {[](auto& d) { Array(d, "input_ids")->set_dtype(v1::DTYPE_FLOAT32); },
        "dtype float32, which stager.proto does not allow"},
       {[](auto& d) { *d.add_arrays() = *Array(d, "seq_offsets"); }, "appears twice"},

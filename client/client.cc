@@ -1,8 +1,8 @@
 #include "client/client.h"
 
-#include <cstdlib>
-
 #include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -56,14 +56,15 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(
     auto [name, value] = FirstEnv(getenv, names);
     if (name.empty()) return absl::OkStatus();
     if (!absl::SimpleAtoi(value, out) || *out < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("environment variable ", name, "='", value, "' is not a non-negative integer"));
+      return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "='", value,
+                                                     "' is not a non-negative integer"));
     }
     return absl::OkStatus();
   };
   if (opts.rank < 0) {
     int64_t rank = -1;
-    RETURN_IF_ERROR(env_int({"TUTTI_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &rank));
+    RETURN_IF_ERROR(
+        env_int({"TUTTI_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &rank));
     if (rank < 0) {
       return absl::InvalidArgumentError(
           "no rank: set TUTTI_RANK (mpirun and srun set OMPI_COMM_WORLD_RANK / SLURM_PROCID, which "
@@ -73,7 +74,8 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(
   }
   if (opts.world_size < 0) {
     int64_t world = -1;
-    RETURN_IF_ERROR(env_int({"TUTTI_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, &world));
+    RETURN_IF_ERROR(
+        env_int({"TUTTI_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, &world));
     opts.world_size = static_cast<int>(world);
   }
   if (opts.world_size == 0) {
@@ -101,21 +103,23 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(
 
 absl::StatusOr<uint32_t> CheckJobWorldSize(const v1::JobInfo& job, int rank, int world_size) {
   const uint32_t planned = job.config().world_size();
-  const std::string job_name =
-      job.config().job_id().empty() ? "the packer's job" : absl::StrCat("job '", job.config().job_id(), "'");
+  const std::string job_name = job.config().job_id().empty()
+                                   ? "the packer's job"
+                                   : absl::StrCat("job '", job.config().job_id(), "'");
   if (planned == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        job_name, " has no world_size; set world_size in the job config and restart tutti-packerd"));
+        job_name,
+        " has no world_size; set world_size in the job config and restart tutti-packerd"));
   }
   if (world_size > 0 && static_cast<uint32_t>(world_size) != planned) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "world size mismatch: this client runs with ", world_size, " ranks but ", job_name,
-        " was planned for ", planned, " ranks; launch ", planned,
-        " ranks, or restart tutti-packerd with world_size: ", world_size));
+    return absl::FailedPreconditionError(
+        absl::StrCat("world size mismatch: this client runs with ", world_size, " ranks but ",
+                     job_name, " was planned for ", planned, " ranks; launch ", planned,
+                     " ranks, or restart tutti-packerd with world_size: ", world_size));
   }
   if (rank < 0 || static_cast<uint32_t>(rank) >= planned) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is outside ", job_name, "'s ",
-                                                      planned, " ranks (0..", planned - 1,
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is outside ", job_name,
+                                                      "'s ", planned, " ranks (0..", planned - 1,
                                                       "); check TUTTI_RANK"));
   }
   return planned;
@@ -129,8 +133,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ASSIGN_OR_RETURN(ClientOptions opts, ResolveClientOptions(options));
   std::unique_ptr<Client> c(new Client());
   c->options_ = opts;
-  c->stager_ = std::shared_ptr<v1::Stager::Stub>(v1::Stager::NewStub(MakeChannel(opts.stager_address)));
-  c->packer_ = std::shared_ptr<v1::Packer::Stub>(v1::Packer::NewStub(MakeChannel(opts.packer_address)));
+  c->stager_ =
+      std::shared_ptr<v1::Stager::Stub>(v1::Stager::NewStub(MakeChannel(opts.stager_address)));
+  c->packer_ =
+      std::shared_ptr<v1::Packer::Stub>(v1::Packer::NewStub(MakeChannel(opts.packer_address)));
 
   const std::string at_packer = absl::StrCat("GetJob from tutti-packerd at ", opts.packer_address);
   absl::Status s = RetryUnavailable(c->Policy(opts.connect_timeout), at_packer, [&] {
@@ -139,8 +145,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return FromGrpcStatus(c->packer_->GetJob(&ctx, v1::GetJobRequest(), &c->job_));
   });
   if (absl::IsUnavailable(s)) {
-    return absl::UnavailableError(absl::StrCat(s.message(), " (is tutti-packerd running there? "
-                                                            "check TUTTI_PACKER)"));
+    return absl::UnavailableError(absl::StrCat(s.message(),
+                                               " (is tutti-packerd running there? "
+                                               "check TUTTI_PACKER)"));
   }
   RETURN_IF_ERROR(Annotate(s, at_packer));
   ASSIGN_OR_RETURN(c->world_size_, CheckJobWorldSize(c->job_, opts.rank, opts.world_size));
@@ -155,8 +162,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return FromGrpcStatus(c->stager_->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
   });
   if (absl::IsUnavailable(s)) {
-    return absl::UnavailableError(absl::StrCat(s.message(), " (is this node's tutti-stagerd "
-                                                            "running there? check TUTTI_STAGER)"));
+    return absl::UnavailableError(absl::StrCat(s.message(),
+                                               " (is this node's tutti-stagerd "
+                                               "running there? check TUTTI_STAGER)"));
   }
   RETURN_IF_ERROR(Annotate(s, at_stager));
   c->next_step_ = static_cast<uint64_t>(opts.start_step);
@@ -167,8 +175,8 @@ Client::~Client() = default;
 
 absl::StatusOr<Batch> Client::Next() {
   const uint64_t step = next_step_;
-  const std::string where = absl::StrCat(ExchangeWhere(step, rank_), ": AcquireBatch from tutti-stagerd at ",
-                                         options_.stager_address);
+  const std::string where = absl::StrCat(
+      ExchangeWhere(step, rank_), ": AcquireBatch from tutti-stagerd at ", options_.stager_address);
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + options_.batch_timeout;
   v1::BatchDescriptor desc;
@@ -197,16 +205,16 @@ absl::StatusOr<Batch> Client::Next() {
   }
   auto releaser = [stub = stager_, step, rank = rank_, policy = Policy(options_.retry_budget),
                    rpc_timeout = options_.rpc_timeout, address = options_.stager_address] {
-    return RetryUnavailable(
-        policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address), [&] {
-          grpc::ClientContext ctx;
-          ctx.set_deadline(Deadline(rpc_timeout));
-          v1::ReleaseBatchRequest req;
-          req.set_step(step);
-          req.set_rank(rank);
-          v1::ReleaseBatchResponse resp;
-          return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
-        });
+    return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
+                            [&] {
+                              grpc::ClientContext ctx;
+                              ctx.set_deadline(Deadline(rpc_timeout));
+                              v1::ReleaseBatchRequest req;
+                              req.set_step(step);
+                              req.set_rank(rank);
+                              v1::ReleaseBatchResponse resp;
+                              return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
+                            });
   };
   ASSIGN_OR_RETURN(Batch batch, Batch::Map(std::move(desc), std::move(releaser)));
   const double waited = absl::ToDoubleSeconds(absl::Now() - start);
@@ -241,9 +249,9 @@ absl::Status Client::ReportTiming(uint64_t step, const std::vector<PhaseTime>& p
 absl::Status Client::Exchange(const v1::RankPlan& plan, uint64_t step, const void* send,
                               size_t send_bytes, void* recv, size_t recv_bytes) {
   if (transport_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        ExchangeWhere(step, rank_),
-        ": no transport; call SetTransport(MpiTransport::CreateWorld()) first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(ExchangeWhere(step, rank_),
+                     ": no transport; call SetTransport(MpiTransport::CreateWorld()) first"));
   }
   return transport_->Exchange(plan, send, send_bytes, recv, recv_bytes,
                               ExchangeContext{step, world_size_});
@@ -252,9 +260,9 @@ absl::Status Client::Exchange(const v1::RankPlan& plan, uint64_t step, const voi
 absl::Status Client::ExchangeBackward(const v1::RankPlan& plan, uint64_t step, const void* send,
                                       size_t send_bytes, void* recv, size_t recv_bytes) {
   if (transport_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        ExchangeWhere(step, rank_),
-        ": no transport; call SetTransport(MpiTransport::CreateWorld()) first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(ExchangeWhere(step, rank_),
+                     ": no transport; call SetTransport(MpiTransport::CreateWorld()) first"));
   }
   return transport_->ExchangeBackward(plan, send, send_bytes, recv, recv_bytes,
                                       ExchangeContext{step, world_size_});

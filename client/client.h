@@ -111,8 +111,8 @@ class Client {
   // (see Transport::Exchange). FAILED_PRECONDITION when no transport is set.
   absl::Status Exchange(const Batch& batch, const void* send, size_t send_bytes, void* recv,
                         size_t recv_bytes);
-  absl::Status ExchangeBackward(const Batch& batch, const void* send, size_t send_bytes,
-                                void* recv, size_t recv_bytes);
+  absl::Status ExchangeBackward(const Batch& batch, const void* send, size_t send_bytes, void* recv,
+                                size_t recv_bytes);
   // The same for a plan held apart from its batch.
   absl::Status Exchange(const v1::RankPlan& plan, uint64_t step, const void* send,
                         size_t send_bytes, void* recv, size_t recv_bytes);

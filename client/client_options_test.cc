@@ -1,11 +1,10 @@
-#include <sys/socket.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <map>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "client/client.h"
 
@@ -25,8 +24,10 @@ std::function<const char*(const char*)> Env(std::map<std::string, std::string> v
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 TEST(ResolveClientOptions, ReadsTheEnvironment) {
-  auto o = ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"},
-                                         {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+  auto o = ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"},
+                                         {"TUTTI_PACKER", "p:2"},
+                                         {"OMPI_COMM_WORLD_RANK", "3"},
+                                         {"OMPI_COMM_WORLD_SIZE", "4"},
                                          {"TUTTI_START_STEP", "17"}}));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->stager_address, "s:1");
@@ -40,8 +41,10 @@ TEST(ResolveClientOptions, ReadsTheEnvironment) {
 TEST(ResolveClientOptions, ExplicitValuesWinAndTuttiRankComesFirst) {
   ClientOptions in;
   in.stager_address = "mine:9";
-  auto o = ResolveClientOptions(in, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"},
-                                         {"TUTTI_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}}));
+  auto o = ResolveClientOptions(in, Env({{"TUTTI_STAGER", "s:1"},
+                                         {"TUTTI_PACKER", "p:2"},
+                                         {"TUTTI_RANK", "1"},
+                                         {"OMPI_COMM_WORLD_RANK", "3"}}));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->stager_address, "mine:9");
   EXPECT_EQ(o->rank, 1);
@@ -53,19 +56,27 @@ TEST(ResolveClientOptions, NamesWhatIsMissingOrWrong) {
   EXPECT_THAT(Msg(ResolveClientOptions({}, Env({})).status()), HasSubstr("TUTTI_STAGER"));
   EXPECT_THAT(Msg(ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"}})).status()),
               HasSubstr("TUTTI_PACKER"));
-  EXPECT_THAT(Msg(ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"}})).status()),
+  EXPECT_THAT(Msg(ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"}}))
+                      .status()),
               HasSubstr("no rank: set TUTTI_RANK"));
-  EXPECT_THAT(Msg(ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"},
-                                                {"TUTTI_RANK", "two"}})).status()),
-              HasSubstr("TUTTI_RANK='two' is not a non-negative integer"));
-  EXPECT_THAT(Msg(ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"},
-                                                {"TUTTI_RANK", "4"}, {"TUTTI_WORLD_SIZE", "4"}})).status()),
+  EXPECT_THAT(
+      Msg(ResolveClientOptions(
+              {}, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"}, {"TUTTI_RANK", "two"}}))
+              .status()),
+      HasSubstr("TUTTI_RANK='two' is not a non-negative integer"));
+  EXPECT_THAT(Msg(ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"},
+                                                {"TUTTI_PACKER", "p:2"},
+                                                {"TUTTI_RANK", "4"},
+                                                {"TUTTI_WORLD_SIZE", "4"}}))
+                      .status()),
               HasSubstr("rank 4 is outside world size 4"));
   ClientOptions bad;
   bad.batch_timeout = absl::ZeroDuration();
-  EXPECT_THAT(Msg(ResolveClientOptions(bad, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"},
-                                                 {"TUTTI_RANK", "0"}})).status()),
-              HasSubstr("batch_timeout must be positive"));
+  EXPECT_THAT(
+      Msg(ResolveClientOptions(
+              bad, Env({{"TUTTI_STAGER", "s:1"}, {"TUTTI_PACKER", "p:2"}, {"TUTTI_RANK", "0"}}))
+              .status()),
+      HasSubstr("batch_timeout must be positive"));
 }
 
 v1::JobInfo Job(uint32_t world) {
@@ -78,8 +89,10 @@ v1::JobInfo Job(uint32_t world) {
 TEST(CheckJobWorldSize, MismatchNamesBothSizesAndTheFix) {
   auto w = CheckJobWorldSize(Job(8), 0, 4);
   EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(Msg(w.status()), HasSubstr("this client runs with 4 ranks but job 'vlm-7b' was planned for 8"));
-  EXPECT_THAT(Msg(w.status()), HasSubstr("launch 8 ranks, or restart tutti-packerd with world_size: 4"));
+  EXPECT_THAT(Msg(w.status()),
+              HasSubstr("this client runs with 4 ranks but job 'vlm-7b' was planned for 8"));
+  EXPECT_THAT(Msg(w.status()),
+              HasSubstr("launch 8 ranks, or restart tutti-packerd with world_size: 4"));
 }
 
 TEST(CheckJobWorldSize, AcceptsTheJobsSizeOrAnUnknownOne) {
@@ -113,7 +126,8 @@ TEST(Client, ConnectGivesUpOnAnUnreachablePackerAndSaysWhere) {
   o.initial_backoff = absl::Milliseconds(50);
   auto c = Client::Connect(o);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
-  EXPECT_THAT(Msg(c.status()), HasSubstr("GetJob from tutti-packerd at " + packer + ": gave up after"));
+  EXPECT_THAT(Msg(c.status()),
+              HasSubstr("GetJob from tutti-packerd at " + packer + ": gave up after"));
   EXPECT_THAT(Msg(c.status()), HasSubstr("is tutti-packerd running there?"));
 }
 

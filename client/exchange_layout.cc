@@ -24,10 +24,10 @@ absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfe
   int64_t prev_peer = -1;
   for (const v1::Transfer& t : transfers) {
     if (t.peer() >= comm_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": the plan's exchange ", what, " names peer rank ", t.peer(),
-          " but the communicator has ", comm_size,
-          " ranks; the plan was made for a larger job (check world_size)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the plan's exchange ", what, " names peer rank ", t.peer(),
+                       " but the communicator has ", comm_size,
+                       " ranks; the plan was made for a larger job (check world_size)"));
     }
     if (static_cast<int64_t>(t.peer()) <= prev_peer) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -57,9 +57,9 @@ absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfe
     off += t.bytes();
   }
   if (off != declared_total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the plan's exchange declares ", declared_total, " ", what, " bytes but its ",
-        what, " transfers add up to ", off, " (a corrupt plan)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the plan's exchange declares ", declared_total, " ", what,
+                     " bytes but its ", what, " transfers add up to ", off, " (a corrupt plan)"));
   }
   *total = off;
   return absl::OkStatus();
@@ -89,8 +89,8 @@ ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t c
 absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, ExchangeDirection dir,
                                                    uint32_t comm_rank, uint32_t comm_size,
                                                    const ExchangeContext& ctx) {
-  const std::string where = absl::StrCat(ExchangeWhere(ctx.step, comm_rank), ", ", DirName(dir),
-                                         " exchange");
+  const std::string where =
+      absl::StrCat(ExchangeWhere(ctx.step, comm_rank), ", ", DirName(dir), " exchange");
   if (ctx.world_size != 0 && ctx.world_size != comm_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         where, ": the plan is for ", ctx.world_size, " ranks but the communicator has ", comm_size,
@@ -112,9 +112,10 @@ absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, Exc
                       fwd ? ex.recv_bytes() : ex.send_bytes(), comm_size, where, &l.recv_counts,
                       &l.recv_offsets, &l.recv_bytes));
   if (l.send_counts[comm_rank] != l.recv_counts[comm_rank]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the plan sends ", l.send_counts[comm_rank], " bytes to this rank itself but receives ",
-        l.recv_counts[comm_rank], " from itself (a corrupt plan)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the plan sends ", l.send_counts[comm_rank],
+                     " bytes to this rank itself but receives ", l.recv_counts[comm_rank],
+                     " from itself (a corrupt plan)"));
   }
   return l;
 }

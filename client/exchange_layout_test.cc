@@ -75,7 +75,8 @@ TEST(ExchangeLayout, RandomPlansAreConsistentAcrossRanks) {
       layouts.push_back(*l);
     }
     for (uint32_t a = 0; a < 5; ++a) {
-      for (uint32_t b = 0; b < 5; ++b) EXPECT_EQ(layouts[a].send_counts[b], layouts[b].recv_counts[a]);
+      for (uint32_t b = 0; b < 5; ++b)
+        EXPECT_EQ(layouts[a].send_counts[b], layouts[b].recv_counts[a]);
     }
   }
 }
@@ -91,7 +92,8 @@ TEST(ExchangeLayout, WorldSizeMismatchNamesBothSizesAndTheFix) {
 TEST(ExchangeLayout, AnotherRanksPlan) {
   auto l = BuildExchangeLayout(Plan(1), ExchangeDirection::kForward, 0, 3);
   EXPECT_EQ(l.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(Msg(l.status()), HasSubstr("this process is rank 0 of the communicator but was given rank 1's plan"));
+  EXPECT_THAT(Msg(l.status()),
+              HasSubstr("this process is rank 0 of the communicator but was given rank 1's plan"));
 }
 
 TEST(ExchangeLayout, RefusesCorruptPlans) {
@@ -100,20 +102,27 @@ TEST(ExchangeLayout, RefusesCorruptPlans) {
     std::string expect;
   };
   const std::vector<Case> cases = {
-      {[](auto& p) { p.mutable_exchange()->mutable_sends(1)->set_peer(3); }, "names peer rank 3 but the communicator has 3"},
-      {[](auto& p) { p.mutable_exchange()->mutable_sends(1)->set_peer(0); }, "lists peer 0 after peer 0"},
-      {[](auto& p) { p.mutable_exchange()->mutable_recvs(1)->set_bytes(6); }, "declares 6 bytes but its items add up to 5"},
-      {[](auto& p) { p.mutable_exchange()->set_send_bytes(31); }, "declares 31 send bytes but its send transfers add up to 30"},
-      {[](auto& p) { p.mutable_exchange()->mutable_recvs(0)->mutable_items(0)->set_bytes(9);
-                     p.mutable_exchange()->mutable_recvs(0)->set_bytes(9);
-                     p.mutable_exchange()->set_recv_bytes(14); },
+      {[](auto& p) { p.mutable_exchange()->mutable_sends(1)->set_peer(3); },
+       "names peer rank 3 but the communicator has 3"},
+      {[](auto& p) { p.mutable_exchange()->mutable_sends(1)->set_peer(0); },
+       "lists peer 0 after peer 0"},
+      {[](auto& p) { p.mutable_exchange()->mutable_recvs(1)->set_bytes(6); },
+       "declares 6 bytes but its items add up to 5"},
+      {[](auto& p) { p.mutable_exchange()->set_send_bytes(31); },
+       "declares 31 send bytes but its send transfers add up to 30"},
+      {[](auto& p) {
+         p.mutable_exchange()->mutable_recvs(0)->mutable_items(0)->set_bytes(9);
+         p.mutable_exchange()->mutable_recvs(0)->set_bytes(9);
+         p.mutable_exchange()->set_recv_bytes(14);
+       },
        "sends 10 bytes to this rank itself but receives 9"},
   };
   for (const Case& c : cases) {
     v1::RankPlan p = Plan(0);
     c.mutate(p);
     auto l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
-    EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << c.expect << ": " << l.status();
+    EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.expect << ": " << l.status();
     EXPECT_THAT(Msg(l.status()), HasSubstr(c.expect));
   }
 }
@@ -124,7 +133,9 @@ TEST(ExchangeLayout, BufferSizesNameExpectedAndGiven) {
   EXPECT_TRUE(CheckBufferSizes(*l, 30, 15).ok());
   absl::Status s = CheckBufferSizes(*l, 29, 15);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Msg(s), HasSubstr("step 2, rank 0, forward exchange: send buffer size mismatch: expected 30 bytes"));
+  EXPECT_THAT(
+      Msg(s),
+      HasSubstr("step 2, rank 0, forward exchange: send buffer size mismatch: expected 30 bytes"));
   EXPECT_THAT(Msg(s), HasSubstr("given 29"));
   s = CheckBufferSizes(*l, 30, 16);
   EXPECT_THAT(Msg(s), HasSubstr("receive buffer size mismatch: expected 15 bytes"));

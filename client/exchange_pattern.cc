@@ -17,7 +17,8 @@ uint64_t Mix(uint64_t x) {
 }
 
 uint64_t ItemSeed(uint64_t salt, const v1::TransferItem& item) {
-  return Mix(Mix(Mix(salt ^ item.sample_id()) ^ static_cast<uint64_t>(item.encoder())) ^ item.index());
+  return Mix(Mix(Mix(salt ^ item.sample_id()) ^ static_cast<uint64_t>(item.encoder())) ^
+             item.index());
 }
 
 // The 8 pattern bytes of word w (offsets 8w .. 8w+7) of an item.
@@ -29,9 +30,10 @@ absl::Status CheckSize(const Transfers& transfers, size_t size) {
     uint64_t items = 0;
     for (const v1::TransferItem& item : t.items()) items += item.bytes();
     if (items != t.bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the transfer with peer ", t.peer(), " has ", t.bytes(), " bytes but its items add up to ",
-          items, "; patterns need every byte to belong to an item"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the transfer with peer ", t.peer(), " has ", t.bytes(),
+                       " bytes but its items add up to ", items,
+                       "; patterns need every byte to belong to an item"));
     }
     total += t.bytes();
   }
@@ -84,10 +86,10 @@ absl::Status VerifyPattern(const Transfers& transfers, uint64_t salt, const uint
           const uint8_t want = static_cast<uint8_t>(w >> (8 * k));
           if (p[o + k] != want) {
             return absl::DataLossError(absl::StrCat(
-                "wrong byte at offset ", o + k, " of item (sample ", item.sample_id(),
-                ", encoder ", item.encoder(), ", index ", item.index(), ") exchanged with peer ",
-                t.peer(), " (buffer offset ", (p - buf) + o + k, "): expected ",
-                static_cast<int>(want), ", found ", static_cast<int>(p[o + k])));
+                "wrong byte at offset ", o + k, " of item (sample ", item.sample_id(), ", encoder ",
+                item.encoder(), ", index ", item.index(), ") exchanged with peer ", t.peer(),
+                " (buffer offset ", (p - buf) + o + k, "): expected ", static_cast<int>(want),
+                ", found ", static_cast<int>(p[o + k])));
           }
         }
       }

@@ -51,7 +51,8 @@ TEST(ExchangePattern, AWrongByteIsLocated) {
   buf[23] ^= 0x40;
   absl::Status s = VerifyPattern(transfers, 1, buf.data(), buf.size());
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("offset 13 of item (sample 8, encoder 0, index 1)"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("offset 13 of item (sample 8, encoder 0, index 1)"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("peer 2 (buffer offset 23)"));
 }
 

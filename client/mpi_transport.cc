@@ -22,7 +22,8 @@ const char* DirName(uint32_t dir) { return dir == 0 ? "forward" : "backward"; }
 std::string RankList(const std::vector<int>& ranks) {
   std::vector<int> shown(ranks.begin(), ranks.begin() + std::min<size_t>(ranks.size(), 16));
   std::string s = absl::StrJoin(shown, ", ");
-  if (ranks.size() > shown.size()) absl::StrAppend(&s, " and ", ranks.size() - shown.size(), " more");
+  if (ranks.size() > shown.size())
+    absl::StrAppend(&s, " and ", ranks.size() - shown.size(), " more");
   return s;
 }
 
@@ -32,15 +33,15 @@ std::string RankList(const std::vector<int>& ranks) {
 // every rank runs the same binary on the same architecture.
 struct MpiTransport::Header {
   uint64_t magic = 0;
-  uint64_t seq = 0;               // the sender's exchange count
+  uint64_t seq = 0;  // the sender's exchange count
   uint64_t step = kUnknownStep;
   uint64_t sends_you = 0;         // hello: bytes the sender sends the receiver
   uint64_t expects_from_you = 0;  // hello: bytes the sender expects from the receiver
   uint32_t direction = 0;
-  int32_t code = 0;               // absl::StatusCode of the sender's verdict
+  int32_t code = 0;  // absl::StatusCode of the sender's verdict
   uint32_t world = 0;
   uint32_t sender = 0;
-  char reason[200] = {};          // the sender's error message, truncated
+  char reason[200] = {};  // the sender's error message, truncated
 
   void SetStatus(const absl::Status& s) {
     code = static_cast<int32_t>(s.code());
@@ -55,7 +56,8 @@ absl::Status MpiStatus(int code, absl::string_view what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(code, text, &len);
-  return absl::InternalError(absl::StrCat(what, ": MPI error ", code, ": ", absl::string_view(text, len)));
+  return absl::InternalError(
+      absl::StrCat(what, ": MPI error ", code, ": ", absl::string_view(text, len)));
 }
 
 absl::Status EnsureMpiInitialized() {
@@ -64,7 +66,8 @@ absl::Status EnsureMpiInitialized() {
   if (initialized) return absl::OkStatus();
   MPI_Finalized(&finalized);
   if (finalized) {
-    return absl::FailedPreconditionError("MPI was already finalised in this process; it cannot be restarted");
+    return absl::FailedPreconditionError(
+        "MPI was already finalised in this process; it cannot be restarted");
   }
   int provided = 0;
   RETURN_IF_ERROR(MpiStatus(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
@@ -77,8 +80,8 @@ absl::Status EnsureMpiInitialized() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(MPI_Comm comm,
-                                                                   const MpiTransportOptions& opts) {
+absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(
+    MPI_Comm comm, const MpiTransportOptions& opts) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -86,8 +89,8 @@ absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(MPI_Comm comm
         "MPI is not initialised: call MPI_Init first, or use MpiTransport::CreateWorld");
   }
   if (opts.max_count == 0 || opts.max_count > static_cast<uint64_t>(INT_MAX)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MpiTransportOptions.max_count must be in [1, INT_MAX], got ", opts.max_count));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MpiTransportOptions.max_count must be in [1, INT_MAX], got ", opts.max_count));
   }
   MPI_Comm dup = MPI_COMM_NULL;
   RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup"));
@@ -127,9 +130,9 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
     if (p == rank_) continue;
     reqs.emplace_back();
     peer.push_back(-1);
-    RETURN_IF_ERROR(MpiStatus(MPI_Isend(&out[p], sizeof(Header), MPI_BYTE, static_cast<int>(p),
-                                        tag, comm_, &reqs.back()),
-                              "MPI_Isend"));
+    RETURN_IF_ERROR(MpiStatus(
+        MPI_Isend(&out[p], sizeof(Header), MPI_BYTE, static_cast<int>(p), tag, comm_, &reqs.back()),
+        "MPI_Isend"));
   }
   std::vector<int> done(reqs.size());
   for (uint64_t spin = 0;; ++spin) {
@@ -180,9 +183,10 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
   const absl::Time deadline = absl::Now() + opts_.join_timeout;
   auto timed_out = [&](const std::vector<int>& missing, const char* stage) {
-    broken_ = absl::FailedPreconditionError(absl::StrCat(
-        "an earlier exchange (", where, ") timed out; messages from late ranks may still be in "
-        "flight, so this transport refuses further exchanges: stop the job"));
+    broken_ = absl::FailedPreconditionError(
+        absl::StrCat("an earlier exchange (", where,
+                     ") timed out; messages from late ranks may still be in "
+                     "flight, so this transport refuses further exchanges: stop the job"));
     return absl::DeadlineExceededError(absl::StrCat(
         where, ": rank(s) ", missing.empty() ? std::string("?") : RankList(missing), " did not ",
         stage, " within ", absl::FormatDuration(opts_.join_timeout),
@@ -215,7 +219,8 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
       verdict = absl::FailedPreconditionError(absl::StrCat(where, ": ", parts...));
     };
     if (h.magic != kHelloMagic || h.sender != p || h.world != size_) {
-      refuse("rank ", p, " sent a malformed agreement message (another library using this "
+      refuse("rank ", p,
+             " sent a malformed agreement message (another library using this "
              "communicator's tags?)");
     } else if (h.seq != seq_) {
       refuse("rank ", p, " is at exchange #", h.seq, " but this rank is at #", seq_,
@@ -227,15 +232,15 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
       continue;  // it refused its own input and says why in round 2
     } else if (local.ok() && h.step != layout.step && h.step != kUnknownStep &&
                layout.step != kUnknownStep) {
-      refuse("rank ", p, " is exchanging step ", h.step, "'s plan but this rank step ",
-             layout.step, "'s");
+      refuse("rank ", p, " is exchanging step ", h.step, "'s plan but this rank step ", layout.step,
+             "'s");
     } else if (local.ok() && h.sends_you != layout.recv_counts[p]) {
       refuse("rank ", p, " sends ", h.sends_you, " bytes to rank ", rank_, " but rank ", rank_,
              "'s plan expects ", layout.recv_counts[p],
              " from it: the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
     } else if (local.ok() && h.expects_from_you != layout.send_counts[p]) {
-      refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", rank_,
-             " but rank ", rank_, "'s plan sends it ", layout.send_counts[p],
+      refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", rank_, " but rank ",
+             rank_, "'s plan sends it ", layout.send_counts[p],
              ": the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
     }
   }
@@ -297,7 +302,8 @@ absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const voi
   auto make = [&](uint64_t offset, uint64_t count, MPI_Datatype* type) -> absl::Status {
     const uint64_t chunks = count / chunk, rem = count % chunk;
     if (chunks > static_cast<uint64_t>(INT_MAX)) {
-      return absl::InvalidArgumentError(absl::StrCat("a transfer of ", count, " bytes is too large"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a transfer of ", count, " bytes is too large"));
     }
     int lens[2];
     MPI_Aint displs[2];
@@ -313,8 +319,8 @@ absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const voi
       displs[n] = static_cast<MPI_Aint>(offset + chunks * chunk);
       types[n++] = MPI_BYTE;
     }
-    RETURN_IF_ERROR(MpiStatus(MPI_Type_create_struct(n, lens, displs, types, type),
-                              "MPI_Type_create_struct"));
+    RETURN_IF_ERROR(
+        MpiStatus(MPI_Type_create_struct(n, lens, displs, types, type), "MPI_Type_create_struct"));
     MPI_Type_commit(type);
     created.push_back(*type);
     return absl::OkStatus();
@@ -334,9 +340,10 @@ absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const voi
   }
   static char empty;
   if (status.ok()) {
-    status = MpiStatus(MPI_Alltoallw(send ? send : &empty, sc.data(), zero.data(), st.data(),
-                                     recv ? recv : &empty, rc.data(), zero.data(), rt.data(), comm_),
-                       "MPI_Alltoallw");
+    status =
+        MpiStatus(MPI_Alltoallw(send ? send : &empty, sc.data(), zero.data(), st.data(),
+                                recv ? recv : &empty, rc.data(), zero.data(), rt.data(), comm_),
+                  "MPI_Alltoallw");
   }
   for (MPI_Datatype& t : created) MPI_Type_free(&t);
   MPI_Type_free(&chunk_type);

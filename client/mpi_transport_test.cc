@@ -3,14 +3,13 @@
 // all ranks run the same tests in the same order.
 #include "client/mpi_transport.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "client/examples/rank_step.h"
 #include "client/exchange_pattern.h"
@@ -63,7 +62,8 @@ TEST(MpiTransport, RandomPlansMoveEveryByteForwardAndBackward) {
     o.max_item_bytes = seed % 5 == 0 ? 200000 : 3000;
     const auto plans = RandomExchangePlans(o);
     double seconds = -1;
-    absl::Status s = ExchangeAndVerify(*t, plans[t->rank()], ExchangeContext{seed, o.world_size}, &seconds);
+    absl::Status s =
+        ExchangeAndVerify(*t, plans[t->rank()], ExchangeContext{seed, o.world_size}, &seconds);
     ASSERT_TRUE(s.ok()) << "seed " << seed << ": " << s;
     EXPECT_GE(seconds, 0);
   }
@@ -81,7 +81,8 @@ TEST(MpiTransport, CountsAboveTheIntLimitUseDerivedDatatypes) {
     o.seed = seed;
     o.max_item_bytes = 5000;
     const auto plans = RandomExchangePlans(o);
-    absl::Status s = ExchangeAndVerify(*t, plans[t->rank()], ExchangeContext{seed, o.world_size}, nullptr);
+    absl::Status s =
+        ExchangeAndVerify(*t, plans[t->rank()], ExchangeContext{seed, o.world_size}, nullptr);
     ASSERT_TRUE(s.ok()) << "seed " << seed << ": " << s;
   }
   EXPECT_GT(t->large_exchanges(), 0u);
@@ -129,7 +130,8 @@ TEST(MpiTransport, SendBufferSizeMismatchOnEveryRank) {
                                ExchangeContext{7, t->world_size()});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(Msg(s), HasSubstr("send buffer size mismatch"));
-  EXPECT_THAT(Msg(s), HasSubstr("expected " + std::to_string(plan.exchange().send_bytes()) + " bytes"));
+  EXPECT_THAT(Msg(s),
+              HasSubstr("expected " + std::to_string(plan.exchange().send_bytes()) + " bytes"));
   EXPECT_THAT(Msg(s), HasSubstr("given " + std::to_string(plan.exchange().send_bytes() + 1)));
   EXPECT_THAT(Msg(s), HasSubstr("step 7, rank " + std::to_string(t->rank())));
   EXPECT_TRUE(b.RecvUntouched());
@@ -170,8 +172,9 @@ TEST(MpiTransport, PlanForAnotherWorldSizeIsRefusedOnEveryRank) {
   absl::Status s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(),
                                ExchangeContext{9, planned});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(Msg(s), HasSubstr("the plan is for " + std::to_string(planned) +
-                                " ranks but the communicator has " + std::to_string(t->world_size())));
+  EXPECT_THAT(Msg(s),
+              HasSubstr("the plan is for " + std::to_string(planned) +
+                        " ranks but the communicator has " + std::to_string(t->world_size())));
   EXPECT_TRUE(b.RecvUntouched());
 }
 
@@ -214,7 +217,8 @@ TEST(MpiTransport, PlansThatDisagreeAreRefusedOnEveryRank) {
                                ExchangeContext{12, t->world_size()});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   if (t->rank() == 2) {
-    EXPECT_THAT(Msg(s), HasSubstr("rank 0 sends " + std::to_string(plans[0].exchange().sends(2).bytes() + 8) +
+    EXPECT_THAT(Msg(s), HasSubstr("rank 0 sends " +
+                                  std::to_string(plans[0].exchange().sends(2).bytes() + 8) +
                                   " bytes to rank 2 but rank 2's plan expects " +
                                   std::to_string(plans[0].exchange().sends(2).bytes())));
   } else if (t->rank() != 0) {
@@ -251,12 +255,14 @@ TEST(MpiTransport, ZZ_ARankThatNeverArrivesIsReportedNotAHang) {
                                ExchangeContext{14, t->world_size()});
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   if (t->rank() != late) {
-    EXPECT_THAT(Msg(s), HasSubstr("rank(s) " + std::to_string(late) + " did not join the exchange"));
+    EXPECT_THAT(Msg(s),
+                HasSubstr("rank(s) " + std::to_string(late) + " did not join the exchange"));
   } else {
     EXPECT_THAT(Msg(s), HasSubstr("did not confirm the exchange"));
   }
   EXPECT_TRUE(b.RecvUntouched());
-  absl::Status again = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size());
+  absl::Status again =
+      t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size());
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
   EXPECT_THAT(Msg(again), HasSubstr("timed out"));
   MPI_Barrier(MPI_COMM_WORLD);

@@ -37,13 +37,14 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   RETURN_IF_ERROR(NcclStatus(ncclCommCount(comm, &size), comm, "ncclCommCount"));
   if (control != nullptr && (control->rank() != static_cast<uint32_t>(rank) ||
                              control->world_size() != static_cast<uint32_t>(size))) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the control transport is rank ", control->rank(), " of ", control->world_size(),
-        " but the NCCL communicator is rank ", rank, " of ", size,
-        "; build both over the same ranks in the same order"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the control transport is rank ", control->rank(), " of ",
+                     control->world_size(), " but the NCCL communicator is rank ", rank, " of ",
+                     size, "; build both over the same ranks in the same order"));
   }
-  return std::unique_ptr<NcclTransport>(new NcclTransport(
-      comm, false, stream, control, static_cast<uint32_t>(rank), static_cast<uint32_t>(size), opts));
+  return std::unique_ptr<NcclTransport>(new NcclTransport(comm, false, stream, control,
+                                                          static_cast<uint32_t>(rank),
+                                                          static_cast<uint32_t>(size), opts));
 }
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::CreateWithMpi(
@@ -55,7 +56,8 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::CreateWithMpi(
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
   ncclUniqueId id;
   if (rank == 0) RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId"));
-  RETURN_IF_ERROR(MpiStatus(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_comm), "MPI_Bcast of the NCCL id"));
+  RETURN_IF_ERROR(
+      MpiStatus(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_comm), "MPI_Bcast of the NCCL id"));
   ncclComm_t comm = nullptr;
   RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm, size, id, rank), nullptr,
                              absl::StrCat("ncclCommInitRank(rank ", rank, " of ", size, ")")));

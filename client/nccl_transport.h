@@ -36,9 +36,9 @@ class NcclTransport final : public Transport {
  public:
   // Wraps an initialised communicator (not owned). `control` (not owned, may
   // be null) must have the same rank and size.
-  static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(ncclComm_t comm, cudaStream_t stream,
-                                                               Transport* control,
-                                                               const NcclTransportOptions& opts = {});
+  static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(
+      ncclComm_t comm, cudaStream_t stream, Transport* control,
+      const NcclTransportOptions& opts = {});
   // Creates (and owns) a communicator over the ranks of `mpi_comm` on CUDA
   // device `device`: rank 0's ncclUniqueId is broadcast over MPI. Collective
   // over mpi_comm.
@@ -61,9 +61,14 @@ class NcclTransport final : public Transport {
   absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) override;
 
  private:
-  NcclTransport(ncclComm_t comm, bool owned, cudaStream_t stream, Transport* control,
-                uint32_t rank, uint32_t size, const NcclTransportOptions& opts)
-      : comm_(comm), owned_(owned), stream_(stream), control_(control), rank_(rank), size_(size),
+  NcclTransport(ncclComm_t comm, bool owned, cudaStream_t stream, Transport* control, uint32_t rank,
+                uint32_t size, const NcclTransportOptions& opts)
+      : comm_(comm),
+        owned_(owned),
+        stream_(stream),
+        control_(control),
+        rank_(rank),
+        size_(size),
         opts_(opts) {}
 
   ncclComm_t comm_;

@@ -13,9 +13,9 @@ namespace tutti {
 struct RandomExchangeOptions {
   uint32_t world_size = 4;
   uint64_t seed = 1;
-  uint32_t max_items_per_pair = 3;  // 0..this items from each rank to each rank (itself included)
-  uint64_t max_item_bytes = 4096;   // item sizes uniform in [0, this]
-  double empty_pair_fraction = 0.3; // pairs with no transfer at all
+  uint32_t max_items_per_pair = 3;   // 0..this items from each rank to each rank (itself included)
+  uint64_t max_item_bytes = 4096;    // item sizes uniform in [0, this]
+  double empty_pair_fraction = 0.3;  // pairs with no transfer at all
 };
 
 // One RankPlan per rank (rank, exchange sends/recvs/totals filled in).

@@ -11,8 +11,8 @@ RetryClock RetryClock::Real() {
 }
 
 absl::Status RetryUnavailable(const RetryPolicy& policy, absl::string_view what,
-                              const std::function<absl::Status()>& attempt,
-                              const RetryClock& clock, int* attempts) {
+                              const std::function<absl::Status()>& attempt, const RetryClock& clock,
+                              int* attempts) {
   const absl::Time start = clock.now();
   absl::Duration backoff = policy.initial_backoff;
   for (int n = 1;; ++n) {

@@ -14,9 +14,9 @@
 namespace tutti {
 
 struct RetryPolicy {
-  absl::Duration budget = absl::Seconds(120);           // total time spent retrying
+  absl::Duration budget = absl::Seconds(120);  // total time spent retrying
   absl::Duration initial_backoff = absl::Milliseconds(100);
-  absl::Duration max_backoff = absl::Seconds(5);        // backoff doubles up to this
+  absl::Duration max_backoff = absl::Seconds(5);  // backoff doubles up to this
 };
 
 struct RetryClock {
@@ -31,7 +31,8 @@ struct RetryClock {
 // given) receives the number of calls.
 absl::Status RetryUnavailable(const RetryPolicy& policy, absl::string_view what,
                               const std::function<absl::Status()>& attempt,
-                              const RetryClock& clock = RetryClock::Real(), int* attempts = nullptr);
+                              const RetryClock& clock = RetryClock::Real(),
+                              int* attempts = nullptr);
 
 }  // namespace tutti
 

@@ -21,14 +21,17 @@ struct FakeClock {
   }
 };
 
-RetryPolicy Policy() { return RetryPolicy{absl::Seconds(10), absl::Milliseconds(100), absl::Seconds(1)}; }
+RetryPolicy Policy() {
+  return RetryPolicy{absl::Seconds(10), absl::Milliseconds(100), absl::Seconds(1)};
+}
 
 TEST(RetryUnavailable, RetriesUntilTheDaemonIsBack) {
   FakeClock fc;
   int calls = 0, attempts = 0;
-  absl::Status s = RetryUnavailable(Policy(), "AcquireBatch", [&] {
-    return ++calls < 4 ? absl::UnavailableError("connection refused") : absl::OkStatus();
-  }, fc.clock(), &attempts);
+  absl::Status s = RetryUnavailable(
+      Policy(), "AcquireBatch",
+      [&] { return ++calls < 4 ? absl::UnavailableError("connection refused") : absl::OkStatus(); },
+      fc.clock(), &attempts);
   EXPECT_TRUE(s.ok());
   EXPECT_EQ(attempts, 4);
   EXPECT_THAT(fc.sleeps, ElementsAre(absl::Milliseconds(100), absl::Milliseconds(200),
@@ -38,11 +41,12 @@ TEST(RetryUnavailable, RetriesUntilTheDaemonIsBack) {
 TEST(RetryUnavailable, BackoffIsCappedAndTheBudgetEndsIt) {
   FakeClock fc;
   int attempts = 0;
-  absl::Status s = RetryUnavailable(Policy(), "GetJob from tutti-packerd at x:1",
-                                    [&] { return absl::UnavailableError("connection refused"); },
-                                    fc.clock(), &attempts);
+  absl::Status s = RetryUnavailable(
+      Policy(), "GetJob from tutti-packerd at x:1",
+      [&] { return absl::UnavailableError("connection refused"); }, fc.clock(), &attempts);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("GetJob from tutti-packerd at x:1: gave up after"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("GetJob from tutti-packerd at x:1: gave up after"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("connection refused"));
   for (absl::Duration d : fc.sleeps) EXPECT_LE(d, absl::Seconds(1));
   EXPECT_LE(fc.now - absl::FromUnixSeconds(1000), absl::Seconds(10));
@@ -52,8 +56,8 @@ TEST(RetryUnavailable, BackoffIsCappedAndTheBudgetEndsIt) {
 TEST(RetryUnavailable, OtherErrorsReturnAtOnce) {
   FakeClock fc;
   int attempts = 0;
-  absl::Status s = RetryUnavailable(Policy(), "x", [] { return absl::OutOfRangeError("end"); },
-                                    fc.clock(), &attempts);
+  absl::Status s = RetryUnavailable(
+      Policy(), "x", [] { return absl::OutOfRangeError("end"); }, fc.clock(), &attempts);
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(attempts, 1);
   EXPECT_TRUE(fc.sleeps.empty());

@@ -24,15 +24,15 @@ absl::Status Transport::Run(ExchangeDirection dir, const v1::RankPlan& plan, con
                             size_t send_bytes, void* recv, size_t recv_bytes,
                             const ExchangeContext& ctx) {
   std::lock_guard<std::mutex> lock(run_mu_);
-  absl::StatusOr<ExchangeLayout> layout =
-      BuildExchangeLayout(plan, dir, rank(), world_size(), ctx);
+  absl::StatusOr<ExchangeLayout> layout = BuildExchangeLayout(plan, dir, rank(), world_size(), ctx);
   absl::Status local = layout.status();
   if (local.ok()) local = CheckBufferSizes(*layout, send_bytes, recv_bytes);
   if (local.ok() && ((send == nullptr && send_bytes > 0) || (recv == nullptr && recv_bytes > 0))) {
-    local = absl::InvalidArgumentError(absl::StrCat(ExchangeWhere(ctx.step, rank()),
-                                                    ": a null buffer with a non-zero size"));
+    local = absl::InvalidArgumentError(
+        absl::StrCat(ExchangeWhere(ctx.step, rank()), ": a null buffer with a non-zero size"));
   }
-  const ExchangeLayout& agreed = layout.ok() ? *layout : EmptyLayout(dir, rank(), world_size(), ctx.step);
+  const ExchangeLayout& agreed =
+      layout.ok() ? *layout : EmptyLayout(dir, rank(), world_size(), ctx.step);
   RETURN_IF_ERROR(Agree(agreed, local));
   return Move(agreed, send, recv);
 }

@@ -4,9 +4,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <string>
-
 #include <opencv2/core.hpp>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "tools/cli.h"
@@ -87,7 +86,8 @@ int RunGenDataset(int argc, char** argv) {
     last = now;
     const double rate = p.samples_done / std::max(1e-9, p.elapsed_seconds);
     const double eta = (p.samples_total - p.samples_done) / std::max(1e-9, rate);
-    std::fprintf(stderr, "%sgen-dataset: %llu/%llu samples, %llu/%llu shards, %s, %.1f samples/s, ETA %s%s",
+    std::fprintf(stderr,
+                 "%sgen-dataset: %llu/%llu samples, %llu/%llu shards, %s, %.1f samples/s, ETA %s%s",
                  tty ? "\r" : "", static_cast<unsigned long long>(p.samples_done),
                  static_cast<unsigned long long>(p.samples_total),
                  static_cast<unsigned long long>(p.shards_done),
@@ -105,7 +105,8 @@ int RunGenDataset(int argc, char** argv) {
   std::printf("wrote %zu shards, %s, to %s in %s\n", s.shards.size(), Bytes(s.bytes).c_str(),
               o.out_dir.c_str(), Duration(s.elapsed_seconds).c_str());
   std::printf("  samples        %llu (text-only %llu, with images %llu, with audio %llu)\n",
-              static_cast<unsigned long long>(s.samples), static_cast<unsigned long long>(s.text_only),
+              static_cast<unsigned long long>(s.samples),
+              static_cast<unsigned long long>(s.text_only),
               static_cast<unsigned long long>(s.with_images),
               static_cast<unsigned long long>(s.with_audio));
   std::printf("  images         %llu (jpeg %llu, png %llu, webp %llu; above 2 MP %llu)\n",

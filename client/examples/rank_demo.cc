@@ -15,6 +15,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "client/client.h"
 #include "client/examples/rank_step.h"
 #include "client/mpi_transport.h"
@@ -23,6 +25,7 @@ ABSL_FLAG(std::string, stager, "", "this node's tutti-stagerd, host:port (defaul
 ABSL_FLAG(std::string, packer, "", "the job's tutti-packerd, host:port (default: $TUTTI_PACKER)");
 ABSL_FLAG(int64_t, start_step, 0, "first step to pull");
 ABSL_FLAG(int64_t, steps, 20, "steps to run");
+ABSL_FLAG(double, connect_timeout_s, 60, "seconds to keep trying to reach the packer and stager");
 ABSL_FLAG(double, batch_timeout_s, 600, "seconds to wait for one batch");
 ABSL_FLAG(double, join_timeout_s, 120, "seconds an exchange waits for every rank to arrive");
 ABSL_FLAG(bool, report, true, "report step timings to the packer");
@@ -40,7 +43,8 @@ int Run() {
   auto transport_or = tutti::MpiTransport::CreateWorld(
       {.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s))});
   if (!transport_or.ok()) {
-    std::fprintf(stderr, "tutti-rank-demo: %s\n", std::string(transport_or.status().message()).c_str());
+    std::fprintf(stderr, "tutti-rank-demo: %s\n",
+                 std::string(transport_or.status().message()).c_str());
     return 1;
   }
   std::unique_ptr<tutti::MpiTransport> transport = std::move(*transport_or);
@@ -52,6 +56,7 @@ int Run() {
   opts.rank = static_cast<int>(rank);
   opts.world_size = static_cast<int>(world);
   opts.start_step = absl::GetFlag(FLAGS_start_step);
+  opts.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   opts.batch_timeout = absl::Seconds(absl::GetFlag(FLAGS_batch_timeout_s));
   auto client_or = tutti::Client::Connect(opts);
   if (!client_or.ok()) {
@@ -80,7 +85,8 @@ int Run() {
     absl::Status s = tutti::ExchangeAndVerify(
         *client->transport(), batch->plan(),
         tutti::ExchangeContext{batch->step(), client->world_size()}, &exchange_s);
-    if (!s.ok()) std::fprintf(stderr, "tutti-rank-demo rank %u: %s\n", rank, std::string(s.message()).c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "tutti-rank-demo rank %u: %s\n", rank, std::string(s.message()).c_str());
     if (!AllOk(s.ok())) return 1;
     row.exchange_ms = exchange_s * 1e3;
     wait_total += batch->wait_seconds();
@@ -91,10 +97,14 @@ int Run() {
     if (absl::Status r = batch->Release(); !r.ok()) {
       std::fprintf(stderr, "tutti-rank-demo rank %u: %s\n", rank, std::string(r.message()).c_str());
     }
-    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    const double step_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (absl::GetFlag(FLAGS_report)) {
-      absl::Status r = client->ReportTiming(step, {{"data_wait", wait_s}, {"exchange", exchange_s}, {"step", step_s}});
-      if (!r.ok()) std::fprintf(stderr, "tutti-rank-demo rank %u: (continuing) %s\n", rank, std::string(r.message()).c_str());
+      absl::Status r = client->ReportTiming(
+          step, {{"data_wait", wait_s}, {"exchange", exchange_s}, {"step", step_s}});
+      if (!r.ok())
+        std::fprintf(stderr, "tutti-rank-demo rank %u: (continuing) %s\n", rank,
+                     std::string(r.message()).c_str());
     }
     MPI_Gather(&row, sizeof(row), MPI_BYTE, rows.data(), sizeof(row), MPI_BYTE, 0, MPI_COMM_WORLD);
     if (rank == 0) {
@@ -105,10 +115,11 @@ int Run() {
   double totals[3] = {wait_total, exchange_total, static_cast<double>(bytes_total)}, sums[3];
   MPI_Reduce(totals, sums, 3, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
   if (rank == 0) {
-    std::printf("%lld steps x %u ranks: mean wait %.2f ms, mean exchange %.2f ms, %.0f bytes "
-                "exchanged, every byte verified\n",
-                static_cast<long long>(steps), world, steps ? sums[0] * 1e3 / (steps * world) : 0.0,
-                steps ? sums[1] * 1e3 / (steps * world) : 0.0, sums[2]);
+    std::printf(
+        "%lld steps x %u ranks: mean wait %.2f ms, mean exchange %.2f ms, %.0f bytes "
+        "exchanged, every byte verified\n",
+        static_cast<long long>(steps), world, steps ? sums[0] * 1e3 / (steps * world) : 0.0,
+        steps ? sums[1] * 1e3 / (steps * world) : 0.0, sums[2]);
   }
   return 0;
 }
@@ -118,7 +129,13 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "a training rank without the model: pulls batches, exchanges per plan, checks every byte.\n"
-      "Run under mpirun, one process per rank: mpirun -np 4 tutti-rank-demo --stager H:P --packer H:P");
+      "Run under mpirun, one process per rank: mpirun -np 4 tutti-rank-demo --stager H:P --packer "
+      "H:P");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "rank_demo.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = tutti::EnsureMpiInitialized(); !s.ok()) {
     std::fprintf(stderr, "tutti-rank-demo: %s\n", std::string(s.message()).c_str());

@@ -26,9 +26,9 @@ StepRow SummarizeBatch(const Batch& batch) {
 }
 
 std::string StepTableHeader() {
-  return absl::StrFormat("%6s %5s %9s %7s %9s %9s %5s %8s %11s %11s %8s", "step", "rank",
-                         "wait_ms", "images", "patches", "tokens", "seqs", "skipped", "send_B",
-                         "recv_B", "xchg_ms");
+  return absl::StrFormat("%6s %5s %9s %7s %9s %9s %5s %8s %11s %11s %8s", "step", "rank", "wait_ms",
+                         "images", "patches", "tokens", "seqs", "skipped", "send_B", "recv_B",
+                         "xchg_ms");
 }
 
 std::string FormatStepRow(const StepRow& r) {
@@ -49,8 +49,9 @@ absl::Status ExchangeAndVerify(Transport& transport, const v1::RankPlan& plan,
   const auto t1 = std::chrono::steady_clock::now();
   // A wrong byte is reported after the backward exchange, which every rank
   // runs whatever it found, so that no rank is left waiting for another.
-  absl::Status forward = Annotate(VerifyPattern(ex.recvs(), kForwardSalt, fwd_recv.data(), fwd_recv.size()),
-                                  where + ", forward exchange");
+  absl::Status forward =
+      Annotate(VerifyPattern(ex.recvs(), kForwardSalt, fwd_recv.data(), fwd_recv.size()),
+               where + ", forward exchange");
 
   // Backward: gradients of what was received go back to where it came from.
   std::vector<uint8_t> bwd_send(ex.recv_bytes()), bwd_recv(ex.send_bytes());
@@ -60,8 +61,9 @@ absl::Status ExchangeAndVerify(Transport& transport, const v1::RankPlan& plan,
                                              bwd_recv.data(), bwd_recv.size(), ctx));
   const auto t3 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(forward);
-  RETURN_IF_ERROR(Annotate(VerifyPattern(ex.sends(), kBackwardSalt, bwd_recv.data(), bwd_recv.size()),
-                           where + ", backward exchange"));
+  RETURN_IF_ERROR(
+      Annotate(VerifyPattern(ex.sends(), kBackwardSalt, bwd_recv.data(), bwd_recv.size()),
+               where + ", backward exchange"));
   if (seconds != nullptr) {
     *seconds = std::chrono::duration<double>((t1 - t0) + (t3 - t2)).count();
   }

@@ -17,15 +17,15 @@ namespace tutti {
 struct StepRow {
   uint64_t step = 0;
   uint32_t rank = 0;
-  uint32_t skipped = 0;       // samples the stager skipped or substituted
-  double wait_ms = 0;         // Next() wait
-  uint64_t images = 0;        // images this rank encodes
-  uint64_t patches = 0;       // ViT patches (rows of pixel_values)
-  uint64_t tokens = 0;        // LLM tokens (input_ids)
-  uint64_t sequences = 0;     // packed sequences
-  uint64_t send_bytes = 0;    // forward exchange
+  uint32_t skipped = 0;     // samples the stager skipped or substituted
+  double wait_ms = 0;       // Next() wait
+  uint64_t images = 0;      // images this rank encodes
+  uint64_t patches = 0;     // ViT patches (rows of pixel_values)
+  uint64_t tokens = 0;      // LLM tokens (input_ids)
+  uint64_t sequences = 0;   // packed sequences
+  uint64_t send_bytes = 0;  // forward exchange
   uint64_t recv_bytes = 0;
-  double exchange_ms = 0;     // forward + backward, verification excluded
+  double exchange_ms = 0;  // forward + backward, verification excluded
 };
 
 // Fills every field it can from the batch (not exchange_ms).

@@ -73,9 +73,9 @@ absl::Status ProtoFromPython(const py::handle& value, Message* out) {
     return absl::OkStatus();
   }
   if (!py::isinstance<py::dict>(value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a ", type, " as a dict or serialized bytes, got ",
-                     py::str(value.get_type()).cast<std::string>()));
+    return absl::InvalidArgumentError(absl::StrCat("expected a ", type,
+                                                   " as a dict or serialized bytes, got ",
+                                                   py::str(value.get_type()).cast<std::string>()));
   }
   // Drop None values (unset messages) so a dict from ProtoToDict round-trips.
   std::function<py::object(py::handle)> clean = [&](py::handle v) -> py::object {

@@ -73,14 +73,19 @@ void RegisterExceptions(py::module_& m) {
   auto sub = [&](const char* name, PyObject* also, const char* doc) {
     return NewException(m, name, py::make_tuple(e.error, py::handle(also)), doc);
   };
-  e.invalid_argument = sub("InvalidArgumentError", PyExc_ValueError, "Bad input (INVALID_ARGUMENT).");
+  e.invalid_argument =
+      sub("InvalidArgumentError", PyExc_ValueError, "Bad input (INVALID_ARGUMENT).");
   e.deadline = sub("DeadlineExceededError", PyExc_TimeoutError, "Timed out (DEADLINE_EXCEEDED).");
-  e.unavailable = sub("UnavailableError", PyExc_ConnectionError, "A daemon is unreachable (UNAVAILABLE).");
-  e.not_found = sub("NotFoundError", PyExc_LookupError, "Missing file, segment or job (NOT_FOUND).");
-  e.out_of_range = sub("OutOfRangeError", PyExc_IndexError, "Past the dataset's end (OUT_OF_RANGE).");
+  e.unavailable =
+      sub("UnavailableError", PyExc_ConnectionError, "A daemon is unreachable (UNAVAILABLE).");
+  e.not_found =
+      sub("NotFoundError", PyExc_LookupError, "Missing file, segment or job (NOT_FOUND).");
+  e.out_of_range =
+      sub("OutOfRangeError", PyExc_IndexError, "Past the dataset's end (OUT_OF_RANGE).");
   e.failed_precondition = NewException(m, "FailedPreconditionError", py::make_tuple(e.error),
                                        "Valid request, wrong state (FAILED_PRECONDITION).");
-  e.data_loss = NewException(m, "DataLossError", py::make_tuple(e.error), "Corrupt data (DATA_LOSS).");
+  e.data_loss =
+      NewException(m, "DataLossError", py::make_tuple(e.error), "Corrupt data (DATA_LOSS).");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -88,14 +93,29 @@ void RegisterExceptions(py::module_& m) {
       Exceptions& x = Exc();
       py::object type = x.error;
       switch (err.status.code()) {
-        case absl::StatusCode::kInvalidArgument: type = x.invalid_argument; break;
-        case absl::StatusCode::kDeadlineExceeded: type = x.deadline; break;
-        case absl::StatusCode::kUnavailable: type = x.unavailable; break;
-        case absl::StatusCode::kNotFound: type = x.not_found; break;
-        case absl::StatusCode::kOutOfRange: type = x.out_of_range; break;
-        case absl::StatusCode::kFailedPrecondition: type = x.failed_precondition; break;
-        case absl::StatusCode::kDataLoss: type = x.data_loss; break;
-        default: break;
+        case absl::StatusCode::kInvalidArgument:
+          type = x.invalid_argument;
+          break;
+        case absl::StatusCode::kDeadlineExceeded:
+          type = x.deadline;
+          break;
+        case absl::StatusCode::kUnavailable:
+          type = x.unavailable;
+          break;
+        case absl::StatusCode::kNotFound:
+          type = x.not_found;
+          break;
+        case absl::StatusCode::kOutOfRange:
+          type = x.out_of_range;
+          break;
+        case absl::StatusCode::kFailedPrecondition:
+          type = x.failed_precondition;
+          break;
+        case absl::StatusCode::kDataLoss:
+          type = x.data_loss;
+          break;
+        default:
+          break;
       }
       py::object inst = type(std::string(err.status.message()));
       inst.attr("code") = py::str(absl::StatusCodeToString(err.status.code()));
@@ -106,20 +126,29 @@ void RegisterExceptions(py::module_& m) {
 
 py::dtype NumpyDType(v1::DType d) {
   switch (d) {
-    case v1::DTYPE_FLOAT32: return py::dtype::of<float>();
-    case v1::DTYPE_BFLOAT16: return py::dtype::of<uint16_t>();  // see the module comment
-    case v1::DTYPE_FLOAT16: return py::dtype("float16");
-    case v1::DTYPE_INT32: return py::dtype::of<int32_t>();
-    case v1::DTYPE_INT64: return py::dtype::of<int64_t>();
-    case v1::DTYPE_UINT8: return py::dtype::of<uint8_t>();
-    default: Throw(absl::DataLossError(absl::StrCat("no numpy dtype for tutti dtype ", static_cast<int>(d))));
+    case v1::DTYPE_FLOAT32:
+      return py::dtype::of<float>();
+    case v1::DTYPE_BFLOAT16:
+      return py::dtype::of<uint16_t>();  // see the module comment
+    case v1::DTYPE_FLOAT16:
+      return py::dtype("float16");
+    case v1::DTYPE_INT32:
+      return py::dtype::of<int32_t>();
+    case v1::DTYPE_INT64:
+      return py::dtype::of<int64_t>();
+    case v1::DTYPE_UINT8:
+      return py::dtype::of<uint8_t>();
+    default:
+      Throw(absl::DataLossError(
+          absl::StrCat("no numpy dtype for tutti dtype ", static_cast<int>(d))));
   }
 }
 
 // A read-only numpy array over `v`, whose base keeps the mapping alive.
 py::array View(const ArrayView& v, std::shared_ptr<const ShmSegment> segment) {
   auto* held = new std::shared_ptr<const ShmSegment>(std::move(segment));
-  py::capsule base(held, [](void* p) { delete static_cast<std::shared_ptr<const ShmSegment>*>(p); });
+  py::capsule base(held,
+                   [](void* p) { delete static_cast<std::shared_ptr<const ShmSegment>*>(p); });
   std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
   py::array a(NumpyDType(v.dtype), shape, v.data, base);
   py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
@@ -136,8 +165,8 @@ Buffer GetBuffer(const py::buffer& obj, bool writable, const char* what) {
   try {
     b.info = obj.request(writable);
   } catch (const py::error_already_set& e) {
-    Throw(absl::InvalidArgumentError(absl::StrCat("the ", what, " buffer must be ",
-                                                  writable ? "writable" : "readable", ": ", e.what())));
+    Throw(absl::InvalidArgumentError(absl::StrCat(
+        "the ", what, " buffer must be ", writable ? "writable" : "readable", ": ", e.what())));
   }
   py::ssize_t expect = b.info.itemsize;
   for (int d = b.info.ndim - 1; d >= 0; --d) {
@@ -159,8 +188,8 @@ class PyBatch {
 
   const Batch& batch() const {
     if (batch_->released()) {
-      Throw(absl::FailedPreconditionError(absl::StrCat(ExchangeWhere(step_(), rank_()),
-                                                       ": the batch was released")));
+      Throw(absl::FailedPreconditionError(
+          absl::StrCat(ExchangeWhere(step_(), rank_()), ": the batch was released")));
     }
     return *batch_;
   }
@@ -182,7 +211,8 @@ class PyBatch {
   }
   py::dict dtypes() const {
     py::dict d;
-    for (const ArrayView& v : batch().arrays()) d[py::str(v.name)] = py::str(std::string(DTypeName(v.dtype)));
+    for (const ArrayView& v : batch().arrays())
+      d[py::str(v.name)] = py::str(std::string(DTypeName(v.dtype)));
     return d;
   }
   void release() {
@@ -217,7 +247,8 @@ void RunExchange(Transport& t, bool backward, const v1::RankPlan& plan, const py
   Check(status);
 }
 
-MpiTransportOptions TransportOptions(bool verify, double join_timeout, std::optional<uint64_t> max_count) {
+MpiTransportOptions TransportOptions(bool verify, double join_timeout,
+                                     std::optional<uint64_t> max_count) {
   MpiTransportOptions o;
   o.verify = verify;
   o.join_timeout = absl::Seconds(join_timeout);
@@ -230,8 +261,9 @@ MpiTransportOptions TransportOptions(bool verify, double join_timeout, std::opti
 class PyClient {
  public:
   PyClient(std::optional<std::string> stager, std::optional<std::string> packer,
-           std::optional<int> rank, std::optional<int> world_size, std::optional<int64_t> start_step,
-           double connect_timeout, double batch_timeout, double join_timeout) {
+           std::optional<int> rank, std::optional<int> world_size,
+           std::optional<int64_t> start_step, double connect_timeout, double batch_timeout,
+           double join_timeout) {
     ClientOptions o;
     if (stager) o.stager_address = *stager;
     if (packer) o.packer_address = *packer;
@@ -273,13 +305,16 @@ class PyClient {
     Transport& t = transport();
     if (batch != nullptr) {
       const Batch& b = batch->batch();
-      RunExchange(t, backward, b.plan(), send, recv, ExchangeContext{b.step(), client_->world_size()});
+      RunExchange(t, backward, b.plan(), send, recv,
+                  ExchangeContext{b.step(), client_->world_size()});
       return;
     }
     if (!last_plan_) {
-      Throw(absl::FailedPreconditionError("no batch yet: call next() before exchange(), or pass batch="));
+      Throw(absl::FailedPreconditionError(
+          "no batch yet: call next() before exchange(), or pass batch="));
     }
-    RunExchange(t, backward, *last_plan_, send, recv, ExchangeContext{last_step_, client_->world_size()});
+    RunExchange(t, backward, *last_plan_, send, recv,
+                ExchangeContext{last_step_, client_->world_size()});
   }
 
   void report_timing(uint64_t step, const std::map<std::string, double>& phases) {
@@ -325,26 +360,29 @@ PYBIND11_MODULE(tutti, m) {
       .def_property_readonly("rank", &PyBatch::rank_)
       .def_property_readonly("max_pixels", [](PyBatch& b) { return b.raw().max_pixels(); })
       .def_property_readonly("seq_len", [](PyBatch& b) { return b.raw().seq_len(); })
-      .def_property_readonly("wait_seconds", [](PyBatch& b) { return b.raw().wait_seconds(); },
-                             "seconds next() waited for this batch")
+      .def_property_readonly(
+          "wait_seconds", [](PyBatch& b) { return b.raw().wait_seconds(); },
+          "seconds next() waited for this batch")
       .def_property_readonly("released", [](PyBatch& b) { return b.raw().released(); })
       .def_property_readonly("arrays", &PyBatch::arrays, "name -> numpy array (read-only view)")
       .def_property_readonly("dtypes", &PyBatch::dtypes,
                              "name -> tutti dtype ('bfloat16' arrays are numpy uint16)")
       .def_property_readonly("pixel_values", [](PyBatch& b) { return b.array("pixel_values"); })
       .def_property_readonly("image_grid_thw", [](PyBatch& b) { return b.array("image_grid_thw"); })
-      .def_property_readonly("image_sample_ids", [](PyBatch& b) { return b.array("image_sample_ids"); })
+      .def_property_readonly("image_sample_ids",
+                             [](PyBatch& b) { return b.array("image_sample_ids"); })
       .def_property_readonly("input_ids", [](PyBatch& b) { return b.array("input_ids"); })
       .def_property_readonly("cu_seqlens", [](PyBatch& b) { return b.array("cu_seqlens"); })
       .def_property_readonly("seq_offsets", [](PyBatch& b) { return b.array("seq_offsets"); })
       .def_property_readonly("micro_batch_offsets",
                              [](PyBatch& b) { return b.array("micro_batch_offsets"); })
       .def_property_readonly("doc_sample_ids", [](PyBatch& b) { return b.array("doc_sample_ids"); })
-      .def_property_readonly("plan", [](PyBatch& b) { return ProtoToDict(b.batch().plan()); },
-                             "this rank's plan (tutti.v1.RankPlan) as a dict")
-      .def_property_readonly("plan_bytes",
-                             [](PyBatch& b) { return py::bytes(b.batch().plan().SerializeAsString()); },
-                             "this rank's plan as a serialized tutti.v1.RankPlan")
+      .def_property_readonly(
+          "plan", [](PyBatch& b) { return ProtoToDict(b.batch().plan()); },
+          "this rank's plan (tutti.v1.RankPlan) as a dict")
+      .def_property_readonly(
+          "plan_bytes", [](PyBatch& b) { return py::bytes(b.batch().plan().SerializeAsString()); },
+          "this rank's plan as a serialized tutti.v1.RankPlan")
       .def_property_readonly("samples",
                              [](PyBatch& b) {
                                py::list l;
@@ -380,16 +418,19 @@ PYBIND11_MODULE(tutti, m) {
                            "The plan's all-to-all over MPI on host memory (initialises MPI if\n"
                            "needed). Collective: every rank must call exchanges in the same order.")
       .def(py::init([](bool verify, double join_timeout, std::optional<uint64_t> max_count) {
-             return Value(MpiTransport::CreateWorld(TransportOptions(verify, join_timeout, max_count)));
+             return Value(
+                 MpiTransport::CreateWorld(TransportOptions(verify, join_timeout, max_count)));
            }),
-           py::arg("verify") = true, py::arg("join_timeout") = 600.0, py::arg("max_count") = py::none())
+           py::arg("verify") = true, py::arg("join_timeout") = 600.0,
+           py::arg("max_count") = py::none())
       .def_property_readonly("rank", &MpiTransport::rank)
       .def_property_readonly("world_size", &MpiTransport::world_size)
       .def_property_readonly("large_exchanges", &MpiTransport::large_exchanges)
       .def(
           "exchange",
-          [](MpiTransport& t, const py::handle& plan, const py::buffer& send, const py::buffer& recv,
-             std::optional<uint64_t> step, std::optional<uint32_t> world_size) {
+          [](MpiTransport& t, const py::handle& plan, const py::buffer& send,
+             const py::buffer& recv, std::optional<uint64_t> step,
+             std::optional<uint32_t> world_size) {
             RunExchange(t, false, PlanFrom(plan), send, recv,
                         ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)});
           },
@@ -399,8 +440,9 @@ PYBIND11_MODULE(tutti, m) {
           "plan's sends back to back, `recv` receives its recvs. Sizes are checked first.")
       .def(
           "exchange_backward",
-          [](MpiTransport& t, const py::handle& plan, const py::buffer& send, const py::buffer& recv,
-             std::optional<uint64_t> step, std::optional<uint32_t> world_size) {
+          [](MpiTransport& t, const py::handle& plan, const py::buffer& send,
+             const py::buffer& recv, std::optional<uint64_t> step,
+             std::optional<uint32_t> world_size) {
             RunExchange(t, true, PlanFrom(plan), send, recv,
                         ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)});
           },
@@ -408,17 +450,19 @@ PYBIND11_MODULE(tutti, m) {
           py::arg("world_size") = py::none(),
           "The inverse exchange: `send` has the forward receive layout, `recv` the send layout.");
 
-  py::class_<PyClient>(m, "Client",
-                       "A rank's connection to its node's tutti-stagerd and the job's\n"
-                       "tutti-packerd. Unset arguments come from TUTTI_STAGER, TUTTI_PACKER,\n"
-                       "TUTTI_RANK (or OMPI_COMM_WORLD_RANK, ...), TUTTI_WORLD_SIZE, TUTTI_START_STEP.")
+  py::class_<PyClient>(
+      m, "Client",
+      "A rank's connection to its node's tutti-stagerd and the job's\n"
+      "tutti-packerd. Unset arguments come from TUTTI_STAGER, TUTTI_PACKER,\n"
+      "TUTTI_RANK (or OMPI_COMM_WORLD_RANK, ...), TUTTI_WORLD_SIZE, TUTTI_START_STEP.")
       .def(py::init<std::optional<std::string>, std::optional<std::string>, std::optional<int>,
                     std::optional<int>, std::optional<int64_t>, double, double, double>(),
            py::arg("stager") = py::none(), py::arg("packer") = py::none(),
            py::arg("rank") = py::none(), py::arg("world_size") = py::none(),
            py::arg("start_step") = py::none(), py::arg("connect_timeout") = 60.0,
            py::arg("batch_timeout") = 600.0, py::arg("join_timeout") = 600.0)
-      .def("next", &PyClient::next, "the next step's batch (waits; raises OutOfRangeError at the end)")
+      .def("next", &PyClient::next,
+           "the next step's batch (waits; raises OutOfRangeError at the end)")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyClient::iter_next)
       .def(

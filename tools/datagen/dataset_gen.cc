@@ -26,7 +26,8 @@ namespace tutti::datagen {
 namespace fs = std::filesystem;
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "WAV and tar output assume little-endian");
+static_assert(std::endian::native == std::endian::little,
+              "WAV and tar output assume little-endian");
 
 constexpr size_t kTarEndMarker = 1024;  // two zero blocks
 constexpr double kSmallMaxMp = 2.0, kSmallMinMp = 0.05, kLargeMaxMp = 16.0;
@@ -34,9 +35,12 @@ constexpr uint32_t kMinSide = 32;
 
 const char* Extension(ImageKind kind) {
   switch (kind) {
-    case ImageKind::kPng: return "png";
-    case ImageKind::kWebp: return "webp";
-    default: return "jpg";
+    case ImageKind::kPng:
+      return "png";
+    case ImageKind::kWebp:
+      return "webp";
+    default:
+      return "jpg";
   }
 }
 
@@ -103,8 +107,8 @@ absl::Status PrepareOutDir(const GenDatasetOptions& opts) {
   if (!fs::exists(dir, ec)) {
     fs::create_directories(dir, ec);
     if (ec) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot create output directory '",
-                                                      opts.out_dir, "': ", ec.message()));
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create output directory '", opts.out_dir, "': ", ec.message()));
     }
     return absl::OkStatus();
   }
@@ -122,16 +126,16 @@ absl::Status PrepareOutDir(const GenDatasetOptions& opts) {
   std::sort(entries.begin(), entries.end());
   if (!opts.force) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "output directory '", opts.out_dir, "' is not empty (", entries.size(),
-        " entries, e.g. '", entries.front(),
+        "output directory '", opts.out_dir, "' is not empty (", entries.size(), " entries, e.g. '",
+        entries.front(),
         "'); choose a new or empty --out, or pass --force to replace its shard-*.tar files"));
   }
   for (const auto& name : entries) {
     if (!IsShardFile(name)) continue;
     fs::remove(dir / name, ec);
     if (ec) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot remove old shard '",
-                                                      (dir / name).string(), "': ", ec.message()));
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot remove old shard '", (dir / name).string(), "': ", ec.message()));
     }
   }
   return absl::OkStatus();
@@ -198,19 +202,22 @@ absl::StatusOr<FormatMix> ParseFormats(absl::string_view spec) {
   FormatMix mix;
   for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     part = absl::StripAsciiWhitespace(part);
-    std::pair<absl::string_view, absl::string_view> nw = absl::StrSplit(part, absl::MaxSplits(':', 1));
+    std::pair<absl::string_view, absl::string_view> nw =
+        absl::StrSplit(part, absl::MaxSplits(':', 1));
     const ImageKind kind = ImageKindFromExtension(nw.first);
     if (kind == ImageKind::kUnknown) {
-      return absl::InvalidArgumentError(absl::StrCat("--formats: unknown image format '", nw.first,
-                                                     "' (use jpg, png or webp, e.g. \"jpg:7,png:2,webp:1\")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--formats: unknown image format '", nw.first,
+                       "' (use jpg, png or webp, e.g. \"jpg:7,png:2,webp:1\")"));
     }
     double weight = 1.0;
     if (!nw.second.empty() && (!absl::SimpleAtod(nw.second, &weight) || !(weight > 0))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--formats: weight '", nw.second, "' of ", nw.first, " must be a positive number"));
+      return absl::InvalidArgumentError(absl::StrCat("--formats: weight '", nw.second, "' of ",
+                                                     nw.first, " must be a positive number"));
     }
     if (std::find(mix.kinds.begin(), mix.kinds.end(), kind) != mix.kinds.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("--formats: '", nw.first, "' is listed twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--formats: '", nw.first, "' is listed twice"));
     }
     mix.kinds.push_back(kind);
     mix.weights.push_back(weight);
@@ -227,8 +234,8 @@ SampleSpec PlanSample(const GenDatasetOptions& opts, const FormatMix& formats, u
   spec.index = index;
   spec.key = absl::StrFormat("%09d", index);
   const double n = rng.LogNormal(opts.text_tokens_median, opts.text_tokens_sigma);
-  const auto tokens = static_cast<uint32_t>(
-      std::clamp(std::lround(n), 4l, static_cast<long>(std::max<uint32_t>(4, opts.max_text_tokens))));
+  const auto tokens = static_cast<uint32_t>(std::clamp(
+      std::lround(n), 4l, static_cast<long>(std::max<uint32_t>(4, opts.max_text_tokens))));
   spec.input_ids.resize(tokens);
   for (auto& id : spec.input_ids) {
     // Skewed towards small ids, as frequent tokens are in BPE vocabularies.
@@ -259,7 +266,8 @@ absl::StatusOr<std::string> RenderSampleRecords(const GenDatasetOptions& opts,
   tar.Add(spec.key + ".json", json);
   for (size_t i = 0; i < spec.images.size(); ++i) {
     auto encoded = RenderEncodedImage(spec.images[i], opts.encode);
-    if (!encoded.ok()) return Annotate(encoded.status(), absl::StrCat("sample ", spec.key, " image ", i));
+    if (!encoded.ok())
+      return Annotate(encoded.status(), absl::StrCat("sample ", spec.key, " image ", i));
     tar.Add(absl::StrCat(spec.key, ".", i, ".", Extension(spec.images[i].format)), *encoded);
   }
   if (spec.audio_ms > 0) {
@@ -319,8 +327,8 @@ absl::StatusOr<GenDatasetStats> GenerateDataset(
 
   const uint64_t total = opts.samples;
   const uint64_t shards = (total + opts.samples_per_shard - 1) / opts.samples_per_shard;
-  const uint32_t threads = std::max<uint32_t>(
-      1, opts.threads ? opts.threads : std::thread::hardware_concurrency());
+  const uint32_t threads =
+      std::max<uint32_t>(1, opts.threads ? opts.threads : std::thread::hardware_concurrency());
   // Workers render samples in any order into a bounded window; this thread
   // writes them in index order, so the output does not depend on scheduling.
   struct Slot {
@@ -328,7 +336,8 @@ absl::StatusOr<GenDatasetStats> GenerateDataset(
     absl::StatusOr<std::string> records;
     SampleSpec spec;
   };
-  const uint64_t window = 4ull * threads;
+  // Wide enough that one slow 16 MP sample does not idle the other workers.
+  const uint64_t window = std::max<uint64_t>(32, 16ull * threads);
   std::vector<Slot> ring(window);
   std::mutex mu;
   std::condition_variable work_cv, ready_cv;
@@ -340,7 +349,8 @@ absl::StatusOr<GenDatasetStats> GenerateDataset(
       uint64_t i;
       {
         std::unique_lock<std::mutex> lock(mu);
-        work_cv.wait(lock, [&] { return stop || next_claim >= total || next_claim < next_write + window; });
+        work_cv.wait(
+            lock, [&] { return stop || next_claim >= total || next_claim < next_write + window; });
         if (stop || next_claim >= total) return;
         i = next_claim++;
       }

@@ -28,26 +28,26 @@ namespace tutti::datagen {
 inline constexpr uint32_t kFirstSpecialTokenId = 151640;
 
 struct GenDatasetOptions {
-  std::string out_dir;                   // required; created if missing
-  uint64_t samples = 1000;               // samples in the dataset
-  uint32_t samples_per_shard = 256;      // samples per tar shard (last may hold fewer)
-  double text_fraction = 0.8;            // samples without images
-  double audio_fraction = 0.0;           // samples that also carry `<key>.wav` (drawn independently)
+  std::string out_dir;               // required; created if missing
+  uint64_t samples = 1000;           // samples in the dataset
+  uint32_t samples_per_shard = 256;  // samples per tar shard (last may hold fewer)
+  double text_fraction = 0.8;        // samples without images
+  double audio_fraction = 0.0;       // samples that also carry `<key>.wav` (drawn independently)
   // Resolution mix (the seed's training set): (1 - large_fraction) of images
   // up to 2 MP, large_fraction between 2 and 16 MP, log-uniform in area.
   double large_fraction = 0.1;
-  double max_megapixels = 16.0;          // cap on any image's area; images above it are redrawn
-                                         // in [cap/2, cap]
+  double max_megapixels = 16.0;  // cap on any image's area; images above it are redrawn
+                                 // in [cap/2, cap]
   // Image formats with weights, "jpg:7,png:2,webp:1"; a name without ":w" weighs 1.
   std::string formats = "jpg:7,png:2,webp:1";
   uint64_t seed = 1;
-  uint32_t threads = 0;                  // encoder threads; 0 = all cores
-  uint32_t text_tokens_median = 256;     // text tokens per sample: log-normal with this median
-  double text_tokens_sigma = 0.7;        // ... and this log-space sigma
-  uint32_t max_text_tokens = 16384;      // ... clamped to [4, this]
-  uint32_t audio_sample_rate = 16000;    // WAV: PCM16 mono, 1-30 s
-  EncodeOptions encode;                  // JPEG/WebP quality, PNG compression
-  bool force = false;                    // write into a non-empty out_dir (replacing shard-*.tar)
+  uint32_t threads = 0;                // encoder threads; 0 = all cores
+  uint32_t text_tokens_median = 256;   // text tokens per sample: log-normal with this median
+  double text_tokens_sigma = 0.7;      // ... and this log-space sigma
+  uint32_t max_text_tokens = 16384;    // ... clamped to [4, this]
+  uint32_t audio_sample_rate = 16000;  // WAV: PCM16 mono, 1-30 s
+  EncodeOptions encode;                // JPEG/WebP quality, PNG compression
+  bool force = false;                  // write into a non-empty out_dir (replacing shard-*.tar)
 };
 
 // Image formats and their relative weights.
@@ -87,17 +87,17 @@ struct GenProgress {
 
 struct GenDatasetStats {
   uint64_t samples = 0;
-  uint64_t text_only = 0;       // no image and no audio
+  uint64_t text_only = 0;  // no image and no audio
   uint64_t with_images = 0;
   uint64_t with_audio = 0;
   uint64_t images = 0;
   std::array<uint64_t, 4> images_by_kind{};  // indexed by ImageKind
-  uint64_t large_images = 0;    // above 2 MP
-  double image_megapixels = 0;  // summed
+  uint64_t large_images = 0;                 // above 2 MP
+  double image_megapixels = 0;               // summed
   double max_image_megapixels = 0;
   uint64_t text_tokens = 0;
   uint64_t audio_ms = 0;
-  uint64_t bytes = 0;           // shard bytes written
+  uint64_t bytes = 0;  // shard bytes written
   std::vector<std::string> shards;
   double elapsed_seconds = 0;
 };

@@ -1,13 +1,12 @@
 #include "tools/datagen/dataset_gen.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 
@@ -58,8 +57,8 @@ std::vector<int64_t> ParseInputIds(const std::string& json) {
   EXPECT_EQ(json.rfind(prefix, 0), 0u) << json.substr(0, 40);
   EXPECT_EQ(json.substr(json.size() - 2), "]}");
   std::vector<int64_t> ids;
-  for (absl::string_view tok :
-       absl::StrSplit(absl::string_view(json).substr(prefix.size(), json.size() - prefix.size() - 2), ',')) {
+  for (absl::string_view tok : absl::StrSplit(
+           absl::string_view(json).substr(prefix.size(), json.size() - prefix.size() - 2), ',')) {
     int64_t v = -1;
     EXPECT_TRUE(absl::SimpleAtoi(tok, &v)) << tok;
     ids.push_back(v);
@@ -70,13 +69,15 @@ std::vector<int64_t> ParseInputIds(const std::string& json) {
 TEST(ParseFormats, AcceptsWeightsAndNames) {
   auto mix = ParseFormats("jpg:7, png:2,webp");
   ASSERT_TRUE(mix.ok()) << mix.status();
-  EXPECT_THAT(mix->kinds, ::testing::ElementsAre(ImageKind::kJpeg, ImageKind::kPng, ImageKind::kWebp));
+  EXPECT_THAT(mix->kinds,
+              ::testing::ElementsAre(ImageKind::kJpeg, ImageKind::kPng, ImageKind::kWebp));
   EXPECT_THAT(mix->weights, ::testing::ElementsAre(7, 2, 1));
   EXPECT_TRUE(ParseFormats("jpeg").ok());
 }
 
 TEST(ParseFormats, RejectsBadSpecs) {
-  EXPECT_THAT(std::string(ParseFormats("gif").status().message()), HasSubstr("unknown image format 'gif'"));
+  EXPECT_THAT(std::string(ParseFormats("gif").status().message()),
+              HasSubstr("unknown image format 'gif'"));
   EXPECT_THAT(std::string(ParseFormats("jpg:0").status().message()), HasSubstr("positive"));
   EXPECT_THAT(std::string(ParseFormats("jpg:x").status().message()), HasSubstr("positive"));
   EXPECT_THAT(std::string(ParseFormats("png,png").status().message()), HasSubstr("twice"));
@@ -237,8 +238,8 @@ TEST(GenerateDataset, WritesReadableShards) {
         EXPECT_EQ(ImageKindFromExtension(parts[1]), spec.images[i].format) << m.name;
         EXPECT_EQ(header->width, spec.images[i].width);
         EXPECT_EQ(header->height, spec.images[i].height);
-        cv::Mat decoded = cv::imdecode(std::vector<uint8_t>(data->begin(), data->end()),
-                                       cv::IMREAD_UNCHANGED);
+        cv::Mat decoded =
+            cv::imdecode(std::vector<uint8_t>(data->begin(), data->end()), cv::IMREAD_UNCHANGED);
         ASSERT_FALSE(decoded.empty()) << m.name;
         EXPECT_EQ(decoded.channels(), static_cast<int>(spec.images[i].channels)) << m.name;
       }

@@ -65,9 +65,7 @@ class Rng {
   // Log-normal with the given median and log-space sigma.
   double LogNormal(double median, double sigma) { return median * std::exp(sigma * Normal()); }
   // Log-uniform in [lo, hi] (lo > 0).
-  double LogUniform(double lo, double hi) {
-    return std::exp(Uniform(std::log(lo), std::log(hi)));
-  }
+  double LogUniform(double lo, double hi) { return std::exp(Uniform(std::log(lo), std::log(hi))); }
 
  private:
   static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
-
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tools/datagen/rng.h"
@@ -16,11 +15,11 @@ namespace tutti::datagen {
 namespace {
 
 constexpr const char* kWords[] = {
-    "tutti",   "orchestra", "vision",  "token",  "patch",   "encoder", "packing", "balance",
-    "stager",  "shard",     "cache",   "decode", "resize",  "merge",   "kernel",  "batch",
-    "gradient", "lambda",   "sigma",   "matrix", "invoice", "total",   "receipt", "chart",
-    "figure",  "table",     "axis",    "legend", "page",    "section", "alpha",   "omega",
-    "42",      "3.14159",   "2026-01", "#7f3a",  "x=17",    "(a+b)^2", "ID:0932", "Q4",
+    "tutti",    "orchestra", "vision",  "token",  "patch",   "encoder", "packing", "balance",
+    "stager",   "shard",     "cache",   "decode", "resize",  "merge",   "kernel",  "batch",
+    "gradient", "lambda",    "sigma",   "matrix", "invoice", "total",   "receipt", "chart",
+    "figure",   "table",     "axis",    "legend", "page",    "section", "alpha",   "omega",
+    "42",       "3.14159",   "2026-01", "#7f3a",  "x=17",    "(a+b)^2", "ID:0932", "Q4",
 };
 
 cv::Scalar RandomColor(Rng& rng) {
@@ -124,7 +123,8 @@ void DrawText(Rng& rng, cv::Mat& img) {
   for (int i = 0; i < lines; ++i) {
     std::string text;
     const int words = static_cast<int>(rng.Between(1, 6));
-    for (int k = 0; k < words; ++k) absl::StrAppend(&text, k ? " " : "", kWords[rng.Below(kNumWords)]);
+    for (int k = 0; k < words; ++k)
+      absl::StrAppend(&text, k ? " " : "", kWords[rng.Below(kNumWords)]);
     const int font = kFonts[rng.Below(5)];
     // Glyph height between 1% and 6% of the short side (Hershey fonts are ~22 px at scale 1).
     const double scale = std::max(0.3, side * rng.Uniform(0.01, 0.06) / 22.0);
@@ -243,13 +243,13 @@ std::string RenderWav(uint32_t duration_ms, uint32_t sample_rate, uint64_t seed)
   std::memcpy(&out[0], "RIFF", 4);
   put32(4, static_cast<uint32_t>(36 + 2 * frames));
   std::memcpy(&out[8], "WAVEfmt ", 8);
-  put32(16, 16);            // fmt chunk size
-  put16(20, 1);             // PCM
-  put16(22, 1);             // mono
+  put32(16, 16);  // fmt chunk size
+  put16(20, 1);   // PCM
+  put16(22, 1);   // mono
   put32(24, sample_rate);
   put32(28, sample_rate * 2);  // byte rate
-  put16(32, 2);             // block align
-  put16(34, 16);            // bits per sample
+  put16(32, 2);                // block align
+  put16(34, 16);               // bits per sample
   std::memcpy(&out[36], "data", 4);
   put32(40, static_cast<uint32_t>(2 * frames));
   for (uint64_t i = 0; i < frames; ++i) {
