@@ -2,7 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -21,7 +21,9 @@
 #include "client/examples/rank_step.h"
 #include "client/mpi_transport.h"
 
-ABSL_FLAG(std::string, stager, "", "this node's tutti-stagerd, host:port (default: $TUTTI_STAGER)");
+ABSL_FLAG(std::string, stager, "",
+          "this node's tutti-stagerd, host:port (default: $TUTTI_STAGER); or one per node, "
+          "comma-separated, ranks filling nodes in contiguous blocks");
 ABSL_FLAG(std::string, packer, "", "the job's tutti-packerd, host:port (default: $TUTTI_PACKER)");
 ABSL_FLAG(int64_t, start_step, 0, "first step to pull");
 ABSL_FLAG(int64_t, steps, 20, "steps to run");
@@ -50,8 +52,14 @@ int Run() {
   std::unique_ptr<tutti::MpiTransport> transport = std::move(*transport_or);
   const uint32_t rank = transport->rank(), world = transport->world_size();
 
+  auto stager = tutti::StagerForRank(absl::GetFlag(FLAGS_stager), rank, world);
+  if (!stager.ok()) {
+    if (rank == 0)
+      std::fprintf(stderr, "tutti-rank-demo: %s\n", std::string(stager.status().message()).c_str());
+    return 2;
+  }
   tutti::ClientOptions opts;
-  opts.stager_address = absl::GetFlag(FLAGS_stager);
+  opts.stager_address = *stager;
   opts.packer_address = absl::GetFlag(FLAGS_packer);
   opts.rank = static_cast<int>(rank);
   opts.world_size = static_cast<int>(world);

@@ -3,11 +3,28 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/exchange_pattern.h"
 #include "common/status.h"
 
 namespace tutti {
+
+absl::StatusOr<std::string> StagerForRank(absl::string_view list, uint32_t rank, uint32_t world) {
+  std::vector<std::string> stagers;
+  for (absl::string_view s : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    stagers.emplace_back(absl::StripAsciiWhitespace(s));
+  }
+  if (stagers.empty()) return std::string();
+  if (world == 0 || world % stagers.size() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stager lists ", stagers.size(), " stagers (one per node) but the job has ",
+                     world, " ranks, not a multiple of it; give one address per node"));
+  }
+  return stagers[rank / (world / stagers.size())];
+}
 
 StepRow SummarizeBatch(const Batch& batch) {
   StepRow row;

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/batch.h"
 #include "client/transport.h"
 
@@ -27,6 +29,13 @@ struct StepRow {
   uint64_t recv_bytes = 0;
   double exchange_ms = 0;  // forward + backward, verification excluded
 };
+
+// The stager address of `rank` from `list`, comma-separated, one address per
+// node: ranks fill nodes in contiguous blocks of world / nodes, as the
+// packer's ranks_per_node assumes. An empty list gives "" (the client then
+// reads TUTTI_STAGER). INVALID_ARGUMENT when world is not a multiple of the
+// number of addresses.
+absl::StatusOr<std::string> StagerForRank(absl::string_view list, uint32_t rank, uint32_t world);
 
 // Fills every field it can from the batch (not exchange_ms).
 StepRow SummarizeBatch(const Batch& batch);

@@ -41,5 +41,15 @@ TEST(RankStep, SummarizesABatch) {
   EXPECT_EQ(StepTableHeader().size(), text.size());  // columns line up
 }
 
+TEST(RankStep, StagerForRankFillsNodesInBlocks) {
+  EXPECT_EQ(*StagerForRank("", 3, 4), "");
+  EXPECT_EQ(*StagerForRank("a:1", 3, 4), "a:1");
+  EXPECT_EQ(*StagerForRank("a:1,b:2", 1, 4), "a:1");
+  EXPECT_EQ(*StagerForRank("a:1,b:2", 2, 4), "b:2");
+  EXPECT_EQ(*StagerForRank("a:1, b:2", 3, 4), "b:2");
+  EXPECT_THAT(std::string(StagerForRank("a:1,b:2", 0, 3).status().message()),
+              HasSubstr("lists 2 stagers (one per node) but the job has 3 ranks"));
+}
+
 }  // namespace
 }  // namespace tutti

@@ -185,6 +185,14 @@ Buffer GetBuffer(const py::buffer& obj, bool writable, const char* what) {
 class PyBatch {
  public:
   explicit PyBatch(Batch batch) : batch_(std::make_unique<Batch>(std::move(batch))) {}
+  PyBatch(PyBatch&&) = default;
+  // Releasing may wait on the stager (retries): not while holding the GIL.
+  ~PyBatch() {
+    if (batch_ != nullptr && !batch_->released() && Py_IsInitialized()) {
+      py::gil_scoped_release nogil;
+      batch_.reset();
+    }
+  }
 
   const Batch& batch() const {
     if (batch_->released()) {
@@ -216,7 +224,11 @@ class PyBatch {
     return d;
   }
   void release() {
-    absl::Status s = batch_->Release();
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = batch_->Release();
+    }
     Check(s);
   }
   Batch& raw() { return *batch_; }
