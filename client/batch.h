@@ -1,0 +1,131 @@
+// One rank's batch for one step, as the stager delivers it: arrays in a
+// shared-memory segment (layout in stager.proto, ArrayDesc), mapped read-only
+// and viewed without copying, plus the rank's plan and sample metadata.
+//
+// A Batch owns its stager lease: destroying it (or Release()) tells the
+// stager the memory may be reused, then unmaps it. Views must not be used
+// after that; a binding that hands the memory out (Python) keeps the mapping
+// alive through segment(), but the stager may then overwrite the contents.
+// Movable, not copyable; not thread-safe (use from one thread).
+#ifndef TUTTI_CLIENT_BATCH_H_
+#define TUTTI_CLIENT_BATCH_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/shm.h"
+#include "tutti/v1/stager.pb.h"
+
+namespace tutti {
+
+// Bytes per element; 0 for an unknown dtype.
+size_t DTypeSize(v1::DType dtype);
+// "float32", "bfloat16", "int32", "int64", "uint8", "float16"; "unknown".
+absl::string_view DTypeName(v1::DType dtype);
+
+// A typed view of one array inside the mapped segment.
+struct ArrayView {
+  std::string name;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<uint64_t> shape;
+  const void* data = nullptr;  // 64-byte aligned, inside the segment
+  uint64_t offset = 0;         // from the start of the segment
+  uint64_t nbytes = 0;
+
+  uint64_t elements() const;
+  // The elements as T; T must match the dtype's size (bfloat16 as uint16_t).
+  template <typename T>
+  absl::Span<const T> span() const {
+    return absl::Span<const T>(static_cast<const T*>(data), nbytes / sizeof(T));
+  }
+};
+
+class Batch {
+ public:
+  // Called once when the batch is released; returns whether the stager took
+  // the release. Empty: nothing to tell (a segment mapped for inspection).
+  using Releaser = std::function<absl::Status()>;
+
+  // Maps desc.shm_name read-only and checks every array against the segment
+  // and the contract: known dtype, nbytes = elements x dtype size, 64-byte
+  // aligned, inside the segment, names unique, the well-known arrays with
+  // their documented dtype and rank, pixel_values rows = the patches of
+  // image_grid_thw, cu_seqlens ending at len(input_ids). DATA_LOSS naming
+  // step, rank, segment and array otherwise; NOT_FOUND when the segment does
+  // not exist.
+  static absl::StatusOr<Batch> Map(v1::BatchDescriptor desc, Releaser release = nullptr);
+
+  Batch(Batch&&) noexcept;
+  Batch& operator=(Batch&&) noexcept;
+  ~Batch();  // releases (errors are printed to stderr; call Release() to see them)
+
+  uint64_t step() const { return s_->desc.step(); }
+  uint32_t rank() const { return s_->desc.rank(); }
+  uint64_t max_pixels() const { return s_->desc.max_pixels(); }
+  uint32_t seq_len() const { return s_->desc.seq_len(); }
+  const v1::RankPlan& plan() const { return s_->desc.plan(); }
+  const google::protobuf::RepeatedPtrField<v1::SampleInfo>& samples() const {
+    return s_->desc.samples();
+  }
+  const google::protobuf::RepeatedPtrField<v1::SkippedSample>& skipped() const {
+    return s_->desc.skipped();
+  }
+  const v1::BatchDescriptor& descriptor() const { return s_->desc; }
+
+  const std::vector<ArrayView>& arrays() const { return s_->arrays; }
+  // The array called `name`, or nullptr.
+  const ArrayView* Find(absl::string_view name) const;
+
+  // Well-known arrays (stager.proto); empty spans / nullptr when absent.
+  const ArrayView* pixel_values() const { return Find("pixel_values"); }  // FLOAT32 or BFLOAT16
+  absl::Span<const int32_t> image_grid_thw() const {
+    return Int32("image_grid_thw");
+  }  // 3 per image
+  absl::Span<const int64_t> image_sample_ids() const { return Int64("image_sample_ids"); }
+  absl::Span<const int32_t> input_ids() const { return Int32("input_ids"); }
+  absl::Span<const int32_t> cu_seqlens() const { return Int32("cu_seqlens"); }
+  absl::Span<const int32_t> seq_offsets() const { return Int32("seq_offsets"); }
+  absl::Span<const int32_t> micro_batch_offsets() const { return Int32("micro_batch_offsets"); }
+  absl::Span<const int64_t> doc_sample_ids() const { return Int64("doc_sample_ids"); }
+  absl::Span<const float> audio_values() const;
+  absl::Span<const int32_t> audio_lengths() const { return Int32("audio_lengths"); }
+  // Images (rows of image_grid_thw) and patches (rows of pixel_values).
+  uint64_t images() const;
+  uint64_t patches() const;
+
+  // Seconds Next() waited for this batch (retries included).
+  double wait_seconds() const { return s_->wait_seconds; }
+  void set_wait_seconds(double s) { s_->wait_seconds = s; }
+
+  // The mapping; holding it keeps the memory mapped past Release().
+  std::shared_ptr<const ShmSegment> segment() const { return s_->segment; }
+
+  // Tells the stager the batch is consumed (once; later calls return OK).
+  absl::Status Release();
+  bool released() const { return s_->released; }
+
+ private:
+  struct State {
+    v1::BatchDescriptor desc;
+    std::shared_ptr<ShmSegment> segment;
+    std::vector<ArrayView> arrays;
+    Releaser release;
+    bool released = false;
+    double wait_seconds = 0;
+  };
+  explicit Batch(std::unique_ptr<State> s) : s_(std::move(s)) {}
+  absl::Span<const int32_t> Int32(absl::string_view name) const;
+  absl::Span<const int64_t> Int64(absl::string_view name) const;
+
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace tutti
+
+#endif  // TUTTI_CLIENT_BATCH_H_

@@ -1,0 +1,283 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+
+namespace tutti {
+namespace {
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+// The first of `names` set in the environment: (name, value), or empty.
+std::pair<std::string, std::string> FirstEnv(const std::function<const char*(const char*)>& getenv,
+                                             std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* v = getenv(name);
+    if (v != nullptr && *v != '\0') return {name, v};
+  }
+  return {};
+}
+
+absl::Status PositiveDuration(absl::Duration d, const char* name) {
+  if (d <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.", name, " must be positive, got ", absl::FormatDuration(d)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ClientOptions> ResolveClientOptions(
+    ClientOptions opts, const std::function<const char*(const char*)>& getenv_fn) {
+  const std::function<const char*(const char*)> getenv =
+      getenv_fn ? getenv_fn : [](const char* n) -> const char* { return std::getenv(n); };
+  if (opts.stager_address.empty()) opts.stager_address = FirstEnv(getenv, {"TUTTI_STAGER"}).second;
+  if (opts.stager_address.empty()) {
+    return absl::InvalidArgumentError(
+        "no stager address: set TUTTI_STAGER=host:port (this node's tutti-stagerd) or "
+        "ClientOptions.stager_address (Python: stager=...)");
+  }
+  if (opts.packer_address.empty()) opts.packer_address = FirstEnv(getenv, {"TUTTI_PACKER"}).second;
+  if (opts.packer_address.empty()) {
+    return absl::InvalidArgumentError(
+        "no packer address: set TUTTI_PACKER=host:port (the job's tutti-packerd) or "
+        "ClientOptions.packer_address (Python: packer=...)");
+  }
+  auto env_int = [&](std::initializer_list<const char*> names, int64_t* out) -> absl::Status {
+    auto [name, value] = FirstEnv(getenv, names);
+    if (name.empty()) return absl::OkStatus();
+    if (!absl::SimpleAtoi(value, out) || *out < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "='", value,
+                                                     "' is not a non-negative integer"));
+    }
+    return absl::OkStatus();
+  };
+  if (opts.rank < 0) {
+    int64_t rank = -1;
+    RETURN_IF_ERROR(
+        env_int({"TUTTI_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &rank));
+    if (rank < 0) {
+      return absl::InvalidArgumentError(
+          "no rank: set TUTTI_RANK (mpirun and srun set OMPI_COMM_WORLD_RANK / SLURM_PROCID, which "
+          "are read too) or ClientOptions.rank (Python: rank=...)");
+    }
+    opts.rank = static_cast<int>(rank);
+  }
+  if (opts.world_size < 0) {
+    int64_t world = -1;
+    RETURN_IF_ERROR(
+        env_int({"TUTTI_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, &world));
+    opts.world_size = static_cast<int>(world);
+  }
+  if (opts.world_size == 0) {
+    return absl::InvalidArgumentError("world size 0: a job has at least one rank");
+  }
+  if (opts.world_size > 0 && opts.rank >= opts.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", opts.rank, " is outside world size ",
+                                                   opts.world_size, " (ranks are 0..",
+                                                   opts.world_size - 1, ")"));
+  }
+  if (opts.start_step < 0) {
+    int64_t step = 0;
+    RETURN_IF_ERROR(env_int({"TUTTI_START_STEP"}, &step));
+    opts.start_step = step;
+  }
+  RETURN_IF_ERROR(PositiveDuration(opts.connect_timeout, "connect_timeout"));
+  RETURN_IF_ERROR(PositiveDuration(opts.batch_timeout, "batch_timeout"));
+  RETURN_IF_ERROR(PositiveDuration(opts.rpc_timeout, "rpc_timeout"));
+  RETURN_IF_ERROR(PositiveDuration(opts.retry_budget, "retry_budget"));
+  RETURN_IF_ERROR(PositiveDuration(opts.report_timeout, "report_timeout"));
+  RETURN_IF_ERROR(PositiveDuration(opts.initial_backoff, "initial_backoff"));
+  RETURN_IF_ERROR(PositiveDuration(opts.max_backoff, "max_backoff"));
+  return opts;
+}
+
+absl::StatusOr<uint32_t> CheckJobWorldSize(const v1::JobInfo& job, int rank, int world_size) {
+  const uint32_t planned = job.config().world_size();
+  const std::string job_name = job.config().job_id().empty()
+                                   ? "the packer's job"
+                                   : absl::StrCat("job '", job.config().job_id(), "'");
+  if (planned == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_name,
+        " has no world_size; set world_size in the job config and restart tutti-packerd"));
+  }
+  if (world_size > 0 && static_cast<uint32_t>(world_size) != planned) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("world size mismatch: this client runs with ", world_size, " ranks but ",
+                     job_name, " was planned for ", planned, " ranks; launch ", planned,
+                     " ranks, or restart tutti-packerd with world_size: ", world_size));
+  }
+  if (rank < 0 || static_cast<uint32_t>(rank) >= planned) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is outside ", job_name,
+                                                      "'s ", planned, " ranks (0..", planned - 1,
+                                                      "); check TUTTI_RANK"));
+  }
+  return planned;
+}
+
+RetryPolicy Client::Policy(absl::Duration budget) const {
+  return RetryPolicy{budget, options_.initial_backoff, options_.max_backoff};
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  ASSIGN_OR_RETURN(ClientOptions opts, ResolveClientOptions(options));
+  std::unique_ptr<Client> c(new Client());
+  c->options_ = opts;
+  c->stager_ =
+      std::shared_ptr<v1::Stager::Stub>(v1::Stager::NewStub(MakeChannel(opts.stager_address)));
+  c->packer_ =
+      std::shared_ptr<v1::Packer::Stub>(v1::Packer::NewStub(MakeChannel(opts.packer_address)));
+
+  const std::string at_packer = absl::StrCat("GetJob from tutti-packerd at ", opts.packer_address);
+  absl::Status s = RetryUnavailable(c->Policy(opts.connect_timeout), at_packer, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(opts.rpc_timeout));
+    return FromGrpcStatus(c->packer_->GetJob(&ctx, v1::GetJobRequest(), &c->job_));
+  });
+  if (absl::IsUnavailable(s)) {
+    return absl::UnavailableError(absl::StrCat(s.message(),
+                                               " (is tutti-packerd running there? "
+                                               "check TUTTI_PACKER)"));
+  }
+  RETURN_IF_ERROR(Annotate(s, at_packer));
+  ASSIGN_OR_RETURN(c->world_size_, CheckJobWorldSize(c->job_, opts.rank, opts.world_size));
+  c->rank_ = static_cast<uint32_t>(opts.rank);
+
+  const std::string at_stager =
+      absl::StrCat("GetStageStatus from tutti-stagerd at ", opts.stager_address);
+  s = RetryUnavailable(c->Policy(opts.connect_timeout), at_stager, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(opts.rpc_timeout));
+    v1::StageStatus status;
+    return FromGrpcStatus(c->stager_->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
+  });
+  if (absl::IsUnavailable(s)) {
+    return absl::UnavailableError(absl::StrCat(s.message(),
+                                               " (is this node's tutti-stagerd "
+                                               "running there? check TUTTI_STAGER)"));
+  }
+  RETURN_IF_ERROR(Annotate(s, at_stager));
+  c->next_step_ = static_cast<uint64_t>(opts.start_step);
+  return c;
+}
+
+Client::~Client() = default;
+
+absl::StatusOr<Batch> Client::Next() {
+  const uint64_t step = next_step_;
+  const std::string where = absl::StrCat(
+      ExchangeWhere(step, rank_), ": AcquireBatch from tutti-stagerd at ", options_.stager_address);
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.batch_timeout;
+  v1::BatchDescriptor desc;
+  absl::Status s = RetryUnavailable(Policy(options_.batch_timeout), where, [&]() -> absl::Status {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("out of time");
+    grpc::ClientContext ctx;
+    // The stager waits up to timeout_ms for the batch; the RPC gets a little more.
+    ctx.set_deadline(Deadline(left + absl::Seconds(5)));
+    v1::AcquireBatchRequest req;
+    req.set_step(step);
+    req.set_rank(rank_);
+    req.set_timeout_ms(static_cast<uint32_t>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left), std::numeric_limits<uint32_t>::max())));
+    return FromGrpcStatus(stager_->AcquireBatch(&ctx, req, &desc));
+  });
+  if (absl::IsDeadlineExceeded(s)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
+        " (ClientOptions.batch_timeout); the stager may be starved of I/O: see its metrics"));
+  }
+  RETURN_IF_ERROR(Annotate(s, where));
+  if (desc.step() != step || desc.rank() != rank_) {
+    return absl::DataLossError(absl::StrCat(where, ": the stager answered with step ", desc.step(),
+                                            ", rank ", desc.rank()));
+  }
+  auto releaser = [stub = stager_, step, rank = rank_, policy = Policy(options_.retry_budget),
+                   rpc_timeout = options_.rpc_timeout, address = options_.stager_address] {
+    return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
+                            [&] {
+                              grpc::ClientContext ctx;
+                              ctx.set_deadline(Deadline(rpc_timeout));
+                              v1::ReleaseBatchRequest req;
+                              req.set_step(step);
+                              req.set_rank(rank);
+                              v1::ReleaseBatchResponse resp;
+                              return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
+                            });
+  };
+  ASSIGN_OR_RETURN(Batch batch, Batch::Map(std::move(desc), std::move(releaser)));
+  const double waited = absl::ToDoubleSeconds(absl::Now() - start);
+  batch.set_wait_seconds(waited);
+  total_wait_seconds_ += waited;
+  ++next_step_;
+  return batch;
+}
+
+absl::Status Client::ReportTiming(uint64_t step, const std::vector<PhaseTime>& phases) {
+  v1::StepTimingReport report;
+  report.set_step(step);
+  report.set_rank(rank_);
+  for (const auto& [phase, seconds] : phases) {
+    v1::PhaseTiming* t = report.add_phases();
+    t->set_phase(phase);
+    t->set_seconds(seconds);
+  }
+  const absl::Duration attempt_timeout = std::min(options_.rpc_timeout, options_.report_timeout);
+  return RetryUnavailable(
+      Policy(options_.report_timeout),
+      absl::StrCat(ExchangeWhere(step, rank_), ": ReportTiming to tutti-packerd at ",
+                   options_.packer_address),
+      [&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(Deadline(attempt_timeout));
+        v1::ReportTimingResponse resp;
+        return FromGrpcStatus(packer_->ReportTiming(&ctx, report, &resp));
+      });
+}
+
+absl::Status Client::Exchange(const v1::RankPlan& plan, uint64_t step, const void* send,
+                              size_t send_bytes, void* recv, size_t recv_bytes) {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ExchangeWhere(step, rank_),
+                     ": no transport; call SetTransport(MpiTransport::CreateWorld()) first"));
+  }
+  return transport_->Exchange(plan, send, send_bytes, recv, recv_bytes,
+                              ExchangeContext{step, world_size_});
+}
+
+absl::Status Client::ExchangeBackward(const v1::RankPlan& plan, uint64_t step, const void* send,
+                                      size_t send_bytes, void* recv, size_t recv_bytes) {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ExchangeWhere(step, rank_),
+                     ": no transport; call SetTransport(MpiTransport::CreateWorld()) first"));
+  }
+  return transport_->ExchangeBackward(plan, send, send_bytes, recv, recv_bytes,
+                                      ExchangeContext{step, world_size_});
+}
+
+absl::Status Client::Exchange(const Batch& batch, const void* send, size_t send_bytes, void* recv,
+                              size_t recv_bytes) {
+  return Exchange(batch.plan(), batch.step(), send, send_bytes, recv, recv_bytes);
+}
+
+absl::Status Client::ExchangeBackward(const Batch& batch, const void* send, size_t send_bytes,
+                                      void* recv, size_t recv_bytes) {
+  return ExchangeBackward(batch.plan(), batch.step(), send, send_bytes, recv, recv_bytes);
+}
+
+}  // namespace tutti

@@ -1,0 +1,138 @@
+#include "client/exchange_layout.h"
+
+#include <limits>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tutti {
+namespace {
+
+const char* DirName(ExchangeDirection dir) {
+  return dir == ExchangeDirection::kForward ? "forward" : "backward";
+}
+
+// Fills counts/offsets from one list of transfers (sends or recvs).
+absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfers,
+                 const char* what, uint64_t declared_total, uint32_t comm_size,
+                 const std::string& where, std::vector<uint64_t>* counts,
+                 std::vector<uint64_t>* offsets, uint64_t* total) {
+  counts->assign(comm_size, 0);
+  offsets->assign(comm_size, 0);
+  uint64_t off = 0;
+  int64_t prev_peer = -1;
+  for (const v1::Transfer& t : transfers) {
+    if (t.peer() >= comm_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the plan's exchange ", what, " names peer rank ", t.peer(),
+                       " but the communicator has ", comm_size,
+                       " ranks; the plan was made for a larger job (check world_size)"));
+    }
+    if (static_cast<int64_t>(t.peer()) <= prev_peer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the plan's exchange ", what, " lists peer ", t.peer(), " after peer ",
+          prev_peer, "; transfers must be ordered by peer with one per peer (a corrupt plan)"));
+    }
+    prev_peer = t.peer();
+    if (t.items_size() > 0) {
+      uint64_t items = 0;
+      for (const v1::TransferItem& item : t.items()) {
+        if (item.bytes() > std::numeric_limits<uint64_t>::max() - items) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": item sizes overflow"));
+        }
+        items += item.bytes();
+      }
+      if (items != t.bytes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": the plan's exchange ", what, " to/from peer ", t.peer(), " declares ",
+            t.bytes(), " bytes but its items add up to ", items, " (a corrupt plan)"));
+      }
+    }
+    if (t.bytes() > std::numeric_limits<uint64_t>::max() - off) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": transfer sizes overflow"));
+    }
+    (*counts)[t.peer()] = t.bytes();
+    (*offsets)[t.peer()] = off;
+    off += t.bytes();
+  }
+  if (off != declared_total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the plan's exchange declares ", declared_total, " ", what,
+                     " bytes but its ", what, " transfers add up to ", off, " (a corrupt plan)"));
+  }
+  *total = off;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ExchangeWhere(uint64_t step, uint32_t rank) {
+  return step == kUnknownStep ? absl::StrCat("rank ", rank)
+                              : absl::StrCat("step ", step, ", rank ", rank);
+}
+
+ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t comm_size,
+                           uint64_t step) {
+  ExchangeLayout l;
+  l.direction = dir;
+  l.rank = comm_rank;
+  l.world_size = comm_size;
+  l.step = step;
+  l.send_counts.assign(comm_size, 0);
+  l.send_offsets.assign(comm_size, 0);
+  l.recv_counts.assign(comm_size, 0);
+  l.recv_offsets.assign(comm_size, 0);
+  return l;
+}
+
+absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, ExchangeDirection dir,
+                                                   uint32_t comm_rank, uint32_t comm_size,
+                                                   const ExchangeContext& ctx) {
+  const std::string where =
+      absl::StrCat(ExchangeWhere(ctx.step, comm_rank), ", ", DirName(dir), " exchange");
+  if (ctx.world_size != 0 && ctx.world_size != comm_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": the plan is for ", ctx.world_size, " ranks but the communicator has ", comm_size,
+        "; launch ", ctx.world_size, " ranks (e.g. mpirun -np ", ctx.world_size,
+        ") or restart the packer with world_size: ", comm_size));
+  }
+  if (plan.rank() != comm_rank) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": this process is rank ", comm_rank, " of the communicator but was given rank ",
+        plan.rank(), "'s plan; give the client the communicator's rank (TUTTI_RANK)"));
+  }
+  ExchangeLayout l = EmptyLayout(dir, comm_rank, comm_size, ctx.step);
+  const v1::Exchange& ex = plan.exchange();
+  const bool fwd = dir == ExchangeDirection::kForward;
+  RETURN_IF_ERROR(Lay(fwd ? ex.sends() : ex.recvs(), fwd ? "send" : "receive",
+                      fwd ? ex.send_bytes() : ex.recv_bytes(), comm_size, where, &l.send_counts,
+                      &l.send_offsets, &l.send_bytes));
+  RETURN_IF_ERROR(Lay(fwd ? ex.recvs() : ex.sends(), fwd ? "receive" : "send",
+                      fwd ? ex.recv_bytes() : ex.send_bytes(), comm_size, where, &l.recv_counts,
+                      &l.recv_offsets, &l.recv_bytes));
+  if (l.send_counts[comm_rank] != l.recv_counts[comm_rank]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the plan sends ", l.send_counts[comm_rank],
+                     " bytes to this rank itself but receives ", l.recv_counts[comm_rank],
+                     " from itself (a corrupt plan)"));
+  }
+  return l;
+}
+
+absl::Status CheckBufferSizes(const ExchangeLayout& layout, size_t send_bytes, size_t recv_bytes) {
+  const char* dir = layout.direction == ExchangeDirection::kForward ? "forward" : "backward";
+  for (const auto& [what, given, expected] :
+       {std::tuple<const char*, uint64_t, uint64_t>{"send", send_bytes, layout.send_bytes},
+        {"receive", recv_bytes, layout.recv_bytes}}) {
+    if (given != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ExchangeWhere(layout.step, layout.rank), ", ", dir, " exchange: ", what,
+          " buffer size mismatch: expected ", expected, " bytes (from the plan), given ", given,
+          "; size the buffer from the plan's exchange"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tutti

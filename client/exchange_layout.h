@@ -1,0 +1,71 @@
+// The byte layout of one rank's all-to-all, derived from its plan
+// (tutti.v1.Exchange in plan.proto) and checked before anything moves.
+//
+// Forward: the send buffer is the concatenation, over `sends` in order, of
+// each transfer's items; the receive buffer likewise over `recvs`. Backward
+// (gradients flowing back to the encoders) is the inverse: sends become
+// receives with the same byte counts, so the backward send buffer has the
+// forward receive buffer's layout and vice versa.
+#ifndef TUTTI_CLIENT_EXCHANGE_LAYOUT_H_
+#define TUTTI_CLIENT_EXCHANGE_LAYOUT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tutti/v1/plan.pb.h"
+
+namespace tutti {
+
+inline constexpr uint64_t kUnknownStep = ~uint64_t{0};
+
+enum class ExchangeDirection { kForward = 0, kBackward = 1 };
+
+// What the caller knows about the plan besides the RankPlan itself.
+struct ExchangeContext {
+  uint64_t step = kUnknownStep;  // named in errors and compared across ranks when known
+  uint32_t world_size = 0;       // ranks the plan was made for (StepPlan.world_size); 0 = unknown
+};
+
+struct ExchangeLayout {
+  ExchangeDirection direction = ExchangeDirection::kForward;
+  uint32_t rank = 0;        // this process's rank in the communicator
+  uint32_t world_size = 0;  // the communicator's size
+  uint64_t step = kUnknownStep;
+  // Indexed by peer rank, world_size entries each. Offsets are into this
+  // rank's send / receive buffer; a peer without a transfer has count 0.
+  std::vector<uint64_t> send_counts, send_offsets;
+  std::vector<uint64_t> recv_counts, recv_offsets;
+  uint64_t send_bytes = 0;
+  uint64_t recv_bytes = 0;
+};
+
+// "step 12, rank 3" (or "rank 3" when the step is unknown): the context every
+// exchange error starts with.
+std::string ExchangeWhere(uint64_t step, uint32_t rank);
+
+// An all-zero layout for (comm_rank, comm_size): what a rank that refused its
+// input still takes part in cross-rank checks with.
+ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t comm_size,
+                           uint64_t step);
+
+// Builds the layout of `plan` for this process, rank `comm_rank` of a
+// communicator of `comm_size` ranks. FAILED_PRECONDITION when the plan was
+// made for another world size or belongs to another rank; INVALID_ARGUMENT
+// when the plan is inconsistent (a peer out of range, peers out of order or
+// repeated, a transfer whose items do not add up to its bytes, totals that do
+// not match, or a rank sending itself a different count than it receives).
+absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, ExchangeDirection dir,
+                                                   uint32_t comm_rank, uint32_t comm_size,
+                                                   const ExchangeContext& ctx = {});
+
+// INVALID_ARGUMENT naming expected and given byte counts when the caller's
+// buffers do not match the layout.
+absl::Status CheckBufferSizes(const ExchangeLayout& layout, size_t send_bytes, size_t recv_bytes);
+
+}  // namespace tutti
+
+#endif  // TUTTI_CLIENT_EXCHANGE_LAYOUT_H_

@@ -1,0 +1,353 @@
+#include "client/mpi_transport.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace tutti {
+namespace {
+
+constexpr uint64_t kHelloMagic = 0x5455545449484c4full;    // "TUTTIHLO"
+constexpr uint64_t kVerdictMagic = 0x5455545449564454ull;  // "TUTTIVDT"
+constexpr int kHelloTag = 7101;
+constexpr int kVerdictTag = 7102;
+
+const char* DirName(uint32_t dir) { return dir == 0 ? "forward" : "backward"; }
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::vector<int> shown(ranks.begin(), ranks.begin() + std::min<size_t>(ranks.size(), 16));
+  std::string s = absl::StrJoin(shown, ", ");
+  if (ranks.size() > shown.size())
+    absl::StrAppend(&s, " and ", ranks.size() - shown.size(), " more");
+  return s;
+}
+
+}  // namespace
+
+// What ranks tell each other before an exchange. Plain bytes on the wire:
+// every rank runs the same binary on the same architecture.
+struct MpiTransport::Header {
+  uint64_t magic = 0;
+  uint64_t seq = 0;  // the sender's exchange count
+  uint64_t step = kUnknownStep;
+  uint64_t sends_you = 0;         // hello: bytes the sender sends the receiver
+  uint64_t expects_from_you = 0;  // hello: bytes the sender expects from the receiver
+  uint32_t direction = 0;
+  int32_t code = 0;  // absl::StatusCode of the sender's verdict
+  uint32_t world = 0;
+  uint32_t sender = 0;
+  char reason[200] = {};  // the sender's error message, truncated
+
+  void SetStatus(const absl::Status& s) {
+    code = static_cast<int32_t>(s.code());
+    const size_t n = std::min(s.message().size(), sizeof(reason) - 1);
+    std::memcpy(reason, s.message().data(), n);
+    reason[n] = '\0';
+  }
+};
+
+absl::Status MpiStatus(int code, absl::string_view what) {
+  if (code == MPI_SUCCESS) return absl::OkStatus();
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return absl::InternalError(
+      absl::StrCat(what, ": MPI error ", code, ": ", absl::string_view(text, len)));
+}
+
+absl::Status EnsureMpiInitialized() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return absl::OkStatus();
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    return absl::FailedPreconditionError(
+        "MPI was already finalised in this process; it cannot be restarted");
+  }
+  int provided = 0;
+  RETURN_IF_ERROR(MpiStatus(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
+                            "MPI_Init_thread"));
+  std::atexit([] {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(
+    MPI_Comm comm, const MpiTransportOptions& opts) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    return absl::FailedPreconditionError(
+        "MPI is not initialised: call MPI_Init first, or use MpiTransport::CreateWorld");
+  }
+  if (opts.max_count == 0 || opts.max_count > static_cast<uint64_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MpiTransportOptions.max_count must be in [1, INT_MAX], got ", opts.max_count));
+  }
+  MPI_Comm dup = MPI_COMM_NULL;
+  RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup"));
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(dup, &rank);
+  MPI_Comm_size(dup, &size);
+  return std::unique_ptr<MpiTransport>(new MpiTransport(dup, rank, size, opts));
+}
+
+absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::CreateWorld(
+    const MpiTransportOptions& opts) {
+  RETURN_IF_ERROR(EnsureMpiInitialized());
+  return Create(MPI_COMM_WORLD, opts);
+}
+
+MpiTransport::~MpiTransport() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::vector<Header>* in,
+                                 absl::Time deadline, std::vector<int>* missing) {
+  std::vector<MPI_Request> reqs;
+  std::vector<int> peer;  // >= 0: receive from that rank; < 0: a send
+  reqs.reserve(2 * size_);
+  for (uint32_t p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    reqs.emplace_back();
+    peer.push_back(static_cast<int>(p));
+    RETURN_IF_ERROR(MpiStatus(MPI_Irecv(&(*in)[p], sizeof(Header), MPI_BYTE, static_cast<int>(p),
+                                        tag, comm_, &reqs.back()),
+                              "MPI_Irecv"));
+  }
+  for (uint32_t p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    reqs.emplace_back();
+    peer.push_back(-1);
+    RETURN_IF_ERROR(MpiStatus(
+        MPI_Isend(&out[p], sizeof(Header), MPI_BYTE, static_cast<int>(p), tag, comm_, &reqs.back()),
+        "MPI_Isend"));
+  }
+  std::vector<int> done(reqs.size());
+  for (uint64_t spin = 0;; ++spin) {
+    int count = 0;
+    RETURN_IF_ERROR(MpiStatus(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &count,
+                                           done.data(), MPI_STATUSES_IGNORE),
+                              "MPI_Testsome"));
+    if (count == MPI_UNDEFINED) return absl::OkStatus();  // every request completed
+    if (count > 0) {
+      spin = 0;
+      continue;
+    }
+    if (absl::Now() > deadline) break;
+    // Poll politely: ranks may share cores while they wait for each other.
+    if (spin < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min<uint64_t>(1000, spin)));
+    }
+  }
+  // Timed out: withdraw what has not arrived.
+  bool sends_pending = false;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    if (peer[i] < 0) {
+      sends_pending = true;
+      MPI_Request_free(&reqs[i]);
+      continue;
+    }
+    MPI_Status st;
+    MPI_Cancel(&reqs[i]);
+    MPI_Wait(&reqs[i], &st);
+    int cancelled = 0;
+    MPI_Test_cancelled(&st, &cancelled);
+    if (cancelled) missing->push_back(peer[i]);
+  }
+  if (missing->empty() && !sends_pending) return absl::OkStatus();
+  return absl::DeadlineExceededError("timed out");
+}
+
+absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Status& local) {
+  static_assert(sizeof(Header) == 256, "agreement messages are 256 bytes");
+  if (!broken_.ok()) return broken_;
+  ++seq_;
+  if (!opts_.verify || size_ == 1) return local;
+  const std::string where =
+      absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
+                   DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
+  const absl::Time deadline = absl::Now() + opts_.join_timeout;
+  auto timed_out = [&](const std::vector<int>& missing, const char* stage) {
+    broken_ = absl::FailedPreconditionError(
+        absl::StrCat("an earlier exchange (", where,
+                     ") timed out; messages from late ranks may still be in "
+                     "flight, so this transport refuses further exchanges: stop the job"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": rank(s) ", missing.empty() ? std::string("?") : RankList(missing), " did not ",
+        stage, " within ", absl::FormatDuration(opts_.join_timeout),
+        " (crashed, stuck, or calling Exchange a different number of times); stop the job"));
+  };
+
+  // Round 1: what each rank sends to and expects from each other one.
+  std::vector<Header> out(size_), in(size_);
+  for (uint32_t p = 0; p < size_; ++p) {
+    Header& h = out[p];
+    h.magic = kHelloMagic;
+    h.seq = seq_;
+    h.step = layout.step;
+    h.sends_you = layout.send_counts[p];
+    h.expects_from_you = layout.recv_counts[p];
+    h.direction = static_cast<uint32_t>(layout.direction);
+    h.world = size_;
+    h.sender = rank_;
+    h.SetStatus(local);
+  }
+  std::vector<int> missing;
+  absl::Status round = Round(kHelloTag, out, &in, deadline, &missing);
+  if (absl::IsDeadlineExceeded(round)) return timed_out(missing, "join the exchange");
+  RETURN_IF_ERROR(Annotate(round, where));
+  absl::Status verdict = local;
+  for (uint32_t p = 0; p < size_ && verdict.ok(); ++p) {
+    if (p == rank_) continue;
+    const Header& h = in[p];
+    auto refuse = [&](auto&&... parts) {
+      verdict = absl::FailedPreconditionError(absl::StrCat(where, ": ", parts...));
+    };
+    if (h.magic != kHelloMagic || h.sender != p || h.world != size_) {
+      refuse("rank ", p,
+             " sent a malformed agreement message (another library using this "
+             "communicator's tags?)");
+    } else if (h.seq != seq_) {
+      refuse("rank ", p, " is at exchange #", h.seq, " but this rank is at #", seq_,
+             ": the ranks called Exchange a different number of times");
+    } else if (h.direction != static_cast<uint32_t>(layout.direction)) {
+      refuse("rank ", p, " runs the ", DirName(h.direction), " exchange but this rank the ",
+             DirName(static_cast<uint32_t>(layout.direction)));
+    } else if (h.code != 0) {
+      continue;  // it refused its own input and says why in round 2
+    } else if (local.ok() && h.step != layout.step && h.step != kUnknownStep &&
+               layout.step != kUnknownStep) {
+      refuse("rank ", p, " is exchanging step ", h.step, "'s plan but this rank step ", layout.step,
+             "'s");
+    } else if (local.ok() && h.sends_you != layout.recv_counts[p]) {
+      refuse("rank ", p, " sends ", h.sends_you, " bytes to rank ", rank_, " but rank ", rank_,
+             "'s plan expects ", layout.recv_counts[p],
+             " from it: the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+    } else if (local.ok() && h.expects_from_you != layout.send_counts[p]) {
+      refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", rank_, " but rank ",
+             rank_, "'s plan sends it ", layout.send_counts[p],
+             ": the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+    }
+  }
+
+  // Round 2: every rank's verdict, so that all decide alike.
+  for (uint32_t p = 0; p < size_; ++p) {
+    out[p].magic = kVerdictMagic;
+    out[p].SetStatus(verdict);
+  }
+  missing.clear();
+  round = Round(kVerdictTag, out, &in, deadline, &missing);
+  if (absl::IsDeadlineExceeded(round)) return timed_out(missing, "confirm the exchange");
+  RETURN_IF_ERROR(Annotate(round, where));
+  if (!verdict.ok()) return verdict;
+  for (uint32_t p = 0; p < size_; ++p) {
+    if (p == rank_ || in[p].code == 0) continue;
+    return absl::Status(static_cast<absl::StatusCode>(in[p].code),
+                        absl::StrCat(where, ": rank ", p, " refused the exchange: ", in[p].reason));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, void* recv) {
+  const uint64_t limit = opts_.max_count;
+  bool fits = true;
+  for (uint32_t p = 0; p < size_; ++p) {
+    fits = fits && layout.send_counts[p] <= limit && layout.send_offsets[p] <= limit &&
+           layout.recv_counts[p] <= limit && layout.recv_offsets[p] <= limit;
+  }
+  if (!fits) ++large_exchanges_;
+  return Annotate(fits ? MoveAlltoallv(layout, send, recv) : MoveAlltoallw(layout, send, recv),
+                  ExchangeWhere(layout.step, rank_));
+}
+
+absl::Status MpiTransport::MoveAlltoallv(const ExchangeLayout& layout, const void* send,
+                                         void* recv) {
+  std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+  for (uint32_t p = 0; p < size_; ++p) {
+    sc[p] = static_cast<int>(layout.send_counts[p]);
+    sd[p] = static_cast<int>(layout.send_offsets[p]);
+    rc[p] = static_cast<int>(layout.recv_counts[p]);
+    rd[p] = static_cast<int>(layout.recv_offsets[p]);
+  }
+  static char empty;  // MPI wants a valid address even for zero bytes
+  return MpiStatus(MPI_Alltoallv(send ? send : &empty, sc.data(), sd.data(), MPI_BYTE,
+                                 recv ? recv : &empty, rc.data(), rd.data(), MPI_BYTE, comm_),
+                   "MPI_Alltoallv");
+}
+
+absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const void* send,
+                                         void* recv) {
+  const uint64_t chunk = opts_.max_count;
+  MPI_Datatype chunk_type;
+  RETURN_IF_ERROR(MpiStatus(MPI_Type_contiguous(static_cast<int>(chunk), MPI_BYTE, &chunk_type),
+                            "MPI_Type_contiguous"));
+  MPI_Type_commit(&chunk_type);
+  std::vector<MPI_Datatype> created;
+  // One datatype per peer: whole chunks, then the remainder, at the offset.
+  auto make = [&](uint64_t offset, uint64_t count, MPI_Datatype* type) -> absl::Status {
+    const uint64_t chunks = count / chunk, rem = count % chunk;
+    if (chunks > static_cast<uint64_t>(INT_MAX)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a transfer of ", count, " bytes is too large"));
+    }
+    int lens[2];
+    MPI_Aint displs[2];
+    MPI_Datatype types[2];
+    int n = 0;
+    if (chunks > 0) {
+      lens[n] = static_cast<int>(chunks);
+      displs[n] = static_cast<MPI_Aint>(offset);
+      types[n++] = chunk_type;
+    }
+    if (rem > 0) {
+      lens[n] = static_cast<int>(rem);
+      displs[n] = static_cast<MPI_Aint>(offset + chunks * chunk);
+      types[n++] = MPI_BYTE;
+    }
+    RETURN_IF_ERROR(
+        MpiStatus(MPI_Type_create_struct(n, lens, displs, types, type), "MPI_Type_create_struct"));
+    MPI_Type_commit(type);
+    created.push_back(*type);
+    return absl::OkStatus();
+  };
+  std::vector<int> sc(size_, 0), rc(size_, 0), zero(size_, 0);
+  std::vector<MPI_Datatype> st(size_, MPI_BYTE), rt(size_, MPI_BYTE);
+  absl::Status status;
+  for (uint32_t p = 0; p < size_ && status.ok(); ++p) {
+    if (layout.send_counts[p] > 0) {
+      status = make(layout.send_offsets[p], layout.send_counts[p], &st[p]);
+      sc[p] = 1;
+    }
+    if (status.ok() && layout.recv_counts[p] > 0) {
+      status = make(layout.recv_offsets[p], layout.recv_counts[p], &rt[p]);
+      rc[p] = 1;
+    }
+  }
+  static char empty;
+  if (status.ok()) {
+    status =
+        MpiStatus(MPI_Alltoallw(send ? send : &empty, sc.data(), zero.data(), st.data(),
+                                recv ? recv : &empty, rc.data(), zero.data(), rt.data(), comm_),
+                  "MPI_Alltoallw");
+  }
+  for (MPI_Datatype& t : created) MPI_Type_free(&t);
+  MPI_Type_free(&chunk_type);
+  return status;
+}
+
+}  // namespace tutti

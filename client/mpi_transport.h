@@ -1,0 +1,104 @@
+// The plan's all-to-all over MPI on host memory: MPI_Alltoallv, or
+// MPI_Alltoallw with derived datatypes for counts and offsets above what an
+// int can hold. Used on CPU clusters, in tests, and from Python.
+//
+// Before data moves, the ranks agree (unless disabled): every rank tells
+// every other what it will send it and expects from it, which exchange (a
+// running count) and step it is on, and whether it refused its own input;
+// then every rank shares its verdict. A problem anywhere fails the exchange
+// on every rank with an error that names the rank and the cause, instead of
+// hanging in MPI or truncating a message. A rank that never arrives is
+// reported (DEADLINE_EXCEEDED naming it) after `join_timeout`.
+#ifndef TUTTI_CLIENT_MPI_TRANSPORT_H_
+#define TUTTI_CLIENT_MPI_TRANSPORT_H_
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/transport.h"
+
+namespace tutti {
+
+struct MpiTransportOptions {
+  // Agree before moving data (see above). Costs two rounds of 256-byte
+  // messages between every pair of ranks. Default true.
+  bool verify = true;
+  // How long the agreement waits for every rank to arrive. Ranks reach an
+  // exchange at different times (the encoder phase of one rank may be much
+  // longer than another's), so this is generous. After a timeout the
+  // transport refuses further exchanges: a late rank's messages may still be
+  // in flight, so the job should stop. Default 600 s.
+  absl::Duration join_timeout = absl::Seconds(600);
+  // Largest count or byte offset handed to MPI as an int. Larger exchanges go
+  // through MPI_Alltoallw with per-peer datatypes built from chunks of this
+  // many bytes. Default INT_MAX; tests lower it to exercise that path.
+  uint64_t max_count = INT_MAX;
+};
+
+// Initialises MPI (thread level MPI_THREAD_SERIALIZED) unless it is already
+// initialised; MPI is then finalised at process exit. Safe to call again.
+absl::Status EnsureMpiInitialized();
+
+// An MPI error code as a Status: "<what>: <MPI error string>".
+absl::Status MpiStatus(int code, absl::string_view what);
+
+class MpiTransport final : public Transport {
+ public:
+  // Duplicates `comm` (a collective call over comm), so the transport's
+  // messages never mix with the application's. MPI must be initialised.
+  static absl::StatusOr<std::unique_ptr<MpiTransport>> Create(MPI_Comm comm,
+                                                              const MpiTransportOptions& opts = {});
+  // EnsureMpiInitialized(), then Create(MPI_COMM_WORLD).
+  static absl::StatusOr<std::unique_ptr<MpiTransport>> CreateWorld(
+      const MpiTransportOptions& opts = {});
+
+  ~MpiTransport() override;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+
+  uint32_t rank() const override { return rank_; }
+  uint32_t world_size() const override { return size_; }
+  absl::string_view name() const override { return "mpi"; }
+
+  absl::Status Agree(const ExchangeLayout& layout, const absl::Status& local) override;
+
+  // Exchanges run so far (agreed or not); they are numbered from 1.
+  uint64_t exchanges() const { return seq_; }
+  // Exchanges whose data went through MPI_Alltoallw (counts above max_count).
+  uint64_t large_exchanges() const { return large_exchanges_; }
+
+ protected:
+  absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) override;
+
+ private:
+  struct Header;  // the agreement messages
+  MpiTransport(MPI_Comm comm, int rank, int size, const MpiTransportOptions& opts)
+      : comm_(comm), rank_(rank), size_(size), opts_(opts) {}
+
+  // One round: sends out[p] to and receives (*in)[p] from every other rank,
+  // waiting until `deadline`. On timeout, *missing lists the ranks whose
+  // messages did not arrive and the result is DEADLINE_EXCEEDED.
+  absl::Status Round(int tag, const std::vector<Header>& out, std::vector<Header>* in,
+                     absl::Time deadline, std::vector<int>* missing);
+  absl::Status MoveAlltoallv(const ExchangeLayout& layout, const void* send, void* recv);
+  absl::Status MoveAlltoallw(const ExchangeLayout& layout, const void* send, void* recv);
+
+  MPI_Comm comm_;
+  uint32_t rank_;
+  uint32_t size_;
+  MpiTransportOptions opts_;
+  uint64_t seq_ = 0;
+  uint64_t large_exchanges_ = 0;
+  absl::Status broken_;  // set after a timeout; every later exchange fails with it
+};
+
+}  // namespace tutti
+
+#endif  // TUTTI_CLIENT_MPI_TRANSPORT_H_

@@ -1,0 +1,40 @@
+#include "client/transport.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tutti {
+
+absl::Status Transport::Exchange(const v1::RankPlan& plan, const void* send, size_t send_bytes,
+                                 void* recv, size_t recv_bytes, const ExchangeContext& ctx) {
+  return Run(ExchangeDirection::kForward, plan, send, send_bytes, recv, recv_bytes, ctx);
+}
+
+absl::Status Transport::ExchangeBackward(const v1::RankPlan& plan, const void* send,
+                                         size_t send_bytes, void* recv, size_t recv_bytes,
+                                         const ExchangeContext& ctx) {
+  return Run(ExchangeDirection::kBackward, plan, send, send_bytes, recv, recv_bytes, ctx);
+}
+
+absl::Status Transport::Agree(const ExchangeLayout& layout, const absl::Status& local) {
+  return local;
+}
+
+absl::Status Transport::Run(ExchangeDirection dir, const v1::RankPlan& plan, const void* send,
+                            size_t send_bytes, void* recv, size_t recv_bytes,
+                            const ExchangeContext& ctx) {
+  std::lock_guard<std::mutex> lock(run_mu_);
+  absl::StatusOr<ExchangeLayout> layout = BuildExchangeLayout(plan, dir, rank(), world_size(), ctx);
+  absl::Status local = layout.status();
+  if (local.ok()) local = CheckBufferSizes(*layout, send_bytes, recv_bytes);
+  if (local.ok() && ((send == nullptr && send_bytes > 0) || (recv == nullptr && recv_bytes > 0))) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat(ExchangeWhere(ctx.step, rank()), ": a null buffer with a non-zero size"));
+  }
+  const ExchangeLayout& agreed =
+      layout.ok() ? *layout : EmptyLayout(dir, rank(), world_size(), ctx.step);
+  RETURN_IF_ERROR(Agree(agreed, local));
+  return Move(agreed, send, recv);
+}
+
+}  // namespace tutti

@@ -1,0 +1,71 @@
+// How a plan's all-to-all moves bytes between ranks. A Transport runs on a
+// communicator (MPI, NCCL) whose rank numbering is the plan's.
+//
+// Exchange() and ExchangeBackward() are the entry points: they derive the
+// layout from the plan (client/exchange_layout.h), check the caller's buffer
+// sizes, let the ranks agree that everyone can run this exchange (Agree), and
+// only then move data (Move). Every rank of the communicator must call them
+// in the same order (they are collective).
+//
+// Implementations: MpiTransport (client/mpi_transport.h; host memory,
+// MPI_Alltoallv) and, when built with NCCL, NcclTransport
+// (client/nccl_transport.h; device memory, grouped ncclSend/ncclRecv).
+//
+// Thread-safety: exchanges on one Transport are serialised by an internal
+// mutex; call them from one thread per rank as collectives require.
+#ifndef TUTTI_CLIENT_TRANSPORT_H_
+#define TUTTI_CLIENT_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "client/exchange_layout.h"
+#include "tutti/v1/plan.pb.h"
+
+namespace tutti {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual uint32_t rank() const = 0;
+  virtual uint32_t world_size() const = 0;
+  virtual absl::string_view name() const = 0;
+
+  // Runs the plan's forward exchange: `send` holds send_bytes laid out as the
+  // concatenation of plan.exchange().sends' items, `recv` receives recv_bytes
+  // laid out over plan.exchange().recvs (see plan.proto). Byte counts are
+  // checked against the plan before anything moves: a mismatch is
+  // INVALID_ARGUMENT naming expected and given sizes. The memory space of the
+  // buffers is the transport's (host for MPI, device for NCCL).
+  absl::Status Exchange(const v1::RankPlan& plan, const void* send, size_t send_bytes, void* recv,
+                        size_t recv_bytes, const ExchangeContext& ctx = {});
+
+  // The inverse exchange (backward pass): sends become receives. `send` has
+  // the forward receive layout and `recv` the forward send layout.
+  absl::Status ExchangeBackward(const v1::RankPlan& plan, const void* send, size_t send_bytes,
+                                void* recv, size_t recv_bytes, const ExchangeContext& ctx = {});
+
+  // Collective agreement before data moves. `local` is this rank's own
+  // verdict on its input (OK, or why it refuses); the result is OK on every
+  // rank only if every rank is OK and the ranks' byte counts agree pairwise.
+  // The base implementation checks nothing across ranks and returns `local`.
+  virtual absl::Status Agree(const ExchangeLayout& layout, const absl::Status& local);
+
+ protected:
+  // Moves the bytes of an agreed layout. Called only after Agree() succeeded.
+  virtual absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) = 0;
+
+ private:
+  absl::Status Run(ExchangeDirection dir, const v1::RankPlan& plan, const void* send,
+                   size_t send_bytes, void* recv, size_t recv_bytes, const ExchangeContext& ctx);
+
+  std::mutex run_mu_;  // one exchange at a time
+};
+
+}  // namespace tutti
+
+#endif  // TUTTI_CLIENT_TRANSPORT_H_
