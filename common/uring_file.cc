@@ -402,7 +402,8 @@ void FaultInjectingBackend::Cancel(uint64_t tag) {
 }
 
 // ---------------------------------------------------------------- service
-IoService::IoService(std::unique_ptr<IoBackend> backend) : backend_(std::move(backend)) {
+IoService::IoService(std::unique_ptr<IoBackend> backend)
+    : backend_(std::move(backend)), name_(backend_->name()) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -411,7 +412,7 @@ IoService::~IoService() {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
   }
-  backend_->Wake();
+  if (backend_) backend_->Wake();
   thread_.join();
 }
 
@@ -576,6 +577,7 @@ void IoService::Loop() {
     // its memory and the ring alive rather than free them under it.
     for (auto& [id, r] : reqs_) new std::shared_ptr<void>(std::move(r.keepalive));
     backend_.release();
+    stuck_.store(true);
   }
 }
 

@@ -149,7 +149,10 @@ class IoService {
   int64_t Run(const IoOp& op, absl::Time deadline, std::shared_ptr<void> keepalive = nullptr);
 
   size_t outstanding() const;
-  const char* backend_name() const { return backend_->name(); }
+  // True after stopping left an operation stuck in the kernel (its memory
+  // was deliberately kept).
+  bool stuck() const { return stuck_.load(); }
+  const char* backend_name() const { return name_; }
 
  private:
   struct Req {
@@ -176,6 +179,8 @@ class IoService {
   unsigned in_backend_ = 0;
   uint64_t next_id_ = 1;
   std::atomic<size_t> outstanding_{0};
+  std::atomic<bool> stuck_{false};
+  const char* name_;
   std::thread thread_;
 };
 
