@@ -161,7 +161,7 @@ StagerCore::PlanWant StagerCore::WaitPlanWanted(absl::Time deadline) {
   while (!stopping_ && blocked()) {
     if (cv_.wait_until(l, absl::ToChronoTime(deadline)) == std::cv_status::timeout) break;
   }
-  return PlanWant{next_plan_, generation_, stopping_};
+  return PlanWant{next_plan_, generation_, stopping_, blocked()};
 }
 
 absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {

@@ -81,6 +81,7 @@ class StagerCore {
     uint64_t step = 0;
     uint64_t generation = 0;
     bool stop = false;
+    bool blocked = false;  // nothing to ask for (dataset end or a packer error)
   };
   PlanWant WaitPlanWanted(absl::Time deadline);
   // Adds the next plan. ABORTED when the generation moved on (restart the
