@@ -119,7 +119,7 @@ double FioWrite(const std::string& dir, uint64_t bytes) {
       "fio --name=seqwrite --filename='", file, "' --rw=write --bs=1M --size=", bytes,
       " --direct=1 --ioengine=io_uring --iodepth=32 --end_fsync=1 --output-format=json 2>/dev/null"));
   fs::remove(file);
-  const size_t w = out.find("\"write\"");
+  const size_t w = out.find("\"write\" : {");
   const size_t k = out.find("\"bw_bytes\"", w == std::string::npos ? 0 : w);
   if (w == std::string::npos || k == std::string::npos) return -1;
   return std::atof(out.c_str() + out.find(':', k) + 1);
