@@ -199,6 +199,7 @@ int RunBenchStage(int argc, char** argv) {
     if (pid == 0) {
       const std::string lat = absl::StrCat("--latency_ms=", latency_ms);
       const std::string src = dir + "/src-small";
+      std::freopen("/dev/null", "w", stdout);  // keep --json output clean
       ::execl(bin.c_str(), "tutti-slowfs", src.c_str(), mnt.c_str(), lat.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
