@@ -58,4 +58,40 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   return ~Software(crc, p, n);
 }
 
+namespace {
+// Multiplies a 32x32 matrix over GF(2) by a vector.
+uint32_t Gf2Times(const uint32_t* mat, uint32_t vec) {
+  uint32_t sum = 0;
+  for (; vec != 0; vec >>= 1, ++mat) {
+    if (vec & 1) sum ^= *mat;
+  }
+  return sum;
+}
+void Gf2Square(uint32_t* square, const uint32_t* mat) {
+  for (int n = 0; n < 32; ++n) square[n] = Gf2Times(mat, mat[n]);
+}
+}  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  if (len_b == 0) return crc_a;
+  uint32_t even[32], odd[32];
+  odd[0] = 0x82F63B78u;  // the operator for one zero bit
+  uint32_t row = 1;
+  for (int n = 1; n < 32; ++n, row <<= 1) odd[n] = row;
+  Gf2Square(even, odd);  // two zero bits
+  Gf2Square(odd, even);  // four zero bits
+  // Apply len_b zero bytes to crc_a, squaring the operator for each bit of len_b.
+  while (true) {
+    Gf2Square(even, odd);
+    if (len_b & 1) crc_a = Gf2Times(even, crc_a);
+    len_b >>= 1;
+    if (len_b == 0) break;
+    Gf2Square(odd, even);
+    if (len_b & 1) crc_a = Gf2Times(odd, crc_a);
+    len_b >>= 1;
+    if (len_b == 0) break;
+  }
+  return crc_a ^ crc_b;
+}
+
 }  // namespace tutti

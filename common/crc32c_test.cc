@@ -21,5 +21,15 @@ TEST(Crc32cTest, ExtendMatchesWhole) {
   EXPECT_EQ(part, Crc32c(s));
 }
 
+TEST(Crc32cTest, CombineMatchesWhole) {
+  std::string data;
+  for (int i = 0; i < 100000; ++i) data.push_back(static_cast<char>(i * 7 + (i >> 5)));
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{4096}, size_t{65537}, data.size()}) {
+    const uint32_t a = tutti::Crc32c(absl::string_view(data).substr(0, cut));
+    const uint32_t b = tutti::Crc32c(absl::string_view(data).substr(cut));
+    EXPECT_EQ(tutti::Crc32cCombine(a, b, data.size() - cut), tutti::Crc32c(data)) << cut;
+  }
+}
+
 }  // namespace
 }  // namespace tutti

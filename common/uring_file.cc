@@ -1,0 +1,584 @@
+#include "common/uring_file.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tutti {
+
+const char* IoKindName(IoOp::Kind kind) {
+  switch (kind) {
+    case IoOp::Kind::kOpen: return "open";
+    case IoOp::Kind::kRead: return "read";
+    case IoOp::Kind::kWrite: return "write";
+    case IoOp::Kind::kFsync: return "fsync";
+    case IoOp::Kind::kClose: return "close";
+    case IoOp::Kind::kStat: return "stat";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr uint64_t kWakeTag = ~uint64_t{0};
+constexpr uint64_t kCancelTag = ~uint64_t{0} - 1;
+constexpr unsigned kStatxMask = STATX_SIZE | STATX_MTIME | STATX_TYPE;
+
+// Performs one operation with plain system calls.
+int64_t RunSync(const IoOp& op) {
+  long r = 0;
+  switch (op.kind) {
+    case IoOp::Kind::kOpen: r = ::open(op.path, op.flags | O_CLOEXEC, op.mode); break;
+    case IoOp::Kind::kRead: r = ::pread(op.fd, op.buf, op.len, static_cast<off_t>(op.offset)); break;
+    case IoOp::Kind::kWrite: r = ::pwrite(op.fd, op.buf, op.len, static_cast<off_t>(op.offset)); break;
+    case IoOp::Kind::kFsync: r = ::fsync(op.fd); break;
+    case IoOp::Kind::kClose: r = ::close(op.fd); break;
+    case IoOp::Kind::kStat:
+      r = op.path ? ::statx(AT_FDCWD, op.path, 0, kStatxMask, op.stx)
+                  : ::statx(op.fd, "", AT_EMPTY_PATH, kStatxMask, op.stx);
+      break;
+  }
+  return r < 0 ? -errno : r;
+}
+
+// ---------------------------------------------------------------- io_uring
+class UringBackend final : public IoBackend {
+ public:
+  explicit UringBackend(unsigned depth) : depth_(depth) {}
+  ~UringBackend() override {
+    if (ring_ok_) io_uring_queue_exit(&ring_);
+    if (efd_ >= 0) ::close(efd_);
+  }
+
+  absl::Status Init(unsigned max_workers) {
+    io_uring_params p;
+    std::memset(&p, 0, sizeof(p));
+    // Room for cancels and the wake-up poll besides `depth` operations.
+    int r = io_uring_queue_init_params(depth_ + 16, &ring_, &p);
+    if (r < 0) return ErrnoStatus(-r, absl::StrCat("io_uring_queue_init(", depth_, ")"));
+    ring_ok_ = true;
+    efd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (efd_ < 0) return ErrnoStatus(errno, "eventfd");
+    if (max_workers > 0) {
+      unsigned vals[2] = {max_workers, max_workers};
+      io_uring_register_iowq_max_workers(&ring_, vals);  // best effort
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RegisterBuffers(const std::vector<iovec>& buffers) override {
+    if (buffers.empty()) return absl::OkStatus();
+    int r = io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
+    if (r < 0) return ErrnoStatus(-r, absl::StrCat("io_uring_register_buffers(", buffers.size(), ")"));
+    registered_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status Submit(const IoOp& op, uint64_t tag) override {
+    io_uring_sqe* sqe = GetSqe();
+    if (sqe == nullptr) return absl::ResourceExhaustedError("io_uring submission queue full");
+    const bool fixed = registered_ && op.buf_index >= 0;
+    switch (op.kind) {
+      case IoOp::Kind::kOpen:
+        io_uring_prep_openat(sqe, AT_FDCWD, op.path, op.flags | O_CLOEXEC, op.mode);
+        break;
+      case IoOp::Kind::kRead:
+        if (fixed) {
+          io_uring_prep_read_fixed(sqe, op.fd, op.buf, static_cast<unsigned>(op.len), op.offset,
+                                   op.buf_index);
+        } else {
+          io_uring_prep_read(sqe, op.fd, op.buf, static_cast<unsigned>(op.len), op.offset);
+        }
+        break;
+      case IoOp::Kind::kWrite:
+        if (fixed) {
+          io_uring_prep_write_fixed(sqe, op.fd, op.buf, static_cast<unsigned>(op.len), op.offset,
+                                    op.buf_index);
+        } else {
+          io_uring_prep_write(sqe, op.fd, op.buf, static_cast<unsigned>(op.len), op.offset);
+        }
+        break;
+      case IoOp::Kind::kFsync: io_uring_prep_fsync(sqe, op.fd, 0); break;
+      case IoOp::Kind::kClose: io_uring_prep_close(sqe, op.fd); break;
+      case IoOp::Kind::kStat:
+        if (op.path) {
+          io_uring_prep_statx(sqe, AT_FDCWD, op.path, 0, kStatxMask, op.stx);
+        } else {
+          io_uring_prep_statx(sqe, op.fd, "", AT_EMPTY_PATH, kStatxMask, op.stx);
+        }
+        break;
+    }
+    io_uring_sqe_set_data64(sqe, tag);
+    return absl::OkStatus();
+  }
+
+  absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) override {
+    if (!poll_armed_) {
+      io_uring_sqe* sqe = GetSqe();
+      if (sqe != nullptr) {
+        io_uring_prep_poll_add(sqe, efd_, POLLIN);
+        io_uring_sqe_set_data64(sqe, kWakeTag);
+        poll_armed_ = true;
+      }
+    }
+    io_uring_cqe* cqe = nullptr;
+    __kernel_timespec ts;
+    const int64_t ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout));
+    ts.tv_sec = ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    int r = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
+    if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+      return ErrnoStatus(-r, "io_uring_submit_and_wait_timeout");
+    }
+    unsigned head, n = 0;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++n;
+      const uint64_t tag = io_uring_cqe_get_data64(cqe);
+      if (tag == kWakeTag) {
+        uint64_t v;
+        while (::read(efd_, &v, sizeof(v)) > 0) {
+        }
+        poll_armed_ = false;
+      } else if (tag != kCancelTag) {
+        out->push_back(IoCompletion{tag, cqe->res});
+      }
+    }
+    io_uring_cq_advance(&ring_, n);
+    return absl::OkStatus();
+  }
+
+  void Cancel(uint64_t tag) override {
+    io_uring_sqe* sqe = GetSqe();
+    if (sqe == nullptr) return;
+    io_uring_prep_cancel64(sqe, tag, 0);
+    io_uring_sqe_set_data64(sqe, kCancelTag);
+  }
+
+  void Wake() override {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof(one));
+  }
+  unsigned capacity() const override { return depth_; }
+  const char* name() const override { return "io_uring"; }
+
+ private:
+  io_uring_sqe* GetSqe() {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) {
+      io_uring_submit(&ring_);
+      sqe = io_uring_get_sqe(&ring_);
+    }
+    return sqe;
+  }
+
+  unsigned depth_;
+  io_uring ring_;
+  bool ring_ok_ = false;
+  bool registered_ = false;
+  int efd_ = -1;
+  bool poll_armed_ = false;
+};
+
+// ---------------------------------------------------------------- threads
+class PreadBackend final : public IoBackend {
+ public:
+  explicit PreadBackend(unsigned threads) : threads_(std::max(1u, threads)) {
+    for (unsigned i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~PreadBackend() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  absl::Status Submit(const IoOp& op, uint64_t tag) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.emplace_back(tag, op);
+    }
+    work_cv_.notify_one();
+    return absl::OkStatus();
+  }
+
+  absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) override {
+    std::unique_lock<std::mutex> l(mu_);
+    done_cv_.wait_for(l, absl::ToChronoNanoseconds(timeout),
+                      [&] { return !done_.empty() || woken_; });
+    woken_ = false;
+    out->insert(out->end(), done_.begin(), done_.end());
+    done_.clear();
+    return absl::OkStatus();
+  }
+
+  void Cancel(uint64_t tag) override {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->first == tag) {
+        queue_.erase(it);
+        done_.push_back(IoCompletion{tag, -ECANCELED});
+        done_cv_.notify_all();
+        return;
+      }
+    }
+  }
+
+  void Wake() override {
+    std::lock_guard<std::mutex> l(mu_);
+    woken_ = true;
+    done_cv_.notify_all();
+  }
+  unsigned capacity() const override { return threads_ * 4; }
+  const char* name() const override { return "pread"; }
+
+ private:
+  void Work() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (true) {
+      work_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      auto [tag, op] = queue_.front();
+      queue_.pop_front();
+      l.unlock();
+      const int64_t r = RunSync(op);
+      l.lock();
+      done_.push_back(IoCompletion{tag, r});
+      done_cv_.notify_all();
+    }
+  }
+
+  unsigned threads_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<std::pair<uint64_t, IoOp>> queue_;
+  std::vector<IoCompletion> done_;
+  bool woken_ = false;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringBackend(unsigned depth, unsigned max_workers) {
+  auto b = std::make_unique<UringBackend>(std::max(1u, depth));
+  RETURN_IF_ERROR(b->Init(max_workers));
+  return std::unique_ptr<IoBackend>(std::move(b));
+}
+
+std::unique_ptr<IoBackend> MakePreadBackend(unsigned threads) {
+  return std::make_unique<PreadBackend>(threads);
+}
+
+// ---------------------------------------------------------------- faults
+FaultInjectingBackend::FaultInjectingBackend(std::unique_ptr<IoBackend> inner,
+                                             std::vector<IoFault> faults, uint64_t write_limit)
+    : inner_(std::move(inner)), faults_(std::move(faults)), before_done_(faults_.size(), false),
+      write_limit_(write_limit) {}
+
+absl::Status FaultInjectingBackend::RegisterBuffers(const std::vector<iovec>& buffers) {
+  return inner_->RegisterBuffers(buffers);
+}
+
+IoFault* FaultInjectingBackend::Match(const IoOp& op) {
+  std::string path;
+  if (op.path) {
+    path = op.path;
+  } else if (auto it = fd_paths_.find(op.fd); it != fd_paths_.end()) {
+    path = it->second;
+  }
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    IoFault& f = faults_[i];
+    if (f.kind != op.kind) continue;
+    if (!f.path_contains.empty() && path.find(f.path_contains) == std::string::npos) continue;
+    if ((op.kind == IoOp::Kind::kRead || op.kind == IoOp::Kind::kWrite) && op.offset < f.min_offset) {
+      continue;
+    }
+    if (f.before && !before_done_[i]) {
+      before_done_[i] = true;
+      f.before();
+    }
+    return &f;
+  }
+  return nullptr;
+}
+
+absl::Status FaultInjectingBackend::Submit(const IoOp& in, uint64_t tag) {
+  IoOp op = in;
+  if (op.kind == IoOp::Kind::kWrite && write_limit_ > 0) {
+    if (written_ + op.len > write_limit_) {
+      ready_.push_back(IoCompletion{tag, -ENOSPC});
+      return absl::OkStatus();
+    }
+    written_ += op.len;
+  }
+  IoFault* f = Match(op);
+  if (f != nullptr) {
+    if (f->eagain_times > 0) {
+      --f->eagain_times;
+      ready_.push_back(IoCompletion{tag, -EAGAIN});
+      return absl::OkStatus();
+    }
+    if (f->error != 0) {
+      ready_.push_back(IoCompletion{tag, -f->error});
+      return absl::OkStatus();
+    }
+    if (f->short_len > 0 && op.len > f->short_len) op.len = f->short_len;
+    if (f->stall) {
+      held_[tag] = Held{op, absl::InfiniteFuture(), -ECANCELED, false};
+      return absl::OkStatus();
+    }
+    if (f->delay > absl::ZeroDuration()) {
+      held_[tag] = Held{op, absl::Now() + f->delay, 0, true};
+      inner_ops_[tag] = op;
+      if (f->corrupt) inner_ops_[tag].buf_index = -2;  // marker: corrupt on completion
+      return absl::OkStatus();
+    }
+  }
+  inner_ops_[tag] = op;
+  if (f != nullptr && f->corrupt) inner_ops_[tag].buf_index = -2;
+  if (op.buf_index == -2) op.buf_index = -1;
+  return inner_->Submit(op, tag);
+}
+
+absl::Status FaultInjectingBackend::Reap(absl::Duration timeout, std::vector<IoCompletion>* out) {
+  const absl::Time now = absl::Now();
+  absl::Time next = absl::InfiniteFuture();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.due <= now) {
+      if (it->second.pass_on) {
+        IoOp op = it->second.op;
+        if (op.buf_index == -2) op.buf_index = -1;
+        RETURN_IF_ERROR(inner_->Submit(op, it->first));
+      } else {
+        ready_.push_back(IoCompletion{it->first, it->second.result});
+      }
+      it = held_.erase(it);
+    } else {
+      next = std::min(next, it->second.due);
+      ++it;
+    }
+  }
+  if (!ready_.empty()) timeout = absl::ZeroDuration();
+  if (next != absl::InfiniteFuture()) timeout = std::min(timeout, next - now);
+  std::vector<IoCompletion> got;
+  RETURN_IF_ERROR(inner_->Reap(timeout, &got));
+  for (IoCompletion c : got) {
+    auto it = inner_ops_.find(c.tag);
+    if (it != inner_ops_.end()) {
+      const IoOp& op = it->second;
+      if (op.kind == IoOp::Kind::kOpen && c.result >= 0) fd_paths_[static_cast<int>(c.result)] = op.path;
+      if (op.kind == IoOp::Kind::kClose) fd_paths_.erase(op.fd);
+      if (op.kind == IoOp::Kind::kRead && op.buf_index == -2 && c.result > 0) {
+        op.buf[c.result / 2] ^= 0x5A;
+      }
+      inner_ops_.erase(it);
+    }
+    ready_.push_back(c);
+  }
+  out->insert(out->end(), ready_.begin(), ready_.end());
+  ready_.clear();
+  return absl::OkStatus();
+}
+
+void FaultInjectingBackend::Cancel(uint64_t tag) {
+  auto it = held_.find(tag);
+  if (it != held_.end()) {
+    ready_.push_back(IoCompletion{tag, -ECANCELED});
+    held_.erase(it);
+    inner_ops_.erase(tag);
+    return;
+  }
+  inner_->Cancel(tag);
+}
+
+// ---------------------------------------------------------------- service
+IoService::IoService(std::unique_ptr<IoBackend> backend)
+    : backend_(std::move(backend)), name_(backend_->name()) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+IoService::~IoService() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  if (backend_) backend_->Wake();
+  thread_.join();
+}
+
+absl::Status IoService::RegisterBuffers(const std::vector<iovec>& buffers) {
+  // Called before any operation is submitted, so the backend is idle.
+  return backend_->RegisterBuffers(buffers);
+}
+
+void IoService::Submit(const IoOp& op, absl::Time deadline, Done done,
+                       std::shared_ptr<void> keepalive) {
+  Req r;
+  r.op = op;
+  r.deadline = deadline;
+  r.done = std::move(done);
+  r.keepalive = std::move(keepalive);
+  outstanding_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) {
+      outstanding_.fetch_sub(1);
+      r.done(-ECANCELED);
+      return;
+    }
+    incoming_.emplace_back(0, std::move(r));
+  }
+  backend_->Wake();
+}
+
+int64_t IoService::Run(const IoOp& op, absl::Time deadline, std::shared_ptr<void> keepalive) {
+  std::mutex m;
+  std::condition_variable cv;
+  bool finished = false;
+  int64_t result = 0;
+  Submit(op, deadline,
+         [&](int64_t r) {
+           std::lock_guard<std::mutex> l(m);
+           result = r;
+           finished = true;
+           cv.notify_all();
+         },
+         std::move(keepalive));
+  std::unique_lock<std::mutex> l(m);
+  cv.wait(l, [&] { return finished; });
+  return result;
+}
+
+size_t IoService::outstanding() const { return outstanding_.load(); }
+
+void IoService::Issue(uint64_t id, Req& r) {
+  absl::Status s = backend_->Submit(r.op, id);
+  if (!s.ok()) {
+    waiting_.push_front(id);
+    return;
+  }
+  r.in_backend = true;
+  ++in_backend_;
+}
+
+void IoService::Complete(uint64_t id, int64_t result) {
+  auto it = reqs_.find(id);
+  if (it == reqs_.end()) return;
+  Req& r = it->second;
+  if (r.in_backend) {
+    r.in_backend = false;
+    --in_backend_;
+  }
+  auto finish = [&](int64_t value) {
+    if (!r.timed_out) r.done(value);
+    reqs_.erase(it);
+    outstanding_.fetch_sub(1);
+  };
+  if (r.timed_out) return finish(result);
+  if ((result == -EAGAIN || result == -EINTR) && ++r.eagain < 1000) {
+    waiting_.push_back(id);
+    return;
+  }
+  const bool rw = r.op.kind == IoOp::Kind::kRead || r.op.kind == IoOp::Kind::kWrite;
+  if (!rw || result < 0) return finish(result);
+  if (result == 0) {
+    if (r.op.kind == IoOp::Kind::kWrite && r.op.len > 0) return finish(-EIO);
+    return finish(static_cast<int64_t>(r.done_bytes));  // end of file
+  }
+  r.done_bytes += static_cast<size_t>(result);
+  if (static_cast<size_t>(result) >= r.op.len) return finish(static_cast<int64_t>(r.done_bytes));
+  // Short transfer: continue with the rest.
+  r.op.buf += result;
+  r.op.offset += static_cast<uint64_t>(result);
+  r.op.len -= static_cast<size_t>(result);
+  waiting_.push_back(id);
+}
+
+void IoService::Loop() {
+  std::vector<IoCompletion> got;
+  while (true) {
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& [unused, r] : incoming_) {
+        const uint64_t id = next_id_++;
+        reqs_.emplace(id, std::move(r));
+        waiting_.push_back(id);
+      }
+      incoming_.clear();
+      stopping = stop_;
+    }
+    if (stopping) break;
+    while (!waiting_.empty() && in_backend_ < backend_->capacity()) {
+      const uint64_t id = waiting_.front();
+      waiting_.pop_front();
+      auto it = reqs_.find(id);
+      if (it != reqs_.end()) Issue(id, it->second);
+      if (it != reqs_.end() && !it->second.in_backend) break;  // queue full
+    }
+    absl::Time now = absl::Now();
+    absl::Time next = now + absl::Milliseconds(200);
+    for (auto& [id, r] : reqs_) {
+      if (!r.timed_out) next = std::min(next, r.deadline);
+    }
+    got.clear();
+    absl::Status s = backend_->Reap(std::max(absl::ZeroDuration(), next - now), &got);
+    for (const IoCompletion& c : got) Complete(c.tag, c.result);
+    now = absl::Now();
+    for (auto it = reqs_.begin(); it != reqs_.end();) {
+      Req& r = it->second;
+      if (r.timed_out || r.deadline > now) {
+        ++it;
+        continue;
+      }
+      r.timed_out = true;
+      r.done(-ETIMEDOUT);
+      if (r.in_backend) {
+        backend_->Cancel(it->first);
+        ++it;
+      } else {
+        for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
+          if (*w == it->first) {
+            waiting_.erase(w);
+            break;
+          }
+        }
+        it = reqs_.erase(it);
+        outstanding_.fetch_sub(1);
+      }
+    }
+  }
+  // Stopping: cancel everything, give running operations a moment to end.
+  for (auto& [id, r] : reqs_) {
+    if (!r.timed_out) {
+      r.timed_out = true;
+      r.done(-ECANCELED);
+    }
+    if (r.in_backend) backend_->Cancel(id);
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(2);
+  while (in_backend_ > 0 && absl::Now() < give_up) {
+    got.clear();
+    if (!backend_->Reap(absl::Milliseconds(50), &got).ok()) break;
+    for (const IoCompletion& c : got) Complete(c.tag, c.result);
+  }
+  if (in_backend_ > 0) {
+    // An operation is stuck in the kernel (a hung remote file system): keep
+    // its memory and the ring alive rather than free them under it.
+    for (auto& [id, r] : reqs_) new std::shared_ptr<void>(std::move(r.keepalive));
+    backend_.release();
+    stuck_.store(true);
+  }
+}
+
+}  // namespace tutti

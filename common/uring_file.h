@@ -1,0 +1,189 @@
+// Asynchronous file I/O behind one interface: an io_uring backend (liburing),
+// a plain thread-pool backend doing open/pread/pwrite/fsync, and a
+// fault-injecting double that wraps either one (delays, stalls, corrupts,
+// short reads, EAGAIN, ENOSPC, errors). IoService runs a backend on its own
+// thread and adds what every caller needs: deadlines with cancellation,
+// resubmission of short reads/writes and of EAGAIN/EINTR, and callbacks.
+#ifndef TUTTI_COMMON_URING_FILE_H_
+#define TUTTI_COMMON_URING_FILE_H_
+
+#include <sys/stat.h>
+#include <sys/uio.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tutti {
+
+// One operation. Pointers (path, buf, stx) must stay valid until it completes.
+struct IoOp {
+  enum class Kind : uint8_t { kOpen, kRead, kWrite, kFsync, kClose, kStat };
+  Kind kind = Kind::kRead;
+  int fd = -1;               // kRead/kWrite/kFsync/kClose
+  const char* path = nullptr;  // kOpen/kStat (absolute or relative to cwd)
+  int flags = 0;             // kOpen
+  unsigned mode = 0644;      // kOpen
+  char* buf = nullptr;       // kRead/kWrite
+  size_t len = 0;
+  uint64_t offset = 0;
+  int buf_index = -1;        // registered buffer holding buf, or -1
+  struct statx* stx = nullptr;  // kStat result
+};
+
+const char* IoKindName(IoOp::Kind kind);
+
+struct IoCompletion {
+  uint64_t tag = 0;
+  int64_t result = 0;  // bytes, fd or 0; -errno on failure
+};
+
+// A queue of operations owned by one thread (not thread-safe).
+class IoBackend {
+ public:
+  virtual ~IoBackend() = default;
+  // Registers buffers for fixed reads/writes (io_uring); others ignore it.
+  virtual absl::Status RegisterBuffers(const std::vector<iovec>& buffers) { return absl::OkStatus(); }
+  // Queues op; completions come back through Reap with the same tag. At most
+  // capacity() operations may be outstanding.
+  virtual absl::Status Submit(const IoOp& op, uint64_t tag) = 0;
+  // Sends queued operations and waits up to `timeout` for at least one
+  // completion, appending all that are available to *out.
+  virtual absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) = 0;
+  // Best effort: asks for an outstanding operation to end early. Its
+  // completion still arrives (usually with -ECANCELED or -EINTR).
+  virtual void Cancel(uint64_t tag) = 0;
+  // Thread-safe: makes a Reap that is waiting return early.
+  virtual void Wake() = 0;
+  virtual unsigned capacity() const = 0;
+  virtual const char* name() const = 0;
+};
+
+// io_uring with `depth` entries; `max_workers` bounds the kernel's worker
+// threads for blocking files (network file systems, FUSE); 0 keeps the
+// kernel default.
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringBackend(unsigned depth, unsigned max_workers = 0);
+// open/pread/pwrite/fsync on `threads` threads.
+std::unique_ptr<IoBackend> MakePreadBackend(unsigned threads);
+
+// Faults for tests, matched by a substring of the path an fd was opened with.
+struct IoFault {
+  std::string path_contains;   // empty: every path
+  IoOp::Kind kind = IoOp::Kind::kRead;
+  int error = 0;               // fail with -error
+  absl::Duration delay;        // complete this much later
+  bool stall = false;          // never complete until cancelled (-ECANCELED)
+  bool corrupt = false;        // flip a byte of the data read
+  size_t short_len = 0;        // return at most this many bytes per call
+  int eagain_times = 0;        // fail with -EAGAIN this many times first
+  uint64_t min_offset = 0;     // only for reads/writes at or after this offset
+  std::function<void()> before;  // runs (once) before the matching op is passed on
+};
+
+// Wraps `inner` and applies the first matching fault to each operation.
+// write_limit_bytes > 0: writes past this many bytes in total fail with ENOSPC.
+class FaultInjectingBackend final : public IoBackend {
+ public:
+  FaultInjectingBackend(std::unique_ptr<IoBackend> inner, std::vector<IoFault> faults,
+                        uint64_t write_limit_bytes = 0);
+  absl::Status RegisterBuffers(const std::vector<iovec>& buffers) override;
+  absl::Status Submit(const IoOp& op, uint64_t tag) override;
+  absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) override;
+  void Cancel(uint64_t tag) override;
+  void Wake() override { inner_->Wake(); }
+  unsigned capacity() const override { return inner_->capacity(); }
+  const char* name() const override { return "fault-injecting"; }
+
+ private:
+  struct Held {
+    IoOp op;
+    absl::Time due;  // InfiniteFuture for a stall
+    int64_t result;
+    bool pass_on;    // submit to inner at `due` instead of completing
+  };
+  IoFault* Match(const IoOp& op);
+
+  std::unique_ptr<IoBackend> inner_;
+  std::vector<IoFault> faults_;
+  std::vector<bool> before_done_;
+  uint64_t write_limit_;
+  uint64_t written_ = 0;
+  std::unordered_map<int, std::string> fd_paths_;
+  std::unordered_map<uint64_t, IoOp> inner_ops_;  // tag -> op passed to inner
+  std::map<uint64_t, Held> held_;
+  std::vector<IoCompletion> ready_;
+};
+
+// Runs a backend on its own thread. Thread-safe; callbacks run on the
+// service thread and must not block.
+class IoService {
+ public:
+  // result: bytes (reads/writes: the whole length unless end of file), fd,
+  // or 0; -errno on failure; -ETIMEDOUT when the deadline passed (the
+  // operation may still be running: keepalive is held until it really ends).
+  using Done = std::function<void(int64_t result)>;
+
+  explicit IoService(std::unique_ptr<IoBackend> backend);
+  ~IoService();  // stops; pending callbacks get -ECANCELED
+
+  absl::Status RegisterBuffers(const std::vector<iovec>& buffers);
+  // Submits op. Reads and writes are resubmitted until `len` bytes are done
+  // (reads stop early at end of file). keepalive is held until the backend
+  // has finished with op's memory.
+  void Submit(const IoOp& op, absl::Time deadline, Done done,
+              std::shared_ptr<void> keepalive = nullptr);
+  // Blocking convenience for threads that may wait.
+  int64_t Run(const IoOp& op, absl::Time deadline, std::shared_ptr<void> keepalive = nullptr);
+
+  size_t outstanding() const;
+  // True after stopping left an operation stuck in the kernel (its memory
+  // was deliberately kept).
+  bool stuck() const { return stuck_.load(); }
+  const char* backend_name() const { return name_; }
+
+ private:
+  struct Req {
+    IoOp op;
+    absl::Time deadline;
+    Done done;
+    std::shared_ptr<void> keepalive;
+    size_t done_bytes = 0;
+    bool in_backend = false;
+    bool timed_out = false;  // done already called with -ETIMEDOUT
+    int eagain = 0;
+  };
+  void Loop();
+  void Issue(uint64_t id, Req& r);
+  void Complete(uint64_t id, int64_t result);
+
+  std::unique_ptr<IoBackend> backend_;
+  mutable std::mutex mu_;
+  std::deque<std::pair<uint64_t, Req>> incoming_;  // guarded by mu_
+  bool stop_ = false;                              // guarded by mu_
+  // Owned by the service thread:
+  std::unordered_map<uint64_t, Req> reqs_;
+  std::deque<uint64_t> waiting_;  // accepted, not yet in the backend (queue full)
+  unsigned in_backend_ = 0;
+  uint64_t next_id_ = 1;
+  std::atomic<size_t> outstanding_{0};
+  std::atomic<bool> stuck_{false};
+  const char* name_;
+  std::thread thread_;
+};
+
+}  // namespace tutti
+
+#endif  // TUTTI_COMMON_URING_FILE_H_

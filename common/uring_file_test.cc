@@ -1,0 +1,159 @@
+#include "common/uring_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <string>
+
+#include "common/file_io.h"
+#include "gtest/gtest.h"
+
+namespace tutti {
+namespace {
+
+std::string TempDir() {
+  std::string dir = ::testing::TempDir() + "uring_file_test_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::unique_ptr<IoBackend> Backend(bool uring) {
+  if (!uring) return MakePreadBackend(4);
+  auto b = MakeUringBackend(32);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return std::move(*b);
+}
+
+class IoServiceTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(IoServiceTest, OpenWriteReadStatClose) {
+  const std::string path = TempDir() + "/a.bin";
+  IoService io(Backend(GetParam()));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  IoOp open;
+  open.kind = IoOp::Kind::kOpen;
+  open.path = path.c_str();
+  open.flags = O_CREAT | O_TRUNC | O_RDWR;
+  const int64_t fd = io.Run(open, deadline);
+  ASSERT_GE(fd, 0);
+  std::string data(300000, 'x');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i % 251);
+  IoOp w;
+  w.kind = IoOp::Kind::kWrite;
+  w.fd = static_cast<int>(fd);
+  w.buf = data.data();
+  w.len = data.size();
+  EXPECT_EQ(io.Run(w, deadline), static_cast<int64_t>(data.size()));
+  IoOp sync;
+  sync.kind = IoOp::Kind::kFsync;
+  sync.fd = static_cast<int>(fd);
+  EXPECT_EQ(io.Run(sync, deadline), 0);
+  struct statx stx;
+  IoOp st;
+  st.kind = IoOp::Kind::kStat;
+  st.fd = static_cast<int>(fd);
+  st.stx = &stx;
+  EXPECT_EQ(io.Run(st, deadline), 0);
+  EXPECT_EQ(stx.stx_size, data.size());
+  std::string back(400000, '\0');
+  IoOp r;
+  r.kind = IoOp::Kind::kRead;
+  r.fd = static_cast<int>(fd);
+  r.buf = back.data();
+  r.len = back.size();  // more than the file: stops at end of file
+  EXPECT_EQ(io.Run(r, deadline), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(back.substr(0, data.size()), data);
+  IoOp close;
+  close.kind = IoOp::Kind::kClose;
+  close.fd = static_cast<int>(fd);
+  EXPECT_EQ(io.Run(close, deadline), 0);
+  IoOp missing = open;
+  const std::string nowhere = path + ".missing";
+  missing.path = nowhere.c_str();
+  missing.flags = O_RDONLY;
+  EXPECT_EQ(io.Run(missing, deadline), -ENOENT);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, IoServiceTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "io_uring" : "pread"; });
+
+// Opens `path` through the service and returns the fd.
+int OpenThrough(IoService& io, const std::string& path) {
+  IoOp open;
+  open.kind = IoOp::Kind::kOpen;
+  open.path = path.c_str();
+  open.flags = O_RDONLY;
+  return static_cast<int>(io.Run(open, absl::Now() + absl::Seconds(10)));
+}
+
+TEST(FaultInjectingTest, ShortReadsAndEagainAreResubmitted) {
+  const std::string path = TempDir() + "/short.bin";
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13);
+  ASSERT_TRUE(WriteFileAtomically(path, data).ok());
+  IoFault shorts;
+  shorts.path_contains = "short.bin";
+  shorts.short_len = 777;
+  IoFault again = shorts;
+  again.short_len = 0;
+  again.eagain_times = 3;
+  std::vector<IoFault> faults = {again, shorts};
+  IoService io(std::make_unique<FaultInjectingBackend>(Backend(true), faults));
+  const int fd = OpenThrough(io, path);
+  ASSERT_GE(fd, 0);
+  std::string back(data.size(), '\0');
+  IoOp r;
+  r.kind = IoOp::Kind::kRead;
+  r.fd = fd;
+  r.buf = back.data();
+  r.len = back.size();
+  EXPECT_EQ(io.Run(r, absl::Now() + absl::Seconds(10)), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(back, data);
+  ::close(fd);
+}
+
+TEST(FaultInjectingTest, StalledReadTimesOutAndIsCancelled) {
+  const std::string path = TempDir() + "/stall.bin";
+  ASSERT_TRUE(WriteFileAtomically(path, std::string(4096, 'a')).ok());
+  IoFault stall;
+  stall.path_contains = "stall.bin";
+  stall.stall = true;
+  IoService io(std::make_unique<FaultInjectingBackend>(Backend(true), std::vector<IoFault>{stall}));
+  const int fd = OpenThrough(io, path);
+  ASSERT_GE(fd, 0);
+  auto buf = std::make_shared<std::string>(4096, '\0');
+  IoOp r;
+  r.kind = IoOp::Kind::kRead;
+  r.fd = fd;
+  r.buf = buf->data();
+  r.len = buf->size();
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(io.Run(r, start + absl::Milliseconds(100), buf), -ETIMEDOUT);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ::close(fd);
+}
+
+TEST(FaultInjectingTest, WriteLimitGivesEnospc) {
+  const std::string path = TempDir() + "/full.bin";
+  IoService io(std::make_unique<FaultInjectingBackend>(Backend(false), std::vector<IoFault>{},
+                                                       /*write_limit_bytes=*/1000));
+  IoOp open;
+  open.kind = IoOp::Kind::kOpen;
+  open.path = path.c_str();
+  open.flags = O_CREAT | O_TRUNC | O_WRONLY;
+  const int fd = static_cast<int>(io.Run(open, absl::Now() + absl::Seconds(10)));
+  ASSERT_GE(fd, 0);
+  std::string data(4096, 'z');
+  IoOp w;
+  w.kind = IoOp::Kind::kWrite;
+  w.fd = fd;
+  w.buf = data.data();
+  w.len = data.size();
+  EXPECT_EQ(io.Run(w, absl::Now() + absl::Seconds(10)), -ENOSPC);
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace tutti

@@ -1,0 +1,354 @@
+#include "services/stager/batch_job.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include <opencv2/imgproc.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tutti::stager {
+
+const char* SkipReason(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kDeadlineExceeded: return "deadline";
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kResourceExhausted: return "too_large";
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied: return "missing";
+    default: return "corrupt";
+  }
+}
+
+// ------------------------------------------------------------ substitutes
+void SubstitutePool::OfferImage(uint64_t id, const cv::Mat& bgr) {
+  std::lock_guard<std::mutex> l(mu_);
+  // Keep a handful, refreshed now and then; small copies so resizing is cheap.
+  if (images_.size() >= 8 && (++offered_ % 64) != 0) return;
+  constexpr int kSide = 448;
+  cv::Mat small;
+  const int longest = std::max(bgr.cols, bgr.rows);
+  if (longest > kSide) {
+    const double f = double(kSide) / longest;
+    cv::resize(bgr, small, cv::Size(std::max(1, int(bgr.cols * f)), std::max(1, int(bgr.rows * f))), 0,
+               0, cv::INTER_AREA);
+  } else {
+    small = bgr.clone();
+  }
+  images_.emplace_back(id, std::move(small));
+  if (images_.size() > 8) images_.pop_front();
+}
+
+void SubstitutePool::OfferTokens(uint64_t id, const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (tokens_.size() >= 32 && (++offered_ % 16) != 0) return;
+  tokens_.emplace_back(id, tokens);
+  if (tokens_.size() > 32) tokens_.pop_front();
+}
+
+bool SubstitutePool::TakeImage(uint64_t not_id, cv::Mat* out, uint64_t* id) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (size_t k = 0; k < images_.size(); ++k) {
+    const auto& e = images_[(taken_ + k) % images_.size()];
+    if (e.first == not_id) continue;
+    ++taken_;
+    *out = e.second;
+    *id = e.first;
+    return true;
+  }
+  return false;
+}
+
+bool SubstitutePool::TakeTokens(uint64_t not_id, std::vector<int32_t>* out, uint64_t* id) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (size_t k = 0; k < tokens_.size(); ++k) {
+    const auto& e = tokens_[(taken_ + k) % tokens_.size()];
+    if (e.first == not_id) continue;
+    ++taken_;
+    *out = e.second;
+    *id = e.first;
+    return true;
+  }
+  return false;
+}
+
+// ------------------------------------------------------------ batch job
+BatchJob::BatchJob(BuildContext ctx, std::shared_ptr<const v1::StepPlan> step, int rank_index,
+                   std::string shm_name)
+    : ctx_(std::move(ctx)), step_(std::move(step)), rank_index_(rank_index),
+      shm_name_(std::move(shm_name)) {}
+
+BatchJob::~BatchJob() { Discard(); }
+
+uint32_t BatchJob::rank() const { return step_->ranks(rank_index_).rank(); }
+
+void BatchJob::Discard() {
+  if (shm_) {
+    ShmSegment::Unlink(shm_name_);
+    shm_.reset();
+  }
+}
+
+std::string BatchJob::Name(const v1::MemberRef& m, const v1::ShardRef& s) const {
+  return absl::StrCat(s.name(), ":", m.name());
+}
+
+absl::Status BatchJob::Plan() {
+  ASSIGN_OR_RETURN(layout_, BatchLayout::Build(*step_, step_->ranks(rank_index_), *ctx_.config,
+                                               ctx_.params));
+  return absl::OkStatus();
+}
+
+absl::Status BatchJob::Start(Ready on_ready) {
+  on_ready_ = std::move(on_ready);
+  started_ = absl::Now();
+  auto seg = ShmSegment::Create(shm_name_, layout_.total_bytes());
+  if (!seg.ok()) {
+    return Annotate(seg.status(), absl::StrCat("cannot create the batch segment (", layout_.total_bytes(),
+                                               " bytes); is /dev/shm full? lower --window or --memory_budget"));
+  }
+  shm_ = std::move(*seg);
+  layout_.WriteFixed(shm_->data());
+  for (size_t i = 0; i < layout_.images().size(); ++i) images_.push_back(std::make_unique<Item>());
+  for (size_t i = 0; i < layout_.docs().size(); ++i) docs_.push_back(std::make_unique<Item>());
+  for (size_t i = 0; i < layout_.audio().size(); ++i) audio_.push_back(std::make_unique<Item>());
+  remaining_ = static_cast<int>(images_.size() + docs_.size() + audio_.size()) + 1;
+  for (size_t i = 0; i < images_.size(); ++i) ReadImage(i);
+  for (size_t d = 0; d < docs_.size(); ++d) ReadDoc(d);
+  for (size_t a = 0; a < audio_.size(); ++a) ReadAudio(a);
+  Settle();  // the extra count keeps Finalize from running before every read was issued
+  return absl::OkStatus();
+}
+
+void BatchJob::Fail(Item& item, const absl::Status& s) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    item.reason = SkipReason(s);
+    item.detail = std::string(s.message());
+  }
+  item.state.store(kFailed);
+  Settle();
+}
+
+void BatchJob::ReadImage(size_t i) {
+  const ImageItem& im = layout_.images()[i];
+  Item& item = *images_[i];
+  if (im.remote_load) {
+    item.state.store(kDone);
+    Settle();
+    return;
+  }
+  auto self = shared_from_this();
+  ctx_.reader->Read(
+      im.shard, im.member.name(), im.member.offset(), im.member.size(), deadline(),
+      [self, i](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
+        Item& it = *self->images_[i];
+        int expect = kReading;
+        if (!bytes.ok()) {
+          if (it.state.compare_exchange_strong(expect, kDecoding)) self->Fail(it, bytes.status());
+          return;
+        }
+        if (!it.state.compare_exchange_strong(expect, kQueued)) return;  // abandoned
+        self->ctx_.pool->Submit(self->step(), [self, i, data = std::move(*bytes)] {
+          Item& it2 = *self->images_[i];
+          int q = kQueued;
+          if (!it2.state.compare_exchange_strong(q, kDecoding)) return;
+          const ImageItem& im2 = self->layout_.images()[i];
+          const absl::Time t0 = absl::Now();
+          cv::Mat decoded;
+          auto info = DecodeImageInto(*data, self->Name(im2.member, im2.shard),
+                                      static_cast<ImageKind>(im2.member.format()), im2.height,
+                                      im2.width, self->ctx_.params, self->shm_->data() + im2.offset,
+                                      &decoded);
+          if (StagerMetrics* m = self->ctx_.metrics) {
+            m->decode_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+            if (info.ok()) {
+              m->decoded_images.Increment();
+              if (info->reduce > 1) m->reduced_decodes.Increment();
+              if (info->mislabelled) m->mislabelled_images.Increment();
+            }
+          }
+          if (!info.ok()) return self->Fail(it2, info.status());
+          self->ctx_.substitutes->OfferImage(im2.sample_id, decoded);
+          it2.state.store(kDone);
+          self->Settle();
+        });
+      });
+}
+
+void BatchJob::ReadDoc(size_t d) {
+  const DocItem& doc = layout_.docs()[d];
+  Item& item = *docs_[d];
+  const v1::MemberRef& text = doc.info->text();
+  if (doc.text_length == 0) {
+    item.state.store(kDone);
+    Settle();
+    return;
+  }
+  if (text.name().empty() || !absl::EndsWith(text.name(), ".json")) {
+    return Fail(item, absl::NotFoundError(absl::StrCat(
+                          "sample ", doc.sample_id, " (", doc.info->key(),
+                          ") has no k.json with input_ids", text.name().empty() ? "" : " (only ",
+                          text.name(), text.name().empty() ? "" : ")", "; pre-tokenise the dataset")));
+  }
+  auto self = shared_from_this();
+  ctx_.reader->Read(doc.shard, text.name(), text.offset(), text.size(), deadline(),
+                    [self, d](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
+                      Item& it = *self->docs_[d];
+                      int expect = kReading;
+                      if (!it.state.compare_exchange_strong(expect, kDecoding)) return;
+                      if (!bytes.ok()) return self->Fail(it, bytes.status());
+                      const DocItem& doc2 = self->layout_.docs()[d];
+                      auto ids = ParseInputIds(**bytes);
+                      if (!ids.ok()) {
+                        return self->Fail(it, absl::DataLossError(absl::StrCat(
+                                                  self->Name(doc2.info->text(), doc2.shard), ": ",
+                                                  ids.status().message())));
+                      }
+                      self->layout_.WriteText(self->shm_->data(), d, *ids);
+                      self->ctx_.substitutes->OfferTokens(doc2.sample_id, *ids);
+                      it.state.store(kDone);
+                      self->Settle();
+                    });
+}
+
+void BatchJob::ReadAudio(size_t a) {
+  const AudioItem& au = layout_.audio()[a];
+  auto self = shared_from_this();
+  ctx_.reader->Read(au.shard, au.member.name(), au.member.offset(), au.member.size(), deadline(),
+                    [self, a](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
+                      Item& it = *self->audio_[a];
+                      int expect = kReading;
+                      if (!it.state.compare_exchange_strong(expect, kDecoding)) return;
+                      if (!bytes.ok()) return self->Fail(it, bytes.status());
+                      const AudioItem& au2 = self->layout_.audio()[a];
+                      auto pcm = DecodeWav(**bytes, self->ctx_.config->audio().sample_rate(), au2.samples);
+                      if (!pcm.ok()) {
+                        return self->Fail(it, absl::DataLossError(absl::StrCat(
+                                                  self->Name(au2.member, au2.shard), ": ",
+                                                  pcm.status().message())));
+                      }
+                      std::memcpy(self->shm_->data() + au2.offset, pcm->data(), pcm->size() * 4);
+                      it.state.store(kDone);
+                      self->Settle();
+                    });
+}
+
+void BatchJob::Expire() {
+  auto give_up = [&](std::vector<std::unique_ptr<Item>>& items) {
+    for (auto& it : items) {
+      int expect = kReading;
+      if (it->state.compare_exchange_strong(expect, kAbandoned)) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          it->reason = "deadline";
+          it->detail = absl::StrCat("read did not finish within ",
+                                    absl::FormatDuration(ctx_.deadline));
+        }
+        Settle();
+      }
+    }
+  };
+  give_up(images_);
+  give_up(docs_);
+  give_up(audio_);
+}
+
+void BatchJob::Settle() {
+  if (remaining_.fetch_sub(1) == 1) Finalize();
+}
+
+std::string BatchJob::PendingSummary() const {
+  int reading = 0, decoding = 0;
+  std::string first;
+  for (size_t i = 0; i < images_.size(); ++i) {
+    const int s = images_[i]->state.load();
+    if (s == kReading) {
+      ++reading;
+      if (first.empty()) first = Name(layout_.images()[i].member, layout_.images()[i].shard);
+    }
+    if (s == kQueued || s == kDecoding) ++decoding;
+  }
+  for (const auto& d : docs_) reading += d->state.load() == kReading;
+  return absl::StrCat(reading, " member reads (e.g. ", first.empty() ? "-" : first, ") and ",
+                      decoding, " image decodes of ", images_.size(), " images and ", docs_.size(),
+                      " documents");
+}
+
+void BatchJob::Finalize() {
+  if (finalized_.exchange(true)) return;
+  const v1::RankPlan& rank = step_->ranks(rank_index_);
+  std::vector<bool> image_dropped(images_.size(), false), doc_dropped(docs_.size(), false);
+  const bool substitute = ctx_.policy == v1::SKIP_POLICY_SUBSTITUTE;
+  std::set<uint64_t> named;
+  auto skip = [&](uint64_t sample, const Item& it, uint64_t sub) {
+    v1::SkippedSample* s = descriptor_.add_skipped();
+    s->set_sample_id(sample);
+    s->set_reason(it.reason);
+    s->set_detail(it.detail);
+    s->set_substitute_id(sub);
+    if (ctx_.metrics) {
+      ctx_.metrics->SkippedSamples(it.reason).Increment();
+      if (sub) ctx_.metrics->substituted_samples.Increment();
+    }
+  };
+  std::unique_lock<std::mutex> l(mu_);
+  for (size_t i = 0; i < images_.size(); ++i) {
+    const ImageItem& im = layout_.images()[i];
+    named.insert(im.sample_id);
+    const int s = images_[i]->state.load();
+    if (s == kDone) continue;
+    cv::Mat sub;
+    uint64_t sub_id = 0;
+    if (substitute && ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id)) {
+      ResizePatchifyInto(sub, im.height, im.width, ctx_.params, shm_->data() + im.offset);
+      skip(im.sample_id, *images_[i], sub_id);
+    } else {
+      image_dropped[i] = true;
+      skip(im.sample_id, *images_[i], 0);
+    }
+  }
+  for (size_t d = 0; d < docs_.size(); ++d) {
+    const DocItem& doc = layout_.docs()[d];
+    named.insert(doc.sample_id);
+    if (docs_[d]->state.load() == kDone) continue;
+    std::vector<int32_t> tokens;
+    uint64_t sub_id = 0;
+    if (substitute && ctx_.substitutes->TakeTokens(doc.sample_id, &tokens, &sub_id)) {
+      layout_.WriteText(shm_->data(), d, tokens);
+      skip(doc.sample_id, *docs_[d], sub_id);
+    } else {
+      doc_dropped[d] = true;
+      skip(doc.sample_id, *docs_[d], 0);
+    }
+  }
+  for (size_t a = 0; a < audio_.size(); ++a) {
+    const AudioItem& au = layout_.audio()[a];
+    named.insert(au.sample_id);
+    if (audio_[a]->state.load() == kDone) continue;
+    std::memset(shm_->data() + au.offset, 0, au.samples * 4);  // silence keeps the shape
+    skip(au.sample_id, *audio_[a], 0);
+  }
+  descriptor_.set_step(step_->step());
+  descriptor_.set_rank(rank.rank());
+  descriptor_.set_shm_name(shm_name_);
+  descriptor_.set_shm_size(layout_.total_bytes());
+  for (auto& a : layout_.Finalize(shm_->data(), image_dropped, doc_dropped)) {
+    *descriptor_.add_arrays() = std::move(a);
+  }
+  *descriptor_.mutable_plan() = rank;
+  for (const auto& s : step_->samples()) {
+    if (named.count(s.sample_id())) *descriptor_.add_samples() = s;
+  }
+  descriptor_.set_max_pixels(step_->max_pixels());
+  descriptor_.set_seq_len(step_->seq_len());
+  l.unlock();
+  auto self = shared_from_this();
+  if (on_ready_) on_ready_(self);
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,439 @@
+#include "services/stager/batch_layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/smart_resize.h"
+#include "common/status.h"
+
+namespace tutti::stager {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+uint32_t AudioTokens(const v1::MemberRef& m, const v1::AudioConfig& a) {
+  const uint32_t frames = (m.audio_ms() + 9) / 10;  // 10 ms frames
+  const uint32_t fpt = std::max(1u, a.frames_per_token());
+  return (frames + fpt - 1) / fpt;
+}
+
+}  // namespace
+
+BatchLayout::Array& BatchLayout::Add(const std::string& name, v1::DType dtype,
+                                     std::vector<uint64_t> shape, uint64_t elem) {
+  Array a;
+  a.name = name;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  uint64_t n = elem;
+  for (uint64_t d : a.shape) n *= d;
+  a.offset = total_;
+  a.nbytes = n;
+  total_ = AlignUp(total_ + n);
+  arrays_.push_back(std::move(a));
+  return arrays_.back();
+}
+
+const BatchLayout::Array& BatchLayout::Get(const std::string& name) const {
+  for (const auto& a : arrays_) {
+    if (a.name == name) return a;
+  }
+  static const Array kNone{};
+  return kNone;
+}
+
+absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v1::RankPlan& rank,
+                                               const v1::JobConfig& config,
+                                               const PatchifyParams& params) {
+  BatchLayout L;
+  L.vision_ = config.vision();
+  L.audio_cfg_ = config.audio();
+  L.params_ = params;
+  const std::string where = absl::StrCat("plan of step ", step.step(), " rank ", rank.rank());
+  std::map<uint64_t, const v1::SampleInfo*> samples;
+  for (const auto& s : step.samples()) samples[s.sample_id()] = &s;
+  auto sample = [&](uint64_t id) -> absl::StatusOr<const v1::SampleInfo*> {
+    auto it = samples.find(id);
+    if (it == samples.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " names sample ", id, " but carries no SampleInfo for it; the packer sent an "
+          "incomplete plan (ask it with this node's ranks)"));
+    }
+    if (it->second->shard() >= static_cast<uint32_t>(step.shards_size())) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": sample ", id, " names shard ",
+                                                     it->second->shard(), " of ", step.shards_size()));
+    }
+    return it->second;
+  };
+  const uint32_t factor = params.patch * params.merge;
+  uint64_t rows = 0;
+  for (const auto& enc : rank.encoders()) {
+    if (enc.encoder() == v1::ENCODER_VISION) {
+      for (const auto& ip : enc.images()) {
+        ASSIGN_OR_RETURN(const v1::SampleInfo* s, sample(ip.sample_id()));
+        if (ip.image_index() >= static_cast<uint32_t>(s->images_size())) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": sample ", ip.sample_id(),
+                                                         " has no image ", ip.image_index()));
+        }
+        ImageItem it;
+        it.sample_id = ip.sample_id();
+        it.image_index = ip.image_index();
+        it.member = s->images(ip.image_index());
+        it.shard = step.shards(s->shard());
+        it.height = ip.resized_height();
+        it.width = ip.resized_width();
+        if (it.height == 0 || it.width == 0 || it.height % factor || it.width % factor) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": image ", ip.image_index(), " of sample ", ip.sample_id(), " is planned at ",
+              it.width, "x", it.height, ", not a multiple of patch*merge = ", factor,
+              "; the packer and this stager disagree on vision.patch_size/merge_size"));
+        }
+        it.grid_t = 1;
+        it.grid_h = it.height / params.patch;
+        it.grid_w = it.width / params.patch;
+        it.rows = uint64_t{it.grid_h} * it.grid_w;
+        it.bytes = it.rows * params.row_values() * params.value_bytes();
+        it.remote_load = ip.remote_load();
+        rows += it.rows;
+        L.images_.push_back(std::move(it));
+      }
+    } else if (enc.encoder() == v1::ENCODER_AUDIO) {
+      for (const auto& ap : enc.audio()) {
+        ASSIGN_OR_RETURN(const v1::SampleInfo* s, sample(ap.sample_id()));
+        if (ap.audio_index() >= static_cast<uint32_t>(s->audio_size())) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": sample ", ap.sample_id(),
+                                                         " has no audio clip ", ap.audio_index()));
+        }
+        AudioItem a;
+        a.sample_id = ap.sample_id();
+        a.audio_index = ap.audio_index();
+        a.member = s->audio(ap.audio_index());
+        a.shard = step.shards(s->shard());
+        const uint64_t rate = L.audio_cfg_.sample_rate();
+        a.samples = std::min<uint64_t>(a.member.audio_ms() * rate / 1000,
+                                       uint64_t{L.audio_cfg_.max_seconds()} * rate);
+        L.audio_.push_back(std::move(a));
+      }
+    }
+  }
+  // Documents, in micro-batch then sequence order.
+  const VisionGeometryOptions geo = [&] {
+    VisionGeometryOptions g = GeometryOptions(config, step.max_pixels() ? step.max_pixels()
+                                                                        : config.vision().max_pixels());
+    if (step.min_pixels()) g.min_pixels = step.min_pixels();
+    return g;
+  }();
+  uint64_t tokens = 0;
+  uint32_t seq_index = 0;
+  for (const auto& mb : rank.micro_batches()) {
+    L.mb_seqs_.push_back(static_cast<uint32_t>(mb.sequences_size()));
+    for (const auto& seq : mb.sequences()) {
+      L.seq_docs_.push_back(static_cast<uint32_t>(seq.docs_size()));
+      for (const auto& slot : seq.docs()) {
+        ASSIGN_OR_RETURN(const v1::SampleInfo* s, sample(slot.sample_id()));
+        DocItem d;
+        d.sample_id = slot.sample_id();
+        d.info = s;
+        d.shard = step.shards(s->shard());
+        d.sequence = seq_index;
+        d.token_offset = tokens;
+        d.length = slot.length();
+        std::vector<std::pair<uint32_t, bool>> enc;
+        for (const auto& m : s->images()) {
+          auto g = SmartResize(m.height(), m.width(), geo);
+          enc.emplace_back(g.ok() ? g->llm_tokens : 0, false);
+        }
+        for (const auto& m : s->audio()) enc.emplace_back(AudioTokens(m, L.audio_cfg_), true);
+        uint64_t sum = 0;
+        for (const auto& e : enc) sum += e.first;
+        if (!enc.empty() && slot.encoder_tokens() != 0 && sum != slot.encoder_tokens()) {
+          // The plan is authoritative: put the difference on the last item.
+          const int64_t diff = int64_t{slot.encoder_tokens()} - static_cast<int64_t>(sum);
+          enc.back().first = static_cast<uint32_t>(std::max<int64_t>(0, enc.back().first + diff));
+          sum = slot.encoder_tokens();
+        }
+        const uint64_t prefix = sum + 2 * enc.size();
+        if (prefix > d.length) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": document of sample ", slot.sample_id(), " is planned with ", d.length,
+              " tokens but its images/audio alone need ", prefix,
+              "; the packer and this stager disagree on the vision or audio config"));
+        }
+        d.text_offset = static_cast<uint32_t>(prefix);
+        d.text_length = static_cast<uint32_t>(d.length - prefix);
+        tokens += d.length;
+        L.docs_.push_back(d);
+        L.doc_encoders_.push_back(std::move(enc));
+      }
+      ++seq_index;
+    }
+  }
+  const uint64_t vb = params.value_bytes();
+  const v1::DType pix = params.bf16 ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32;
+  const uint64_t pix_off = L.Add("pixel_values", pix, {rows, params.row_values()}, vb).offset;
+  uint64_t off = pix_off;
+  for (auto& im : L.images_) {
+    im.offset = off;
+    off += im.bytes;
+  }
+  const uint64_t n_img = L.images_.size(), n_doc = L.docs_.size();
+  L.Add("image_grid_thw", v1::DTYPE_INT32, {n_img, 3}, 4);
+  L.Add("image_sample_ids", v1::DTYPE_INT64, {n_img}, 8);
+  L.Add("input_ids", v1::DTYPE_INT32, {tokens}, 4);
+  L.Add("cu_seqlens", v1::DTYPE_INT32, {n_doc + 1}, 4);
+  L.Add("seq_offsets", v1::DTYPE_INT32, {L.seq_docs_.size() + 1}, 4);
+  L.Add("micro_batch_offsets", v1::DTYPE_INT32, {L.mb_seqs_.size() + 1}, 4);
+  L.Add("doc_sample_ids", v1::DTYPE_INT64, {n_doc}, 8);
+  if (!L.audio_.empty()) {
+    uint64_t total = 0;
+    for (const auto& a : L.audio_) total += a.samples;
+    uint64_t aoff = L.Add("audio_values", v1::DTYPE_FLOAT32, {total}, 4).offset;
+    for (auto& a : L.audio_) {
+      a.offset = aoff;
+      aoff += a.samples * 4;
+    }
+    L.Add("audio_lengths", v1::DTYPE_INT32, {L.audio_.size()}, 4);
+  }
+  return L;
+}
+
+void BatchLayout::WriteFixed(char* base) const {
+  auto* grid = reinterpret_cast<int32_t*>(base + Get("image_grid_thw").offset);
+  auto* ids = reinterpret_cast<int64_t*>(base + Get("image_sample_ids").offset);
+  for (size_t i = 0; i < images_.size(); ++i) {
+    grid[3 * i] = static_cast<int32_t>(images_[i].grid_t);
+    grid[3 * i + 1] = static_cast<int32_t>(images_[i].grid_h);
+    grid[3 * i + 2] = static_cast<int32_t>(images_[i].grid_w);
+    ids[i] = static_cast<int64_t>(images_[i].sample_id);
+    if (images_[i].remote_load) std::memset(base + images_[i].offset, 0, images_[i].bytes);
+  }
+  auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
+  auto* cu = reinterpret_cast<int32_t*>(base + Get("cu_seqlens").offset);
+  auto* doc_ids = reinterpret_cast<int64_t*>(base + Get("doc_sample_ids").offset);
+  cu[0] = 0;
+  for (size_t d = 0; d < docs_.size(); ++d) {
+    const DocItem& doc = docs_[d];
+    int32_t* t = input + doc.token_offset;
+    for (const auto& [n, is_audio] : doc_encoders_[d]) {
+      *t++ = static_cast<int32_t>(is_audio ? audio_cfg_.audio_start_id() : vision_.vision_start_id());
+      const int32_t pad = static_cast<int32_t>(is_audio ? audio_cfg_.audio_pad_id() : vision_.image_pad_id());
+      std::fill(t, t + n, pad);
+      t += n;
+      *t++ = static_cast<int32_t>(is_audio ? audio_cfg_.audio_end_id() : vision_.vision_end_id());
+    }
+    std::fill(t, input + doc.token_offset + doc.length, 0);
+    cu[d + 1] = static_cast<int32_t>(doc.token_offset + doc.length);
+    doc_ids[d] = static_cast<int64_t>(doc.sample_id);
+  }
+  auto* seq = reinterpret_cast<int32_t*>(base + Get("seq_offsets").offset);
+  size_t d = 0;
+  seq[0] = 0;
+  for (size_t s = 0; s < seq_docs_.size(); ++s) {
+    d += seq_docs_[s];
+    seq[s + 1] = d == 0 ? 0 : cu[d];
+  }
+  auto* mb = reinterpret_cast<int32_t*>(base + Get("micro_batch_offsets").offset);
+  mb[0] = 0;
+  for (size_t m = 0; m < mb_seqs_.size(); ++m) mb[m + 1] = mb[m] + static_cast<int32_t>(mb_seqs_[m]);
+  if (!audio_.empty()) {
+    auto* len = reinterpret_cast<int32_t*>(base + Get("audio_lengths").offset);
+    for (size_t i = 0; i < audio_.size(); ++i) len[i] = static_cast<int32_t>(audio_[i].samples);
+  }
+}
+
+void BatchLayout::WriteText(char* base, size_t doc, const std::vector<int32_t>& tokens) const {
+  const DocItem& d = docs_[doc];
+  auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
+  const std::vector<int32_t> fitted = FitTokens(tokens, d.text_length);
+  std::memcpy(input + d.token_offset + d.text_offset, fitted.data(), fitted.size() * 4);
+}
+
+std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<bool>& image_dropped,
+                                                 const std::vector<bool>& doc_dropped) const {
+  std::vector<Array> out = arrays_;
+  auto find = [&](const std::string& n) -> Array& {
+    for (auto& a : out) {
+      if (a.name == n) return a;
+    }
+    return out.front();
+  };
+  // Images.
+  uint64_t dst = Get("pixel_values").offset, rows = 0;
+  auto* grid = reinterpret_cast<int32_t*>(base + Get("image_grid_thw").offset);
+  auto* ids = reinterpret_cast<int64_t*>(base + Get("image_sample_ids").offset);
+  size_t kept = 0;
+  for (size_t i = 0; i < images_.size(); ++i) {
+    if (image_dropped[i]) continue;
+    const ImageItem& im = images_[i];
+    if (im.offset != dst) std::memmove(base + dst, base + im.offset, im.bytes);
+    dst += im.bytes;
+    rows += im.rows;
+    std::memmove(grid + 3 * kept, grid + 3 * i, 12);
+    ids[kept] = ids[i];
+    ++kept;
+  }
+  Array& pv = find("pixel_values");
+  pv.shape[0] = rows;
+  pv.nbytes = rows * params_.row_values() * params_.value_bytes();
+  find("image_grid_thw").shape[0] = kept;
+  find("image_grid_thw").nbytes = kept * 12;
+  find("image_sample_ids").shape[0] = kept;
+  find("image_sample_ids").nbytes = kept * 8;
+  // Documents.
+  auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
+  auto* cu = reinterpret_cast<int32_t*>(base + Get("cu_seqlens").offset);
+  auto* doc_ids = reinterpret_cast<int64_t*>(base + Get("doc_sample_ids").offset);
+  auto* seq = reinterpret_cast<int32_t*>(base + Get("seq_offsets").offset);
+  uint64_t tok = 0;
+  size_t kd = 0, d = 0;
+  seq[0] = 0;
+  for (size_t s = 0; s < seq_docs_.size(); ++s) {
+    for (uint32_t k = 0; k < seq_docs_[s]; ++k, ++d) {
+      if (doc_dropped[d]) continue;
+      const DocItem& doc = docs_[d];
+      if (doc.token_offset != tok) {
+        std::memmove(input + tok, input + doc.token_offset, size_t{doc.length} * 4);
+      }
+      tok += doc.length;
+      doc_ids[kd] = static_cast<int64_t>(doc.sample_id);
+      cu[++kd] = static_cast<int32_t>(tok);
+    }
+    seq[s + 1] = static_cast<int32_t>(tok);
+  }
+  cu[0] = 0;
+  find("input_ids").shape[0] = tok;
+  find("input_ids").nbytes = tok * 4;
+  find("cu_seqlens").shape[0] = kd + 1;
+  find("cu_seqlens").nbytes = (kd + 1) * 4;
+  find("doc_sample_ids").shape[0] = kd;
+  find("doc_sample_ids").nbytes = kd * 8;
+  std::vector<v1::ArrayDesc> descs;
+  for (const auto& a : out) {
+    v1::ArrayDesc desc;
+    desc.set_name(a.name);
+    desc.set_dtype(a.dtype);
+    for (uint64_t s : a.shape) desc.add_shape(s);
+    desc.set_offset(a.offset);
+    desc.set_nbytes(a.nbytes);
+    descs.push_back(std::move(desc));
+  }
+  return descs;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
+  const size_t key = json.find("\"input_ids\"");
+  if (key == absl::string_view::npos) {
+    return absl::NotFoundError("has no \"input_ids\" (pre-tokenise the dataset)");
+  }
+  size_t i = key + 11;
+  auto skip = [&] {
+    while (i < json.size() && absl::ascii_isspace(static_cast<unsigned char>(json[i]))) ++i;
+  };
+  skip();
+  if (i >= json.size() || json[i] != ':') return absl::DataLossError("malformed JSON after \"input_ids\"");
+  ++i;
+  skip();
+  if (i >= json.size() || json[i] != '[') return absl::DataLossError("\"input_ids\" is not a list");
+  ++i;
+  std::vector<int32_t> out;
+  while (true) {
+    skip();
+    if (i >= json.size()) return absl::DataLossError("\"input_ids\" list is not closed (truncated JSON)");
+    if (json[i] == ']') break;
+    size_t j = i;
+    while (j < json.size() && (absl::ascii_isdigit(static_cast<unsigned char>(json[j])) || json[j] == '-')) ++j;
+    int32_t v;
+    if (j == i || !absl::SimpleAtoi(json.substr(i, j - i), &v)) {
+      return absl::DataLossError(absl::StrCat("\"input_ids\" holds a non-integer at byte ", i));
+    }
+    out.push_back(v);
+    i = j;
+    skip();
+    if (i < json.size() && json[i] == ',') ++i;
+  }
+  return out;
+}
+
+std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n) {
+  std::vector<int32_t> out(n, 0);
+  if (tokens.empty()) return out;
+  for (size_t i = 0; i < n; ++i) out[i] = tokens[i % tokens.size()];
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate, uint64_t samples) {
+  auto le16 = [&](size_t o) { return uint32_t(uint8_t(b[o])) | (uint32_t(uint8_t(b[o + 1])) << 8); };
+  auto le32 = [&](size_t o) { return le16(o) | (le16(o + 2) << 16); };
+  if (b.size() < 12 || b.substr(0, 4) != "RIFF" || b.substr(8, 4) != "WAVE") {
+    return absl::DataLossError("not a RIFF/WAVE file");
+  }
+  uint32_t format = 0, channels = 0, src_rate = 0, bits = 0;
+  absl::string_view data;
+  for (size_t o = 12; o + 8 <= b.size();) {
+    const absl::string_view id = b.substr(o, 4);
+    const uint64_t len = le32(o + 4);
+    if (o + 8 + len > b.size()) return absl::DataLossError("WAV chunk runs past the end (truncated)");
+    if (id == "fmt " && len >= 16) {
+      format = le16(o + 8);
+      channels = le16(o + 10);
+      src_rate = le32(o + 12);
+      bits = le16(o + 22);
+      if (format == 0xFFFE && len >= 26) format = le16(o + 32);
+    } else if (id == "data") {
+      data = b.substr(o + 8, len);
+    }
+    o += 8 + len + (len & 1);
+  }
+  if (channels == 0 || src_rate == 0 || data.empty()) return absl::DataLossError("WAV has no fmt or data chunk");
+  const uint32_t bytes = bits / 8;
+  if (!((format == 1 && (bits == 8 || bits == 16 || bits == 24 || bits == 32)) || (format == 3 && bits == 32))) {
+    return absl::InvalidArgumentError(absl::StrCat("WAV format ", format, " with ", bits, " bits is not supported"));
+  }
+  const size_t frames = data.size() / (bytes * channels);
+  std::vector<float> mono(frames, 0.0f);
+  for (size_t f = 0; f < frames; ++f) {
+    float sum = 0;
+    for (uint32_t c = 0; c < channels; ++c) {
+      const char* p = data.data() + (f * channels + c) * bytes;
+      float v;
+      if (format == 3) {
+        std::memcpy(&v, p, 4);
+      } else if (bits == 8) {
+        v = (uint8_t(p[0]) - 128) / 128.0f;
+      } else if (bits == 16) {
+        v = int16_t(uint16_t(uint8_t(p[0]) | (uint8_t(p[1]) << 8))) / 32768.0f;
+      } else if (bits == 24) {
+        int32_t x = int32_t(uint32_t(uint8_t(p[0])) << 8 | uint32_t(uint8_t(p[1])) << 16 |
+                            uint32_t(uint8_t(p[2])) << 24);
+        v = (x >> 8) / 8388608.0f;
+      } else {
+        int32_t x;
+        std::memcpy(&x, p, 4);
+        v = x / 2147483648.0f;
+      }
+      sum += v;
+    }
+    mono[f] = sum / channels;
+  }
+  std::vector<float> out(samples, 0.0f);
+  const double step = static_cast<double>(src_rate) / rate;
+  for (uint64_t i = 0; i < samples; ++i) {
+    const double x = i * step;
+    const size_t k = static_cast<size_t>(x);
+    if (k + 1 >= frames) {
+      if (k < frames) out[i] = mono[k];
+      continue;
+    }
+    const float w = static_cast<float>(x - k);
+    out[i] = mono[k] * (1 - w) + mono[k + 1] * w;
+  }
+  return out;
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,116 @@
+// Where every array of one (step, rank) batch lives in its shared-memory
+// segment (see stager.proto, ArrayDesc), computed from the rank's plan before
+// anything is read, so images decode straight into their final place.
+//
+// Pure logic: no I/O.
+#ifndef TUTTI_SERVICES_STAGER_BATCH_LAYOUT_H_
+#define TUTTI_SERVICES_STAGER_BATCH_LAYOUT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/media_header.h"
+#include "services/stager/decode.h"
+#include "tutti/v1/job.pb.h"
+#include "tutti/v1/plan.pb.h"
+#include "tutti/v1/stager.pb.h"
+
+namespace tutti::stager {
+
+struct ImageItem {
+  uint64_t sample_id = 0;
+  uint32_t image_index = 0;
+  v1::MemberRef member;
+  v1::ShardRef shard;
+  uint32_t height = 0, width = 0;  // resized, from the plan
+  uint32_t grid_t = 1, grid_h = 0, grid_w = 0;
+  uint64_t rows = 0;         // patches
+  uint64_t offset = 0;       // byte offset of its first row in the segment
+  uint64_t bytes = 0;
+  bool remote_load = false;  // pixels arrive through the exchange: not loaded here
+};
+
+struct DocItem {
+  uint64_t sample_id = 0;
+  const v1::SampleInfo* info = nullptr;
+  v1::ShardRef shard;
+  uint32_t sequence = 0;     // index among the rank's sequences
+  uint64_t token_offset = 0; // index of its first token in input_ids
+  uint32_t length = 0;       // tokens, as planned
+  uint32_t text_offset = 0;  // first text token within the doc (after encoder tokens)
+  uint32_t text_length = 0;
+};
+
+struct AudioItem {
+  uint64_t sample_id = 0;
+  uint32_t audio_index = 0;
+  v1::MemberRef member;
+  v1::ShardRef shard;
+  uint64_t samples = 0;   // PCM samples at the configured rate
+  uint64_t offset = 0;    // byte offset in the segment
+};
+
+class BatchLayout {
+ public:
+  // Validates the plan against itself (every named sample present, image
+  // sizes patch-aligned) and lays the arrays out, each 64-byte aligned.
+  static absl::StatusOr<BatchLayout> Build(const v1::StepPlan& step, const v1::RankPlan& rank,
+                                           const v1::JobConfig& config, const PatchifyParams& params);
+
+  uint64_t total_bytes() const { return total_; }
+  const std::vector<ImageItem>& images() const { return images_; }
+  const std::vector<DocItem>& docs() const { return docs_; }
+  const std::vector<AudioItem>& audio() const { return audio_; }
+
+  // Writes everything known from the plan: grids, ids, offsets and the
+  // encoder placeholder tokens of every document.
+  void WriteFixed(char* base) const;
+  // Writes a document's text tokens fitted to its planned text length.
+  void WriteText(char* base, size_t doc, const std::vector<int32_t>& tokens) const;
+
+  // Removes dropped images and documents (compacting the arrays in place)
+  // and returns the final array descriptions.
+  std::vector<v1::ArrayDesc> Finalize(char* base, const std::vector<bool>& image_dropped,
+                                      const std::vector<bool>& doc_dropped) const;
+
+ private:
+  struct Array {
+    std::string name;
+    v1::DType dtype;
+    std::vector<uint64_t> shape;  // as planned
+    uint64_t offset = 0;
+    uint64_t nbytes = 0;
+  };
+  Array& Add(const std::string& name, v1::DType dtype, std::vector<uint64_t> shape, uint64_t elem);
+  const Array& Get(const std::string& name) const;
+
+  v1::VisionConfig vision_;
+  v1::AudioConfig audio_cfg_;
+  PatchifyParams params_;
+  std::vector<ImageItem> images_;
+  std::vector<DocItem> docs_;
+  std::vector<AudioItem> audio_;
+  std::vector<uint32_t> seq_docs_;     // documents per sequence
+  std::vector<uint32_t> mb_seqs_;      // sequences per micro-batch
+  std::vector<std::vector<std::pair<uint32_t, bool>>> doc_encoders_;  // per doc: (tokens, is_audio)
+  std::vector<Array> arrays_;
+  uint64_t total_ = 0;
+};
+
+// input_ids from a WebDataset k.json ({"input_ids": [1, 2, ...], ...}).
+// NOT_FOUND when it has none, DATA_LOSS when malformed.
+absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json);
+
+// Truncates or repeats `tokens` to exactly n (n > 0 and tokens empty: zeros).
+std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n);
+
+// Decodes a WAV clip to mono float32 at `rate`, fitted to `samples`.
+absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view bytes, uint32_t rate, uint64_t samples);
+
+}  // namespace tutti::stager
+
+#endif  // TUTTI_SERVICES_STAGER_BATCH_LAYOUT_H_

@@ -1,0 +1,95 @@
+#include "services/stager/metrics.h"
+
+
+namespace tutti::stager {
+namespace {
+
+using prometheus::Registry;
+
+// Latencies from 100 us to 100 s.
+const std::vector<double>& LatencyBuckets() {
+  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                               0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                               1,      2.5,     5,      10,    25,     100};
+  return kBuckets;
+}
+
+prometheus::Counter& Counter(Registry& r, const std::string& name, const std::string& help,
+                             const prometheus::Labels& labels = {}) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add(labels);
+}
+prometheus::Gauge& Gauge(Registry& r, const std::string& name, const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Histogram& Latency(Registry& r, const std::string& name, const std::string& help,
+                               const prometheus::Labels& labels = {}) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
+      labels, prometheus::Histogram::BucketBoundaries(LatencyBuckets()));
+}
+
+}  // namespace
+
+StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
+    : staged_bytes(Counter(*registry, "tutti_stager_staged_bytes_total",
+                           "Bytes copied from the source directory into the node-local cache")),
+      staged_files(Counter(*registry, "tutti_stager_staged_files_total",
+                           "Shards copied into the node-local cache, verified and renamed into place")),
+      staging_throughput(Gauge(*registry, "tutti_stager_staging_throughput_bytes_per_second",
+                               "Staging throughput over the last few seconds")),
+      staging_failures(Counter(*registry, "tutti_stager_staging_failures_total",
+                               "Shards whose staging failed (missing, unreadable, changed, corrupt, "
+                               "cache full, deadline)")),
+      cache_hits(Counter(*registry, "tutti_stager_cache_hits_total",
+                         "Shard requests served by a shard already in the cache")),
+      cache_misses(Counter(*registry, "tutti_stager_cache_misses_total",
+                           "Shard requests that needed a copy from the source")),
+      cache_evictions(Counter(*registry, "tutti_stager_cache_evictions_total",
+                              "Shards removed from the cache to make room")),
+      cache_bytes(Gauge(*registry, "tutti_stager_cache_bytes", "Bytes of shards in the cache")),
+      cache_capacity(Gauge(*registry, "tutti_stager_cache_capacity_bytes", "Cache byte capacity")),
+      read_cache_seconds(Latency(*registry, "tutti_stager_read_seconds",
+                                 "Latency of reading one sample member", {{"from", "cache"}})),
+      read_source_seconds(prometheus::BuildHistogram()
+                              .Name("tutti_stager_read_seconds")
+                              .Help("Latency of reading one sample member")
+                              .Register(*registry)
+                              .Add({{"from", "source"}},
+                                   prometheus::Histogram::BucketBoundaries(LatencyBuckets()))),
+      decode_seconds(Latency(*registry, "tutti_stager_decode_seconds",
+                             "Decode + resize + normalise + patchify time of one image")),
+      decoded_images(Counter(*registry, "tutti_stager_decoded_images_total", "Images decoded")),
+      reduced_decodes(Counter(*registry, "tutti_stager_reduced_jpeg_decodes_total",
+                              "JPEG decodes done at 1/2, 1/4 or 1/8 scale in the DCT domain")),
+      mislabelled_images(Counter(*registry, "tutti_stager_mislabelled_images_total",
+                                 "Images whose content format differs from their name")),
+      substituted_samples(Counter(*registry, "tutti_stager_substituted_samples_total",
+                                  "Skipped samples replaced by a same-modality substitute")),
+      window_batches(Gauge(*registry, "tutti_stager_window_batches",
+                           "Batches ready in shared memory and not yet released")),
+      window_building(Gauge(*registry, "tutti_stager_window_building_batches",
+                            "Batches being read and decoded")),
+      batch_memory(Gauge(*registry, "tutti_stager_batch_memory_bytes",
+                         "Shared memory held by batches (ready and building)")),
+      batches_built(Counter(*registry, "tutti_stager_batches_built_total", "Batches made ready")),
+      batch_build_seconds(Latency(*registry, "tutti_stager_batch_build_seconds",
+                                  "Time from starting a batch to it being ready")),
+      client_wait_seconds(Latency(*registry, "tutti_stager_client_wait_seconds",
+                                  "Time a client waited in AcquireBatch")),
+      plans_received(Counter(*registry, "tutti_stager_plans_received_total",
+                             "Step plans received from the packer")),
+      packer_reconnects(Counter(*registry, "tutti_stager_packer_reconnects_total",
+                                "Times the plan stream from the packer was re-established")),
+      registry_(registry),
+      skipped_family_(prometheus::BuildCounter()
+                          .Name("tutti_stager_skipped_samples_total")
+                          .Help("Samples (or their images) skipped, by reason: corrupt, deadline, "
+                                "too_large, missing")
+                          .Register(*registry)) {
+  for (const char* reason : {"corrupt", "deadline", "too_large", "missing"}) SkippedSamples(reason);
+}
+
+prometheus::Counter& StagerMetrics::SkippedSamples(const std::string& reason) {
+  return skipped_family_.Add({{"reason", reason}});
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,60 @@
+// Every metric tutti-stagerd exports, declared in one place. The registry is
+// injected (main creates the exposer); children are created once here.
+#ifndef TUTTI_SERVICES_STAGER_METRICS_H_
+#define TUTTI_SERVICES_STAGER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace tutti::stager {
+
+class StagerMetrics {
+ public:
+  explicit StagerMetrics(std::shared_ptr<prometheus::Registry> registry);
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // Staging (source -> node-local cache).
+  prometheus::Counter& staged_bytes;        // tutti_stager_staged_bytes_total
+  prometheus::Counter& staged_files;        // tutti_stager_staged_files_total
+  prometheus::Gauge& staging_throughput;    // tutti_stager_staging_throughput_bytes_per_second
+  prometheus::Counter& staging_failures;    // tutti_stager_staging_failures_total
+  // Cache.
+  prometheus::Counter& cache_hits;          // tutti_stager_cache_hits_total
+  prometheus::Counter& cache_misses;        // tutti_stager_cache_misses_total
+  prometheus::Counter& cache_evictions;     // tutti_stager_cache_evictions_total
+  prometheus::Gauge& cache_bytes;           // tutti_stager_cache_bytes
+  prometheus::Gauge& cache_capacity;        // tutti_stager_cache_capacity_bytes
+  // Reads of sample members and decodes.
+  prometheus::Histogram& read_cache_seconds;   // tutti_stager_read_seconds{from="cache"}
+  prometheus::Histogram& read_source_seconds;  // tutti_stager_read_seconds{from="source"}
+  prometheus::Histogram& decode_seconds;       // tutti_stager_decode_seconds
+  prometheus::Counter& decoded_images;         // tutti_stager_decoded_images_total
+  prometheus::Counter& reduced_decodes;        // tutti_stager_reduced_jpeg_decodes_total
+  prometheus::Counter& mislabelled_images;     // tutti_stager_mislabelled_images_total
+  // Skipped samples by reason: corrupt, deadline, too_large, missing.
+  prometheus::Counter& SkippedSamples(const std::string& reason);
+  prometheus::Counter& substituted_samples;  // tutti_stager_substituted_samples_total
+  // Window and clients.
+  prometheus::Gauge& window_batches;         // tutti_stager_window_batches (ready, not released)
+  prometheus::Gauge& window_building;        // tutti_stager_window_building_batches
+  prometheus::Gauge& batch_memory;           // tutti_stager_batch_memory_bytes
+  prometheus::Counter& batches_built;        // tutti_stager_batches_built_total
+  prometheus::Histogram& batch_build_seconds;  // tutti_stager_batch_build_seconds
+  prometheus::Histogram& client_wait_seconds;  // tutti_stager_client_wait_seconds
+  prometheus::Counter& plans_received;       // tutti_stager_plans_received_total
+  prometheus::Counter& packer_reconnects;    // tutti_stager_packer_reconnects_total
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;  // keeps the families alive
+  prometheus::Family<prometheus::Counter>& skipped_family_;
+};
+
+}  // namespace tutti::stager
+
+#endif  // TUTTI_SERVICES_STAGER_METRICS_H_

@@ -1,0 +1,124 @@
+#include "services/stager/plan_client.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace tutti::stager {
+namespace {
+
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
+         code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::ABORTED ||
+         code == grpc::StatusCode::RESOURCE_EXHAUSTED || code == grpc::StatusCode::UNKNOWN;
+}
+
+}  // namespace
+
+PlanClient::PlanClient(std::string packer_address, StagerMetrics* metrics)
+    : address_(std::move(packer_address)), metrics_(metrics), channel_(MakeChannel(address_)),
+      stub_(v1::Packer::NewStub(channel_)) {}
+
+PlanClient::~PlanClient() { Stop(); }
+
+absl::StatusOr<v1::JobInfo> PlanClient::FetchJob(absl::Time give_up) {
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::JobInfo job;
+    grpc::Status s = stub_->GetJob(&ctx, v1::GetJobRequest(), &job);
+    if (s.ok()) return job;
+    if (!Retryable(s.error_code())) {
+      return FromGrpcStatus(s, absl::StrCat("GetJob from the packer at ", address_));
+    }
+    if (absl::Now() + backoff > give_up || stop_) {
+      return absl::UnavailableError(absl::StrCat(
+          "the packer at ", address_, " did not answer GetJob (", s.error_message(),
+          "); start tutti-packerd first or fix --packer"));
+    }
+    std::fprintf(stderr, "tutti-stagerd: packer at %s not reachable yet (%s); retrying in %s (attempt %d)\n",
+                 address_.c_str(), s.error_message().c_str(), absl::FormatDuration(backoff).c_str(),
+                 attempt);
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+}
+
+void PlanClient::Start(StagerCore* core) {
+  core_ = core;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void PlanClient::Stop() {
+  stop_ = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stream_ctx_) stream_ctx_->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void PlanClient::Run() {
+  const v1::JobInfo& job = core_->job();
+  absl::Duration backoff = absl::Milliseconds(100);
+  bool connected_before = false;
+  while (!stop_) {
+    StagerCore::PlanWant want = core_->WaitPlanWanted(absl::Now() + absl::Milliseconds(200));
+    if (want.stop || stop_) break;
+    if (want.blocked) continue;
+    v1::StreamPlansRequest req;
+    req.set_start_step(want.step);
+    for (uint32_t r : core_->local_ranks()) req.add_ranks(r);
+    req.set_world_size(job.config().world_size());
+    req.set_config_fingerprint(job.config_fingerprint());
+    grpc::ClientContext ctx;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) break;
+      stream_ctx_ = &ctx;
+    }
+    if (connected_before && metrics_) metrics_->packer_reconnects.Increment();
+    connected_before = true;
+    auto reader = stub_->StreamPlans(&ctx, req);
+    v1::StepPlan plan;
+    uint64_t next = want.step;
+    bool restart = false;
+    while (reader->Read(&plan)) {
+      backoff = absl::Milliseconds(100);
+      next = plan.step() + 1;
+      absl::Status s = core_->AddPlan(std::move(plan), want.generation);
+      if (absl::IsAborted(s) || absl::IsCancelled(s)) {
+        restart = true;
+        ctx.TryCancel();
+        break;
+      }
+      plan = v1::StepPlan();
+    }
+    grpc::Status st = reader->Finish();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stream_ctx_ = nullptr;
+    }
+    if (stop_ || restart) continue;
+    if (st.ok()) {
+      core_->PlanFailed(next, absl::OutOfRangeError(absl::StrCat(
+                                  "the packer's plans end before step ", next, " (end of the dataset)")),
+                        want.generation);
+      continue;
+    }
+    if (!Retryable(st.error_code())) {
+      core_->PlanFailed(next, FromGrpcStatus(st, absl::StrCat("StreamPlans from ", address_)),
+                        want.generation);
+      continue;
+    }
+    std::fprintf(stderr, "tutti-stagerd: plan stream from %s broke at step %llu (%s); reconnecting in %s\n",
+                 address_.c_str(), static_cast<unsigned long long>(next), st.error_message().c_str(),
+                 absl::FormatDuration(backoff).c_str());
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,56 @@
+// Pulls the job and this node's step plans from tutti-packerd: GetJob with
+// retry and backoff while the packer is unavailable, then StreamPlans for
+// the local ranks, feeding StagerCore. A broken stream (packer restart) is
+// re-opened at the next step the core needs; plans are deterministic, so the
+// resumed stream is exact. Errors the packer means (a step it cannot serve,
+// a config mismatch) are handed to the core for the clients that ask.
+//
+// Threads: Run() owns one thread; Stop() may be called from any thread.
+#ifndef TUTTI_SERVICES_STAGER_PLAN_CLIENT_H_
+#define TUTTI_SERVICES_STAGER_PLAN_CLIENT_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "services/stager/metrics.h"
+#include "services/stager/stager_core.h"
+#include "tutti/v1/packer.grpc.pb.h"
+
+namespace tutti::stager {
+
+class PlanClient {
+ public:
+  PlanClient(std::string packer_address, StagerMetrics* metrics);
+  ~PlanClient();
+
+  // Calls GetJob until it answers, retrying UNAVAILABLE with backoff (and a
+  // log line) until `give_up`. Other errors are returned with context.
+  absl::StatusOr<v1::JobInfo> FetchJob(absl::Time give_up);
+  // Streams plans into `core` on a thread until Stop().
+  void Start(StagerCore* core);
+  void Stop();
+
+ private:
+  void Run();
+
+  const std::string address_;
+  StagerMetrics* metrics_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Packer::Stub> stub_;
+  StagerCore* core_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  grpc::ClientContext* stream_ctx_ = nullptr;  // guarded by mu_: the open stream, for Stop
+  std::thread thread_;
+};
+
+}  // namespace tutti::stager
+
+#endif  // TUTTI_SERVICES_STAGER_PLAN_CLIENT_H_

@@ -1,0 +1,189 @@
+#include "services/stager/reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_io.h"
+#include "common/status.h"
+
+namespace tutti::stager {
+
+MemberReader::MemberReader(std::string source_dir, ShardCache* cache, StagingEngine* staging,
+                           IoService* io, StagerMetrics* metrics)
+    : source_dir_(std::move(source_dir)), cache_(cache), staging_(staging), io_(io),
+      metrics_(metrics) {}
+
+MemberReader::~MemberReader() { CloseExcept({}); }
+
+void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, uint64_t offset,
+                        uint64_t length, absl::Time deadline, Done done) {
+  if (shard.size() != 0 && offset + length > shard.size()) {
+    done(absl::DataLossError(absl::StrCat("member ", member, " of shard ", shard.name(),
+                                          " lies past the shard's end (offset ", offset, " + ",
+                                          length, " > ", shard.size(),
+                                          " bytes): truncated shard; re-index it")),
+         false);
+    return;
+  }
+  const bool staged = staging_ != nullptr &&
+                      staging_->Status(shard.name()).state == ShardState::kStaged &&
+                      cache_->Has(shard.name(), shard.size());
+  Pending p{member, offset, length, deadline, std::move(done), absl::Now()};
+  std::shared_ptr<Handle> h;
+  bool open = false, queued = false;
+  absl::Status refused;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& slot = handles_[{shard.name(), staged}];
+    if (!slot) {
+      slot = std::make_shared<Handle>();
+      slot->shard = shard.name();
+      slot->from_cache = staged;
+      slot->size = shard.size();
+      if (staged) {
+        slot->path = std::make_shared<std::string>(cache_->PathOf(shard.name()));
+        cache_->Hold(shard.name());
+      } else {
+        auto path = JoinUnder(source_dir_, shard.name());
+        if (path.ok()) {
+          slot->path = std::make_shared<std::string>(*path);
+        } else {
+          refused = Annotate(path.status(), "shard name refused");
+          handles_.erase({shard.name(), staged});
+        }
+      }
+    }
+    if (refused.ok()) h = handles_[{shard.name(), staged}];
+    if (h && h->fd < 0) {
+      queued = true;
+      h->waiting.push_back(std::move(p));
+      if (!h->opening) {
+        h->opening = true;
+        open = true;
+      }
+    }
+  }
+  if (!refused.ok()) {
+    p.done(refused, false);
+    return;
+  }
+  if (open) {
+    IoOp op;
+    op.kind = IoOp::Kind::kOpen;
+    op.path = h->path->c_str();
+    op.flags = O_RDONLY;
+    io_->Submit(op, deadline, [this, h](int64_t r) { OnOpen(h, r); }, h->path);
+    return;
+  }
+  if (queued) return;  // issued when the open completes
+  Issue(h, std::move(p));
+}
+
+void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
+  std::vector<Pending> waiting;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    h->opening = false;
+    waiting.swap(h->waiting);
+    if (r >= 0) {
+      h->fd = static_cast<int>(r);
+    } else {
+      auto it = handles_.find({h->shard, h->from_cache});
+      if (it != handles_.end() && it->second == h) handles_.erase(it);
+      if (h->from_cache) cache_->Unhold(h->shard);
+    }
+  }
+  if (r < 0) {
+    absl::Status s;
+    if (r == -ETIMEDOUT) {
+      s = absl::DeadlineExceededError(absl::StrCat("opening ", *h->path,
+                                                   " missed the sample deadline (the file system stalls)"));
+    } else if (r == -ENOENT) {
+      s = absl::NotFoundError(absl::StrCat("shard ", h->shard, " is missing (", *h->path,
+                                           "); fix --source or re-index"));
+    } else {
+      s = ErrnoStatus(static_cast<int>(-r), absl::StrCat("open ", *h->path));
+    }
+    for (auto& p : waiting) p.done(absl::Status(s.code(), absl::StrCat("member ", p.member, ": ", s.message())), h->from_cache);
+    return;
+  }
+  for (auto& p : waiting) Issue(h, std::move(p));
+}
+
+void MemberReader::Issue(const std::shared_ptr<Handle>& h, Pending p) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++h->in_flight;
+  }
+  auto buf = std::make_shared<std::string>(p.length, '\0');
+  IoOp op;
+  op.kind = IoOp::Kind::kRead;
+  op.fd = h->fd;
+  op.buf = buf->data();
+  op.len = p.length;
+  op.offset = p.offset;
+  auto pending = std::make_shared<Pending>(std::move(p));
+  io_->Submit(
+      op, pending->deadline,
+      [this, h, buf, pending](int64_t r) {
+        ReadDone(h);
+        const double secs = absl::ToDoubleSeconds(absl::Now() - pending->start);
+        if (metrics_) {
+          (h->from_cache ? metrics_->read_cache_seconds : metrics_->read_source_seconds).Observe(secs);
+        }
+        if (r == -ETIMEDOUT) {
+          pending->done(absl::DeadlineExceededError(absl::StrCat(
+                            "reading member ", pending->member, " of ", *h->path,
+                            " missed the sample deadline after ", absl::FormatDuration(absl::Now() - pending->start),
+                            " (the file system stalls)")),
+                        h->from_cache);
+        } else if (r < 0) {
+          pending->done(Annotate(ErrnoStatus(static_cast<int>(-r), absl::StrCat("read ", *h->path)),
+                                 absl::StrCat("member ", pending->member)),
+                        h->from_cache);
+        } else if (static_cast<uint64_t>(r) < pending->length) {
+          pending->done(absl::DataLossError(absl::StrCat(
+                            "member ", pending->member, " of ", *h->path, " needs ", pending->length,
+                            " bytes at offset ", pending->offset, " but only ", r,
+                            " could be read: truncated shard; re-copy or re-index it")),
+                        h->from_cache);
+        } else {
+          pending->done(buf, h->from_cache);
+        }
+      },
+      buf);
+}
+
+void MemberReader::ReadDone(const std::shared_ptr<Handle>& h) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (--h->in_flight == 0 && h->closing) CloseLocked(*h);
+}
+
+void MemberReader::CloseLocked(Handle& h) {
+  if (h.fd >= 0) ::close(h.fd);
+  h.fd = -1;
+  if (h.from_cache) cache_->Unhold(h.shard);
+}
+
+void MemberReader::CloseExcept(const std::set<std::string>& keep) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto it = handles_.begin(); it != handles_.end();) {
+    Handle& h = *it->second;
+    if (keep.count(h.shard) || h.opening) {
+      ++it;
+      continue;
+    }
+    // A read still in flight keeps the fd; it is closed when the read returns.
+    if (h.in_flight == 0) {
+      CloseLocked(h);
+    } else {
+      h.closing = true;
+    }
+    it = handles_.erase(it);
+  }
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,243 @@
+#include "services/stager/stager_core.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/file_io.h"
+#include "common/shm.h"
+#include "gtest/gtest.h"
+#include "services/stager/test_dataset.h"
+
+namespace tutti::stager {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Fresh(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/core_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+const v1::ArrayDesc& Array(const v1::BatchDescriptor& d, const std::string& name) {
+  for (const auto& a : d.arrays()) {
+    if (a.name() == name) return a;
+  }
+  static v1::ArrayDesc none;
+  ADD_FAILURE() << "no array " << name;
+  return none;
+}
+
+int ShmSegmentsOf(const std::string& prefix) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/dev/shm")) {
+    n += e.path().filename().string().rfind(prefix, 0) == 0;
+  }
+  return n;
+}
+
+struct Core {
+  testing::Dataset data;
+  v1::JobInfo job;
+  std::unique_ptr<StagerCore> core;
+
+  Core(const std::string& name, testing::DatasetSpec spec, StagerOptions o = {},
+       std::vector<IoFault> stage_faults = {}, std::vector<IoFault> read_faults = {},
+       std::function<void(testing::Dataset&)> damage = nullptr) {
+    const std::string root = Fresh(name);
+    data = testing::WriteDataset(root + "/src", spec);
+    if (damage) damage(data);
+    job = testing::MakeJob(data, 4, 2);
+    job.mutable_config()->set_job_id("coretest-" + name);
+    o.node = 1;
+    o.cache_dir = root + "/cache";
+    o.staging.source_dir = data.dir;
+    o.staging.queue_depth = 8;
+    o.staging.block_size = 65536;
+    o.staging.op_timeout = absl::Milliseconds(400);
+    o.decode_threads = 2;
+    o.window = 2;
+    o.stage_ahead = 2;
+    std::unique_ptr<IoBackend> sb, rb;
+    if (!stage_faults.empty()) {
+      sb = std::make_unique<FaultInjectingBackend>(std::move(*MakeUringBackend(64)), stage_faults);
+    }
+    if (!read_faults.empty()) {
+      rb = std::make_unique<FaultInjectingBackend>(std::move(*MakeUringBackend(64)), read_faults);
+    }
+    auto registry = std::make_shared<prometheus::Registry>();
+    core = std::make_unique<StagerCore>(o, std::make_shared<StagerMetrics>(registry), std::move(sb),
+                                        std::move(rb));
+    absl::Status s = core->Start(job);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  void Plans(uint64_t from, uint64_t to, int per_rank = 3) {
+    for (uint64_t s = from; s < to; ++s) {
+      absl::Status st = core->AddPlan(testing::MakePlan(data, job, s, {2, 3}, per_rank), 0);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+  }
+};
+
+TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
+  Core c("e2e", {.shards = 2, .samples_per_shard = 6});
+  c.Plans(0, 2);
+  auto d = c.core->Acquire(0, 3, 20000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->skipped_size(), 0);
+  auto seg = ShmSegment::Open(d->shm_name(), false);
+  ASSERT_TRUE(seg.ok());
+  // The first image of rank 3 at step 0, decoded directly.
+  const auto& ip = d->plan().encoders(0).images(0);
+  const auto& info = c.data.samples[ip.sample_id()];
+  auto shard = ReadFileToString(c.data.dir + "/" + c.data.shards[info.shard()].name());
+  ASSERT_TRUE(shard.ok());
+  const std::string bytes = shard->substr(info.images(0).offset(), info.images(0).size());
+  const PatchifyParams p = PatchifyParams::FromConfig(c.job.config().vision());
+  std::string direct(p.ImageBytes(ip.resized_height(), ip.resized_width()), '\0');
+  ASSERT_TRUE(DecodeImageInto(bytes, "x", ImageKind::kJpeg, ip.resized_height(), ip.resized_width(), p,
+                              direct.data())
+                  .ok());
+  const auto& pv = Array(*d, "pixel_values");
+  EXPECT_EQ(0, std::memcmp((*seg)->data() + pv.offset(), direct.data(), direct.size()));
+  const auto& grid = Array(*d, "image_grid_thw");
+  const int32_t* g = reinterpret_cast<const int32_t*>((*seg)->data() + grid.offset());
+  EXPECT_EQ(g[1], static_cast<int32_t>(ip.grid_h()));
+  // Text tokens of the first document follow its image tokens.
+  const auto& ids = Array(*d, "input_ids");
+  const int32_t* t = reinterpret_cast<const int32_t*>((*seg)->data() + ids.offset());
+  const auto& doc = d->plan().micro_batches(0).sequences(0).docs(0);
+  const uint32_t text_at = doc.encoder_tokens() + 2;
+  EXPECT_EQ(t[0], 151652);
+  EXPECT_EQ(t[text_at], static_cast<int32_t>(1000 * doc.sample_id()));
+  EXPECT_EQ(t[text_at + 5], static_cast<int32_t>(1000 * doc.sample_id() + 5));
+  EXPECT_EQ(d->samples_size(), 3);
+  // Errors clients can make.
+  auto wrong_rank = c.core->Acquire(0, 0, 100);
+  EXPECT_EQ(wrong_rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_rank.status().message().find("serves ranks 2..3"), std::string::npos);
+  ASSERT_TRUE(c.core->Release(0, 3).ok());
+  auto again = c.core->Acquire(0, 3, 100);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kOutOfRange);
+  auto far = c.core->Acquire(40, 3, 100);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(far.status().message().find("window"), std::string::npos);
+  auto late = c.core->Acquire(3, 2, 300);  // plans only up to step 1
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(late.status().message().find("no plan for step 3"), std::string::npos) << late.status();
+  c.core->PlanFailed(2, absl::OutOfRangeError("step 2 is past the dataset's end"), 0);
+  auto gone = c.core->Acquire(2, 2, 300);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(gone.status().message().find("packer cannot serve step 2"), std::string::npos);
+  EXPECT_GT(ShmSegmentsOf("tutti-coretest-e2e"), 0);
+  c.core->Stop();
+  EXPECT_EQ(ShmSegmentsOf("tutti-coretest-e2e"), 0);
+}
+
+// Overwrites the image bytes of sample `id` in its source shard.
+std::function<void(testing::Dataset&)> Corrupt(int id) {
+  return [id](testing::Dataset& d) {
+    const auto& m = d.samples[id].images(0);
+    const std::string path = d.dir + "/" + d.shards[d.samples[id].shard()].name();
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(m.offset()));
+    f << std::string(m.size(), 'Z');
+    d.shards[d.samples[id].shard()].set_crc32c(0);
+  };
+}
+
+TEST(StagerCoreTest, CorruptImageIsSubstitutedAndCounted) {
+  Core c("corrupt", {.shards = 1, .samples_per_shard = 12}, {}, {}, {}, Corrupt(7));
+  c.Plans(0, 2);
+  for (uint64_t s = 0; s < 2; ++s) {
+    for (uint32_t r : {2u, 3u}) {
+      auto d = c.core->Acquire(s, r, 20000);
+      ASSERT_TRUE(d.ok()) << d.status();
+      bool names7 = false;
+      for (const auto& ip : d->plan().encoders(0).images()) names7 |= ip.sample_id() == 7;
+      if (!names7) continue;
+      ASSERT_EQ(d->skipped_size(), 1);
+      EXPECT_EQ(d->skipped(0).sample_id(), 7u);
+      EXPECT_EQ(d->skipped(0).reason(), "corrupt");
+      EXPECT_NE(d->skipped(0).detail().find("000007.jpg"), std::string::npos) << d->skipped(0).detail();
+      // Shapes stay as planned.
+      uint64_t rows = 0;
+      for (const auto& ip : d->plan().encoders(0).images()) rows += ip.patches();
+      EXPECT_EQ(Array(*d, "pixel_values").shape(0), rows);
+    }
+  }
+}
+
+TEST(StagerCoreTest, DropPolicyShrinksShapes) {
+  StagerOptions o;
+  o.skip_policy = "drop";
+  Core c("drop", {.shards = 1, .samples_per_shard = 12}, o, {}, {}, Corrupt(6));
+  c.Plans(0, 1);
+  auto d = c.core->Acquire(0, 2, 20000);  // rank 2 of step 0 holds samples 6, 7, 8
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->skipped_size(), 1);
+  EXPECT_EQ(d->skipped(0).substitute_id(), 0u);
+  EXPECT_EQ(Array(*d, "image_grid_thw").shape(0), 2u);
+  EXPECT_EQ(Array(*d, "doc_sample_ids").shape(0), 3u);  // the text still ships
+}
+
+TEST(StagerCoreTest, TruncatedShardIsReadAroundAndReported) {
+  auto truncate = [](testing::Dataset& d) {
+    const std::string path = d.dir + "/" + d.shards[0].name();
+    fs::resize_file(path, d.shards[0].size() / 2);
+  };
+  StagerOptions o;
+  o.stage_wait_ms = 200;
+  Core c("trunc", {.shards = 1, .samples_per_shard = 12}, o, {}, {}, truncate);
+  c.Plans(0, 1);
+  auto d = c.core->Acquire(0, 3, 20000);  // samples 9..11: in the lost half
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_GT(d->skipped_size(), 0);
+  EXPECT_NE(d->skipped(0).detail().find("truncated"), std::string::npos) << d->skipped(0).detail();
+  auto st = c.core->staging()->Status(c.data.shards[0].name());
+  EXPECT_EQ(st.state, ShardState::kFailed);
+  EXPECT_NE(st.error.message().find("index says"), std::string::npos) << st.error;
+}
+
+TEST(StagerCoreTest, StalledReadsMissTheDeadlineButTheBatchShips) {
+  IoFault stall_stage;
+  stall_stage.path_contains = "shard-00001";
+  stall_stage.stall = true;
+  IoFault stall_read = stall_stage;
+  StagerOptions o;
+  o.sample_deadline_ms = 300;
+  o.stage_wait_ms = 100;
+  Core c("stall", {.shards = 2, .samples_per_shard = 6}, o, {stall_stage}, {stall_read});
+  c.Plans(0, 1);
+  const absl::Time t0 = absl::Now();
+  auto d = c.core->Acquire(0, 3, 20000);  // samples 9..11 live in shard 1
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  ASSERT_EQ(d->skipped_size(), 6);  // three images and three texts
+  EXPECT_EQ(d->skipped(0).reason(), "deadline");
+  auto ok = c.core->Acquire(0, 2, 20000);  // samples 6..8: shard 1 as well
+  ASSERT_TRUE(ok.ok());
+}
+
+TEST(StagerCoreTest, BadSetupIsAClearError) {
+  StagerOptions o;
+  o.cache_dir = Fresh("setup") + "/cache";
+  o.staging.source_dir = "/nonexistent/dataset";
+  StagerCore core(o, nullptr);
+  auto data = testing::WriteDataset(Fresh("setup_ds"), {.shards = 1, .samples_per_shard = 1});
+  absl::Status s = core.Start(testing::MakeJob(data, 2, 2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("/nonexistent/dataset"), std::string::npos);
+  StagerOptions o2 = o;
+  o2.node = 5;
+  StagerCore core2(o2, nullptr);
+  absl::Status s2 = core2.Start(testing::MakeJob(data, 2, 2));
+  EXPECT_EQ(s2.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s2.message().find("--node 5"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tutti::stager

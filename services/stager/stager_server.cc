@@ -1,0 +1,47 @@
+#include "services/stager/stager_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/file_io.h"
+#include "common/grpc_status.h"
+#include "common/metrics_server.h"
+#include "common/status.h"
+
+namespace tutti::stager {
+
+StagerServer::StagerServer(StagerServerOptions options) : opts_(std::move(options)) {}
+
+StagerServer::~StagerServer() { Shutdown(); }
+
+absl::Status StagerServer::Start() {
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_ = std::make_shared<StagerMetrics>(registry_);
+  ASSIGN_OR_RETURN(exposer_, StartMetricsServer(opts_.metrics, registry_, &metrics_port_));
+  // Bind the gRPC port before talking to the packer, so a port in use fails at once.
+  core_ = std::make_unique<StagerCore>(opts_.core, metrics_);
+  service_ = std::make_unique<StagerService>(core_.get());
+  ASSIGN_OR_RETURN(server_, StartGrpcServer(opts_.listen, {service_.get()}, &grpc_port_));
+  plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get());
+  ASSIGN_OR_RETURN(v1::JobInfo job, plans_->FetchJob(absl::Now() + opts_.packer_wait));
+  RETURN_IF_ERROR(core_->Start(job));
+  plans_->Start(core_.get());
+  if (!opts_.port_file.empty()) {
+    RETURN_IF_ERROR(WriteFileAtomically(
+        opts_.port_file, absl::StrCat("grpc=", grpc_port_, "\nmetrics=", metrics_port_, "\n")));
+  }
+  started_ = true;
+  return absl::OkStatus();
+}
+
+void StagerServer::Shutdown() {
+  if (core_) core_->Stop();  // answers waiting clients with UNAVAILABLE, wakes the plan stream
+  if (plans_) plans_->Stop();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+  }
+  plans_.reset();
+  exposer_.reset();
+  started_ = false;
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,521 @@
+#include "services/stager/staging.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/file_io.h"
+#include "common/status.h"
+
+namespace tutti::stager {
+
+const char* ShardStateName(ShardState s) {
+  switch (s) {
+    case ShardState::kUnknown: return "unknown";
+    case ShardState::kPending: return "pending";
+    case ShardState::kStaging: return "staging";
+    case ShardState::kStaged: return "staged";
+    case ShardState::kFailed: return "failed";
+  }
+  return "?";
+}
+
+namespace {
+constexpr size_t kAlign = 4096;
+size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+struct StagingEngine::File {
+  v1::ShardRef ref;
+  uint64_t priority = 0;
+  std::string src_path, dst_path, tmp_path;
+  int src_fd = -1, dst_fd = -1;
+  bool src_direct = false, dst_direct = false;
+  uint64_t size = 0;
+  struct statx stx;
+  int64_t mtime_sec = 0;
+  uint32_t mtime_nsec = 0;
+  uint64_t next_offset = 0, written = 0;
+  int in_flight = 0;
+  std::map<uint64_t, std::pair<uint32_t, uint64_t>> crcs;  // offset -> (crc, length)
+  bool failed = false, finishing = false, reserved = false;
+  absl::Status error;
+  absl::Time start;
+};
+
+StagingEngine::StagingEngine(StagingOptions options, ShardCache* cache, StagerMetrics* metrics,
+                             std::unique_ptr<IoBackend> backend)
+    : opts_(std::move(options)), cache_(cache), metrics_(metrics), injected_(std::move(backend)) {}
+
+StagingEngine::~StagingEngine() { Stop(); }
+
+const char* StagingEngine::backend_name() const { return io_ ? io_->backend_name() : "stopped"; }
+
+absl::Status StagingEngine::Start() {
+  if (opts_.block_size == 0 || opts_.block_size % kAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block size ", opts_.block_size,
+                                                   " is not a positive multiple of 4096"));
+  }
+  if (opts_.queue_depth == 0) return absl::InvalidArgumentError("queue depth must be at least 1");
+  struct stat st;
+  if (::stat(opts_.source_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat("source directory '", opts_.source_dir,
+                                            "' does not exist or is not a directory; mount it or "
+                                            "fix --source"));
+  }
+  std::unique_ptr<IoBackend> backend = std::move(injected_);
+  if (!backend) {
+    if (opts_.use_io_uring) {
+      auto b = MakeUringBackend(opts_.queue_depth + opts_.max_files * 2, opts_.queue_depth);
+      if (!b.ok()) return Annotate(b.status(), "cannot set up io_uring (use --noio_uring to copy with threads)");
+      backend = std::move(*b);
+    } else {
+      backend = MakePreadBackend(std::max(4u, opts_.max_files));
+    }
+  }
+  std::vector<iovec> iov;
+  for (unsigned i = 0; i < opts_.queue_depth; ++i) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kAlign, opts_.block_size) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", opts_.queue_depth, " x ",
+                                                       opts_.block_size, " staging buffers"));
+    }
+    buffers_.push_back(static_cast<char*>(p));
+    iov.push_back(iovec{p, opts_.block_size});
+    free_buffers_.push_back(static_cast<int>(i));
+  }
+  io_ = std::make_unique<IoService>(std::move(backend));
+  RETURN_IF_ERROR(io_->RegisterBuffers(iov));
+  window_start_ = absl::Now();
+  return absl::OkStatus();
+}
+
+void StagingEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  const bool had_io = io_ != nullptr;
+  bool stuck = false;
+  if (had_io) {
+    io_.reset();  // cancels what is in flight
+  }
+  (void)stuck;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [name, f] : active_) {
+      if (f->src_fd >= 0) ::close(f->src_fd);
+      if (f->dst_fd >= 0) ::close(f->dst_fd);
+      ::unlink(f->tmp_path.c_str());
+      if (f->reserved) cache_->Abort(name);
+    }
+    active_.clear();
+  }
+  cv_.notify_all();
+  // Buffers stay allocated if an operation could not be cancelled; otherwise free them.
+  if (!had_io || free_buffers_.size() == buffers_.size()) {
+    for (char* b : buffers_) std::free(b);
+  }
+  buffers_.clear();
+}
+
+void StagingEngine::SetListener(std::function<void(const std::string&, ShardState)> fn) {
+  std::lock_guard<std::mutex> l(mu_);
+  listener_ = std::move(fn);
+}
+
+void StagingEngine::Request(const v1::ShardRef& shard, uint64_t priority) {
+  std::vector<std::pair<std::string, ShardState>> notify;
+  {
+    Lock l(mu_);
+    if (stopping_) return;
+    const std::string& name = shard.name();
+    auto st = status_.find(name);
+    if (st != status_.end()) {
+      if (st->second.state == ShardState::kStaging) return;
+      if (st->second.state == ShardState::kPending) {
+        auto q = queued_.find(name);
+        if (q != queued_.end() && priority < q->second.first) {
+          queue_.erase({q->second.first, name});
+          q->second.first = priority;
+          queue_.insert({priority, name});
+        }
+        return;
+      }
+      if (st->second.state == ShardState::kFailed &&
+          absl::Now() - failed_at_[name] < opts_.retry_after) {
+        return;
+      }
+    }
+    if (cache_->Has(name, shard.size())) {
+      const bool was_staged = st != status_.end() && st->second.state == ShardState::kStaged;
+      if (metrics_ && !was_staged) metrics_->cache_hits.Increment();
+      ShardStatusInfo& info = status_[name];
+      info.name = name;
+      info.state = ShardState::kStaged;
+      info.bytes = shard.size();
+      if (!was_staged) notify.emplace_back(name, ShardState::kStaged);
+    } else {
+      if (metrics_) metrics_->cache_misses.Increment();
+      ShardStatusInfo& info = status_[name];
+      info.name = name;
+      info.state = ShardState::kPending;
+      info.bytes = 0;
+      info.error = absl::OkStatus();
+      queued_[name] = {priority, shard};
+      queue_.insert({priority, name});
+      Pump(l);
+    }
+  }
+  cv_.notify_all();
+  std::function<void(const std::string&, ShardState)> fn;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    fn = listener_;
+  }
+  if (fn) {
+    for (const auto& [n, s] : notify) fn(n, s);
+  }
+}
+
+ShardStatusInfo StagingEngine::Status(const std::string& name) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = status_.find(name);
+  if (it == status_.end()) return ShardStatusInfo{name, ShardState::kUnknown, 0, absl::OkStatus()};
+  return it->second;
+}
+
+std::vector<ShardStatusInfo> StagingEngine::Snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<ShardStatusInfo> out;
+  for (const auto& [n, s] : status_) out.push_back(s);
+  return out;
+}
+
+absl::Status StagingEngine::Wait(const std::vector<std::string>& names, absl::Time deadline) const {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    std::string pending;
+    for (const auto& n : names) {
+      auto it = status_.find(n);
+      if (it == status_.end()) {
+        pending = n;
+        break;
+      }
+      if (it->second.state == ShardState::kFailed) return it->second.error;
+      if (it->second.state != ShardState::kStaged) {
+        pending = n;
+        break;
+      }
+    }
+    if (pending.empty()) return absl::OkStatus();
+    if (stopping_) return absl::CancelledError("staging stopped");
+    if (cv_.wait_for(l, absl::ToChronoNanoseconds(std::max(absl::ZeroDuration(), deadline - absl::Now()))) ==
+            std::cv_status::timeout &&
+        absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("shard ", pending, " is not staged yet"));
+    }
+  }
+}
+
+void StagingEngine::Pump(Lock& l) {
+  while (!stopping_ && active_.size() < opts_.max_files && !queue_.empty()) {
+    auto [prio, name] = *queue_.begin();
+    queue_.erase(queue_.begin());
+    auto q = queued_.find(name);
+    auto f = std::make_shared<File>();
+    f->ref = q->second.second;
+    f->priority = prio;
+    queued_.erase(q);
+    StartFile(l, std::move(f));
+  }
+  for (auto& [name, f] : active_) {
+    if (free_buffers_.empty()) break;
+    if (f->dst_fd >= 0 && !f->failed && !f->finishing) IssueReads(l, f);
+  }
+}
+
+void StagingEngine::StartFile(Lock& l, std::shared_ptr<File> f) {
+  const std::string name = f->ref.name();
+  f->start = absl::Now();
+  status_[name].state = ShardState::kStaging;
+  active_[name] = f;
+  auto src = JoinUnder(opts_.source_dir, name);
+  if (!src.ok()) return Fail(l, f, Annotate(src.status(), "shard name refused"));
+  f->src_path = *src;
+  f->dst_path = cache_->PathOf(name);
+  f->tmp_path = cache_->PartialPathOf(name);
+  f->src_direct = opts_.o_direct_source;
+  IoOp op;
+  op.kind = IoOp::Kind::kOpen;
+  op.path = f->src_path.c_str();
+  op.flags = O_RDONLY | (f->src_direct ? O_DIRECT : 0);
+  io_->Submit(op, OpDeadline(), [this, f](int64_t r) { OnOpened(f, true, r); });
+}
+
+void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_t r) {
+  Lock l(mu_);
+  if (stopping_) {
+    if (r >= 0) ::close(static_cast<int>(r));
+    return;
+  }
+  const std::string& path = source ? f->src_path : f->tmp_path;
+  const bool direct = source ? f->src_direct : f->dst_direct;
+  if (r == -EINVAL && direct) {  // the file system refuses O_DIRECT: use the page cache
+    (source ? f->src_direct : f->dst_direct) = false;
+    IoOp op;
+    op.kind = IoOp::Kind::kOpen;
+    op.path = path.c_str();
+    op.flags = source ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC);
+    io_->Submit(op, OpDeadline(), [this, f, source](int64_t r2) { OnOpened(f, source, r2); });
+    return;
+  }
+  if (r < 0) {
+    absl::Status s = r == -ETIMEDOUT
+                         ? absl::DeadlineExceededError(absl::StrCat(
+                               "open ", path, " did not finish within ",
+                               absl::FormatDuration(opts_.op_timeout), " (the file system stalls)"))
+                         : ErrnoStatus(static_cast<int>(-r), absl::StrCat("open ", path));
+    if (source && r == -ENOENT) {
+      s = absl::NotFoundError(absl::StrCat("shard ", f->ref.name(), " is missing from the source ",
+                                           opts_.source_dir, " (", path, "); the index and the "
+                                           "source disagree: fix --source or re-index"));
+    }
+    return Fail(l, f, s);
+  }
+  if (source) {
+    f->src_fd = static_cast<int>(r);
+    IoOp op;
+    op.kind = IoOp::Kind::kStat;
+    op.fd = f->src_fd;
+    op.stx = &f->stx;
+    io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnSourceStat(f, r2); });
+    return;
+  }
+  f->dst_fd = static_cast<int>(r);
+  if (f->size == 0) return Finish(l, f);
+  IssueReads(l, f);
+}
+
+void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
+  Lock l(mu_);
+  if (stopping_) return;
+  if (r < 0) return Fail(l, f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
+  if (!S_ISREG(f->stx.stx_mode)) {
+    return Fail(l, f, absl::InvalidArgumentError(absl::StrCat(f->src_path, " is not a regular file")));
+  }
+  f->size = f->stx.stx_size;
+  f->mtime_sec = f->stx.stx_mtime.tv_sec;
+  f->mtime_nsec = f->stx.stx_mtime.tv_nsec;
+  if (f->ref.size() != 0 && f->ref.size() != f->size) {
+    return Fail(l, f, absl::DataLossError(absl::StrCat(
+                          "shard ", f->src_path, " is ", f->size, " bytes but the index says ",
+                          f->ref.size(), ": it changed since it was indexed; re-index the dataset")));
+  }
+  absl::Status s = cache_->Reserve(f->ref.name(), f->size);
+  if (!s.ok()) return Fail(l, f, s);
+  f->reserved = true;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(f->tmp_path).parent_path(), ec);
+  f->dst_direct = opts_.o_direct;
+  IoOp op;
+  op.kind = IoOp::Kind::kOpen;
+  op.path = f->tmp_path.c_str();
+  op.flags = O_WRONLY | O_CREAT | O_TRUNC | (f->dst_direct ? O_DIRECT : 0);
+  io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnOpened(f, false, r2); });
+}
+
+void StagingEngine::IssueReads(Lock& l, const std::shared_ptr<File>& f) {
+  while (!f->failed && f->next_offset < f->size && !free_buffers_.empty() && !stopping_) {
+    const int b = free_buffers_.back();
+    free_buffers_.pop_back();
+    const uint64_t offset = f->next_offset;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(opts_.block_size, f->size - offset));
+    f->next_offset += len;
+    ++f->in_flight;
+    // The lease returns the buffer to the pool once the kernel is done with it.
+    std::shared_ptr<void> lease(buffers_[b], [this, b](void*) {
+      Lock l2(mu_);
+      free_buffers_.push_back(b);
+      if (!stopping_) Pump(l2);
+    });
+    IoOp op;
+    op.kind = IoOp::Kind::kRead;
+    op.fd = f->src_fd;
+    op.buf = buffers_[b];
+    op.len = f->src_direct ? RoundUp(len) : len;
+    op.offset = offset;
+    op.buf_index = b;
+    io_->Submit(op, OpDeadline(),
+                [this, f, b, offset, len, lease](int64_t r) { OnRead(f, b, offset, len, r, lease); },
+                lease);
+  }
+}
+
+void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offset, size_t len,
+                           int64_t r, const std::shared_ptr<void>& lease) {
+  Lock l(mu_);
+  --f->in_flight;
+  if (stopping_) return;
+  if (f->failed) return Fail(l, f, f->error);
+  if (r < 0) {
+    if (r == -ETIMEDOUT) {
+      return Fail(l, f, absl::DeadlineExceededError(absl::StrCat(
+                            "read of ", f->src_path, " at offset ", offset, " did not finish within ",
+                            absl::FormatDuration(opts_.op_timeout), " (the source stalls)")));
+    }
+    return Fail(l, f, ErrnoStatus(static_cast<int>(-r),
+                                  absl::StrCat("read ", f->src_path, " at offset ", offset)));
+  }
+  if (static_cast<size_t>(r) < len) {
+    return Fail(l, f, absl::DataLossError(absl::StrCat(
+                          "shard ", f->src_path, " shrank while it was staged: the read at offset ",
+                          offset, " ended after ", r, " of ", len, " bytes (it had ", f->size,
+                          " bytes); the shard is being rewritten at the source; retry later")));
+  }
+  f->crcs[offset] = {Crc32cExtend(0, buffers_[b], len), len};
+  size_t wlen = len;
+  if (f->dst_direct && len % kAlign != 0) {
+    wlen = RoundUp(len);
+    std::memset(buffers_[b] + len, 0, wlen - len);
+  }
+  ++f->in_flight;
+  IoOp op;
+  op.kind = IoOp::Kind::kWrite;
+  op.fd = f->dst_fd;
+  op.buf = buffers_[b];
+  op.len = wlen;
+  op.offset = offset;
+  op.buf_index = b;
+  // The write holds the read's lease: the buffer returns to the pool after it.
+  io_->Submit(op, OpDeadline(), [this, f, b, len](int64_t r2) { OnWritten(f, b, len, r2); }, lease);
+}
+
+void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len, int64_t r) {
+  Lock l(mu_);
+  --f->in_flight;
+  if (stopping_) return;
+  if (f->failed) return Fail(l, f, f->error);
+  if (r < 0) {
+    absl::Status s = ErrnoStatus(static_cast<int>(-r), absl::StrCat("write ", f->tmp_path));
+    if (r == -ENOSPC || r == -EDQUOT) {
+      s = absl::ResourceExhaustedError(absl::StrCat(
+          "cache disk full while writing ", f->tmp_path, " (", f->written, " of ", f->size,
+          " bytes written): free space under ", cache_->dir(), " or lower --cache_capacity"));
+    }
+    return Fail(l, f, s);
+  }
+  f->written += len;
+  if (metrics_) metrics_->staged_bytes.Increment(static_cast<double>(len));
+  window_bytes_ += len;
+  const absl::Time now = absl::Now();
+  if (now - window_start_ >= absl::Seconds(1)) {
+    if (metrics_) {
+      metrics_->staging_throughput.Set(window_bytes_ / absl::ToDoubleSeconds(now - window_start_));
+    }
+    window_bytes_ = 0;
+    window_start_ = now;
+  }
+  if (f->written == f->size && f->in_flight == 0) return Finish(l, f);
+  IssueReads(l, f);
+}
+
+void StagingEngine::Finish(Lock& l, const std::shared_ptr<File>& f) {
+  f->finishing = true;
+  IoOp op;
+  op.kind = IoOp::Kind::kStat;
+  op.fd = f->src_fd;
+  op.stx = &f->stx;
+  io_->Submit(op, OpDeadline(), [this, f](int64_t r) { OnFinalStat(f, r); });
+}
+
+void StagingEngine::OnFinalStat(const std::shared_ptr<File>& f, int64_t r) {
+  Lock l(mu_);
+  if (stopping_) return;
+  if (r < 0) return Fail(l, f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
+  if (f->stx.stx_size != f->size || f->stx.stx_mtime.tv_sec != f->mtime_sec ||
+      f->stx.stx_mtime.tv_nsec != f->mtime_nsec) {
+    return Fail(l, f, absl::DataLossError(absl::StrCat(
+                          "shard ", f->src_path, " changed while it was staged (size ", f->size,
+                          " -> ", f->stx.stx_size,
+                          "); the copy was discarded; retry once the source is stable")));
+  }
+  if (f->dst_direct && f->size % kAlign != 0 && ::ftruncate(f->dst_fd, static_cast<off_t>(f->size)) != 0) {
+    return Fail(l, f, ErrnoStatus(errno, absl::StrCat("truncate ", f->tmp_path)));
+  }
+  if (f->ref.crc32c() != 0) {
+    uint32_t crc = 0;
+    for (const auto& [off, c] : f->crcs) crc = Crc32cCombine(crc, c.first, c.second);
+    if (crc != f->ref.crc32c()) {
+      return Fail(l, f, absl::DataLossError(absl::StrCat(
+                            "shard ", f->src_path, " has CRC-32C ", absl::Hex(crc),
+                            " but the index says ", absl::Hex(f->ref.crc32c()),
+                            ": the source copy is corrupt or changed; re-copy it or re-index")));
+    }
+  }
+  IoOp op;
+  op.kind = IoOp::Kind::kFsync;
+  op.fd = f->dst_fd;
+  io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnFsynced(f, r2); });
+}
+
+void StagingEngine::OnFsynced(const std::shared_ptr<File>& f, int64_t r) {
+  Lock l(mu_);
+  if (stopping_) return;
+  if (r < 0) return Fail(l, f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("fsync ", f->tmp_path)));
+  ::close(f->dst_fd);
+  f->dst_fd = -1;
+  ::close(f->src_fd);
+  f->src_fd = -1;
+  if (::rename(f->tmp_path.c_str(), f->dst_path.c_str()) != 0) {
+    return Fail(l, f, ErrnoStatus(errno, absl::StrCat("rename ", f->tmp_path, " to ", f->dst_path)));
+  }
+  cache_->Commit(f->ref.name(), f->size);
+  f->reserved = false;
+  if (metrics_) {
+    metrics_->staged_files.Increment();
+    metrics_->cache_bytes.Set(static_cast<double>(cache_->cached_bytes()));
+  }
+  status_[f->ref.name()].bytes = f->size;
+  Done(l, f, ShardState::kStaged);
+}
+
+void StagingEngine::Fail(Lock& l, const std::shared_ptr<File>& f, absl::Status status) {
+  if (!f->failed) {
+    f->failed = true;
+    f->error = std::move(status);
+  }
+  if (f->in_flight > 0) return;  // cleaned up when the last operation returns
+  if (f->src_fd >= 0) ::close(f->src_fd);
+  if (f->dst_fd >= 0) ::close(f->dst_fd);
+  f->src_fd = f->dst_fd = -1;
+  if (!f->tmp_path.empty()) ::unlink(f->tmp_path.c_str());
+  if (f->reserved) cache_->Abort(f->ref.name());
+  f->reserved = false;
+  if (metrics_) metrics_->staging_failures.Increment();
+  status_[f->ref.name()].error = f->error;
+  failed_at_[f->ref.name()] = absl::Now();
+  Done(l, f, ShardState::kFailed);
+}
+
+void StagingEngine::Done(Lock& l, const std::shared_ptr<File>& f, ShardState state) {
+  const std::string name = f->ref.name();
+  if (active_.erase(name) == 0) return;  // already reported
+  status_[name].state = state;
+  Pump(l);
+  auto fn = listener_;
+  l.unlock();
+  cv_.notify_all();
+  if (fn) fn(name, state);
+  l.lock();
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,123 @@
+// Copies shards from the source directory (an NFS mount, say) into the
+// node-local cache: many files and blocks in flight through one IoService
+// (io_uring by default), registered aligned buffers, optional O_DIRECT,
+// CRC-32C verified when the index knows it, written to a partial name,
+// fsync'd and renamed into place. Shards are copied in priority order (the
+// step that first needs them), so the shards needed first arrive first.
+//
+// Thread-safe. Request/State/Wait may be called from any thread; the copy
+// state machine runs on the IoService thread.
+#ifndef TUTTI_SERVICES_STAGER_STAGING_H_
+#define TUTTI_SERVICES_STAGER_STAGING_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/uring_file.h"
+#include "services/stager/cache.h"
+#include "services/stager/metrics.h"
+#include "tutti/v1/plan.pb.h"
+
+namespace tutti::stager {
+
+struct StagingOptions {
+  std::string source_dir;          // where shards are read from
+  unsigned queue_depth = 64;       // reads and writes in flight (one buffer each)
+  size_t block_size = 1 << 20;     // bytes per read/write; a multiple of 4096
+  unsigned max_files = 32;         // shards copied at the same time
+  bool o_direct = true;            // O_DIRECT writes into the cache (falls back when refused)
+  bool o_direct_source = false;    // O_DIRECT reads from the source
+  bool use_io_uring = true;        // false: a thread pool doing pread/pwrite
+  absl::Duration op_timeout = absl::Seconds(30);  // one open/read/write on the source or cache
+  absl::Duration retry_after = absl::Seconds(10); // a failed shard may be retried after this
+};
+
+enum class ShardState { kUnknown, kPending, kStaging, kStaged, kFailed };
+const char* ShardStateName(ShardState s);
+
+struct ShardStatusInfo {
+  std::string name;
+  ShardState state = ShardState::kUnknown;
+  uint64_t bytes = 0;
+  absl::Status error;
+};
+
+class StagingEngine {
+ public:
+  // backend: null = built from options (io_uring or threads); tests inject a
+  // FaultInjectingBackend. metrics may be null.
+  StagingEngine(StagingOptions options, ShardCache* cache, StagerMetrics* metrics,
+                std::unique_ptr<IoBackend> backend = nullptr);
+  ~StagingEngine();
+
+  absl::Status Start();
+  void Stop();
+
+  // Asks for `shard` to be in the cache; lower priority values go first.
+  // A shard already cached is a hit; re-asking lowers its priority value.
+  void Request(const v1::ShardRef& shard, uint64_t priority);
+  ShardStatusInfo Status(const std::string& name) const;
+  std::vector<ShardStatusInfo> Snapshot() const;
+  // Blocks until every shard in `names` is staged or failed, or until
+  // `deadline`; returns the first failure (or DEADLINE_EXCEEDED).
+  absl::Status Wait(const std::vector<std::string>& names, absl::Time deadline) const;
+  // Called (on the staging thread) whenever a shard is staged or fails.
+  void SetListener(std::function<void(const std::string&, ShardState)> fn);
+
+  const StagingOptions& options() const { return opts_; }
+  const char* backend_name() const;
+
+ private:
+  struct Buffer;
+  struct File;
+  using Lock = std::unique_lock<std::mutex>;
+
+  void Pump(Lock& l);
+  void StartFile(Lock& l, std::shared_ptr<File> f);
+  void IssueReads(Lock& l, const std::shared_ptr<File>& f);
+  void OnOpened(const std::shared_ptr<File>& f, bool source, int64_t r);
+  void OnSourceStat(const std::shared_ptr<File>& f, int64_t r);
+  void OnRead(const std::shared_ptr<File>& f, int buffer, uint64_t offset, size_t len, int64_t r,
+              const std::shared_ptr<void>& lease);
+  void OnWritten(const std::shared_ptr<File>& f, int buffer, size_t len, int64_t r);
+  void Finish(Lock& l, const std::shared_ptr<File>& f);
+  void OnFinalStat(const std::shared_ptr<File>& f, int64_t r);
+  void OnFsynced(const std::shared_ptr<File>& f, int64_t r);
+  void Fail(Lock& l, const std::shared_ptr<File>& f, absl::Status status);
+  void Done(Lock& l, const std::shared_ptr<File>& f, ShardState state);
+  absl::Time OpDeadline() const { return absl::Now() + opts_.op_timeout; }
+
+  StagingOptions opts_;
+  ShardCache* cache_;
+  StagerMetrics* metrics_;
+  std::unique_ptr<IoBackend> injected_;
+  std::unique_ptr<IoService> io_;
+  std::vector<char*> buffers_;  // aligned, registered
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool stopping_ = false;                                   // guarded by mu_
+  std::vector<int> free_buffers_;                           // guarded by mu_
+  std::map<std::string, ShardStatusInfo> status_;           // guarded by mu_
+  std::map<std::string, absl::Time> failed_at_;             // guarded by mu_
+  std::set<std::pair<uint64_t, std::string>> queue_;        // guarded by mu_ (priority, name)
+  std::map<std::string, std::pair<uint64_t, v1::ShardRef>> queued_;  // guarded by mu_
+  std::map<std::string, std::shared_ptr<File>> active_;     // guarded by mu_
+  std::function<void(const std::string&, ShardState)> listener_;
+  // Throughput gauge.
+  uint64_t window_bytes_ = 0;   // guarded by mu_
+  absl::Time window_start_;     // guarded by mu_
+};
+
+}  // namespace tutti::stager
+
+#endif  // TUTTI_SERVICES_STAGER_STAGING_H_

@@ -1,0 +1,45 @@
+// Test fixtures: real WebDataset shards (TarWriter + cv::imencode) and the
+// JobInfo / StepPlan protos a packer would send for them.
+#ifndef TUTTI_SERVICES_STAGER_TEST_DATASET_H_
+#define TUTTI_SERVICES_STAGER_TEST_DATASET_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tutti/v1/packer.pb.h"
+#include "tutti/v1/plan.pb.h"
+
+namespace tutti::stager::testing {
+
+struct DatasetSpec {
+  int shards = 2;
+  int samples_per_shard = 4;
+  int width = 200, height = 150;  // source image size
+  const char* ext = ".jpg";
+  int text_tokens = 12;
+  bool crc = true;                // record CRC-32C in the shard refs
+};
+
+struct Dataset {
+  std::string dir;
+  std::vector<v1::ShardRef> shards;
+  std::vector<v1::SampleInfo> samples;  // sample_id == index; shard = index into `shards`
+};
+
+// Writes the shards under dir (created). Sample i's k.json holds input_ids
+// 1000*i + 0..text_tokens-1.
+Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec);
+
+v1::JobInfo MakeJob(const Dataset& data, uint32_t world_size, uint32_t ranks_per_node,
+                    uint64_t max_pixels = 50176);
+
+// The plan of `step` for `ranks` (empty: all): rank r of step s gets
+// `per_rank` consecutive VL samples (wrapping), one image each, in one VL
+// micro-batch with one sequence.
+v1::StepPlan MakePlan(const Dataset& data, const v1::JobInfo& job, uint64_t step,
+                      const std::vector<uint32_t>& ranks, int per_rank);
+
+}  // namespace tutti::stager::testing
+
+#endif  // TUTTI_SERVICES_STAGER_TEST_DATASET_H_

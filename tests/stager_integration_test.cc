@@ -1,0 +1,274 @@
+// tutti-stagerd over gRPC against a small tutti.v1.Packer test fixture that
+// serves precomputed plans (the end-to-end test with tutti-packerd lives
+// with the packer). Covers plan intake, AcquireBatch/ReleaseBatch through
+// shared memory, /metrics, a packer that starts late, a step the packer
+// cannot serve, a port in use, and SIGTERM on the real daemon.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/file_io.h"
+#include "common/grpc_status.h"
+#include "common/shm.h"
+#include "gtest/gtest.h"
+#include "services/stager/stager_server.h"
+#include "services/stager/test_dataset.h"
+#include "tutti/v1/packer.grpc.pb.h"
+#include "tutti/v1/stager.grpc.pb.h"
+
+namespace tutti::stager {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Test fixture: serves GetJob and plans computed by testing::MakePlan, up
+// to (not including) `end_step`, after which StreamPlans reports
+// OUT_OF_RANGE as a packer does at the end of the dataset.
+class FixturePacker final : public v1::Packer::Service {
+ public:
+  FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step)
+      : data_(std::move(data)), job_(std::move(job)), end_(end_step) {}
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo* out) override {
+    *out = job_;
+    return grpc::Status::OK;
+  }
+  grpc::Status StreamPlans(grpc::ServerContext* ctx, const v1::StreamPlansRequest* req,
+                           grpc::ServerWriter<v1::StepPlan>* w) override {
+    std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
+    for (uint64_t s = req->start_step(); !ctx->IsCancelled(); ++s) {
+      if (s >= end_) {
+        return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                            "step " + std::to_string(s) + " is past the end of the dataset");
+      }
+      if (!w->Write(testing::MakePlan(data_, job_, s, ranks, 2))) break;
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status GetPlan(grpc::ServerContext*, const v1::GetPlanRequest* req, v1::StepPlan* out) override {
+    *out = testing::MakePlan(data_, job_, req->step(), {req->ranks().begin(), req->ranks().end()}, 2);
+    return grpc::Status::OK;
+  }
+
+ private:
+  testing::Dataset data_;
+  v1::JobInfo job_;
+  uint64_t end_;
+};
+
+struct Env {
+  std::string root;
+  testing::Dataset data;
+  v1::JobInfo job;
+  std::unique_ptr<FixturePacker> packer;
+  std::unique_ptr<grpc::Server> packer_server;
+  int packer_port = 0;
+
+  explicit Env(const std::string& name, uint64_t end_step = 6) {
+    root = ::testing::TempDir() + "/stagerd_" + name + "_" + std::to_string(::getpid());
+    fs::remove_all(root);
+    data = testing::WriteDataset(root + "/src", {.shards = 2, .samples_per_shard = 8});
+    job = testing::MakeJob(data, 4, 2);
+    job.mutable_config()->set_job_id("itest-" + name);
+    packer = std::make_unique<FixturePacker>(data, job, end_step);
+  }
+  void StartPacker(int port = 0) {
+    auto s = StartGrpcServer("127.0.0.1:" + std::to_string(port), {packer.get()}, &packer_port);
+    ASSERT_TRUE(s.ok()) << s.status();
+    packer_server = std::move(*s);
+  }
+  StagerServerOptions Options() {
+    StagerServerOptions o;
+    o.packer = "127.0.0.1:" + std::to_string(packer_port);
+    o.listen = "127.0.0.1:0";
+    o.metrics = "127.0.0.1:0";
+    o.packer_wait = absl::Seconds(20);
+    o.core.node = 0;
+    o.core.cache_dir = root + "/cache";
+    o.core.staging.source_dir = data.dir;
+    o.core.staging.queue_depth = 8;
+    o.core.staging.block_size = 65536;
+    o.core.decode_threads = 2;
+    o.core.window = 2;
+    o.core.stage_ahead = 2;
+    return o;
+  }
+};
+
+std::unique_ptr<v1::Stager::Stub> Client(int port) {
+  return v1::Stager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(port)));
+}
+
+grpc::Status Acquire(v1::Stager::Stub& stub, uint64_t step, uint32_t rank, uint32_t timeout_ms,
+                     v1::BatchDescriptor* out) {
+  grpc::ClientContext ctx;
+  v1::AcquireBatchRequest req;
+  req.set_step(step);
+  req.set_rank(rank);
+  req.set_timeout_ms(timeout_ms);
+  return stub.AcquireBatch(&ctx, req, out);
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  [[maybe_unused]] ssize_t w = ::write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+TEST(StagerDaemonTest, ServesBatchesOverGrpcAndSharedMemory) {
+  Env env("grpc");
+  env.StartPacker();
+  StagerServer server(env.Options());
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  for (uint64_t step = 0; step < 4; ++step) {
+    for (uint32_t rank : {0u, 1u}) {
+      v1::BatchDescriptor d;
+      grpc::Status s = Acquire(*stub, step, rank, 20000, &d);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(d.step(), step);
+      EXPECT_EQ(d.plan().rank(), rank);
+      auto seg = ShmSegment::Open(d.shm_name(), false);
+      ASSERT_TRUE(seg.ok()) << seg.status();
+      EXPECT_EQ((*seg)->size(), d.shm_size());
+      grpc::ClientContext ctx;
+      v1::ReleaseBatchRequest rel;
+      rel.set_step(step);
+      rel.set_rank(rank);
+      v1::ReleaseBatchResponse resp;
+      ASSERT_TRUE(stub->ReleaseBatch(&ctx, rel, &resp).ok());
+    }
+  }
+  v1::BatchDescriptor d;
+  grpc::Status wrong = Acquire(*stub, 4, 3, 100, &d);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(wrong.error_message().find("serves ranks 0..1"), std::string::npos);
+  grpc::Status old = Acquire(*stub, 1, 0, 100, &d);
+  EXPECT_EQ(old.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  const std::string metrics = HttpGet(server.metrics_port(), "/metrics");
+  for (const char* name : {"tutti_stager_staged_bytes_total", "tutti_stager_cache_misses_total",
+                           "tutti_stager_decode_seconds", "tutti_stager_client_wait_seconds",
+                           "tutti_stager_window_batches", "tutti_stager_skipped_samples_total"}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name;
+  }
+  grpc::ClientContext sctx;
+  v1::StageStatus st;
+  ASSERT_TRUE(stub->GetStageStatus(&sctx, v1::GetStageStatusRequest(), &st).ok());
+  EXPECT_EQ(st.staged_files(), 2u);
+  server.Shutdown();
+}
+
+TEST(StagerDaemonTest, StepThePackerCannotServeIsPassedThrough) {
+  Env env("end", /*end_step=*/2);
+  env.StartPacker();
+  StagerServer server(env.Options());
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  v1::BatchDescriptor d;
+  ASSERT_TRUE(Acquire(*stub, 0, 0, 20000, &d).ok());
+  grpc::Status s = Acquire(*stub, 2, 0, 5000, &d);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  EXPECT_NE(s.error_message().find("packer cannot serve step 2"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("past the end of the dataset"), std::string::npos);
+}
+
+TEST(StagerDaemonTest, WaitsForAPackerThatStartsLate) {
+  Env env("late");
+  // Reserve a port for the packer, then start it after the stager.
+  int port = 0;
+  {
+    FixturePacker other(env.data, env.job, 1);
+    auto probe = StartGrpcServer("127.0.0.1:0", {&other}, &port);
+    ASSERT_TRUE(probe.ok());
+    (*probe)->Shutdown();
+  }
+  env.packer_port = port;
+  StagerServer server(env.Options());
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(700));
+    env.StartPacker(port);
+  });
+  absl::Status s = server.Start();
+  later.join();
+  ASSERT_TRUE(s.ok()) << s;
+  v1::BatchDescriptor d;
+  EXPECT_TRUE(Acquire(*Client(server.grpc_port()), 0, 1, 20000, &d).ok());
+}
+
+TEST(StagerDaemonTest, PortInUseIsAClearError) {
+  Env env("port");
+  env.StartPacker();
+  StagerServer a(env.Options());
+  ASSERT_TRUE(a.Start().ok());
+  StagerServerOptions o = env.Options();
+  o.listen = "127.0.0.1:" + std::to_string(a.grpc_port());
+  o.core.cache_dir = env.root + "/cache2";
+  StagerServer b(o);
+  absl::Status s = b.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find(std::to_string(a.grpc_port())), std::string::npos) << s;
+  StagerServerOptions m = env.Options();
+  m.metrics = "127.0.0.1:" + std::to_string(a.metrics_port());
+  m.core.cache_dir = env.root + "/cache3";
+  StagerServer c(m);
+  absl::Status sm = c.Start();
+  EXPECT_EQ(sm.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(sm.message().find("--metrics"), std::string::npos) << sm;
+}
+
+TEST(StagerDaemonTest, DaemonShutsDownCleanlyOnSigterm) {
+  Env env("sigterm");
+  env.StartPacker();
+  const std::string port_file = env.root + "/ports";
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string packer = "--packer=127.0.0.1:" + std::to_string(env.packer_port);
+    const std::string source = "--source=" + env.data.dir;
+    const std::string cache = "--cache=" + env.root + "/cache";
+    const std::string ports = "--port_file=" + port_file;
+    ::execl(TUTTI_STAGERD_BINARY, "tutti-stagerd", packer.c_str(), source.c_str(), cache.c_str(),
+            ports.c_str(), "--listen=127.0.0.1:0", "--metrics=127.0.0.1:0", "--window=2",
+            "--queue_depth=8", "--decode_threads=1", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!fs::exists(port_file) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(fs::exists(port_file));
+  auto text = ReadFileToString(port_file);
+  ASSERT_TRUE(text.ok());
+  const int grpc_port = std::stoi(text->substr(text->find("grpc=") + 5));
+  v1::BatchDescriptor d;
+  ASSERT_TRUE(Acquire(*Client(grpc_port), 0, 0, 20000, &d).ok());
+  const std::string shm = "/dev/shm" + d.shm_name();
+  EXPECT_TRUE(fs::exists(shm));
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_FALSE(fs::exists(shm));
+}
+
+}  // namespace
+}  // namespace tutti::stager
