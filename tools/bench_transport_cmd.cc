@@ -1,7 +1,7 @@
-// `tutti bench exchange`: the plan's all-to-all through MpiTransport, against
+// `tutti bench transport`: a plan's all-to-all through MpiTransport, against
 // raw MPI_Alltoallv of the same bytes in the same run, so the cost of the
 // plan layout and of the cross-rank agreement is visible. Run under mpirun:
-//   mpirun -np 4 tutti bench exchange --sizes 64K,1M,16M
+//   mpirun -np 4 tutti bench transport --sizes 64K,1M,16M
 #include <mpi.h>
 
 #include <algorithm>
@@ -74,7 +74,7 @@ int RunBenchExchange(int argc, char** argv) {
   uint32_t iterations = 20, warmup = 3;
   bool json = false;
   tutti::tools::Cli cli(
-      "mpirun -np N tutti bench exchange [options]",
+      "mpirun -np N tutti bench transport [options]",
       "Times the plan's all-to-all through tutti's MPI transport (with and without the\n"
       "cross-rank agreement) against raw MPI_Alltoallv of the same bytes, per size of\n"
       "each rank's send buffer (spread evenly over all ranks). Times are the median over\n"
@@ -89,19 +89,19 @@ int RunBenchExchange(int argc, char** argv) {
   for (absl::string_view s : absl::StrSplit(sizes, ',', absl::SkipWhitespace())) {
     uint64_t v = 0;
     if (!ParseSize(s, &v)) {
-      std::fprintf(stderr, "tutti bench exchange: --sizes: cannot read '%s' (e.g. 64K,1M)\n",
+      std::fprintf(stderr, "tutti bench transport: --sizes: cannot read '%s' (e.g. 64K,1M)\n",
                    std::string(s).c_str());
       return 2;
     }
     list.push_back(v);
   }
   if (list.empty() || iterations == 0) {
-    std::fprintf(stderr, "tutti bench exchange: give at least one size and one iteration\n");
+    std::fprintf(stderr, "tutti bench transport: give at least one size and one iteration\n");
     return 2;
   }
   auto verified = tutti::MpiTransport::CreateWorld();
   if (!verified.ok()) {
-    std::fprintf(stderr, "tutti bench exchange: %s\n",
+    std::fprintf(stderr, "tutti bench transport: %s\n",
                  std::string(verified.status().message()).c_str());
     return 1;
   }
@@ -138,7 +138,7 @@ int RunBenchExchange(int argc, char** argv) {
       if (!s.ok()) status = s;
     });
     if (!status.ok()) {
-      std::fprintf(stderr, "tutti bench exchange rank %u: %s\n", rank,
+      std::fprintf(stderr, "tutti bench transport rank %u: %s\n", rank,
                    std::string(status.message()).c_str());
       return 1;
     }
@@ -161,5 +161,5 @@ int RunBenchExchange(int argc, char** argv) {
 
 }  // namespace
 
-TUTTI_COMMAND("bench exchange", "time the plan all-to-all (MPI) against raw MPI_Alltoallv",
+TUTTI_COMMAND("bench transport", "time the MPI transport against raw MPI_Alltoallv by message size",
               RunBenchExchange);
