@@ -1,0 +1,111 @@
+// The LLM phase: every document (sample) goes into one sequence slot of one
+// rank, text-only and VL documents into their own sequences, under seq_len,
+// balancing the ranks' LLM cost; among balanced placements, the node-aware
+// rearrangement picks one that moves few bytes between nodes.
+//
+// The rearrangement problem (shared by the fast algorithm here and the exact
+// GLPK reference in llm_ilp.h, so their objectives are the same):
+//   place every doc d on a rank r and a sequence of its modality, with
+//     sequence tokens <= seq_len and every rank's LLM cost <= bound,
+//   minimising  sum_d bytes(d, node(r_d)),
+//     bytes(d, n) = affinity.base[d] - affinity.saved(d, n):
+//   the encoder outputs (and remote token ids) of d that must cross nodes
+//   when d's LLM rank is on node n.
+#ifndef TUTTI_SERVICES_PACKER_DISPATCH_LLM_PHASE_H_
+#define TUTTI_SERVICES_PACKER_DISPATCH_LLM_PHASE_H_
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/cost_model.h"
+#include "services/packer/dispatch/dispatch_types.h"
+#include "services/packer/dispatch/sequence_state.h"
+
+namespace tutti::dispatch {
+
+struct LlmDoc {
+  uint32_t tokens = 0;
+  bool vl = false;
+};
+
+// Per doc, the bytes that cross nodes for each node its LLM rank may be on,
+// stored sparsely: bytes(d, n) = base[d] - saved(d, n), saved = 0 for nodes
+// not listed. Build with AddDoc in doc order.
+class NodeAffinity {
+ public:
+  struct Entry {
+    uint32_t node;
+    uint64_t saved;
+  };
+  // Entries may repeat a node (they are summed) and come in any order.
+  void AddDoc(uint64_t base, std::vector<Entry> entries);
+  size_t docs() const { return base_.size(); }
+  uint64_t base(uint32_t d) const { return base_.empty() ? 0 : base_[d]; }
+  uint64_t Bytes(uint32_t d, uint32_t node) const;
+  // The doc's listed nodes, by node index.
+  const Entry* begin(uint32_t d) const { return entries_.data() + offset_[d]; }
+  const Entry* end(uint32_t d) const { return entries_.data() + offset_[d + 1]; }
+  bool empty() const { return base_.empty(); }
+
+ private:
+  std::vector<uint64_t> base_;
+  std::vector<uint32_t> offset_ = {0};
+  std::vector<Entry> entries_;
+};
+
+struct LlmProblem {
+  ClusterShape cluster;
+  SlotLayout slots;
+  CostModelOptions cost;
+  bool padded = false;
+  std::vector<LlmDoc> docs;
+  NodeAffinity affinity;  // empty: no bytes anywhere (node-oblivious)
+  double bound = std::numeric_limits<double>::infinity();  // max rank cost allowed
+};
+
+struct LlmAssignment {
+  std::vector<uint32_t> rank;  // per doc
+  std::vector<uint32_t> seq;   // per doc: sequence slot within its rank
+};
+
+// max(mean, largest single doc) for the cost variant. Padded: the mean is
+// bounded through Jensen (a modality's tokens spread evenly over all its
+// sequences) and a doc costs at least micro_batch_size * Llm(tokens).
+double LlmLowerBound(const LlmProblem& problem);
+
+// Node-oblivious balance: LPT on LLM cost into the ranks' sequences, then
+// local search (moves and swaps off the most loaded rank). Ignores affinity
+// and bound. RESOURCE_EXHAUSTED when the docs do not fit the sequences.
+absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rounds);
+
+struct RearrangeResult {
+  LlmAssignment assignment;
+  double bound = 0;        // the bound kept: problem.bound, or the balanced makespan if higher
+  bool fell_back = false;  // greedy missed problem.bound; started from the balanced placement
+};
+
+// The fast node-aware rearrangement: LPT order, each doc to the least loaded
+// rank of its cheapest node that stays within problem.bound (docs without
+// affinity to the least loaded rank anywhere), then local search that moves
+// or swaps docs to cheaper nodes within the bound, and balance moves that
+// never add bytes. If the greedy misses the bound, it starts instead from the
+// node-oblivious `balanced` placement (computed with BalanceLlm when null)
+// and keeps to max(problem.bound, its makespan). Fails only as BalanceLlm.
+absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t rounds,
+                                             const LlmAssignment* balanced = nullptr);
+
+// Recomputed from scratch (no incremental drift).
+std::vector<double> LlmRankCosts(const LlmProblem& problem, const LlmAssignment& a);
+uint64_t LlmInterNodeBytes(const LlmProblem& problem, const LlmAssignment& a);
+
+// Every doc placed once, in a sequence of its modality, within seq_len; with
+// check_bound, every rank's cost within problem.bound (relative slack 1e-9).
+absl::Status CheckLlmAssignment(const LlmProblem& problem, const LlmAssignment& a,
+                                bool check_bound);
+
+}  // namespace tutti::dispatch
+
+#endif  // TUTTI_SERVICES_PACKER_DISPATCH_LLM_PHASE_H_

@@ -1,0 +1,54 @@
+// A tournament tree over a vector of keys: the index of the smallest key
+// (ties: lowest index) in O(1), re-reading one changed key in O(log n).
+// Masked entries count as +infinity. Not thread-safe.
+#ifndef TUTTI_SERVICES_PACKER_DISPATCH_MIN_TREE_H_
+#define TUTTI_SERVICES_PACKER_DISPATCH_MIN_TREE_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace tutti::dispatch {
+
+class MinTree {
+ public:
+  static constexpr uint32_t kNone = ~0u;
+
+  // `keys` must outlive the tree; call Update(i) after keys[i] changes.
+  explicit MinTree(const std::vector<double>* keys) : keys_(keys), masked_(keys->size(), 0) {
+    const uint32_t n = static_cast<uint32_t>(keys->size());
+    leaves_ = 1;
+    while (leaves_ < n) leaves_ *= 2;
+    tree_.assign(2 * leaves_, kNone);
+    for (uint32_t i = 0; i < n; ++i) tree_[leaves_ + i] = i;
+    for (uint32_t v = leaves_ - 1; v >= 1; --v) tree_[v] = Pick(tree_[2 * v], tree_[2 * v + 1]);
+  }
+
+  void Update(uint32_t i) {
+    for (uint32_t v = (leaves_ + i) / 2; v >= 1; v /= 2) {
+      tree_[v] = Pick(tree_[2 * v], tree_[2 * v + 1]);
+    }
+  }
+  void Mask(uint32_t i, bool masked) {
+    masked_[i] = masked;
+    Update(i);
+  }
+  // kNone when every entry is masked (or there are none).
+  uint32_t Min() const { return tree_.size() > 1 ? tree_[1] : kNone; }
+
+ private:
+  uint32_t Pick(uint32_t a, uint32_t b) const {
+    if (a == kNone || masked_[a]) return (b == kNone || masked_[b]) ? kNone : b;
+    if (b == kNone || masked_[b]) return a;
+    const double ka = (*keys_)[a], kb = (*keys_)[b];
+    return (kb < ka || (kb == ka && b < a)) ? b : a;
+  }
+
+  const std::vector<double>* keys_;
+  std::vector<uint8_t> masked_;
+  uint32_t leaves_ = 1;
+  std::vector<uint32_t> tree_;  // 1-based heap layout; leaves at [leaves_, 2 leaves_)
+};
+
+}  // namespace tutti::dispatch
+
+#endif  // TUTTI_SERVICES_PACKER_DISPATCH_MIN_TREE_H_
