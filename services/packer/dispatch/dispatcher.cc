@@ -202,17 +202,17 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
   ids.reserve(in.samples.size());
   uint64_t tokens[2] = {0, 0};
   for (const Sample& s : in.samples) {
-    const std::string who = absl::StrCat("sample ", s.sample_id);
+    auto who = [&s] { return absl::StrCat("sample ", s.sample_id); };
     if (!ids.insert(s.sample_id).second) {
-      return absl::InvalidArgumentError(absl::StrCat(who, " appears twice in the step"));
+      return absl::InvalidArgumentError(absl::StrCat(who(), " appears twice in the step"));
     }
     if (s.drawn_rank >= c.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(who, " was drawn by rank ", s.drawn_rank,
+      return absl::InvalidArgumentError(absl::StrCat(who(), " was drawn by rank ", s.drawn_rank,
                                                      ", outside world_size ", c.world_size));
     }
     if (s.llm_tokens == 0 || s.llm_tokens > sl.seq_len) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who, " has ", s.llm_tokens, " LLM tokens; a document needs 1 to seq_len (", sl.seq_len,
+          who(), " has ", s.llm_tokens, " LLM tokens; a document needs 1 to seq_len (", sl.seq_len,
           ") tokens: drop or truncate it when sampling, or raise seq_len"));
     }
     uint64_t encoder_tokens = 0;
@@ -222,7 +222,7 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
       for (const EncoderItem& it : s.items[e]) {
         if (it.units == 0) {
           return absl::InvalidArgumentError(absl::StrCat(
-              who, " has an empty ", EncoderPhaseName(kEncoders[e]), " item (index ", it.index,
+              who(), " has an empty ", EncoderPhaseName(kEncoders[e]), " item (index ", it.index,
               "): every image or audio clip needs at least one patch or token"));
         }
         encoder_tokens += it.output_tokens;
@@ -230,23 +230,23 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
     }
     if (s.vl != (items > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who, s.vl ? " is VL but has no images or audio" : " is text-only but has images or audio",
+          who(), s.vl ? " is VL but has no images or audio" : " is text-only but has images or audio",
           "; its modality must match its members"));
     }
     if (encoder_tokens > s.llm_tokens) {
       return absl::InvalidArgumentError(
-          absl::StrCat(who, " has ", encoder_tokens, " encoder tokens but only ", s.llm_tokens,
+          absl::StrCat(who(), " has ", encoder_tokens, " encoder tokens but only ", s.llm_tokens,
                        " LLM tokens; llm_tokens must include every encoder token"));
     }
     if (!av.all()) {
       if (s.shard >= av.shards()) {
-        return absl::InvalidArgumentError(absl::StrCat(who, " is in shard ", s.shard,
+        return absl::InvalidArgumentError(absl::StrCat(who(), " is in shard ", s.shard,
                                                        ", outside the availability bitmap of ",
                                                        av.shards(), " shards"));
       }
       if (!staged_somewhere[s.shard]) {
         return absl::FailedPreconditionError(absl::StrCat(
-            who, " is in shard ", s.shard, ", which no node's stager has staged; stage it first"));
+            who(), " is in shard ", s.shard, ", which no node's stager has staged; stage it first"));
       }
     }
     tokens[s.vl] += s.llm_tokens;
@@ -349,7 +349,7 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
         }
       }
     }
-    llm.affinity.AddDoc(base, entries);
+    llm.affinity.AddDoc(base, &entries);
   }
   return inst;
 }
@@ -444,11 +444,32 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
     const size_t items = f.sample.size();
     std::vector<uint32_t> order(items);
     std::iota(order.begin(), order.end(), 0u);
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-      const uint32_t sa = f.sample[a], sb = f.sample[b];
-      return std::make_tuple(ep.rank[a], assignment.rank[sa], llm_pos[sa], f.local[a]) <
-             std::make_tuple(ep.rank[b], assignment.rank[sb], llm_pos[sb], f.local[b]);
-    });
+    // By (encoder rank, LLM rank, LLM position); the position names the
+    // sample, the local index breaks ties within it. Packed into one key
+    // when the fields fit (they do unless ranks, documents per rank or
+    // items per sample are in the tens of thousands).
+    uint32_t max_pos = 0, max_local = 0;
+    for (size_t i = 0; i < items; ++i) {
+      max_pos = std::max(max_pos, llm_pos[f.sample[i]]);
+      max_local = std::max(max_local, f.local[i]);
+    }
+    if (W <= (1u << 16) && max_pos < (1u << 20) && max_local < (1u << 12)) {
+      std::vector<std::pair<uint64_t, uint32_t>> keyed(items);
+      for (uint32_t i = 0; i < items; ++i) {
+        const uint32_t s = f.sample[i];
+        keyed[i] = {(uint64_t{ep.rank[i]} << 48) | (uint64_t{assignment.rank[s]} << 32) |
+                        (uint64_t{llm_pos[s]} << 12) | f.local[i],
+                    i};
+      }
+      std::sort(keyed.begin(), keyed.end());
+      for (uint32_t k = 0; k < items; ++k) order[k] = keyed[k].second;
+    } else {
+      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        const uint32_t sa = f.sample[a], sb = f.sample[b];
+        return std::make_tuple(ep.rank[a], assignment.rank[sa], llm_pos[sa], f.local[a]) <
+               std::make_tuple(ep.rank[b], assignment.rank[sb], llm_pos[sb], f.local[b]);
+      });
+    }
     ep.rank_items.assign(W, {});
     ep.rank_cost.assign(W, 0.0);
     ep.remote_load.assign(items, 0);

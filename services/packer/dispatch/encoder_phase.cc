@@ -21,24 +21,61 @@ bool Within(double cost, double bound) { return cost <= bound + 1e-9 * std::abs(
 }  // namespace
 
 void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<uint32_t>* rank) {
-  const uint32_t rpn = p.cluster.ranks_per_node;
+  const uint32_t rpn = p.cluster.ranks_per_node, W = p.cluster.world_size;
   if (rpn <= 1) return;
-  std::vector<std::vector<uint32_t>> by_node(p.cluster.nodes());
-  for (uint32_t i = 0; i < rank->size(); ++i) by_node[p.cluster.node_of((*rank)[i])].push_back(i);
-  std::vector<double> costs;
-  std::vector<uint32_t> local;
-  for (uint32_t n = 0; n < by_node.size(); ++n) {
-    costs.clear();
-    local.clear();
-    for (uint32_t i : by_node[n]) {
-      costs.push_back(p.cost[i]);
-      local.push_back((*rank)[i] - n * rpn);
+  std::vector<std::vector<uint32_t>> members(W);
+  std::vector<double> load(W, 0.0);
+  for (uint32_t i = 0; i < rank->size(); ++i) {
+    members[(*rank)[i]].push_back(i);
+    load[(*rank)[i]] += p.cost[i];
+  }
+  auto by_cost = [&](uint32_t a, uint32_t b) {
+    return p.cost[a] != p.cost[b] ? p.cost[a] < p.cost[b] : a < b;
+  };
+  std::vector<uint32_t> lo_sorted;
+  for (uint32_t n = 0; n < p.cluster.nodes(); ++n) {
+    const uint32_t first = n * rpn;
+    for (uint32_t step = 0; step < rounds * rpn; ++step) {
+      uint32_t hi = first, lo = first;
+      for (uint32_t r = first + 1; r < first + rpn; ++r) {
+        if (load[r] > load[hi]) hi = r;
+        if (load[r] < load[lo]) lo = r;
+      }
+      const double gap = load[hi] - load[lo];
+      if (gap <= 1e-4 * load[hi]) break;
+      // Shift d from hi to lo (0 < d < gap); best is d closest to gap / 2,
+      // by moving one item or swapping one of hi's with a smaller one of lo's.
+      lo_sorted = members[lo];
+      std::sort(lo_sorted.begin(), lo_sorted.end(), by_cost);
+      double best = gap;  // |d - gap/2| must beat gap/2 to help
+      uint32_t bi = ~0u, bj = ~0u;
+      auto consider = [&](uint32_t i, uint32_t j, double d) {
+        if (d <= 0 || d >= gap) return;
+        const double miss = std::abs(d - gap / 2);
+        if (miss < best) best = miss, bi = i, bj = j;
+      };
+      for (uint32_t i : members[hi]) {
+        consider(i, ~0u, p.cost[i]);
+        const double want = p.cost[i] - gap / 2;
+        auto it = std::lower_bound(lo_sorted.begin(), lo_sorted.end(), want,
+                                   [&](uint32_t j, double v) { return p.cost[j] < v; });
+        if (it != lo_sorted.end()) consider(i, *it, p.cost[i] - p.cost[*it]);
+        if (it != lo_sorted.begin()) consider(i, *(it - 1), p.cost[i] - p.cost[*(it - 1)]);
+      }
+      if (bi == ~0u) break;
+      auto move = [&](uint32_t item, uint32_t from, uint32_t to) {
+        auto& m = members[from];
+        m.erase(std::find(m.begin(), m.end(), item));
+        members[to].push_back(item);
+        load[from] -= p.cost[item];
+        load[to] += p.cost[item];
+        (*rank)[item] = to;
+      };
+      move(bi, hi, lo);
+      if (bj != ~0u) move(bj, lo, hi);
     }
-    ImproveMakespan(costs, rpn, rounds, &local);
-    for (size_t k = 0; k < by_node[n].size(); ++k) (*rank)[by_node[n][k]] = n * rpn + local[k];
   }
 }
-
 
 std::vector<uint32_t> BalanceEncoder(const EncoderProblem& problem, uint32_t kk_max_ranks,
                                      uint32_t rounds) {
@@ -92,8 +129,11 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
     }
     items.clear();
     for (uint32_t i = first; i < groups[g].second; ++i) items.push_back(i);
-    std::stable_sort(items.begin(), items.end(),
-                     [&](uint32_t a, uint32_t b) { return p.cost[a] > p.cost[b]; });
+    for (size_t k = 1; k < items.size(); ++k) {  // insertion sort: a sample has few items
+      for (size_t m = k; m > 0 && p.cost[items[m]] > p.cost[items[m - 1]]; --m) {
+        std::swap(items[m], items[m - 1]);
+      }
+    }
     for (uint32_t i : items) {
       const double c = p.cost[i];
       uint32_t r = least_in_node(home, c);

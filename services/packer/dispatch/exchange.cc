@@ -16,19 +16,37 @@ std::vector<uint32_t> StableBy(const std::vector<uint32_t>& in, uint32_t keys, K
   return out;
 }
 
-// Appends the moves (sorted by (owner, peer, original order)) as transfers.
+// Appends the moves (sorted by (owner, peer, original order)) as transfers,
+// sizing every list before filling it.
 template <typename Owner, typename Peer>
 void Group(const std::vector<Move>& moves, const std::vector<uint32_t>& sorted, Owner owner,
            Peer peer, std::vector<RankExchange>* out, bool sends) {
-  for (uint32_t m : sorted) {
-    RankExchange& x = (*out)[owner(m)];
-    std::vector<Transfer>& list = sends ? x.sends : x.recvs;
-    if (list.empty() || list.back().peer != peer(m)) {
-      list.push_back(Transfer{peer(m), 0, {}});
+  // Pass 1: transfers per owner.
+  std::vector<uint32_t> transfers(out->size(), 0);
+  for (size_t k = 0; k < sorted.size(); ++k) {
+    const uint32_t m = sorted[k];
+    if (k == 0 || owner(sorted[k - 1]) != owner(m) || peer(sorted[k - 1]) != peer(m)) {
+      ++transfers[owner(m)];
     }
-    list.back().bytes += moves[m].item.bytes;
-    list.back().items.push_back(moves[m].item);
-    (sends ? x.send_bytes : x.recv_bytes) += moves[m].item.bytes;
+  }
+  for (size_t r = 0; r < out->size(); ++r) {
+    (sends ? (*out)[r].sends : (*out)[r].recvs).reserve(transfers[r]);
+  }
+  // Pass 2: one run of equal (owner, peer) per transfer.
+  for (size_t k = 0; k < sorted.size();) {
+    const uint32_t o = owner(sorted[k]), p = peer(sorted[k]);
+    size_t end = k;
+    while (end < sorted.size() && owner(sorted[end]) == o && peer(sorted[end]) == p) ++end;
+    RankExchange& x = (*out)[o];
+    Transfer t;
+    t.peer = p;
+    t.items.reserve(end - k);
+    for (; k < end; ++k) {
+      t.bytes += moves[sorted[k]].item.bytes;
+      t.items.push_back(moves[sorted[k]].item);
+    }
+    (sends ? x.send_bytes : x.recv_bytes) += t.bytes;
+    (sends ? x.sends : x.recvs).push_back(std::move(t));
   }
 }
 

@@ -131,9 +131,11 @@ class Placer {
     return best;
   }
 
-  // Listed nodes of d cheaper than `than`, cheapest first.
-  std::vector<std::pair<uint64_t, uint32_t>> CheaperNodes(uint32_t d, uint64_t than) const {
-    std::vector<std::pair<uint64_t, uint32_t>> nodes;
+  // Listed nodes of d cheaper than `than`, cheapest first. The result is
+  // valid until the next call.
+  const std::vector<std::pair<uint64_t, uint32_t>>& CheaperNodes(uint32_t d, uint64_t than) {
+    auto& nodes = cheaper_;
+    nodes.clear();
     if (p_.affinity.empty()) return nodes;
     for (const auto* e = p_.affinity.begin(d); e != p_.affinity.end(d); ++e) {
       const uint64_t b = p_.affinity.base(d) - e->saved;
@@ -224,6 +226,7 @@ class Placer {
   bool trees_live_ = true;  // kept up to date until the greedy is done
   uint32_t smallest_[2] = {~0u, ~0u};  // smallest doc tokens per modality
   double lower_bound_;
+  std::vector<std::pair<uint64_t, uint32_t>> cheaper_;
   // Ranks out of a modality's tree for lack of room, by room (max first).
   std::priority_queue<std::pair<uint32_t, uint32_t>> parked_[2];
   // Ranks by cost, kept only while ImproveBalance runs.
@@ -408,14 +411,18 @@ void Placer::ImproveLocality(double bound) {
 
 }  // namespace
 
-void NodeAffinity::AddDoc(uint64_t base, std::vector<Entry> entries) {
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.node < b.node; });
-  for (const Entry& e : entries) {
-    if (!entries_.empty() && entries_.size() > offset_.back() && entries_.back().node == e.node) {
-      entries_.back().saved += e.saved;
-    } else if (e.saved > 0) {
-      entries_.push_back(e);
+void NodeAffinity::AddDoc(uint64_t base, std::vector<Entry>* entries) {
+  // Insertion sort by node: a doc lists a handful of nodes.
+  std::vector<Entry>& e = *entries;
+  for (size_t i = 1; i < e.size(); ++i) {
+    for (size_t k = i; k > 0 && e[k].node < e[k - 1].node; --k) std::swap(e[k], e[k - 1]);
+  }
+  const size_t first = entries_.size();
+  for (const Entry& x : e) {
+    if (entries_.size() > first && entries_.back().node == x.node) {
+      entries_.back().saved += x.saved;
+    } else if (x.saved > 0) {
+      entries_.push_back(x);
     }
   }
   base_.push_back(base);

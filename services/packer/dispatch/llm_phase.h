@@ -40,8 +40,9 @@ class NodeAffinity {
     uint32_t node;
     uint64_t saved;
   };
-  // Entries may repeat a node (they are summed) and come in any order.
-  void AddDoc(uint64_t base, std::vector<Entry> entries);
+  // Entries may repeat a node (they are summed) and come in any order;
+  // *entries is reordered.
+  void AddDoc(uint64_t base, std::vector<Entry>* entries);
   size_t docs() const { return base_.size(); }
   uint64_t base(uint32_t d) const { return base_.empty() ? 0 : base_[d]; }
   uint64_t Bytes(uint32_t d, uint32_t node) const;

@@ -1,10 +1,12 @@
 // A tournament tree over a vector of keys: the index of the smallest key
-// (ties: lowest index) in O(1), re-reading one changed key in O(log n).
+// (ties: lowest index) in O(1), re-reading one changed key in O(log n)
+// (often O(1): the walk stops where the subtree's minimum is unchanged).
 // Masked entries count as +infinity. Not thread-safe.
 #ifndef TUTTI_SERVICES_PACKER_DISPATCH_MIN_TREE_H_
 #define TUTTI_SERVICES_PACKER_DISPATCH_MIN_TREE_H_
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace tutti::dispatch {
@@ -18,14 +20,18 @@ class MinTree {
     const uint32_t n = static_cast<uint32_t>(keys->size());
     leaves_ = 1;
     while (leaves_ < n) leaves_ *= 2;
-    tree_.assign(2 * leaves_, kNone);
-    for (uint32_t i = 0; i < n; ++i) tree_[leaves_ + i] = i;
+    tree_.assign(2 * leaves_, Node{kInf, kNone});
+    for (uint32_t i = 0; i < n; ++i) tree_[leaves_ + i] = Node{(*keys)[i], i};
     for (uint32_t v = leaves_ - 1; v >= 1; --v) tree_[v] = Pick(tree_[2 * v], tree_[2 * v + 1]);
   }
 
   void Update(uint32_t i) {
-    for (uint32_t v = (leaves_ + i) / 2; v >= 1; v /= 2) {
-      tree_[v] = Pick(tree_[2 * v], tree_[2 * v + 1]);
+    uint32_t v = leaves_ + i;
+    tree_[v] = Node{masked_[i] ? kInf : (*keys_)[i], masked_[i] ? kNone : i};
+    for (v /= 2; v >= 1; v /= 2) {
+      const Node next = Pick(tree_[2 * v], tree_[2 * v + 1]);
+      if (next.key == tree_[v].key && next.index == tree_[v].index) break;
+      tree_[v] = next;
     }
   }
   void Mask(uint32_t i, bool masked) {
@@ -33,20 +39,24 @@ class MinTree {
     Update(i);
   }
   // kNone when every entry is masked (or there are none).
-  uint32_t Min() const { return tree_.size() > 1 ? tree_[1] : kNone; }
+  uint32_t Min() const { return tree_.size() > 1 ? tree_[1].index : kNone; }
 
  private:
-  uint32_t Pick(uint32_t a, uint32_t b) const {
-    if (a == kNone || masked_[a]) return (b == kNone || masked_[b]) ? kNone : b;
-    if (b == kNone || masked_[b]) return a;
-    const double ka = (*keys_)[a], kb = (*keys_)[b];
-    return (kb < ka || (kb == ka && b < a)) ? b : a;
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  struct Node {
+    double key;
+    uint32_t index;  // kNone: empty or masked
+  };
+  static Node Pick(const Node& a, const Node& b) {
+    if (a.index == kNone) return b;
+    if (b.index == kNone) return a;
+    return (b.key < a.key || (b.key == a.key && b.index < a.index)) ? b : a;
   }
 
   const std::vector<double>* keys_;
   std::vector<uint8_t> masked_;
   uint32_t leaves_ = 1;
-  std::vector<uint32_t> tree_;  // 1-based heap layout; leaves at [leaves_, 2 leaves_)
+  std::vector<Node> tree_;  // 1-based heap layout; leaves at [leaves_, 2 leaves_)
 };
 
 }  // namespace tutti::dispatch
