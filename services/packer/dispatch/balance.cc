@@ -142,7 +142,8 @@ std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, u
 }
 
 double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t rounds,
-                       std::vector<uint32_t>* assignment) {
+                       std::vector<uint32_t>* assignment, const MoveFilter& allowed) {
+  auto ok = [&](uint32_t item, uint32_t bin) { return !allowed || allowed(item, bin); };
   std::vector<double> loads = BinLoads(costs, bins, *assignment);
   if (bins <= 1) return loads.empty() ? 0 : loads[0];
   // Nothing beats the lower bound; stop within 0.01% of it.
@@ -173,6 +174,7 @@ double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t
     bool best_swap = false, found = false;
     for (uint32_t t : targets) {
       for (uint32_t i : members[top]) {
+        if (!ok(i, t)) continue;
         const double moved = std::max(peak - costs[i], loads[t] + costs[i]);
         if (moved < best) best = moved, best_item = i, best_bin = t, best_swap = false, found = true;
       }
@@ -187,6 +189,7 @@ double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t
           return costs[a] != costs[b] ? costs[a] < costs[b] : a < b;
         });
         for (uint32_t i : members[top]) {
+          if (!ok(i, t)) continue;
           const double want = costs[i] - gap / 2;  // ideal partner cost
           auto it = std::lower_bound(sorted.begin(), sorted.end(), want,
                                      [&](uint32_t j, double v) { return costs[j] < v; });
@@ -194,7 +197,7 @@ double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t
             if (k == sorted.end()) continue;
             const uint32_t j = *k;
             const double d = costs[i] - costs[j];
-            if (d <= 0) continue;
+            if (d <= 0 || !ok(j, top)) continue;
             const double swapped = std::max(peak - d, loads[t] + d);
             if (swapped < best) {
               best = swapped, best_item = i, best_other = j, best_bin = t, best_swap = true;

@@ -7,6 +7,7 @@
 #define TUTTI_SERVICES_PACKER_DISPATCH_BALANCE_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace tutti::dispatch {
@@ -31,9 +32,11 @@ std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, u
 // Local search on the most loaded bin: moves an item to the least loaded bin,
 // or swaps it with a smaller item of one of the least loaded bins, while that
 // lowers the larger of the two bins touched. At most rounds * bins steps.
-// Returns the makespan after.
+// With `allowed`, only moves allowed(item, to_bin) are made (both items of a
+// swap). Returns the makespan after.
+using MoveFilter = std::function<bool(uint32_t item, uint32_t to_bin)>;
 double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t rounds,
-                       std::vector<uint32_t>* assignment);
+                       std::vector<uint32_t>* assignment, const MoveFilter& allowed = nullptr);
 
 // The best of LPT and (when bins <= kk_max_bins) Karmarkar-Karp, each
 // improved by ImproveMakespan.

@@ -140,9 +140,11 @@ struct DispatchOptions {
   // Place items and samples to minimise inter-node bytes (default) or ignore
   // nodes (the baseline the node-aware plan is measured against).
   bool node_aware = true;
-  // A phase is balanced when every rank's cost is at most
-  // max(makespan of the node-oblivious balancer, (1 + balance_tolerance) *
-  // lower bound). The node-aware placements keep to that bound. Default 1%.
+  // Balance constraint of the node-aware placements: every rank's phase cost
+  // is at most (1 + balance_tolerance) x the phase's lower bound, or, when
+  // the node-aware greedy cannot reach that, (1 + balance_tolerance) x the
+  // makespan of the node-oblivious balancer. Locality is sought only within
+  // it; a smaller tolerance trades inter-node bytes for balance. Default 1%.
   double balance_tolerance = 0.01;
   // Run Karmarkar-Karp largest differencing (O(n * W log W)) besides LPT for
   // encoder phases with at most this many ranks; LPT alone above. Default 64.

@@ -386,7 +386,7 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
   }
   LlmAssignment assignment;
   if (o.node_aware) {
-    ASSIGN_OR_RETURN(RearrangeResult rr, RearrangeLlm(llm, o.improvement_rounds));
+    ASSIGN_OR_RETURN(RearrangeResult rr, RearrangeLlm(llm, o.improvement_rounds, o.balance_tolerance));
     plan.stats.llm_fallback = rr.fell_back;
     llm.bound = rr.bound;
     assignment = std::move(rr.assignment);

@@ -18,6 +18,17 @@ constexpr uint32_t kNone = ~0u;
 
 bool Within(double cost, double bound) { return cost <= bound + 1e-9 * std::abs(bound); }
 
+// Local search on the makespan that keeps every item where its input is
+// staged (or remote already); true if it ends within `bound`.
+bool ImproveStaged(const EncoderProblem& p, double bound, uint32_t rounds,
+                   std::vector<uint32_t>* rank) {
+  const auto staged_ok = [&](uint32_t i, uint32_t to) {
+    return p.Staged(i, p.cluster.node_of(to)) || !p.Staged(i, p.cluster.node_of((*rank)[i]));
+  };
+  const double span = ImproveMakespan(p.cost, p.cluster.world_size, rounds, rank, staged_ok);
+  return Within(span, bound);
+}
+
 }  // namespace
 
 void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<uint32_t>* rank) {
@@ -174,12 +185,19 @@ EncoderPlacement PlaceEncoder(const EncoderProblem& p, bool node_aware, double t
     bool within = false;
     out.bound = (1 + tolerance) * lb;
     out.rank = GreedyEncoderNodeAware(p, out.bound, rounds, &within);
-    if (within) return out;
+    if (within || ImproveStaged(p, out.bound, rounds, &out.rank)) return out;
     out.fell_back = true;
   }
   out.rank = BalanceEncoder(p, kk_max_ranks, rounds);
-  out.bound = std::max(Makespan(p.cost, W, out.rank), (1 + tolerance) * lb);
+  out.bound = (1 + tolerance) * std::max(Makespan(p.cost, W, out.rank), lb);
   if (!node_aware) return out;
+  // The balancer's makespan plus the tolerance may leave the greedy room.
+  bool within = false;
+  std::vector<uint32_t> retry = GreedyEncoderNodeAware(p, out.bound, rounds, &within);
+  if (within || ImproveStaged(p, out.bound, rounds, &retry)) {
+    out.rank = std::move(retry);
+    return out;
+  }
   // Pull remote loads onto a staging node where the bound allows.
   const size_t n = p.cost.size();
   std::vector<uint32_t> preferred(n, kNoNode);

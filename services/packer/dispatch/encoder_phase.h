@@ -48,10 +48,11 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& problem, doub
                                              uint32_t rounds, bool* within);
 
 // The phase's placement. Node-aware: the greedy within (1 + tolerance) *
-// lower bound; if it misses, the balanced partition (best of LPT and KK,
-// improved) with remote loads pulled onto staging nodes within
-// max(its makespan, (1 + tolerance) * lower bound). Node-oblivious: the
-// balanced partition.
+// lower bound; if it misses, the greedy again within (1 + tolerance) * the
+// makespan of the balanced partition (best of LPT and KK, improved), and if
+// that misses too, that partition with remote loads pulled onto staging
+// nodes within the same bound. Node-oblivious: the balanced partition,
+// bound (1 + tolerance) * max(its makespan, lower bound).
 EncoderPlacement PlaceEncoder(const EncoderProblem& problem, bool node_aware, double tolerance,
                               uint32_t kk_max_ranks, uint32_t rounds);
 

@@ -61,7 +61,7 @@ void RunGlpk(const ExchangeBenchOptions& o, const Workload& w, const DispatchOpt
     row->glpk_status = absl::StrCat("no result: ", inst.status().message());
     return;
   }
-  absl::StatusOr<RearrangeResult> fast = RearrangeLlm(inst->problem, sd.improvement_rounds);
+  absl::StatusOr<RearrangeResult> fast = RearrangeLlm(inst->problem, sd.improvement_rounds, sd.balance_tolerance);
   if (!fast.ok()) {
     row->glpk_status = absl::StrCat("no result: ", fast.status().message());
     return;

@@ -17,6 +17,8 @@ namespace {
 
 constexpr uint32_t kUnplaced = ~0u;
 constexpr double kRelSlack = 1e-9;
+// Steps with at most this many documents also try the pinned-first greedy.
+constexpr size_t kPortfolioDocs = 20000;
 
 bool Within(double cost, double bound) { return cost <= bound + kRelSlack * std::abs(bound); }
 
@@ -60,6 +62,7 @@ class Placer {
   }
 
   void Place(uint32_t d, uint32_t r, uint32_t q) {
+    if (logging_) undo_.push_back({d, kUnplaced, 0});
     state_.Add(r, q, p_.docs[d].tokens, cost_[d]);
     rank_[d] = r, seq_[d] = q, pos_[d] = static_cast<uint32_t>(members_[r].size());
     members_[r].push_back(d);
@@ -67,6 +70,7 @@ class Placer {
   }
   void Unplace(uint32_t d) {
     const uint32_t r = rank_[d];
+    if (logging_) undo_.push_back({d, r, seq_[d]});
     state_.Remove(r, seq_[d], p_.docs[d].tokens, cost_[d]);
     auto& m = members_[r];
     const uint32_t last = m.back();
@@ -145,30 +149,85 @@ class Placer {
     return nodes;
   }
 
-  // Places every doc in LPT order on the least loaded rank with room, as
-  // LPT does; with affinity, a doc goes instead to the least loaded rank of
-  // its cheapest node whose cost is within `slack` of that rank (slack: half
-  // the bound's headroom over the lower bound) and stays within the bound.
-  // Returns false when some doc fits no sequence at all; *within is false
-  // when some rank ends above the bound.
-  bool Greedy(bool use_affinity, double bound, bool* within, uint32_t* unplaceable) {
+  // How the greedy orders the docs.
+  enum class Order {
+    // All docs in LPT order, each to the least loaded rank with room as LPT
+    // does; a doc with affinity goes instead to the least loaded rank of its
+    // cheapest node if that rank is within `slack` of LPT's choice (slack:
+    // half the bound's headroom over the lower bound, or the cost per rank
+    // still to place, which later docs even out) and within the bound.
+    kLpt,
+    // Docs too large to share a rank with much (over half the bound) first,
+    // in LPT order; then the docs with affinity by decreasing regret (bytes
+    // lost if they miss their cheapest node), each to the least loaded rank
+    // of its cheapest node within the bound; then the rest in LPT order.
+    kPinnedFirst,
+  };
+
+  // Places every doc. Returns false when some doc fits no sequence at all;
+  // *within is false when some rank ends above the bound.
+  bool Greedy(Order order_kind, bool use_affinity, double bound, bool* within,
+              uint32_t* unplaceable) {
     const bool aff = use_affinity && !p_.affinity.empty();
     const double headroom = std::isfinite(bound) ? 0.5 * std::max(0.0, bound - lower_bound_) : 0.0;
     // Cost still to place per rank: what later docs can even out.
     double remaining = 0;
     for (double c : cost_) remaining += c;
     const double W = p_.cluster.world_size;
-    for (uint32_t d : LptOrder(p_.docs)) {
+    std::vector<uint32_t> order = LptOrder(p_.docs);
+    std::vector<uint8_t> pinned(p_.docs.size(), 0);
+    if (aff && order_kind == Order::kPinnedFirst) {
+      std::vector<uint32_t> big, pin, rest;
+      std::vector<uint64_t> regret(p_.docs.size(), 0);
+      for (uint32_t d : order) {
+        if (std::isfinite(bound) && cost_[d] > 0.5 * bound) {
+          big.push_back(d);
+        } else if (p_.affinity.base(d) > 0) {
+          // Bytes at the second cheapest node minus at the cheapest.
+          uint64_t best = p_.affinity.base(d), second = p_.affinity.base(d);
+          for (const auto* x = p_.affinity.begin(d); x != p_.affinity.end(d); ++x) {
+            const uint64_t b = p_.affinity.base(d) - x->saved;
+            if (b < best) {
+              second = best, best = b;
+            } else if (b < second) {
+              second = b;
+            }
+          }
+          if (p_.affinity.end(d) - p_.affinity.begin(d) >= int(p_.cluster.nodes())) {
+            regret[d] = second - best;
+          } else {
+            regret[d] = p_.affinity.base(d) - best;
+          }
+          pin.push_back(d);
+          pinned[d] = 1;
+        } else {
+          rest.push_back(d);
+        }
+      }
+      std::stable_sort(pin.begin(), pin.end(),
+                       [&](uint32_t a, uint32_t b) { return regret[a] > regret[b]; });
+      order = big;
+      order.insert(order.end(), pin.begin(), pin.end());
+      order.insert(order.end(), rest.begin(), rest.end());
+    }
+    for (uint32_t d : order) {
       remaining -= cost_[d];
-      const double slack = std::max(headroom, remaining / W);
       uint32_t q = 0;
       double delta = 0;
-      uint32_t r = LeastLoadedWithRoom(d, &q, &delta);
+      uint32_t r = kUnplaced;
+      if (pinned[d]) {
+        for (const auto& [bytes, n] : CheaperNodes(d, p_.affinity.base(d))) {
+          r = BestInNode(n, d, bound, &q, &delta);
+          if (r != kUnplaced) break;
+        }
+      }
+      if (r == kUnplaced) r = LeastLoadedWithRoom(d, &q, &delta);
       if (r == kUnplaced) {
         *unplaceable = d;
         return false;
       }
-      if (aff && p_.affinity.base(d) > 0 && p_.affinity.Bytes(d, node(r)) > 0) {
+      if (aff && !pinned[d] && p_.affinity.base(d) > 0 && p_.affinity.Bytes(d, node(r)) > 0) {
+        const double slack = std::max(headroom, remaining / W);
         const double limit = std::min(cost(r) + delta + slack, bound);
         for (const auto& [bytes, n] : CheaperNodes(d, p_.affinity.Bytes(d, node(r)))) {
           uint32_t nq;
@@ -196,6 +255,28 @@ class Placer {
     return *std::max_element(state_.costs().begin(), state_.costs().end());
   }
 
+  // Records Place/Unplace from now on so that Rollback() can undo them.
+  void Checkpoint() {
+    undo_.clear();
+    logging_ = true;
+  }
+  void Commit() { logging_ = false; }
+  void Rollback() {
+    logging_ = false;
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
+      if (it->rank == kUnplaced) {
+        Unplace(it->doc);  // undo a Place
+      } else {
+        Place(it->doc, it->rank, it->seq);  // undo an Unplace
+      }
+    }
+    undo_.clear();
+  }
+
+  // Brings every rank within `bound` by moves and same-modality swaps that
+  // never add bytes, looking at most at *budget candidates. True on success.
+  bool RepairBound(double bound, uint64_t* budget);
+
   // Moves and swaps off the most loaded rank; with node_aware, never adds
   // bytes. Stops when the peak rank cannot be lowered or is at most stop_at.
   void ImproveBalance(bool node_aware, uint32_t rounds, double stop_at);
@@ -214,7 +295,12 @@ class Placer {
       ordered_.insert({cost(r), r});
     }
   }
-  bool TrySwap(uint32_t d, uint32_t e, double bound);
+  bool TryEject(uint32_t d, uint32_t e, double bound, uint64_t e_max_bytes);
+  struct Undo {
+    uint32_t doc, rank, seq;  // rank kUnplaced: the doc was placed
+  };
+  std::vector<Undo> undo_;
+  bool logging_ = false;
 
   const LlmProblem& p_;
   CostModel model_;
@@ -337,19 +423,32 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
   ordered_active_ = false;
 }
 
-// Moves d to e's rank and e to d's rank (each into its best sequence there)
-// when both ranks stay within bound; otherwise leaves everything as it was.
-bool Placer::TrySwap(uint32_t d, uint32_t e, double bound) {
+// Moves d into e's rank and e out of it, to the first rank that takes it
+// within the bound among: d's old rank, the other ranks of d's old node, the
+// other ranks of e's node; `e_nodes_ok` limits e to nodes where its bytes do
+// not exceed `e_max_bytes`. Keeps the change only if every touched rank stays
+// within the bound; otherwise restores everything.
+bool Placer::TryEject(uint32_t d, uint32_t e, double bound, uint64_t e_max_bytes) {
   const uint32_t rd = rank_[d], qd = seq_[d], re = rank_[e], qe = seq_[e];
   Unplace(d);
   Unplace(e);
-  uint32_t q1, q2;
-  double a1, a2;
-  if (Best(re, d, &q1, &a1) && Within(cost(re) + a1, bound)) {
-    Place(d, re, q1);
-    if (Best(rd, e, &q2, &a2) && Within(cost(rd) + a2, bound)) {
-      Place(e, rd, q2);
-      return true;
+  uint32_t q;
+  double a;
+  if (Best(re, d, &q, &a) && Within(cost(re) + a, bound)) {
+    Place(d, re, q);
+    const uint32_t rpn = p_.cluster.ranks_per_node;
+    const uint32_t firsts[3] = {rd, node(rd) * rpn, node(re) * rpn};
+    const uint32_t counts[3] = {1, rpn, rpn};
+    for (int k = 0; k < 3; ++k) {
+      for (uint32_t r = firsts[k]; r < firsts[k] + counts[k]; ++r) {
+        if ((k > 0 && r == rd) || r == re || Bytes(e, node(r)) > e_max_bytes) continue;
+        uint32_t q2;
+        double a2;
+        if (Best(r, e, &q2, &a2) && Within(cost(r) + a2, bound)) {
+          Place(e, r, q2);
+          return true;
+        }
+      }
     }
     Unplace(d);
   }
@@ -358,54 +457,141 @@ bool Placer::TrySwap(uint32_t d, uint32_t e, double bound) {
   return false;
 }
 
+bool Placer::RepairBound(double bound, uint64_t* budget) {
+  const uint32_t W = p_.cluster.world_size;
+  while (true) {
+    uint32_t top = 0;
+    for (uint32_t r = 1; r < W; ++r) {
+      if (cost(r) > cost(top)) top = r;
+    }
+    const double peak = cost(top);
+    if (Within(peak, bound)) return true;
+    double best = peak;
+    uint32_t best_d = kUnplaced, best_e = kUnplaced, best_t = 0, best_q = 0;
+    for (uint32_t t = 0; t < W; ++t) {
+      if (t == top) continue;
+      for (uint32_t d : members_[top]) {
+        if (*budget == 0) return false;
+        --*budget;
+        const uint64_t d_here = Bytes(d, node(top)), d_there = Bytes(d, node(t));
+        uint32_t q;
+        double add;
+        if (d_there <= d_here && Best(t, d, &q, &add) && Within(cost(t) + add, bound)) {
+          const double v = peak - state_.RemoveDelta(top, seq_[d], p_.docs[d].tokens, cost_[d]);
+          if (v < best) best = v, best_d = d, best_e = kUnplaced, best_t = t, best_q = q;
+        }
+        for (uint32_t e : members_[t]) {
+          if (p_.docs[e].vl != p_.docs[d].vl || p_.docs[e].tokens >= p_.docs[d].tokens) continue;
+          if (d_there + Bytes(e, node(top)) > d_here + Bytes(e, node(t))) continue;
+          double dt, dtop;
+          if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens,
+                                   cost_[d], &dt) ||
+              !state_.ReplaceDelta(top, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[e].tokens,
+                                   cost_[e], &dtop) ||
+              !Within(cost(t) + dt, bound)) {
+            continue;
+          }
+          if (peak + dtop < best) best = peak + dtop, best_d = d, best_e = e, best_t = t;
+        }
+      }
+    }
+    if (best_d == kUnplaced) return false;
+    if (best_e == kUnplaced) {
+      Unplace(best_d);
+      Place(best_d, best_t, best_q);
+    } else {
+      const uint32_t qd = seq_[best_d], qe = seq_[best_e];
+      Unplace(best_d);
+      Unplace(best_e);
+      Place(best_d, best_t, qe);
+      Place(best_e, top, qd);
+    }
+  }
+}
+
 void Placer::ImproveLocality(double bound) {
   if (p_.affinity.empty()) return;
-  constexpr uint32_t kSwapTries = 256;
-  // Docs whose node is not their cheapest, most excess bytes first.
+  // Work budget in candidate partners looked at, proportional to the docs.
+  uint64_t budget = 64 * uint64_t{static_cast<uint32_t>(p_.docs.size())} + 4096;
+  constexpr int kPasses = 8;
   std::vector<std::pair<uint64_t, uint32_t>> cands;
-  for (uint32_t d = 0; d < p_.docs.size(); ++d) {
-    const uint64_t cur = Bytes(d, node(rank_[d]));
-    if (cur == 0) continue;
-    uint64_t best = cur;
-    for (const auto* e = p_.affinity.begin(d); e != p_.affinity.end(d); ++e) {
-      best = std::min(best, p_.affinity.base(d) - e->saved);
-    }
-    if (best < cur) cands.push_back({cur - best, d});
-  }
-  std::stable_sort(cands.begin(), cands.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [excess, d] : cands) {
-    const uint32_t from = node(rank_[d]);
-    const uint64_t cur = Bytes(d, from);
-    bool done = false;
-    for (const auto& [bytes, n] : CheaperNodes(d, cur)) {
-      uint32_t q;
-      double delta;
-      const uint32_t r = BestInNode(n, d, bound, &q, &delta);
-      if (r != kUnplaced) {
-        Unplace(d);
-        Place(d, r, q);
-        done = true;
-        break;
+  std::vector<uint32_t> others;
+  for (int pass = 0; pass < kPasses && budget > 0; ++pass) {
+    // Docs whose node is not their cheapest, most excess bytes first.
+    cands.clear();
+    for (uint32_t d = 0; d < p_.docs.size(); ++d) {
+      const uint64_t cur = Bytes(d, node(rank_[d]));
+      if (cur == 0) continue;
+      uint64_t best = cur;
+      for (const auto* x = p_.affinity.begin(d); x != p_.affinity.end(d); ++x) {
+        best = std::min(best, p_.affinity.base(d) - x->saved);
       }
-      uint32_t tries = 0;
-      const uint32_t first = n * p_.cluster.ranks_per_node;
-      for (uint32_t r2 = first; r2 < first + p_.cluster.ranks_per_node && !done; ++r2) {
-        // Copy: a successful swap edits members_[r2].
-        const std::vector<uint32_t> others = members_[r2];
-        for (uint32_t e : others) {
-          if (++tries > kSwapTries) break;
-          const uint64_t before = cur + Bytes(e, n);
-          const uint64_t after = bytes + Bytes(e, from);
-          if (after >= before) continue;
-          if (TrySwap(d, e, bound)) {
-            done = true;
-            break;
+      if (best < cur) cands.push_back({cur - best, d});
+    }
+    std::stable_sort(cands.begin(), cands.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    bool improved = false;
+    for (const auto& [excess, d] : cands) {
+      if (budget == 0) break;
+      const uint32_t from = node(rank_[d]);
+      const uint64_t cur = Bytes(d, from);
+      bool done = false;
+      // Copy: TryEject calls nothing that reuses cheaper_, but moves edit it.
+      const std::vector<std::pair<uint64_t, uint32_t>> targets = CheaperNodes(d, cur);
+      for (const auto& [bytes, n] : targets) {
+        uint32_t q;
+        double delta;
+        const uint32_t r = BestInNode(n, d, bound, &q, &delta);
+        if (r != kUnplaced) {
+          Unplace(d);
+          Place(d, r, q);
+          done = true;
+          break;
+        }
+        // Eject a doc e of node n whose own bytes grow less than d's shrink.
+        const uint64_t gain = cur - bytes;
+        const uint32_t first = n * p_.cluster.ranks_per_node;
+        for (uint32_t r2 = first; r2 < first + p_.cluster.ranks_per_node && !done; ++r2) {
+          others = members_[r2];
+          for (uint32_t e : others) {
+            if (budget == 0) break;
+            --budget;
+            const uint64_t e_now = Bytes(e, n);
+            // e may go where its bytes rise by less than `gain`.
+            if (TryEject(d, e, bound, e_now + gain - 1)) {
+              done = true;
+              break;
+            }
+          }
+        }
+        if (done) break;
+        // Small steps: move d anyway (least loaded rank of n with room) and
+        // win the bound back with moves that add no bytes; undo if that fails.
+        if (p_.docs.size() <= kPortfolioDocs) {
+          uint32_t rq = 0, best_r = kUnplaced;
+          for (uint32_t r2 = first; r2 < first + p_.cluster.ranks_per_node; ++r2) {
+            uint32_t q2;
+            double a2;
+            if (Best(r2, d, &q2, &a2) && (best_r == kUnplaced || cost(r2) < cost(best_r))) {
+              best_r = r2, rq = q2;
+            }
+          }
+          if (best_r != kUnplaced) {
+            Checkpoint();
+            Unplace(d);
+            Place(d, best_r, rq);
+            if (RepairBound(bound, &budget)) {
+              Commit();
+              done = true;
+              break;
+            }
+            Rollback();
           }
         }
       }
-      if (done) break;
+      improved |= done;
     }
+    if (!improved) break;
   }
 }
 
@@ -466,7 +652,8 @@ absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rou
   Placer placer(problem);
   bool within;
   uint32_t bad = 0;
-  if (!placer.Greedy(false, std::numeric_limits<double>::infinity(), &within, &bad)) {
+  if (!placer.Greedy(Placer::Order::kLpt, false, std::numeric_limits<double>::infinity(), &within,
+                     &bad)) {
     const LlmDoc& d = problem.docs[bad];
     return absl::ResourceExhaustedError(absl::StrCat(
         "the step's documents do not fit its sequences: a ", d.vl ? "VL" : "text-only",
@@ -481,41 +668,54 @@ absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rou
 }
 
 absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t rounds,
-                                             const LlmAssignment* balanced) {
-  RearrangeResult out;
+                                             double tolerance, const LlmAssignment* balanced) {
   const double stop_at = LlmLowerBound(problem) * (1 + 1e-6);
-  {
-    Placer placer(problem);
-    bool within = false;
-    uint32_t bad = 0;
-    if (placer.Greedy(true, problem.bound, &within, &bad)) {
+  // The greedy (both orders on small steps, where it is cheap, keeping the
+  // one with fewer bytes) and its local searches within `bound`; false if
+  // no order meets the bound.
+  const bool small = problem.docs.size() <= kPortfolioDocs;
+  auto attempt = [&](double bound, RearrangeResult* out) {
+    bool found = false;
+    uint64_t found_bytes = 0;
+    for (Placer::Order order : {Placer::Order::kLpt, Placer::Order::kPinnedFirst}) {
+      if (order == Placer::Order::kPinnedFirst && !small) break;
+      Placer placer(problem);
+      bool within = false;
+      uint32_t bad = 0;
+      if (!placer.Greedy(order, true, bound, &within, &bad)) continue;
       if (!within) placer.ImproveBalance(true, rounds, stop_at);
-      if (Within(placer.Peak(), problem.bound)) {
-        // Locality moves may use half the headroom, or what the greedy
-        // already used, so the balance stays near the greedy's.
-        const double lb = LlmLowerBound(problem);
-        placer.ImproveLocality(
-            std::min(problem.bound, std::max(placer.Peak(), lb + 0.5 * (problem.bound - lb))));
-        placer.ImproveBalance(true, rounds, stop_at);
-        out.assignment = placer.Result();
-        out.bound = problem.bound;
-        return out;
+      if (!Within(placer.Peak(), bound)) continue;
+      placer.ImproveLocality(bound);
+      placer.ImproveBalance(true, rounds, stop_at);
+      LlmAssignment a = placer.Result();
+      const uint64_t bytes = LlmInterNodeBytes(problem, a);
+      if (!found || bytes < found_bytes) {
+        found = true, found_bytes = bytes;
+        out->assignment = std::move(a);
+        out->bound = bound;
       }
     }
-  }
+    return found;
+  };
+  RearrangeResult out;
+  if (attempt(problem.bound, &out)) return out;
+  // The bound is out of the greedy's reach: measure what balancing alone
+  // reaches and allow the tolerance on top of that.
   LlmAssignment own;
   if (balanced == nullptr) {
     ASSIGN_OR_RETURN(own, BalanceLlm(problem, rounds));
     balanced = &own;
   }
   const auto cost = LlmRankCosts(problem, *balanced);
-  out.bound = std::max(problem.bound, *std::max_element(cost.begin(), cost.end()));
+  const double raised = std::max(problem.bound, (1 + tolerance) * *std::max_element(cost.begin(), cost.end()));
+  out.fell_back = true;
+  if (attempt(raised, &out)) return out;
   Placer placer(problem);
   placer.Load(*balanced);
-  placer.ImproveLocality(out.bound);
+  placer.ImproveLocality(raised);
   placer.ImproveBalance(true, rounds, stop_at);
   out.assignment = placer.Result();
-  out.fell_back = true;
+  out.bound = raised;
   return out;
 }
 

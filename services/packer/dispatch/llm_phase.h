@@ -84,18 +84,24 @@ absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rou
 
 struct RearrangeResult {
   LlmAssignment assignment;
-  double bound = 0;        // the bound kept: problem.bound, or the balanced makespan if higher
-  bool fell_back = false;  // greedy missed problem.bound; started from the balanced placement
+  double bound = 0;        // the bound kept (problem.bound, or raised; see RearrangeLlm)
+  bool fell_back = false;  // problem.bound was out of reach and was raised
 };
 
-// The fast node-aware rearrangement: LPT order, each doc to the least loaded
-// rank of its cheapest node that stays within problem.bound (docs without
-// affinity to the least loaded rank anywhere), then local search that moves
-// or swaps docs to cheaper nodes within the bound, and balance moves that
-// never add bytes. If the greedy misses the bound, it starts instead from the
-// node-oblivious `balanced` placement (computed with BalanceLlm when null)
-// and keeps to max(problem.bound, its makespan). Fails only as BalanceLlm.
+// The fast node-aware rearrangement. Greedy: docs in LPT order to the least
+// loaded rank with room, as LPT balances; a doc with affinity goes instead
+// to the least loaded rank of its cheapest node if that rank is not much
+// more loaded (by what the remaining docs can still even out) and stays
+// within the bound. Then local search: moves of a doc to a cheaper node, or
+// into a rank there while ejecting another doc whose bytes grow less, within
+// the bound; and balance moves that never add bytes.
+// If the greedy misses problem.bound, the bound is raised to
+// max(problem.bound, (1 + tolerance) x the makespan of the node-oblivious
+// `balanced` placement (computed with BalanceLlm when null)) and the greedy
+// retried, then, failing that, the local search run from `balanced`.
+// Fails only as BalanceLlm does.
 absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t rounds,
+                                             double tolerance,
                                              const LlmAssignment* balanced = nullptr);
 
 // Recomputed from scratch (no incremental drift).
