@@ -36,6 +36,8 @@ int RunBenchExchange(int argc, char** argv) {
   cli.Flag("fill", &o.workload.fill, "fraction of each modality's token room the step fills");
   cli.Flag("max-pixels", &max_pixels,
            "smart-resize max_pixels (curriculum stage): 1003520 ~ 1 MP, 16777216 = 16 MP");
+  cli.Flag("shard-nodes", &o.workload.shard_nodes,
+           "nodes whose stager has each shard (0 = every node); fewer makes inputs remote");
   cli.Flag("audio-share", &o.workload.audio_share,
            "fraction of VL samples that are speech samples (one audio clip) instead");
   cli.Flag("padded", &o.padded,

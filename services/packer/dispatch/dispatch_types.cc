@@ -32,4 +32,17 @@ bool ShardAvailability::Has(uint32_t shard, uint32_t node) const {
   return (bits_[bit / 64] >> (bit % 64)) & 1;
 }
 
+StagingIndex::StagingIndex(const ShardAvailability& a) : all_(a.all()) {
+  if (all_) return;
+  everywhere_.assign(a.shards(), 0);
+  offset_.reserve(uint64_t{a.shards()} + 1);
+  for (uint32_t s = 0; s < a.shards(); ++s) {
+    for (uint32_t n = 0; n < a.nodes(); ++n) {
+      if (a.Has(s, n)) nodes_.push_back(n);
+    }
+    offset_.push_back(static_cast<uint32_t>(nodes_.size()));
+    everywhere_[s] = offset_[s + 1] - offset_[s] == a.nodes();
+  }
+}
+
 }  // namespace tutti::dispatch

@@ -120,6 +120,27 @@ class ShardAvailability {
   std::vector<uint64_t> bits_;  // shard-major, one bit per (shard, node)
 };
 
+// Per shard, the list of nodes that stage it, built once from the bitmap
+// (scanning a row of the bitmap per sample would cost O(nodes)).
+class StagingIndex {
+ public:
+  explicit StagingIndex(const ShardAvailability& availability);
+  // True when the shard is on every node (always when the bitmap is "all").
+  bool everywhere(uint32_t shard) const {
+    return all_ || (shard < everywhere_.size() && everywhere_[shard]);
+  }
+  // The staging nodes of a shard, increasing; empty when all().
+  const uint32_t* begin(uint32_t shard) const { return nodes_.data() + offset_[shard]; }
+  const uint32_t* end(uint32_t shard) const { return nodes_.data() + offset_[shard + 1]; }
+  bool all() const { return all_; }
+
+ private:
+  bool all_ = true;
+  std::vector<uint8_t> everywhere_;
+  std::vector<uint32_t> offset_ = {0};
+  std::vector<uint32_t> nodes_;
+};
+
 struct DispatchInput {
   std::vector<Sample> samples;
   ShardAvailability availability;

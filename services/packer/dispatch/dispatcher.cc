@@ -26,12 +26,14 @@ struct FlatEncoder {
   std::vector<uint32_t> offset;      // per sample, plus the total
 };
 
-FlatEncoder Flatten(const DispatchInput& in, const DispatchOptions& o, EncoderKind kind) {
+FlatEncoder Flatten(const DispatchInput& in, const DispatchOptions& o, EncoderKind kind,
+                    const StagingIndex* staging) {
   const CostModel model(o.cost);
   const int e = static_cast<int>(kind);
   FlatEncoder f;
   f.problem.cluster = o.cluster;
   f.problem.availability = in.availability.all() ? nullptr : &in.availability;
+  f.problem.staging = in.availability.all() ? nullptr : staging;
   f.offset.reserve(in.samples.size() + 1);
   for (uint32_t s = 0; s < in.samples.size(); ++s) {
     f.offset.push_back(static_cast<uint32_t>(f.sample.size()));
@@ -279,7 +281,7 @@ absl::StatusOr<SplitEvaluation> EvaluateSplit(const DispatchInput& in, const Dis
   }
   SplitEvaluation out;
   for (EncoderKind kind : kEncoders) {
-    const FlatEncoder f = Flatten(in, o, kind);
+    const FlatEncoder f = Flatten(in, o, kind, nullptr);
     if (f.sample.empty()) continue;
     std::vector<double> cost(o.cluster.world_size, 0.0);
     for (size_t i = 0; i < f.sample.size(); ++i) cost[split[f.sample[i]]] += f.problem.cost[i];
@@ -297,6 +299,7 @@ namespace {
 // Encoder phases and the LLM rearrangement problem (shared by Dispatch and
 // BuildRearrangement).
 absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const DispatchOptions& o,
+                                            const StagingIndex& staging,
                                             std::array<FlatEncoder, kNumEncoders>* flat,
                                             LlmAssignment* balanced) {
   const ClusterShape& c = o.cluster;
@@ -305,7 +308,7 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
   RearrangementInstance inst;
   for (EncoderKind kind : kEncoders) {
     const int e = static_cast<int>(kind);
-    (*flat)[e] = Flatten(in, o, kind);
+    (*flat)[e] = Flatten(in, o, kind, &staging);
     const EncoderProblem& prob = (*flat)[e].problem;
     inst.encoder_lower_bound[e] = MakespanLowerBound(prob.cost, W);
     EncoderPlacement placed = PlaceEncoder(prob, o.node_aware, o.balance_tolerance,
@@ -338,14 +341,11 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
     }
     if (restricted) {
       const uint64_t text = uint64_t{in.samples[s].text_tokens} * o.token_id_bytes;
-      bool everywhere = true;
-      for (uint32_t nd = 0; nd < c.nodes() && everywhere; ++nd) {
-        everywhere = in.availability.Has(in.samples[s].shard, nd);
-      }
-      if (!everywhere && text > 0) {
+      const uint32_t shard = in.samples[s].shard;
+      if (!staging.everywhere(shard) && text > 0) {
         base += text;
-        for (uint32_t nd = 0; nd < c.nodes(); ++nd) {
-          if (in.availability.Has(in.samples[s].shard, nd)) entries.push_back({nd, text});
+        for (const uint32_t* nd = staging.begin(shard); nd != staging.end(shard); ++nd) {
+          entries.push_back({*nd, text});
         }
       }
     }
@@ -361,7 +361,8 @@ absl::StatusOr<RearrangementInstance> BuildRearrangement(const DispatchInput& in
   RETURN_IF_ERROR(ValidateDispatchInput(in, o));
   std::array<FlatEncoder, kNumEncoders> flat;
   LlmAssignment unused;
-  return Stage(in, o, &flat, &unused);
+  const StagingIndex staging(in.availability);
+  return Stage(in, o, staging, &flat, &unused);
 }
 
 absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOptions& o) {
@@ -374,7 +375,8 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
   plan.slots = o.slots;
   std::array<FlatEncoder, kNumEncoders> flat;
   LlmAssignment balanced;
-  ASSIGN_OR_RETURN(RearrangementInstance inst, Stage(in, o, &flat, &balanced));
+  const StagingIndex staging(in.availability);
+  ASSIGN_OR_RETURN(RearrangementInstance inst, Stage(in, o, staging, &flat, &balanced));
   const auto& enc_bound = inst.encoder_bound;
   const auto& enc_lb = inst.encoder_lower_bound;
   const double llm_lb = inst.llm_lower_bound;

@@ -219,8 +219,8 @@ TEST(DispatcherTest, RemoteLoadWhenNoStagingNodeFits) {
 TEST(DispatcherTest, PrefersStagingNodesWhenBalanceAllows) {
   Workload w = Small(16, 4);
   // Shard s staged on nodes s % 4 and (s + 1) % 4 only.
-  w.input.availability = ShardAvailability::None(256, 4);
-  for (uint32_t s = 0; s < 256; ++s) {
+  w.input.availability = ShardAvailability::None(4096, 4);
+  for (uint32_t s = 0; s < 4096; ++s) {
     w.input.availability.Set(s, s % 4, true);
     w.input.availability.Set(s, (s + 1) % 4, true);
   }

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <queue>
 #include <tuple>
 
@@ -116,6 +117,9 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
   std::vector<double> rank_load(W, 0.0), node_load(N, 0.0);
   MinTree rank_tree(&rank_load), node_tree(&node_load);
   const bool everywhere = p.availability == nullptr || p.availability->all();
+  std::optional<StagingIndex> own_index;
+  const StagingIndex* staging = p.staging;
+  if (!everywhere && staging == nullptr) staging = &own_index.emplace(*p.availability);
   auto least_in_node = [&](uint32_t node, double c) {
     uint32_t best = kNone;
     for (uint32_t r = node * rpn; r < (node + 1) * rpn; ++r) {
@@ -133,8 +137,9 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
     if (everywhere) {
       home = node_tree.Min();
     } else {
-      for (uint32_t nd = 0; nd < N; ++nd) {
-        if (p.Staged(first, nd) && (home == kNone || node_load[nd] < node_load[home])) home = nd;
+      for (const uint32_t* nd = staging->begin(p.shard[first]); nd != staging->end(p.shard[first]);
+           ++nd) {
+        if (home == kNone || node_load[*nd] < node_load[home]) home = *nd;
       }
       if (home == kNone) home = node_tree.Min();
     }
@@ -153,8 +158,9 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
           const uint32_t t = rank_tree.Min();
           if (Within(rank_load[t] + c, bound)) r = t;
         } else {
-          for (uint32_t nd = 0; nd < N; ++nd) {
-            if (!p.Staged(i, nd)) continue;
+          for (const uint32_t* ni = staging->begin(p.shard[i]); ni != staging->end(p.shard[i]);
+               ++ni) {
+            const uint32_t nd = *ni;
             const uint32_t t = least_in_node(nd, c);
             if (t != kNone && (r == kNone || rank_load[t] < rank_load[r])) r = t;
           }

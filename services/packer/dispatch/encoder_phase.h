@@ -23,6 +23,7 @@ struct EncoderProblem {
   std::vector<uint32_t> shard;  // per item
   std::vector<uint32_t> group;  // per item: its sample; a group's items are contiguous
   const ShardAvailability* availability = nullptr;  // nullptr: every shard on every node
+  const StagingIndex* staging = nullptr;            // the same as lists; set with availability
   bool Staged(uint32_t item, uint32_t node) const {
     return availability == nullptr || availability->Has(shard[item], node);
   }

@@ -293,7 +293,8 @@ bool Placer::RepairBound(double bound, uint64_t* budget) {
 void Placer::ImproveLocality(double bound) {
   if (p_.affinity.empty()) return;
   // Work budget in candidate partners looked at, proportional to the docs.
-  uint64_t budget = 64 * uint64_t{static_cast<uint32_t>(p_.docs.size())} + 4096;
+  const uint64_t docs = p_.docs.size();
+  uint64_t budget = (docs <= kRepairDocs ? 16 : 4) * docs + 4096;
   constexpr int kPasses = 8;
   std::vector<std::pair<uint64_t, uint32_t>> cands;
   std::vector<uint32_t> others;
@@ -332,11 +333,32 @@ void Placer::ImproveLocality(double bound) {
         // Eject a doc e of node n whose own bytes grow less than d's shrink.
         const uint64_t gain = cur - bytes;
         const uint32_t first = n * p_.cluster.ranks_per_node;
+        const LlmDoc& dd = p_.docs[d];
+        // Unpadded: the most cost an ejected doc can take to the ranks
+        // TryEject offers it (d's rank once d is out, d's node, node n).
+        const uint32_t rpn = p_.cluster.ranks_per_node;
+        double headroom = bound - (cost(rank_[d]) - cost_[d]);
+        for (uint32_t nd : {node(rank_[d]), n}) {
+          for (uint32_t r3 = nd * rpn; r3 < (nd + 1) * rpn; ++r3) {
+            headroom = std::max(headroom, bound - cost(r3));
+          }
+        }
         for (uint32_t r2 = first; r2 < first + p_.cluster.ranks_per_node && !done; ++r2) {
+          // Unpadded costs add up: e must free at least `need`.
+          const double need = cost(r2) + cost_[d] - bound;
+          const uint32_t room = state_.room(r2, dd.vl);
           others = members_[r2];
           for (uint32_t e : others) {
             if (budget == 0) break;
             --budget;
+            const LlmDoc& ed = p_.docs[e];
+            if (!p_.padded && (cost_[e] < need || cost_[e] > headroom)) continue;
+            // d must fit once e is out.
+            if (dd.tokens > room &&
+                (ed.vl != dd.vl ||
+                 state_.tokens(r2, seq_[e]) - ed.tokens + dd.tokens > p_.slots.seq_len)) {
+              continue;
+            }
             const uint64_t e_now = Bytes(e, n);
             // e may go where its bytes rise by less than `gain`.
             if (TryEject(d, e, bound, e_now + gain - 1)) {
@@ -348,7 +370,7 @@ void Placer::ImproveLocality(double bound) {
         if (done) break;
         // Small steps: move d anyway (least loaded rank of n with room) and
         // win the bound back with moves that add no bytes; undo if that fails.
-        if (p_.docs.size() <= kPortfolioDocs) {
+        if (p_.docs.size() <= kRepairDocs && p_.cluster.world_size <= kRepairRanks) {
           uint32_t rq = 0, best_r = kUnplaced;
           for (uint32_t r2 = first; r2 < first + p_.cluster.ranks_per_node; ++r2) {
             uint32_t q2;

@@ -24,6 +24,11 @@ constexpr uint32_t kUnplaced = ~0u;
 constexpr double kRelSlack = 1e-9;
 // Steps with at most this many documents also try the pinned-first greedy.
 constexpr size_t kPortfolioDocs = 20000;
+// Steps with at most this many documents and ranks also try, in the
+// locality search, a move beyond the bound repaired by byte-neutral moves
+// (each repair looks at every rank).
+constexpr size_t kRepairDocs = 4000;
+constexpr uint32_t kRepairRanks = 64;
 
 inline bool Within(double cost, double bound) {
   return cost <= bound + kRelSlack * std::abs(bound);

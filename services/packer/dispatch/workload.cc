@@ -50,6 +50,15 @@ absl::StatusOr<Workload> GenerateWorkload(const WorkloadOptions& o) {
         "max_images >= 1, shards >= 1 and audio_share in [0, 1]");
   }
   Workload w;
+  const uint32_t nodes = o.world_size / o.ranks_per_node;
+  if (o.shard_nodes > 0) {
+    w.input.availability = ShardAvailability::None(o.shards, nodes);
+    for (uint32_t s = 0; s < o.shards; ++s) {
+      for (uint32_t k = 0; k < std::min(o.shard_nodes, nodes); ++k) {
+        w.input.availability.Set(s, (s + k) % nodes, true);
+      }
+    }
+  }
   DispatchOptions& d = w.options;
   d.cluster = {o.world_size, o.ranks_per_node};
   d.slots.seq_len = o.seq_len;

@@ -45,7 +45,10 @@ struct WorkloadOptions {
   // audio clip of 1..30 s, 25 encoder tokens per second). Default 0.
   double audio_share = 0.0;
   uint32_t audio_sample_rate = 16000;  // input bytes: seconds * rate * 4 (float32)
-  uint32_t shards = 256;               // samples spread uniformly over shards
+  uint32_t shards = 4096;              // samples spread uniformly over shards
+  // Nodes whose stager has each shard: 0 (default) every node; k > 0: shard
+  // s on nodes s, s+1, ..., s+k-1 (mod the node count).
+  uint32_t shard_nodes = 0;
   uint64_t seed = 1;
 };
 

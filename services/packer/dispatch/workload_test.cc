@@ -44,6 +44,14 @@ TEST(WorkloadTest, AudioShareAndBadOptions) {
   auto w = GenerateWorkload(o);
   ASSERT_TRUE(w.ok());
   EXPECT_GT(w->audio_clips, 0u);
+  o.shard_nodes = 1;
+  o.ranks_per_node = 2;  // 4 nodes
+  auto r = GenerateWorkload(o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->input.availability.all());
+  EXPECT_TRUE(r->input.availability.Has(5, 1));
+  EXPECT_FALSE(r->input.availability.Has(5, 2));
+  o.ranks_per_node = 8;
   o.world_size = 12;
   EXPECT_FALSE(GenerateWorkload(o).ok());
   o.world_size = 8;
