@@ -64,10 +64,6 @@ LlmProblem MakeLlmProblem(const DispatchInput& in, const DispatchOptions& o) {
   return p;
 }
 
-double BalanceBound(double makespan, double lower_bound, double tolerance) {
-  return std::max(makespan, (1 + tolerance) * lower_bound);
-}
-
 // Picks, for a remote load, a rank on a node that stages the shard: the drawn
 // rank when its node does, else the least-used staging node's least-used rank.
 class LoadSources {
@@ -399,8 +395,9 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
       for (size_t i = 0; i < f.sample.size(); ++i) {
         preferred[i] = c.node_of(assignment.rank[f.sample[i]]);
       }
-      MoveTowardNodes(f.problem, preferred, f.out_bytes, enc_bound[e], &plan.encoders[e].rank);
-      ImproveWithinNodes(f.problem, o.improvement_rounds, &plan.encoders[e].rank);
+      const std::vector<uint8_t> touched =
+          MoveTowardNodes(f.problem, preferred, f.out_bytes, enc_bound[e], &plan.encoders[e].rank);
+      ImproveWithinNodes(f.problem, o.improvement_rounds, &plan.encoders[e].rank, &touched);
     }
   } else {
     assignment = std::move(balanced);

@@ -32,7 +32,8 @@ bool ImproveStaged(const EncoderProblem& p, double bound, uint32_t rounds,
 
 }  // namespace
 
-void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<uint32_t>* rank) {
+void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<uint32_t>* rank,
+                        const std::vector<uint8_t>* only) {
   const uint32_t rpn = p.cluster.ranks_per_node, W = p.cluster.world_size;
   if (rpn <= 1) return;
   std::vector<std::vector<uint32_t>> members(W);
@@ -46,6 +47,7 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
   };
   std::vector<uint32_t> lo_sorted;
   for (uint32_t n = 0; n < p.cluster.nodes(); ++n) {
+    if (only != nullptr && !(*only)[n]) continue;
     const uint32_t first = n * rpn;
     for (uint32_t step = 0; step < rounds * rpn; ++step) {
       uint32_t hi = first, lo = first;
@@ -222,9 +224,11 @@ EncoderPlacement PlaceEncoder(const EncoderProblem& p, bool node_aware, double t
   return out;
 }
 
-void MoveTowardNodes(const EncoderProblem& p, const std::vector<uint32_t>& preferred,
-                     const std::vector<uint64_t>& weight, double bound,
-                     std::vector<uint32_t>* rank) {
+std::vector<uint8_t> MoveTowardNodes(const EncoderProblem& p,
+                                     const std::vector<uint32_t>& preferred,
+                                     const std::vector<uint64_t>& weight, double bound,
+                                     std::vector<uint32_t>* rank) {
+  std::vector<uint8_t> touched(p.cluster.nodes(), 0);
   const uint32_t rpn = p.cluster.ranks_per_node;
   std::vector<double> load = BinLoads(p.cost, p.cluster.world_size, *rank);
   auto node = [&](uint32_t i) { return p.cluster.node_of((*rank)[i]); };
@@ -253,6 +257,7 @@ void MoveTowardNodes(const EncoderProblem& p, const std::vector<uint32_t>& prefe
     if (best != kNone) {
       load[(*rank)[i]] -= c;
       load[best] += c;
+      touched[from] = touched[to] = 1;
       (*rank)[i] = best;
       continue;
     }
@@ -269,9 +274,11 @@ void MoveTowardNodes(const EncoderProblem& p, const std::vector<uint32_t>& prefe
       load[rj] += c - cj;
       (*rank)[i] = rj;
       (*rank)[j] = ri;
+      touched[from] = touched[to] = 1;
       break;
     }
   }
+  return touched;
 }
 
 }  // namespace tutti::dispatch

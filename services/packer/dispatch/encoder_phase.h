@@ -61,13 +61,17 @@ EncoderPlacement PlaceEncoder(const EncoderProblem& problem, bool node_aware, do
 // `weight` first, to the least loaded rank there within `bound`, or swaps
 // two items that each prefer the other's node. Never moves an item off a
 // node staging its shard onto one that does not.
-void MoveTowardNodes(const EncoderProblem& problem, const std::vector<uint32_t>& preferred,
-                     const std::vector<uint64_t>& weight, double bound,
-                     std::vector<uint32_t>* rank);
+// Returns, per node, whether any item moved onto or off it.
+std::vector<uint8_t> MoveTowardNodes(const EncoderProblem& problem,
+                                     const std::vector<uint32_t>& preferred,
+                                     const std::vector<uint64_t>& weight, double bound,
+                                     std::vector<uint32_t>* rank);
 
-// Lowers the makespan inside every node without changing any item's node.
+// Lowers the makespan inside every node (or the nodes flagged in `only`)
+// without changing any item's node.
 void ImproveWithinNodes(const EncoderProblem& problem, uint32_t rounds,
-                        std::vector<uint32_t>* rank);
+                        std::vector<uint32_t>* rank,
+                        const std::vector<uint8_t>* only = nullptr);
 
 }  // namespace tutti::dispatch
 

@@ -103,7 +103,9 @@ TEST(EncoderPhaseTest, MoveTowardNodesRespectsBoundAndStaging) {
   EXPECT_LE(Makespan(p.cost, 8, rank), bound * (1 + 1e-9));
   for (size_t i = 0; i < rank.size(); ++i) {
     const bool was_staged = p.Staged(i, p.cluster.node_of(before[i]));
-    if (was_staged) EXPECT_TRUE(p.Staged(i, p.cluster.node_of(rank[i]))) << i;
+    if (was_staged) {
+      EXPECT_TRUE(p.Staged(i, p.cluster.node_of(rank[i]))) << i;
+    }
   }
 }
 

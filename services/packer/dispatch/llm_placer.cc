@@ -77,23 +77,22 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
         if (r != kUnplaced) break;
       }
     }
+    if (r == kUnplaced && aff && !pinned[d] && p_.affinity.base(d) > 0) {
+      // The least loaded rank of a cheaper node, if no more than `slack`
+      // above the least loaded rank anywhere.
+      const uint32_t least = LeastLoaded();
+      const double slack = std::max(headroom, remaining / W);
+      const double limit =
+          std::min((least == MinTree::kNone ? 0.0 : cost(least)) + cost_[d] + slack, bound);
+      for (const auto& [bytes, n] : CheaperNodes(d, p_.affinity.base(d))) {
+        r = BestInNode(n, d, limit, &q, &delta);
+        if (r != kUnplaced) break;
+      }
+    }
     if (r == kUnplaced) r = LeastLoadedWithRoom(d, &q, &delta);
     if (r == kUnplaced) {
       *unplaceable = d;
       return false;
-    }
-    if (aff && !pinned[d] && p_.affinity.base(d) > 0 && p_.affinity.Bytes(d, node(r)) > 0) {
-      const double slack = std::max(headroom, remaining / W);
-      const double limit = std::min(cost(r) + delta + slack, bound);
-      for (const auto& [bytes, n] : CheaperNodes(d, p_.affinity.Bytes(d, node(r)))) {
-        uint32_t nq;
-        double nd;
-        const uint32_t nr = BestInNode(n, d, limit, &nq, &nd);
-        if (nr != kUnplaced) {
-          r = nr, q = nq, delta = nd;
-          break;
-        }
-      }
     }
     Place(d, r, q);
   }

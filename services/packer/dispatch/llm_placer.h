@@ -51,6 +51,7 @@ class Placer {
         cost_(p.docs.size()),
         trees_{MinTree(&state_.costs()), MinTree(&state_.costs())},
         lower_bound_(LlmLowerBound(p)) {
+    for (auto& d : dirty_) d.assign(p.cluster.world_size, 0);
     for (size_t d = 0; d < p.docs.size(); ++d) {
       cost_[d] = model_.Llm(p.docs[d].tokens);
       smallest_[p.docs[d].vl] = std::min(smallest_[p.docs[d].vl], p.docs[d].tokens);
@@ -86,6 +87,21 @@ class Placer {
   double cost(uint32_t r) const { return state_.cost(r); }
   double doc_cost(uint32_t d) const { return cost_[d]; }
 
+  void Flush(int m) {
+    for (uint32_t r : dirty_list_[m]) {
+      trees_[m].Update(r);
+      dirty_[m][r] = 0;
+    }
+    dirty_list_[m].clear();
+  }
+  // The least loaded rank with room for any text doc (else any VL doc).
+  uint32_t LeastLoaded() {
+    Flush(0);
+    if (trees_[0].Min() != MinTree::kNone) return trees_[0].Min();
+    Flush(1);
+    return trees_[1].Min();
+  }
+
   // Lowest-cost rank with room for d (ignoring the bound); kUnplaced if none.
   // For the greedy, which asks in decreasing doc length: a rank found
   // without room for the current length leaves its modality's tree and
@@ -94,6 +110,7 @@ class Placer {
   uint32_t LeastLoadedWithRoom(uint32_t d, uint32_t* q, double* delta) {
     const bool vl = p_.docs[d].vl;
     const uint32_t t = p_.docs[d].tokens;
+    Flush(vl);
     MinTree& tree = trees_[vl];
     auto& parked = parked_[vl];
     while (!parked.empty() && parked.top().first >= t) {
@@ -205,8 +222,9 @@ class Placer {
  private:
   void Touch(uint32_t r) {
     if (trees_live_) {
-      trees_[0].Update(r);
-      trees_[1].Update(r);
+      for (int m = 0; m < 2; ++m) {
+        if (!dirty_[m][r]) dirty_[m][r] = 1, dirty_list_[m].push_back(r);
+      }
     }
     if (ordered_active_) {
       ordered_.erase({ordered_cost_[r], r});
@@ -229,6 +247,10 @@ class Placer {
   std::vector<double> cost_;
   MinTree trees_[2];  // ranks by cost, per modality (text, VL) while they have room
   bool trees_live_ = true;  // kept up to date until the greedy is done
+  // Ranks whose cost changed since a tree last read it (trees are brought up
+  // to date when asked, so a modality asked rarely costs little).
+  std::vector<uint8_t> dirty_[2];
+  std::vector<uint32_t> dirty_list_[2];
   uint32_t smallest_[2] = {~0u, ~0u};  // smallest doc tokens per modality
   double lower_bound_;
   std::vector<std::pair<uint64_t, uint32_t>> cheaper_;
