@@ -406,9 +406,19 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
 
   // LLM layout: per rank, micro-batches of sequences, docs by sample index.
   const SlotLayout& sl = o.slots;
-  std::vector<std::vector<uint32_t>> seq_docs(size_t{W} * sl.sequences());
+  // Docs per (rank, sequence) slot, by a counting sort: slot_start[k] is
+  // where slot k's docs begin in slot_docs.
+  const size_t slots = size_t{W} * sl.sequences();
+  std::vector<uint32_t> slot_start(slots + 1, 0), slot_docs(n);
   for (uint32_t s = 0; s < n; ++s) {
-    seq_docs[size_t{assignment.rank[s]} * sl.sequences() + assignment.seq[s]].push_back(s);
+    ++slot_start[size_t{assignment.rank[s]} * sl.sequences() + assignment.seq[s] + 1];
+  }
+  for (size_t k = 0; k < slots; ++k) slot_start[k + 1] += slot_start[k];
+  {
+    std::vector<uint32_t> fill(slot_start.begin(), slot_start.end() - 1);
+    for (uint32_t s = 0; s < n; ++s) {
+      slot_docs[fill[size_t{assignment.rank[s]} * sl.sequences() + assignment.seq[s]]++] = s;
+    }
   }
   const auto llm_cost = LlmRankCosts(llm, assignment);
   plan.llm.resize(W);
@@ -423,7 +433,8 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
       for (uint32_t q = sl.first_sequence(mb); q < sl.first_sequence(mb) + sl.micro_batch_size(mb);
            ++q) {
         SequencePlan sp;
-        sp.docs = std::move(seq_docs[size_t{r} * sl.sequences() + q]);
+        const size_t k = size_t{r} * sl.sequences() + q;
+        sp.docs.assign(slot_docs.begin() + slot_start[k], slot_docs.begin() + slot_start[k + 1]);
         for (uint32_t s : sp.docs) {
           sp.tokens += in.samples[s].llm_tokens;
           llm_pos[s] = pos++;
@@ -470,6 +481,11 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
       });
     }
     ep.rank_items.assign(W, {});
+    {
+      std::vector<uint32_t> per_rank(W, 0);
+      for (uint32_t r : ep.rank) ++per_rank[r];
+      for (uint32_t r = 0; r < W; ++r) ep.rank_items[r].reserve(per_rank[r]);
+    }
     ep.rank_cost.assign(W, 0.0);
     ep.remote_load.assign(items, 0);
     ep.load_source.assign(items, 0);

@@ -118,6 +118,15 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
 
   std::vector<double> rank_load(W, 0.0), node_load(N, 0.0);
   MinTree rank_tree(&rank_load), node_tree(&node_load);
+  // The rank tree is needed only when a group spills off its node: ranks
+  // whose load changed are re-read then.
+  std::vector<uint8_t> dirty(W, 0);
+  std::vector<uint32_t> dirty_list;
+  auto least_rank = [&] {
+    for (uint32_t r : dirty_list) rank_tree.Update(r), dirty[r] = 0;
+    dirty_list.clear();
+    return rank_tree.Min();
+  };
   const bool everywhere = p.availability == nullptr || p.availability->all();
   std::optional<StagingIndex> own_index;
   const StagingIndex* staging = p.staging;
@@ -157,7 +166,7 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
       uint32_t r = least_in_node(home, c);
       if (r == kNone) {
         if (everywhere) {
-          const uint32_t t = rank_tree.Min();
+          const uint32_t t = least_rank();
           if (Within(rank_load[t] + c, bound)) r = t;
         } else {
           for (const uint32_t* ni = staging->begin(p.shard[i]); ni != staging->end(p.shard[i]);
@@ -169,15 +178,16 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
         }
       }
       if (r == kNone) {
-        r = rank_tree.Min();
+        r = least_rank();
         if (!Within(rank_load[r] + c, bound)) within = false;
       }
       rank[i] = r;
       rank_load[r] += c;
       node_load[p.cluster.node_of(r)] += c;
-      rank_tree.Update(r);
-      node_tree.Update(p.cluster.node_of(r));
+      if (!dirty[r]) dirty[r] = 1, dirty_list.push_back(r);
     }
+    // The group's nodes: usually just `home`.
+    for (uint32_t i : items) node_tree.Update(p.cluster.node_of(rank[i]));
   }
   ImproveWithinNodes(p, rounds, &rank);
   *within_out = within;
