@@ -73,10 +73,13 @@ int RunBenchExchange(int argc, char** argv) {
                  transport.c_str());
     return 2;
   }
-  o.progress = [](const std::string& line) { std::fprintf(stderr, "[bench exchange] %s\n", line.c_str()); };
+  o.progress = [](const std::string& line) {
+    std::fprintf(stderr, "[bench exchange] %s\n", line.c_str());
+  };
   auto rows = dispatch::RunExchangeBench(o);
   if (!rows.ok()) {
-    std::fprintf(stderr, "tutti bench exchange: %s\n", std::string(rows.status().message()).c_str());
+    std::fprintf(stderr, "tutti bench exchange: %s\n",
+                 std::string(rows.status().message()).c_str());
     return 1;
   }
   const std::string out =

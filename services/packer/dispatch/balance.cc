@@ -176,7 +176,8 @@ double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t
       for (uint32_t i : members[top]) {
         if (!ok(i, t)) continue;
         const double moved = std::max(peak - costs[i], loads[t] + costs[i]);
-        if (moved < best) best = moved, best_item = i, best_bin = t, best_swap = false, found = true;
+        if (moved < best)
+          best = moved, best_item = i, best_bin = t, best_swap = false, found = true;
       }
     }
     if (!found) {

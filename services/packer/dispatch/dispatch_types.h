@@ -51,7 +51,7 @@ struct ClusterShape {
 // numbered text first: [0, text_sequences()) are text-only sequences, then
 // VL sequences. Consecutive sequences of one modality form micro-batches.
 struct SlotLayout {
-  uint32_t seq_len = 8192;         // tokens per packed sequence (capacity)
+  uint32_t seq_len = 8192;          // tokens per packed sequence (capacity)
   uint32_t text_micro_batches = 1;  // text micro-batches per rank per step
   uint32_t text_micro_batch = 1;    // sequences per text micro-batch
   uint32_t vl_micro_batches = 1;    // VL micro-batches per rank per step
@@ -91,11 +91,11 @@ struct EncoderItem {
 
 struct Sample {
   uint64_t sample_id = 0;
-  uint32_t shard = 0;       // the shard holding the sample's members
-  uint32_t drawn_rank = 0;  // the rank the sampler dealt it to
-  bool vl = false;          // VL (images and/or audio) or text-only
-  uint32_t llm_tokens = 0;  // document length: text + encoder tokens + markers
-  uint32_t text_tokens = 0; // token ids read from the text member
+  uint32_t shard = 0;        // the shard holding the sample's members
+  uint32_t drawn_rank = 0;   // the rank the sampler dealt it to
+  bool vl = false;           // VL (images and/or audio) or text-only
+  uint32_t llm_tokens = 0;   // document length: text + encoder tokens + markers
+  uint32_t text_tokens = 0;  // token ids read from the text member
   std::array<std::vector<EncoderItem>, kNumEncoders> items;  // by EncoderKind
 };
 
@@ -256,14 +256,14 @@ struct PhaseStats {
 };
 
 struct DispatchStats {
-  std::vector<PhaseStats> phases;     // "vit", "audio" (when present), "llm"
-  uint64_t inter_node_bytes = 0;      // forward exchange, between nodes
-  uint64_t intra_node_bytes = 0;      // forward exchange, within a node, not to self
-  uint64_t self_bytes = 0;            // forward exchange, rank to itself
-  uint64_t remote_load_bytes = 0;     // load exchange (always between nodes)
-  uint32_t remote_load_items = 0;     // encoder items loaded on another node
-  uint32_t remote_text_samples = 0;   // samples whose token ids come from another node
-  bool llm_fallback = false;          // node-aware LLM greedy missed the bound; fixed by search
+  std::vector<PhaseStats> phases;    // "vit", "audio" (when present), "llm"
+  uint64_t inter_node_bytes = 0;     // forward exchange, between nodes
+  uint64_t intra_node_bytes = 0;     // forward exchange, within a node, not to self
+  uint64_t self_bytes = 0;           // forward exchange, rank to itself
+  uint64_t remote_load_bytes = 0;    // load exchange (always between nodes)
+  uint32_t remote_load_items = 0;    // encoder items loaded on another node
+  uint32_t remote_text_samples = 0;  // samples whose token ids come from another node
+  bool llm_fallback = false;         // node-aware LLM greedy missed the bound; fixed by search
 };
 
 struct DispatchPlan {
@@ -273,12 +273,12 @@ struct DispatchPlan {
   // item_offset[e][samples] is that encoder's item count.
   std::array<std::vector<uint32_t>, kNumEncoders> item_offset;
   std::array<EncoderPhasePlan, kNumEncoders> encoders;
-  std::vector<RankLlmPlan> llm;            // per rank
-  std::vector<uint32_t> llm_rank;          // per sample
-  std::vector<uint8_t> text_remote;        // per sample: token ids come from text_source
-  std::vector<uint32_t> text_source;       // per sample (meaningful when text_remote)
-  std::vector<RankExchange> forward;       // encoder outputs, encoder rank -> LLM rank
-  std::vector<RankExchange> load;          // remote inputs, before the encoders run
+  std::vector<RankLlmPlan> llm;       // per rank
+  std::vector<uint32_t> llm_rank;     // per sample
+  std::vector<uint8_t> text_remote;   // per sample: token ids come from text_source
+  std::vector<uint32_t> text_source;  // per sample (meaningful when text_remote)
+  std::vector<RankExchange> forward;  // encoder outputs, encoder rank -> LLM rank
+  std::vector<RankExchange> load;     // remote inputs, before the encoders run
   DispatchStats stats;
 };
 

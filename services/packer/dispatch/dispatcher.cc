@@ -20,10 +20,10 @@ namespace {
 // One encoder's items, flattened in sample order.
 struct FlatEncoder {
   EncoderProblem problem;
-  std::vector<uint32_t> sample;      // per item
-  std::vector<uint32_t> local;       // per item: position in samples[s].items[e]
-  std::vector<uint64_t> out_bytes;   // per item: encoder output bytes
-  std::vector<uint32_t> offset;      // per sample, plus the total
+  std::vector<uint32_t> sample;     // per item
+  std::vector<uint32_t> local;      // per item: position in samples[s].items[e]
+  std::vector<uint64_t> out_bytes;  // per item: encoder output bytes
+  std::vector<uint32_t> offset;     // per sample, plus the total
 };
 
 FlatEncoder Flatten(const DispatchInput& in, const DispatchOptions& o, EncoderKind kind,
@@ -160,9 +160,9 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
   const ClusterShape& c = o.cluster;
   const SlotLayout& sl = o.slots;
   if (c.world_size == 0 || c.ranks_per_node == 0 || c.world_size % c.ranks_per_node != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size ", c.world_size, " must be a positive multiple of ranks_per_node ",
-        c.ranks_per_node, "; every node runs the same number of ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", c.world_size, " must be a positive multiple of ranks_per_node ",
+                     c.ranks_per_node, "; every node runs the same number of ranks"));
   }
   if (sl.seq_len == 0 || sl.sequences() == 0 ||
       (sl.text_micro_batches > 0 && sl.text_micro_batch == 0) ||
@@ -178,8 +178,8 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
         "hidden_size, embedding_dtype_bytes and token_id_bytes must be positive");
   }
   if (!(o.balance_tolerance >= 0) || !std::isfinite(o.balance_tolerance)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "balance_tolerance ", o.balance_tolerance, " must be a finite number >= 0, e.g. 0.01"));
+    return absl::InvalidArgumentError(absl::StrCat("balance_tolerance ", o.balance_tolerance,
+                                                   " must be a finite number >= 0, e.g. 0.01"));
   }
   const ShardAvailability& av = in.availability;
   std::vector<uint8_t> staged_somewhere;
@@ -228,7 +228,8 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
     }
     if (s.vl != (items > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who(), s.vl ? " is VL but has no images or audio" : " is text-only but has images or audio",
+          who(),
+          s.vl ? " is VL but has no images or audio" : " is text-only but has images or audio",
           "; its modality must match its members"));
     }
     if (encoder_tokens > s.llm_tokens) {
@@ -243,8 +244,9 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
                                                        av.shards(), " shards"));
       }
       if (!staged_somewhere[s.shard]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            who(), " is in shard ", s.shard, ", which no node's stager has staged; stage it first"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(who(), " is in shard ", s.shard,
+                         ", which no node's stager has staged; stage it first"));
       }
     }
     tokens[s.vl] += s.llm_tokens;
@@ -253,11 +255,11 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
                             uint64_t{c.world_size} * sl.vl_sequences() * sl.seq_len};
   for (int m = 0; m < 2; ++m) {
     if (tokens[m] > room[m]) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the step holds ", tokens[m], (m ? " VL" : " text"), " tokens but only ", room[m],
-          " fit its ", (m ? "VL" : "text"), " sequences (", c.world_size, " ranks x ",
-          (m ? sl.vl_sequences() : sl.text_sequences()), " x ", sl.seq_len,
-          "); draw fewer samples per step or add sequences"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the step holds ", tokens[m], (m ? " VL" : " text"), " tokens but only ",
+                       room[m], " fit its ", (m ? "VL" : "text"), " sequences (", c.world_size,
+                       " ranks x ", (m ? sl.vl_sequences() : sl.text_sequences()), " x ",
+                       sl.seq_len, "); draw fewer samples per step or add sequences"));
     }
   }
   return absl::OkStatus();
@@ -266,13 +268,13 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
 absl::StatusOr<SplitEvaluation> EvaluateSplit(const DispatchInput& in, const DispatchOptions& o,
                                               const std::vector<uint32_t>& split) {
   if (split.size() != in.samples.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("split covers ", split.size(),
-                                                   " samples, the step has ", in.samples.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("split covers ", split.size(), " samples, the step has ", in.samples.size()));
   }
   for (uint32_t r : split) {
     if (r >= o.cluster.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("split names rank ", r, ", outside world_size ",
-                                                     o.cluster.world_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("split names rank ", r, ", outside world_size ", o.cluster.world_size));
     }
   }
   SplitEvaluation out;
@@ -307,8 +309,8 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
     (*flat)[e] = Flatten(in, o, kind, &staging);
     const EncoderProblem& prob = (*flat)[e].problem;
     inst.encoder_lower_bound[e] = MakespanLowerBound(prob.cost, W);
-    EncoderPlacement placed = PlaceEncoder(prob, o.node_aware, o.balance_tolerance,
-                                           o.kk_max_ranks, o.improvement_rounds);
+    EncoderPlacement placed =
+        PlaceEncoder(prob, o.node_aware, o.balance_tolerance, o.kk_max_ranks, o.improvement_rounds);
     inst.encoder_bound[e] = placed.bound;
     inst.encoder_rank[e] = std::move(placed.rank);
   }
@@ -384,7 +386,8 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
   }
   LlmAssignment assignment;
   if (o.node_aware) {
-    ASSIGN_OR_RETURN(RearrangeResult rr, RearrangeLlm(llm, o.improvement_rounds, o.balance_tolerance));
+    ASSIGN_OR_RETURN(RearrangeResult rr,
+                     RearrangeLlm(llm, o.improvement_rounds, o.balance_tolerance));
     plan.stats.llm_fallback = rr.fell_back;
     llm.bound = rr.bound;
     assignment = std::move(rr.assignment);
@@ -497,11 +500,11 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
       if (!in.availability.Has(in.samples[s].shard, c.node_of(r))) {
         const EncoderItem& it = in.samples[s].items[e][f.local[i]];
         ep.remote_load[i] = 1;
-        ep.load_source[i] = sources.Pick(in.samples[s].shard, in.samples[s].drawn_rank,
-                                         it.input_bytes);
-        load_moves.push_back(Move{ep.load_source[i], r,
-                                  ExchangeItem{s, ep.kind, Payload::kEncoderInput, it.index,
-                                               it.input_bytes}});
+        ep.load_source[i] =
+            sources.Pick(in.samples[s].shard, in.samples[s].drawn_rank, it.input_bytes);
+        load_moves.push_back(
+            Move{ep.load_source[i], r,
+                 ExchangeItem{s, ep.kind, Payload::kEncoderInput, it.index, it.input_bytes}});
         ++plan.stats.remote_load_items;
       }
     }
@@ -518,8 +521,8 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
           plan.text_remote[s] = 1;
           plan.text_source[s] = sources.Pick(in.samples[s].shard, in.samples[s].drawn_rank, bytes);
           load_moves.push_back(
-              Move{plan.text_source[s], r, ExchangeItem{s, EncoderKind::kVision,
-                                                        Payload::kTextTokens, 0, bytes}});
+              Move{plan.text_source[s], r,
+                   ExchangeItem{s, EncoderKind::kVision, Payload::kTextTokens, 0, bytes}});
           ++plan.stats.remote_text_samples;
         }
       }

@@ -96,8 +96,8 @@ std::vector<uint32_t> BalanceEncoder(const EncoderProblem& problem, uint32_t kk_
   return BalancePartition(problem.cost, problem.cluster.world_size, kk_max_ranks, rounds);
 }
 
-std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bound,
-                                             uint32_t rounds, bool* within_out) {
+std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bound, uint32_t rounds,
+                                             bool* within_out) {
   const uint32_t W = p.cluster.world_size, N = p.cluster.nodes(), rpn = p.cluster.ranks_per_node;
   const size_t n = p.cost.size();
   std::vector<uint32_t> rank(n, 0);

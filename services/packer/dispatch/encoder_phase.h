@@ -69,8 +69,7 @@ std::vector<uint8_t> MoveTowardNodes(const EncoderProblem& problem,
 
 // Lowers the makespan inside every node (or the nodes flagged in `only`)
 // without changing any item's node.
-void ImproveWithinNodes(const EncoderProblem& problem, uint32_t rounds,
-                        std::vector<uint32_t>* rank,
+void ImproveWithinNodes(const EncoderProblem& problem, uint32_t rounds, std::vector<uint32_t>* rank,
                         const std::vector<uint8_t>* only = nullptr);
 
 }  // namespace tutti::dispatch

@@ -21,7 +21,8 @@ struct Move {
 // items are left out). Moves sharing (src, dst) keep their relative order, so
 // a sender's transfer and the receiver's matching transfer list the same
 // items in the same order. O(moves + world_size).
-std::vector<RankExchange> BuildExchange(const ClusterShape& cluster, const std::vector<Move>& moves);
+std::vector<RankExchange> BuildExchange(const ClusterShape& cluster,
+                                        const std::vector<Move>& moves);
 
 // The backward exchange of `forward`: every send becomes a receive of the
 // same items and bytes (gradients of the encoder outputs flow LLM rank ->

@@ -1,5 +1,7 @@
 #include "services/packer/dispatch/exchange_bench.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -61,7 +63,8 @@ void RunGlpk(const ExchangeBenchOptions& o, const Workload& w, const DispatchOpt
     row->glpk_status = absl::StrCat("no result: ", inst.status().message());
     return;
   }
-  absl::StatusOr<RearrangeResult> fast = RearrangeLlm(inst->problem, sd.improvement_rounds, sd.balance_tolerance);
+  absl::StatusOr<RearrangeResult> fast =
+      RearrangeLlm(inst->problem, sd.improvement_rounds, sd.balance_tolerance);
   if (!fast.ok()) {
     row->glpk_status = absl::StrCat("no result: ", fast.status().message());
     return;
@@ -86,11 +89,20 @@ void RunGlpk(const ExchangeBenchOptions& o, const Workload& w, const DispatchOpt
   row->glpk_optimum_bytes = ilp->bytes;
   absl::StatusOr<LlmAssignment> balanced = BalanceLlm(inst->problem, sd.improvement_rounds);
   const uint64_t oblivious = balanced.ok() ? LlmInterNodeBytes(inst->problem, *balanced) : 0;
-  const double denom = ilp->bytes > 0 ? double(ilp->bytes) : double(std::max<uint64_t>(1, oblivious));
+  const double denom =
+      ilp->bytes > 0 ? double(ilp->bytes) : double(std::max<uint64_t>(1, oblivious));
   row->glpk_gap = (double(fast_bytes) - double(ilp->bytes)) / denom;
   row->glpk_status = absl::StrFormat("optimal (%u samples, %u ranks, %.1f s)",
                                      static_cast<unsigned>(sub.samples.size()),
                                      static_cast<unsigned>(sd.cluster.world_size), ilp->seconds);
+}
+
+// CPU time of the calling thread, in milliseconds: what the plan costs on
+// one core, whatever else the machine runs.
+double ThreadCpuMs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 std::map<std::string, TransportBenchFn>& Transports() {
@@ -151,18 +163,21 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
     rows.push_back(row);
 
     say(absl::StrCat("W=", W, ": post-balancing x", std::max(1u, o.plan_repeats)));
-    std::vector<double> ms;
+    std::vector<double> ms, cpu_ms;
     DispatchPlan plan;
     for (uint32_t k = 0; k < std::max(1u, o.plan_repeats); ++k) {
       // Timed: the Dispatch call alone (freeing the previous plan is not).
       const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = ThreadCpuMs();
       absl::StatusOr<DispatchPlan> next = Dispatch(w.input, d);
+      cpu_ms.push_back(ThreadCpuMs() - c0);
       ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       if (!next.ok()) return next.status();
       plan = *std::move(next);
     }
     std::sort(ms.begin(), ms.end());
+    std::sort(cpu_ms.begin(), cpu_ms.end());
     DispatchOptions oblivious = d;
     oblivious.node_aware = false;
     ASSIGN_OR_RETURN(DispatchPlan obl, Dispatch(w.input, oblivious));
@@ -170,6 +185,7 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
     row.mode = "post";
     FillPhases(plan.stats.phases, &row);
     row.plan_ms_median = ms[ms.size() / 2];
+    row.plan_cpu_ms_median = cpu_ms[cpu_ms.size() / 2];
     row.inter_node_bytes = plan.stats.inter_node_bytes + plan.stats.remote_load_bytes;
     row.inter_node_bytes_oblivious = obl.stats.inter_node_bytes + obl.stats.remote_load_bytes;
     row.exchange_bytes = plan.stats.inter_node_bytes + plan.stats.intra_node_bytes;
@@ -184,14 +200,14 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
 }
 
 std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
-  std::string out = absl::StrFormat("%-5s %6s %8s %8s %8s %8s %12s %12s %7s %9s %9s\n", "mode",
-                                    "ranks", "vit_imb", "aud_imb", "llm_imb", "llm/lb",
-                                    "inter_MB", "oblivious_MB", "ratio", "glpk_gap", "plan_ms");
+  std::string out = absl::StrFormat("%-5s %6s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s\n", "mode",
+                                    "ranks", "vit_imb", "aud_imb", "llm_imb", "llm/lb", "inter_MB",
+                                    "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
   for (const auto& r : rows) {
     const bool post = r.mode == "post";
     auto mb = [](uint64_t b) { return absl::StrFormat("%.1f", b / 1e6); };
     out += absl::StrFormat(
-        "%-5s %6u %8.4f %8s %8.4f %8.4f %12s %12s %7s %9s %9s\n", r.mode, r.ranks,
+        "%-5s %6u %8.4f %8s %8.4f %8.4f %12s %12s %7s %9s %9s %9s\n", r.mode, r.ranks,
         r.encoder_imbalance, r.audio_imbalance ? absl::StrFormat("%.4f", *r.audio_imbalance) : "-",
         r.llm_imbalance, r.llm_vs_bound, post ? mb(r.inter_node_bytes) : "-",
         post ? mb(r.inter_node_bytes_oblivious) : "-",
@@ -199,7 +215,8 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
             ? absl::StrFormat("%.3f", double(r.inter_node_bytes) / r.inter_node_bytes_oblivious)
             : "-",
         r.glpk_gap ? absl::StrFormat("%.4f", *r.glpk_gap) : "-",
-        r.plan_ms_median ? absl::StrFormat("%.1f", *r.plan_ms_median) : "-");
+        r.plan_ms_median ? absl::StrFormat("%.1f", *r.plan_ms_median) : "-",
+        r.plan_cpu_ms_median ? absl::StrFormat("%.1f", *r.plan_cpu_ms_median) : "-");
   }
   return out;
 }
@@ -226,12 +243,12 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         "\"llm_imbalance_vs_bound\": %.6g, \"overflow_sequences\": %u, \"inter_node_bytes\": %u, "
         "\"inter_node_bytes_oblivious\": %u, \"exchange_bytes\": %u, \"glpk_gap\": %s, "
         "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": \"%s\", "
-        "\"plan_ms_median\": %s, \"llm_fallback\": %s}%s\n",
+        "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, \"llm_fallback\": %s}%s\n",
         r.mode, r.ranks, r.nodes, r.samples, r.vl_samples, r.images, r.audio_clips,
         r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), r.llm_imbalance,
         r.llm_vs_bound, r.overflow_sequences, r.inter_node_bytes, r.inter_node_bytes_oblivious,
         r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes), optu(r.glpk_fast_bytes),
-        status, opt(r.plan_ms_median), r.llm_fallback ? "true" : "false",
+        status, opt(r.plan_ms_median), opt(r.plan_cpu_ms_median), r.llm_fallback ? "true" : "false",
         i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";

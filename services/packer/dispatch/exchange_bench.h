@@ -47,23 +47,24 @@ struct ExchangeBenchRow {
   uint32_t vl_samples = 0;
   uint32_t images = 0;
   uint32_t audio_clips = 0;
-  double encoder_imbalance = 1;       // vision phase, max / mean
-  double encoder_vs_bound = 1;        // vision phase, max / lower bound
+  double encoder_imbalance = 1;  // vision phase, max / mean
+  double encoder_vs_bound = 1;   // vision phase, max / lower bound
   std::optional<double> audio_imbalance;
   double llm_imbalance = 1;
   double llm_vs_bound = 1;
-  uint32_t overflow_sequences = 0;    // none/pre: sequences beyond the layout
-  uint64_t inter_node_bytes = 0;      // forward exchange + remote loads
+  uint32_t overflow_sequences = 0;  // none/pre: sequences beyond the layout
+  uint64_t inter_node_bytes = 0;    // forward exchange + remote loads
   uint64_t inter_node_bytes_oblivious = 0;
-  uint64_t exchange_bytes = 0;        // all forward bytes that leave a rank
+  uint64_t exchange_bytes = 0;  // all forward bytes that leave a rank
   // Sub-instance: (fast - optimum) / optimum inter-node bytes of the LLM
   // rearrangement; when the optimum is 0, (fast - 0) / the node-oblivious
   // placement's bytes. Unset when GLPK did not finish or was not run.
   std::optional<double> glpk_gap;
   std::optional<uint64_t> glpk_optimum_bytes;
   std::optional<uint64_t> glpk_fast_bytes;
-  std::string glpk_status;            // "optimal", "no result: ...", "not run"
-  std::optional<double> plan_ms_median;
+  std::string glpk_status;                   // "optimal", "no result: ...", "not run"
+  std::optional<double> plan_ms_median;      // wall clock of one Dispatch call
+  std::optional<double> plan_cpu_ms_median;  // CPU time of the planning thread
   bool llm_fallback = false;
 };
 

@@ -58,8 +58,10 @@ TEST(ExchangeBenchTest, PreHookIsUsedAndErrorsPropagate) {
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_TRUE(called);
   EXPECT_EQ((*rows)[2].glpk_status, "not run");
-  o.pre_balance = [](const DispatchInput&, const DispatchOptions&)
-      -> absl::StatusOr<std::vector<uint32_t>> { return absl::InternalError("packer says no"); };
+  o.pre_balance = [](const DispatchInput&,
+                     const DispatchOptions&) -> absl::StatusOr<std::vector<uint32_t>> {
+    return absl::InternalError("packer says no");
+  };
   EXPECT_EQ(RunExchangeBench(o).status().message(), "packer says no");
   o.workload.ranks_per_node = 3;
   EXPECT_FALSE(RunExchangeBench(o).ok());

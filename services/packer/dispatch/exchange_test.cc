@@ -8,7 +8,8 @@ namespace tutti::dispatch {
 namespace {
 
 Move M(uint32_t src, uint32_t dst, uint32_t sample, uint64_t bytes) {
-  return Move{src, dst, ExchangeItem{sample, EncoderKind::kVision, Payload::kEncoderOutput, 0, bytes}};
+  return Move{src, dst,
+              ExchangeItem{sample, EncoderKind::kVision, Payload::kEncoderOutput, 0, bytes}};
 }
 
 TEST(ExchangeTest, GroupsByPeerInOrderAndKeepsItemOrder) {

@@ -56,7 +56,8 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
 
   // Columns: x for each (doc, rank, sequence of its modality), then z and y.
   uint64_t binaries = 0;
-  for (const LlmDoc& d : p.docs) binaries += uint64_t{W} * (d.vl ? sl.vl_sequences() : sl.text_sequences());
+  for (const LlmDoc& d : p.docs)
+    binaries += uint64_t{W} * (d.vl ? sl.vl_sequences() : sl.text_sequences());
   if (binaries > o.max_binaries) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the ILP reference would need ", binaries, " binary variables, above its limit of ",
@@ -64,8 +65,7 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
   }
   std::vector<uint32_t> first_col(D + 1, 1);
   for (uint32_t d = 0; d < D; ++d) {
-    first_col[d + 1] =
-        first_col[d] + W * (p.docs[d].vl ? sl.vl_sequences() : sl.text_sequences());
+    first_col[d + 1] = first_col[d] + W * (p.docs[d].vl ? sl.vl_sequences() : sl.text_sequences());
   }
   auto seq_begin = [&](uint32_t d) { return p.docs[d].vl ? sl.text_sequences() : 0u; };
   auto seq_count = [&](uint32_t d) {
@@ -239,8 +239,8 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
       break;
     }
     if (iret != 0 || status != GLP_OPT) {
-      result.detail = iret == GLP_ETMLIM ? "time limit reached"
-                                         : absl::StrCat("glp_intopt returned ", iret);
+      result.detail =
+          iret == GLP_ETMLIM ? "time limit reached" : absl::StrCat("glp_intopt returned ", iret);
       break;
     }
     LlmAssignment sol{std::vector<uint32_t>(D, 0), std::vector<uint32_t>(D, 0)};
@@ -256,12 +256,14 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
     if (p.padded && bounded) {
       const auto cost = LlmRankCosts(p, sol);
       std::vector<uint32_t> fill(size_t{W} * S, 0);
-      for (uint32_t d = 0; d < D; ++d) fill[size_t{sol.rank[d]} * S + sol.seq[d]] += p.docs[d].tokens;
+      for (uint32_t d = 0; d < D; ++d)
+        fill[size_t{sol.rank[d]} * S + sol.seq[d]] += p.docs[d].tokens;
       for (uint32_t r = 0; r < W; ++r) {
         if (cost[r] <= bound * (1 + 1e-9)) continue;
         for (uint32_t mb = 0; mb < M; ++mb) {
           uint32_t longest = 0;
-          for (uint32_t q = sl.first_sequence(mb); q < sl.first_sequence(mb) + sl.micro_batch_size(mb); ++q) {
+          for (uint32_t q = sl.first_sequence(mb);
+               q < sl.first_sequence(mb) + sl.micro_batch_size(mb); ++q) {
             longest = std::max(longest, fill[size_t{r} * S + q]);
           }
           refined |= add_cut(r, mb, longest);

@@ -76,9 +76,8 @@ absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rou
         "the step's documents do not fit its sequences: a ", d.vl ? "VL" : "text-only",
         " document of ", d.tokens, " tokens found no ", d.vl ? "VL" : "text",
         " sequence with room (", problem.cluster.world_size, " ranks x ",
-        d.vl ? problem.slots.vl_sequences() : problem.slots.text_sequences(),
-        " sequences of ", problem.slots.seq_len,
-        " tokens); draw fewer samples per step or add sequences"));
+        d.vl ? problem.slots.vl_sequences() : problem.slots.text_sequences(), " sequences of ",
+        problem.slots.seq_len, " tokens); draw fewer samples per step or add sequences"));
   }
   placer.ImproveBalance(false, rounds, LlmLowerBound(problem) * (1 + 1e-6));
   return placer.Result();
@@ -124,7 +123,8 @@ absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t
     balanced = &own;
   }
   const auto cost = LlmRankCosts(problem, *balanced);
-  const double raised = std::max(problem.bound, (1 + tolerance) * *std::max_element(cost.begin(), cost.end()));
+  const double raised =
+      std::max(problem.bound, (1 + tolerance) * *std::max_element(cost.begin(), cost.end()));
   out.fell_back = true;
   if (attempt(raised, &out)) return out;
   Placer placer(problem);
@@ -176,8 +176,8 @@ absl::Status CheckLlmAssignment(const LlmProblem& problem, const LlmAssignment& 
   const SlotLayout& s = problem.slots;
   const uint32_t W = problem.cluster.world_size;
   if (a.rank.size() != problem.docs.size() || a.seq.size() != problem.docs.size()) {
-    return absl::InternalError(absl::StrCat("assignment covers ", a.rank.size(), " docs, not ",
-                                            problem.docs.size()));
+    return absl::InternalError(
+        absl::StrCat("assignment covers ", a.rank.size(), " docs, not ", problem.docs.size()));
   }
   std::vector<uint32_t> fill(size_t{W} * s.sequences(), 0);
   for (size_t d = 0; d < a.rank.size(); ++d) {
@@ -186,7 +186,8 @@ absl::Status CheckLlmAssignment(const LlmProblem& problem, const LlmAssignment& 
                                               " sequence ", a.seq[d], ": out of range"));
     }
     if (s.is_vl_sequence(a.seq[d]) != problem.docs[d].vl) {
-      return absl::InternalError(absl::StrCat("doc ", d, " is in a sequence of the other modality"));
+      return absl::InternalError(
+          absl::StrCat("doc ", d, " is in a sequence of the other modality"));
     }
     fill[size_t{a.rank[d]} * s.sequences() + a.seq[d]] += problem.docs[d].tokens;
   }

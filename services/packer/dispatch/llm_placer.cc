@@ -23,7 +23,7 @@ std::vector<uint32_t> LptOrder(const std::vector<LlmDoc>& docs) {
 }
 
 bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* within,
-                  uint32_t* unplaceable) {
+                    uint32_t* unplaceable) {
   const bool aff = use_affinity && !p_.affinity.empty();
   const double headroom = std::isfinite(bound) ? 0.5 * std::max(0.0, bound - lower_bound_) : 0.0;
   // Cost still to place per rank: what later docs can even out.
@@ -127,8 +127,8 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
     }
     targets.clear();
     uint32_t scanned = 0;
-    for (auto it = ordered_.begin(); it != ordered_.end() && targets.size() < kTargets &&
-                                     scanned < kScan && it->first < peak;
+    for (auto it = ordered_.begin();
+         it != ordered_.end() && targets.size() < kTargets && scanned < kScan && it->first < peak;
          ++it, ++scanned) {
       const uint32_t r = it->second;
       if (state_.room(r, false) >= smallest[0] || state_.room(r, true) >= smallest[1]) {
@@ -137,7 +137,8 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
     }
     // Swaps need room only for the difference: add the least loaded others.
     for (auto it = ordered_.begin(); it != ordered_.end() && targets.size() < 2 * kTargets; ++it) {
-      if (it->second != top && std::find(targets.begin(), targets.end(), it->second) == targets.end()) {
+      if (it->second != top &&
+          std::find(targets.begin(), targets.end(), it->second) == targets.end()) {
         targets.push_back(it->second);
       }
     }
@@ -172,8 +173,8 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
         for (uint32_t e : members_[t]) {
           if (++checks > kSwapChecks) break;
           if (p_.docs[e].vl != p_.docs[d].vl || p_.docs[e].tokens >= p_.docs[d].tokens) continue;
-          if (node_aware && Bytes(d, node(t)) + Bytes(e, node(top)) >
-                                Bytes(d, node(top)) + Bytes(e, node(t))) {
+          if (node_aware &&
+              Bytes(d, node(t)) + Bytes(e, node(top)) > Bytes(d, node(top)) + Bytes(e, node(t))) {
             continue;
           }
           double dt, dtop;

@@ -187,9 +187,7 @@ class Placer {
     for (size_t d = 0; d < a.rank.size(); ++d) Place(d, a.rank[d], a.seq[d]);
   }
   LlmAssignment Result() const { return LlmAssignment{rank_, seq_}; }
-  double Peak() const {
-    return *std::max_element(state_.costs().begin(), state_.costs().end());
-  }
+  double Peak() const { return *std::max_element(state_.costs().begin(), state_.costs().end()); }
 
   // Records Place/Unplace from now on so that Rollback() can undo them.
   void Checkpoint() {
@@ -245,7 +243,7 @@ class Placer {
   std::vector<std::vector<uint32_t>> members_;
   std::vector<uint32_t> rank_, seq_, pos_;
   std::vector<double> cost_;
-  MinTree trees_[2];  // ranks by cost, per modality (text, VL) while they have room
+  MinTree trees_[2];        // ranks by cost, per modality (text, VL) while they have room
   bool trees_live_ = true;  // kept up to date until the greedy is done
   // Ranks whose cost changed since a tree last read it (trees are brought up
   // to date when asked, so a modality asked rarely costs little).

@@ -64,8 +64,8 @@ absl::Status CheckExchangeSymmetry(const std::vector<RankExchange>& x) {
       }
       prev = t.peer;
       const auto& recvs = x[t.peer].recvs;
-      auto it = std::find_if(recvs.begin(), recvs.end(),
-                             [&](const Transfer& u) { return u.peer == r; });
+      auto it =
+          std::find_if(recvs.begin(), recvs.end(), [&](const Transfer& u) { return u.peer == r; });
       if (it == recvs.end() || it->items.size() != t.items.size() || it->bytes != t.bytes) {
         return Fail(absl::StrCat("rank ", r, " sends ", t.items.size(), " items to rank ", t.peer,
                                  ", which does not receive the same from it"));
@@ -92,14 +92,15 @@ absl::Status CheckExchangeSymmetry(const std::vector<RankExchange>& x) {
     // Every send has its receive (checked above); equal counts mean no
     // receive lacks its send.
     if (sent_to[r] != recv_items) {
-      return Fail(absl::StrCat("rank ", r, " receives ", recv_items, " items but is sent ",
-                               sent_to[r]));
+      return Fail(
+          absl::StrCat("rank ", r, " receives ", recv_items, " items but is sent ", sent_to[r]));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckPlan(const DispatchInput& in, const DispatchOptions& o, const DispatchPlan& plan) {
+absl::Status CheckPlan(const DispatchInput& in, const DispatchOptions& o,
+                       const DispatchPlan& plan) {
   const ClusterShape& c = o.cluster;
   const uint32_t W = c.world_size;
   const size_t n = in.samples.size();
@@ -120,8 +121,8 @@ absl::Status CheckPlan(const DispatchInput& in, const DispatchOptions& o, const 
         const uint32_t i = off[ref.sample] + ref.item;
         if (seen[i]++) return Fail(absl::StrCat("item ", i, " is encoded twice"));
         if (ep.rank[i] != r) {
-          return Fail(absl::StrCat("item ", i, " is listed on rank ", r, " but placed on ",
-                                   ep.rank[i]));
+          return Fail(
+              absl::StrCat("item ", i, " is listed on rank ", r, " but placed on ", ep.rank[i]));
         }
         const Sample& s = in.samples[ref.sample];
         const EncoderItem& it = s.items[e][ref.item];
@@ -146,7 +147,8 @@ absl::Status CheckPlan(const DispatchInput& in, const DispatchOptions& o, const 
   }
   // LLM phase.
   const SlotLayout& sl = o.slots;
-  if (plan.llm.size() != W || plan.llm_rank.size() != n) return Fail("LLM phase has the wrong shape");
+  if (plan.llm.size() != W || plan.llm_rank.size() != n)
+    return Fail("LLM phase has the wrong shape");
   std::vector<uint8_t> placed(n, 0);
   for (uint32_t r = 0; r < W; ++r) {
     const auto& mbs = plan.llm[r].micro_batches;
@@ -186,7 +188,8 @@ absl::Status CheckPlan(const DispatchInput& in, const DispatchOptions& o, const 
     }
   }
   for (size_t s = 0; s < n; ++s) {
-    if (!placed[s]) return Fail(absl::StrCat("sample ", in.samples[s].sample_id, " is in no sequence"));
+    if (!placed[s])
+      return Fail(absl::StrCat("sample ", in.samples[s].sample_id, " is in no sequence"));
   }
   // Exchanges.
   for (const auto* x : {&plan.forward, &plan.load}) {

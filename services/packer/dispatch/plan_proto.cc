@@ -122,8 +122,8 @@ absl::Status FillRankPlan(const DispatchInput& in, const DispatchOptions& o,
         cost->set_patches(cost->patches() + it.units);
         cost->set_images(cost->images() + 1);
         // Chunks of consecutive images up to max_patches_per_chunk.
-        if (chunk == nullptr || (chunk_patches > 0 &&
-                                 chunk_patches + it.units > proto.max_patches_per_chunk)) {
+        if (chunk == nullptr ||
+            (chunk_patches > 0 && chunk_patches + it.units > proto.max_patches_per_chunk)) {
           chunk = pe->add_chunks();
           chunk_patches = 0;
         }

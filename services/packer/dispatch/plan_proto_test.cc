@@ -59,7 +59,9 @@ TEST(PlanProtoTest, RankPlansCarryPhasesExchangeAndCosts) {
     int in_chunks = 0;
     for (const auto& ch : rp.encoders(0).chunks()) {
       in_chunks += ch.items_size();
-      if (ch.items_size() > 1) EXPECT_LE(ch.patches(), 1000u);
+      if (ch.items_size() > 1) {
+        EXPECT_LE(ch.patches(), 1000u);
+      }
     }
     EXPECT_EQ(in_chunks, rp.encoders(0).images_size());
     clips += rp.encoders(1).audio_size();

@@ -25,7 +25,8 @@ absl::StatusOr<std::vector<uint32_t>> LptPreBalance(const DispatchInput& in,
     const Sample& x = in.samples[s];
     llm[s] = model.Llm(x.llm_tokens);
     for (const EncoderItem& it : x.items[int(EncoderKind::kVision)]) vit[s] += model.Vit(it.units);
-    for (const EncoderItem& it : x.items[int(EncoderKind::kAudio)]) audio[s] += model.Audio(it.units);
+    for (const EncoderItem& it : x.items[int(EncoderKind::kAudio)])
+      audio[s] += model.Audio(it.units);
     vit_total += vit[s];
     audio_total += audio[s];
   }
@@ -71,9 +72,9 @@ absl::StatusOr<std::vector<uint32_t>> LptPreBalance(const DispatchInput& in,
       }
       for (const Entry& e : skipped) heap.push(e);
       if (!placed) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "pre-balancing: sample ", x.sample_id, " (", x.llm_tokens,
-            " tokens) fits no rank's sequences; draw fewer samples per step"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("pre-balancing: sample ", x.sample_id, " (", x.llm_tokens,
+                         " tokens) fits no rank's sequences; draw fewer samples per step"));
       }
     }
     return absl::OkStatus();

@@ -65,9 +65,8 @@ double SequenceState::RemoveDelta(uint32_t rank, uint32_t seq, uint32_t tokens,
   return MicroBatchCost(mb, old_longest) - MicroBatchCost(mb, Longest(rank, mb, seq, tokens));
 }
 
-bool SequenceState::ReplaceDelta(uint32_t rank, uint32_t seq, uint32_t out_tokens,
-                                 double out_cost, uint32_t in_tokens, double in_cost,
-                                 double* delta) const {
+bool SequenceState::ReplaceDelta(uint32_t rank, uint32_t seq, uint32_t out_tokens, double out_cost,
+                                 uint32_t in_tokens, double in_cost, double* delta) const {
   const uint32_t fill = tokens_[rank * seqs_ + seq] - out_tokens + in_tokens;
   if (fill > slots_.seq_len) return false;
   if (!padded_) {

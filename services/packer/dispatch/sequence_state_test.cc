@@ -13,7 +13,7 @@ SlotLayout Layout() {
   s.text_micro_batches = 2;
   s.text_micro_batch = 2;  // text sequences 0,1 | 2,3
   s.vl_micro_batches = 1;
-  s.vl_micro_batch = 1;    // VL sequence 4
+  s.vl_micro_batch = 1;  // VL sequence 4
   return s;
 }
 
@@ -53,7 +53,7 @@ TEST(SequenceStateTest, PaddedCostCountsLongestOfMicroBatch) {
   EXPECT_DOUBLE_EQ(st.cost(0), 2 * m.Llm(600));  // micro-batch 0 has 2 sequences
   st.Add(0, 1, 100, m.Llm(100));                 // shorter: no change
   EXPECT_DOUBLE_EQ(st.cost(0), 2 * m.Llm(600));
-  st.Add(0, 4, 50, m.Llm(50));                   // VL micro-batch of 1
+  st.Add(0, 4, 50, m.Llm(50));  // VL micro-batch of 1
   EXPECT_DOUBLE_EQ(st.cost(0), 2 * m.Llm(600) + m.Llm(50));
   // The best text sequence for a 200-token doc is in the empty micro-batch?
   // No: adding to sequence 1 (100 -> 300) costs nothing, it stays under 600.
