@@ -28,7 +28,10 @@ void FillPhases(const std::vector<PhaseStats>& phases, ExchangeBenchRow* row) {
     row->encoder_imbalance = p->imbalance;
     row->encoder_vs_bound = p->imbalance_vs_bound;
   }
-  if (const PhaseStats* p = Find(phases, "audio")) row->audio_imbalance = p->imbalance;
+  if (const PhaseStats* p = Find(phases, "audio")) {
+    row->audio_imbalance = p->imbalance;
+    row->audio_vs_bound = p->imbalance_vs_bound;
+  }
   if (const PhaseStats* p = Find(phases, "llm")) {
     row->llm_imbalance = p->imbalance;
     row->llm_vs_bound = p->imbalance_vs_bound;
@@ -200,15 +203,19 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
 }
 
 std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
-  std::string out = absl::StrFormat("%-5s %6s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s\n", "mode",
-                                    "ranks", "vit_imb", "aud_imb", "llm_imb", "llm/lb", "inter_MB",
-                                    "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
+  std::string out = absl::StrFormat(
+      "%-5s %6s %8s %8s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s\n", "mode", "ranks", "vit_imb",
+      "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb", "inter_MB", "oblivious_MB", "ratio",
+      "glpk_gap", "plan_ms", "cpu_ms");
   for (const auto& r : rows) {
     const bool post = r.mode == "post";
     auto mb = [](uint64_t b) { return absl::StrFormat("%.1f", b / 1e6); };
+    auto opt4 = [](const std::optional<double>& v) {
+      return v ? absl::StrFormat("%.4f", *v) : std::string("-");
+    };
     out += absl::StrFormat(
-        "%-5s %6u %8.4f %8s %8.4f %8.4f %12s %12s %7s %9s %9s %9s\n", r.mode, r.ranks,
-        r.encoder_imbalance, r.audio_imbalance ? absl::StrFormat("%.4f", *r.audio_imbalance) : "-",
+        "%-5s %6u %8.4f %8.4f %8s %8s %8.4f %8.4f %12s %12s %7s %9s %9s %9s\n", r.mode, r.ranks,
+        r.encoder_imbalance, r.encoder_vs_bound, opt4(r.audio_imbalance), opt4(r.audio_vs_bound),
         r.llm_imbalance, r.llm_vs_bound, post ? mb(r.inter_node_bytes) : "-",
         post ? mb(r.inter_node_bytes_oblivious) : "-",
         post && r.inter_node_bytes_oblivious > 0
@@ -239,17 +246,19 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
     out += absl::StrFormat(
         "  {\"mode\": \"%s\", \"ranks\": %u, \"nodes\": %u, \"samples\": %u, \"vl_samples\": %u, "
         "\"images\": %u, \"audio_clips\": %u, \"encoder_imbalance\": %.6g, "
-        "\"encoder_imbalance_vs_bound\": %.6g, \"audio_imbalance\": %s, \"llm_imbalance\": %.6g, "
+        "\"encoder_imbalance_vs_bound\": %.6g, \"audio_imbalance\": %s, "
+        "\"audio_imbalance_vs_bound\": %s, "
+        "\"llm_imbalance\": %.6g, "
         "\"llm_imbalance_vs_bound\": %.6g, \"overflow_sequences\": %u, \"inter_node_bytes\": %u, "
         "\"inter_node_bytes_oblivious\": %u, \"exchange_bytes\": %u, \"glpk_gap\": %s, "
         "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": \"%s\", "
         "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, \"llm_fallback\": %s}%s\n",
         r.mode, r.ranks, r.nodes, r.samples, r.vl_samples, r.images, r.audio_clips,
-        r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), r.llm_imbalance,
-        r.llm_vs_bound, r.overflow_sequences, r.inter_node_bytes, r.inter_node_bytes_oblivious,
-        r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes), optu(r.glpk_fast_bytes),
-        status, opt(r.plan_ms_median), opt(r.plan_cpu_ms_median), r.llm_fallback ? "true" : "false",
-        i + 1 < rows.size() ? "," : "");
+        r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), opt(r.audio_vs_bound),
+        r.llm_imbalance, r.llm_vs_bound, r.overflow_sequences, r.inter_node_bytes,
+        r.inter_node_bytes_oblivious, r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes),
+        optu(r.glpk_fast_bytes), status, opt(r.plan_ms_median), opt(r.plan_cpu_ms_median),
+        r.llm_fallback ? "true" : "false", i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";
   return out;

@@ -50,6 +50,7 @@ struct ExchangeBenchRow {
   double encoder_imbalance = 1;  // vision phase, max / mean
   double encoder_vs_bound = 1;   // vision phase, max / lower bound
   std::optional<double> audio_imbalance;
+  std::optional<double> audio_vs_bound;
   double llm_imbalance = 1;
   double llm_vs_bound = 1;
   uint32_t overflow_sequences = 0;  // none/pre: sequences beyond the layout
