@@ -1,6 +1,5 @@
 // A tournament tree over a vector of keys: the index of the smallest key
-// (ties: lowest index) in O(1), re-reading one changed key in O(log n)
-// (often O(1): the walk stops where the subtree's minimum is unchanged).
+// (ties: lowest index) in O(1), re-reading one changed key in O(log n).
 // Masked entries count as +infinity. Not thread-safe.
 #ifndef TUTTI_SERVICES_PACKER_DISPATCH_MIN_TREE_H_
 #define TUTTI_SERVICES_PACKER_DISPATCH_MIN_TREE_H_
@@ -28,11 +27,7 @@ class MinTree {
   void Update(uint32_t i) {
     uint32_t v = leaves_ + i;
     tree_[v] = Node{masked_[i] ? kInf : (*keys_)[i], masked_[i] ? kNone : i};
-    for (v /= 2; v >= 1; v /= 2) {
-      const Node next = Pick(tree_[2 * v], tree_[2 * v + 1]);
-      if (next.key == tree_[v].key && next.index == tree_[v].index) break;
-      tree_[v] = next;
-    }
+    for (v /= 2; v >= 1; v /= 2) tree_[v] = Pick(tree_[2 * v], tree_[2 * v + 1]);
   }
   void Mask(uint32_t i, bool masked) {
     masked_[i] = masked;
@@ -47,9 +42,9 @@ class MinTree {
     double key;
     uint32_t index;  // kNone: empty or masked
   };
+  // Lexicographic (key, index): masked and empty entries are (inf, kNone),
+  // so they lose to every real entry and the root is (inf, kNone) when all are.
   static Node Pick(const Node& a, const Node& b) {
-    if (a.index == kNone) return b;
-    if (b.index == kNone) return a;
     return (b.key < a.key || (b.key == a.key && b.index < a.index)) ? b : a;
   }
 
