@@ -43,7 +43,8 @@ int RunBenchExchange(int argc, char** argv) {
   cli.Flag("padded", &o.padded,
            "padded LLM cost: a micro-batch costs as if every sequence were its longest");
   cli.Flag("tolerance", &o.balance_tolerance,
-           "balance tolerance: rank cost <= max(balancer makespan, (1+t) * lower bound)");
+           "balance tolerance: rank cost <= (1+t) x lower bound, or (1+t) x the balancer's "
+           "makespan when that is out of reach");
   cli.Flag("repeats", &o.plan_repeats, "timed plans per world size (the median is reported)");
   cli.Flag("glpk-max-world", &o.glpk_max_world,
            "run GLPK (on a 2x2 sub-instance) for world sizes up to this; 0 = never");
@@ -66,7 +67,8 @@ int RunBenchExchange(int argc, char** argv) {
     }
     o.world_sizes.push_back(w);
   }
-  if (transport != "none" && dispatch::FindTransportBench(transport) == nullptr) {
+  if (transport != "none") o.transport = dispatch::FindTransportBench(transport);
+  if (transport != "none" && o.transport == nullptr) {
     std::fprintf(stderr,
                  "--transport %s: no such transport in this build; the MPI transport comes "
                  "with the client library (client/), use --transport none for now\n",

@@ -193,6 +193,11 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
     row.inter_node_bytes_oblivious = obl.stats.inter_node_bytes + obl.stats.remote_load_bytes;
     row.exchange_bytes = plan.stats.inter_node_bytes + plan.stats.intra_node_bytes;
     row.llm_fallback = plan.stats.llm_fallback;
+    if (o.transport != nullptr && *o.transport) {
+      say(absl::StrCat("W=", W, ": exchange over the transport"));
+      ASSIGN_OR_RETURN(TransportBenchResult t, (*o.transport)(plan));
+      row.client_vs_bare_throughput = t.client_vs_bare_throughput;
+    }
     if (W <= o.glpk_max_world) {
       say(absl::StrCat("W=", W, ": GLPK on a sub-instance"));
       RunGlpk(o, w, d, &row);
@@ -203,10 +208,10 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
 }
 
 std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
-  std::string out = absl::StrFormat(
-      "%-5s %6s %8s %8s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s\n", "mode", "ranks", "vit_imb",
-      "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb", "inter_MB", "oblivious_MB", "ratio",
-      "glpk_gap", "plan_ms", "cpu_ms");
+  std::string out =
+      absl::StrFormat("%-5s %6s %8s %8s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s\n", "mode",
+                      "ranks", "vit_imb", "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb",
+                      "inter_MB", "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
   for (const auto& r : rows) {
     const bool post = r.mode == "post";
     auto mb = [](uint64_t b) { return absl::StrFormat("%.1f", b / 1e6); };
@@ -252,13 +257,15 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         "\"llm_imbalance_vs_bound\": %.6g, \"overflow_sequences\": %u, \"inter_node_bytes\": %u, "
         "\"inter_node_bytes_oblivious\": %u, \"exchange_bytes\": %u, \"glpk_gap\": %s, "
         "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": \"%s\", "
-        "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, \"llm_fallback\": %s}%s\n",
+        "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, "
+        "\"client_vs_bare_throughput\": %s, \"llm_fallback\": %s}%s\n",
         r.mode, r.ranks, r.nodes, r.samples, r.vl_samples, r.images, r.audio_clips,
         r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), opt(r.audio_vs_bound),
         r.llm_imbalance, r.llm_vs_bound, r.overflow_sequences, r.inter_node_bytes,
         r.inter_node_bytes_oblivious, r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes),
         optu(r.glpk_fast_bytes), status, opt(r.plan_ms_median), opt(r.plan_cpu_ms_median),
-        r.llm_fallback ? "true" : "false", i + 1 < rows.size() ? "," : "");
+        opt(r.client_vs_bare_throughput), r.llm_fallback ? "true" : "false",
+        i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";
   return out;

@@ -20,6 +20,20 @@
 
 namespace tutti::dispatch {
 
+// ---- transports ----
+// Extension point for `tutti bench exchange --transport NAME`: runs a step
+// plan's forward and backward exchanges over a real transport (e.g. the
+// client library's MPI_Alltoallv Exchange under mpirun) and measures the
+// client's throughput against a bare all-to-all of the same bytes. The
+// client library registers its transports; none is built into this library.
+struct TransportBenchResult {
+  double client_gbps = 0;
+  double bare_gbps = 0;
+  double client_vs_bare_throughput = 0;  // client_gbps / bare_gbps; target >= 0.95
+};
+using TransportBenchFn =
+    std::function<absl::StatusOr<TransportBenchResult>(const DispatchPlan& plan)>;
+
 struct ExchangeBenchOptions {
   std::vector<uint32_t> world_sizes = {16, 256, 2560};
   WorkloadOptions workload;  // world_size is set per row
@@ -36,6 +50,9 @@ struct ExchangeBenchOptions {
   double glpk_time_limit_s = 30;
   // The `pre` mode's split. Default: LptPreBalance (see pre_balance.h).
   PreBalanceFn pre_balance = LptPreBalance;
+  // When set, every post plan's exchange also runs over this transport and
+  // the row reports client_vs_bare_throughput (see RegisterTransportBench).
+  const TransportBenchFn* transport = nullptr;
   std::function<void(const std::string&)> progress;  // may be empty
 };
 
@@ -63,25 +80,13 @@ struct ExchangeBenchRow {
   std::optional<double> glpk_gap;
   std::optional<uint64_t> glpk_optimum_bytes;
   std::optional<uint64_t> glpk_fast_bytes;
-  std::string glpk_status;                   // "optimal", "no result: ...", "not run"
-  std::optional<double> plan_ms_median;      // wall clock of one Dispatch call
-  std::optional<double> plan_cpu_ms_median;  // CPU time of the planning thread
+  std::string glpk_status;                          // "optimal", "no result: ...", "not run"
+  std::optional<double> plan_ms_median;             // wall clock of one Dispatch call
+  std::optional<double> plan_cpu_ms_median;         // CPU time of the planning thread
+  std::optional<double> client_vs_bare_throughput;  // with a transport
   bool llm_fallback = false;
 };
 
-// ---- transports ----
-// Extension point for `tutti bench exchange --transport NAME`: runs a step
-// plan's forward and backward exchanges over a real transport (e.g. the
-// client library's MPI_Alltoallv Exchange under mpirun) and measures the
-// client's throughput against a bare all-to-all of the same bytes. The
-// client library registers its transports; none is built into this library.
-struct TransportBenchResult {
-  double client_gbps = 0;
-  double bare_gbps = 0;
-  double client_vs_bare_throughput = 0;  // client_gbps / bare_gbps; target >= 0.95
-};
-using TransportBenchFn =
-    std::function<absl::StatusOr<TransportBenchResult>(const DispatchPlan& plan)>;
 // Registers `fn` under `name` (e.g. "mpi"); a later registration replaces it.
 void RegisterTransportBench(const std::string& name, TransportBenchFn fn);
 // The registered transport, or nullptr.

@@ -67,12 +67,27 @@ TEST(ExchangeBenchTest, PreHookIsUsedAndErrorsPropagate) {
   EXPECT_FALSE(RunExchangeBench(o).ok());
 }
 
-TEST(ExchangeBenchTest, TransportRegistry) {
+TEST(ExchangeBenchTest, TransportRegistryAndHook) {
   EXPECT_EQ(FindTransportBench("mpi"), nullptr);
-  RegisterTransportBench("test", [](const DispatchPlan&) -> absl::StatusOr<TransportBenchResult> {
-    return TransportBenchResult{1, 1, 1};
-  });
-  ASSERT_NE(FindTransportBench("test"), nullptr);
+  // A transport that reports the plan's own bytes (what a real one moves).
+  RegisterTransportBench("test",
+                         [](const DispatchPlan& plan) -> absl::StatusOr<TransportBenchResult> {
+                           double bytes = 0;
+                           for (const auto& x : plan.forward) bytes += x.send_bytes;
+                           return TransportBenchResult{bytes, bytes, 1.0};
+                         });
+  const TransportBenchFn* fn = FindTransportBench("test");
+  ASSERT_NE(fn, nullptr);
+  ExchangeBenchOptions o;
+  o.world_sizes = {8};
+  o.workload.seq_len = 4096;
+  o.plan_repeats = 1;
+  o.glpk_max_world = 0;
+  o.transport = fn;
+  auto rows = RunExchangeBench(o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_TRUE((*rows)[2].client_vs_bare_throughput.has_value());
+  EXPECT_NE(FormatExchangeJson(*rows).find("\"client_vs_bare_throughput\": 1"), std::string::npos);
 }
 
 }  // namespace
