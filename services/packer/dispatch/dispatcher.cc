@@ -35,6 +35,11 @@ FlatEncoder Flatten(const DispatchInput& in, const DispatchOptions& o, EncoderKi
   f.problem.availability = in.availability.all() ? nullptr : &in.availability;
   f.problem.staging = in.availability.all() ? nullptr : staging;
   f.offset.reserve(in.samples.size() + 1);
+  size_t total = 0;
+  for (const Sample& s : in.samples) total += s.items[e].size();
+  for (auto* v : {&f.problem.shard, &f.problem.group, &f.sample, &f.local}) v->reserve(total);
+  f.problem.cost.reserve(total);
+  f.out_bytes.reserve(total);
   for (uint32_t s = 0; s < in.samples.size(); ++s) {
     f.offset.push_back(static_cast<uint32_t>(f.sample.size()));
     const auto& items = in.samples[s].items[e];
@@ -196,12 +201,25 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
       }
     }
   }
+  // Duplicate ids: a bitmap when ids are dense (the usual case), else a set.
+  uint64_t max_id = 0;
+  for (const Sample& s : in.samples) max_id = std::max(max_id, s.sample_id);
+  const bool dense = max_id < 8 * uint64_t{in.samples.size()} + 64;
+  std::vector<uint64_t> seen_bits(dense ? max_id / 64 + 1 : 0, 0);
   absl::flat_hash_set<uint64_t> ids;
-  ids.reserve(in.samples.size());
+  if (!dense) ids.reserve(in.samples.size());
+  auto first_time = [&](uint64_t id) {
+    if (!dense) return ids.insert(id).second;
+    uint64_t& word = seen_bits[id / 64];
+    const uint64_t bit = uint64_t{1} << (id % 64);
+    if (word & bit) return false;
+    word |= bit;
+    return true;
+  };
   uint64_t tokens[2] = {0, 0};
   for (const Sample& s : in.samples) {
     auto who = [&s] { return absl::StrCat("sample ", s.sample_id); };
-    if (!ids.insert(s.sample_id).second) {
+    if (!first_time(s.sample_id)) {
       return absl::InvalidArgumentError(absl::StrCat(who(), " appears twice in the step"));
     }
     if (s.drawn_rank >= c.world_size) {
