@@ -157,18 +157,27 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
     rows.push_back(row);
 
     say(absl::StrCat("W=", W, ": pre-balancing"));
-    ASSIGN_OR_RETURN(std::vector<uint32_t> split, o.pre_balance(w.input, d));
-    ASSIGN_OR_RETURN(SplitEvaluation pre, EvaluateSplit(w.input, d, split));
     row = base;
     row.mode = "pre";
-    FillPhases(pre.phases, &row);
-    row.overflow_sequences = pre.overflow_sequences;
+    absl::StatusOr<std::vector<uint32_t>> split = o.pre_balance(w.input, d);
+    absl::StatusOr<SplitEvaluation> pre = split.ok()
+                                              ? EvaluateSplit(w.input, d, *split)
+                                              : absl::StatusOr<SplitEvaluation>(split.status());
+    if (pre.ok()) {
+      FillPhases(pre->phases, &row);
+      row.overflow_sequences = pre->overflow_sequences;
+    } else {
+      row.error = std::string(pre.status().message());
+    }
     rows.push_back(row);
 
     say(absl::StrCat("W=", W, ": post-balancing x", std::max(1u, o.plan_repeats)));
+    row = base;
+    row.mode = "post";
     std::vector<double> ms, cpu_ms;
     DispatchPlan plan;
-    for (uint32_t k = 0; k < std::max(1u, o.plan_repeats); ++k) {
+    absl::Status failed;
+    for (uint32_t k = 0; k < std::max(1u, o.plan_repeats) && failed.ok(); ++k) {
       // Timed: the Dispatch call alone (freeing the previous plan is not).
       const auto t0 = std::chrono::steady_clock::now();
       const double c0 = ThreadCpuMs();
@@ -176,27 +185,38 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
       cpu_ms.push_back(ThreadCpuMs() - c0);
       ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      if (!next.ok()) return next.status();
-      plan = *std::move(next);
+      if (next.ok()) {
+        plan = *std::move(next);
+      } else {
+        failed = next.status();
+      }
+    }
+    DispatchOptions oblivious = d;
+    oblivious.node_aware = false;
+    absl::StatusOr<DispatchPlan> obl =
+        failed.ok() ? Dispatch(w.input, oblivious) : absl::StatusOr<DispatchPlan>(failed);
+    if (!obl.ok()) {
+      row.error = std::string(obl.status().message());
+      rows.push_back(row);
+      continue;
     }
     std::sort(ms.begin(), ms.end());
     std::sort(cpu_ms.begin(), cpu_ms.end());
-    DispatchOptions oblivious = d;
-    oblivious.node_aware = false;
-    ASSIGN_OR_RETURN(DispatchPlan obl, Dispatch(w.input, oblivious));
-    row = base;
-    row.mode = "post";
     FillPhases(plan.stats.phases, &row);
     row.plan_ms_median = ms[ms.size() / 2];
     row.plan_cpu_ms_median = cpu_ms[cpu_ms.size() / 2];
     row.inter_node_bytes = plan.stats.inter_node_bytes + plan.stats.remote_load_bytes;
-    row.inter_node_bytes_oblivious = obl.stats.inter_node_bytes + obl.stats.remote_load_bytes;
+    row.inter_node_bytes_oblivious = obl->stats.inter_node_bytes + obl->stats.remote_load_bytes;
     row.exchange_bytes = plan.stats.inter_node_bytes + plan.stats.intra_node_bytes;
     row.llm_fallback = plan.stats.llm_fallback;
     if (o.transport != nullptr && *o.transport) {
       say(absl::StrCat("W=", W, ": exchange over the transport"));
-      ASSIGN_OR_RETURN(TransportBenchResult t, (*o.transport)(plan));
-      row.client_vs_bare_throughput = t.client_vs_bare_throughput;
+      absl::StatusOr<TransportBenchResult> t = (*o.transport)(plan);
+      if (t.ok()) {
+        row.client_vs_bare_throughput = t->client_vs_bare_throughput;
+      } else {
+        row.error = absl::StrCat("transport: ", t.status().message());
+      }
     }
     if (W <= o.glpk_max_world) {
       say(absl::StrCat("W=", W, ": GLPK on a sub-instance"));
@@ -213,6 +233,10 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
                       "ranks", "vit_imb", "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb",
                       "inter_MB", "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
   for (const auto& r : rows) {
+    if (!r.error.empty()) {
+      out += absl::StrFormat("%-5s %6u failed: %s\n", r.mode, r.ranks, r.error);
+      continue;
+    }
     const bool post = r.mode == "post";
     auto mb = [](uint64_t b) { return absl::StrFormat("%.1f", b / 1e6); };
     auto opt4 = [](const std::optional<double>& v) {
@@ -243,11 +267,14 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
   std::string out = "[\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    std::string status;
-    for (char ch : r.glpk_status) {
-      if (ch == '"' || ch == '\\') status += '\\';
-      status += ch;
-    }
+    auto quote = [](const std::string& s) {
+      std::string q = "\"";
+      for (char ch : s) {
+        if (ch == '"' || ch == '\\') q += '\\';
+        q += ch;
+      }
+      return q + "\"";
+    };
     out += absl::StrFormat(
         "  {\"mode\": \"%s\", \"ranks\": %u, \"nodes\": %u, \"samples\": %u, \"vl_samples\": %u, "
         "\"images\": %u, \"audio_clips\": %u, \"encoder_imbalance\": %.6g, "
@@ -256,15 +283,16 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         "\"llm_imbalance\": %.6g, "
         "\"llm_imbalance_vs_bound\": %.6g, \"overflow_sequences\": %u, \"inter_node_bytes\": %u, "
         "\"inter_node_bytes_oblivious\": %u, \"exchange_bytes\": %u, \"glpk_gap\": %s, "
-        "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": \"%s\", "
+        "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": %s, "
         "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, "
-        "\"client_vs_bare_throughput\": %s, \"llm_fallback\": %s}%s\n",
+        "\"client_vs_bare_throughput\": %s, \"llm_fallback\": %s, \"error\": %s}%s\n",
         r.mode, r.ranks, r.nodes, r.samples, r.vl_samples, r.images, r.audio_clips,
         r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), opt(r.audio_vs_bound),
         r.llm_imbalance, r.llm_vs_bound, r.overflow_sequences, r.inter_node_bytes,
         r.inter_node_bytes_oblivious, r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes),
-        optu(r.glpk_fast_bytes), status, opt(r.plan_ms_median), opt(r.plan_cpu_ms_median),
-        opt(r.client_vs_bare_throughput), r.llm_fallback ? "true" : "false",
+        optu(r.glpk_fast_bytes), quote(r.glpk_status), opt(r.plan_ms_median),
+        opt(r.plan_cpu_ms_median), opt(r.client_vs_bare_throughput),
+        r.llm_fallback ? "true" : "false", r.error.empty() ? std::string("null") : quote(r.error),
         i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";

@@ -85,6 +85,7 @@ struct ExchangeBenchRow {
   std::optional<double> plan_cpu_ms_median;         // CPU time of the planning thread
   std::optional<double> client_vs_bare_throughput;  // with a transport
   bool llm_fallback = false;
+  std::string error;  // the mode could not run (e.g. the samples do not pack); empty if it did
 };
 
 // Registers `fn` under `name` (e.g. "mpi"); a later registration replaces it.
@@ -94,7 +95,9 @@ const TransportBenchFn* FindTransportBench(const std::string& name);
 
 absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBenchOptions& options);
 
-// A fixed-width table, one line per row.
+// A fixed-width table, one line per row. A mode that fails (its samples do
+// not pack, a transport errs) is reported in its row; only a workload that
+// cannot be generated fails the whole run.
 std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows);
 // A JSON array, one object per row; absent values are null.
 std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows);

@@ -62,7 +62,14 @@ TEST(ExchangeBenchTest, PreHookIsUsedAndErrorsPropagate) {
                      const DispatchOptions&) -> absl::StatusOr<std::vector<uint32_t>> {
     return absl::InternalError("packer says no");
   };
-  EXPECT_EQ(RunExchangeBench(o).status().message(), "packer says no");
+  auto failed = RunExchangeBench(o);
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ((*failed)[1].error, "packer says no");
+  EXPECT_TRUE((*failed)[2].error.empty());
+  EXPECT_NE(FormatExchangeTable(*failed).find("pre        8 failed: packer says no"),
+            std::string::npos)
+      << FormatExchangeTable(*failed);
+  EXPECT_NE(FormatExchangeJson(*failed).find("\"error\": \"packer says no\""), std::string::npos);
   o.workload.ranks_per_node = 3;
   EXPECT_FALSE(RunExchangeBench(o).ok());
 }

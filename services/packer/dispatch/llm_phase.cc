@@ -66,21 +66,29 @@ double LlmLowerBound(const LlmProblem& p) {
 }
 
 absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rounds) {
-  Placer placer(problem);
-  bool within;
+  // LPT; if some document finds no room, LPT with tight sequences; then
+  // best-fit decreasing packing, balanced afterwards by local search.
+  const double stop_at = LlmLowerBound(problem) * (1 + 1e-6);
   uint32_t bad = 0;
-  if (!placer.Greedy(Placer::Order::kLpt, false, std::numeric_limits<double>::infinity(), &within,
-                     &bad)) {
-    const LlmDoc& d = problem.docs[bad];
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the step's documents do not fit its sequences: a ", d.vl ? "VL" : "text-only",
-        " document of ", d.tokens, " tokens found no ", d.vl ? "VL" : "text",
-        " sequence with room (", problem.cluster.world_size, " ranks x ",
-        d.vl ? problem.slots.vl_sequences() : problem.slots.text_sequences(), " sequences of ",
-        problem.slots.seq_len, " tokens); draw fewer samples per step or add sequences"));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    Placer placer(problem);
+    placer.set_tight_fit(attempt > 0);
+    const Placer::Order order = attempt == 2 ? Placer::Order::kPackFirst : Placer::Order::kLpt;
+    bool within;
+    if (!placer.Greedy(order, false, std::numeric_limits<double>::infinity(), &within, &bad)) {
+      continue;
+    }
+    placer.set_tight_fit(false);
+    placer.ImproveBalance(false, attempt == 2 ? 4 * rounds : rounds, stop_at);
+    return placer.Result();
   }
-  placer.ImproveBalance(false, rounds, LlmLowerBound(problem) * (1 + 1e-6));
-  return placer.Result();
+  const LlmDoc& d = problem.docs[bad];
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the step's documents do not fit its sequences: a ", d.vl ? "VL" : "text-only",
+      " document of ", d.tokens, " tokens found no ", d.vl ? "VL" : "text",
+      " sequence with room (", problem.cluster.world_size, " ranks x ",
+      d.vl ? problem.slots.vl_sequences() : problem.slots.text_sequences(), " sequences of ",
+      problem.slots.seq_len, " tokens); draw fewer samples per step or add sequences"));
 }
 
 absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t rounds,

@@ -109,6 +109,19 @@ TEST(LlmPhaseTest, TooManyTokensIsResourceExhausted) {
   EXPECT_NE(a.status().message().find("do not fit"), std::string::npos);
 }
 
+TEST(LlmPhaseTest, PacksWhenLptCannot) {
+  // 6,5,4,3,2 into two sequences of 10: LPT leaves 1 token free in each
+  // before the 2; best-fit decreasing packs {6,4} and {5,3,2}.
+  LlmProblem p;
+  p.cluster = {2, 1};
+  p.slots.seq_len = 10;
+  p.slots.vl_micro_batches = 0;
+  for (uint32_t t : {6u, 5u, 4u, 3u, 2u}) p.docs.push_back({t, false});
+  auto a = BalanceLlm(p, 4);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(CheckLlmAssignment(p, *a, false).ok());
+}
+
 TEST(LlmPhaseTest, CheckCatchesViolations) {
   LlmProblem p;
   p.cluster = {2, 1};

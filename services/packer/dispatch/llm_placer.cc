@@ -89,6 +89,17 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
         if (r != kUnplaced) break;
       }
     }
+    if (r == kUnplaced && order_kind == Order::kPackFirst) {
+      // Best fit over every rank: the fullest sequence that still fits d.
+      uint32_t best_fill = 0;
+      for (uint32_t rr = 0; rr < p_.cluster.world_size; ++rr) {
+        uint32_t rq;
+        double rd;
+        if (!Best(rr, d, &rq, &rd)) continue;
+        const uint32_t fill = state_.tokens(rr, rq);
+        if (r == kUnplaced || fill > best_fill) r = rr, q = rq, delta = rd, best_fill = fill;
+      }
+    }
     if (r == kUnplaced) r = LeastLoadedWithRoom(d, &q, &delta);
     if (r == kUnplaced) {
       *unplaceable = d;

@@ -87,6 +87,9 @@ class Placer {
   double cost(uint32_t r) const { return state_.cost(r); }
   double doc_cost(uint32_t d) const { return cost_[d]; }
 
+  // Sequences take documents tightly (least room that fits) from now on.
+  void set_tight_fit(bool tight) { state_.set_tight_fit(tight); }
+
   void Flush(int m) {
     for (uint32_t r : dirty_list_[m]) {
       trees_[m].Update(r);
@@ -175,6 +178,10 @@ class Placer {
     // lost if they miss their cheapest node), each to the least loaded rank
     // of its cheapest node within the bound; then the rest in LPT order.
     kPinnedFirst,
+    // Packing first, for steps whose documents LPT cannot fit: LPT order,
+    // each doc to the sequence (of any rank) with the least room that fits
+    // it (best-fit decreasing); balance is left to the local search.
+    kPackFirst,
   };
 
   // Places every doc. Returns false when some doc fits no sequence at all;

@@ -47,7 +47,8 @@ bool SequenceState::BestSequence(uint32_t rank, uint32_t tokens, bool vl, uint32
       const uint32_t new_longest = std::max(old_longest, fill[q] + tokens);
       d = MicroBatchCost(mb, new_longest) - MicroBatchCost(mb, old_longest);
     }
-    if (!found || d < best_delta || (d == best_delta && fill[q] < best_fill)) {
+    const bool better_fill = tight_fit_ ? fill[q] > best_fill : fill[q] < best_fill;
+    if (!found || d < best_delta || (d == best_delta && better_fill)) {
       found = true, best_delta = d, best_fill = fill[q], best_seq = q;
     }
   }

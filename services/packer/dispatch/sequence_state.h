@@ -19,7 +19,8 @@ class SequenceState {
 
   // The sequence of `rank` that a document of `tokens` tokens and modality
   // `vl` goes to, and the rank's cost increase. Unpadded: the sequence with
-  // the most room. Padded: the smallest cost increase, then the most room.
+  // the most room (with tight_fit: the least room that fits, which packs
+  // better). Padded: the smallest cost increase, then room as above.
   // False when no sequence of that modality has room.
   bool BestSequence(uint32_t rank, uint32_t tokens, bool vl, uint32_t* seq, double* delta) const;
   // Cost decrease of `rank` if a document leaves sequence `seq`.
@@ -39,6 +40,7 @@ class SequenceState {
   // Tokens the fullest-room sequence of the modality can still take.
   uint32_t room(uint32_t rank, bool vl) const;
   bool padded() const { return padded_; }
+  void set_tight_fit(bool tight) { tight_fit_ = tight; }
   const SlotLayout& slots() const { return slots_; }
 
  private:
@@ -48,6 +50,7 @@ class SequenceState {
   SlotLayout slots_;
   CostModel model_;
   bool padded_;
+  bool tight_fit_ = false;
   uint32_t seqs_;
   std::vector<uint32_t> tokens_;   // rank-major, per sequence slot
   std::vector<uint32_t> longest_;  // rank-major, per micro-batch (padded)
