@@ -39,14 +39,25 @@ void FillPhases(const std::vector<PhaseStats>& phases, ExchangeBenchRow* row) {
 }
 
 // The samples drawn by the first sub_rpn ranks of the first sub_nodes nodes,
-// re-numbered onto a sub_nodes x sub_rpn cluster.
+// re-numbered onto a sub_nodes x sub_rpn cluster (with restricted staging,
+// those whose shard is staged on one of those nodes).
 DispatchInput SubInstance(const DispatchInput& in, const ClusterShape& c, uint32_t sub_nodes,
                           uint32_t sub_rpn) {
   DispatchInput out;
-  out.availability = in.availability;
+  if (!in.availability.all()) {  // the sub-instance's nodes are the first sub_nodes
+    const ShardAvailability& a = in.availability;
+    out.availability = ShardAvailability::None(a.shards(), sub_nodes);
+    for (uint32_t s = 0; s < a.shards(); ++s) {
+      for (uint32_t n = 0; n < sub_nodes; ++n) out.availability.Set(s, n, a.Has(s, n));
+    }
+  }
   for (const Sample& s : in.samples) {
     const uint32_t node = c.node_of(s.drawn_rank), local = s.drawn_rank % c.ranks_per_node;
     if (node >= sub_nodes || local >= sub_rpn) continue;
+    // Samples whose shard no node of the sub-cluster stages are left out.
+    bool staged = in.availability.all();
+    for (uint32_t n = 0; n < sub_nodes && !staged; ++n) staged = in.availability.Has(s.shard, n);
+    if (!staged) continue;
     Sample t = s;
     t.drawn_rank = node * sub_rpn + local;
     out.samples.push_back(std::move(t));

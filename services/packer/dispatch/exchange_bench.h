@@ -42,7 +42,8 @@ struct ExchangeBenchOptions {
   uint32_t plan_repeats = 5;  // Dispatch calls timed per world size (median reported)
   // GLPK runs on a sub-instance of rows with world_size <= glpk_max_world:
   // the samples drawn by the first glpk_sub_ranks_per_node ranks of the first
-  // glpk_sub_nodes nodes, planned on a cluster of that shape. Defaults: 16,
+  // glpk_sub_nodes nodes (with restricted staging, those whose shard one of
+  // these nodes stages), planned on a cluster of that shape. Defaults: 16,
   // 2 nodes x 2 ranks, 30 s.
   uint32_t glpk_max_world = 16;
   uint32_t glpk_sub_nodes = 2;
