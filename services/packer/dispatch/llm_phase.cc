@@ -85,8 +85,8 @@ absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rou
   const LlmDoc& d = problem.docs[bad];
   return absl::ResourceExhaustedError(absl::StrCat(
       "the step's documents do not fit its sequences: a ", d.vl ? "VL" : "text-only",
-      " document of ", d.tokens, " tokens found no ", d.vl ? "VL" : "text",
-      " sequence with room (", problem.cluster.world_size, " ranks x ",
+      " document of ", d.tokens, " tokens found no ", d.vl ? "VL" : "text", " sequence with room (",
+      problem.cluster.world_size, " ranks x ",
       d.vl ? problem.slots.vl_sequences() : problem.slots.text_sequences(), " sequences of ",
       problem.slots.seq_len, " tokens); draw fewer samples per step or add sequences"));
 }
@@ -122,7 +122,9 @@ absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t
     return found;
   };
   RearrangeResult out;
-  if (attempt(problem.bound, &out)) return out;
+  // Padded costs have a loose lower bound (Jensen over all sequences), which
+  // the greedy practically never meets: go straight to the balancer's bound.
+  if (!problem.padded && attempt(problem.bound, &out)) return out;
   // The bound is out of the greedy's reach: measure what balancing alone
   // reaches and allow the tolerance on top of that.
   LlmAssignment own;

@@ -95,7 +95,8 @@ struct RearrangeResult {
 // within the bound. Then local search: moves of a doc to a cheaper node, or
 // into a rank there while ejecting another doc whose bytes grow less, within
 // the bound; and balance moves that never add bytes.
-// If the greedy misses problem.bound, the bound is raised to
+// If the greedy misses problem.bound (padded: always assumed, its lower
+// bound being loose), the bound is raised to
 // max(problem.bound, (1 + tolerance) x the makespan of the node-oblivious
 // `balanced` placement (computed with BalanceLlm when null)) and the greedy
 // retried, then, failing that, the local search run from `balanced`.
