@@ -1,0 +1,97 @@
+// `tutti bench exchange`: post-balancing on the seed workload.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "services/packer/dispatch/exchange_bench.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace tutti::tools {
+namespace {
+
+int RunBenchExchange(int argc, char** argv) {
+  dispatch::ExchangeBenchOptions o;
+  std::string ranks = "16,256,2560";
+  std::string transport = "none";
+  bool json = false;
+  uint64_t max_pixels = o.workload.geometry.max_pixels;
+  Cli cli("tutti bench exchange [options]",
+          "Batch post-balancing on the seed workload (seq_len 32768, 4 sequences per rank, 80% "
+          "text-only samples with lognormal lengths of median 1000 tokens, 20% VL samples with "
+          "1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to --max-pixels). For "
+          "every world size (8-rank nodes) it reports the phase imbalance (max/mean) with no "
+          "balancing (`none`: the drawn round-robin split), with pre-balancing only (`pre`) and "
+          "with post-balancing (`post`), the inter-node bytes of the node-aware plan and of a "
+          "node-oblivious plan of the same balance, the gap of the fast rearrangement to the "
+          "GLPK optimum on a 2-node x 2-rank sub-instance (small world sizes), and the median "
+          "plan time on one core.");
+  cli.Flag("ranks", &ranks, "comma-separated world sizes");
+  cli.Flag("ranks-per-node", &o.workload.ranks_per_node, "ranks per node");
+  cli.Flag("seq-len", &o.workload.seq_len, "tokens per packed sequence");
+  cli.Flag("text-sequences", &o.workload.text_sequences, "text-only sequences per rank per step");
+  cli.Flag("vl-sequences", &o.workload.vl_sequences, "VL sequences per rank per step");
+  cli.Flag("fill", &o.workload.fill, "fraction of each modality's token room the step fills");
+  cli.Flag("max-pixels", &max_pixels,
+           "smart-resize max_pixels (curriculum stage): 1003520 ~ 1 MP, 16777216 = 16 MP");
+  cli.Flag("shard-nodes", &o.workload.shard_nodes,
+           "nodes whose stager has each shard (0 = every node); fewer makes inputs remote");
+  cli.Flag("audio-share", &o.workload.audio_share,
+           "fraction of VL samples that are speech samples (one audio clip) instead");
+  cli.Flag("padded", &o.padded,
+           "padded LLM cost: a micro-batch costs as if every sequence were its longest");
+  cli.Flag("tolerance", &o.balance_tolerance,
+           "balance tolerance: rank cost <= (1+t) x lower bound, or (1+t) x the balancer's "
+           "makespan when that is out of reach");
+  cli.Flag("repeats", &o.plan_repeats, "timed plans per world size (the median is reported)");
+  cli.Flag("glpk-max-world", &o.glpk_max_world,
+           "run GLPK (on a 2x2 sub-instance) for world sizes up to this; 0 = never");
+  cli.Flag("glpk-time-limit", &o.glpk_time_limit_s, "seconds GLPK may take per sub-instance");
+  cli.Flag("seed", &o.workload.seed, "workload seed");
+  cli.Flag("json", &json, "print one JSON object per (mode, world size) instead of a table");
+  cli.Flag("transport", &transport,
+           "also run each plan's exchange over a transport: none, or mpi (needs the client "
+           "library's transport, registered when it is built)");
+  int rc = 0;
+  if (!cli.Parse(argc, argv, &rc)) return rc;
+  o.workload.geometry.max_pixels = max_pixels;
+  o.world_sizes.clear();
+  for (absl::string_view part : absl::StrSplit(ranks, ',', absl::SkipEmpty())) {
+    uint32_t w = 0;
+    if (!absl::SimpleAtoi(part, &w) || w == 0) {
+      std::fprintf(stderr, "--ranks: '%s' is not a positive whole number\n",
+                   std::string(part).c_str());
+      return 2;
+    }
+    o.world_sizes.push_back(w);
+  }
+  if (transport != "none") o.transport = dispatch::FindTransportBench(transport);
+  if (transport != "none" && o.transport == nullptr) {
+    std::fprintf(stderr,
+                 "--transport %s: no such transport in this build; the MPI transport comes "
+                 "with the client library (client/), use --transport none for now\n",
+                 transport.c_str());
+    return 2;
+  }
+  o.progress = [](const std::string& line) {
+    std::fprintf(stderr, "[bench exchange] %s\n", line.c_str());
+  };
+  auto rows = dispatch::RunExchangeBench(o);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "tutti bench exchange: %s\n",
+                 std::string(rows.status().message()).c_str());
+    return 1;
+  }
+  const std::string out =
+      json ? dispatch::FormatExchangeJson(*rows) : dispatch::FormatExchangeTable(*rows);
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tutti::tools
+
+TUTTI_COMMAND("bench exchange", "post-balancing: phase imbalance, inter-node bytes, plan time",
+              tutti::tools::RunBenchExchange);
