@@ -109,7 +109,8 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   const uint32_t* text_ids = ix.text_samples().data();
   const uint32_t* vl_ids = ix.vl_samples().data();
   for (uint32_t k = 0; k < T + V; ++k) {
-    if (k + kAhead < T + V) __builtin_prefetch((k + kAhead < T ? text_ids : vl_ids) + ids[k + kAhead]);
+    if (k + kAhead < T + V)
+      __builtin_prefetch((k + kAhead < T ? text_ids : vl_ids) + ids[k + kAhead]);
     ids[k] = k < T ? text_ids[ids[k]] : vl_ids[ids[k]];
   }
   for (uint32_t k = 0; k < std::min(T + V, kAhead); ++k) ix.PrefetchSample(ids[k]);

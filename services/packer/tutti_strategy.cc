@@ -29,6 +29,7 @@
 // Deterministic: ties go to the lower index.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,7 +117,7 @@ struct State {
   std::vector<uint64_t> large, small, vl_order, tmp;
   Lists text_items, vl_items;  // per rank, for improvement moves
   std::vector<uint32_t> rank_order;
-  std::vector<double> after;
+  std::vector<uint64_t> ranked;
 };
 
 // Stable LSD radix sort of 64-bit values by their upper 32 bits, descending.
@@ -263,7 +264,13 @@ class TuttiStrategy final : public PackingStrategy {
       if (!s.ok()) return s;
       ImproveVit(p, m, st, out);
     } else {
-      s = PlaceAll(p, m, st, out, st->vl_order, true, 3, llm_candidates, llm_score);
+      // Post-balancing: VL samples balance the LLM load only; the ranks with
+      // the most VL room are candidates too, so VL sequences fill alike.
+      auto candidates = [&](uint32_t width, uint32_t* cand) {
+        const uint32_t nc = st->llm_heap.Smallest(width, cand);
+        return nc + st->vt_heap.Smallest(std::max(2u, width / 2), cand + nc);
+      };
+      s = PlaceAll(p, m, st, out, st->vl_order, true, 3, candidates, llm_score);
       if (!s.ok()) return s;
     }
     // 3. The other text documents.
@@ -287,6 +294,9 @@ class TuttiStrategy final : public PackingStrategy {
         st->vit_heap.Update(r);
         st->vt_heap.Update(r);
       }
+    } else if (vl) {
+      st->vt_key[r] = st->vl_tokens[r];
+      st->vt_heap.Update(r);
     }
     if (st->max_heaps) {
       st->neg_llm[r] = -st->llm_key[r];
@@ -300,10 +310,8 @@ class TuttiStrategy final : public PackingStrategy {
                     bool vl) {
     st->tokens[r] += sign * double(it.tokens);
     st->cost[r] += sign * it.llm;
-    if (vl && p.balance_vit) {
-      st->vit[r] += sign * it.vit;
-      st->vl_tokens[r] += sign * double(it.tokens);
-    }
+    if (vl) st->vl_tokens[r] += sign * double(it.tokens);
+    if (vl && p.balance_vit) st->vit[r] += sign * it.vit;
   }
 
   void StartMaxHeaps(uint32_t W, State* st) const {
@@ -378,7 +386,7 @@ class TuttiStrategy final : public PackingStrategy {
   // operation per document (small documents are most of a step).
   absl::Status PlaceSmall(const PackProblem& p, const Means& m, State* st, PackResult* out) const {
     const uint32_t W = p.ranks;
-    const uint32_t B = std::max(1u, W / 8);
+    const uint32_t B = std::max(1u, W / 4);
     std::vector<uint32_t>& ranks = st->rank_order;
     ranks.resize(W);
     const std::vector<uint64_t>& order = st->small;
@@ -396,17 +404,27 @@ class TuttiStrategy final : public PackingStrategy {
       }
       t_mean /= n;
       c_mean /= n;
-      std::vector<double>& after = st->after;
-      after.resize(W);
+      // A rank whose text sequences cannot take even the batch's smallest
+      // document is out of the running.
+      const uint32_t t_min = p.text[uint32_t(order[k0 + n - 1])].tokens;
+      // (load after the mean document as float bits << 32 | rank): ordered
+      // by load, ties by rank, compared without indirection.
+      std::vector<uint64_t>& ranked = st->ranked;
+      ranked.resize(W);
+      const uint32_t per = st->text.per_rank;
       for (uint32_t r = 0; r < W; ++r) {
-        ranks[r] = r;
-        after[r] = m.Llm(st->tokens[r] + t_mean, st->cost[r] + c_mean);
+        uint32_t room = 0;
+        for (uint32_t q = 0; q < per; ++q) room = std::max(room, st->text.room[r * per + q]);
+        const float after =
+            room < t_min ? HUGE_VALF
+                         : static_cast<float>(m.Llm(st->tokens[r] + t_mean, st->cost[r] + c_mean));
+        uint32_t bits;
+        std::memcpy(&bits, &after, 4);  // non-negative floats order like their bits
+        ranked[r] = (uint64_t{bits} << 32) | r;
       }
-      auto lighter = [&](uint32_t a, uint32_t b) {
-        return after[a] < after[b] || (after[a] == after[b] && a < b);
-      };
-      if (n < W) std::nth_element(ranks.begin(), ranks.begin() + n, ranks.end(), lighter);
-      std::sort(ranks.begin(), ranks.begin() + n, lighter);
+      if (n < W) std::nth_element(ranked.begin(), ranked.begin() + n, ranked.end());
+      std::sort(ranked.begin(), ranked.begin() + n);
+      for (size_t k = 0; k < n; ++k) ranks[k] = static_cast<uint32_t>(ranked[k]);
       for (size_t k = 0; k < n; ++k) {
         if (k + 8 < n) __builtin_prefetch(p.text.data() + uint32_t(order[k0 + k + 8]));
         const uint32_t i = static_cast<uint32_t>(order[k0 + k]);
@@ -500,22 +518,51 @@ class TuttiStrategy final : public PackingStrategy {
     bool vl = false;
   };
   template <typename Value>
-  static void BestMove(const std::vector<uint32_t>& from_items,
-                       const std::vector<uint32_t>& to_items, absl::Span<const PackItem> items,
-                       const SeqRooms& rooms, uint32_t lo, bool vl, bool swaps, Value value,
-                       Move* best) {
+  static void BestMove(const std::vector<uint32_t>& from_items, absl::Span<const PackItem> items,
+                       const SeqRooms& rooms, uint32_t lo, bool vl, Value value, Move* best) {
     for (uint32_t i : from_items) {
       const PackItem& a = items[i];
-      if (!swaps) {
-        const double v = value(a, nullptr);
-        if (v < best->value && rooms.Pick(lo, a.tokens, a.image_tokens) >= 0) {
-          *best = Move{v, static_cast<int>(i), -1, lo, vl};
-        }
-        continue;
+      const double v = value(a, nullptr);
+      if (v < best->value && rooms.Pick(lo, a.tokens, a.image_tokens) >= 0) {
+        *best = Move{v, static_cast<int>(i), -1, lo, vl};
       }
-      for (uint32_t j : to_items) {
+    }
+  }
+
+  // The best swap of an item a of `hi` with an item b of `lo`. The best
+  // partner moves about half the gap between the two ranks, so instead of
+  // every pair only the partners around key(b) = key(a) - gap / 2 are tried,
+  // for each of up to two keys that order the items alike (tokens and cost
+  // are both increasing in a document's length): O(n log n), not O(n^2).
+  template <typename Key1, typename Key2, typename Value>
+  static void BestSwap(const std::vector<uint32_t>& from_items,
+                       const std::vector<uint32_t>& to_items, absl::Span<const PackItem> items,
+                       uint32_t lo, bool vl, Key1 key1, double gap1, Key2 key2, double gap2,
+                       Value value, Move* best) {
+    thread_local std::vector<std::pair<double, uint32_t>> sorted;
+    sorted.clear();
+    for (uint32_t j : to_items) sorted.emplace_back(key1(items[j]), j);
+    std::sort(sorted.begin(), sorted.end());
+    auto try_around = [&](const PackItem& a, uint32_t i, size_t pos) {
+      for (size_t q = pos > 1 ? pos - 2 : 0; q < std::min(sorted.size(), pos + 2); ++q) {
+        const uint32_t j = sorted[q].second;
         const double v = value(a, &items[j]);
         if (v < best->value) *best = Move{v, static_cast<int>(i), static_cast<int>(j), lo, vl};
+      }
+    };
+    for (uint32_t i : from_items) {
+      const PackItem& a = items[i];
+      const double want1 = key1(a) - gap1 / 2;
+      try_around(a, i,
+                 std::lower_bound(sorted.begin(), sorted.end(), std::make_pair(want1, 0u)) -
+                     sorted.begin());
+      if (gap2 > 0) {
+        const double want2 = key2(a) - gap2 / 2;
+        const size_t pos =
+            std::partition_point(sorted.begin(), sorted.end(),
+                                 [&](const auto& e) { return key2(items[e.second]) < want2; }) -
+            sorted.begin();
+        try_around(a, i, pos);
       }
     }
   }
@@ -550,7 +597,13 @@ class TuttiStrategy final : public PackingStrategy {
             if (dv <= 0 || !llm_ok(lo, dt, dc) || !llm_ok(hi, -dt, -dc)) return HUGE_VAL;
             return std::max(st->vit[hi] - dv, st->vit[lo] + dv);
           };
-          BestMove(st->vl_items[hi], st->vl_items[lo], p.vl, st->vl, lo, true, swaps, value, &best);
+          if (!swaps) {
+            BestMove(st->vl_items[hi], p.vl, st->vl, lo, true, value, &best);
+          } else {
+            auto vit_of = [](const PackItem& x) { return x.vit; };
+            BestSwap(st->vl_items[hi], st->vl_items[lo], p.vl, lo, true, vit_of,
+                     st->vit[hi] - st->vit[lo], vit_of, 0.0, value, &best);
+          }
         }
         if (best.i >= 0) break;
       }
@@ -601,13 +654,25 @@ class TuttiStrategy final : public PackingStrategy {
           };
           // Text with the LLM receivers (swaps with the least loaded only),
           // VL with all receivers.
+          auto tokens_of = [](const PackItem& x) { return double(x.tokens); };
+          auto cost_of = [](const PackItem& x) { return x.llm; };
+          const double gap_t = st->tokens[hi] - st->tokens[lo];
+          const double gap_c = st->cost[hi] - st->cost[lo];
           if (k < n_llm && (!swaps || k == 0)) {
-            BestMove(st->text_items[hi], st->text_items[lo], p.text, st->text, lo, false, swaps,
-                     value_for(false), &best);
+            if (!swaps) {
+              BestMove(st->text_items[hi], p.text, st->text, lo, false, value_for(false), &best);
+            } else {
+              BestSwap(st->text_items[hi], st->text_items[lo], p.text, lo, false, tokens_of, gap_t,
+                       cost_of, gap_c, value_for(false), &best);
+            }
           }
           if (!swaps || k == 0 || k == n_llm) {
-            BestMove(st->vl_items[hi], st->vl_items[lo], p.vl, st->vl, lo, true, swaps,
-                     value_for(true), &best);
+            if (!swaps) {
+              BestMove(st->vl_items[hi], p.vl, st->vl, lo, true, value_for(true), &best);
+            } else {
+              BestSwap(st->vl_items[hi], st->vl_items[lo], p.vl, lo, true, tokens_of, gap_t,
+                       cost_of, gap_c, value_for(true), &best);
+            }
           }
         }
         if (best.i >= 0) break;
