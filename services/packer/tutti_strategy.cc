@@ -112,6 +112,7 @@ struct State {
   std::vector<double> vit_key, vt_key, neg_llm, neg_vit;
   RankHeap vit_heap, vt_heap, llm_heap, llm_max, vit_max;
   bool max_heaps = false;
+  bool llm_heap_stale = false;  // llm_heap not maintained (rebuilt before use)
   SeqRooms text, vl;
   // (size << 32 | item) in placement order; VL items are n_text + i.
   std::vector<uint64_t> large, small, vl_order, tmp;
@@ -260,8 +261,13 @@ class TuttiStrategy final : public PackingStrategy {
                         kVlTokenWeight * (st->vl_tokens[r] + it.tokens) * m.inv_vl_tokens) +
                kLlmTieWeight * llm + (llm > 1 ? kPenalty + llm : 0.0);
       };
+      // The LLM heap is not consulted while VL samples are placed: rebuilt
+      // once afterwards instead of updated per sample.
+      st->llm_heap_stale = true;
       s = PlaceAll(p, m, st, out, st->vl_order, true, 3, candidates, score);
+      st->llm_heap_stale = false;
       if (!s.ok()) return s;
+      st->llm_heap.Init(p.ranks, st->llm_key.data());
       ImproveVit(p, m, st, out);
     } else {
       // Post-balancing: VL samples balance the LLM load only; the ranks with
@@ -284,7 +290,7 @@ class TuttiStrategy final : public PackingStrategy {
   // (`vl`: its ViT load or VL tokens may have changed).
   static void Touch(const PackProblem& p, const Means& m, State* st, uint32_t r, bool vl) {
     st->llm_key[r] = m.Llm(st->tokens[r], st->cost[r]);
-    st->llm_heap.Update(r);
+    if (!st->llm_heap_stale) st->llm_heap.Update(r);
     if (p.balance_vit) {
       const bool closed = st->llm_key[r] >= 1 - m.vl_margin;
       const double vit_key = closed ? HUGE_VAL : st->vit[r];
