@@ -168,6 +168,15 @@ void PrintTable(const std::vector<Cell>& cells) {
   }
 }
 
+std::string JsonEscape(const std::string& in) {
+  std::string out;
+  for (char ch : in) {
+    if (ch == '"' || ch == '\\') out.push_back('\\');
+    if (static_cast<unsigned char>(ch) >= 0x20) out.push_back(ch);
+  }
+  return out;
+}
+
 void PrintJson(const std::vector<Cell>& cells) {
   std::printf("[\n");
   for (size_t i = 0; i < cells.size(); ++i) {
@@ -184,8 +193,8 @@ void PrintJson(const std::vector<Cell>& cells) {
         c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples, c.steps,
         c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99), Quantile(c.build_ms, 0.5),
         c.vit, c.vit_lb, c.llm, c.llm_lb, c.tokens, c.img_std, c.img_mean, c.vit_drawn, c.llm_drawn,
-        c.error.empty() ? "" : ", \"error\": \"", "", c.error.empty() ? "" : "\"",
-        i + 1 < cells.size() ? "," : "");
+        c.error.empty() ? "" : ", \"error\": \"", JsonEscape(c.error).c_str(),
+        c.error.empty() ? "" : "\"", i + 1 < cells.size() ? "," : "");
   }
   std::printf("]\n");
 }

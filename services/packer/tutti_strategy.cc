@@ -60,8 +60,10 @@ constexpr double kLlmTieWeight = 0.02;
 constexpr double kPenalty = 10;
 // Receivers considered per heap by an improvement move.
 constexpr uint32_t kReceivers = 4;
-// Improvement stops once the maximum is within this of its lower bound.
-constexpr double kTolerance = 0.003;
+// Improvement stops once the maximum is within this of its lower bound:
+// ViT, and LLM (where the last per-mille cost many small moves).
+constexpr double kVitTolerance = 0.003;
+constexpr double kLlmTolerance = 0.01;
 
 // Token (and image-token) room of every sequence of one modality.
 struct SeqRooms {
@@ -585,7 +587,7 @@ class TuttiStrategy final : public PackingStrategy {
     uint32_t receivers[2 * kReceivers];
     for (uint32_t round = 0; round < Rounds(W); ++round) {
       const uint32_t hi = st->vit_max.Top();
-      if (st->vit[hi] <= lb * (1 + kTolerance)) break;
+      if (st->vit[hi] <= lb * (1 + kVitTolerance)) break;
       uint32_t nr = st->vit_heap.Smallest(kReceivers, receivers);
       nr += st->llm_heap.Smallest(kReceivers, receivers + nr);
       Move best{st->vit[hi] * (1 - 1e-9)};
@@ -635,7 +637,7 @@ class TuttiStrategy final : public PackingStrategy {
     uint32_t receivers[2 * kReceivers];
     for (uint32_t round = 0; round < Rounds(W); ++round) {
       const uint32_t hi = st->llm_max.Top();
-      if (st->llm_key[hi] <= lb * (1 + kTolerance)) break;
+      if (st->llm_key[hi] <= lb * (1 + kLlmTolerance)) break;
       uint32_t nr = st->llm_heap.Smallest(kReceivers, receivers);
       const uint32_t n_llm = nr;
       if (p.balance_vit) nr += st->vit_heap.Smallest(kReceivers, receivers + nr);
