@@ -328,6 +328,11 @@ TEST_F(PackerDaemonTest, RefusalsCarryCodesAndFixes) {
 
   // A stream to the end of the dataset finishes with OK.
   EXPECT_EQ(Stream(stub.get(), info.total_steps() - 2, 0).size(), 2u);
+
+  // SIGINT stops it cleanly too.
+  d.Signal(SIGINT);
+  ASSERT_TRUE(d.Exited(10000));
+  EXPECT_EQ(d.ExitCode(), 0) << d.err();
 }
 
 TEST_F(PackerDaemonTest, PortInUseAndBadInputsExitNonZero) {

@@ -141,8 +141,8 @@ int RunIndex(int argc, char** argv) {
       total += n;
       absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
     }
-    std::fprintf(stderr, "skipped %llu corrupt or unusable samples: %s\n",
-                 static_cast<unsigned long long>(total), reasons.c_str());
+    std::fprintf(stderr, "skipped %llu corrupt or unusable sample%s: %s\n",
+                 static_cast<unsigned long long>(total), total == 1 ? "" : "s", reasons.c_str());
     for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
   }
   if (report.ignored_members > 0) {
@@ -150,8 +150,8 @@ int RunIndex(int argc, char** argv) {
                  static_cast<unsigned long long>(report.ignored_members));
   }
   if (!report.bad_shards.empty()) {
-    std::fprintf(stderr, "left out %zu bad shards (re-copy or rebuild them, then re-index):\n",
-                 report.bad_shards.size());
+    std::fprintf(stderr, "left out %zu bad shard%s (re-copy or rebuild, then re-index):\n",
+                 report.bad_shards.size(), report.bad_shards.size() == 1 ? "" : "s");
     for (const auto& b : report.bad_shards) std::fprintf(stderr, "  %s\n", b.c_str());
   }
   return WriteIndex(out, *bytes, report.samples);

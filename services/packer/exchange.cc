@@ -5,17 +5,16 @@
 namespace tutti::packer {
 namespace {
 
-// Stable counting sort of items by key(item) into [0, rows).
-template <typename Key>
-void CountingSort(const std::vector<uint32_t>& in, uint32_t rows, Key key,
+// Stable counting sort of `in` by key[x] into rows [0, rows).
+void CountingSort(const std::vector<uint32_t>& in, uint32_t rows, const uint32_t* key,
                   std::vector<uint32_t>* begin, std::vector<uint32_t>* out) {
   begin->assign(rows + 1, 0);
-  for (uint32_t x : in) ++(*begin)[key(x) + 1];
+  for (uint32_t x : in) ++(*begin)[key[x] + 1];
   for (uint32_t r = 0; r < rows; ++r) (*begin)[r + 1] += (*begin)[r];
   thread_local std::vector<uint32_t> at;
   at.assign(begin->begin(), begin->end() - 1);
   out->resize(in.size());
-  for (uint32_t x : in) (*out)[at[key(x)]++] = x;
+  for (uint32_t x : in) (*out)[at[key[x]]++] = x;
 }
 
 }  // namespace
@@ -23,26 +22,36 @@ void CountingSort(const std::vector<uint32_t>& in, uint32_t rows, Key key,
 void BuildExchange(StepPlanData* plan) {
   const uint32_t W = plan->world_size;
   const uint32_t n = plan->num_encoder_items();
-  thread_local std::vector<uint32_t> ids, tmp, scratch_begin;
+  // Encoder and LLM rank of every item, once.
+  thread_local std::vector<uint32_t> ids, tmp, scratch_begin, enc, llm;
   ids.resize(n);
-  for (uint32_t i = 0; i < n; ++i) ids[i] = i;
-  // sends: by (encoder rank, LLM rank, item)
-  CountingSort(
-      ids, W, [&](uint32_t i) { return plan->LlmRank(i); }, &scratch_begin, &tmp);
-  CountingSort(
-      tmp, W, [&](uint32_t i) { return plan->EncRank(i); }, &plan->sends.begin, &plan->sends.items);
-  // recvs: by (LLM rank, encoder rank, item)
-  CountingSort(
-      ids, W, [&](uint32_t i) { return plan->EncRank(i); }, &scratch_begin, &tmp);
-  CountingSort(
-      tmp, W, [&](uint32_t i) { return plan->LlmRank(i); }, &plan->recvs.begin, &plan->recvs.items);
+  enc.resize(n);
+  llm.resize(n);
+  bool all_self = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    ids[i] = i;
+    enc[i] = plan->EncRank(i);
+    llm[i] = plan->LlmRank(i);
+    all_self &= enc[i] == llm[i];
+  }
   plan->inter_node_bytes = 0;
   plan->intra_node_bytes = 0;
+  if (all_self) {
+    // Pre-balancing: every rank sends its encoder outputs to itself.
+    CountingSort(ids, W, enc.data(), &plan->sends.begin, &plan->sends.items);
+    plan->recvs = plan->sends;
+    return;
+  }
+  // sends: by (encoder rank, LLM rank, item)
+  CountingSort(ids, W, llm.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, enc.data(), &plan->sends.begin, &plan->sends.items);
+  // recvs: by (LLM rank, encoder rank, item)
+  CountingSort(ids, W, enc.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, llm.data(), &plan->recvs.begin, &plan->recvs.items);
   const uint32_t rpn = plan->ranks_per_node == 0 ? 1 : plan->ranks_per_node;
   for (uint32_t i = 0; i < n; ++i) {
-    const uint32_t from = plan->EncRank(i), to = plan->LlmRank(i);
-    if (from == to) continue;
-    (from / rpn == to / rpn ? plan->intra_node_bytes : plan->inter_node_bytes) +=
+    if (enc[i] == llm[i]) continue;
+    (enc[i] / rpn == llm[i] / rpn ? plan->intra_node_bytes : plan->inter_node_bytes) +=
         plan->OutputBytes(i);
   }
 }

@@ -120,6 +120,13 @@ class Index {
   uint32_t media_height(uint32_t j) const { return media_[j].dims >> 16; }
   uint32_t media_audio_ms(uint32_t j) const { return media_[j].dims; }
 
+  // Hints for batched random access (planning draws samples at random).
+  void PrefetchSample(uint32_t s) const {
+    __builtin_prefetch(text_tokens_ + s);
+    __builtin_prefetch(media_begin_ + s);
+  }
+  void PrefetchMedia(uint32_t s) const { __builtin_prefetch(media_ + media_begin_[s]); }
+
   // A VL sample has at least one image or audio member.
   bool is_vl(uint32_t s) const { return media_begin_[s + 1] > media_begin_[s]; }
   absl::string_view ext(uint16_t id) const { return exts_[id]; }

@@ -80,19 +80,49 @@ PackProblem Problem(const std::vector<PackItem>& text, const std::vector<PackIte
 TEST(PackingTest, EveryStrategyRespectsTheConstraintsAndIsDeterministic) {
   const auto text = RandomItems(300, false, 1, 4000);
   const auto vl = RandomItems(80, true, 2, 5000);
-  const PackProblem p = Problem(text, vl, 16);
-  for (const std::string name : {"greedy", "seed-v1", "seed-v2", "tutti"}) {
-    for (uint32_t bins : {1u, 4u}) {
-      auto s = MakeStrategy({name, bins, 64});
-      ASSERT_TRUE(s.ok()) << s.status();
-      PackResult a, b;
-      ASSERT_TRUE((*s)->Pack(p, &a).ok()) << name;
-      ASSERT_TRUE((*s)->Pack(p, &b).ok());
-      EXPECT_EQ(a.text_slot, b.text_slot) << name;
-      EXPECT_EQ(a.vl_slot, b.vl_slot) << name;
-      Check(p, a);
+  PackProblem p = Problem(text, vl, 16);
+  for (bool balance_vit : {true, false}) {
+    p.balance_vit = balance_vit;
+    for (const std::string name : {"greedy", "seed-v1", "seed-v2", "tutti"}) {
+      for (uint32_t bins : {1u, 4u}) {
+        auto s = MakeStrategy({name, bins, 64});
+        ASSERT_TRUE(s.ok()) << s.status();
+        PackResult a, b;
+        ASSERT_TRUE((*s)->Pack(p, &a).ok()) << name;
+        ASSERT_TRUE((*s)->Pack(p, &b).ok());
+        EXPECT_EQ(a.text_slot, b.text_slot) << name;
+        EXPECT_EQ(a.vl_slot, b.vl_slot) << name;
+        Check(p, a);
+      }
     }
   }
+}
+
+TEST(PackingTest, TuttiKeepsVlOffARankWithAGiantDocument) {
+  // One document takes a whole rank's LLM budget: tutti gives that rank no
+  // VL work, so the LLM maximum stays at the document itself.
+  auto text = RandomItems(150, false, 5, 2000);
+  text[17] = PackItem{16000, 0, 0, 16000 * (1 + 16000 / 8192.0)};  // above a rank's mean
+  const auto vl = RandomItems(60, true, 6, 3000);
+  const PackProblem p = Problem(text, vl, 8);
+  auto s = MakeStrategy({"tutti", 6, 64});
+  PackResult r;
+  ASSERT_TRUE((*s)->Pack(p, &r).ok());
+  const Loads l = Check(p, r);
+  const uint32_t giant_rank = r.text_slot[17] / p.text_seqs_per_rank;
+  EXPECT_LT(l.vit[giant_rank], 0.5 * l.vit[(giant_rank + 1) % 8]);
+  double max_llm = 0, sum = 0;
+  for (double c : l.llm) max_llm = std::max(max_llm, c), sum += c;
+  const double lower_bound = std::max(sum / 8, text[17].llm);
+  ASSERT_GT(text[17].llm, sum / 8);
+  EXPECT_LT(max_llm, 1.05 * lower_bound);
+  // Without the closing (every rank taking its share of VL) the giant's
+  // rank would sit a VL share above the bound; greedy does.
+  auto g = MakeStrategy({"greedy", 1, 0});
+  PackResult rg;
+  ASSERT_TRUE((*g)->Pack(p, &rg).ok());
+  const Loads lg = Check(p, rg);
+  EXPECT_GT(*std::max_element(lg.llm.begin(), lg.llm.end()), max_llm);
 }
 
 TEST(PackingTest, TuttiBalancesBothPhasesBetterThanTheBaselines) {

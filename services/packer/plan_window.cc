@@ -33,6 +33,7 @@ void PlanWindow::Get(uint64_t step, Done done) {
         if (metrics_) metrics_->client_step.Set(static_cast<double>(step));
       }
       Entry& e = entries_[step];
+      work_.SignalAll();  // a new step to plan, or the window moved
       if (e.state != State::kDone) {
         e.waiters.push_back(std::move(done));
         UpdateDepth();
@@ -108,9 +109,7 @@ void PlanWindow::Worker() {
     uint64_t step = 0;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this, &step]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || NextStep(&step); };
-      mu_.Await(absl::Condition(&ready));
+      while (!stopping_ && !NextStep(&step)) work_.Wait(&mu_);
       if (stopping_) return;
       entries_[step].state = State::kRunning;
     }
@@ -147,6 +146,7 @@ void PlanWindow::Worker() {
       waiters.swap(e.waiters);
       Evict();
       UpdateDepth();
+      work_.SignalAll();
     }
     for (Done& w : waiters) w(result);
   }
@@ -158,6 +158,7 @@ void PlanWindow::Stop() {
     absl::MutexLock lock(&mu_);
     if (stopping_ && workers_.empty()) return;
     stopping_ = true;
+    work_.SignalAll();
     for (auto& [s, e] : entries_) {
       for (Done& w : e.waiters) failed.push_back(std::move(w));
       e.waiters.clear();

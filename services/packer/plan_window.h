@@ -78,6 +78,7 @@ class PlanWindow {
   PackerMetrics* const metrics_;
 
   mutable absl::Mutex mu_;
+  absl::CondVar work_;  // signalled when there may be a step to plan
   std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t head_ ABSL_GUARDED_BY(mu_) = 0;
   bool any_request_ ABSL_GUARDED_BY(mu_) = false;

@@ -94,12 +94,31 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   const uint64_t elem = uint64_t{cfg.post_balancing().hidden_size()} *
                         DTypeBytes(cfg.post_balancing().embedding_dtype());
 
+  // Sample ids first (pure arithmetic), then the index records with
+  // prefetching: the draw is random access into a large index, so memory
+  // latency, not arithmetic, is what costs here.
   StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1));
   StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1));
+  thread_local std::vector<uint32_t> ids;
+  ids.resize(T + V);
   for (uint32_t k = 0; k < T + V; ++k) {
+    ids[k] = static_cast<uint32_t>(k < T ? text_sampler.At(step * T + k)
+                                         : vl_sampler.At(step * V + (k - T)));
+  }
+  constexpr uint32_t kAhead = 16;
+  const uint32_t* text_ids = ix.text_samples().data();
+  const uint32_t* vl_ids = ix.vl_samples().data();
+  for (uint32_t k = 0; k < T + V; ++k) {
+    if (k + kAhead < T + V)
+      __builtin_prefetch((k + kAhead < T ? text_ids : vl_ids) + ids[k + kAhead]);
+    ids[k] = k < T ? text_ids[ids[k]] : vl_ids[ids[k]];
+  }
+  for (uint32_t k = 0; k < std::min(T + V, kAhead); ++k) ix.PrefetchSample(ids[k]);
+  for (uint32_t k = 0; k < T + V; ++k) {
+    if (k + kAhead < T + V) ix.PrefetchSample(ids[k + kAhead]);
+    if (k + kAhead / 2 < T + V && k + kAhead / 2 >= T) ix.PrefetchMedia(ids[k + kAhead / 2]);
     const bool vl = k >= T;
-    const uint32_t s = vl ? ix.vl_samples()[vl_sampler.At(step * V + (k - T))]
-                          : ix.text_samples()[text_sampler.At(step * T + k)];
+    const uint32_t s = ids[k];
     PlannedSample& ps = out->samples[k];
     ps = PlannedSample();
     ps.sample = s;

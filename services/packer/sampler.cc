@@ -30,7 +30,9 @@ FeistelPermutation::FeistelPermutation(uint64_t n, uint64_t key) : n_(n) {
 uint64_t FeistelPermutation::Encrypt(uint64_t x) const {
   uint64_t left = x >> half_bits_, right = x & half_mask_;
   for (uint64_t rk : keys_) {
-    const uint64_t f = Mix(right ^ rk) & half_mask_;
+    // Round function: a keyed multiplicative hash (high bits of one 64-bit
+    // product); any function makes a Feistel network a bijection.
+    const uint64_t f = (((right ^ rk) * 0x9E3779B97F4A7C15ull) >> 32) & half_mask_;
     const uint64_t next = left ^ f;
     left = right;
     right = next;

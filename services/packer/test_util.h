@@ -1,4 +1,4 @@
-// Helpers shared by the packer's tests: jobs over synthetic indexes.
+// Shared by the packer's tests: jobs over synthetic indexes.
 #ifndef TUTTI_SERVICES_PACKER_TEST_UTIL_H_
 #define TUTTI_SERVICES_PACKER_TEST_UTIL_H_
 
