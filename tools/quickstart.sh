@@ -287,7 +287,10 @@ EXAMPLE="$ROOT/deploy/examples/job.textproto"
 grep -q '^index_path:' "$EXAMPLE" || fail "$EXAMPLE has no index_path line to point at $INDEX"
 {
   echo "# Written by tools/quickstart.sh from deploy/examples/job.textproto."
-  sed "s|^index_path:.*|index_path: \"$INDEX\"|" "$EXAMPLE"
+  # The stagers name their shared-memory batches after the job id: one per
+  # user, so that two users' quick-starts on one machine stay apart.
+  sed -e "s|^index_path:.*|index_path: \"$INDEX\"|" \
+      -e "s|^job_id: *\"\([^\"]*\)\".*|job_id: \"\1-$(id -un | tr -c 'A-Za-z0-9_\n-' '_')\"|" "$EXAMPLE"
   if ! grep -q '^post_balancing' "$EXAMPLE"; then
     echo
     echo "# Post-balancing: every image is encoded on the least-loaded rank and its"
