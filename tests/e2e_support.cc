@@ -242,7 +242,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const std::string& name,
 std::string Daemon::address() const { return absl::StrCat("127.0.0.1:", grpc_port_); }
 
 absl::Status Daemon::Stop(absl::Duration timeout) {
-  process_->Signal(SIGTERM);
+  RequestStop();
+  return AwaitStop(timeout);
+}
+
+void Daemon::RequestStop() { process_->Signal(SIGTERM); }
+
+absl::Status Daemon::AwaitStop(absl::Duration timeout) {
   std::optional<int> st = process_->Wait(timeout);
   if (!st.has_value()) {
     process_->SignalGroup(SIGKILL);
@@ -379,22 +385,22 @@ std::string JobConfigText(const std::string& index_path, int epochs) {
   }
   return absl::StrCat("job_id: \"", id, "\"\nindex_path: \"", index_path, "\"\nepochs: ", epochs,
                       R"pb(
-seed: 5
-world_size: 4
-ranks_per_node: 2
-plan_window: 4
-batch {
-  text_samples_per_step: 8
-  vl_samples_per_step: 4
-  grad_accum: 2
-  text_micro_batch: 2
-  vl_micro_batch: 1
-  text_vl_ratio: "2:1"
-}
-curriculum { start_step: 0 max_pixels: 262144 seq_len: 8192 }
-curriculum { start_step: 3 max_pixels: 401408 seq_len: 8192 }
-post_balancing { enabled: true hidden_size: 1024 }
-)pb");
+                        seed: 5
+                        world_size: 4
+                        ranks_per_node: 2
+                        plan_window: 4
+                        batch {
+                          text_samples_per_step: 8
+                          vl_samples_per_step: 4
+                          grad_accum: 2
+                          text_micro_batch: 2
+                          vl_micro_batch: 1
+                          text_vl_ratio: "2:1"
+                        }
+                        curriculum { start_step: 0 max_pixels: 262144 seq_len: 8192 }
+                        curriculum { start_step: 3 max_pixels: 401408 seq_len: 8192 }
+                        post_balancing { enabled: true hidden_size: 1024 }
+                      )pb");
 }
 
 // ------------------------------------------------------------------ Cluster
@@ -437,8 +443,10 @@ std::string Cluster::StagerList() const {
 
 absl::Status Cluster::Stop() {
   absl::Status first;
-  for (auto& s : stagers_) first.Update(s->Stop());
-  first.Update(packer_->Stop());
+  for (auto& s : stagers_) s->RequestStop();
+  packer_->RequestStop();
+  for (auto& s : stagers_) first.Update(s->AwaitStop());
+  first.Update(packer_->AwaitStop());
   return first;
 }
 

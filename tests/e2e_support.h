@@ -103,6 +103,9 @@ class Daemon {
   // SIGTERM, then waits up to `timeout` for exit status 0; the error carries
   // the log's tail.
   absl::Status Stop(absl::Duration timeout = absl::Seconds(20));
+  // Stop() in two halves, so that several daemons stop at the same time.
+  void RequestStop();
+  absl::Status AwaitStop(absl::Duration timeout = absl::Seconds(20));
 
  private:
   std::string name_;
@@ -148,7 +151,8 @@ class Cluster {
   int nodes() const { return static_cast<int>(stagers_.size()); }
   // "127.0.0.1:A,127.0.0.1:B": one stager per node, for tutti-rank-demo.
   std::string StagerList() const;
-  // Stops the stagers, then the packer; every one must exit 0.
+  // Stops the stagers and the packer (SIGTERM to all, then waits); every one
+  // must exit 0.
   absl::Status Stop();
 
  private:
