@@ -391,6 +391,7 @@ printf '  %-24s %s\n' "tutti-packerd" "http://127.0.0.1:$PACKER_METRICS/metrics"
 printf '    %-34s %s\n' \
   "steps planned (ahead of the ranks)" "$(metric "$m" tutti_packer_steps_planned_total)" \
   "mean plan time" "$(ratio_ms "$(metric "$m" tutti_packer_plan_seconds_sum)" "$(metric "$m" tutti_packer_plan_seconds_count)")" \
+  "inter-node exchange per step" "$(human_bytes "$(awk -v s="$(metric "$m" tutti_packer_exchange_inter_node_bytes_sum)" -v c="$(metric "$m" tutti_packer_exchange_inter_node_bytes_count)" 'BEGIN { if (c > 0) printf "%d", s / c; else print 0 }')")" \
   "step timings reported by ranks" "$(metric "$m" 'tutti_packer_timing_reports_total{result="accepted"}')" \
   "mean batch wait, as ranks report" "$(ratio_ms "$(metric "$m" 'tutti_packer_reported_phase_seconds_sum{phase="data_wait"}')" "$(metric "$m" 'tutti_packer_reported_phase_seconds_count{phase="data_wait"}')")" \
   "mean exchange, as ranks report" "$(ratio_ms "$(metric "$m" 'tutti_packer_reported_phase_seconds_sum{phase="exchange"}')" "$(metric "$m" 'tutti_packer_reported_phase_seconds_count{phase="exchange"}')")"
