@@ -411,14 +411,19 @@ done
 # ------------------------------------------------------------ exploration --
 if [ "$KEEP_RUNNING" = 1 ]; then
   trap 'PHASE="stopping"; echo; say "stopping"' INT TERM
+  STAGER_METRICS_LIST=$(for node in $(seq 0 $((NODES - 1))); do printf '%s ' "${STAGER_METRICS[$node]}"; done)
+  PYTHON=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null)
   cat <<EOF
 
 The packer and stagers keep running (Ctrl-C stops them). Things to try:
+  # every metric of the packer (the stagers': ports $STAGER_METRICS_LIST)
   curl -s http://127.0.0.1:$PACKER_METRICS/metrics | grep ^tutti_
+  # the plan of the next step, per rank
   $TUTTI plan --config $JOB --step $STEPS
+  # 10 more steps (each step is handed to each rank once: continue where the last run stopped)
   mpirun -np $RANKS --oversubscribe $RANK_DEMO --stager $STAGERS --packer 127.0.0.1:$PACKER_PORT --start_step $STEPS --steps 10
-  PYTHONPATH=$BUILD_DIR/python python3 -c 'import tutti; c = tutti.Client(stager="${STAGERS%%,*}", packer="127.0.0.1:$PACKER_PORT", rank=0, world_size=$RANKS, start_step=$((STEPS + 10))); b = c.next(); print(b.step, b.pixel_values.shape, b.input_ids.shape)'
-(steps run once per rank: start the next run where the last one stopped.)
+  # then one rank from Python
+  PYTHONPATH=$BUILD_DIR/python ${PYTHON:-python3} -c 'import tutti; c = tutti.Client(stager="${STAGERS%%,*}", packer="127.0.0.1:$PACKER_PORT", rank=0, world_size=$RANKS, start_step=$((STEPS + 10))); b = c.next(); print(b.step, b.pixel_values.shape, b.input_ids.shape)'
 Logs: $LOG_DIR
 EOF
   while :; do
