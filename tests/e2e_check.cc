@@ -184,9 +184,11 @@ absl::Status CheckBatch(const Batch& batch, const Geometry& geo, RankReport* rep
   const v1::RankPlan& plan = batch.plan();
   report->rank = static_cast<int32_t>(batch.rank());
   report->plan_hash = PlanHash(plan);
-  for (const v1::SkippedSample& s : batch.skipped()) {
-    return absl::DataLossError(absl::StrCat(where, ": the stager skipped sample ", s.sample_id(),
-                                            " (", s.reason(), ": ", s.detail(), ")"));
+  if (!batch.skipped().empty()) {
+    const v1::SkippedSample& s = batch.skipped()[0];
+    return absl::DataLossError(absl::StrCat(where, ": the stager skipped ", batch.skipped().size(),
+                                            " samples, first ", s.sample_id(), " (", s.reason(),
+                                            ": ", s.detail(), ")"));
   }
   if (plan.rank() != batch.rank()) {
     return absl::InternalError(

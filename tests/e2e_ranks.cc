@@ -154,7 +154,10 @@ absl::Status RunSteps(Client& client, int rank, int world, Totals* totals) {
     for (const v1::Transfer& t : batch->plan().exchange().sends()) {
       if (t.peer() != static_cast<uint32_t>(rank)) totals->cross_rank += t.bytes();
     }
-    RETURN_IF_ERROR(batch->Release());
+    absl::Status released = batch->Release();
+    if (!released.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, released.ToString().c_str());
+    if (!AllOk(released.ok()))
+      return absl::AbortedError(absl::StrCat("release failed at step ", step));
   }
 
   if (absl::GetFlag(FLAGS_expect_end)) {
