@@ -1,6 +1,7 @@
 // Bad input end to end, through the real daemons and libtutti: a missing or
 // empty source directory, a corrupt image in a shard, a shard truncated after
-// indexing, a port in use, a step past the end of a one-epoch job, a rank
+// indexing, a port in use, a step past the end of a one-epoch job, a rank that
+// never comes (its node's window stalls: the others' wait ends, saying why), a rank
 // outside the world and a world size that does not match the job. Each must
 // give a clear message naming the file or value and what to do, within a
 // bounded time, and nothing may crash or hang. (Per-component cases live
@@ -202,6 +203,32 @@ TEST_F(BadInput, StepPastTheEndIsOutOfRangeForClientsAndRanks) {
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr(absl::StrCat("step ", end, " is past the job's end")));
+}
+
+// Rank 1 never shows up: node 0's window cannot move past step 0, so rank
+// 0's wait for step 4 (window 4) ends at its batch timeout, saying why.
+TEST_F(BadInput, ARankThatNeverComesHoldsTheWindowAndTheWaitSaysWhy) {
+  ClientOptions o;
+  o.stager_address = stager(0);
+  o.packer_address = packer();
+  o.rank = 0;
+  o.world_size = 4;
+  o.start_step = 0;
+  o.connect_timeout = absl::Seconds(5);
+  o.batch_timeout = absl::Seconds(3);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int step = 0; step < 4; ++step) {
+    auto batch = (*client)->Next();
+    ASSERT_TRUE(batch.ok()) << batch.status();
+  }
+  const absl::Time t0 = absl::Now();
+  auto stuck = (*client)->Next();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(15));
+  EXPECT_EQ(stuck.status().code(), absl::StatusCode::kDeadlineExceeded) << stuck.status();
+  EXPECT_THAT(Message(stuck.status()), HasSubstr("step 4, rank 0"));
+  EXPECT_THAT(Message(stuck.status()), HasSubstr("outside the window 0..3"));
+  EXPECT_THAT(Message(stuck.status()), HasSubstr("until earlier steps are released"));
 }
 
 TEST_F(BadInput, RankOutsideTheWorldIsRefused) {
