@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -196,9 +197,14 @@ absl::StatusOr<Batch> Client::Next() {
     return FromGrpcStatus(stager_->AcquireBatch(&ctx, req, &desc));
   });
   if (absl::IsDeadlineExceeded(s)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
-        " (ClientOptions.batch_timeout); the stager may be starved of I/O: see its metrics"));
+    // The stager says what the batch still waits for (a plan, shards, the
+    // window); a deadline that expired in transit says nothing.
+    const bool stager_reason = absl::StrContains(s.message(), "was not ready within");
+    return absl::DeadlineExceededError(
+        absl::StrCat(where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
+                     " (ClientOptions.batch_timeout)",
+                     stager_reason ? absl::StrCat(": ", s.message())
+                                   : "; the stager may be starved of I/O: see its metrics"));
   }
   RETURN_IF_ERROR(Annotate(s, where));
   if (desc.step() != step || desc.rank() != rank_) {

@@ -43,15 +43,15 @@ StepRow SummarizeBatch(const Batch& batch) {
 }
 
 std::string StepTableHeader() {
-  return absl::StrFormat("%6s %5s %9s %7s %9s %9s %5s %8s %11s %11s %8s", "step", "rank", "wait_ms",
-                         "images", "patches", "tokens", "seqs", "skipped", "send_B", "recv_B",
+  return absl::StrFormat("%6s %5s %9s %7s %9s %9s %5s %8s %10s %10s %8s", "step", "rank", "wait_ms",
+                         "images", "patches", "tokens", "seqs", "skipped", "send_KiB", "recv_KiB",
                          "xchg_ms");
 }
 
 std::string FormatStepRow(const StepRow& r) {
-  return absl::StrFormat("%6d %5d %9.2f %7d %9d %9d %5d %8d %11d %11d %8.2f", r.step, r.rank,
+  return absl::StrFormat("%6d %5d %9.2f %7d %9d %9d %5d %8d %10.1f %10.1f %8.2f", r.step, r.rank,
                          r.wait_ms, r.images, r.patches, r.tokens, r.sequences, r.skipped,
-                         r.send_bytes, r.recv_bytes, r.exchange_ms);
+                         r.send_bytes / 1024.0, r.recv_bytes / 1024.0, r.exchange_ms);
 }
 
 absl::Status ExchangeAndVerify(Transport& transport, const v1::RankPlan& plan,

@@ -1,0 +1,124 @@
+// tutti end to end, as a user runs it: `tutti gen-dataset`, `tutti index`,
+// one tutti-packerd, two tutti-stagerd ("nodes" with their own caches) and 4
+// ranks under mpirun (tutti-e2e-ranks, see e2e_ranks.cc) that pull every step
+// of a one-epoch job and check every sample, image, token and exchanged byte
+// against the packer's plan; then the step past the end is refused and every
+// daemon stops cleanly on SIGTERM.
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/grpc_status.h"
+#include "gtest/gtest.h"
+#include "tests/e2e_support.h"
+#include "tutti/v1/packer.grpc.pb.h"
+
+namespace tutti::e2e {
+namespace {
+
+// The "key=value" fields of the line starting with `prefix`.
+std::map<std::string, uint64_t> Fields(const std::string& output, const std::string& prefix) {
+  std::map<std::string, uint64_t> out;
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
+    for (absl::string_view kv : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      uint64_t v = 0;
+      if (absl::SimpleAtoi(p.second, &v)) out[p.first] = v;
+    }
+  }
+  return out;
+}
+
+TEST(EndToEnd, FourRanksOnTwoNodesGetEveryPlannedSampleExactlyOnce) {
+  const std::string dir = MakeTempDir("e2e");
+  ASSERT_TRUE(GenerateDataset(dir + "/ds").ok());
+  ASSERT_TRUE(BuildIndex(dir + "/ds", dir + "/index.tutti").ok());
+  auto cluster = Cluster::Start({.dir = dir,
+                                 .job_config = JobConfigText(dir + "/index.tutti", /*epochs=*/1),
+                                 .source = dir + "/ds"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  v1::JobInfo job;
+  {
+    grpc::ClientContext ctx;
+    auto stub = v1::Packer::NewStub(MakeChannel((*cluster)->packer().address()));
+    ASSERT_TRUE(stub->GetJob(&ctx, v1::GetJobRequest(), &job).ok());
+  }
+  ASSERT_GE(job.total_steps(), 4u) << "the dataset is too small for a meaningful run";
+
+  RunResult r = RunCommand(MpirunArgv(4, {E2eRanks(), "--stager=" + (*cluster)->StagerList(),
+                                          "--packer=" + (*cluster)->packer().address(),
+                                          "--expect_end", "--timeout_s=60"}),
+                           absl::Seconds(150), MpiEnv());
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto ok = Fields(r.output, "E2E OK ");
+  ASSERT_FALSE(ok.empty()) << r.output;
+  EXPECT_EQ(ok["steps"], job.total_steps());
+  EXPECT_EQ(ok["docs"], job.total_steps() * 12);  // 8 text + 4 VL per step
+  EXPECT_GT(ok["images"], job.total_steps() * 4 - 1);
+  EXPECT_GT(ok["patches"], 0u);
+  // Post-balancing moves encoder outputs between ranks (and nodes).
+  EXPECT_GT(ok["cross_rank_bytes"], 0u) << r.output;
+  EXPECT_NE(r.output.find(absl::StrCat("step ", job.total_steps())), std::string::npos) << r.output;
+
+  // The stagers built every batch without skipping anything; both staged shards.
+  for (int node = 0; node < 2; ++node) {
+    auto m = HttpGet((*cluster)->stager(node).metrics_port(), "/metrics");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_GE(MetricValue(*m, "tutti_stager_batches_built_total").value_or(0),
+              2.0 * job.total_steps());
+    EXPECT_GT(MetricValue(*m, "tutti_stager_staged_files_total").value_or(0), 0);
+    for (const char* reason : {"corrupt", "deadline", "missing", "too_large"}) {
+      EXPECT_EQ(MetricValue(*m, absl::StrCat("tutti_stager_skipped_samples_total{reason=\"", reason,
+                                             "\"}")),
+                0.0)
+          << reason;
+    }
+  }
+  auto pm = HttpGet((*cluster)->packer().metrics_port(), "/metrics");
+  ASSERT_TRUE(pm.ok()) << pm.status();
+  EXPECT_GE(MetricValue(*pm, "tutti_packer_plans_served_total{rpc=\"GetPlan\"}").value_or(0),
+            static_cast<double>(job.total_steps()));
+
+  absl::Status stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  RemoveTree(dir);
+}
+
+// The quick-start's rank program, as the quick-start runs it (post-balancing,
+// every exchanged byte verified), over the same daemons.
+TEST(EndToEnd, RankDemoRunsStepsAndPrintsOneRowPerRankAndStep) {
+  const std::string dir = MakeTempDir("e2e_demo");
+  ASSERT_TRUE(GenerateDataset(dir + "/ds").ok());
+  ASSERT_TRUE(BuildIndex(dir + "/ds", dir + "/index.tutti").ok());
+  auto cluster = Cluster::Start({.dir = dir,
+                                 .job_config = JobConfigText(dir + "/index.tutti", /*epochs=*/0),
+                                 .source = dir + "/ds"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RunResult r = RunCommand(MpirunArgv(4, {RankDemo(), "--stager=" + (*cluster)->StagerList(),
+                                          "--packer=" + (*cluster)->packer().address(), "--steps=8",
+                                          "--batch_timeout_s=60", "--join_timeout_s=60"}),
+                           absl::Seconds(150), MpiEnv());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("8 steps x 4 ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every byte verified"), std::string::npos) << r.output;
+  // One row per (step, rank), in step then rank order.
+  std::vector<std::pair<int, int>> rows;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int step = 0, rank = 0;
+    if (f.size() == 11 && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtoi(f[1], &rank)) {
+      rows.emplace_back(step, rank);
+    }
+  }
+  ASSERT_EQ(rows.size(), 32u) << r.output;
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(rows[i], std::make_pair(i / 4, i % 4));
+  absl::Status stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace tutti::e2e
