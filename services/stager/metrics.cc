@@ -64,6 +64,15 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                                  "Images whose content format differs from their name")),
       substituted_samples(Counter(*registry, "tutti_stager_substituted_samples_total",
                                   "Skipped samples replaced by a same-modality substitute")),
+      placeholder_samples(Counter(*registry, "tutti_stager_placeholder_samples_total",
+                                  "Skipped samples kept at their planned shape with placeholder "
+                                  "content (no substitute available yet, or a sample that "
+                                  "crosses ranks under the drop policy)")),
+      dropped_samples(Counter(*registry, "tutti_stager_dropped_samples_total",
+                              "Samples removed from a batch under the drop policy")),
+      remote_load_images(Counter(*registry, "tutti_stager_remote_load_images_total",
+                                 "Images the plan marks remote_load (their shard is not staged "
+                                 "on this node), read from the source directly")),
       window_batches(Gauge(*registry, "tutti_stager_window_batches",
                            "Batches ready in shared memory and not yet released")),
       window_building(Gauge(*registry, "tutti_stager_window_building_batches",

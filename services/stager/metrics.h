@@ -40,6 +40,9 @@ class StagerMetrics {
   // Skipped samples by reason: corrupt, deadline, too_large, missing.
   prometheus::Counter& SkippedSamples(const std::string& reason);
   prometheus::Counter& substituted_samples;  // tutti_stager_substituted_samples_total
+  prometheus::Counter& placeholder_samples;  // tutti_stager_placeholder_samples_total
+  prometheus::Counter& dropped_samples;      // tutti_stager_dropped_samples_total
+  prometheus::Counter& remote_load_images;   // tutti_stager_remote_load_images_total
   // Window and clients.
   prometheus::Gauge& window_batches;         // tutti_stager_window_batches (ready, not released)
   prometheus::Gauge& window_building;        // tutti_stager_window_building_batches

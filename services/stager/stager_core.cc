@@ -152,6 +152,41 @@ StagerCore::Step& StagerCore::StepAt(uint64_t step) {
 }
 
 // ------------------------------------------------------------ plan intake
+namespace {
+
+// The shards this node stages for a plan: those of the local ranks' images,
+// documents and audio, except shards named only by remote_load images (the
+// packer staged those on another node; their images are read from the
+// source). Plan order (first use) is kept.
+std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
+  std::map<uint64_t, uint32_t> shard_of;
+  for (const auto& s : plan.samples()) shard_of[s.sample_id()] = s.shard();
+  std::set<uint32_t> needed;
+  auto need = [&](uint64_t sample) {
+    if (auto it = shard_of.find(sample); it != shard_of.end()) needed.insert(it->second);
+  };
+  for (const auto& r : plan.ranks()) {
+    for (const auto& e : r.encoders()) {
+      for (const auto& ip : e.images()) {
+        if (!ip.remote_load()) need(ip.sample_id());
+      }
+      for (const auto& ap : e.audio()) need(ap.sample_id());
+    }
+    for (const auto& mb : r.micro_batches()) {
+      for (const auto& seq : mb.sequences()) {
+        for (const auto& doc : seq.docs()) need(doc.sample_id());
+      }
+    }
+  }
+  std::vector<const v1::ShardRef*> out;
+  for (int i = 0; i < plan.shards_size(); ++i) {
+    if (needed.count(static_cast<uint32_t>(i))) out.push_back(&plan.shards(i));
+  }
+  return out;
+}
+
+}  // namespace
+
 StagerCore::PlanWant StagerCore::WaitPlanWanted(absl::Time deadline) {
   std::unique_lock<std::mutex> l(mu_);
   auto blocked = [&] {
@@ -187,6 +222,7 @@ absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
   auto shared = std::make_shared<const v1::StepPlan>(std::move(plan));
   s.plan = shared;
   s.plan_at = absl::Now();
+  s.stage = ShardsToStage(*shared);
   for (auto& [rank, slot] : s.slots) {
     if (slot.state != SlotState::kWaitPlan) continue;
     bool found = false;
@@ -204,7 +240,7 @@ absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
     }
   }
   if (bad.ok()) {
-    for (const auto& ref : shared->shards()) staging_->Request(ref, step);
+    for (const v1::ShardRef* ref : s.stage) staging_->Request(*ref, step);
   }
   UpdateWindow();
   l.unlock();
@@ -366,9 +402,9 @@ void StagerCore::UpdateWindow() {
   std::set<std::string> pinned, window;
   for (auto& [step, s] : steps_) {
     if (!s.plan) continue;
-    for (const auto& ref : s.plan->shards()) {
-      pinned.insert(ref.name());
-      if (step < base_ + opts_.window) window.insert(ref.name());
+    for (const v1::ShardRef* ref : s.stage) pinned.insert(ref->name());
+    if (step < base_ + opts_.window) {
+      for (const auto& ref : s.plan->shards()) window.insert(ref.name());
     }
   }
   cache_->SetPinned(std::move(pinned));
@@ -406,9 +442,9 @@ std::string StagerCore::Pending(uint64_t step, uint32_t rank, const Slot& slot) 
                             base_ + opts_.window - 1, " until earlier steps are released");
       }
       std::vector<std::string> shards;
-      for (const auto& ref : steps_.at(step).plan->shards()) {
-        const ShardState st = staging_->Status(ref.name()).state;
-        if (st != ShardState::kStaged) shards.push_back(absl::StrCat(ref.name(), " (", ShardStateName(st), ")"));
+      for (const v1::ShardRef* ref : steps_.at(step).stage) {
+        const ShardState st = staging_->Status(ref->name()).state;
+        if (st != ShardState::kStaged) shards.push_back(absl::StrCat(ref->name(), " (", ShardStateName(st), ")"));
       }
       return absl::StrCat("waiting for shards ", absl::StrJoin(shards, ", "),
                           " or for the memory budget (", memory_, " of ", opts_.memory_budget_bytes,
@@ -429,8 +465,8 @@ void StagerCore::StartBuilds(std::unique_lock<std::mutex>& l, Callbacks* cbs) {
     bool shards_ready = now - s.plan_at >= stage_wait_;
     if (!shards_ready) {
       shards_ready = true;
-      for (const auto& ref : s.plan->shards()) {
-        const ShardState st = staging_->Status(ref.name()).state;
+      for (const v1::ShardRef* ref : s.stage) {
+        const ShardState st = staging_->Status(ref->name()).state;
         if (st != ShardState::kStaged && st != ShardState::kFailed) {
           shards_ready = false;
           break;

@@ -119,6 +119,7 @@ class StagerCore {
   };
   struct Step {
     std::shared_ptr<const v1::StepPlan> plan;
+    std::vector<const v1::ShardRef*> stage;  // shards this node stages for it (into *plan)
     absl::Time plan_at;
     std::map<uint32_t, Slot> slots;  // local rank -> slot
   };
