@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "common/file_io.h"
@@ -30,19 +31,28 @@ namespace fs = std::filesystem;
 
 // Test fixture: serves GetJob and plans computed by testing::MakePlan, up
 // to (not including) `end_step`, after which StreamPlans reports
-// OUT_OF_RANGE as a packer does at the end of the dataset.
+// OUT_OF_RANGE as a packer does at the end of the dataset. With `hang_at`,
+// a stream stops sending at that step and hangs until cancelled (a packer
+// that dies mid-stream).
 class FixturePacker final : public v1::Packer::Service {
  public:
-  FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step)
-      : data_(std::move(data)), job_(std::move(job)), end_(end_step) {}
+  FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step,
+                uint64_t hang_at = ~uint64_t{0})
+      : data_(std::move(data)), job_(std::move(job)), end_(end_step), hang_at_(hang_at) {}
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo* out) override {
     *out = job_;
     return grpc::Status::OK;
   }
   grpc::Status StreamPlans(grpc::ServerContext* ctx, const v1::StreamPlansRequest* req,
                            grpc::ServerWriter<v1::StepPlan>* w) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      starts_.push_back(req->start_step());
+    }
     std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
     for (uint64_t s = req->start_step(); !ctx->IsCancelled(); ++s) {
+      while (s >= hang_at_ && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+      if (ctx->IsCancelled()) break;
       if (s >= end_) {
         return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
                             "step " + std::to_string(s) + " is past the end of the dataset");
@@ -55,11 +65,19 @@ class FixturePacker final : public v1::Packer::Service {
     *out = testing::MakePlan(data_, job_, req->step(), {req->ranks().begin(), req->ranks().end()}, 2);
     return grpc::Status::OK;
   }
+  // start_step of every StreamPlans call, in order.
+  std::vector<uint64_t> starts() {
+    std::lock_guard<std::mutex> l(mu_);
+    return starts_;
+  }
 
  private:
+  std::mutex mu_;
+  std::vector<uint64_t> starts_;
   testing::Dataset data_;
   v1::JobInfo job_;
   uint64_t end_;
+  uint64_t hang_at_;
 };
 
 struct Env {
@@ -175,6 +193,70 @@ TEST(StagerDaemonTest, ServesBatchesOverGrpcAndSharedMemory) {
   v1::StageStatus st;
   ASSERT_TRUE(stub->GetStageStatus(&sctx, v1::GetStageStatusRequest(), &st).ok());
   EXPECT_EQ(st.staged_files(), 2u);
+  server.Shutdown();
+}
+
+// The value of an unlabelled metric in a /metrics page (-1 if absent).
+double MetricValue(const std::string& page, const std::string& name) {
+  size_t at = 0;
+  while ((at = page.find(name + " ", at)) != std::string::npos) {
+    if (at == 0 || page[at - 1] == '\n') return std::stod(page.substr(at + name.size() + 1));
+    at += name.size();
+  }
+  return -1;
+}
+
+TEST(StagerDaemonTest, PackerRestartMidStreamLosesAndRepeatsNoStep) {
+  const uint64_t kSteps = 12, kDiesAt = 6;
+  Env env("restart", kSteps);
+  env.packer = std::make_unique<FixturePacker>(env.data, env.job, kSteps, kDiesAt);
+  env.StartPacker();
+  const int port = env.packer_port;
+  StagerServer server(env.Options());  // window 2, stage_ahead 2: plans arrive as steps are released
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  std::unique_ptr<FixturePacker> second;
+  double received_before = -1;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    if (step == 4) {
+      // The packer dies mid-stream, after sending step kDiesAt - 1 (the stager
+      // holds plans a few steps ahead, not all of them), and comes back on
+      // the same address.
+      env.packer_server->Shutdown(std::chrono::system_clock::now());
+      env.packer_server.reset();
+      absl::SleepFor(absl::Milliseconds(300));
+      received_before = MetricValue(HttpGet(server.metrics_port(), "/metrics"),
+                                    "tutti_stager_plans_received_total");
+      ASSERT_EQ(received_before, kDiesAt);
+      second = std::make_unique<FixturePacker>(env.data, env.job, kSteps);
+      auto s = StartGrpcServer("127.0.0.1:" + std::to_string(port), {second.get()}, &env.packer_port);
+      ASSERT_TRUE(s.ok()) << s.status();
+      env.packer_server = std::move(*s);
+    }
+    for (uint32_t rank : {0u, 1u}) {
+      v1::BatchDescriptor d;
+      grpc::Status s = Acquire(*stub, step, rank, 30000, &d);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error_message();
+      EXPECT_EQ(d.step(), step);
+      // The batch is the one the (deterministic) plan names.
+      const v1::StepPlan want = testing::MakePlan(env.data, env.job, step, {rank}, 2);
+      EXPECT_EQ(d.plan().encoders(0).images(0).sample_id(),
+                want.ranks(0).encoders(0).images(0).sample_id());
+      grpc::ClientContext ctx;
+      v1::ReleaseBatchRequest rel;
+      rel.set_step(step);
+      rel.set_rank(rank);
+      v1::ReleaseBatchResponse resp;
+      ASSERT_TRUE(stub->ReleaseBatch(&ctx, rel, &resp).ok());
+    }
+  }
+  // The restarted packer was asked to resume exactly at the first step the
+  // stager did not have; every step arrived once.
+  ASSERT_FALSE(second->starts().empty());
+  EXPECT_EQ(second->starts().front(), static_cast<uint64_t>(received_before));
+  const std::string page = HttpGet(server.metrics_port(), "/metrics");
+  EXPECT_EQ(MetricValue(page, "tutti_stager_plans_received_total"), kSteps);
+  EXPECT_GE(MetricValue(page, "tutti_stager_packer_reconnects_total"), 1);
   server.Shutdown();
 }
 
