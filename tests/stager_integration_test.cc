@@ -180,7 +180,7 @@ TEST(StagerDaemonTest, ServesBatchesOverGrpcAndSharedMemory) {
   v1::BatchDescriptor d;
   grpc::Status wrong = Acquire(*stub, 4, 3, 100, &d);
   EXPECT_EQ(wrong.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(wrong.error_message().find("serves ranks 0..1"), std::string::npos);
+  EXPECT_NE(wrong.error_message().find("serves node 0 (ranks 0..1)"), std::string::npos) << wrong.error_message();
   grpc::Status old = Acquire(*stub, 1, 0, 100, &d);
   EXPECT_EQ(old.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   const std::string metrics = HttpGet(server.metrics_port(), "/metrics");
@@ -316,6 +316,101 @@ TEST(StagerDaemonTest, PortInUseIsAClearError) {
   absl::Status sm = c.Start();
   EXPECT_EQ(sm.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(sm.message().find("--metrics"), std::string::npos) << sm;
+}
+
+TEST(StagerDaemonTest, NodeAutoLearnsTheNodeFromTheFirstClient) {
+  Env env("auto");
+  env.StartPacker();
+  StagerServerOptions o = env.Options();
+  o.core.node = 0;
+  o.core.node_auto = true;  // a DaemonSet: the node is not known up front
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  v1::BatchDescriptor d;
+  grpc::Status first = Acquire(*stub, 0, 3, 20000, &d);  // rank 3: node 1 of 2-rank nodes
+  ASSERT_TRUE(first.ok()) << first.error_message();
+  EXPECT_EQ(d.plan().rank(), 3u);
+  EXPECT_NE(d.shm_name().find("-n1-r3-s0"), std::string::npos) << d.shm_name();
+  ASSERT_TRUE(Acquire(*stub, 0, 2, 20000, &d).ok());
+  grpc::Status other = Acquire(*stub, 0, 0, 1000, &d);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(other.error_message().find("rank 0 belongs to node 0 but this tutti-stagerd serves node 1"),
+            std::string::npos)
+      << other.error_message();
+  EXPECT_NE(other.error_message().find("learned from rank 3"), std::string::npos) << other.error_message();
+  grpc::Status outside = Acquire(*stub, 0, 9, 1000, &d);
+  EXPECT_EQ(outside.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  server.Shutdown();
+}
+
+TEST(StagerDaemonTest, ServesOnAUnixSocket) {
+  Env env("unix");
+  env.StartPacker();
+  StagerServerOptions o = env.Options();
+  const std::string sock = env.root + "/stager.sock";
+  o.listen = "unix://" + sock;
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  EXPECT_EQ(server.grpc_address(), "unix://" + sock);
+  auto stub = v1::Stager::NewStub(MakeChannel("unix://" + sock));
+  v1::BatchDescriptor d;
+  grpc::Status s = Acquire(*stub, 0, 1, 20000, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(d.plan().rank(), 1u);
+  // A second daemon on the same live socket is refused, naming it.
+  StagerServerOptions o2 = o;
+  o2.core.cache_dir = env.root + "/cache2";
+  StagerServer second(o2);
+  absl::Status busy = second.Start();
+  EXPECT_EQ(busy.code(), absl::StatusCode::kUnavailable) << busy;
+  EXPECT_NE(busy.message().find(sock), std::string::npos) << busy;
+  server.Shutdown();
+  // A socket file left behind by a daemon that is gone is taken over.
+  StagerServer third(o2);
+  ASSERT_TRUE(third.Start().ok());
+  auto stub3 = v1::Stager::NewStub(MakeChannel("unix://" + sock));
+  EXPECT_TRUE(Acquire(*stub3, 0, 0, 20000, &d).ok());
+  third.Shutdown();
+}
+
+TEST(StagerDaemonTest, DaemonWithNodeAutoOnAUnixSocket) {
+  Env env("auto_unix");
+  env.StartPacker();
+  const std::string port_file = env.root + "/ports";
+  const std::string sock = env.root + "/d.sock";
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string packer = "--packer=127.0.0.1:" + std::to_string(env.packer_port);
+    const std::string source = "--source=" + env.data.dir;
+    const std::string cache = "--cache=" + env.root + "/cache";
+    const std::string ports = "--port_file=" + port_file;
+    const std::string listen = "--listen=unix://" + sock;
+    ::execl(TUTTI_STAGERD_BINARY, "tutti-stagerd", packer.c_str(), source.c_str(), cache.c_str(),
+            ports.c_str(), listen.c_str(), "--node=auto", "--metrics=127.0.0.1:0", "--window=2",
+            "--queue_depth=8", "--decode_threads=1", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!fs::exists(port_file) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(fs::exists(port_file));
+  auto text = ReadFileToString(port_file);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("grpc_address=unix://" + sock), std::string::npos) << *text;
+  auto stub = v1::Stager::NewStub(MakeChannel("unix://" + sock));
+  v1::BatchDescriptor d;
+  grpc::Status s = Acquire(*stub, 0, 2, 20000, &d);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  grpc::Status other = Acquire(*stub, 0, 1, 1000, &d);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(other.error_message().find("belongs to node 0"), std::string::npos);
+  EXPECT_NE(other.error_message().find("serves node 1"), std::string::npos);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(StagerDaemonTest, DaemonShutsDownCleanlyOnSigterm) {

@@ -1,6 +1,7 @@
 #include "services/stager/stager_core.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,6 +21,11 @@ StagerCore::~StagerCore() { Stop(); }
 bool StagerCore::IsLocal(uint32_t rank) const { return rank >= first_rank_ && rank < first_rank_ + ranks_; }
 
 std::vector<uint32_t> StagerCore::local_ranks() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return LocalRanksLocked();
+}
+
+std::vector<uint32_t> StagerCore::LocalRanksLocked() const {
   std::vector<uint32_t> r;
   for (uint32_t i = 0; i < ranks_; ++i) r.push_back(first_rank_ + i);
   return r;
@@ -40,12 +46,16 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   RETURN_IF_ERROR(Annotate(ValidateJobConfig(config_), "the packer's job config is not usable"));
   ranks_ = config_.ranks_per_node();
   const uint32_t nodes = config_.world_size() / ranks_;
-  if (opts_.node >= nodes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--node ", opts_.node, " does not exist: the job has ", nodes, " nodes (world_size ",
-        config_.world_size(), " / ranks_per_node ", ranks_, "); use --node 0..", nodes - 1));
+  if (!opts_.node_auto) {
+    if (opts_.node >= nodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--node ", opts_.node, " does not exist: the job has ", nodes, " nodes (world_size ",
+          config_.world_size(), " / ranks_per_node ", ranks_, "); use --node 0..", nodes - 1,
+          " or --node=auto"));
+    }
+    first_rank_ = opts_.node * ranks_;
+    node_known_ = true;
   }
-  first_rank_ = opts_.node * ranks_;
   deadline_ = absl::Milliseconds(opts_.sample_deadline_ms ? opts_.sample_deadline_ms
                                                           : config_.sample_deadline_ms());
   stage_wait_ = opts_.stage_wait_ms ? absl::Milliseconds(opts_.stage_wait_ms) : deadline_;
@@ -146,7 +156,7 @@ void StagerCore::Stop() {
 StagerCore::Step& StagerCore::StepAt(uint64_t step) {
   Step& s = steps_[step];
   if (s.slots.empty()) {
-    for (uint32_t r : local_ranks()) s.slots[r];
+    for (uint32_t r : LocalRanksLocked()) s.slots[r];
   }
   return s;
 }
@@ -190,7 +200,7 @@ std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
 StagerCore::PlanWant StagerCore::WaitPlanWanted(absl::Time deadline) {
   std::unique_lock<std::mutex> l(mu_);
   auto blocked = [&] {
-    return (plan_error_ && plan_error_->first <= next_plan_) ||
+    return !node_known_ || (plan_error_ && plan_error_->first <= next_plan_) ||
            (job_.total_steps() != 0 && next_plan_ >= job_.total_steps());
   };
   while (!stopping_ && blocked()) {
@@ -262,9 +272,12 @@ absl::Status StagerCore::CheckAcquire(uint64_t step, uint32_t rank) {
   if (!started_ || stopping_) return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   if (!IsLocal(rank)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " is not on node ", opts_.node, ": this tutti-stagerd serves ranks ",
-        first_rank_, "..", first_rank_ + ranks_ - 1, "; ask the stager of node ",
-        rank / std::max(1u, ranks_)));
+        "rank ", rank, " belongs to node ", rank / std::max(1u, ranks_), " but this tutti-stagerd "
+        "serves node ", opts_.node, " (ranks ", first_rank_, "..", first_rank_ + ranks_ - 1,
+        opts_.node_auto ? absl::StrCat("; learned from rank ", learned_from_, "'s first AcquireBatch "
+                                       "under --node=auto")
+                        : std::string(),
+        "); ask the stager of node ", rank / std::max(1u, ranks_)));
   }
   if (job_.total_steps() != 0 && step >= job_.total_steps()) {
     return absl::OutOfRangeError(absl::StrCat("step ", step, " is past the job's end (",
@@ -319,7 +332,8 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
   bool answer_now = false;
   {
     std::lock_guard<std::mutex> l(mu_);
-    absl::Status s = CheckAcquire(step, rank);
+    absl::Status s = node_known_ ? absl::OkStatus() : LearnNode(rank);
+    if (s.ok()) s = CheckAcquire(step, rank);
     if (!s.ok()) {
       now_result = s;
       answer_now = true;
@@ -344,6 +358,22 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
   if (answer_now) done(std::move(now_result));
 }
 
+absl::Status StagerCore::LearnNode(uint32_t rank) {
+  if (!started_ || stopping_) return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
+  if (rank >= config_.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in the job (world size ",
+                                                   config_.world_size(), ")"));
+  }
+  opts_.node = rank / ranks_;
+  first_rank_ = opts_.node * ranks_;
+  learned_from_ = rank;
+  node_known_ = true;
+  std::fprintf(stderr, "tutti-stagerd: --node=auto: rank %u asked first, so this is node %u (ranks %u..%u)\n",
+               rank, opts_.node, first_rank_, first_rank_ + ranks_ - 1);
+  cv_.notify_all();  // plan intake can start
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms) {
   std::mutex m;
   std::condition_variable cv;
@@ -362,10 +392,16 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank) {
   Callbacks cbs;
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (!node_known_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "release of step ", step, " rank ", rank, ": no batch was handed out yet (--node=auto "
+          "learns the node from the first AcquireBatch)"));
+    }
     if (!IsLocal(rank)) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not on node ", opts_.node,
-                                                     ": this tutti-stagerd serves ranks ", first_rank_,
-                                                     "..", first_rank_ + ranks_ - 1));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " belongs to node ", rank / std::max(1u, ranks_),
+          " but this tutti-stagerd serves node ", opts_.node, " (ranks ", first_rank_, "..",
+          first_rank_ + ranks_ - 1, ")"));
     }
     if (step < base_) return absl::OkStatus();
     Slot& slot = StepAt(step).slots[rank];
