@@ -83,15 +83,17 @@ BatchJob::BatchJob(BuildContext ctx, std::shared_ptr<const v1::StepPlan> step, i
     : ctx_(std::move(ctx)), step_(std::move(step)), rank_index_(rank_index),
       shm_name_(std::move(shm_name)) {}
 
-BatchJob::~BatchJob() { Discard(); }
+BatchJob::~BatchJob() {
+  Discard();
+  shm_.reset();
+}
 
 uint32_t BatchJob::rank() const { return step_->ranks(rank_index_).rank(); }
 
 void BatchJob::Discard() {
-  if (shm_) {
-    ShmSegment::Unlink(shm_name_);
-    shm_.reset();
-  }
+  // Only the name goes now: reads and decodes still in flight write into the
+  // mapping, which lives as long as the job (they hold a reference to it).
+  if (shm_ && !discarded_.exchange(true)) ShmSegment::Unlink(shm_name_);
 }
 
 std::string BatchJob::Name(const v1::MemberRef& m, const v1::ShardRef& s) const {
@@ -156,6 +158,9 @@ void BatchJob::ReadImage(size_t i) {
           Item& it2 = *self->images_[i];
           int q = kQueued;
           if (!it2.state.compare_exchange_strong(q, kDecoding)) return;
+          if (self->discarded_.load()) {  // released or moved past: no one will read it
+            return self->Fail(it2, absl::CancelledError("batch discarded"));
+          }
           const ImageItem& im2 = self->layout_.images()[i];
           const absl::Time t0 = absl::Now();
           cv::Mat decoded;

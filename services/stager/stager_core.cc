@@ -283,9 +283,25 @@ absl::Status StagerCore::CheckAcquire(uint64_t step, uint32_t rank) {
     return absl::OutOfRangeError(absl::StrCat("step ", step, " is past the job's end (",
                                               job_.total_steps(), " steps)"));
   }
-  if (step < base_) {
-    return absl::OutOfRangeError(absl::StrCat("step ", step, " was already released by every rank of node ",
-                                              opts_.node, "; the window starts at step ", base_));
+  // A step before the window, or far beyond it, moves the window there when
+  // nothing is in use (a job resuming from a checkpoint, before or after
+  // where this daemon had got to); otherwise it is refused.
+  const uint64_t far = base_ + 2 * uint64_t{opts_.window};
+  if (step < base_ || step >= far) {
+    const std::string busy = InUse();
+    if (busy.empty()) {
+      Seek(step, rank);
+      return absl::OkStatus();
+    }
+    if (step < base_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "step ", step, " was already released by every rank of node ", opts_.node,
+          "; the window starts at step ", base_, " and cannot move back while ", busy));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " is far ahead of the prefetch window (steps ", base_, "..",
+        base_ + opts_.window - 1, " are being prepared) and the window cannot move while ", busy,
+        "; release earlier steps first (or raise --window)"));
   }
   if (auto it = steps_.find(step); it != steps_.end()) {
     auto s = it->second.slots.find(rank);
@@ -300,31 +316,38 @@ absl::Status StagerCore::CheckAcquire(uint64_t step, uint32_t rank) {
                                      step == plan_error_->first ? "" : absl::StrCat(" (asked for step ", step, ")"),
                                      ": ", plan_error_->second.message()));
   }
-  const uint64_t far = base_ + 2 * uint64_t{opts_.window};
-  if (step >= far) {
-    if (!any_acquired_) {
-      // Nothing handed out yet (e.g. a job resuming from a checkpoint): move the window.
-      for (auto& [s, st] : steps_) {
-        for (auto& [r, slot] : st.slots) {
-          if (slot.job) {
-            memory_ -= slot.job->bytes();
-            slot.job->Discard();
-          }
-        }
-      }
-      steps_.clear();
-      base_ = next_plan_ = step;
-      ++generation_;
-      plan_error_.reset();
-      UpdateWindow();
-      return absl::OkStatus();
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step, " is far ahead of the prefetch window: steps ", base_, "..",
-        base_ + opts_.window - 1, " are being prepared and ranks of node ", opts_.node,
-        " still hold step ", base_, "; release earlier steps first (or raise --window)"));
-  }
   return absl::OkStatus();
+}
+
+std::string StagerCore::InUse() const {
+  for (const auto& [step, st] : steps_) {
+    for (const auto& [rank, slot] : st.slots) {
+      if (!slot.waiters.empty()) return absl::StrCat("rank ", rank, " waits for step ", step);
+      if (slot.handed_out && slot.state != SlotState::kReleased) {
+        return absl::StrCat("rank ", rank, " holds step ", step);
+      }
+    }
+  }
+  return "";
+}
+
+void StagerCore::Seek(uint64_t step, uint32_t rank) {
+  std::fprintf(stderr, "tutti-stagerd: rank %u asked for step %llu; nothing is in use, so the window "
+               "moves from step %llu there\n", rank, static_cast<unsigned long long>(step),
+               static_cast<unsigned long long>(base_));
+  for (auto& [s, st] : steps_) {
+    for (auto& [r, slot] : st.slots) {
+      if (slot.job) {
+        memory_ -= slot.job->bytes();
+        slot.job->Discard();
+      }
+    }
+  }
+  steps_.clear();
+  base_ = next_plan_ = step;
+  ++generation_;
+  plan_error_.reset();
+  UpdateWindow();
 }
 
 void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done) {
@@ -338,9 +361,9 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
       now_result = s;
       answer_now = true;
     } else {
-      any_acquired_ = true;
       Slot& slot = StepAt(step).slots[rank];
       if (slot.state == SlotState::kReady) {
+        slot.handed_out = true;
         now_result = slot.job->descriptor();
         answer_now = true;
         if (metrics_) metrics_->client_wait_seconds.Observe(0);
@@ -462,6 +485,7 @@ void StagerCore::FinishSlot(Slot& slot, Callbacks* cbs) {
                                                 ? absl::StatusOr<v1::BatchDescriptor>(slot.job->descriptor())
                                                 : absl::StatusOr<v1::BatchDescriptor>(slot.error);
     if (metrics_) metrics_->client_wait_seconds.Observe(absl::ToDoubleSeconds(now - w.since));
+    slot.handed_out |= r.ok();
     cbs->push_back([d = std::move(w.done), r = std::move(r)]() mutable { d(std::move(r)); });
   }
   slot.waiters.clear();

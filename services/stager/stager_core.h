@@ -120,6 +120,7 @@ class StagerCore {
     std::shared_ptr<BatchJob> job;
     absl::Status error;
     std::vector<Waiter> waiters;
+    bool handed_out = false;  // a client got the batch (and holds it until it releases)
   };
   struct Step {
     std::shared_ptr<const v1::StepPlan> plan;
@@ -141,7 +142,10 @@ class StagerCore {
   std::string Pending(uint64_t step, uint32_t rank, const Slot& slot) const;
   bool IsLocal(uint32_t rank) const;
   std::vector<uint32_t> LocalRanksLocked() const;
-  absl::Status LearnNode(uint32_t rank);  // node_auto: the first AcquireBatch fixes the node
+  absl::Status LearnNode(uint32_t rank);
+  // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
+  std::string InUse() const;
+  void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`  // node_auto: the first AcquireBatch fixes the node
 
   StagerOptions opts_;
   std::shared_ptr<StagerMetrics> metrics_;
@@ -169,7 +173,6 @@ class StagerCore {
   uint64_t base_ = 0;                     // guarded by mu_: first step of the window
   uint64_t next_plan_ = 0;                // guarded by mu_: next step wanted from the packer
   uint64_t generation_ = 0;               // guarded by mu_
-  bool any_acquired_ = false;             // guarded by mu_
   std::map<uint64_t, Step> steps_;        // guarded by mu_
   std::optional<std::pair<uint64_t, absl::Status>> plan_error_;  // guarded by mu_
   uint64_t memory_ = 0;                   // guarded by mu_: bytes of live segments

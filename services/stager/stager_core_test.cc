@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <optional>
 
 #include "common/file_io.h"
 #include "common/shm.h"
@@ -125,9 +127,12 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   ASSERT_TRUE(c.core->Release(0, 3).ok());
   auto again = c.core->Acquire(0, 3, 100);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // held from here on
   auto far = c.core->Acquire(40, 3, 100);
   EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(far.status().message().find("window"), std::string::npos);
+  EXPECT_NE(far.status().message().find("window cannot move while rank 3 holds step 1"),
+            std::string::npos)
+      << far.status();
   auto late = c.core->Acquire(3, 2, 300);  // plans only up to step 1
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("no plan for step 3"), std::string::npos) << late.status();
@@ -138,6 +143,57 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   EXPECT_GT(ShmSegmentsOf("tutti-coretest-e2e"), 0);
   c.core->Stop();
   EXPECT_EQ(ShmSegmentsOf("tutti-coretest-e2e"), 0);
+}
+
+TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
+  // A job resuming from a checkpoint asks for an earlier (or much later)
+  // step than the daemon had got to: the window moves there, but only while
+  // no batch is held and no client waits.
+  Core c("seek", {.shards = 2, .samples_per_shard = 6});
+  c.Plans(0, 3);
+  for (uint64_t step = 0; step < 2; ++step) {
+    for (uint32_t r : {2u, 3u}) {
+      ASSERT_TRUE(c.core->Acquire(step, r, 20000).ok());
+      ASSERT_TRUE(c.core->Release(step, r).ok());
+    }
+  }
+  // Back to step 0: nothing is held, so the window moves and asks for plans again.
+  std::optional<absl::StatusOr<v1::BatchDescriptor>> back;
+  std::mutex m;
+  c.core->AcquireAsync(0, 2, 20000, [&](absl::StatusOr<v1::BatchDescriptor> r) {
+    std::lock_guard<std::mutex> l(m);
+    back = std::move(r);
+  });
+  auto want = c.core->WaitPlanWanted(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(want.step, 0u);
+  EXPECT_EQ(want.generation, 1u);
+  for (uint64_t s = 0; s < 2; ++s) {
+    ASSERT_TRUE(c.core->AddPlan(testing::MakePlan(c.data, c.job, s, {2, 3}, 3), want.generation).ok());
+  }
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard<std::mutex> l(m);
+      if (back.has_value()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> l(m);
+    ASSERT_TRUE(back.has_value());
+    ASSERT_TRUE(back->ok()) << back->status();
+    EXPECT_EQ((*back)->step(), 0u);
+  }
+  // Rank 2 holds step 0 now: neither a far step nor a past one moves the window.
+  auto far = c.core->Acquire(30, 3, 100);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(far.status().message().find("rank 2 holds step 0"), std::string::npos) << far.status();
+  ASSERT_TRUE(c.core->Release(0, 2).ok());
+  ASSERT_TRUE(c.core->Acquire(0, 3, 20000).ok());
+  ASSERT_TRUE(c.core->Release(0, 3).ok());
+  ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // base is 1 now; rank 3 holds step 1
+  auto past = c.core->Acquire(0, 2, 100);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(past.status().message().find("rank 3 holds step 1"), std::string::npos) << past.status();
 }
 
 // Overwrites the image bytes of sample `id` in its source shard.
