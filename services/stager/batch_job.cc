@@ -10,19 +10,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/stager/skip.h"
 
 namespace tutti::stager {
-
-const char* SkipReason(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kDeadlineExceeded: return "deadline";
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kResourceExhausted: return "too_large";
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kPermissionDenied: return "missing";
-    default: return "corrupt";
-  }
-}
 
 // ------------------------------------------------------------ substitutes
 void SubstitutePool::OfferImage(uint64_t id, const cv::Mat& bgr) {

@@ -121,9 +121,6 @@ class BatchJob : public std::enable_shared_from_this<BatchJob> {
   v1::BatchDescriptor descriptor_;
 };
 
-// Skip reason for a failed read/decode status.
-const char* SkipReason(const absl::Status& s);
-
 }  // namespace tutti::stager
 
 #endif  // TUTTI_SERVICES_STAGER_BATCH_JOB_H_

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/stager/skip.h"
 
 namespace tutti::stager {
 
@@ -72,14 +73,14 @@ absl::Status CheckComplete(absl::string_view bytes, absl::string_view name, Imag
   switch (kind) {
     case ImageKind::kJpeg:
       if (tail.find("\xFF\xD9") == absl::string_view::npos) {
-        return absl::DataLossError(absl::StrCat(name, ": truncated JPEG (", bytes.size(),
+        return TruncatedError(absl::StrCat(name, ": truncated JPEG (", bytes.size(),
                                                 " bytes, no end-of-image marker); re-export the sample"));
       }
       break;
     case ImageKind::kPng:
       // The IEND chunk (length 0, type, CRC) closes every PNG.
       if (tail.find(absl::string_view("IEND\xAE\x42\x60\x82", 8)) == absl::string_view::npos) {
-        return absl::DataLossError(absl::StrCat(name, ": truncated PNG (", bytes.size(),
+        return TruncatedError(absl::StrCat(name, ": truncated PNG (", bytes.size(),
                                                 " bytes, no IEND chunk); re-export the sample"));
       }
       break;
@@ -89,7 +90,7 @@ absl::Status CheckComplete(absl::string_view bytes, absl::string_view name, Imag
       const uint64_t riff = uint64_t{u[4]} | uint64_t{u[5]} << 8 | uint64_t{u[6]} << 16 |
                             uint64_t{u[7]} << 24;
       if (bytes.size() < riff + 8) {
-        return absl::DataLossError(absl::StrCat(name, ": truncated WebP (", bytes.size(),
+        return TruncatedError(absl::StrCat(name, ": truncated WebP (", bytes.size(),
                                                 " bytes, the RIFF header declares ", riff + 8,
                                                 "); re-export the sample"));
       }

@@ -1,5 +1,7 @@
 #include "services/stager/metrics.h"
 
+#include "services/stager/skip.h"
+
 
 namespace tutti::stager {
 namespace {
@@ -91,10 +93,10 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       registry_(registry),
       skipped_family_(prometheus::BuildCounter()
                           .Name("tutti_stager_skipped_samples_total")
-                          .Help("Samples (or their images) skipped, by reason: corrupt, deadline, "
-                                "too_large, missing")
+                          .Help("Sample members skipped, by reason: corrupt, truncated, "
+                                "deadline, too_large, missing")
                           .Register(*registry)) {
-  for (const char* reason : {"corrupt", "deadline", "too_large", "missing"}) SkippedSamples(reason);
+  for (const char* reason : kSkipReasons) SkippedSamples(reason);
 }
 
 prometheus::Counter& StagerMetrics::SkippedSamples(const std::string& reason) {

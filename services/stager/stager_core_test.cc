@@ -382,9 +382,34 @@ TEST(StagerCoreTest, TruncatedShardIsReadAroundAndReported) {
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_GT(d->skipped_size(), 0);
   EXPECT_NE(d->skipped(0).detail().find("truncated"), std::string::npos) << d->skipped(0).detail();
+  EXPECT_EQ(d->skipped(0).reason(), "truncated");
   auto st = c.core->staging()->Status(c.data.shards[0].name());
   EXPECT_EQ(st.state, ShardState::kFailed);
   EXPECT_NE(st.error.message().find("index says"), std::string::npos) << st.error;
+}
+
+TEST(StagerCoreTest, CutOffImagesAreCountedTruncatedNamingTheFile) {
+  // Sample 4's PNG is cut short inside an intact shard (its tail zeroed, the
+  // IEND chunk gone); the member is skipped as "truncated", named.
+  auto cut = [](testing::Dataset& d) {
+    const auto& m = d.samples[4].images(0);
+    const std::string path = d.dir + "/" + d.shards[0].name();
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(m.offset() + m.size() / 2));
+    f << std::string(m.size() - m.size() / 2, '\0');
+    d.shards[0].set_crc32c(0);
+  };
+  Core c("cut", {.shards = 1, .samples_per_shard = 8, .ext = ".png"}, {}, {}, {}, cut);
+  c.Plans(0, 1, 2);
+  auto d = c.core->Acquire(0, 2, 20000);  // samples 4, 5
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->skipped_size(), 1);
+  EXPECT_EQ(d->skipped(0).sample_id(), 4u);
+  EXPECT_EQ(d->skipped(0).reason(), "truncated");
+  EXPECT_NE(d->skipped(0).detail().find("train/shard-00000.tar:000004.png: truncated PNG"),
+            std::string::npos)
+      << d->skipped(0).detail();
+  EXPECT_EQ(c.metrics->SkippedSamples("truncated").Value(), 1);
 }
 
 TEST(StagerCoreTest, StalledReadsMissTheDeadlineButTheBatchShips) {
