@@ -17,6 +17,7 @@
 
 #include <opencv2/core.hpp>
 
+#include "absl/strings/str_format.h"
 #include "common/file_io.h"
 #include "common/media_header.h"
 #include "common/smart_resize.h"
@@ -101,43 +102,81 @@ std::pair<double, double> FusedVsNaive(const std::vector<Image>& images, uint64_
   return {n / t_fused, n / t_naive};
 }
 
-// Images per second of the fused path on `threads` threads for about `seconds`.
-double Rate(const std::vector<Image>& images, uint64_t max_pixels, int threads, double seconds) {
+double ProcessCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9;
+}
+
+struct RateRun {
+  uint64_t images = 0;
+  double wall = 0, cpu = 0;  // seconds
+  bool failed = false;
+};
+
+// The fused path on `threads` threads over `passes` passes of every image
+// (whole passes, so both thread counts decode the same mix).
+RateRun Rate(const std::vector<Image>& images, uint64_t max_pixels, int threads, int passes) {
   PatchifyParams p;
-  std::atomic<uint64_t> done{0};
+  const size_t total = images.size() * static_cast<size_t>(passes);
+  std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
+  const double cpu0 = ProcessCpuSeconds();
   const auto start = Clock::now();
-  auto work = [&](int t) {
+  auto work = [&] {
     std::vector<char> out;
-    for (size_t i = t;; i += threads) {
+    for (size_t i; (i = next.fetch_add(1)) < total;) {
       if (!DecodeOne(images[i % images.size()], max_pixels, true, p, &out)) failed = true;
-      done.fetch_add(1);
-      if (std::chrono::duration<double>(Clock::now() - start).count() >= seconds) break;
     }
   };
   std::vector<std::thread> ts;
-  for (int t = 0; t < threads; ++t) ts.emplace_back(work, t);
+  for (int t = 0; t < threads; ++t) ts.emplace_back(work);
   for (auto& t : ts) t.join();
-  const double el = std::chrono::duration<double>(Clock::now() - start).count();
-  return failed ? 0 : done.load() / el;
+  RateRun r;
+  r.wall = std::chrono::duration<double>(Clock::now() - start).count();
+  r.cpu = ProcessCpuSeconds() - cpu0;
+  r.images = total;
+  r.failed = failed;
+  return r;
 }
 
-// One and two worker threads, alternated in short rounds (same run, same load).
-std::pair<double, double> Scaling(const std::vector<Image>& images, uint64_t max_pixels,
-                                  double seconds) {
-  double one = 0, two = 0;
-  const int rounds = 4;
-  for (int r = 0; r < rounds; ++r) {
-    one += Rate(images, max_pixels, 1, seconds / rounds);
-    two += Rate(images, max_pixels, 2, seconds / rounds);
+// One and two worker threads, alternated in rounds (same run, same load). Wall-clock images/s of each, plus what explains the ratio: the CPU
+// each image took, and how many cores the machine gave the two threads.
+struct ScalingResult {
+  double one = 0, two = 0;                // images/s
+  double cpu_ms_one = 0, cpu_ms_two = 0;  // CPU per image
+  double cores_two = 0;                   // CPU seconds per wall second with two threads
+};
+ScalingResult Scaling(std::vector<Image> images, uint64_t max_pixels, double seconds) {
+  // Largest first, so two threads do not end with one of them idle behind a
+  // big image.
+  std::sort(images.begin(), images.end(), [](const Image& a, const Image& b) {
+    return uint64_t{a.width} * a.height > uint64_t{b.width} * b.height;
+  });
+  RateRun one, two;
+  for (int r = 0; r < 3 || one.wall + two.wall < seconds; ++r) {
+    for (auto [threads, acc] : {std::pair{1, &one}, std::pair{2, &two}}) {
+      const RateRun run = Rate(images, max_pixels, threads, threads);  // as many passes as threads
+      acc->images += run.images;
+      acc->wall += run.wall;
+      acc->cpu += run.cpu;
+      acc->failed |= run.failed;
+    }
   }
-  return {two / rounds, one / rounds};
+  ScalingResult s;
+  if (one.failed || two.failed) return s;
+  s.one = one.images / one.wall;
+  s.two = two.images / two.wall;
+  s.cpu_ms_one = 1e3 * one.cpu / one.images;
+  s.cpu_ms_two = 1e3 * two.cpu / two.images;
+  s.cores_two = two.cpu / two.wall;
+  return s;
 }
 
 struct Row {
   std::string name, unit, baseline_name;
   double tutti, baseline;
-  std::string note;
+  std::string extra;  // more JSON fields, ", \"k\": v" each
 };
 
 int RunBenchDecode(int argc, char** argv) {
@@ -195,21 +234,25 @@ int RunBenchDecode(int argc, char** argv) {
   vs("decode_webp_1mp_vs_naive", webp, 1003520);
   if (wanted("decode_scaling_2_cores")) {
   std::fprintf(stderr, "decode_scaling_2_cores ...\n");
-  const auto [two, one] = Scaling(jpeg, 1003520, 2 * seconds);
-  rows.push_back(Row{"decode_scaling_2_cores", "images/s", "tutti on 1 core", two, one, ""});
+  const ScalingResult sc = Scaling(jpeg, 1003520, 2 * seconds);
+  rows.push_back(Row{"decode_scaling_2_cores", "images/s", "tutti on 1 core", sc.two, sc.one,
+                     absl::StrFormat(", \"cpu_ms_per_image_1\": %.2f, \"cpu_ms_per_image_2\": %.2f, "
+                                     "\"cores_given_2\": %.2f",
+                                     sc.cpu_ms_one, sc.cpu_ms_two, sc.cores_two)});
   }
   if (json) {
     for (const auto& r : rows) {
       std::printf("{\"case\": \"%s\", \"tutti\": %.3f, \"baseline\": %.3f, \"baseline_name\": \"%s\", "
-                  "\"ratio\": %.3f, \"unit\": \"%s\"}\n",
+                  "\"ratio\": %.3f, \"unit\": \"%s\"%s}\n",
                   r.name.c_str(), r.tutti, r.baseline, r.baseline_name.c_str(),
-                  r.baseline > 0 ? r.tutti / r.baseline : 0, r.unit.c_str());
+                  r.baseline > 0 ? r.tutti / r.baseline : 0, r.unit.c_str(), r.extra.c_str());
     }
   } else {
     std::printf("%-28s %12s %12s %7s  %-14s %s\n", "case", "tutti", "baseline", "ratio", "unit", "baseline");
     for (const auto& r : rows) {
       std::printf("%-28s %12.2f %12.2f %7.2f  %-14s %s\n", r.name.c_str(), r.tutti, r.baseline,
                   r.baseline > 0 ? r.tutti / r.baseline : 0, r.unit.c_str(), r.baseline_name.c_str());
+      if (!r.extra.empty()) std::printf("%28s %s\n", "", r.extra.c_str() + 2);
     }
     std::printf("photographs: %s (jpeg %zu, png %zu, webp %zu); per-core rates are images per "
                 "CPU-second of the decoding thread, the 2-core case is wall-clock throughput\n",
