@@ -135,6 +135,11 @@ absl::Status ForEachTarMember(const RandomAccessFile& file,
     }
     off = data + RoundUp(size);
   }
+  if (off > end) {
+    return absl::DataLossError(absl::StrCat(
+        file.name(), ": truncated tar: the last member's block runs past the end of the file at ",
+        end, "; re-copy the shard from its source"));
+  }
   if (off != end) {
     return absl::DataLossError(absl::StrCat(file.name(), ": truncated tar: ", end - off,
                                             " stray bytes after the last member at offset ", off));

@@ -32,6 +32,19 @@ TEST(TarTest, TruncatedShardIsDataLoss) {
   EXPECT_NE(members.status().message().find("truncated"), std::string::npos);
 }
 
+TEST(TarTest, CutInsideTheLastBlockIsTruncated) {
+  TarWriter w;
+  w.Add("a.json", std::string(100, 'a'));
+  w.Add("b.json", std::string(100, 'b'));
+  const std::string tar = w.Finish();
+  // Cut after b's data but inside its 512-byte block (and before the end marker).
+  auto file = MakeMemoryFile("cut.tar", tar.substr(0, 512 * 3 + 200));
+  auto members = ListTarMembers(*file);
+  ASSERT_EQ(members.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(members.status().message().find("truncated"), std::string::npos);
+  EXPECT_NE(members.status().message().find("1736"), std::string::npos) << members.status();
+}
+
 TEST(TarTest, CorruptHeaderIsDataLoss) {
   TarWriter w;
   w.Add("a.json", "abc");

@@ -1,165 +1,97 @@
-// `tutti bench exchange`: the plan's all-to-all through MpiTransport, against
-// raw MPI_Alltoallv of the same bytes in the same run, so the cost of the
-// plan layout and of the cross-rank agreement is visible. Run under mpirun:
-//   mpirun -np 4 tutti bench exchange --sizes 64K,1M,16M
-#include <mpi.h>
-
-#include <algorithm>
-#include <chrono>
+// `tutti bench exchange`: post-balancing on the seed workload.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "client/mpi_transport.h"
+#include "services/packer/dispatch/exchange_bench.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
+namespace tutti::tools {
 namespace {
 
-bool ParseSize(absl::string_view s, uint64_t* out) {
-  uint64_t mult = 1;
-  if (!s.empty() && (s.back() == 'K' || s.back() == 'k')) mult = 1ull << 10;
-  if (!s.empty() && (s.back() == 'M' || s.back() == 'm')) mult = 1ull << 20;
-  if (!s.empty() && (s.back() == 'G' || s.back() == 'g')) mult = 1ull << 30;
-  if (mult != 1) s.remove_suffix(1);
-  uint64_t v = 0;
-  if (!absl::SimpleAtoi(s, &v)) return false;
-  *out = v * mult;
-  return true;
-}
-
-// Every rank sends bytes_per_rank / world to every rank (itself included),
-// one item per transfer.
-tutti::v1::RankPlan UniformPlan(uint32_t rank, uint32_t world, uint64_t per_peer) {
-  tutti::v1::RankPlan plan;
-  plan.set_rank(rank);
-  auto* ex = plan.mutable_exchange();
-  for (uint32_t p = 0; p < world; ++p) {
-    for (auto* list : {ex->mutable_sends(), ex->mutable_recvs()}) {
-      auto* t = list->Add();
-      t->set_peer(p);
-      t->set_bytes(per_peer);
-      auto* item = t->add_items();
-      item->set_sample_id(list == ex->mutable_sends() ? rank * world + p : p * world + rank);
-      item->set_bytes(per_peer);
-    }
-  }
-  ex->set_send_bytes(per_peer * world);
-  ex->set_recv_bytes(per_peer * world);
-  return plan;
-}
-
-// Median over iterations of the slowest rank's time.
-template <typename Fn>
-double MedianSeconds(uint32_t iterations, uint32_t warmup, Fn&& fn) {
-  std::vector<double> times;
-  for (uint32_t i = 0; i < warmup + iterations; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-           worst = 0;
-    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (i >= warmup) times.push_back(worst);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 int RunBenchExchange(int argc, char** argv) {
-  std::string sizes = "0,64K,1M,16M";
-  uint32_t iterations = 20, warmup = 3;
+  dispatch::ExchangeBenchOptions o;
+  std::string ranks = "16,256,2560";
+  std::string transport = "none";
   bool json = false;
-  tutti::tools::Cli cli(
-      "mpirun -np N tutti bench exchange [options]",
-      "Times the plan's all-to-all through tutti's MPI transport (with and without the\n"
-      "cross-rank agreement) against raw MPI_Alltoallv of the same bytes, per size of\n"
-      "each rank's send buffer (spread evenly over all ranks). Times are the median over\n"
-      "iterations of the slowest rank.");
-  cli.Flag("sizes", &sizes, "bytes each rank sends, comma-separated (K, M, G suffixes)");
-  cli.Flag("iterations", &iterations, "timed iterations per size");
-  cli.Flag("warmup", &warmup, "untimed iterations first");
-  cli.Flag("json", &json, "print JSON lines instead of a table");
+  uint64_t max_pixels = o.workload.geometry.max_pixels;
+  Cli cli("tutti bench exchange [options]",
+          "Batch post-balancing on the seed workload (seq_len 32768, 4 sequences per rank, 80% "
+          "text-only samples with lognormal lengths of median 1000 tokens, 20% VL samples with "
+          "1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to --max-pixels). For "
+          "every world size (8-rank nodes) it reports the phase imbalance (max/mean) with no "
+          "balancing (`none`: the drawn round-robin split), with pre-balancing only (`pre`) and "
+          "with post-balancing (`post`), the inter-node bytes of the node-aware plan and of a "
+          "node-oblivious plan of the same balance, the gap of the fast rearrangement to the "
+          "GLPK optimum on a 2-node x 2-rank sub-instance (small world sizes), and the median "
+          "plan time on one core.");
+  cli.Flag("ranks", &ranks, "comma-separated world sizes");
+  cli.Flag("ranks-per-node", &o.workload.ranks_per_node, "ranks per node");
+  cli.Flag("seq-len", &o.workload.seq_len, "tokens per packed sequence");
+  cli.Flag("text-sequences", &o.workload.text_sequences, "text-only sequences per rank per step");
+  cli.Flag("vl-sequences", &o.workload.vl_sequences, "VL sequences per rank per step");
+  cli.Flag("fill", &o.workload.fill, "fraction of each modality's token room the step fills");
+  cli.Flag("max-pixels", &max_pixels,
+           "smart-resize max_pixels (curriculum stage): 1003520 ~ 1 MP, 16777216 = 16 MP");
+  cli.Flag("shard-nodes", &o.workload.shard_nodes,
+           "nodes whose stager has each shard (0 = every node); fewer makes inputs remote");
+  cli.Flag("audio-share", &o.workload.audio_share,
+           "fraction of VL samples that are speech samples (one audio clip) instead");
+  cli.Flag("padded", &o.padded,
+           "padded LLM cost: a micro-batch costs as if every sequence were its longest");
+  cli.Flag("tolerance", &o.balance_tolerance,
+           "balance tolerance: rank cost <= (1+t) x lower bound, or (1+t) x the balancer's "
+           "makespan when that is out of reach");
+  cli.Flag("repeats", &o.plan_repeats, "timed plans per world size (the median is reported)");
+  cli.Flag("glpk-max-world", &o.glpk_max_world,
+           "run GLPK (on a 2x2 sub-instance) for world sizes up to this; 0 = never");
+  cli.Flag("glpk-time-limit", &o.glpk_time_limit_s, "seconds GLPK may take per sub-instance");
+  cli.Flag("seed", &o.workload.seed, "workload seed");
+  cli.Flag("json", &json, "print one JSON object per (mode, world size) instead of a table");
+  cli.Flag("transport", &transport,
+           "also run each plan's exchange over a transport: none, or mpi (needs the client "
+           "library's transport, registered when it is built)");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
-  std::vector<uint64_t> list;
-  for (absl::string_view s : absl::StrSplit(sizes, ',', absl::SkipWhitespace())) {
-    uint64_t v = 0;
-    if (!ParseSize(s, &v)) {
-      std::fprintf(stderr, "tutti bench exchange: --sizes: cannot read '%s' (e.g. 64K,1M)\n",
-                   std::string(s).c_str());
+  o.workload.geometry.max_pixels = max_pixels;
+  o.world_sizes.clear();
+  for (absl::string_view part : absl::StrSplit(ranks, ',', absl::SkipEmpty())) {
+    uint32_t w = 0;
+    if (!absl::SimpleAtoi(part, &w) || w == 0) {
+      std::fprintf(stderr, "--ranks: '%s' is not a positive whole number\n",
+                   std::string(part).c_str());
       return 2;
     }
-    list.push_back(v);
+    o.world_sizes.push_back(w);
   }
-  if (list.empty() || iterations == 0) {
-    std::fprintf(stderr, "tutti bench exchange: give at least one size and one iteration\n");
+  if (transport != "none") o.transport = dispatch::FindTransportBench(transport);
+  if (transport != "none" && o.transport == nullptr) {
+    std::fprintf(stderr,
+                 "--transport %s: no such transport in this build; the MPI transport comes "
+                 "with the client library (client/), use --transport none for now\n",
+                 transport.c_str());
     return 2;
   }
-  auto verified = tutti::MpiTransport::CreateWorld();
-  if (!verified.ok()) {
+  o.progress = [](const std::string& line) {
+    std::fprintf(stderr, "[bench exchange] %s\n", line.c_str());
+  };
+  auto rows = dispatch::RunExchangeBench(o);
+  if (!rows.ok()) {
     std::fprintf(stderr, "tutti bench exchange: %s\n",
-                 std::string(verified.status().message()).c_str());
+                 std::string(rows.status().message()).c_str());
     return 1;
   }
-  tutti::MpiTransportOptions raw_opts;
-  raw_opts.verify = false;
-  auto unverified = tutti::MpiTransport::CreateWorld(raw_opts);
-  if (!unverified.ok()) return 1;
-  const uint32_t rank = (*verified)->rank(), world = (*verified)->world_size();
-  if (rank == 0 && !json) {
-    std::printf("%u ranks, %u iterations (median of the slowest rank)\n", world, iterations);
-    std::printf("%12s %12s %12s %12s %10s %10s %9s\n", "send_bytes", "alltoallv_us",
-                "unverified_us", "verified_us", "GB/s_raw", "GB/s_tutti", "overhead");
-  }
-  for (uint64_t bytes : list) {
-    const uint64_t per_peer = bytes / world;
-    const tutti::v1::RankPlan plan = UniformPlan(rank, world, per_peer);
-    std::vector<char> send(per_peer * world, static_cast<char>(rank)), recv(per_peer * world);
-    std::vector<int> counts(world, static_cast<int>(per_peer)), displs(world);
-    for (uint32_t p = 0; p < world; ++p) displs[p] = static_cast<int>(p * per_peer);
-    const tutti::ExchangeContext ctx{0, world};
-    absl::Status status;
-    const double raw = MedianSeconds(iterations, warmup, [&] {
-      MPI_Alltoallv(send.data(), counts.data(), displs.data(), MPI_BYTE, recv.data(), counts.data(),
-                    displs.data(), MPI_BYTE, MPI_COMM_WORLD);
-    });
-    const double plain = MedianSeconds(iterations, warmup, [&] {
-      absl::Status s =
-          (*unverified)->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
-      if (!s.ok()) status = s;
-    });
-    const double agreed = MedianSeconds(iterations, warmup, [&] {
-      absl::Status s =
-          (*verified)->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
-      if (!s.ok()) status = s;
-    });
-    if (!status.ok()) {
-      std::fprintf(stderr, "tutti bench exchange rank %u: %s\n", rank,
-                   std::string(status.message()).c_str());
-      return 1;
-    }
-    const double moved = static_cast<double>(per_peer) * world * world;  // all ranks' bytes
-    if (rank != 0) continue;
-    if (json) {
-      std::printf(
-          "{\"ranks\":%u,\"send_bytes\":%llu,\"alltoallv_s\":%.9f,\"unverified_s\":%.9f,"
-          "\"verified_s\":%.9f,\"verified_over_alltoallv\":%.4f}\n",
-          world, static_cast<unsigned long long>(per_peer * world), raw, plain, agreed,
-          agreed / raw);
-    } else {
-      std::printf("%12llu %12.1f %12.1f %12.1f %10.2f %10.2f %8.2fx\n",
-                  static_cast<unsigned long long>(per_peer * world), raw * 1e6, plain * 1e6,
-                  agreed * 1e6, moved / raw / 1e9, moved / agreed / 1e9, agreed / raw);
-    }
-  }
+  const std::string out =
+      json ? dispatch::FormatExchangeJson(*rows) : dispatch::FormatExchangeTable(*rows);
+  std::fputs(out.c_str(), stdout);
   return 0;
 }
 
 }  // namespace
+}  // namespace tutti::tools
 
-TUTTI_COMMAND("bench exchange", "time the plan all-to-all (MPI) against raw MPI_Alltoallv",
-              RunBenchExchange);
+TUTTI_COMMAND("bench exchange", "post-balancing: phase imbalance, inter-node bytes, plan time",
+              tutti::tools::RunBenchExchange);

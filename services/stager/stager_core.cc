@@ -165,8 +165,8 @@ StagerCore::Step& StagerCore::StepAt(uint64_t step) {
 namespace {
 
 // The shards this node stages for a plan: those of the local ranks' images,
-// documents and audio, except shards named only by remote_load images (the
-// packer staged those on another node; their images are read from the
+// documents and audio, except shards named only by remote_load items (the
+// packer staged those on another node; their members are read from the
 // source). Plan order (first use) is kept.
 std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
   std::map<uint64_t, uint32_t> shard_of;
@@ -180,11 +180,15 @@ std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
       for (const auto& ip : e.images()) {
         if (!ip.remote_load()) need(ip.sample_id());
       }
-      for (const auto& ap : e.audio()) need(ap.sample_id());
+      for (const auto& ap : e.audio()) {
+        if (!ap.remote_load()) need(ap.sample_id());
+      }
     }
     for (const auto& mb : r.micro_batches()) {
       for (const auto& seq : mb.sequences()) {
-        for (const auto& doc : seq.docs()) need(doc.sample_id());
+        for (const auto& doc : seq.docs()) {
+          if (!doc.remote_load()) need(doc.sample_id());
+        }
       }
     }
   }

@@ -1,0 +1,144 @@
+#include "services/packer/metrics.h"
+
+#include "absl/status/status.h"
+#include "common/metrics_server.h"
+
+namespace tutti::packer {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+const prometheus::Histogram::BucketBoundaries& ByteBuckets() {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {1e3, 1e4, 1e5,  1e6, 1e7,
+                                                                   1e8, 1e9, 1e10, 1e11};
+  return kBuckets;
+}
+
+}  // namespace
+
+PackerMetrics::PackerMetrics(prometheus::Registry& r)
+    : imbalance_family(BuildGauge()
+                           .Name("tutti_packer_imbalance_ratio")
+                           .Help("Max/mean cost across ranks of the latest planned step")
+                           .Register(r)),
+      imbalance_before_family(
+          BuildGauge()
+              .Name("tutti_packer_imbalance_before_ratio")
+              .Help("Max/mean cost across ranks of the drawn (unbalanced) split, latest step")
+              .Register(r)),
+      served_family(BuildCounter()
+                        .Name("tutti_packer_plans_served_total")
+                        .Help("Plans sent to clients")
+                        .Register(r)),
+      errors_family(BuildCounter()
+                        .Name("tutti_packer_rpc_errors_total")
+                        .Help("Requests refused, by gRPC code")
+                        .Register(r)),
+      timing_family(BuildCounter()
+                        .Name("tutti_packer_timing_reports_total")
+                        .Help("Step timing reports received")
+                        .Register(r)),
+      fitted_family(BuildGauge()
+                        .Name("tutti_packer_cost_seconds_per_unit")
+                        .Help("Fitted seconds per unit of planned cost, from timing reports")
+                        .Register(r)),
+      plan_seconds(BuildHistogram()
+                       .Name("tutti_packer_plan_seconds")
+                       .Help("Planning-core time per step")
+                       .Register(r)
+                       .Add({}, LatencyBuckets())),
+      plan_build_seconds(BuildHistogram()
+                             .Name("tutti_packer_plan_build_seconds")
+                             .Help("Time to build a StepPlan message from a computed plan")
+                             .Register(r)
+                             .Add({}, LatencyBuckets())),
+      imbalance_vit(imbalance_family.Add({{"phase", "vit"}})),
+      imbalance_llm(imbalance_family.Add({{"phase", "llm"}})),
+      imbalance_audio(imbalance_family.Add({{"phase", "audio"}})),
+      imbalance_before_vit(imbalance_before_family.Add({{"phase", "vit"}})),
+      imbalance_before_llm(imbalance_before_family.Add({{"phase", "llm"}})),
+      samples_planned(BuildCounter()
+                          .Name("tutti_packer_samples_planned_total")
+                          .Help("Samples placed in computed plans")
+                          .Register(r)
+                          .Add({})),
+      steps_planned(BuildCounter()
+                        .Name("tutti_packer_steps_planned_total")
+                        .Help("Steps planned")
+                        .Register(r)
+                        .Add({})),
+      plan_failures(BuildCounter()
+                        .Name("tutti_packer_plan_failures_total")
+                        .Help("Steps that could not be planned")
+                        .Register(r)
+                        .Add({})),
+      window_depth(BuildGauge()
+                       .Name("tutti_packer_plan_window_depth")
+                       .Help("Planned steps ready ahead of the furthest step a client asked for")
+                       .Register(r)
+                       .Add({})),
+      client_step(BuildGauge()
+                      .Name("tutti_packer_client_step")
+                      .Help("The furthest step a client asked for")
+                      .Register(r)
+                      .Add({})),
+      served_get(served_family.Add({{"rpc", "GetPlan"}})),
+      served_stream(served_family.Add({{"rpc", "StreamPlans"}})),
+      errors_invalid_argument(errors_family.Add({{"code", "invalid_argument"}})),
+      errors_out_of_range(errors_family.Add({{"code", "out_of_range"}})),
+      errors_failed_precondition(errors_family.Add({{"code", "failed_precondition"}})),
+      errors_other(errors_family.Add({{"code", "other"}})),
+      timing_accepted(timing_family.Add({{"result", "accepted"}})),
+      timing_rejected(timing_family.Add({{"result", "rejected"}})),
+      reported_phase_seconds(BuildHistogram()
+                                 .Name("tutti_packer_reported_phase_seconds")
+                                 .Help("Phase times reported by clients")
+                                 .Register(r)),
+      reported_data_wait(reported_phase_seconds.Add({{"phase", "data_wait"}}, LatencyBuckets())),
+      reported_vit(reported_phase_seconds.Add({{"phase", "vit"}}, LatencyBuckets())),
+      reported_llm(reported_phase_seconds.Add({{"phase", "llm"}}, LatencyBuckets())),
+      reported_exchange(reported_phase_seconds.Add({{"phase", "exchange"}}, LatencyBuckets())),
+      reported_step(reported_phase_seconds.Add({{"phase", "step"}}, LatencyBuckets())),
+      reported_other(reported_phase_seconds.Add({{"phase", "other"}}, LatencyBuckets())),
+      fitted_vit(fitted_family.Add({{"phase", "vit"}})),
+      fitted_llm(fitted_family.Add({{"phase", "llm"}})),
+      inter_node_bytes(BuildHistogram()
+                           .Name("tutti_packer_exchange_inter_node_bytes")
+                           .Help("Inter-node bytes of a step's encoder-output exchange")
+                           .Register(r)
+                           .Add({}, ByteBuckets())),
+      index_samples(BuildGauge()
+                        .Name("tutti_packer_index_samples")
+                        .Help("Samples in the loaded index")
+                        .Register(r)
+                        .Add({})) {}
+
+prometheus::Histogram& PackerMetrics::ReportedPhase(const std::string& phase) {
+  if (phase == "data_wait") return reported_data_wait;
+  if (phase == "vit") return reported_vit;
+  if (phase == "llm") return reported_llm;
+  if (phase == "exchange") return reported_exchange;
+  if (phase == "step") return reported_step;
+  return reported_other;
+}
+
+void PackerMetrics::CountError(int code) {
+  switch (static_cast<absl::StatusCode>(code)) {
+    case absl::StatusCode::kInvalidArgument:
+      errors_invalid_argument.Increment();
+      break;
+    case absl::StatusCode::kOutOfRange:
+      errors_out_of_range.Increment();
+      break;
+    case absl::StatusCode::kFailedPrecondition:
+      errors_failed_precondition.Increment();
+      break;
+    default:
+      errors_other.Increment();
+      break;
+  }
+}
+
+}  // namespace tutti::packer

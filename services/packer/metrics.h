@@ -1,0 +1,85 @@
+// Every metric of tutti-packerd, declared once (children created here).
+// Names follow DESIGN.md: prefix tutti_, base units, counters _total,
+// histograms _seconds / _bytes.
+#ifndef TUTTI_SERVICES_PACKER_METRICS_H_
+#define TUTTI_SERVICES_PACKER_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <string>
+
+namespace tutti::packer {
+
+struct PackerMetrics {
+  explicit PackerMetrics(prometheus::Registry& registry);
+
+  // Families (declared first: the children below are created from them).
+  prometheus::Family<prometheus::Gauge>& imbalance_family;
+  prometheus::Family<prometheus::Gauge>& imbalance_before_family;
+  prometheus::Family<prometheus::Counter>& served_family;
+  prometheus::Family<prometheus::Counter>& errors_family;
+  prometheus::Family<prometheus::Counter>& timing_family;
+  prometheus::Family<prometheus::Gauge>& fitted_family;
+
+  // tutti_packer_plan_seconds: planning-core time per step.
+  prometheus::Histogram& plan_seconds;
+  // tutti_packer_plan_build_seconds: turning a plan into a StepPlan message.
+  prometheus::Histogram& plan_build_seconds;
+  // tutti_packer_imbalance_ratio{phase}: max/mean cost across ranks of the
+  // latest planned step ("vit", "llm", "audio"); ..._before_ratio for the
+  // drawn (unbalanced) split of the same step.
+  prometheus::Gauge& imbalance_vit;
+  prometheus::Gauge& imbalance_llm;
+  prometheus::Gauge& imbalance_audio;
+  prometheus::Gauge& imbalance_before_vit;
+  prometheus::Gauge& imbalance_before_llm;
+  // tutti_packer_samples_planned_total / tutti_packer_steps_planned_total
+  prometheus::Counter& samples_planned;
+  prometheus::Counter& steps_planned;
+  // tutti_packer_plan_failures_total: steps that could not be planned.
+  prometheus::Counter& plan_failures;
+  // tutti_packer_plan_window_depth: planned steps ready ahead of the
+  // furthest step a client asked for.
+  prometheus::Gauge& window_depth;
+  // tutti_packer_client_step: the furthest step a client asked for.
+  prometheus::Gauge& client_step;
+  // tutti_packer_plans_served_total{rpc}
+  prometheus::Counter& served_get;
+  prometheus::Counter& served_stream;
+  // tutti_packer_rpc_errors_total{code}: requests refused.
+  prometheus::Counter& errors_invalid_argument;
+  prometheus::Counter& errors_out_of_range;
+  prometheus::Counter& errors_failed_precondition;
+  prometheus::Counter& errors_other;
+  // tutti_packer_timing_reports_total{result}
+  prometheus::Counter& timing_accepted;
+  prometheus::Counter& timing_rejected;
+  // tutti_packer_reported_phase_seconds{phase}: phase times clients report.
+  prometheus::Family<prometheus::Histogram>& reported_phase_seconds;
+  prometheus::Histogram& reported_data_wait;
+  prometheus::Histogram& reported_vit;
+  prometheus::Histogram& reported_llm;
+  prometheus::Histogram& reported_exchange;
+  prometheus::Histogram& reported_step;
+  prometheus::Histogram& reported_other;
+  // tutti_packer_cost_seconds_per_unit{phase}: fitted seconds per unit of
+  // planned cost (moving average over reports; informational, plans do not
+  // change).
+  prometheus::Gauge& fitted_vit;
+  prometheus::Gauge& fitted_llm;
+  // tutti_packer_exchange_inter_node_bytes: inter-node bytes per step.
+  prometheus::Histogram& inter_node_bytes;
+  // tutti_packer_index_samples: samples in the loaded index.
+  prometheus::Gauge& index_samples;
+
+  prometheus::Histogram& ReportedPhase(const std::string& phase);
+  void CountError(int grpc_code);
+};
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_METRICS_H_

@@ -1,0 +1,79 @@
+// The packer's request logic, without any network: checks what clients ask
+// for against the job, hands out plans from the plan window as StepPlan
+// messages and takes step timing reports. The gRPC handler
+// (packer_service.h) only translates to and from this class.
+//
+// Threads: every method may be called from any thread; plan callbacks run on
+// plan-window worker threads or inline.
+#ifndef TUTTI_SERVICES_PACKER_PACKER_H_
+#define TUTTI_SERVICES_PACKER_PACKER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "services/packer/job.h"
+#include "services/packer/metrics.h"
+#include "services/packer/plan_window.h"
+#include "tutti/v1/packer.pb.h"
+
+namespace tutti::packer {
+
+// What a client says about itself in a plan request.
+struct ClientView {
+  uint32_t world_size = 0;         // 0: do not check
+  std::string config_fingerprint;  // empty: do not check
+  std::vector<uint32_t> ranks;     // empty: all ranks
+};
+
+struct StepTiming {
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  std::vector<std::pair<std::string, double>> phases;
+};
+
+class Packer {
+ public:
+  // metrics may be null.
+  Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics);
+
+  const v1::JobInfo& job_info() const { return job_info_; }
+  const Job& job() const { return *job_; }
+
+  // FAILED_PRECONDITION for a world size or fingerprint that does not match
+  // the job; INVALID_ARGUMENT for a rank outside the world.
+  absl::Status CheckClient(const ClientView& client) const;
+
+  // The step plan for the client's ranks, built into *plan; `done` gets OK or
+  // why not (OUT_OF_RANGE beyond the dataset's end, FAILED_PRECONDITION when
+  // the step cannot be planned). *plan must stay alive until done runs.
+  void GetPlan(uint64_t step, const ClientView& client, v1::StepPlan* plan,
+               std::function<void(absl::Status)> done);
+
+  // The last step a stream starting at `start` with `end` (0 = open) covers,
+  // exclusive; OUT_OF_RANGE when `start` is already beyond the dataset.
+  absl::StatusOr<uint64_t> StreamEnd(uint64_t start, uint64_t end) const;
+
+  absl::Status ReportTiming(const StepTiming& timing);
+
+  void CountServed(bool stream, const absl::Status& status);
+
+ private:
+  std::shared_ptr<const Job> job_;
+  PlanWindow* window_;
+  PackerMetrics* metrics_;
+  v1::JobInfo job_info_;
+
+  absl::Mutex mu_;
+  double fitted_vit_ ABSL_GUARDED_BY(mu_) = 0;  // seconds per unit of ViT cost (EMA)
+  double fitted_llm_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_PACKER_H_

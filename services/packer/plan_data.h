@@ -1,0 +1,123 @@
+// The planning core's result for one step, as flat arrays (no per-sample
+// allocations; buffers are reused when a StepPlanData is planned into
+// again). plan_proto.h turns it into a tutti.v1.StepPlan.
+#ifndef TUTTI_SERVICES_PACKER_PLAN_DATA_H_
+#define TUTTI_SERVICES_PACKER_PLAN_DATA_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "services/packer/costs.h"
+#include "services/packer/packing.h"
+
+namespace tutti::packer {
+
+struct PlannedSample {
+  uint32_t sample = 0;      // index sample id
+  uint32_t drawn_rank = 0;  // the rank that drew it (round-robin deal)
+  bool vl = false;
+  uint32_t rank = 0;         // LLM-phase rank
+  uint32_t seq = 0;          // sequence within the rank: text sequences first, then VL
+  SampleCost cost;           // at the step's stage
+  uint32_t first_image = 0;  // its images: images[first_image, first_image + cost.images)
+  uint32_t first_audio = 0;
+};
+
+struct PlannedImage {
+  uint32_t owner = 0;        // index into samples
+  uint32_t media = 0;        // index media id
+  uint32_t image_index = 0;  // position among the sample's images
+  uint32_t height = 0, width = 0, grid_h = 0, grid_w = 0;
+  uint32_t patches = 0;
+  uint32_t llm_tokens = 0;
+  double cost = 0;
+  uint32_t enc_rank = 0;
+  uint64_t output_bytes = 0;
+};
+
+struct PlannedAudio {
+  uint32_t owner = 0;
+  uint32_t media = 0;
+  uint32_t audio_index = 0;
+  uint32_t frames = 0;
+  uint32_t tokens = 0;
+  double cost = 0;
+  uint32_t enc_rank = 0;
+  uint64_t output_bytes = 0;
+};
+
+struct RankTotals {
+  double vit = 0, llm = 0, audio = 0;
+  uint64_t llm_tokens = 0, image_tokens = 0, patches = 0;
+  uint32_t images = 0, samples = 0;
+};
+
+struct PhaseSummary {
+  double max = 0, mean = 0, imbalance = 1, lower_bound = 0, imbalance_before = 1;
+};
+
+// A compressed-row list: the items of row r are items[begin[r], begin[r+1]).
+struct Csr {
+  std::vector<uint32_t> begin;
+  std::vector<uint32_t> items;
+  uint32_t rows() const { return begin.empty() ? 0 : static_cast<uint32_t>(begin.size() - 1); }
+  uint32_t size(uint32_t r) const { return begin[r + 1] - begin[r]; }
+  const uint32_t* row(uint32_t r) const { return items.data() + begin[r]; }
+};
+
+// An encoder item in an exchange list: images are 0..I-1, audio clips I..
+struct StepPlanData {
+  uint64_t step = 0;
+  uint64_t epoch = 0;
+  uint32_t stage = 0;
+  uint64_t max_pixels = 0;
+  uint32_t seq_len = 0;
+  uint32_t world_size = 0;
+  uint32_t ranks_per_node = 1;
+  uint32_t text_seqs = 0;  // per rank
+  uint32_t vl_seqs = 0;    // per rank
+
+  std::vector<PlannedSample> samples;  // global batch: text samples, then VL, in draw order
+  std::vector<PlannedImage> images;    // batch order
+  std::vector<PlannedAudio> audio;
+
+  Csr docs;        // row rank * (text_seqs + vl_seqs) + seq -> samples (batch order)
+  Csr enc_images;  // row rank -> images it encodes (batch order)
+  Csr enc_audio;   // row rank -> audio clips it encodes
+  Csr chunks;      // row = chunk id -> positions in its rank's enc_images row
+  std::vector<uint32_t> rank_chunks;  // chunk ids of rank r: [rank_chunks[r], rank_chunks[r+1])
+  std::vector<uint64_t> chunk_patches;
+  Csr sends;  // row rank -> encoder items it sends, by (peer, item)
+  Csr recvs;  // row rank -> encoder items it receives, by (peer, item)
+
+  std::vector<RankTotals> ranks;
+  PhaseSummary vit, llm, audio_phase;
+  bool has_audio = false;
+  uint64_t inter_node_bytes = 0;
+  uint64_t intra_node_bytes = 0;
+  double plan_seconds = 0;  // set by whoever timed the planner (not part of identity)
+
+  // Working buffers of the planner (not part of the result).
+  std::vector<PackItem> text_items, vl_items;
+  std::vector<double> image_cost, audio_cost;
+  std::vector<uint32_t> image_owner, audio_owner;
+
+  uint32_t seqs_per_rank() const { return text_seqs + vl_seqs; }
+  uint32_t num_encoder_items() const { return static_cast<uint32_t>(images.size() + audio.size()); }
+  uint32_t EncRank(uint32_t item) const {
+    return item < images.size() ? images[item].enc_rank : audio[item - images.size()].enc_rank;
+  }
+  uint32_t LlmRank(uint32_t item) const {
+    const uint32_t owner =
+        item < images.size() ? images[item].owner : audio[item - images.size()].owner;
+    return samples[owner].rank;
+  }
+  uint64_t OutputBytes(uint32_t item) const {
+    return item < images.size() ? images[item].output_bytes
+                                : audio[item - images.size()].output_bytes;
+  }
+};
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_PLAN_DATA_H_

@@ -1,0 +1,353 @@
+#include "services/packer/plan_proto.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+
+namespace tutti::packer {
+namespace {
+
+v1::ImageFormat FormatOf(MemberKind k) {
+  switch (k) {
+    case MemberKind::kJpeg:
+      return v1::IMAGE_FORMAT_JPEG;
+    case MemberKind::kPng:
+      return v1::IMAGE_FORMAT_PNG;
+    case MemberKind::kWebp:
+      return v1::IMAGE_FORMAT_WEBP;
+    default:
+      return v1::IMAGE_FORMAT_UNSPECIFIED;
+  }
+}
+
+void FillPhase(const char* name, const PhaseSummary& s, v1::PhaseStats* out) {
+  out->set_phase(name);
+  out->set_max(s.max);
+  out->set_mean(s.mean);
+  out->set_imbalance(s.imbalance);
+  out->set_lower_bound(s.lower_bound);
+  out->set_imbalance_before(s.imbalance_before);
+}
+
+class PlanBuilder {
+ public:
+  PlanBuilder(const Job& job, const StepPlanData& d, v1::StepPlan* plan)
+      : job_(job), ix_(job.index()), d_(d), plan_(plan) {}
+
+  void Build(absl::Span<const uint32_t> ranks) {
+    const v1::JobConfig& cfg = job_.config();
+    plan_->Clear();
+    plan_->set_step(d_.step);
+    plan_->set_seed(cfg.seed());
+    plan_->set_epoch(d_.epoch);
+    plan_->set_world_size(d_.world_size);
+    plan_->set_ranks_per_node(d_.ranks_per_node);
+    plan_->set_max_pixels(d_.max_pixels);
+    plan_->set_seq_len(d_.seq_len);
+    plan_->set_min_pixels(cfg.vision().min_pixels());
+    plan_->set_strategy(job_.strategy().name());
+    plan_->set_config_fingerprint(job_.fingerprint());
+
+    // Samples the returned ranks touch, in batch order.
+    thread_local std::vector<uint8_t> touched;
+    touched.assign(d_.samples.size(), 0);
+    const uint32_t W = d_.world_size, S = d_.seqs_per_rank();
+    for (uint32_t r : ranks) {
+      for (uint32_t g = r * S; g < (r + 1) * S; ++g) {
+        for (uint32_t k = d_.docs.begin[g]; k < d_.docs.begin[g + 1]; ++k) {
+          touched[d_.docs.items[k]] = 1;
+        }
+      }
+      for (uint32_t k = 0; k < d_.enc_images.size(r); ++k) {
+        touched[d_.images[d_.enc_images.row(r)[k]].owner] = 1;
+      }
+      for (uint32_t k = 0; k < d_.enc_audio.size(r); ++k) {
+        touched[d_.audio[d_.enc_audio.row(r)[k]].owner] = 1;
+      }
+      for (uint32_t k = r; k < d_.samples.size(); k += W) touched[k] = 1;
+    }
+    thread_local std::vector<int32_t> shard_pos;
+    shard_pos.assign(ix_.num_shards(), -1);
+    shard_pos_ = &shard_pos;
+    for (uint32_t k = 0; k < d_.samples.size(); ++k) {
+      if (touched[k]) AddSample(k);
+    }
+    for (uint32_t r : ranks) AddRank(r);
+
+    v1::PlanStats* stats = plan_->mutable_stats();
+    FillPhase("vit", d_.vit, stats->add_phases());
+    if (d_.has_audio) FillPhase("audio", d_.audio_phase, stats->add_phases());
+    FillPhase("llm", d_.llm, stats->add_phases());
+    stats->set_inter_node_bytes(d_.inter_node_bytes);
+    stats->set_intra_node_bytes(d_.intra_node_bytes);
+  }
+
+ private:
+  uint32_t ShardRef(uint32_t shard) {
+    std::vector<int32_t>& shard_pos = *shard_pos_;
+    if (shard_pos[shard] < 0) {
+      shard_pos[shard] = plan_->shards_size();
+      const IndexShard& s = ix_.shard(shard);
+      v1::ShardRef* ref = plan_->add_shards();
+      ref->set_name(s.name);
+      ref->set_size(s.size);
+      ref->set_crc32c(s.crc32c);
+    }
+    return static_cast<uint32_t>(shard_pos[shard]);
+  }
+  void AddSample(uint32_t k) {
+    const PlannedSample& ps = d_.samples[k];
+    const uint32_t s = ps.sample;
+    v1::SampleInfo* info = plan_->add_samples();
+    info->set_sample_id(s);
+    info->set_shard(ShardRef(ix_.ShardOf(s)));
+    info->set_key(std::string(ix_.key(s)));
+    info->set_modality(ps.vl ? v1::MODALITY_VL : v1::MODALITY_TEXT);
+    if (ix_.text_kind(s) != MemberKind::kNone) {
+      v1::MemberRef* t = info->mutable_text();
+      t->set_name(ix_.MemberName(s, ix_.text_ext(s)));
+      t->set_offset(ix_.text_offset(s));
+      t->set_size(ix_.text_size(s));
+    }
+    for (uint32_t j = ix_.media_begin(s); j < ix_.media_end(s); ++j) {
+      const MediaView m = ix_.media(j);
+      v1::MemberRef* ref = IsImage(m.kind) ? info->add_images() : info->add_audio();
+      ref->set_name(ix_.MemberName(s, m.ext));
+      ref->set_offset(m.offset);
+      ref->set_size(m.size);
+      if (IsImage(m.kind)) {
+        ref->set_format(FormatOf(m.kind));
+        ref->set_width(m.width);
+        ref->set_height(m.height);
+      } else {
+        ref->set_audio_ms(m.audio_ms);
+      }
+    }
+    info->set_text_tokens(ps.cost.text_tokens);
+    info->set_llm_tokens(ps.cost.llm_tokens);
+    info->set_vit_cost(ps.cost.vit);
+    info->set_llm_cost(ps.cost.llm);
+    info->set_audio_cost(ps.cost.audio_cost);
+    info->set_drawn_rank(ps.drawn_rank);
+  }
+
+  void AddRank(uint32_t r) {
+    const v1::JobConfig& cfg = job_.config();
+    const uint32_t S = d_.seqs_per_rank();
+    const uint32_t rpn = std::max<uint32_t>(1, d_.ranks_per_node);
+    v1::RankPlan* rp = plan_->add_ranks();
+    rp->set_rank(r);
+    rp->set_node(r / rpn);
+    // LLM phase: text micro-batches first, then VL.
+    const MicroBatchSplit& split = job_.split();
+    const uint32_t tmb = cfg.batch().text_micro_batch(), vmb = cfg.batch().vl_micro_batch();
+    auto add_mb = [&](v1::Modality modality, uint32_t first_seq, uint32_t n) {
+      v1::MicroBatch* mb = rp->add_micro_batches();
+      mb->set_modality(modality);
+      for (uint32_t q = 0; q < n; ++q) {
+        const uint32_t g = r * S + first_seq + q;
+        v1::Sequence* seq = mb->add_sequences();
+        uint32_t offset = 0, image_tokens = 0;
+        for (uint32_t k = d_.docs.begin[g]; k < d_.docs.begin[g + 1]; ++k) {
+          const PlannedSample& ps = d_.samples[d_.docs.items[k]];
+          v1::DocSlot* doc = seq->add_docs();
+          doc->set_sample_id(ps.sample);
+          doc->set_offset(offset);
+          doc->set_length(ps.cost.llm_tokens);
+          doc->set_encoder_tokens(ps.cost.image_tokens + ps.cost.audio_tokens);
+          offset += ps.cost.llm_tokens;
+          image_tokens += ps.cost.image_tokens;
+        }
+        seq->set_tokens(offset);
+        seq->set_image_tokens(image_tokens);
+      }
+    };
+    for (uint32_t m = 0; m < split.text_micro_batches; ++m) add_mb(v1::MODALITY_TEXT, m * tmb, tmb);
+    for (uint32_t m = 0; m < split.vl_micro_batches; ++m) {
+      add_mb(v1::MODALITY_VL, d_.text_seqs + m * vmb, vmb);
+    }
+    // Encoder phases.
+    if (d_.enc_images.size(r) > 0) {
+      v1::EncoderPhase* ph = rp->add_encoders();
+      ph->set_encoder(v1::ENCODER_VISION);
+      double cost = 0;
+      for (uint32_t k = 0; k < d_.enc_images.size(r); ++k) {
+        const PlannedImage& im = d_.images[d_.enc_images.row(r)[k]];
+        v1::ImagePlan* ip = ph->add_images();
+        ip->set_sample_id(d_.samples[im.owner].sample);
+        ip->set_image_index(im.image_index);
+        ip->set_resized_height(im.height);
+        ip->set_resized_width(im.width);
+        ip->set_grid_t(1);
+        ip->set_grid_h(im.grid_h);
+        ip->set_grid_w(im.grid_w);
+        ip->set_patches(im.patches);
+        ip->set_llm_tokens(im.llm_tokens);
+        ip->set_cost(im.cost);
+        ip->set_llm_rank(d_.samples[im.owner].rank);
+        ip->set_output_bytes(im.output_bytes);
+        cost += im.cost;
+      }
+      for (uint32_t c = d_.rank_chunks[r]; c < d_.rank_chunks[r + 1]; ++c) {
+        v1::EncoderChunk* ch = ph->add_chunks();
+        for (uint32_t k = d_.chunks.begin[c]; k < d_.chunks.begin[c + 1]; ++k) {
+          ch->add_items(d_.chunks.items[k]);
+        }
+        ch->set_patches(d_.chunk_patches[c]);
+      }
+      ph->set_cost(cost);
+    }
+    if (d_.enc_audio.size(r) > 0) {
+      v1::EncoderPhase* ph = rp->add_encoders();
+      ph->set_encoder(v1::ENCODER_AUDIO);
+      double cost = 0;
+      uint64_t frames = 0;
+      v1::EncoderChunk* ch = ph->add_chunks();
+      for (uint32_t k = 0; k < d_.enc_audio.size(r); ++k) {
+        const PlannedAudio& au = d_.audio[d_.enc_audio.row(r)[k]];
+        v1::AudioPlan* ap = ph->add_audio();
+        ap->set_sample_id(d_.samples[au.owner].sample);
+        ap->set_audio_index(au.audio_index);
+        ap->set_frames(au.frames);
+        ap->set_tokens(au.tokens);
+        ap->set_cost(au.cost);
+        ap->set_llm_rank(d_.samples[au.owner].rank);
+        ap->set_output_bytes(au.output_bytes);
+        cost += au.cost;
+        frames += au.frames;
+        ch->add_items(k);
+      }
+      ch->set_patches(frames);
+      ph->set_cost(cost);
+    }
+    // Exchange.
+    v1::Exchange* ex = rp->mutable_exchange();
+    uint64_t inter = 0;
+    ex->set_send_bytes(
+        AddTransfers(d_.sends, r, /*peer_is_llm=*/true, ex->mutable_sends(), r / rpn, rpn, &inter));
+    ex->set_inter_node_send_bytes(inter);
+    uint64_t unused = 0;
+    ex->set_recv_bytes(AddTransfers(d_.recvs, r, /*peer_is_llm=*/false, ex->mutable_recvs(),
+                                    r / rpn, rpn, &unused));
+    // Costs and the drawn split.
+    const RankTotals& t = d_.ranks[r];
+    v1::RankCost* c = rp->mutable_cost();
+    c->set_vit(t.vit);
+    c->set_llm(t.llm);
+    c->set_audio(t.audio);
+    c->set_llm_tokens(t.llm_tokens);
+    c->set_image_tokens(t.image_tokens);
+    c->set_patches(t.patches);
+    c->set_images(t.images);
+    c->set_samples(t.samples);
+    for (uint32_t k = r; k < d_.samples.size(); k += d_.world_size) {
+      rp->add_drawn(d_.samples[k].sample);
+    }
+  }
+
+  uint64_t AddTransfers(const Csr& csr, uint32_t r, bool peer_is_llm,
+                        google::protobuf::RepeatedPtrField<v1::Transfer>* out, uint32_t node,
+                        uint32_t rpn, uint64_t* inter) {
+    uint64_t total = 0;
+    v1::Transfer* t = nullptr;
+    for (uint32_t k = 0; k < csr.size(r); ++k) {
+      const uint32_t item = csr.row(r)[k];
+      const uint32_t peer = peer_is_llm ? d_.LlmRank(item) : d_.EncRank(item);
+      if (t == nullptr || t->peer() != peer) {
+        t = out->Add();
+        t->set_peer(peer);
+      }
+      const bool image = item < d_.images.size();
+      const uint32_t owner =
+          image ? d_.images[item].owner : d_.audio[item - d_.images.size()].owner;
+      v1::TransferItem* ti = t->add_items();
+      ti->set_sample_id(d_.samples[owner].sample);
+      ti->set_encoder(image ? v1::ENCODER_VISION : v1::ENCODER_AUDIO);
+      ti->set_index(image ? d_.images[item].image_index
+                          : d_.audio[item - d_.images.size()].audio_index);
+      const uint64_t bytes = d_.OutputBytes(item);
+      ti->set_bytes(bytes);
+      t->set_bytes(t->bytes() + bytes);
+      total += bytes;
+      if (peer / rpn != node) *inter += bytes;
+    }
+    return total;
+  }
+
+  const Job& job_;
+  const Index& ix_;
+  const StepPlanData& d_;
+  v1::StepPlan* plan_;
+  std::vector<int32_t>* shard_pos_ = nullptr;
+};
+
+}  // namespace
+
+absl::Status CheckRanks(const Job& job, absl::Span<const uint32_t> ranks) {
+  for (uint32_t r : ranks) {
+    if (r >= job.world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " is outside the world: the job has world_size ",
+                       job.world_size(), " (ranks 0..", job.world_size() - 1,
+                       "); ask for a rank in that range or restart the "
+                       "packer with the job's real world_size"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BuildStepPlan(const Job& job, const StepPlanData& data,
+                           absl::Span<const uint32_t> ranks, v1::StepPlan* plan) {
+  if (absl::Status s = CheckRanks(job, ranks); !s.ok()) return s;
+  thread_local std::vector<uint32_t> list;
+  list.assign(ranks.begin(), ranks.end());
+  if (list.empty()) {
+    for (uint32_t r = 0; r < data.world_size; ++r) list.push_back(r);
+  } else {
+    std::sort(list.begin(), list.end());
+    list.erase(std::unique(list.begin(), list.end()), list.end());
+  }
+  PlanBuilder(job, data, plan).Build(list);
+  return absl::OkStatus();
+}
+
+void BuildJobInfo(const Job& job, v1::JobInfo* info) {
+  const Index& ix = job.index();
+  *info->mutable_config() = job.config();
+  info->set_config_fingerprint(job.fingerprint());
+  info->set_samples(ix.num_samples());
+  info->set_text_samples(ix.text_samples().size());
+  info->set_vl_samples(ix.vl_samples().size());
+  info->set_steps_per_epoch(job.steps_per_epoch());
+  info->set_total_steps(job.total_steps());
+  for (const IndexShard& s : ix.shards()) info->add_shards(s.name);
+  info->set_dataset_bytes(ix.dataset_bytes());
+}
+
+std::string PlanIdentityBytes(v1::StepPlan* plan) {
+  const double seconds = plan->stats().plan_seconds();
+  plan->mutable_stats()->set_plan_seconds(0);
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    plan->SerializeToCodedStream(&coded);
+  }
+  plan->mutable_stats()->set_plan_seconds(seconds);
+  return bytes;
+}
+
+std::string PlanHash(v1::StepPlan* plan) {
+  const std::string bytes = PlanIdentityBytes(plan);
+  const uint32_t a = Crc32c(bytes);
+  const uint32_t b = Crc32cExtend(0x9E3779B9u, bytes.data(), bytes.size());
+  return absl::StrCat(absl::Hex(a, absl::kZeroPad8), absl::Hex(b, absl::kZeroPad8));
+}
+
+}  // namespace tutti::packer

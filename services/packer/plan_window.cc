@@ -1,0 +1,172 @@
+#include "services/packer/plan_window.h"
+
+#include <chrono>
+
+#include "absl/synchronization/notification.h"
+
+namespace tutti::packer {
+
+PlanWindow::PlanWindow(std::shared_ptr<const Planner> planner, PlanWindowOptions options,
+                       PackerMetrics* metrics)
+    : planner_(std::move(planner)), options_(options), metrics_(metrics) {
+  const uint32_t n = std::max<uint32_t>(1, options_.threads);
+  for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { Worker(); });
+}
+
+PlanWindow::~PlanWindow() { Stop(); }
+
+uint64_t PlanWindow::head() const {
+  absl::MutexLock lock(&mu_);
+  return head_;
+}
+
+void PlanWindow::Get(uint64_t step, Done done) {
+  absl::StatusOr<PlanPtr> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      ready = absl::UnavailableError("the packer is shutting down; retry against its successor");
+    } else {
+      if (!any_request_ || step > head_) {
+        head_ = step;
+        any_request_ = true;
+        if (metrics_) metrics_->client_step.Set(static_cast<double>(step));
+      }
+      Entry& e = entries_[step];
+      work_.SignalAll();  // a new step to plan, or the window moved
+      if (e.state != State::kDone) {
+        e.waiters.push_back(std::move(done));
+        UpdateDepth();
+        return;
+      }
+      if (e.status.ok()) {
+        ready = e.plan;
+      } else {
+        ready = e.status;
+      }
+      UpdateDepth();
+    }
+  }
+  done(std::move(ready));
+}
+
+absl::StatusOr<PlanPtr> PlanWindow::GetBlocking(uint64_t step) {
+  absl::Notification n;
+  absl::StatusOr<PlanPtr> out;
+  Get(step, [&](absl::StatusOr<PlanPtr> r) {
+    out = std::move(r);
+    n.Notify();
+  });
+  n.WaitForNotification();
+  return out;
+}
+
+PlanPtr PlanWindow::Peek(uint64_t step) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(step);
+  if (it == entries_.end() || it->second.state != State::kDone) return nullptr;
+  return it->second.plan;
+}
+
+bool PlanWindow::NextStep(uint64_t* step) {
+  for (auto& [s, e] : entries_) {
+    if (e.state == State::kQueued) {
+      *step = s;
+      return true;
+    }
+  }
+  if (!any_request_) return false;
+  for (uint64_t s = head_; s < head_ + options_.window; ++s) {
+    if (entries_.count(s)) continue;
+    if (!planner_->job().CheckStep(s).ok()) return false;  // past the dataset's end
+    entries_[s];
+    *step = s;
+    return true;
+  }
+  return false;
+}
+
+void PlanWindow::Evict() {
+  while (!entries_.empty()) {
+    auto it = entries_.begin();
+    if (it->first + options_.window >= head_ || it->second.state != State::kDone) break;
+    entries_.erase(it);
+  }
+}
+
+void PlanWindow::UpdateDepth() {
+  if (metrics_ == nullptr) return;
+  uint32_t depth = 0;
+  for (auto it = entries_.lower_bound(head_);
+       it != entries_.end() && it->first < head_ + options_.window; ++it) {
+    if (it->second.state == State::kDone && it->second.status.ok()) ++depth;
+  }
+  metrics_->window_depth.Set(depth);
+}
+
+void PlanWindow::Worker() {
+  while (true) {
+    uint64_t step = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && !NextStep(&step)) work_.Wait(&mu_);
+      if (stopping_) return;
+      entries_[step].state = State::kRunning;
+    }
+    auto data = std::make_shared<StepPlanData>();
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status status = planner_->Plan(step, data.get());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    data->plan_seconds = seconds;
+    if (metrics_) {
+      if (status.ok()) {
+        metrics_->plan_seconds.Observe(seconds);
+        metrics_->steps_planned.Increment();
+        metrics_->samples_planned.Increment(static_cast<double>(data->samples.size()));
+        metrics_->imbalance_vit.Set(data->vit.imbalance);
+        metrics_->imbalance_llm.Set(data->llm.imbalance);
+        metrics_->imbalance_audio.Set(data->audio_phase.imbalance);
+        metrics_->imbalance_before_vit.Set(data->vit.imbalance_before);
+        metrics_->imbalance_before_llm.Set(data->llm.imbalance_before);
+        metrics_->inter_node_bytes.Observe(static_cast<double>(data->inter_node_bytes));
+      } else {
+        metrics_->plan_failures.Increment();
+      }
+    }
+    std::vector<Done> waiters;
+    absl::StatusOr<PlanPtr> result =
+        status.ok() ? absl::StatusOr<PlanPtr>(std::move(data)) : absl::StatusOr<PlanPtr>(status);
+    {
+      absl::MutexLock lock(&mu_);
+      Entry& e = entries_[step];
+      e.state = State::kDone;
+      e.status = status;
+      if (status.ok()) e.plan = *result;
+      waiters.swap(e.waiters);
+      Evict();
+      UpdateDepth();
+      work_.SignalAll();
+    }
+    for (Done& w : waiters) w(result);
+  }
+}
+
+void PlanWindow::Stop() {
+  std::vector<Done> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+    work_.SignalAll();
+    for (auto& [s, e] : entries_) {
+      for (Done& w : e.waiters) failed.push_back(std::move(w));
+      e.waiters.clear();
+    }
+  }
+  for (Done& w : failed) w(absl::UnavailableError("the packer is shutting down; retry"));
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+}  // namespace tutti::packer

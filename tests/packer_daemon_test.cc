@@ -1,0 +1,391 @@
+// tutti-packerd as a real process on loopback: serving, errors with their
+// codes, metrics, clean shutdown, a port in use, and a SIGKILL + restart
+// that clients cannot tell from an uninterrupted run.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "gtest/gtest.h"
+#include "services/packer/index.h"
+#include "services/packer/job.h"
+#include "services/packer/plan_proto.h"
+#include "services/packer/planner.h"
+#include "services/packer/synthetic.h"
+#include "tutti/v1/packer.grpc.pb.h"
+
+namespace tutti {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One tutti-packerd process.
+class Daemon {
+ public:
+  Daemon(const std::string& dir, const std::string& name, std::vector<std::string> args)
+      : out_(dir + "/" + name + ".out"),
+        err_(dir + "/" + name + ".err"),
+        port_file_(dir + "/" + name + ".ports") {
+    fs::remove(port_file_);
+    args.insert(args.begin(), TUTTI_PACKERD);
+    args.push_back("--port_file=" + port_file_);
+    pid_ = fork();
+    if (pid_ == 0) {
+      int out = open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(out, 1);
+      dup2(err, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Daemon() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Waits for the port file (ready) or the process to exit (false).
+  bool WaitReady() {
+    for (int i = 0; i < 600; ++i) {
+      if (fs::exists(port_file_)) {
+        const std::string ports = ReadAll(port_file_);
+        if (sscanf(ports.c_str(), "grpc=%d\nmetrics=%d", &grpc_port_, &metrics_port_) == 2) {
+          return true;
+        }
+      }
+      if (Exited(0)) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // Non-blocking (timeout_ms 0) or bounded wait for exit.
+  bool Exited(int timeout_ms) {
+    for (int waited = 0;; waited += 20) {
+      if (exited_) return true;
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        status_ = status;
+        return true;
+      }
+      if (waited >= timeout_ms) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  int ExitCode() const { return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1; }
+  void Signal(int sig) { kill(pid_, sig); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", grpc_port_); }
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string out() const { return ReadAll(out_); }
+  std::string err() const { return ReadAll(err_); }
+  std::unique_ptr<v1::Packer::Stub> Stub() const {
+    return v1::Packer::NewStub(MakeChannel(address()));
+  }
+
+ private:
+  std::string out_, err_, port_file_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = 0;
+  int grpc_port_ = 0, metrics_port_ = 0;
+};
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+class PackerDaemonTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/tutti_packerd_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = new std::string(tmpl);
+    packer::SyntheticOptions o;
+    o.samples = 3000;
+    o.text_median_tokens = 400;
+    o.max_text_tokens = 4000;
+    o.small_max_pixels = 1e6;
+    o.big_max_pixels = 4e6;
+    o.fit_seq_len = 8192;
+    o.fit_max_pixels = 1003520;
+    auto bytes = packer::MakeSyntheticIndex(o);
+    ASSERT_TRUE(bytes.ok());
+    std::ofstream(*dir_ + "/index.idx", std::ios::binary) << *bytes;
+    std::ofstream(*dir_ + "/job.textproto") << R"pb(
+      seed: 11
+      world_size: 4
+      ranks_per_node: 2
+      epochs: 2
+      plan_window: 4
+      batch {
+        text_samples_per_step: 24
+        vl_samples_per_step: 8
+        grad_accum: 2
+        text_micro_batch: 2
+        vl_micro_batch: 1
+        text_vl_ratio: "2:1"
+      }
+      curriculum { start_step: 0 max_pixels: 262144 seq_len: 8192 }
+      curriculum { start_step: 5 max_pixels: 1003520 seq_len: 8192 }
+      post_balancing { enabled: true }
+    )pb";
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  std::vector<std::string> Args(const std::string& listen = "127.0.0.1:0") {
+    return {"--config=" + *dir_ + "/job.textproto", "--index=" + *dir_ + "/index.idx",
+            "--listen=" + listen, "--metrics=127.0.0.1:0"};
+  }
+
+  // Plan hashes of [start, end) read through StreamPlans (stops after
+  // `stop_after` plans when set).
+  static std::vector<std::string> Stream(v1::Packer::Stub* stub, uint64_t start, uint64_t end,
+                                         size_t stop_after = SIZE_MAX) {
+    grpc::ClientContext ctx;
+    v1::StreamPlansRequest req;
+    req.set_start_step(start);
+    req.set_end_step(end);
+    req.set_world_size(4);
+    auto reader = stub->StreamPlans(&ctx, req);
+    std::vector<std::string> hashes;
+    v1::StepPlan plan;
+    while (hashes.size() < stop_after && reader->Read(&plan)) {
+      EXPECT_EQ(plan.step(), start + hashes.size());
+      hashes.push_back(packer::PlanHash(&plan));
+    }
+    if (hashes.size() < stop_after) {
+      grpc::Status s = reader->Finish();
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    } else {
+      ctx.TryCancel();
+    }
+    return hashes;
+  }
+
+  static std::string* dir_;
+};
+std::string* PackerDaemonTest::dir_ = nullptr;
+
+TEST_F(PackerDaemonTest, ServesPlansMetricsAndStopsCleanly) {
+  Daemon d(*dir_, "serve", Args());
+  ASSERT_TRUE(d.WaitReady()) << d.err();
+  auto stub = d.Stub();
+
+  grpc::ClientContext c1;
+  v1::JobInfo info;
+  ASSERT_TRUE(stub->GetJob(&c1, v1::GetJobRequest(), &info).ok());
+  EXPECT_EQ(info.config().world_size(), 4u);
+  EXPECT_EQ(info.samples(), 3000u);
+  EXPECT_GT(info.steps_per_epoch(), 0u);
+  EXPECT_EQ(info.total_steps(), 2 * info.steps_per_epoch());
+
+  // The served plan is the planning core's plan, byte for byte.
+  auto job = packer::LoadJob(*dir_ + "/job.textproto", *dir_ + "/index.idx");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(info.config_fingerprint(), (*job)->fingerprint());
+  packer::Planner planner(*job);
+  packer::StepPlanData data;
+  ASSERT_TRUE(planner.Plan(7, &data).ok());
+  v1::StepPlan local;
+  ASSERT_TRUE(packer::BuildStepPlan(**job, data, {1, 2}, &local).ok());
+
+  grpc::ClientContext c2;
+  v1::GetPlanRequest req;
+  req.set_step(7);
+  req.add_ranks(2);
+  req.add_ranks(1);
+  req.set_world_size(4);
+  req.set_config_fingerprint(info.config_fingerprint());
+  v1::StepPlan served;
+  grpc::Status s = stub->GetPlan(&c2, req, &served);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(packer::PlanHash(&served), packer::PlanHash(&local));
+  ASSERT_EQ(served.ranks_size(), 2);
+  EXPECT_EQ(served.ranks(0).rank(), 1u);
+
+  EXPECT_EQ(Stream(stub.get(), 0, 3).size(), 3u);
+
+  grpc::ClientContext c3;
+  v1::StepTimingReport report;
+  report.set_step(7);
+  report.set_rank(1);
+  auto* ph = report.add_phases();
+  ph->set_phase("llm");
+  ph->set_seconds(0.8);
+  v1::ReportTimingResponse rr;
+  EXPECT_TRUE(stub->ReportTiming(&c3, report, &rr).ok());
+
+  const std::string metrics = HttpGet(d.metrics_port(), "/metrics");
+  for (const char* name :
+       {"tutti_packer_plan_seconds_bucket", "tutti_packer_samples_planned_total",
+        "tutti_packer_plan_window_depth", "tutti_packer_imbalance_ratio{phase=\"vit\"}",
+        "tutti_packer_plans_served_total{rpc=\"StreamPlans\"} 3",
+        "tutti_packer_timing_reports_total{result=\"accepted\"} 1",
+        "tutti_packer_index_samples 3000"}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name << "\n" << metrics;
+  }
+
+  EXPECT_NE(d.out().find(absl::StrCat("tutti-packerd listening on 127.0.0.1:", d.grpc_port(),
+                                      " (metrics 127.0.0.1:", d.metrics_port(), ")")),
+            std::string::npos)
+      << d.out();
+  d.Signal(SIGTERM);
+  ASSERT_TRUE(d.Exited(10000));
+  EXPECT_EQ(d.ExitCode(), 0) << d.err();
+}
+
+TEST_F(PackerDaemonTest, RefusalsCarryCodesAndFixes) {
+  Daemon d(*dir_, "errors", Args());
+  ASSERT_TRUE(d.WaitReady()) << d.err();
+  auto stub = d.Stub();
+  grpc::ClientContext c0;
+  v1::JobInfo info;
+  ASSERT_TRUE(stub->GetJob(&c0, v1::GetJobRequest(), &info).ok());
+
+  auto get = [&](uint64_t step, uint32_t world, std::string fp, std::vector<uint32_t> ranks) {
+    grpc::ClientContext ctx;
+    v1::GetPlanRequest req;
+    req.set_step(step);
+    req.set_world_size(world);
+    req.set_config_fingerprint(fp);
+    for (uint32_t r : ranks) req.add_ranks(r);
+    v1::StepPlan plan;
+    return stub->GetPlan(&ctx, req, &plan);
+  };
+  grpc::Status s = get(0, 8, "", {});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("world_size 8"), std::string::npos);
+  s = get(0, 0, "feedfacefeedface", {});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("feedfacefeedface"), std::string::npos);
+  s = get(0, 4, "", {0, 4});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("rank 4"), std::string::npos);
+  s = get(info.total_steps(), 4, "", {});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(s.error_message().find(absl::StrCat("step ", info.total_steps())), std::string::npos);
+
+  grpc::ClientContext c1;
+  v1::StreamPlansRequest sreq;
+  sreq.set_start_step(info.total_steps() + 3);
+  auto reader = stub->StreamPlans(&c1, sreq);
+  v1::StepPlan plan;
+  EXPECT_FALSE(reader->Read(&plan));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::OUT_OF_RANGE);
+
+  grpc::ClientContext c2;
+  v1::StepTimingReport report;
+  report.set_rank(9);
+  v1::ReportTimingResponse rr;
+  s = stub->ReportTiming(&c2, report, &rr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("rank 9"), std::string::npos);
+
+  // A stream to the end of the dataset finishes with OK.
+  EXPECT_EQ(Stream(stub.get(), info.total_steps() - 2, 0).size(), 2u);
+
+  // SIGINT stops it cleanly too.
+  d.Signal(SIGINT);
+  ASSERT_TRUE(d.Exited(10000));
+  EXPECT_EQ(d.ExitCode(), 0) << d.err();
+}
+
+TEST_F(PackerDaemonTest, PortInUseAndBadInputsExitNonZero) {
+  Daemon first(*dir_, "first", Args());
+  ASSERT_TRUE(first.WaitReady()) << first.err();
+  Daemon second(*dir_, "second", Args(first.address()));
+  ASSERT_TRUE(second.Exited(20000));
+  EXPECT_NE(second.ExitCode(), 0);
+  EXPECT_NE(second.err().find(first.address()), std::string::npos) << second.err();
+  EXPECT_NE(second.err().find("in use"), std::string::npos) << second.err();
+
+  Daemon no_index(*dir_, "noindex",
+                  {"--config=" + *dir_ + "/job.textproto", "--index=" + *dir_ + "/missing.idx",
+                   "--listen=127.0.0.1:0", "--metrics=127.0.0.1:0"});
+  ASSERT_TRUE(no_index.Exited(20000));
+  EXPECT_EQ(no_index.ExitCode(), 1);
+  EXPECT_NE(no_index.err().find("missing.idx"), std::string::npos) << no_index.err();
+  EXPECT_NE(no_index.err().find("tutti index"), std::string::npos) << no_index.err();
+
+  Daemon no_config(*dir_, "noconfig", {"--listen=127.0.0.1:0", "--metrics=127.0.0.1:0"});
+  ASSERT_TRUE(no_config.Exited(20000));
+  EXPECT_EQ(no_config.ExitCode(), 1);
+  EXPECT_NE(no_config.err().find("--config"), std::string::npos) << no_config.err();
+}
+
+TEST_F(PackerDaemonTest, SigkillAndRestartIsInvisibleToClients) {
+  const uint64_t kSteps = 12;
+  std::vector<std::string> uninterrupted;
+  {
+    Daemon d(*dir_, "reference", Args());
+    ASSERT_TRUE(d.WaitReady()) << d.err();
+    uninterrupted = Stream(d.Stub().get(), 0, kSteps);
+  }
+  ASSERT_EQ(uninterrupted.size(), kSteps);
+
+  std::vector<std::string> seen;
+  std::string address;
+  {
+    Daemon d(*dir_, "victim", Args());
+    ASSERT_TRUE(d.WaitReady()) << d.err();
+    address = d.address();
+    seen = Stream(d.Stub().get(), 0, kSteps, /*stop_after=*/5);
+    d.Signal(SIGKILL);  // mid-run: plans computed ahead are lost
+    ASSERT_TRUE(d.Exited(10000));
+  }
+  ASSERT_EQ(seen.size(), 5u);
+  // The restarted packer (same address) resumes where the client is.
+  Daemon again(*dir_, "restarted", Args(address));
+  ASSERT_TRUE(again.WaitReady()) << again.err();
+  auto rest = Stream(again.Stub().get(), seen.size(), kSteps);
+  seen.insert(seen.end(), rest.begin(), rest.end());
+  EXPECT_EQ(seen, uninterrupted);
+}
+
+}  // namespace
+}  // namespace tutti

@@ -1,0 +1,370 @@
+// `tutti bench packer`: every packing strategy side by side on the seed's
+// workload, in one run: plan time, ViT/LLM imbalance (and vs. the lower
+// bound), image-token spread per pack. Also measures loading a large index.
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/file_io.h"
+#include "services/packer/bench_workload.h"
+#include "services/packer/index.h"
+#include "services/packer/job.h"
+#include "services/packer/plan_proto.h"
+#include "services/packer/planner.h"
+#include "services/packer/synthetic.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace tutti::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Ms(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// CPU time of the calling thread: plan times are "one core" times, and do
+// not count time the thread spent waiting for a CPU on a busy machine.
+double ThreadCpuMs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+struct Cell {
+  std::string strategy;
+  uint32_t bins = 0;  // open bins (seed strategies)
+  uint32_t ranks = 0;
+  uint64_t max_pixels = 0;
+  packer::SeedStepShape shape;
+  uint32_t steps = 0, failed = 0;
+  std::vector<double> plan_ms, build_ms;
+  double vit = 0, vit_lb = 0, llm = 0, llm_lb = 0, tokens = 0, img_std = 0, img_mean = 0;
+  double vit_drawn = 0, llm_drawn = 0;
+  std::string error;
+};
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - (q > 0));
+  return v[i];
+}
+
+// Per-step quality numbers from a plan.
+void Measure(const packer::StepPlanData& d, Cell* c) {
+  const uint32_t W = d.world_size, S = d.seqs_per_rank();
+  double tmax = 0, tsum = 0;
+  for (const auto& r : d.ranks) {
+    tmax = std::max<double>(tmax, r.llm_tokens);
+    tsum += r.llm_tokens;
+  }
+  c->tokens += tsum > 0 ? tmax / (tsum / W) : 1;
+  c->vit += d.vit.imbalance;
+  c->vit_lb += d.vit.lower_bound > 0 ? d.vit.max / d.vit.lower_bound : 1;
+  c->llm += d.llm.imbalance;
+  c->llm_lb += d.llm.lower_bound > 0 ? d.llm.max / d.llm.lower_bound : 1;
+  c->vit_drawn += d.vit.imbalance_before;
+  c->llm_drawn += d.llm.imbalance_before;
+  // Image tokens per VL pack (sequence), over every VL sequence of the step.
+  double sum = 0, sq = 0;
+  const uint32_t packs = W * d.vl_seqs;
+  for (uint32_t r = 0; r < W; ++r) {
+    for (uint32_t q = d.text_seqs; q < S; ++q) {
+      const uint32_t g = r * S + q;
+      double img = 0;
+      for (uint32_t k = d.docs.begin[g]; k < d.docs.begin[g + 1]; ++k) {
+        img += d.samples[d.docs.items[k]].cost.image_tokens;
+      }
+      sum += img;
+      sq += img * img;
+    }
+  }
+  const double mean = packs ? sum / packs : 0;
+  c->img_mean += mean;
+  c->img_std += packs ? std::sqrt(std::max(0.0, sq / packs - mean * mean)) : 0;
+}
+
+void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer::Index> index,
+             uint64_t steps, uint64_t build_steps, bool post, Cell* c) {
+  v1::JobConfig config = packer::SeedConfig(wo, c->shape, c->ranks, c->max_pixels, c->strategy,
+                                            std::max<uint32_t>(1, c->bins), post);
+  auto job = packer::Job::Create(config, index);
+  if (!job.ok()) {
+    c->error = std::string(job.status().message());
+    return;
+  }
+  packer::Planner planner(*job);
+  packer::StepPlanData d;
+  v1::StepPlan plan;
+  (void)planner.Plan(steps, &d);  // warm-up (buffers), not measured
+  for (uint64_t s = 0; s < steps; ++s) {
+    const double t0 = ThreadCpuMs();
+    absl::Status st = planner.Plan(s, &d);
+    const double ms = ThreadCpuMs() - t0;
+    if (!st.ok()) {
+      ++c->failed;
+      if (c->error.empty()) c->error = std::string(st.message());
+      continue;
+    }
+    c->plan_ms.push_back(ms);
+    ++c->steps;
+    Measure(d, c);
+    if (s < build_steps) {
+      const double t1 = ThreadCpuMs();
+      (void)packer::BuildStepPlan(**job, d, {}, &plan);
+      c->build_ms.push_back(ThreadCpuMs() - t1);
+    }
+  }
+  if (c->steps > 0) {
+    for (double* v : {&c->vit, &c->vit_lb, &c->llm, &c->llm_lb, &c->tokens, &c->img_std,
+                      &c->img_mean, &c->vit_drawn, &c->llm_drawn}) {
+      *v /= c->steps;
+    }
+  }
+}
+
+std::string Label(const Cell& c) {
+  return c.strategy == "seed-v1" || c.strategy == "seed-v2"
+             ? absl::StrCat(c.strategy, " N=", c.bins)
+             : c.strategy;
+}
+
+void PrintTable(const std::vector<Cell>& cells) {
+  uint32_t last_ranks = 0;
+  uint64_t last_px = 0;
+  for (const Cell& c : cells) {
+    if (c.ranks != last_ranks || c.max_pixels != last_px) {
+      last_ranks = c.ranks;
+      last_px = c.max_pixels;
+      std::printf(
+          "\nW=%u  max_pixels=%llu  seq_len=32768  per rank %u text + %u VL sequences  "
+          "per step %u text + %u VL samples (mean %.0f / %.0f tokens)\n",
+          c.ranks, static_cast<unsigned long long>(c.max_pixels), c.shape.text_seqs,
+          c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples, c.shape.mean_text_tokens,
+          c.shape.mean_vl_tokens);
+      std::printf("  %-12s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %6s\n", "strategy", "plan_ms",
+                  "p99_ms", "build_ms", "vit", "vit/lb", "llm", "llm/lb", "tokens", "img_std",
+                  "vit_drw", "failed");
+    }
+    if (c.steps == 0) {
+      std::printf("  %-12s  no step planned: %s\n", Label(c).c_str(), c.error.c_str());
+      continue;
+    }
+    std::printf("  %-12s %8.2f %8.2f %8.1f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %8.3f %6u\n",
+                Label(c).c_str(), Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
+                Quantile(c.build_ms, 0.5), c.vit, c.vit_lb, c.llm, c.llm_lb, c.tokens, c.img_std,
+                c.vit_drawn, c.failed);
+  }
+}
+
+std::string JsonEscape(const std::string& in) {
+  std::string out;
+  for (char ch : in) {
+    if (ch == '"' || ch == '\\') out.push_back('\\');
+    if (static_cast<unsigned char>(ch) >= 0x20) out.push_back(ch);
+  }
+  return out;
+}
+
+void PrintJson(const std::vector<Cell>& cells) {
+  std::printf("[\n");
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const Cell& c = cells[i];
+    std::printf(
+        "  {\"strategy\": \"%s\", \"bins\": %u, \"ranks\": %u, \"max_pixels\": %llu, "
+        "\"text_seqs\": %u, \"vl_seqs\": %u, \"text_samples\": %u, \"vl_samples\": %u, "
+        "\"steps\": %u, \"failed_steps\": %u, \"plan_ms_median\": %.4f, \"plan_ms_p99\": %.4f, "
+        "\"build_ms_median\": %.3f, \"vit_imbalance\": %.5f, \"vit_imbalance_vs_lb\": %.5f, "
+        "\"llm_imbalance\": %.5f, \"llm_imbalance_vs_lb\": %.5f, \"llm_tokens_imbalance\": %.5f, "
+        "\"image_tokens_std\": %.2f, \"image_tokens_mean\": %.2f, \"vit_imbalance_drawn\": %.5f, "
+        "\"llm_imbalance_drawn\": %.5f%s%s%s}%s\n",
+        c.strategy.c_str(), c.bins, c.ranks, static_cast<unsigned long long>(c.max_pixels),
+        c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples, c.steps,
+        c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99), Quantile(c.build_ms, 0.5),
+        c.vit, c.vit_lb, c.llm, c.llm_lb, c.tokens, c.img_std, c.img_mean, c.vit_drawn, c.llm_drawn,
+        c.error.empty() ? "" : ", \"error\": \"", JsonEscape(c.error).c_str(),
+        c.error.empty() ? "" : "\"", i + 1 < cells.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+int IndexLoadBench(uint64_t samples, const std::string& dir, bool json) {
+  packer::SyntheticOptions o;
+  o.samples = samples;
+  auto t0 = Clock::now();
+  auto bytes = packer::MakeSyntheticIndex(o);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "tutti bench packer: %s\n", std::string(bytes.status().message()).c_str());
+    return 1;
+  }
+  const double gen_s = Ms(t0) / 1e3;
+  const std::string path = absl::StrCat(dir, "/tutti-bench-index-", samples, ".idx");
+  if (absl::Status s = WriteFileAtomically(path, *bytes); !s.ok()) {
+    std::fprintf(stderr, "tutti bench packer: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  const size_t file_bytes = bytes->size();
+  bytes->clear();
+  bytes->shrink_to_fit();
+  t0 = Clock::now();
+  auto index = packer::LoadIndex(path);
+  const double load_s = Ms(t0) / 1e3;
+  std::remove(path.c_str());
+  if (!index.ok()) {
+    std::fprintf(stderr, "tutti bench packer: %s\n", std::string(index.status().message()).c_str());
+    return 1;
+  }
+  const double per_sample = double((*index)->memory_bytes()) / samples;
+  if (json) {
+    std::printf(
+        "{\"index_samples\": %llu, \"index_file_bytes\": %zu, \"index_load_seconds\": %.3f, "
+        "\"index_memory_bytes_per_sample\": %.2f, \"index_generate_seconds\": %.2f}\n",
+        static_cast<unsigned long long>(samples), file_bytes, load_s, per_sample, gen_s);
+  } else {
+    std::printf(
+        "index of %llu samples: file %.1f MB, load + verify %.3f s, %.1f bytes/sample in "
+        "memory (generated in %.1f s)\n",
+        static_cast<unsigned long long>(samples), file_bytes / 1e6, load_s, per_sample, gen_s);
+  }
+  return 0;
+}
+
+int RunBenchPacker(int argc, char** argv) {
+  std::string ranks_text = "8,64,512,2560", stages_text = "1003520,16777216", only;
+  uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0;
+  bool json = false, post = false;
+  std::string tmp_dir = "/tmp";
+  packer::SeedWorkloadOptions wo;
+  Cli cli("tutti bench packer [options]",
+          "Runs every packing strategy on the seed's workload (seq_len 32,768; 4 sequences per\n"
+          "rank; 80% text-only samples with lognormal lengths (median 1,000 tokens), 20% VL with\n"
+          "1-4 images, 90% up to 2 MP and 10% up to 16 MP; curriculum stages 1 MP and 16 MP;\n"
+          "8 ranks per node) and prints, per strategy, world size and stage: planning-core time\n"
+          "per step (median, p99; one core), StepPlan build time for all ranks, ViT-cost and\n"
+          "LLM-cost imbalance (max/mean across ranks) and each as a ratio to the lower bound\n"
+          "max(mean, largest single item), LLM-token imbalance, the std-dev of image tokens per\n"
+          "VL pack, and the drawn (unbalanced) ViT imbalance. Seed strategies run with N = 1, 2,\n"
+          "4, 6, 8 open bins. --index-samples N measures loading an N-sample index instead.");
+  cli.Flag("ranks", &ranks_text, "comma-separated world sizes");
+  cli.Flag("stages", &stages_text, "comma-separated max_pixels of the curriculum stages");
+  cli.Flag("steps", &steps, "steps planned per cell");
+  cli.Flag("build-steps", &build_steps, "steps per cell whose full StepPlan is built and timed");
+  cli.Flag("fill", &wo.fill, "target fill of every sequence");
+  cli.Flag("strategies", &only,
+           "comma-separated subset (greedy,seed-v1,seed-v2,tutti); empty: all");
+  cli.Flag("post-balancing", &post, "plan with the simple post-balancing dispatcher");
+  cli.Flag("samples", &samples, "synthetic dataset size (0: enough for the largest world)");
+  cli.Flag("seed", &wo.seed, "seed of the synthetic dataset and the jobs");
+  cli.Flag("json", &json, "print a JSON array (one object per strategy, world size and stage)");
+  cli.Flag("index-samples", &index_samples,
+           "measure writing+loading a synthetic index of this many samples (e.g. 10000000)");
+  cli.Flag("tmp", &tmp_dir, "directory for the index-load measurement's file");
+  int rc = 0;
+  if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (index_samples > 0) return IndexLoadBench(index_samples, tmp_dir, json);
+
+  std::vector<uint32_t> ranks;
+  std::vector<uint64_t> stages;
+  for (absl::string_view p : absl::StrSplit(ranks_text, ',', absl::SkipEmpty())) {
+    uint32_t v = 0;
+    if (!absl::SimpleAtoi(p, &v) || v == 0) {
+      std::fprintf(stderr, "tutti bench packer: --ranks '%s' is not a list like 8,64\n",
+                   ranks_text.c_str());
+      return 2;
+    }
+    ranks.push_back(v);
+  }
+  for (absl::string_view p : absl::StrSplit(stages_text, ',', absl::SkipEmpty())) {
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(p, &v) || v < 784) {
+      std::fprintf(stderr, "tutti bench packer: --stages '%s' is not a list of max_pixels\n",
+                   stages_text.c_str());
+      return 2;
+    }
+    stages.push_back(v);
+  }
+  struct Strategy {
+    std::string name;
+    uint32_t bins;
+  };
+  std::vector<Strategy> strategies;
+  auto wanted = [&](const std::string& n) {
+    return only.empty() ||
+           absl::StrContains(absl::StrCat(",", only, ","), absl::StrCat(",", n, ","));
+  };
+  if (wanted("greedy")) strategies.push_back({"greedy", 1});
+  for (const char* seed : {"seed-v1", "seed-v2"}) {
+    if (!wanted(seed)) continue;
+    for (uint32_t n : {1u, 2u, 4u, 6u, 8u}) strategies.push_back({seed, n});
+  }
+  if (wanted("tutti")) strategies.push_back({"tutti", 0});
+
+  const uint32_t max_w = *std::max_element(ranks.begin(), ranks.end());
+  if (samples == 0) {
+    // Two steps of the largest world per epoch, and never fewer than 50k.
+    samples = std::max<uint64_t>(50000, uint64_t{max_w} * wo.seqs_per_rank * wo.seq_len / 1400 * 3);
+  }
+  auto t0 = Clock::now();
+  auto index = packer::MakeSeedIndex(wo, samples);
+  if (!index.ok()) {
+    std::fprintf(stderr, "tutti bench packer: %s\n", std::string(index.status().message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "dataset: %llu synthetic samples (%zu VL) in %.1f s\n",
+               static_cast<unsigned long long>(samples), (*index)->vl_samples().size(),
+               Ms(t0) / 1e3);
+  std::vector<Cell> cells;
+  for (uint32_t w : ranks) {
+    for (uint64_t px : stages) {
+      auto shape = packer::SeedShape(wo, **index, w, px);
+      if (!shape.ok()) {
+        std::fprintf(stderr, "tutti bench packer: %s\n",
+                     std::string(shape.status().message()).c_str());
+        return 1;
+      }
+      for (const Strategy& s : strategies) {
+        Cell c;
+        c.strategy = s.name;
+        c.bins = s.bins;
+        c.ranks = w;
+        c.max_pixels = px;
+        c.shape = *shape;
+        const auto tc = Clock::now();
+        RunCell(wo, *index, steps, build_steps, post, &c);
+        std::fprintf(stderr, "  W=%u max_pixels=%llu %-12s %u steps in %.1f s\n", w,
+                     static_cast<unsigned long long>(px), Label(c).c_str(), c.steps, Ms(tc) / 1e3);
+        cells.push_back(std::move(c));
+      }
+    }
+  }
+  if (json) {
+    PrintJson(cells);
+  } else {
+    std::printf("packer benchmark, seed workload, fill %.2f, %llu steps per cell%s\n", wo.fill,
+                static_cast<unsigned long long>(steps), post ? ", post-balancing" : "");
+    std::printf(
+        "columns: plan/p99 = planning-core CPU ms per step (one thread); build = StepPlan for "
+        "all ranks (CPU ms);\n  vit, llm = max/mean cost across ranks; /lb = max over "
+        "max(mean, largest item); tokens = LLM-token max/mean;\n  img_std = std-dev of "
+        "image tokens per VL pack; vit_drw = ViT max/mean of the drawn split\n");
+    PrintTable(cells);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tutti::tools
+
+TUTTI_COMMAND("bench packer", "compare every packing strategy on the seed workload",
+              tutti::tools::RunBenchPacker);

@@ -1,0 +1,164 @@
+// `tutti index`: builds the packer's index from WebDataset tar shards.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file_io.h"
+#include "services/packer/index.h"
+#include "services/packer/index_builder.h"
+#include "services/packer/synthetic.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace tutti::tools {
+namespace {
+
+using packer::IndexBuildOptions;
+using packer::IndexBuildProgress;
+using packer::IndexBuildReport;
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+std::string Duration(double s) {
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  return t >= 3600 ? absl::StrFormat("%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60)
+                   : absl::StrFormat("%d:%02d", t / 60, t % 60);
+}
+
+int WriteIndex(const std::string& out, const std::string& bytes, uint64_t samples) {
+  if (absl::Status s = WriteFileAtomically(out, bytes); !s.ok()) {
+    std::fprintf(stderr, "tutti index: cannot write %s: %s\n", out.c_str(),
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("wrote %s: %llu samples, %llu bytes (%.1f bytes/sample)\n", out.c_str(),
+              static_cast<unsigned long long>(samples),
+              static_cast<unsigned long long>(bytes.size()),
+              samples ? double(bytes.size()) / samples : 0.0);
+  return 0;
+}
+
+int RunSynthetic(const std::string& out, uint64_t n, uint64_t seed) {
+  packer::SyntheticOptions o;
+  o.samples = n;
+  o.seed = seed;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto bytes = packer::MakeSyntheticIndex(o);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "tutti index: %s\n", std::string(bytes.status().message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "generated %llu synthetic samples in %.1f s\n",
+               static_cast<unsigned long long>(n), Seconds(t0));
+  return WriteIndex(out, *bytes, n);
+}
+
+int RunIndex(int argc, char** argv) {
+  IndexBuildOptions o;
+  std::string out;
+  uint64_t synthetic = 0, synthetic_seed = 1;
+  Cli cli(
+      "tutti index --source DIR --out FILE [options]",
+      "Builds the packer's index from the WebDataset .tar shards under DIR (searched\n"
+      "recursively) without decoding pixels: image sizes come from JPEG/PNG/WebP headers,\n"
+      "audio durations from WAV headers, text token counts from the length of input_ids in\n"
+      "k.json (or its num_tokens/token_count field, or its \"text\" length / bytes-per-token),\n"
+      "or for k.txt from its byte length / bytes-per-token. Every shard is recorded with its\n"
+      "size and crc32c. Corrupt samples are skipped and counted by reason; a truncated or\n"
+      "corrupt shard is left out and reported (or fails the command with\n"
+      "--noskip-bad-shards).");
+  cli.Flag("source", &o.source_dir, "directory holding the .tar shards");
+  cli.Flag("out", &out, "index file to write (replaced atomically)");
+  cli.Flag("threads", &o.threads, "shards read in parallel");
+  cli.Flag("skip-bad-shards", &o.skip_bad_shards,
+           "leave out truncated/corrupt shards and report them (--noskip-bad-shards: fail)");
+  cli.Flag("bytes-per-token", &o.bytes_per_token,
+           "bytes per token when estimating from k.txt or a JSON \"text\" field");
+  cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
+           "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
+  cli.Flag("synthetic", &synthetic,
+           "instead of reading shards, write a synthetic index of this many samples (the "
+           "benchmark workload; for scale tests)");
+  cli.Flag("synthetic-seed", &synthetic_seed, "seed of the synthetic index");
+  int rc = 0;
+  if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (out.empty()) {
+    std::fprintf(stderr, "tutti index: --out FILE is required (see --help)\n");
+    return 2;
+  }
+  if (synthetic > 0) return RunSynthetic(out, synthetic, synthetic_seed);
+  if (o.source_dir.empty()) {
+    std::fprintf(stderr, "tutti index: --source DIR is required (see --help)\n");
+    return 2;
+  }
+
+  const bool tty = isatty(STDERR_FILENO);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = t0;
+  auto progress = [&](const IndexBuildProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!tty || (std::chrono::duration<double>(now - last).count() < 0.2 &&
+                 p.shards_done < p.shards_total)) {
+      return;
+    }
+    last = now;
+    const double s = std::max(1e-6, Seconds(t0));
+    const double rate = p.bytes_done / s;
+    const double eta =
+        rate > 0 ? (p.bytes_total - std::min(p.bytes_total, p.bytes_done)) / rate : 0;
+    std::fprintf(stderr, "\r[%u/%u shards] %llu samples  %.1f MB/s  ETA %s   ", p.shards_done,
+                 p.shards_total, static_cast<unsigned long long>(p.samples), rate / 1e6,
+                 Duration(eta).c_str());
+    std::fflush(stderr);
+  };
+  IndexBuildReport report;
+  auto bytes = packer::BuildIndex(o, &report, progress);
+  if (tty) std::fprintf(stderr, "\n");
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "tutti index: %s\n", std::string(bytes.status().message()).c_str());
+    return 1;
+  }
+  const double s = std::max(1e-6, Seconds(t0));
+  std::fprintf(stderr,
+               "indexed %u of %u shards in %.1f s (%.1f MB/s): %llu samples (%llu text-only, %llu "
+               "vision-language; %llu images, %llu audio clips)\n",
+               report.shards_indexed, report.shards_total, s, report.bytes / s / 1e6,
+               static_cast<unsigned long long>(report.samples),
+               static_cast<unsigned long long>(report.text_samples),
+               static_cast<unsigned long long>(report.vl_samples),
+               static_cast<unsigned long long>(report.images),
+               static_cast<unsigned long long>(report.audio));
+  if (!report.skipped.empty()) {
+    uint64_t total = 0;
+    std::string reasons;
+    for (const auto& [reason, n] : report.skipped) {
+      total += n;
+      absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
+    }
+    std::fprintf(stderr, "skipped %llu corrupt or unusable sample%s: %s\n",
+                 static_cast<unsigned long long>(total), total == 1 ? "" : "s", reasons.c_str());
+    for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
+  }
+  if (report.ignored_members > 0) {
+    std::fprintf(stderr, "ignored %llu members with extensions the index does not use\n",
+                 static_cast<unsigned long long>(report.ignored_members));
+  }
+  if (!report.bad_shards.empty()) {
+    std::fprintf(stderr, "left out %zu bad shard%s (re-copy or rebuild, then re-index):\n",
+                 report.bad_shards.size(), report.bad_shards.size() == 1 ? "" : "s");
+    for (const auto& b : report.bad_shards) std::fprintf(stderr, "  %s\n", b.c_str());
+  }
+  return WriteIndex(out, *bytes, report.samples);
+}
+
+}  // namespace
+}  // namespace tutti::tools
+
+TUTTI_COMMAND("index", "build the packer's index from WebDataset tar shards",
+              tutti::tools::RunIndex);

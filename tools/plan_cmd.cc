@@ -1,0 +1,127 @@
+// `tutti plan`: computes step plans locally (the same planning core as
+// tutti-packerd) and prints a summary, the plan itself, or its hash.
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "services/packer/job.h"
+#include "services/packer/plan_proto.h"
+#include "services/packer/planner.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace tutti::tools {
+namespace {
+
+void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v1::StepPlan& plan,
+                  double plan_ms) {
+  std::printf(
+      "step %llu  epoch %llu  curriculum[%u]: max_pixels %llu, seq_len %u  strategy %s  "
+      "(%.2f ms)\n",
+      static_cast<unsigned long long>(d.step), static_cast<unsigned long long>(d.epoch), d.stage,
+      static_cast<unsigned long long>(d.max_pixels), d.seq_len, job.strategy().name().c_str(),
+      plan_ms);
+  std::printf("  %zu samples (%zu text-only, %zu VL), %zu images, %zu audio clips, %d shards\n",
+              d.samples.size(), d.text_items.size(), d.vl_items.size(), d.images.size(),
+              d.audio.size(), plan.shards_size());
+  for (const auto& ph : plan.stats().phases()) {
+    std::printf("  %-5s max/mean %.3f (drawn split %.3f), lower bound %.3f of mean\n",
+                ph.phase().c_str(), ph.imbalance(), ph.imbalance_before(),
+                ph.mean() > 0 ? ph.lower_bound() / ph.mean() : 1.0);
+  }
+  std::printf("  exchange: %llu inter-node bytes, %llu intra-node bytes\n",
+              static_cast<unsigned long long>(d.inter_node_bytes),
+              static_cast<unsigned long long>(d.intra_node_bytes));
+  std::printf("  %5s %5s %9s %12s %12s %8s %7s %7s %7s\n", "rank", "node", "samples", "llm_tokens",
+              "llm_cost", "images", "vit", "chunks", "send_MB");
+  for (const auto& r : plan.ranks()) {
+    int chunks = 0;
+    for (const auto& e : r.encoders()) chunks += e.chunks_size();
+    std::printf("  %5u %5u %9u %12llu %12.0f %8u %7.0f %7d %7.2f\n", r.rank(), r.node(),
+                r.cost().samples(), static_cast<unsigned long long>(r.cost().llm_tokens()),
+                r.cost().llm(), r.cost().images(), r.cost().vit(), chunks,
+                r.exchange().send_bytes() / 1e6);
+  }
+}
+
+int RunPlan(int argc, char** argv) {
+  std::string config, index, ranks_text, format = "summary";
+  uint64_t step = 0, steps = 1;
+  Cli cli("tutti plan --config JOB.textproto [--index FILE] [--step N] [options]",
+          "Computes the plan of one or more steps with the packer's planning core (the same\n"
+          "plans tutti-packerd serves) and prints a per-rank summary, the StepPlan as text or\n"
+          "JSON, or its identity hash (equal hashes = byte-identical plans).");
+  cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
+  cli.Flag("index", &index, "index file; overrides the config's index_path");
+  cli.Flag("step", &step, "first step to plan");
+  cli.Flag("steps", &steps, "how many consecutive steps");
+  cli.Flag("ranks", &ranks_text, "comma-separated ranks to include (empty: all)");
+  cli.Flag("format", &format, "summary, text, json or hash");
+  int rc = 0;
+  if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (format != "summary" && format != "text" && format != "json" && format != "hash") {
+    std::fprintf(stderr, "tutti plan: --format '%s' is unknown; use summary, text, json or hash\n",
+                 format.c_str());
+    return 2;
+  }
+  std::vector<uint32_t> ranks;
+  for (absl::string_view part : absl::StrSplit(ranks_text, ',', absl::SkipEmpty())) {
+    uint32_t r = 0;
+    if (!absl::SimpleAtoi(part, &r)) {
+      std::fprintf(stderr, "tutti plan: --ranks '%s' is not a list of ranks like 0,1,2\n",
+                   ranks_text.c_str());
+      return 2;
+    }
+    ranks.push_back(r);
+  }
+  auto job = packer::LoadJob(config, index);
+  if (!job.ok()) {
+    std::fprintf(stderr, "tutti plan: %s\n", std::string(job.status().message()).c_str());
+    return 1;
+  }
+  packer::Planner planner(*job);
+  packer::StepPlanData data;
+  v1::StepPlan plan;
+  for (uint64_t s = step; s < step + steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status status = planner.Plan(s, &data);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (status.ok()) status = packer::BuildStepPlan(**job, data, ranks, &plan);
+    if (!status.ok()) {
+      std::fprintf(stderr, "tutti plan: %s\n", std::string(status.message()).c_str());
+      return 1;
+    }
+    plan.mutable_stats()->set_plan_seconds(ms / 1e3);
+    if (format == "hash") {
+      std::printf("step %llu %s\n", static_cast<unsigned long long>(s),
+                  packer::PlanHash(&plan).c_str());
+    } else if (format == "text") {
+      std::string out;
+      google::protobuf::TextFormat::PrintToString(plan, &out);
+      std::fwrite(out.data(), 1, out.size(), stdout);
+    } else if (format == "json") {
+      std::string out;
+      google::protobuf::util::JsonPrintOptions jo;
+      jo.add_whitespace = true;
+      (void)google::protobuf::util::MessageToJsonString(plan, &out, jo);
+      std::printf("%s\n", out.c_str());
+    } else {
+      PrintSummary(**job, data, plan, ms);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tutti::tools
+
+TUTTI_COMMAND("plan", "compute and print step plans (summary, text, json or hash)",
+              tutti::tools::RunPlan);
