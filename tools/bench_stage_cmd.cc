@@ -207,6 +207,7 @@ struct PrefetchOptions {
   uint32_t deadline_ms = 500;
   uint32_t window = 4;
   double latency_ms = 2;
+  bool verbose = false;  // print every skipped sample
 };
 
 bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchOptions& po, Row* row) {
@@ -242,7 +243,7 @@ bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchO
   auto metrics = std::make_shared<st::StagerMetrics>(std::make_shared<prometheus::Registry>());
   const uint64_t steps = data.samples.size() / (ranks * po.per_rank);
   std::vector<double> waits;
-  int lost = 0, substituted = 0;
+  int lost = 0, skipped = 0, substituted = 0;
   std::string first_error;
   {
     st::StagerCore core(o, metrics);
@@ -266,7 +267,16 @@ bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchO
           if (first_error.empty()) first_error = std::string(d.status().message());
           continue;
         }
-        for (const auto& sk : d->skipped()) substituted += sk.substitute_id() != 0;
+        for (const auto& sk : d->skipped()) {
+          ++skipped;
+          substituted += sk.substitute_id() != 0;
+          if (po.verbose) {
+            std::fprintf(stderr, "step %llu rank %u skipped sample %llu (%s, substitute %llu): %s\n",
+                         static_cast<unsigned long long>(s), r,
+                         static_cast<unsigned long long>(sk.sample_id()), sk.reason().c_str(),
+                         static_cast<unsigned long long>(sk.substitute_id()), sk.detail().c_str());
+          }
+        }
         (void)core.Release(s, r);
       }
       std::this_thread::sleep_until(step_start + std::chrono::milliseconds(po.interval_ms));
@@ -288,9 +298,9 @@ bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchO
   row->tutti = po.deadline_ms - worst;
   row->extra = absl::StrFormat(
       ", \"worst_wait_ms\": %.3f, \"mean_wait_ms\": %.3f, \"batches\": %d, \"lost_steps\": %d, "
-      "\"stalled_images\": %d, \"substituted\": %d, \"interval_ms\": %u",
+      "\"stalled_images\": %d, \"skipped\": %d, \"substituted\": %d, \"interval_ms\": %u",
       worst, waits.empty() ? 0 : sum / waits.size(), static_cast<int>(waits.size()), lost,
-      static_cast<int>(stalled_ids.size()), substituted, po.interval_ms);
+      static_cast<int>(stalled_ids.size()), skipped, substituted, po.interval_ms);
   return true;
 }
 
@@ -306,7 +316,7 @@ int RunBenchStage(int argc, char** argv) {
       "the same invocation. Shards carry CRC-32C, so staging verifies every byte.");
   std::string dir = "/var/tmp/tutti-bench-stage", slowfs, only;
   uint32_t large_files = 16, large_mb = 64, small_files = 10000, small_kb = 64, depth = 64;
-  uint32_t max_files = 32, rounds = 3, small_depth = 128, small_in_flight = 128;
+  uint32_t max_files = 32, rounds = 5, small_depth = 128, small_in_flight = 128;
   uint64_t block_kb = 1024;
   double latency_ms = 2;
   bool json = false, skip_small = false;
@@ -326,6 +336,7 @@ int RunBenchStage(int argc, char** argv) {
   cli.Flag("interval_ms", &po.interval_ms, "prefetch: the consumer takes a batch this often");
   cli.Flag("deadline_ms", &po.deadline_ms, "prefetch: per-sample read+decode deadline");
   cli.Flag("window", &po.window, "prefetch: steps of batches kept ready ahead");
+  cli.Flag("verbose", &po.verbose, "prefetch: print every skipped sample");
   cli.Flag("slowfs", &slowfs, "tutti-slowfs binary (default: next to this tool)");
   cli.Flag("skip_small", &skip_small, "skip the cases that need FUSE");
   cli.Flag("cases", &only, "run only cases whose name contains this text (empty = all)");
@@ -346,6 +357,10 @@ int RunBenchStage(int argc, char** argv) {
     bool failed = false;
     for (uint32_t r = 0; r < rounds && !failed; ++r) {
       for (uint32_t k = 0; k < 3; ++k) {
+        // Let the previous run's deletions (discards, journal) settle first,
+        // so no contender starts behind another's clean-up.
+        Sh(absl::StrCat("sync -f '", dir, "'"));
+        ::sleep(1);
         const std::string target = absl::StrCat(dir, "/large-", ::getpid(), "-", r);
         switch ((r + k) % 3) {
           case 0: {
@@ -353,6 +368,7 @@ int RunBenchStage(int argc, char** argv) {
             const double t = FioWrite(dir, static_cast<uint64_t>(total));
             failed |= t < 0;
             t_fio += t;
+            std::fprintf(stderr, "  fio %.0f MiB/s\n", total / t / mib);
             break;
           }
           case 1: {
@@ -361,6 +377,7 @@ int RunBenchStage(int argc, char** argv) {
             const double t = Stage(src, target + "-tutti", refs, depth, block_kb << 10, max_files);
             failed |= t < 0;
             t_tutti += t;
+            std::fprintf(stderr, "  tutti %.0f MiB/s\n", total / t / mib);
             fs::remove_all(target + "-tutti");
             break;
           }
@@ -369,6 +386,7 @@ int RunBenchStage(int argc, char** argv) {
             const double t = CopyWithCp(src, target + "-cp");
             failed |= t < 0;
             t_cp += t;
+            std::fprintf(stderr, "  cp %.0f MiB/s\n", total / t / mib);
             fs::remove_all(target + "-cp");
             break;
           }
