@@ -1,8 +1,38 @@
 #include "common/grpc_status.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace tutti {
+namespace {
+
+// The file system path of a "unix:PATH" or "unix:///PATH" address.
+std::string UnixPath(const std::string& address) {
+  std::string path = address.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);  // unix://[authority]/path, empty authority
+  return path;
+}
+
+// True when a process accepts connections on the Unix socket at `path`.
+bool SomeoneListens(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -18,6 +48,17 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view contex
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port) {
+  const bool unix_socket = absl::StartsWith(address, "unix:");
+  if (unix_socket) {
+    // gRPC replaces an existing socket file without asking; a live one
+    // belongs to another daemon.
+    const std::string path = UnixPath(address);
+    if (SomeoneListens(path)) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen on ", address, ": another process is serving on ", path,
+          "; stop it or pick another socket with --listen"));
+    }
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   // SO_REUSEPORT would let two daemons share a port silently; refuse instead.
@@ -27,13 +68,15 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   builder.SetMaxSendMessageSize(256 << 20);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
+  if (!server || (!unix_socket && port == 0)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", address,
-        ": the port is in use or the address is invalid; stop the other process or pick another "
-        "port with --listen"));
+        unix_socket ? ": the socket cannot be created (does its directory exist and is it "
+                      "writable?); pick another path with --listen"
+                    : ": the port is in use or the address is invalid; stop the other process or "
+                      "pick another port with --listen"));
   }
-  if (bound_port) *bound_port = port;
+  if (bound_port) *bound_port = unix_socket ? 0 : port;
   return server;
 }
 

@@ -17,9 +17,11 @@ namespace tutti {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view context = {});
 
-// Builds and starts a server listening on `address` ("host:port"; port 0
-// picks a free one). A port in use is reported as UNAVAILABLE naming it.
-// *bound_port receives the actual port.
+// Builds and starts a server listening on `address`: "host:port" (port 0
+// picks a free one; *bound_port receives the actual port), or a Unix-domain
+// socket "unix:PATH" / "unix:///ABSOLUTE/PATH" (*bound_port receives 0). A
+// port in use, or a socket another process still serves on, is reported as
+// UNAVAILABLE naming it; SO_REUSEPORT is off.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port);
 

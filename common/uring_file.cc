@@ -22,6 +22,7 @@ const char* IoKindName(IoOp::Kind kind) {
     case IoOp::Kind::kFsync: return "fsync";
     case IoOp::Kind::kClose: return "close";
     case IoOp::Kind::kStat: return "stat";
+    case IoOp::Kind::kFallocate: return "fallocate";
   }
   return "?";
 }
@@ -44,6 +45,9 @@ int64_t RunSync(const IoOp& op) {
     case IoOp::Kind::kStat:
       r = op.path ? ::statx(AT_FDCWD, op.path, 0, kStatxMask, op.stx)
                   : ::statx(op.fd, "", AT_EMPTY_PATH, kStatxMask, op.stx);
+      break;
+    case IoOp::Kind::kFallocate:
+      r = ::fallocate(op.fd, 0, static_cast<off_t>(op.offset), static_cast<off_t>(op.len));
       break;
   }
   return r < 0 ? -errno : r;
@@ -108,6 +112,9 @@ class UringBackend final : public IoBackend {
         break;
       case IoOp::Kind::kFsync: io_uring_prep_fsync(sqe, op.fd, 0); break;
       case IoOp::Kind::kClose: io_uring_prep_close(sqe, op.fd); break;
+      case IoOp::Kind::kFallocate:
+        io_uring_prep_fallocate(sqe, op.fd, 0, op.offset, op.len);
+        break;
       case IoOp::Kind::kStat:
         if (op.path) {
           io_uring_prep_statx(sqe, AT_FDCWD, op.path, 0, kStatxMask, op.stx);

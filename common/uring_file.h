@@ -31,14 +31,14 @@ namespace tutti {
 
 // One operation. Pointers (path, buf, stx) must stay valid until it completes.
 struct IoOp {
-  enum class Kind : uint8_t { kOpen, kRead, kWrite, kFsync, kClose, kStat };
+  enum class Kind : uint8_t { kOpen, kRead, kWrite, kFsync, kClose, kStat, kFallocate };
   Kind kind = Kind::kRead;
-  int fd = -1;               // kRead/kWrite/kFsync/kClose
+  int fd = -1;               // kRead/kWrite/kFsync/kClose/kFallocate
   const char* path = nullptr;  // kOpen/kStat (absolute or relative to cwd)
   int flags = 0;             // kOpen
   unsigned mode = 0644;      // kOpen
   char* buf = nullptr;       // kRead/kWrite
-  size_t len = 0;
+  size_t len = 0;            // kRead/kWrite; kFallocate: bytes to allocate
   uint64_t offset = 0;
   int buf_index = -1;        // registered buffer holding buf, or -1
   struct statx* stx = nullptr;  // kStat result

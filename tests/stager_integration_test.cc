@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "common/file_io.h"
@@ -30,19 +31,28 @@ namespace fs = std::filesystem;
 
 // Test fixture: serves GetJob and plans computed by testing::MakePlan, up
 // to (not including) `end_step`, after which StreamPlans reports
-// OUT_OF_RANGE as a packer does at the end of the dataset.
+// OUT_OF_RANGE as a packer does at the end of the dataset. With `hang_at`,
+// a stream stops sending at that step and hangs until cancelled (a packer
+// that dies mid-stream).
 class FixturePacker final : public v1::Packer::Service {
  public:
-  FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step)
-      : data_(std::move(data)), job_(std::move(job)), end_(end_step) {}
+  FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step,
+                uint64_t hang_at = ~uint64_t{0})
+      : data_(std::move(data)), job_(std::move(job)), end_(end_step), hang_at_(hang_at) {}
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo* out) override {
     *out = job_;
     return grpc::Status::OK;
   }
   grpc::Status StreamPlans(grpc::ServerContext* ctx, const v1::StreamPlansRequest* req,
                            grpc::ServerWriter<v1::StepPlan>* w) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      starts_.push_back(req->start_step());
+    }
     std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
     for (uint64_t s = req->start_step(); !ctx->IsCancelled(); ++s) {
+      while (s >= hang_at_ && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+      if (ctx->IsCancelled()) break;
       if (s >= end_) {
         return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
                             "step " + std::to_string(s) + " is past the end of the dataset");
@@ -55,11 +65,19 @@ class FixturePacker final : public v1::Packer::Service {
     *out = testing::MakePlan(data_, job_, req->step(), {req->ranks().begin(), req->ranks().end()}, 2);
     return grpc::Status::OK;
   }
+  // start_step of every StreamPlans call, in order.
+  std::vector<uint64_t> starts() {
+    std::lock_guard<std::mutex> l(mu_);
+    return starts_;
+  }
 
  private:
+  std::mutex mu_;
+  std::vector<uint64_t> starts_;
   testing::Dataset data_;
   v1::JobInfo job_;
   uint64_t end_;
+  uint64_t hang_at_;
 };
 
 struct Env {
@@ -162,9 +180,13 @@ TEST(StagerDaemonTest, ServesBatchesOverGrpcAndSharedMemory) {
   v1::BatchDescriptor d;
   grpc::Status wrong = Acquire(*stub, 4, 3, 100, &d);
   EXPECT_EQ(wrong.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(wrong.error_message().find("serves ranks 0..1"), std::string::npos);
-  grpc::Status old = Acquire(*stub, 1, 0, 100, &d);
-  EXPECT_EQ(old.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(wrong.error_message().find("serves node 0 (ranks 0..1)"), std::string::npos) << wrong.error_message();
+  // Every batch was released: a client asking for an earlier step (a job
+  // resuming from a checkpoint) moves the window back and gets it.
+  grpc::Status old = Acquire(*stub, 1, 0, 20000, &d);
+  ASSERT_TRUE(old.ok()) << old.error_message();
+  EXPECT_EQ(d.step(), 1u);
+  EXPECT_EQ(d.plan().rank(), 0u);
   const std::string metrics = HttpGet(server.metrics_port(), "/metrics");
   for (const char* name : {"tutti_stager_staged_bytes_total", "tutti_stager_cache_misses_total",
                            "tutti_stager_decode_seconds", "tutti_stager_client_wait_seconds",
@@ -175,6 +197,70 @@ TEST(StagerDaemonTest, ServesBatchesOverGrpcAndSharedMemory) {
   v1::StageStatus st;
   ASSERT_TRUE(stub->GetStageStatus(&sctx, v1::GetStageStatusRequest(), &st).ok());
   EXPECT_EQ(st.staged_files(), 2u);
+  server.Shutdown();
+}
+
+// The value of an unlabelled metric in a /metrics page (-1 if absent).
+double MetricValue(const std::string& page, const std::string& name) {
+  size_t at = 0;
+  while ((at = page.find(name + " ", at)) != std::string::npos) {
+    if (at == 0 || page[at - 1] == '\n') return std::stod(page.substr(at + name.size() + 1));
+    at += name.size();
+  }
+  return -1;
+}
+
+TEST(StagerDaemonTest, PackerRestartMidStreamLosesAndRepeatsNoStep) {
+  const uint64_t kSteps = 12, kDiesAt = 6;
+  Env env("restart", kSteps);
+  env.packer = std::make_unique<FixturePacker>(env.data, env.job, kSteps, kDiesAt);
+  env.StartPacker();
+  const int port = env.packer_port;
+  StagerServer server(env.Options());  // window 2, stage_ahead 2: plans arrive as steps are released
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  std::unique_ptr<FixturePacker> second;
+  double received_before = -1;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    if (step == 4) {
+      // The packer dies mid-stream, after sending step kDiesAt - 1 (the stager
+      // holds plans a few steps ahead, not all of them), and comes back on
+      // the same address.
+      env.packer_server->Shutdown(std::chrono::system_clock::now());
+      env.packer_server.reset();
+      absl::SleepFor(absl::Milliseconds(300));
+      received_before = MetricValue(HttpGet(server.metrics_port(), "/metrics"),
+                                    "tutti_stager_plans_received_total");
+      ASSERT_EQ(received_before, kDiesAt);
+      second = std::make_unique<FixturePacker>(env.data, env.job, kSteps);
+      auto s = StartGrpcServer("127.0.0.1:" + std::to_string(port), {second.get()}, &env.packer_port);
+      ASSERT_TRUE(s.ok()) << s.status();
+      env.packer_server = std::move(*s);
+    }
+    for (uint32_t rank : {0u, 1u}) {
+      v1::BatchDescriptor d;
+      grpc::Status s = Acquire(*stub, step, rank, 30000, &d);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error_message();
+      EXPECT_EQ(d.step(), step);
+      // The batch is the one the (deterministic) plan names.
+      const v1::StepPlan want = testing::MakePlan(env.data, env.job, step, {rank}, 2);
+      EXPECT_EQ(d.plan().encoders(0).images(0).sample_id(),
+                want.ranks(0).encoders(0).images(0).sample_id());
+      grpc::ClientContext ctx;
+      v1::ReleaseBatchRequest rel;
+      rel.set_step(step);
+      rel.set_rank(rank);
+      v1::ReleaseBatchResponse resp;
+      ASSERT_TRUE(stub->ReleaseBatch(&ctx, rel, &resp).ok());
+    }
+  }
+  // The restarted packer was asked to resume exactly at the first step the
+  // stager did not have; every step arrived once.
+  ASSERT_FALSE(second->starts().empty());
+  EXPECT_EQ(second->starts().front(), static_cast<uint64_t>(received_before));
+  const std::string page = HttpGet(server.metrics_port(), "/metrics");
+  EXPECT_EQ(MetricValue(page, "tutti_stager_plans_received_total"), kSteps);
+  EXPECT_GE(MetricValue(page, "tutti_stager_packer_reconnects_total"), 1);
   server.Shutdown();
 }
 
@@ -234,6 +320,101 @@ TEST(StagerDaemonTest, PortInUseIsAClearError) {
   absl::Status sm = c.Start();
   EXPECT_EQ(sm.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(sm.message().find("--metrics"), std::string::npos) << sm;
+}
+
+TEST(StagerDaemonTest, NodeAutoLearnsTheNodeFromTheFirstClient) {
+  Env env("auto");
+  env.StartPacker();
+  StagerServerOptions o = env.Options();
+  o.core.node = 0;
+  o.core.node_auto = true;  // a DaemonSet: the node is not known up front
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  v1::BatchDescriptor d;
+  grpc::Status first = Acquire(*stub, 0, 3, 20000, &d);  // rank 3: node 1 of 2-rank nodes
+  ASSERT_TRUE(first.ok()) << first.error_message();
+  EXPECT_EQ(d.plan().rank(), 3u);
+  EXPECT_NE(d.shm_name().find("-n1-r3-s0"), std::string::npos) << d.shm_name();
+  ASSERT_TRUE(Acquire(*stub, 0, 2, 20000, &d).ok());
+  grpc::Status other = Acquire(*stub, 0, 0, 1000, &d);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(other.error_message().find("rank 0 belongs to node 0 but this tutti-stagerd serves node 1"),
+            std::string::npos)
+      << other.error_message();
+  EXPECT_NE(other.error_message().find("learned from rank 3"), std::string::npos) << other.error_message();
+  grpc::Status outside = Acquire(*stub, 0, 9, 1000, &d);
+  EXPECT_EQ(outside.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  server.Shutdown();
+}
+
+TEST(StagerDaemonTest, ServesOnAUnixSocket) {
+  Env env("unix");
+  env.StartPacker();
+  StagerServerOptions o = env.Options();
+  const std::string sock = env.root + "/stager.sock";
+  o.listen = "unix://" + sock;
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  EXPECT_EQ(server.grpc_address(), "unix://" + sock);
+  auto stub = v1::Stager::NewStub(MakeChannel("unix://" + sock));
+  v1::BatchDescriptor d;
+  grpc::Status s = Acquire(*stub, 0, 1, 20000, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(d.plan().rank(), 1u);
+  // A second daemon on the same live socket is refused, naming it.
+  StagerServerOptions o2 = o;
+  o2.core.cache_dir = env.root + "/cache2";
+  StagerServer second(o2);
+  absl::Status busy = second.Start();
+  EXPECT_EQ(busy.code(), absl::StatusCode::kUnavailable) << busy;
+  EXPECT_NE(busy.message().find(sock), std::string::npos) << busy;
+  server.Shutdown();
+  // A socket file left behind by a daemon that is gone is taken over.
+  StagerServer third(o2);
+  ASSERT_TRUE(third.Start().ok());
+  auto stub3 = v1::Stager::NewStub(MakeChannel("unix://" + sock));
+  EXPECT_TRUE(Acquire(*stub3, 0, 0, 20000, &d).ok());
+  third.Shutdown();
+}
+
+TEST(StagerDaemonTest, DaemonWithNodeAutoOnAUnixSocket) {
+  Env env("auto_unix");
+  env.StartPacker();
+  const std::string port_file = env.root + "/ports";
+  const std::string sock = env.root + "/d.sock";
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string packer = "--packer=127.0.0.1:" + std::to_string(env.packer_port);
+    const std::string source = "--source=" + env.data.dir;
+    const std::string cache = "--cache=" + env.root + "/cache";
+    const std::string ports = "--port_file=" + port_file;
+    const std::string listen = "--listen=unix://" + sock;
+    ::execl(TUTTI_STAGERD_BINARY, "tutti-stagerd", packer.c_str(), source.c_str(), cache.c_str(),
+            ports.c_str(), listen.c_str(), "--node=auto", "--metrics=127.0.0.1:0", "--window=2",
+            "--queue_depth=8", "--decode_threads=1", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!fs::exists(port_file) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(fs::exists(port_file));
+  auto text = ReadFileToString(port_file);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("grpc_address=unix://" + sock), std::string::npos) << *text;
+  auto stub = v1::Stager::NewStub(MakeChannel("unix://" + sock));
+  v1::BatchDescriptor d;
+  grpc::Status s = Acquire(*stub, 0, 2, 20000, &d);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  grpc::Status other = Acquire(*stub, 0, 1, 1000, &d);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(other.error_message().find("belongs to node 0"), std::string::npos);
+  EXPECT_NE(other.error_message().find("serves node 1"), std::string::npos);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(StagerDaemonTest, DaemonShutsDownCleanlyOnSigterm) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include <opencv2/imgproc.hpp>
@@ -9,19 +10,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/stager/skip.h"
 
 namespace tutti::stager {
-
-const char* SkipReason(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kDeadlineExceeded: return "deadline";
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kResourceExhausted: return "too_large";
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kPermissionDenied: return "missing";
-    default: return "corrupt";
-  }
-}
 
 // ------------------------------------------------------------ substitutes
 void SubstitutePool::OfferImage(uint64_t id, const cv::Mat& bgr) {
@@ -82,15 +73,17 @@ BatchJob::BatchJob(BuildContext ctx, std::shared_ptr<const v1::StepPlan> step, i
     : ctx_(std::move(ctx)), step_(std::move(step)), rank_index_(rank_index),
       shm_name_(std::move(shm_name)) {}
 
-BatchJob::~BatchJob() { Discard(); }
+BatchJob::~BatchJob() {
+  Discard();
+  shm_.reset();
+}
 
 uint32_t BatchJob::rank() const { return step_->ranks(rank_index_).rank(); }
 
 void BatchJob::Discard() {
-  if (shm_) {
-    ShmSegment::Unlink(shm_name_);
-    shm_.reset();
-  }
+  // Only the name goes now: reads and decodes still in flight write into the
+  // mapping, which lives as long as the job (they hold a reference to it).
+  if (shm_ && !discarded_.exchange(true)) ShmSegment::Unlink(shm_name_);
 }
 
 std::string BatchJob::Name(const v1::MemberRef& m, const v1::ShardRef& s) const {
@@ -136,12 +129,10 @@ void BatchJob::Fail(Item& item, const absl::Status& s) {
 
 void BatchJob::ReadImage(size_t i) {
   const ImageItem& im = layout_.images()[i];
-  Item& item = *images_[i];
-  if (im.remote_load) {
-    item.state.store(kDone);
-    Settle();
-    return;
-  }
+  // A remote_load image (its shard is staged on another node, not here) is
+  // read like any other: the reader goes to the source when the shard is not
+  // in this node's cache.
+  if (im.remote_load && ctx_.metrics) ctx_.metrics->remote_load_images.Increment();
   auto self = shared_from_this();
   ctx_.reader->Read(
       im.shard, im.member.name(), im.member.offset(), im.member.size(), deadline(),
@@ -157,6 +148,9 @@ void BatchJob::ReadImage(size_t i) {
           Item& it2 = *self->images_[i];
           int q = kQueued;
           if (!it2.state.compare_exchange_strong(q, kDecoding)) return;
+          if (self->discarded_.load()) {  // released or moved past: no one will read it
+            return self->Fail(it2, absl::CancelledError("batch discarded"));
+          }
           const ImageItem& im2 = self->layout_.images()[i];
           const absl::Time t0 = absl::Now();
           cv::Mat decoded;
@@ -282,62 +276,119 @@ std::string BatchJob::PendingSummary() const {
 void BatchJob::Finalize() {
   if (finalized_.exchange(true)) return;
   const v1::RankPlan& rank = step_->ranks(rank_index_);
-  std::vector<bool> image_dropped(images_.size(), false), doc_dropped(docs_.size(), false);
-  const bool substitute = ctx_.policy == v1::SKIP_POLICY_SUBSTITUTE;
-  std::set<uint64_t> named;
-  auto skip = [&](uint64_t sample, const Item& it, uint64_t sub) {
+  const auto& images = layout_.images();
+  const auto& docs = layout_.docs();
+  const auto& audio = layout_.audio();
+  std::vector<bool> image_dropped(images_.size(), false), doc_dropped(docs_.size(), false),
+      audio_dropped(audio_.size(), false);
+  // Which samples failed, and which of them can leave this rank's batch
+  // whole: every item of theirs is encoded and consumed on this rank, so no
+  // other rank's arrays or exchange sizes name them.
+  std::set<uint64_t> failed, crossing;
+  std::map<uint64_t, int> local_images, local_audio;
+  for (size_t i = 0; i < images_.size(); ++i) {
+    if (images_[i]->state.load() != kDone) failed.insert(images[i].sample_id);
+    if (images[i].llm_rank != rank.rank()) crossing.insert(images[i].sample_id);
+    ++local_images[images[i].sample_id];
+  }
+  for (size_t a = 0; a < audio_.size(); ++a) {
+    if (audio_[a]->state.load() != kDone) failed.insert(audio[a].sample_id);
+    ++local_audio[audio[a].sample_id];
+  }
+  for (size_t d = 0; d < docs_.size(); ++d) {
+    const uint64_t id = docs[d].sample_id;
+    if (docs_[d]->state.load() != kDone) failed.insert(id);
+    const v1::SampleInfo* info = docs[d].info;
+    if (local_images[id] != info->images_size() || local_audio[id] != info->audio_size()) {
+      crossing.insert(id);  // its encoder outputs come from another rank
+    }
+  }
+  const bool drop = ctx_.policy == v1::SKIP_POLICY_DROP;
+  auto dropped = [&](uint64_t id) { return drop && failed.count(id) && !crossing.count(id); };
+  auto skip = [&](uint64_t sample, const Item& it, uint64_t sub, const char* what) {
     v1::SkippedSample* s = descriptor_.add_skipped();
     s->set_sample_id(sample);
     s->set_reason(it.reason);
-    s->set_detail(it.detail);
+    s->set_detail(absl::StrCat(it.detail, what));
     s->set_substitute_id(sub);
-    if (ctx_.metrics) {
-      ctx_.metrics->SkippedSamples(it.reason).Increment();
-      if (sub) ctx_.metrics->substituted_samples.Increment();
-    }
+    if (ctx_.metrics) ctx_.metrics->SkippedSamples(it.reason).Increment();
   };
+  std::set<uint64_t> counted;  // one sample counts once in the drop/substitute metrics
+  enum Outcome { kDropped, kSubstituted, kPlaceholder };
+  auto count = [&](uint64_t sample, Outcome o) {
+    if (ctx_.metrics == nullptr || !counted.insert(sample).second) return;
+    StagerMetrics& m = *ctx_.metrics;
+    (o == kDropped ? m.dropped_samples : o == kSubstituted ? m.substituted_samples
+                                                            : m.placeholder_samples)
+        .Increment();
+  };
+  std::set<uint64_t> named;
   std::unique_lock<std::mutex> l(mu_);
   for (size_t i = 0; i < images_.size(); ++i) {
-    const ImageItem& im = layout_.images()[i];
+    const ImageItem& im = images[i];
     named.insert(im.sample_id);
-    const int s = images_[i]->state.load();
-    if (s == kDone) continue;
+    if (dropped(im.sample_id)) {
+      image_dropped[i] = true;
+      if (images_[i]->state.load() != kDone) skip(im.sample_id, *images_[i], 0, " (sample dropped)");
+      count(im.sample_id, kDropped);
+      continue;
+    }
+    if (images_[i]->state.load() == kDone) continue;
     cv::Mat sub;
     uint64_t sub_id = 0;
-    if (substitute && ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id)) {
-      ResizePatchifyInto(sub, im.height, im.width, ctx_.params, shm_->data() + im.offset);
-      skip(im.sample_id, *images_[i], sub_id);
+    char* out = shm_->data() + im.offset;
+    if (ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id)) {
+      ResizePatchifyInto(sub, im.height, im.width, ctx_.params, out);
+      skip(im.sample_id, *images_[i], sub_id, "");
+      count(im.sample_id, kSubstituted);
     } else {
-      image_dropped[i] = true;
-      skip(im.sample_id, *images_[i], 0);
+      // Nothing decoded yet to substitute: the mean colour (all zeros once
+      // normalised) keeps the planned shape.
+      std::memset(out, 0, im.bytes);
+      skip(im.sample_id, *images_[i], 0, " (no substitute yet: placeholder of the mean colour)");
+      count(im.sample_id, kPlaceholder);
     }
   }
   for (size_t d = 0; d < docs_.size(); ++d) {
-    const DocItem& doc = layout_.docs()[d];
+    const DocItem& doc = docs[d];
     named.insert(doc.sample_id);
+    if (dropped(doc.sample_id)) {
+      doc_dropped[d] = true;
+      if (docs_[d]->state.load() != kDone) skip(doc.sample_id, *docs_[d], 0, " (sample dropped)");
+      count(doc.sample_id, kDropped);
+      continue;
+    }
     if (docs_[d]->state.load() == kDone) continue;
     std::vector<int32_t> tokens;
     uint64_t sub_id = 0;
-    if (substitute && ctx_.substitutes->TakeTokens(doc.sample_id, &tokens, &sub_id)) {
-      layout_.WriteText(shm_->data(), d, tokens);
-      skip(doc.sample_id, *docs_[d], sub_id);
+    if (ctx_.substitutes->TakeTokens(doc.sample_id, &tokens, &sub_id)) {
+      skip(doc.sample_id, *docs_[d], sub_id, "");
+      count(doc.sample_id, kSubstituted);
     } else {
-      doc_dropped[d] = true;
-      skip(doc.sample_id, *docs_[d], 0);
+      skip(doc.sample_id, *docs_[d], 0, " (no substitute yet: placeholder tokens 0)");
+      count(doc.sample_id, kPlaceholder);
     }
+    layout_.WriteText(shm_->data(), d, tokens);
   }
   for (size_t a = 0; a < audio_.size(); ++a) {
-    const AudioItem& au = layout_.audio()[a];
+    const AudioItem& au = audio[a];
     named.insert(au.sample_id);
+    if (dropped(au.sample_id)) {
+      audio_dropped[a] = true;
+      if (audio_[a]->state.load() != kDone) skip(au.sample_id, *audio_[a], 0, " (sample dropped)");
+      count(au.sample_id, kDropped);
+      continue;
+    }
     if (audio_[a]->state.load() == kDone) continue;
     std::memset(shm_->data() + au.offset, 0, au.samples * 4);  // silence keeps the shape
-    skip(au.sample_id, *audio_[a], 0);
+    skip(au.sample_id, *audio_[a], 0, " (placeholder: silence)");
+    count(au.sample_id, kPlaceholder);
   }
   descriptor_.set_step(step_->step());
   descriptor_.set_rank(rank.rank());
   descriptor_.set_shm_name(shm_name_);
   descriptor_.set_shm_size(layout_.total_bytes());
-  for (auto& a : layout_.Finalize(shm_->data(), image_dropped, doc_dropped)) {
+  for (auto& a : layout_.Finalize(shm_->data(), image_dropped, doc_dropped, audio_dropped)) {
     *descriptor_.add_arrays() = std::move(a);
   }
   *descriptor_.mutable_plan() = rank;

@@ -85,7 +85,9 @@ class BatchJob : public std::enable_shared_from_this<BatchJob> {
   const v1::BatchDescriptor& descriptor() const { return descriptor_; }
   // What is still outstanding, for timeout messages.
   std::string PendingSummary() const;
-  // Unmaps and unlinks the segment.
+  // Unlinks the segment's name (once) and skips decodes not started yet; the
+  // mapping stays until the job is destroyed, so work in flight never
+  // writes into unmapped memory.
   void Discard();
 
  private:
@@ -111,15 +113,13 @@ class BatchJob : public std::enable_shared_from_this<BatchJob> {
   std::vector<std::unique_ptr<Item>> images_, docs_, audio_;
   std::atomic<int> remaining_{0};
   std::atomic<bool> finalized_{false};
+  std::atomic<bool> discarded_{false};
   absl::Time started_;
   Ready on_ready_;
   mutable std::mutex mu_;  // guards Item reason/detail
   absl::Status status_;
   v1::BatchDescriptor descriptor_;
 };
-
-// Skip reason for a failed read/decode status.
-const char* SkipReason(const absl::Status& s);
 
 }  // namespace tutti::stager
 

@@ -99,6 +99,7 @@ absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v
         it.grid_w = it.width / params.patch;
         it.rows = uint64_t{it.grid_h} * it.grid_w;
         it.bytes = it.rows * params.row_values() * params.value_bytes();
+        it.llm_rank = ip.llm_rank();
         it.remote_load = ip.remote_load();
         rows += it.rows;
         L.images_.push_back(std::move(it));
@@ -211,7 +212,6 @@ void BatchLayout::WriteFixed(char* base) const {
     grid[3 * i + 1] = static_cast<int32_t>(images_[i].grid_h);
     grid[3 * i + 2] = static_cast<int32_t>(images_[i].grid_w);
     ids[i] = static_cast<int64_t>(images_[i].sample_id);
-    if (images_[i].remote_load) std::memset(base + images_[i].offset, 0, images_[i].bytes);
   }
   auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
   auto* cu = reinterpret_cast<int32_t*>(base + Get("cu_seqlens").offset);
@@ -255,7 +255,8 @@ void BatchLayout::WriteText(char* base, size_t doc, const std::vector<int32_t>& 
 }
 
 std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<bool>& image_dropped,
-                                                 const std::vector<bool>& doc_dropped) const {
+                                                 const std::vector<bool>& doc_dropped,
+                                                 const std::vector<bool>& audio_dropped) const {
   std::vector<Array> out = arrays_;
   auto find = [&](const std::string& n) -> Array& {
     for (auto& a : out) {
@@ -313,6 +314,24 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
   find("cu_seqlens").nbytes = (kd + 1) * 4;
   find("doc_sample_ids").shape[0] = kd;
   find("doc_sample_ids").nbytes = kd * 8;
+  // Audio.
+  if (!audio_.empty()) {
+    uint64_t adst = Get("audio_values").offset, frames = 0;
+    auto* lens = reinterpret_cast<int32_t*>(base + Get("audio_lengths").offset);
+    size_t ka = 0;
+    for (size_t a = 0; a < audio_.size(); ++a) {
+      if (audio_dropped[a]) continue;
+      const AudioItem& au = audio_[a];
+      if (au.offset != adst) std::memmove(base + adst, base + au.offset, au.samples * 4);
+      adst += au.samples * 4;
+      frames += au.samples;
+      lens[ka++] = lens[a];
+    }
+    find("audio_values").shape[0] = frames;
+    find("audio_values").nbytes = frames * 4;
+    find("audio_lengths").shape[0] = ka;
+    find("audio_lengths").nbytes = ka * 4;
+  }
   std::vector<v1::ArrayDesc> descs;
   for (const auto& a : out) {
     v1::ArrayDesc desc;

@@ -31,7 +31,8 @@ struct ImageItem {
   uint64_t rows = 0;         // patches
   uint64_t offset = 0;       // byte offset of its first row in the segment
   uint64_t bytes = 0;
-  bool remote_load = false;  // pixels arrive through the exchange: not loaded here
+  uint32_t llm_rank = 0;     // rank whose LLM phase consumes its encoder output
+  bool remote_load = false;  // its shard is not staged on this node: read from the source
 };
 
 struct DocItem {
@@ -72,10 +73,11 @@ class BatchLayout {
   // Writes a document's text tokens fitted to its planned text length.
   void WriteText(char* base, size_t doc, const std::vector<int32_t>& tokens) const;
 
-  // Removes dropped images and documents (compacting the arrays in place)
-  // and returns the final array descriptions.
+  // Removes dropped images, documents and audio clips (compacting the arrays
+  // in place) and returns the final array descriptions.
   std::vector<v1::ArrayDesc> Finalize(char* base, const std::vector<bool>& image_dropped,
-                                      const std::vector<bool>& doc_dropped) const;
+                                      const std::vector<bool>& doc_dropped,
+                                      const std::vector<bool>& audio_dropped) const;
 
  private:
   struct Array {

@@ -21,7 +21,7 @@ TEST(BatchLayoutTest, ArraysFollowThePlan) {
   std::vector<char> seg(layout->total_bytes());
   layout->WriteFixed(seg.data());
   layout->WriteText(seg.data(), 0, {7, 8, 9});
-  auto descs = layout->Finalize(seg.data(), {false, true, false}, {false, false, true});
+  auto descs = layout->Finalize(seg.data(), {false, true, false}, {false, false, true}, {});
   std::map<std::string, v1::ArrayDesc> by;
   for (auto& d : descs) {
     EXPECT_EQ(d.offset() % 64, 0u) << d.name();

@@ -5,11 +5,16 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/stager/skip.h"
 
 namespace tutti::stager {
 
@@ -60,6 +65,43 @@ absl::Status CheckTarget(uint32_t height, uint32_t width, const PatchifyParams& 
   return absl::OkStatus();
 }
 
+// Refuses data that was cut off. The decoders do not: libjpeg fills a
+// truncated scan with grey and only warns, libpng and libwebp may return the
+// rows they got. Each format has a cheap end marker to insist on.
+absl::Status CheckComplete(absl::string_view bytes, absl::string_view name, ImageKind kind) {
+  const absl::string_view tail = bytes.substr(bytes.size() - std::min<size_t>(bytes.size(), 4096));
+  switch (kind) {
+    case ImageKind::kJpeg:
+      if (tail.find("\xFF\xD9") == absl::string_view::npos) {
+        return TruncatedError(absl::StrCat(name, ": truncated JPEG (", bytes.size(),
+                                                " bytes, no end-of-image marker); re-export the sample"));
+      }
+      break;
+    case ImageKind::kPng:
+      // The IEND chunk (length 0, type, CRC) closes every PNG.
+      if (tail.find(absl::string_view("IEND\xAE\x42\x60\x82", 8)) == absl::string_view::npos) {
+        return TruncatedError(absl::StrCat(name, ": truncated PNG (", bytes.size(),
+                                                " bytes, no IEND chunk); re-export the sample"));
+      }
+      break;
+    case ImageKind::kWebp: {
+      // RIFF size field: bytes after the first 8.
+      const auto* u = reinterpret_cast<const unsigned char*>(bytes.data());
+      const uint64_t riff = uint64_t{u[4]} | uint64_t{u[5]} << 8 | uint64_t{u[6]} << 16 |
+                            uint64_t{u[7]} << 24;
+      if (bytes.size() < riff + 8) {
+        return TruncatedError(absl::StrCat(name, ": truncated WebP (", bytes.size(),
+                                                " bytes, the RIFF header declares ", riff + 8,
+                                                "); re-export the sample"));
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return absl::OkStatus();
+}
+
 // Reads and checks the header: format from the magic bytes, size within limits.
 absl::StatusOr<ImageHeader> CheckHeader(absl::string_view bytes, absl::string_view name,
                                         const PatchifyParams& p) {
@@ -71,15 +113,7 @@ absl::StatusOr<ImageHeader> CheckHeader(absl::string_view bytes, absl::string_vi
     return absl::DataLossError(absl::StrCat(name, ": not a readable JPEG/PNG/WebP image (",
                                             header.status().message(), "); re-export the sample"));
   }
-  if (header->kind == ImageKind::kJpeg) {
-    // libjpeg fills a cut-off scan with grey and only warns: insist on the
-    // end-of-image marker near the end instead.
-    const size_t tail = std::min<size_t>(bytes.size(), 4096);
-    if (bytes.substr(bytes.size() - tail).find("\xFF\xD9") == absl::string_view::npos) {
-      return absl::DataLossError(absl::StrCat(name, ": truncated JPEG (", bytes.size(),
-                                              " bytes, no end-of-image marker); re-export the sample"));
-    }
-  }
+  RETURN_IF_ERROR(CheckComplete(bytes, name, header->kind));
   const uint64_t pixels = uint64_t{header->width} * header->height;
   if (header->width > p.max_source_side || header->height > p.max_source_side ||
       pixels > p.max_source_pixels) {
@@ -145,94 +179,125 @@ absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, 
   return img;
 }
 
+// Per-channel tables from an 8-bit value to its normalised output value,
+// built once per (mean, std, dtype).
 template <typename T>
-inline void Store(T* dst, const float* src, uint32_t n);
+struct Lut {
+  T v[3][256];
+};
+
+template <typename T>
+T ToOut(float f);
 template <>
-inline void Store<float>(float* dst, const float* src, uint32_t n) {
-  std::memcpy(dst, src, n * sizeof(float));
+inline float ToOut<float>(float f) {
+  return f;
 }
 template <>
-inline void Store<uint16_t>(uint16_t* dst, const float* src, uint32_t n) {
-  for (uint32_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+inline uint16_t ToOut<uint16_t>(float f) {
+  return FloatToBf16(f);
 }
 
 template <typename T>
-void ResizePatchifyT(const cv::Mat& src_in, uint32_t H, uint32_t W, const PatchifyParams& p, T* out) {
-  // Shrinks by an integer factor with an area filter first when the remaining
-  // factor is above 2, so bilinear sampling does not alias.
+const Lut<T>& LutFor(const PatchifyParams& p) {
+  // One table per thread, rebuilt only when the normalisation changes.
+  thread_local Lut<T> lut;
+  thread_local float key[6];
+  thread_local bool built = false;
+  if (!built || std::memcmp(key, p.mean, sizeof(p.mean)) != 0 ||
+      std::memcmp(key + 3, p.std, sizeof(p.std)) != 0) {
+    built = true;
+    for (int c = 0; c < 3; ++c) {
+      for (int i = 0; i < 256; ++i) lut.v[c][i] = ToOut<T>((i / 255.0f - p.mean[c]) / p.std[c]);
+    }
+    std::memcpy(key, p.mean, sizeof(p.mean));
+    std::memcpy(key + 3, p.std, sizeof(p.std));
+  }
+  return lut;
+}
+
+// Copies whole 16-byte units with non-temporal stores when the destination
+// is aligned: the output is read next by the trainer, not by this core, so
+// it should not evict the decoder's working set (nor be read for ownership).
+inline void StreamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0 && (bytes & 15) == 0) {
+    auto* d = static_cast<__m128i*>(dst);
+    const auto* s = static_cast<const __m128i*>(src);
+    for (size_t i = 0; i < bytes / 16; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+// Normalises an 8-bit BGR image of exactly (H, W) through the tables and
+// writes it in patch order, sequentially: each (channel, frame) block of a
+// patch row is built once in a small buffer and stored `temporal` times.
+template <typename T>
+void PatchifyT(const cv::Mat& src, const PatchifyParams& p, T* out) {
+  const Lut<T>& lut = LutFor<T>(p);
+  const uint32_t P = p.patch, M = p.merge, Tt = p.temporal;
+  const uint32_t gh = static_cast<uint32_t>(src.rows) / P, gw = static_cast<uint32_t>(src.cols) / P;
+  const size_t plane = size_t{P} * P;  // one (channel, frame) block of a patch row
+  std::vector<T> block(plane);
+  T* d = out;
+  for (uint32_t gy = 0; gy < gh / M; ++gy) {
+    for (uint32_t gx = 0; gx < gw / M; ++gx) {
+      for (uint32_t mh = 0; mh < M; ++mh) {
+        for (uint32_t mw = 0; mw < M; ++mw) {
+          const uint32_t y0 = (gy * M + mh) * P, x0 = (gx * M + mw) * P;
+          for (uint32_t c = 0; c < 3; ++c) {
+            const T* table = lut.v[c];
+            for (uint32_t py = 0; py < P; ++py) {
+              const uint8_t* s = src.ptr<uint8_t>(static_cast<int>(y0 + py)) + size_t{x0} * 3 + (2 - c);
+              T* b = block.data() + size_t{py} * P;
+              for (uint32_t x = 0; x < P; ++x) b[x] = table[s[3 * x]];  // BGR -> RGB
+            }
+            for (uint32_t t = 0; t < Tt; ++t, d += plane) StreamCopy(d, block.data(), plane * sizeof(T));
+          }
+        }
+      }
+    }
+  }
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// Resizes to exactly (H, W): an integer area shrink first when more than 2x
+// remains (so bilinear sampling does not alias), then bilinear.
+void ResizeTo(const cv::Mat& src_in, uint32_t H, uint32_t W, cv::Mat* out) {
   cv::Mat src = src_in;
   const int k = static_cast<int>(std::min(src.cols / (2.0 * W), src.rows / (2.0 * H)));
+  thread_local cv::Mat shrunk;
   if (k >= 2) {
     cv::Mat cropped = src(cv::Rect(0, 0, src.cols / k * k, src.rows / k * k));
-    cv::Mat small;
-    cv::resize(cropped, small, cv::Size(cropped.cols / k, cropped.rows / k), 0, 0, cv::INTER_AREA);
-    src = small;
+    cv::resize(cropped, shrunk, cv::Size(cropped.cols / k, cropped.rows / k), 0, 0, cv::INTER_AREA);
+    src = shrunk;
   }
-  const int sw = src.cols, sh = src.rows;
-  const float scale_x = static_cast<float>(sw) / W, scale_y = static_cast<float>(sh) / H;
-  std::vector<int> x0(W), x1(W);
-  std::vector<float> wx(W);
-  for (uint32_t x = 0; x < W; ++x) {
-    float fx = (x + 0.5f) * scale_x - 0.5f;
-    if (fx < 0) fx = 0;
-    int i = static_cast<int>(fx);
-    if (i > sw - 1) i = sw - 1;
-    x0[x] = i * 3;
-    x1[x] = std::min(i + 1, sw - 1) * 3;
-    wx[x] = fx - i;
+  if (src.cols == static_cast<int>(W) && src.rows == static_cast<int>(H)) {
+    *out = src;
+    return;
   }
-  float a[3], b[3];
-  for (int c = 0; c < 3; ++c) {
-    a[c] = 1.0f / (255.0f * p.std[c]);
-    b[c] = -p.mean[c] / p.std[c];
-  }
-  const uint32_t P = p.patch, M = p.merge, Tt = p.temporal;
-  const uint32_t gw = W / P;
-  const size_t row_len = p.row_values();
-  std::vector<float> row(3 * size_t{W});
-  float* rc[3] = {row.data(), row.data() + W, row.data() + 2 * W};
-  for (uint32_t y = 0; y < H; ++y) {
-    float fy = (y + 0.5f) * scale_y - 0.5f;
-    if (fy < 0) fy = 0;
-    int iy = std::min(static_cast<int>(fy), sh - 1);
-    const float wy = fy - iy;
-    const uint8_t* s0 = src.ptr<uint8_t>(iy);
-    const uint8_t* s1 = src.ptr<uint8_t>(std::min(iy + 1, sh - 1));
-    for (uint32_t x = 0; x < W; ++x) {
-      const uint8_t* p00 = s0 + x0[x];
-      const uint8_t* p01 = s0 + x1[x];
-      const uint8_t* p10 = s1 + x0[x];
-      const uint8_t* p11 = s1 + x1[x];
-      const float w = wx[x];
-      for (int c = 0; c < 3; ++c) {
-        const int ch = 2 - c;  // BGR -> RGB
-        const float top = p00[ch] + (p01[ch] - p00[ch]) * w;
-        const float bot = p10[ch] + (p11[ch] - p10[ch]) * w;
-        rc[c][x] = (top + (bot - top) * wy) * a[c] + b[c];
-      }
-    }
-    // Scatter the row into its patches.
-    const uint32_t ph = y / P, py = y % P;
-    const size_t group_row = size_t{ph / M} * (gw / M);
-    for (uint32_t pw = 0; pw < gw; ++pw) {
-      const size_t patch_row = (group_row + pw / M) * M * M + (ph % M) * M + (pw % M);
-      T* base = out + patch_row * row_len;
-      for (uint32_t c = 0; c < 3; ++c) {
-        const float* from = rc[c] + size_t{pw} * P;
-        for (uint32_t t = 0; t < Tt; ++t) Store<T>(base + ((c * Tt + t) * P + py) * P, from, P);
-      }
-    }
-  }
+  cv::resize(src, *out, cv::Size(static_cast<int>(W), static_cast<int>(H)), 0, 0, cv::INTER_LINEAR);
 }
 
 }  // namespace
 
 void ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t width,
                         const PatchifyParams& params, char* out) {
-  if (params.bf16) {
-    ResizePatchifyT<uint16_t>(bgr, height, width, params, reinterpret_cast<uint16_t*>(out));
+  thread_local cv::Mat tile;
+  cv::Mat sized;
+  if (bgr.cols == static_cast<int>(width) && bgr.rows == static_cast<int>(height)) {
+    sized = bgr;
   } else {
-    ResizePatchifyT<float>(bgr, height, width, params, reinterpret_cast<float*>(out));
+    ResizeTo(bgr, height, width, &tile);
+    sized = tile;
+  }
+  if (params.bf16) {
+    PatchifyT<uint16_t>(sized, params, reinterpret_cast<uint16_t*>(out));
+  } else {
+    PatchifyT<float>(sized, params, reinterpret_cast<float*>(out));
   }
 }
 

@@ -1,5 +1,9 @@
 // Image decode, resize, normalisation and patchify into the vision encoder's
-// input layout (Qwen2-VL convention), in one pass into the output buffer.
+// input layout (Qwen2-VL convention). JPEG is decoded at 1/2, 1/4 or 1/8
+// scale in the DCT domain when the target allows; what remains of the resize
+// is done on 8-bit pixels (an integer area shrink, then bilinear) into a
+// small per-thread tile; normalisation and patchify are then one sequential
+// pass over the output through per-channel lookup tables.
 //
 // Output layout of one image resized to (height, width): one row per patch,
 // rows ordered so each merge x merge group is contiguous
@@ -52,7 +56,8 @@ struct DecodeInfo {
 
 // Decodes `bytes` (named `name` in messages), resizes to (height, width),
 // normalises and writes the patches to `out` (ImageBytes(height, width)).
-// Errors: DATA_LOSS for corrupt, truncated, empty or unknown data;
+// Errors: DATA_LOSS for corrupt, truncated (JPEG without its end-of-image
+// marker, PNG without IEND, WebP shorter than its RIFF size), empty or unknown data;
 // OUT_OF_RANGE for dimensions over the limits (not decoded); INVALID_ARGUMENT
 // for a target that is not a multiple of patch*merge. `decoded`, if given,
 // receives the decoded 8-bit BGR image (before the resize).
@@ -67,7 +72,8 @@ absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_v
                                          const PatchifyParams& params, uint32_t max_side);
 
 // Resizes an 8-bit BGR image to (height, width), normalises and patchifies
-// into `out` in one pass over the output.
+// into `out` (one sequential pass over the output). Thread-safe; uses
+// per-thread scratch buffers.
 void ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t width,
                         const PatchifyParams& params, char* out);
 

@@ -7,6 +7,7 @@
 #include <opencv2/imgcodecs.hpp>
 
 #include "gtest/gtest.h"
+#include "services/stager/skip.h"
 
 namespace tutti::stager {
 namespace {
@@ -133,11 +134,31 @@ TEST(DecodeTest, BadInputIsAClearError) {
   auto text = DecodeImageInto("hello, this is not a picture", "s/0002.jpg", ImageKind::kJpeg, 56,
                               56, p, out.data());
   EXPECT_EQ(text.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_STREQ(SkipReason(text.status()), "corrupt");
   // Truncated: header intact, scan data cut.
   auto cut = DecodeImageInto(jpg.substr(0, jpg.size() / 3), "s/0003.jpg", ImageKind::kJpeg, 56, 56,
                              p, out.data());
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(cut.status().message().find("truncated"), std::string::npos);
+  EXPECT_STREQ(SkipReason(cut.status()), "truncated");
+  // Truncated PNG (no IEND chunk) and WebP (shorter than its RIFF size): refused
+  // before the decoder, which would return the rows it got.
+  const std::string png_full = Encode(Pattern(64, 64), ".png");
+  auto png_cut = DecodeImageInto(png_full.substr(0, png_full.size() - 20), "s/0009.png",
+                                 ImageKind::kPng, 56, 56, p, out.data());
+  EXPECT_EQ(png_cut.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(png_cut.status().message().find("s/0009.png: truncated PNG"), std::string::npos)
+      << png_cut.status();
+  EXPECT_STREQ(SkipReason(png_cut.status()), "truncated");
+  const std::string webp_full = Encode(Pattern(64, 64), ".webp");
+  auto webp_cut = DecodeImageInto(webp_full.substr(0, webp_full.size() * 2 / 3), "s/0010.webp",
+                                  ImageKind::kWebp, 56, 56, p, out.data());
+  EXPECT_EQ(webp_cut.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(webp_cut.status().message().find("s/0010.webp: truncated WebP"), std::string::npos)
+      << webp_cut.status();
+  EXPECT_STREQ(SkipReason(webp_cut.status()), "truncated");
+  EXPECT_TRUE(DecodeImageInto(png_full, "s/0011.png", ImageKind::kPng, 56, 56, p, out.data()).ok());
+  EXPECT_TRUE(DecodeImageInto(webp_full, "s/0012.webp", ImageKind::kWebp, 56, 56, p, out.data()).ok());
   // Corrupt: garbage after the header.
   std::string bad = jpg;
   for (size_t i = 200; i < bad.size(); ++i) bad[i] = static_cast<char>(0xFF);

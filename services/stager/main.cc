@@ -14,12 +14,19 @@
 #include "services/stager/stager_server.h"
 
 ABSL_FLAG(std::string, packer, "127.0.0.1:7070", "tutti-packerd address (host:port)");
-ABSL_FLAG(uint32_t, node, 0, "this node's index; its ranks are node*ranks_per_node .. +ranks_per_node-1");
+ABSL_FLAG(std::string, node, "0",
+          "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
+          "learn it from the first AcquireBatch (node = rank / ranks_per_node), as a DaemonSet must; "
+          "a later client of another node is then refused");
 ABSL_FLAG(std::string, source, "", "dataset source directory (e.g. an NFS mount) holding the shards");
 ABSL_FLAG(std::string, cache, "", "node-local cache directory (NVMe); one daemon per directory");
-ABSL_FLAG(std::string, listen, "127.0.0.1:7071", "gRPC address to serve (port 0 = any free port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7071",
+          "gRPC address to serve: HOST:PORT (port 0 = any free port) or unix:///PATH/TO.sock (a "
+          "Unix-domain socket, e.g. on a hostPath shared with the training pods)");
 ABSL_FLAG(std::string, metrics, "127.0.0.1:9471", "address for /metrics (port 0 = any free port)");
-ABSL_FLAG(std::string, port_file, "", "write 'grpc=PORT\\nmetrics=PORT\\n' here once serving");
+ABSL_FLAG(std::string, port_file, "",
+          "write 'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' here once serving (PORT 0 "
+          "for a Unix socket)");
 ABSL_FLAG(std::string, cache_capacity, "0", "cache byte capacity, e.g. 500G (0 = unlimited)");
 ABSL_FLAG(uint32_t, queue_depth, 64, "staging reads/writes in flight (one block buffer each)");
 ABSL_FLAG(std::string, block_size, "1M", "staging block size, a multiple of 4K");
@@ -73,7 +80,13 @@ int main(int argc, char** argv) {
   o.port_file = absl::GetFlag(FLAGS_port_file);
   o.packer_wait = absl::Seconds(absl::GetFlag(FLAGS_packer_wait_s));
   auto& c = o.core;
-  c.node = absl::GetFlag(FLAGS_node);
+  const std::string node = absl::GetFlag(FLAGS_node);
+  if (node == "auto") {
+    c.node_auto = true;
+  } else if (!absl::SimpleAtoi(node, &c.node)) {
+    std::fprintf(stderr, "tutti-stagerd: --node '%s' is neither a node index nor 'auto'\n", node.c_str());
+    return 2;
+  }
   c.cache_dir = absl::GetFlag(FLAGS_cache);
   c.staging.source_dir = absl::GetFlag(FLAGS_source);
   uint64_t block = 0;
@@ -114,10 +127,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tutti-stagerd: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  const std::string host = o.listen.substr(0, o.listen.rfind(':'));
   const std::string mhost = o.metrics.substr(0, o.metrics.rfind(':'));
-  std::printf("tutti-stagerd node %u listening on %s:%d (metrics %s:%d)\n", c.node, host.c_str(),
-              server.grpc_port(), mhost.c_str(), server.metrics_port());
+  std::printf("tutti-stagerd node %s listening on %s (metrics %s:%d)\n", node.c_str(),
+              server.grpc_address().c_str(), mhost.c_str(), server.metrics_port());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);

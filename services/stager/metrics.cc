@@ -1,5 +1,7 @@
 #include "services/stager/metrics.h"
 
+#include "services/stager/skip.h"
+
 
 namespace tutti::stager {
 namespace {
@@ -64,6 +66,15 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                                  "Images whose content format differs from their name")),
       substituted_samples(Counter(*registry, "tutti_stager_substituted_samples_total",
                                   "Skipped samples replaced by a same-modality substitute")),
+      placeholder_samples(Counter(*registry, "tutti_stager_placeholder_samples_total",
+                                  "Skipped samples kept at their planned shape with placeholder "
+                                  "content (no substitute available yet, or a sample that "
+                                  "crosses ranks under the drop policy)")),
+      dropped_samples(Counter(*registry, "tutti_stager_dropped_samples_total",
+                              "Samples removed from a batch under the drop policy")),
+      remote_load_images(Counter(*registry, "tutti_stager_remote_load_images_total",
+                                 "Images the plan marks remote_load (their shard is not staged "
+                                 "on this node), read from the source directly")),
       window_batches(Gauge(*registry, "tutti_stager_window_batches",
                            "Batches ready in shared memory and not yet released")),
       window_building(Gauge(*registry, "tutti_stager_window_building_batches",
@@ -82,10 +93,10 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       registry_(registry),
       skipped_family_(prometheus::BuildCounter()
                           .Name("tutti_stager_skipped_samples_total")
-                          .Help("Samples (or their images) skipped, by reason: corrupt, deadline, "
-                                "too_large, missing")
+                          .Help("Sample members skipped, by reason: corrupt, truncated, "
+                                "deadline, too_large, missing")
                           .Register(*registry)) {
-  for (const char* reason : {"corrupt", "deadline", "too_large", "missing"}) SkippedSamples(reason);
+  for (const char* reason : kSkipReasons) SkippedSamples(reason);
 }
 
 prometheus::Counter& StagerMetrics::SkippedSamples(const std::string& reason) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/status.h"
+#include "services/stager/skip.h"
 
 namespace tutti::stager {
 
@@ -21,7 +22,7 @@ MemberReader::~MemberReader() { CloseExcept({}); }
 void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, uint64_t offset,
                         uint64_t length, absl::Time deadline, Done done) {
   if (shard.size() != 0 && offset + length > shard.size()) {
-    done(absl::DataLossError(absl::StrCat("member ", member, " of shard ", shard.name(),
+    done(TruncatedError(absl::StrCat("member ", member, " of shard ", shard.name(),
                                           " lies past the shard's end (offset ", offset, " + ",
                                           length, " > ", shard.size(),
                                           " bytes): truncated shard; re-index it")),
@@ -145,7 +146,7 @@ void MemberReader::Issue(const std::shared_ptr<Handle>& h, Pending p) {
                                  absl::StrCat("member ", pending->member)),
                         h->from_cache);
         } else if (static_cast<uint64_t>(r) < pending->length) {
-          pending->done(absl::DataLossError(absl::StrCat(
+          pending->done(TruncatedError(absl::StrCat(
                             "member ", pending->member, " of ", *h->path, " needs ", pending->length,
                             " bytes at offset ", pending->offset, " but only ", r,
                             " could be read: truncated shard; re-copy or re-index it")),

@@ -1,6 +1,7 @@
 #include "services/stager/stager_core.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,6 +21,11 @@ StagerCore::~StagerCore() { Stop(); }
 bool StagerCore::IsLocal(uint32_t rank) const { return rank >= first_rank_ && rank < first_rank_ + ranks_; }
 
 std::vector<uint32_t> StagerCore::local_ranks() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return LocalRanksLocked();
+}
+
+std::vector<uint32_t> StagerCore::LocalRanksLocked() const {
   std::vector<uint32_t> r;
   for (uint32_t i = 0; i < ranks_; ++i) r.push_back(first_rank_ + i);
   return r;
@@ -40,12 +46,16 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   RETURN_IF_ERROR(Annotate(ValidateJobConfig(config_), "the packer's job config is not usable"));
   ranks_ = config_.ranks_per_node();
   const uint32_t nodes = config_.world_size() / ranks_;
-  if (opts_.node >= nodes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--node ", opts_.node, " does not exist: the job has ", nodes, " nodes (world_size ",
-        config_.world_size(), " / ranks_per_node ", ranks_, "); use --node 0..", nodes - 1));
+  if (!opts_.node_auto) {
+    if (opts_.node >= nodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--node ", opts_.node, " does not exist: the job has ", nodes, " nodes (world_size ",
+          config_.world_size(), " / ranks_per_node ", ranks_, "); use --node 0..", nodes - 1,
+          " or --node=auto"));
+    }
+    first_rank_ = opts_.node * ranks_;
+    node_known_ = true;
   }
-  first_rank_ = opts_.node * ranks_;
   deadline_ = absl::Milliseconds(opts_.sample_deadline_ms ? opts_.sample_deadline_ms
                                                           : config_.sample_deadline_ms());
   stage_wait_ = opts_.stage_wait_ms ? absl::Milliseconds(opts_.stage_wait_ms) : deadline_;
@@ -146,16 +156,55 @@ void StagerCore::Stop() {
 StagerCore::Step& StagerCore::StepAt(uint64_t step) {
   Step& s = steps_[step];
   if (s.slots.empty()) {
-    for (uint32_t r : local_ranks()) s.slots[r];
+    for (uint32_t r : LocalRanksLocked()) s.slots[r];
   }
   return s;
 }
 
 // ------------------------------------------------------------ plan intake
+namespace {
+
+// The shards this node stages for a plan: those of the local ranks' images,
+// documents and audio, except shards named only by remote_load items (the
+// packer staged those on another node; their members are read from the
+// source). Plan order (first use) is kept.
+std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
+  std::map<uint64_t, uint32_t> shard_of;
+  for (const auto& s : plan.samples()) shard_of[s.sample_id()] = s.shard();
+  std::set<uint32_t> needed;
+  auto need = [&](uint64_t sample) {
+    if (auto it = shard_of.find(sample); it != shard_of.end()) needed.insert(it->second);
+  };
+  for (const auto& r : plan.ranks()) {
+    for (const auto& e : r.encoders()) {
+      for (const auto& ip : e.images()) {
+        if (!ip.remote_load()) need(ip.sample_id());
+      }
+      for (const auto& ap : e.audio()) {
+        if (!ap.remote_load()) need(ap.sample_id());
+      }
+    }
+    for (const auto& mb : r.micro_batches()) {
+      for (const auto& seq : mb.sequences()) {
+        for (const auto& doc : seq.docs()) {
+          if (!doc.remote_load()) need(doc.sample_id());
+        }
+      }
+    }
+  }
+  std::vector<const v1::ShardRef*> out;
+  for (int i = 0; i < plan.shards_size(); ++i) {
+    if (needed.count(static_cast<uint32_t>(i))) out.push_back(&plan.shards(i));
+  }
+  return out;
+}
+
+}  // namespace
+
 StagerCore::PlanWant StagerCore::WaitPlanWanted(absl::Time deadline) {
   std::unique_lock<std::mutex> l(mu_);
   auto blocked = [&] {
-    return (plan_error_ && plan_error_->first <= next_plan_) ||
+    return !node_known_ || (plan_error_ && plan_error_->first <= next_plan_) ||
            (job_.total_steps() != 0 && next_plan_ >= job_.total_steps());
   };
   while (!stopping_ && blocked()) {
@@ -187,6 +236,7 @@ absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
   auto shared = std::make_shared<const v1::StepPlan>(std::move(plan));
   s.plan = shared;
   s.plan_at = absl::Now();
+  s.stage = ShardsToStage(*shared);
   for (auto& [rank, slot] : s.slots) {
     if (slot.state != SlotState::kWaitPlan) continue;
     bool found = false;
@@ -204,7 +254,7 @@ absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
     }
   }
   if (bad.ok()) {
-    for (const auto& ref : shared->shards()) staging_->Request(ref, step);
+    for (const v1::ShardRef* ref : s.stage) staging_->Request(*ref, step);
   }
   UpdateWindow();
   l.unlock();
@@ -226,17 +276,36 @@ absl::Status StagerCore::CheckAcquire(uint64_t step, uint32_t rank) {
   if (!started_ || stopping_) return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   if (!IsLocal(rank)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " is not on node ", opts_.node, ": this tutti-stagerd serves ranks ",
-        first_rank_, "..", first_rank_ + ranks_ - 1, "; ask the stager of node ",
-        rank / std::max(1u, ranks_)));
+        "rank ", rank, " belongs to node ", rank / std::max(1u, ranks_), " but this tutti-stagerd "
+        "serves node ", opts_.node, " (ranks ", first_rank_, "..", first_rank_ + ranks_ - 1,
+        opts_.node_auto ? absl::StrCat("; learned from rank ", learned_from_, "'s first AcquireBatch "
+                                       "under --node=auto")
+                        : std::string(),
+        "); ask the stager of node ", rank / std::max(1u, ranks_)));
   }
   if (job_.total_steps() != 0 && step >= job_.total_steps()) {
     return absl::OutOfRangeError(absl::StrCat("step ", step, " is past the job's end (",
                                               job_.total_steps(), " steps)"));
   }
-  if (step < base_) {
-    return absl::OutOfRangeError(absl::StrCat("step ", step, " was already released by every rank of node ",
-                                              opts_.node, "; the window starts at step ", base_));
+  // A step before the window, or far beyond it, moves the window there when
+  // nothing is in use (a job resuming from a checkpoint, before or after
+  // where this daemon had got to); otherwise it is refused.
+  const uint64_t far = base_ + 2 * uint64_t{opts_.window};
+  if (step < base_ || step >= far) {
+    const std::string busy = InUse();
+    if (busy.empty()) {
+      Seek(step, rank);
+      return absl::OkStatus();
+    }
+    if (step < base_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "step ", step, " was already released by every rank of node ", opts_.node,
+          "; the window starts at step ", base_, " and cannot move back while ", busy));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " is far ahead of the prefetch window (steps ", base_, "..",
+        base_ + opts_.window - 1, " are being prepared) and the window cannot move while ", busy,
+        "; release earlier steps first (or raise --window)"));
   }
   if (auto it = steps_.find(step); it != steps_.end()) {
     auto s = it->second.slots.find(rank);
@@ -251,31 +320,38 @@ absl::Status StagerCore::CheckAcquire(uint64_t step, uint32_t rank) {
                                      step == plan_error_->first ? "" : absl::StrCat(" (asked for step ", step, ")"),
                                      ": ", plan_error_->second.message()));
   }
-  const uint64_t far = base_ + 2 * uint64_t{opts_.window};
-  if (step >= far) {
-    if (!any_acquired_) {
-      // Nothing handed out yet (e.g. a job resuming from a checkpoint): move the window.
-      for (auto& [s, st] : steps_) {
-        for (auto& [r, slot] : st.slots) {
-          if (slot.job) {
-            memory_ -= slot.job->bytes();
-            slot.job->Discard();
-          }
-        }
-      }
-      steps_.clear();
-      base_ = next_plan_ = step;
-      ++generation_;
-      plan_error_.reset();
-      UpdateWindow();
-      return absl::OkStatus();
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step, " is far ahead of the prefetch window: steps ", base_, "..",
-        base_ + opts_.window - 1, " are being prepared and ranks of node ", opts_.node,
-        " still hold step ", base_, "; release earlier steps first (or raise --window)"));
-  }
   return absl::OkStatus();
+}
+
+std::string StagerCore::InUse() const {
+  for (const auto& [step, st] : steps_) {
+    for (const auto& [rank, slot] : st.slots) {
+      if (!slot.waiters.empty()) return absl::StrCat("rank ", rank, " waits for step ", step);
+      if (slot.handed_out && slot.state != SlotState::kReleased) {
+        return absl::StrCat("rank ", rank, " holds step ", step);
+      }
+    }
+  }
+  return "";
+}
+
+void StagerCore::Seek(uint64_t step, uint32_t rank) {
+  std::fprintf(stderr, "tutti-stagerd: rank %u asked for step %llu; nothing is in use, so the window "
+               "moves from step %llu there\n", rank, static_cast<unsigned long long>(step),
+               static_cast<unsigned long long>(base_));
+  for (auto& [s, st] : steps_) {
+    for (auto& [r, slot] : st.slots) {
+      if (slot.job) {
+        memory_ -= slot.job->bytes();
+        slot.job->Discard();
+      }
+    }
+  }
+  steps_.clear();
+  base_ = next_plan_ = step;
+  ++generation_;
+  plan_error_.reset();
+  UpdateWindow();
 }
 
 void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done) {
@@ -283,14 +359,15 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
   bool answer_now = false;
   {
     std::lock_guard<std::mutex> l(mu_);
-    absl::Status s = CheckAcquire(step, rank);
+    absl::Status s = node_known_ ? absl::OkStatus() : LearnNode(rank);
+    if (s.ok()) s = CheckAcquire(step, rank);
     if (!s.ok()) {
       now_result = s;
       answer_now = true;
     } else {
-      any_acquired_ = true;
       Slot& slot = StepAt(step).slots[rank];
       if (slot.state == SlotState::kReady) {
+        slot.handed_out = true;
         now_result = slot.job->descriptor();
         answer_now = true;
         if (metrics_) metrics_->client_wait_seconds.Observe(0);
@@ -306,6 +383,22 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
   }
   cv_.notify_all();
   if (answer_now) done(std::move(now_result));
+}
+
+absl::Status StagerCore::LearnNode(uint32_t rank) {
+  if (!started_ || stopping_) return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
+  if (rank >= config_.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in the job (world size ",
+                                                   config_.world_size(), ")"));
+  }
+  opts_.node = rank / ranks_;
+  first_rank_ = opts_.node * ranks_;
+  learned_from_ = rank;
+  node_known_ = true;
+  std::fprintf(stderr, "tutti-stagerd: --node=auto: rank %u asked first, so this is node %u (ranks %u..%u)\n",
+               rank, opts_.node, first_rank_, first_rank_ + ranks_ - 1);
+  cv_.notify_all();  // plan intake can start
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms) {
@@ -326,10 +419,16 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank) {
   Callbacks cbs;
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (!node_known_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "release of step ", step, " rank ", rank, ": no batch was handed out yet (--node=auto "
+          "learns the node from the first AcquireBatch)"));
+    }
     if (!IsLocal(rank)) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not on node ", opts_.node,
-                                                     ": this tutti-stagerd serves ranks ", first_rank_,
-                                                     "..", first_rank_ + ranks_ - 1));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " belongs to node ", rank / std::max(1u, ranks_),
+          " but this tutti-stagerd serves node ", opts_.node, " (ranks ", first_rank_, "..",
+          first_rank_ + ranks_ - 1, ")"));
     }
     if (step < base_) return absl::OkStatus();
     Slot& slot = StepAt(step).slots[rank];
@@ -366,9 +465,9 @@ void StagerCore::UpdateWindow() {
   std::set<std::string> pinned, window;
   for (auto& [step, s] : steps_) {
     if (!s.plan) continue;
-    for (const auto& ref : s.plan->shards()) {
-      pinned.insert(ref.name());
-      if (step < base_ + opts_.window) window.insert(ref.name());
+    for (const v1::ShardRef* ref : s.stage) pinned.insert(ref->name());
+    if (step < base_ + opts_.window) {
+      for (const auto& ref : s.plan->shards()) window.insert(ref.name());
     }
   }
   cache_->SetPinned(std::move(pinned));
@@ -390,6 +489,7 @@ void StagerCore::FinishSlot(Slot& slot, Callbacks* cbs) {
                                                 ? absl::StatusOr<v1::BatchDescriptor>(slot.job->descriptor())
                                                 : absl::StatusOr<v1::BatchDescriptor>(slot.error);
     if (metrics_) metrics_->client_wait_seconds.Observe(absl::ToDoubleSeconds(now - w.since));
+    slot.handed_out |= r.ok();
     cbs->push_back([d = std::move(w.done), r = std::move(r)]() mutable { d(std::move(r)); });
   }
   slot.waiters.clear();
@@ -406,9 +506,9 @@ std::string StagerCore::Pending(uint64_t step, uint32_t rank, const Slot& slot) 
                             base_ + opts_.window - 1, " until earlier steps are released");
       }
       std::vector<std::string> shards;
-      for (const auto& ref : steps_.at(step).plan->shards()) {
-        const ShardState st = staging_->Status(ref.name()).state;
-        if (st != ShardState::kStaged) shards.push_back(absl::StrCat(ref.name(), " (", ShardStateName(st), ")"));
+      for (const v1::ShardRef* ref : steps_.at(step).stage) {
+        const ShardState st = staging_->Status(ref->name()).state;
+        if (st != ShardState::kStaged) shards.push_back(absl::StrCat(ref->name(), " (", ShardStateName(st), ")"));
       }
       return absl::StrCat("waiting for shards ", absl::StrJoin(shards, ", "),
                           " or for the memory budget (", memory_, " of ", opts_.memory_budget_bytes,
@@ -429,8 +529,8 @@ void StagerCore::StartBuilds(std::unique_lock<std::mutex>& l, Callbacks* cbs) {
     bool shards_ready = now - s.plan_at >= stage_wait_;
     if (!shards_ready) {
       shards_ready = true;
-      for (const auto& ref : s.plan->shards()) {
-        const ShardState st = staging_->Status(ref.name()).state;
+      for (const v1::ShardRef* ref : s.stage) {
+        const ShardState st = staging_->Status(ref->name()).state;
         if (st != ShardState::kStaged && st != ShardState::kFailed) {
           shards_ready = false;
           break;

@@ -38,6 +38,8 @@ namespace tutti::stager {
 
 struct StagerOptions {
   uint32_t node = 0;                    // node index: local ranks are node*ranks_per_node + [0, ranks_per_node)
+  bool node_auto = false;               // learn `node` from the first AcquireBatch (rank / ranks_per_node);
+                                        // until then no plans are fetched and nothing is staged
   std::string cache_dir;                // node-local cache directory (NVMe)
   uint64_t cache_capacity_bytes = 0;    // 0 = unlimited
   StagingOptions staging;               // source_dir, queue depth, block size, O_DIRECT, ...
@@ -70,6 +72,8 @@ class StagerCore {
   void Stop();  // fails waiters with UNAVAILABLE, unlinks every segment
 
   const v1::JobInfo& job() const { return job_; }
+  // This node's ranks (empty-handed callers wait in WaitPlanWanted until the
+  // node is known under node_auto).
   std::vector<uint32_t> local_ranks() const;
   uint32_t window() const { return opts_.window; }
 
@@ -116,9 +120,11 @@ class StagerCore {
     std::shared_ptr<BatchJob> job;
     absl::Status error;
     std::vector<Waiter> waiters;
+    bool handed_out = false;  // a client got the batch (and holds it until it releases)
   };
   struct Step {
     std::shared_ptr<const v1::StepPlan> plan;
+    std::vector<const v1::ShardRef*> stage;  // shards this node stages for it (into *plan)
     absl::Time plan_at;
     std::map<uint32_t, Slot> slots;  // local rank -> slot
   };
@@ -135,6 +141,11 @@ class StagerCore {
   std::string ShmName(uint64_t step, uint32_t rank) const;
   std::string Pending(uint64_t step, uint32_t rank, const Slot& slot) const;
   bool IsLocal(uint32_t rank) const;
+  std::vector<uint32_t> LocalRanksLocked() const;
+  absl::Status LearnNode(uint32_t rank);
+  // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
+  std::string InUse() const;
+  void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`  // node_auto: the first AcquireBatch fixes the node
 
   StagerOptions opts_;
   std::shared_ptr<StagerMetrics> metrics_;
@@ -142,7 +153,10 @@ class StagerCore {
   std::unique_ptr<IoBackend> read_backend_;
   v1::JobInfo job_;
   v1::JobConfig config_;
-  uint32_t first_rank_ = 0, ranks_ = 1;
+  uint32_t ranks_ = 1;                    // ranks per node; set by Start
+  uint32_t first_rank_ = 0;               // guarded by mu_ (fixed once the node is known)
+  bool node_known_ = false;               // guarded by mu_
+  uint32_t learned_from_ = 0;             // guarded by mu_: the rank that fixed the node (auto)
   absl::Duration deadline_ = absl::Seconds(2);
   absl::Duration stage_wait_;
   std::unique_ptr<ShardCache> cache_;
@@ -159,7 +173,6 @@ class StagerCore {
   uint64_t base_ = 0;                     // guarded by mu_: first step of the window
   uint64_t next_plan_ = 0;                // guarded by mu_: next step wanted from the packer
   uint64_t generation_ = 0;               // guarded by mu_
-  bool any_acquired_ = false;             // guarded by mu_
   std::map<uint64_t, Step> steps_;        // guarded by mu_
   std::optional<std::pair<uint64_t, absl::Status>> plan_error_;  // guarded by mu_
   uint64_t memory_ = 0;                   // guarded by mu_: bytes of live segments

@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <optional>
 
 #include "common/file_io.h"
 #include "common/shm.h"
@@ -43,6 +45,7 @@ struct Core {
   testing::Dataset data;
   v1::JobInfo job;
   std::unique_ptr<StagerCore> core;
+  std::shared_ptr<StagerMetrics> metrics;
 
   Core(const std::string& name, testing::DatasetSpec spec, StagerOptions o = {},
        std::vector<IoFault> stage_faults = {}, std::vector<IoFault> read_faults = {},
@@ -68,15 +71,17 @@ struct Core {
     if (!read_faults.empty()) {
       rb = std::make_unique<FaultInjectingBackend>(std::move(*MakeUringBackend(64)), read_faults);
     }
-    auto registry = std::make_shared<prometheus::Registry>();
-    core = std::make_unique<StagerCore>(o, std::make_shared<StagerMetrics>(registry), std::move(sb),
-                                        std::move(rb));
+    metrics = std::make_shared<StagerMetrics>(std::make_shared<prometheus::Registry>());
+    core = std::make_unique<StagerCore>(o, metrics, std::move(sb), std::move(rb));
     absl::Status s = core->Start(job);
     EXPECT_TRUE(s.ok()) << s;
   }
-  void Plans(uint64_t from, uint64_t to, int per_rank = 3) {
+  void Plans(uint64_t from, uint64_t to, int per_rank = 3,
+             std::function<void(v1::StepPlan&)> edit = nullptr) {
     for (uint64_t s = from; s < to; ++s) {
-      absl::Status st = core->AddPlan(testing::MakePlan(data, job, s, {2, 3}, per_rank), 0);
+      v1::StepPlan plan = testing::MakePlan(data, job, s, {2, 3}, per_rank);
+      if (edit) edit(plan);
+      absl::Status st = core->AddPlan(std::move(plan), 0);
       ASSERT_TRUE(st.ok()) << st;
     }
   }
@@ -118,13 +123,16 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   // Errors clients can make.
   auto wrong_rank = c.core->Acquire(0, 0, 100);
   EXPECT_EQ(wrong_rank.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(wrong_rank.status().message().find("serves ranks 2..3"), std::string::npos);
+  EXPECT_NE(wrong_rank.status().message().find("rank 0 belongs to node 0 but this tutti-stagerd serves node 1 (ranks 2..3)"), std::string::npos) << wrong_rank.status();
   ASSERT_TRUE(c.core->Release(0, 3).ok());
   auto again = c.core->Acquire(0, 3, 100);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // held from here on
   auto far = c.core->Acquire(40, 3, 100);
   EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(far.status().message().find("window"), std::string::npos);
+  EXPECT_NE(far.status().message().find("window cannot move while rank 3 holds step 1"),
+            std::string::npos)
+      << far.status();
   auto late = c.core->Acquire(3, 2, 300);  // plans only up to step 1
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("no plan for step 3"), std::string::npos) << late.status();
@@ -135,6 +143,57 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   EXPECT_GT(ShmSegmentsOf("tutti-coretest-e2e"), 0);
   c.core->Stop();
   EXPECT_EQ(ShmSegmentsOf("tutti-coretest-e2e"), 0);
+}
+
+TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
+  // A job resuming from a checkpoint asks for an earlier (or much later)
+  // step than the daemon had got to: the window moves there, but only while
+  // no batch is held and no client waits.
+  Core c("seek", {.shards = 2, .samples_per_shard = 6});
+  c.Plans(0, 3);
+  for (uint64_t step = 0; step < 2; ++step) {
+    for (uint32_t r : {2u, 3u}) {
+      ASSERT_TRUE(c.core->Acquire(step, r, 20000).ok());
+      ASSERT_TRUE(c.core->Release(step, r).ok());
+    }
+  }
+  // Back to step 0: nothing is held, so the window moves and asks for plans again.
+  std::optional<absl::StatusOr<v1::BatchDescriptor>> back;
+  std::mutex m;
+  c.core->AcquireAsync(0, 2, 20000, [&](absl::StatusOr<v1::BatchDescriptor> r) {
+    std::lock_guard<std::mutex> l(m);
+    back = std::move(r);
+  });
+  auto want = c.core->WaitPlanWanted(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(want.step, 0u);
+  EXPECT_EQ(want.generation, 1u);
+  for (uint64_t s = 0; s < 2; ++s) {
+    ASSERT_TRUE(c.core->AddPlan(testing::MakePlan(c.data, c.job, s, {2, 3}, 3), want.generation).ok());
+  }
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard<std::mutex> l(m);
+      if (back.has_value()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> l(m);
+    ASSERT_TRUE(back.has_value());
+    ASSERT_TRUE(back->ok()) << back->status();
+    EXPECT_EQ((*back)->step(), 0u);
+  }
+  // Rank 2 holds step 0 now: neither a far step nor a past one moves the window.
+  auto far = c.core->Acquire(30, 3, 100);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(far.status().message().find("rank 2 holds step 0"), std::string::npos) << far.status();
+  ASSERT_TRUE(c.core->Release(0, 2).ok());
+  ASSERT_TRUE(c.core->Acquire(0, 3, 20000).ok());
+  ASSERT_TRUE(c.core->Release(0, 3).ok());
+  ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // base is 1 now; rank 3 holds step 1
+  auto past = c.core->Acquire(0, 2, 100);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(past.status().message().find("rank 3 holds step 1"), std::string::npos) << past.status();
 }
 
 // Overwrites the image bytes of sample `id` in its source shard.
@@ -171,7 +230,25 @@ TEST(StagerCoreTest, CorruptImageIsSubstitutedAndCounted) {
   }
 }
 
-TEST(StagerCoreTest, DropPolicyShrinksShapes) {
+// Image tokens in input_ids, and what the kept images need.
+void ExpectConsistent(const v1::BatchDescriptor& d, const ShmSegment& seg) {
+  const auto& grid = Array(d, "image_grid_thw");
+  const int32_t* g = reinterpret_cast<const int32_t*>(seg.data() + grid.offset());
+  uint64_t patches = 0;
+  for (uint64_t i = 0; i < grid.shape(0); ++i) patches += uint64_t(g[3 * i]) * g[3 * i + 1] * g[3 * i + 2];
+  EXPECT_EQ(Array(d, "pixel_values").shape(0), patches);
+  const auto& ids = Array(d, "input_ids");
+  const int32_t* t = reinterpret_cast<const int32_t*>(seg.data() + ids.offset());
+  uint64_t pads = 0;
+  for (uint64_t i = 0; i < ids.shape(0); ++i) pads += t[i] == 151655;
+  EXPECT_EQ(pads, patches / 4);  // merge 2x2
+  const auto& cu = Array(d, "cu_seqlens");
+  const int32_t* c = reinterpret_cast<const int32_t*>(seg.data() + cu.offset());
+  EXPECT_EQ(cu.shape(0), Array(d, "doc_sample_ids").shape(0) + 1);
+  EXPECT_EQ(static_cast<uint64_t>(c[cu.shape(0) - 1]), ids.shape(0));
+}
+
+TEST(StagerCoreTest, DropPolicyRemovesTheWholeSampleConsistently) {
   StagerOptions o;
   o.skip_policy = "drop";
   Core c("drop", {.shards = 1, .samples_per_shard = 12}, o, {}, {}, Corrupt(6));
@@ -179,9 +256,117 @@ TEST(StagerCoreTest, DropPolicyShrinksShapes) {
   auto d = c.core->Acquire(0, 2, 20000);  // rank 2 of step 0 holds samples 6, 7, 8
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_EQ(d->skipped_size(), 1);
+  EXPECT_EQ(d->skipped(0).sample_id(), 6u);
   EXPECT_EQ(d->skipped(0).substitute_id(), 0u);
+  EXPECT_NE(d->skipped(0).detail().find("sample dropped"), std::string::npos) << d->skipped(0).detail();
+  // Its image and its document are gone; the arrays agree with each other.
+  auto seg = ShmSegment::Open(d->shm_name(), false);
+  ASSERT_TRUE(seg.ok());
   EXPECT_EQ(Array(*d, "image_grid_thw").shape(0), 2u);
-  EXPECT_EQ(Array(*d, "doc_sample_ids").shape(0), 3u);  // the text still ships
+  const auto& doc_ids = Array(*d, "doc_sample_ids");
+  ASSERT_EQ(doc_ids.shape(0), 2u);
+  const int64_t* di = reinterpret_cast<const int64_t*>((*seg)->data() + doc_ids.offset());
+  EXPECT_EQ(di[0], 7);
+  EXPECT_EQ(di[1], 8);
+  ExpectConsistent(*d, **seg);
+  EXPECT_EQ(c.metrics->dropped_samples.Value(), 1);
+}
+
+TEST(StagerCoreTest, DropPolicyKeepsASampleThatCrossesRanks) {
+  // Sample 6's image is encoded on rank 2 but its LLM phase is rank 3's:
+  // removing it would break the exchange sizes, so it is kept at its planned
+  // shape (substitute or placeholder) even under drop, and reported.
+  StagerOptions o;
+  o.skip_policy = "drop";
+  Core c("drop_cross", {.shards = 1, .samples_per_shard = 12}, o, {}, {}, Corrupt(6));
+  c.Plans(0, 1, 3, [](v1::StepPlan& plan) {
+    plan.mutable_ranks(0)->mutable_encoders(0)->mutable_images(0)->set_llm_rank(3);
+  });
+  auto d = c.core->Acquire(0, 2, 20000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->skipped_size(), 1);
+  EXPECT_EQ(d->skipped(0).sample_id(), 6u);
+  EXPECT_EQ(Array(*d, "image_grid_thw").shape(0), 3u);
+  EXPECT_EQ(Array(*d, "doc_sample_ids").shape(0), 3u);
+  EXPECT_EQ(c.metrics->dropped_samples.Value(), 0);
+  EXPECT_EQ(c.metrics->substituted_samples.Value() + c.metrics->placeholder_samples.Value(), 1);
+}
+
+TEST(StagerCoreTest, RemoteLoadImagesAreReadFromTheSource) {
+  // Rank 3 encodes samples 6 and 7 (shard 1) for rank 2's LLM phase, and the
+  // plan says shard 1 is staged on another node: the images are read from the
+  // source directly (real pixels, counted) and shard 1 is not staged here.
+  Core c("remote", {.shards = 2, .samples_per_shard = 6});
+  c.Plans(0, 1, 2, [](v1::StepPlan& plan) {
+    v1::RankPlan* r3 = plan.mutable_ranks(1);
+    ASSERT_EQ(r3->rank(), 3u);
+    r3->clear_micro_batches();
+    for (auto& ip : *r3->mutable_encoders(0)->mutable_images()) {
+      ip.set_remote_load(true);
+      ip.set_llm_rank(2);
+    }
+  });
+  auto d = c.core->Acquire(0, 3, 20000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->skipped_size(), 0);
+  auto seg = ShmSegment::Open(d->shm_name(), false);
+  ASSERT_TRUE(seg.ok());
+  const auto& ip = d->plan().encoders(0).images(0);
+  const auto& info = c.data.samples[ip.sample_id()];
+  auto shard = ReadFileToString(c.data.dir + "/" + c.data.shards[info.shard()].name());
+  ASSERT_TRUE(shard.ok());
+  const PatchifyParams p = PatchifyParams::FromConfig(c.job.config().vision());
+  std::string direct(p.ImageBytes(ip.resized_height(), ip.resized_width()), '\0');
+  ASSERT_TRUE(DecodeImageInto(shard->substr(info.images(0).offset(), info.images(0).size()), "x",
+                              ImageKind::kJpeg, ip.resized_height(), ip.resized_width(), p, direct.data())
+                  .ok());
+  EXPECT_EQ(0, std::memcmp((*seg)->data() + Array(*d, "pixel_values").offset(), direct.data(),
+                           direct.size()));
+  EXPECT_EQ(c.metrics->remote_load_images.Value(), 2);
+  EXPECT_GT(c.metrics->read_source_seconds.Collect().histogram.sample_count, 0u);
+  EXPECT_EQ(c.core->staging()->Status(c.data.shards[1].name()).state, ShardState::kUnknown);
+  EXPECT_EQ(c.core->staging()->Status(c.data.shards[0].name()).state, ShardState::kStaged);
+}
+
+TEST(StagerCoreTest, AudioIsDecodedToFloat32AtTheConfiguredRate) {
+  // 250 ms clips of PCM16 at 8 kHz; the job wants 16 kHz mono float32.
+  Core c("audio", {.shards = 1, .samples_per_shard = 8, .audio_ms = 250, .audio_rate = 8000});
+  c.Plans(0, 1, 2);
+  auto d = c.core->Acquire(0, 2, 20000);  // samples 4, 5
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->skipped_size(), 0);
+  auto seg = ShmSegment::Open(d->shm_name(), false);
+  ASSERT_TRUE(seg.ok());
+  const uint32_t rate = c.job.config().audio().sample_rate();
+  ASSERT_EQ(rate, 16000u);
+  const uint64_t per_clip = 250 * rate / 1000;
+  const auto& values = Array(*d, "audio_values");
+  EXPECT_EQ(values.dtype(), v1::DTYPE_FLOAT32);
+  ASSERT_EQ(values.shape(0), 2 * per_clip);
+  const auto& lengths = Array(*d, "audio_lengths");
+  const int32_t* len = reinterpret_cast<const int32_t*>((*seg)->data() + lengths.offset());
+  EXPECT_EQ(len[0], static_cast<int32_t>(per_clip));
+  EXPECT_EQ(len[1], static_cast<int32_t>(per_clip));
+  // Sample i of the output sits at i/2 of the 8 kHz source: even samples
+  // are source samples, odd ones the mean of their neighbours.
+  const float* v = reinterpret_cast<const float*>((*seg)->data() + values.offset());
+  for (uint64_t i : {0ul, 1ul, 2ul, 101ul, 2000ul, 3997ul}) {
+    const float a = testing::TestPcm(i / 2, 8000) / 32768.0f;
+    const float b = testing::TestPcm(i / 2 + 1, 8000) / 32768.0f;
+    const float want = i % 2 == 0 ? a : (a + b) / 2;
+    EXPECT_NEAR(v[i], want, 1e-5) << i;
+    EXPECT_NEAR(v[per_clip + i], want, 1e-5) << i;  // both clips hold the same sine
+  }
+  // The document carries audio markers around its audio tokens.
+  const auto& ids = Array(*d, "input_ids");
+  const int32_t* t = reinterpret_cast<const int32_t*>((*seg)->data() + ids.offset());
+  int starts = 0, pads = 0;
+  for (uint64_t i = 0; i < ids.shape(0); ++i) {
+    starts += t[i] == static_cast<int32_t>(c.job.config().audio().audio_start_id());
+    pads += t[i] == static_cast<int32_t>(c.job.config().audio().audio_pad_id());
+  }
+  EXPECT_EQ(starts, 2);
+  EXPECT_EQ(pads, 2 * 7);  // 25 frames of 10 ms, 4 per token -> 7 tokens a clip
 }
 
 TEST(StagerCoreTest, TruncatedShardIsReadAroundAndReported) {
@@ -197,9 +382,34 @@ TEST(StagerCoreTest, TruncatedShardIsReadAroundAndReported) {
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_GT(d->skipped_size(), 0);
   EXPECT_NE(d->skipped(0).detail().find("truncated"), std::string::npos) << d->skipped(0).detail();
+  EXPECT_EQ(d->skipped(0).reason(), "truncated");
   auto st = c.core->staging()->Status(c.data.shards[0].name());
   EXPECT_EQ(st.state, ShardState::kFailed);
   EXPECT_NE(st.error.message().find("index says"), std::string::npos) << st.error;
+}
+
+TEST(StagerCoreTest, CutOffImagesAreCountedTruncatedNamingTheFile) {
+  // Sample 4's PNG is cut short inside an intact shard (its tail zeroed, the
+  // IEND chunk gone); the member is skipped as "truncated", named.
+  auto cut = [](testing::Dataset& d) {
+    const auto& m = d.samples[4].images(0);
+    const std::string path = d.dir + "/" + d.shards[0].name();
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(m.offset() + m.size() / 2));
+    f << std::string(m.size() - m.size() / 2, '\0');
+    d.shards[0].set_crc32c(0);
+  };
+  Core c("cut", {.shards = 1, .samples_per_shard = 8, .ext = ".png"}, {}, {}, {}, cut);
+  c.Plans(0, 1, 2);
+  auto d = c.core->Acquire(0, 2, 20000);  // samples 4, 5
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->skipped_size(), 1);
+  EXPECT_EQ(d->skipped(0).sample_id(), 4u);
+  EXPECT_EQ(d->skipped(0).reason(), "truncated");
+  EXPECT_NE(d->skipped(0).detail().find("train/shard-00000.tar:000004.png: truncated PNG"),
+            std::string::npos)
+      << d->skipped(0).detail();
+  EXPECT_EQ(c.metrics->SkippedSamples("truncated").Value(), 1);
 }
 
 TEST(StagerCoreTest, StalledReadsMissTheDeadlineButTheBatchShips) {

@@ -1,5 +1,6 @@
 #include "services/stager/stager_server.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/grpc_status.h"
@@ -26,10 +27,16 @@ absl::Status StagerServer::Start() {
   plans_->Start(core_.get());
   if (!opts_.port_file.empty()) {
     RETURN_IF_ERROR(WriteFileAtomically(
-        opts_.port_file, absl::StrCat("grpc=", grpc_port_, "\nmetrics=", metrics_port_, "\n")));
+        opts_.port_file, absl::StrCat("grpc=", grpc_port_, "\nmetrics=", metrics_port_,
+                                      "\ngrpc_address=", grpc_address(), "\n")));
   }
   started_ = true;
   return absl::OkStatus();
+}
+
+std::string StagerServer::grpc_address() const {
+  if (absl::StartsWith(opts_.listen, "unix:")) return opts_.listen;
+  return absl::StrCat(opts_.listen.substr(0, opts_.listen.rfind(':')), ":", grpc_port_);
 }
 
 void StagerServer::Shutdown() {

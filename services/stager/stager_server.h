@@ -20,9 +20,11 @@ namespace tutti::stager {
 
 struct StagerServerOptions {
   std::string packer = "127.0.0.1:7070";   // tutti-packerd address
-  std::string listen = "127.0.0.1:7071";   // gRPC address (port 0 = any free port)
+  std::string listen = "127.0.0.1:7071";   // gRPC address: HOST:PORT (port 0 = any free port)
+                                           // or unix:///PATH (a Unix-domain socket)
   std::string metrics = "127.0.0.1:9471";  // /metrics address (port 0 = any free port)
-  std::string port_file;                   // if set: "grpc=PORT\nmetrics=PORT\n" written there
+  std::string port_file;                   // if set: "grpc=PORT\nmetrics=PORT\ngrpc_address=A\n"
+                                           // written there (PORT 0 for a Unix socket)
   absl::Duration packer_wait = absl::Minutes(10);  // how long to retry GetJob
   StagerOptions core;
 };
@@ -35,7 +37,9 @@ class StagerServer {
   absl::Status Start();
   void Shutdown();  // idempotent
 
-  int grpc_port() const { return grpc_port_; }
+  int grpc_port() const { return grpc_port_; }  // 0 for a Unix socket
+  // Where clients connect: HOST:PORT with the bound port, or the unix: address.
+  std::string grpc_address() const;
   int metrics_port() const { return metrics_port_; }
   StagerCore* core() { return core_.get(); }
 

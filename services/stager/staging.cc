@@ -202,17 +202,18 @@ std::vector<ShardStatusInfo> StagingEngine::Snapshot() const {
 
 absl::Status StagingEngine::Wait(const std::vector<std::string>& names, absl::Time deadline) const {
   std::unique_lock<std::mutex> l(mu_);
+  size_t next = 0;  // names before it were staged when last looked at
   while (true) {
     std::string pending;
-    for (const auto& n : names) {
-      auto it = status_.find(n);
+    for (; next < names.size(); ++next) {
+      auto it = status_.find(names[next]);
       if (it == status_.end()) {
-        pending = n;
+        pending = names[next];
         break;
       }
       if (it->second.state == ShardState::kFailed) return it->second.error;
       if (it->second.state != ShardState::kStaged) {
-        pending = n;
+        pending = names[next];
         break;
       }
     }
@@ -302,6 +303,26 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
   }
   f->dst_fd = static_cast<int>(r);
   if (f->size == 0) return Finish(l, f);
+  // Allocate the whole file first: the writes then land in allocated blocks
+  // (no per-write allocation, no extending writes that serialise on the
+  // inode), and a full cache disk shows before any data is copied.
+  IoOp op;
+  op.kind = IoOp::Kind::kFallocate;
+  op.fd = f->dst_fd;
+  op.offset = 0;
+  op.len = f->dst_direct ? RoundUp(f->size) : f->size;
+  io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnAllocated(f, r2); });
+}
+
+void StagingEngine::OnAllocated(const std::shared_ptr<File>& f, int64_t r) {
+  Lock l(mu_);
+  if (stopping_) return;
+  if (r == -ENOSPC || r == -EDQUOT) {
+    return Fail(l, f, absl::ResourceExhaustedError(absl::StrCat(
+                          "cache disk full: cannot allocate ", f->size, " bytes for ", f->tmp_path,
+                          "; free space under ", cache_->dir(), " or lower --cache_capacity")));
+  }
+  // Other errors (a file system without fallocate) only lose the head start.
   IssueReads(l, f);
 }
 
@@ -381,7 +402,7 @@ void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offse
                           offset, " ended after ", r, " of ", len, " bytes (it had ", f->size,
                           " bytes); the shard is being rewritten at the source; retry later")));
   }
-  f->crcs[offset] = {Crc32cExtend(0, buffers_[b], len), len};
+  if (f->ref.crc32c() != 0) f->crcs[offset] = {Crc32cExtend(0, buffers_[b], len), len};
   size_t wlen = len;
   if (f->dst_direct && len % kAlign != 0) {
     wlen = RoundUp(len);

@@ -86,6 +86,7 @@ class StagingEngine {
   void IssueReads(Lock& l, const std::shared_ptr<File>& f);
   void OnOpened(const std::shared_ptr<File>& f, bool source, int64_t r);
   void OnSourceStat(const std::shared_ptr<File>& f, int64_t r);
+  void OnAllocated(const std::shared_ptr<File>& f, int64_t r);
   void OnRead(const std::shared_ptr<File>& f, int buffer, uint64_t offset, size_t len, int64_t r,
               const std::shared_ptr<void>& lease);
   void OnWritten(const std::shared_ptr<File>& f, int buffer, size_t len, int64_t r);

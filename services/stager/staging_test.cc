@@ -138,6 +138,18 @@ TEST(StagingTest, FullCacheDiskIsReportedAndCleanedUp) {
   EXPECT_NE(s.message().find("cache disk full"), std::string::npos) << s;
   EXPECT_FALSE(HasPartial(rig.cache->dir()));
   EXPECT_EQ(rig.cache->used_bytes(), 0u);
+  // The cache file is allocated whole before copying: a full disk shows there.
+  IoFault no_room;
+  no_room.path_contains = ShardCache::kPartialSuffix;
+  no_room.kind = IoOp::Kind::kFallocate;
+  no_room.error = ENOSPC;
+  Rig early("enospc_alloc", {.shards = 1, .samples_per_shard = 6}, {no_room});
+  absl::Status e = early.StageAll();
+  EXPECT_EQ(e.code(), absl::StatusCode::kResourceExhausted) << e;
+  EXPECT_NE(e.message().find("cache disk full: cannot allocate"), std::string::npos) << e;
+  EXPECT_NE(e.message().find("shard-00000.tar"), std::string::npos) << e;
+  EXPECT_FALSE(HasPartial(early.cache->dir()));
+  EXPECT_EQ(early.cache->used_bytes(), 0u);
 }
 
 TEST(StagingTest, UnreadableAndStalledSourcesFailNamingTheFile) {

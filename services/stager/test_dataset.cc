@@ -1,5 +1,6 @@
 #include "services/stager/test_dataset.h"
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -15,6 +16,41 @@
 #include "common/tar.h"
 
 namespace tutti::stager::testing {
+
+int16_t TestPcm(uint64_t n, uint32_t rate) {
+  return static_cast<int16_t>(std::lround(8000.0 * std::sin(2 * M_PI * 440.0 * n / rate)));
+}
+
+namespace {
+
+std::string Wav(uint32_t ms, uint32_t rate) {
+  const uint32_t frames = static_cast<uint32_t>(uint64_t{ms} * rate / 1000);
+  std::string out;
+  auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i))); };
+  auto u16 = [&](uint16_t v) { for (int i = 0; i < 2; ++i) out.push_back(static_cast<char>(v >> (8 * i))); };
+  out += "RIFF";
+  u32(36 + frames * 2);
+  out += "WAVEfmt ";
+  u32(16);
+  u16(1);  // PCM
+  u16(1);  // mono
+  u32(rate);
+  u32(rate * 2);
+  u16(2);
+  u16(16);
+  out += "data";
+  u32(frames * 2);
+  for (uint32_t n = 0; n < frames; ++n) u16(static_cast<uint16_t>(TestPcm(n, rate)));
+  return out;
+}
+
+uint32_t AudioTokens(uint32_t ms, const v1::AudioConfig& a) {
+  const uint32_t frames = (ms + 9) / 10;
+  const uint32_t fpt = std::max(1u, a.frames_per_token());
+  return (frames + fpt - 1) / fpt;
+}
+
+}  // namespace
 
 Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec) {
   std::filesystem::create_directories(dir);
@@ -60,6 +96,15 @@ Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec) {
       tx->set_offset(tar.size() + 512);
       tx->set_size(json.size());
       tar.Add(json_name, json);
+      if (spec.audio_ms > 0) {
+        const std::string wav = Wav(spec.audio_ms, spec.audio_rate);
+        v1::MemberRef* au = info.add_audio();
+        au->set_name(key + ".wav");
+        au->set_offset(tar.size() + 512);
+        au->set_size(wav.size());
+        au->set_audio_ms(spec.audio_ms);
+        tar.Add(key + ".wav", wav);
+      }
       info.set_text_tokens(spec.text_tokens);
       infos.push_back(info);
     }
@@ -117,6 +162,7 @@ v1::StepPlan MakePlan(const Dataset& data, const v1::JobInfo& job, uint64_t step
     rp->set_node(r / c.ranks_per_node());
     v1::EncoderPhase* enc = rp->add_encoders();
     enc->set_encoder(v1::ENCODER_VISION);
+    v1::EncoderPhase* audio = nullptr;
     v1::MicroBatch* mb = rp->add_micro_batches();
     mb->set_modality(v1::MODALITY_VL);
     v1::Sequence* seq = mb->add_sequences();
@@ -142,11 +188,25 @@ v1::StepPlan MakePlan(const Dataset& data, const v1::JobInfo& job, uint64_t step
       ip->set_patches(g->patches);
       ip->set_llm_tokens(g->llm_tokens);
       ip->set_llm_rank(r);
+      uint32_t audio_tokens = 0, markers = 2;
+      if (info.audio_size() > 0) {
+        if (audio == nullptr) {
+          audio = rp->add_encoders();
+          audio->set_encoder(v1::ENCODER_AUDIO);
+        }
+        v1::AudioPlan* ap = audio->add_audio();
+        ap->set_sample_id(id);
+        ap->set_audio_index(0);
+        audio_tokens = AudioTokens(info.audio(0).audio_ms(), c.audio());
+        ap->set_tokens(audio_tokens);
+        ap->set_llm_rank(r);
+        markers += 2;
+      }
       v1::DocSlot* doc = seq->add_docs();
       doc->set_sample_id(id);
       doc->set_offset(offset);
-      doc->set_length(g->llm_tokens + 2 + info.text_tokens());
-      doc->set_encoder_tokens(g->llm_tokens);
+      doc->set_length(g->llm_tokens + audio_tokens + markers + info.text_tokens());
+      doc->set_encoder_tokens(g->llm_tokens + audio_tokens);
       offset += doc->length();
       bool have = false;
       for (const auto& s : plan.samples()) have |= s.sample_id() == id;

@@ -19,7 +19,12 @@ struct DatasetSpec {
   const char* ext = ".jpg";
   int text_tokens = 12;
   bool crc = true;                // record CRC-32C in the shard refs
+  uint32_t audio_ms = 0;          // > 0: every sample also holds k.wav of this length
+  uint32_t audio_rate = 8000;     // its sample rate (PCM16 mono)
 };
+
+// Sample n of the test clips: PCM16 of a 440 Hz sine.
+int16_t TestPcm(uint64_t n, uint32_t rate);
 
 struct Dataset {
   std::string dir;
@@ -35,7 +40,8 @@ v1::JobInfo MakeJob(const Dataset& data, uint32_t world_size, uint32_t ranks_per
                     uint64_t max_pixels = 50176);
 
 // The plan of `step` for `ranks` (empty: all): rank r of step s gets
-// `per_rank` consecutive VL samples (wrapping), one image each, in one VL
+// `per_rank` consecutive VL samples (wrapping), one image each (and one audio
+// clip each when the dataset has audio, in an audio encoder phase), in one VL
 // micro-batch with one sequence.
 v1::StepPlan MakePlan(const Dataset& data, const v1::JobInfo& job, uint64_t step,
                       const std::vector<uint32_t>& ranks, int per_rank);

@@ -40,7 +40,8 @@ struct Stall {
 
 struct Config {
   std::string source;
-  double latency_ms = 2.0;
+  double latency_ms = 2.0;         // open and read
+  double lookup_latency_ms = 0.0;  // lookup
   std::vector<Stall> stalls;
 };
 Config g_cfg;
@@ -81,8 +82,8 @@ std::priority_queue<Delayed, std::vector<Delayed>, std::greater<Delayed>> g_queu
 uint64_t g_seq = 0;
 bool g_stop = false;
 
-void Later(std::function<void()> reply) {
-  const auto due = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(g_cfg.latency_ms * 1000));
+void Later(std::function<void()> reply, double latency_ms = g_cfg.latency_ms) {
+  const auto due = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(latency_ms * 1000));
   {
     std::lock_guard<std::mutex> l(g_q_mu);
     g_queue.push(Delayed{due, g_seq++, std::move(reply)});
@@ -153,7 +154,7 @@ void DoLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     e.attr_timeout = 1.0;
     e.entry_timeout = 1.0;
     fuse_reply_entry(req, &e);
-  });
+  }, g_cfg.lookup_latency_ms);
 }
 
 void DoGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
@@ -239,6 +240,13 @@ void DoReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
+// A remote file system answers lookups in one directory concurrently (NFS
+// does); without this capability the kernel serialises them per directory.
+void DoInit(void*, fuse_conn_info* conn) {
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+}
+
 bool ParseStall(const std::string& spec, Stall* s) {
   const size_t at = spec.find('@');
   s->name = spec.substr(0, at);
@@ -259,15 +267,21 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: tutti-slowfs SOURCE MOUNTPOINT [--latency_ms=2] [--stall=NAME[@OFFSET+LENGTH]]...\n"
+          "usage: tutti-slowfs SOURCE MOUNTPOINT [--latency_ms=2] [--lookup_latency_ms=0]\n"
+          "                    [--stall=NAME[@OFFSET+LENGTH]]...\n"
           "A read-only FUSE passthrough that emulates a remote file system under load:\n"
-          "  --latency_ms=X   every lookup, open and read is answered X ms later (default 2)\n"
+          "  --latency_ms=X   every open and read is answered X ms later (default 2); any number\n"
+          "                   of requests wait at once, as on a network file system\n"
+          "  --lookup_latency_ms=X  every name lookup is answered X ms later (default 0; the\n"
+          "                   kernel sends one directory's lookups one at a time)\n"
           "  --stall=NAME     reads of NAME (relative to SOURCE) never complete (until interrupted\n"
           "                   or unmounted); NAME@OFFSET+LENGTH stalls only reads touching that range\n"
           "Runs until SIGTERM/SIGINT or 'fusermount3 -u MOUNTPOINT'.\n");
       return 0;
     } else if (a.rfind("--latency_ms=", 0) == 0) {
       g_cfg.latency_ms = std::atof(a.c_str() + 13);
+    } else if (a.rfind("--lookup_latency_ms=", 0) == 0) {
+      g_cfg.lookup_latency_ms = std::atof(a.c_str() + 20);
     } else if (a.rfind("--stall=", 0) == 0) {
       Stall s;
       if (!ParseStall(a.substr(8), &s)) {
@@ -298,6 +312,7 @@ int main(int argc, char** argv) {
 
   fuse_lowlevel_ops ops;
   std::memset(&ops, 0, sizeof(ops));
+  ops.init = DoInit;
   ops.lookup = DoLookup;
   ops.getattr = DoGetattr;
   ops.open = DoOpen;
@@ -317,8 +332,9 @@ int main(int argc, char** argv) {
   }
   std::vector<std::thread> repliers;
   for (int i = 0; i < 4; ++i) repliers.emplace_back(Replier);
-  std::printf("tutti-slowfs: %s mounted on %s (latency %.3g ms, %zu stalls)\n", g_cfg.source.c_str(),
-              pos[1].c_str(), g_cfg.latency_ms, g_cfg.stalls.size());
+  std::printf("tutti-slowfs: %s mounted on %s (latency %.3g ms per open/read, %.3g ms per lookup, "
+              "%zu stalls)\n", g_cfg.source.c_str(), pos[1].c_str(), g_cfg.latency_ms,
+              g_cfg.lookup_latency_ms, g_cfg.stalls.size());
   std::fflush(stdout);
   fuse_loop_config cfg;
   std::memset(&cfg, 0, sizeof(cfg));

@@ -1,0 +1,28 @@
+#include "services/stager/skip.h"
+
+#include "absl/strings/cord.h"
+
+namespace tutti::stager {
+namespace {
+constexpr absl::string_view kTruncatedUrl = "type.tutti.dev/skip/truncated";
+}  // namespace
+
+absl::Status TruncatedError(absl::string_view message) {
+  absl::Status s = absl::DataLossError(message);
+  s.SetPayload(kTruncatedUrl, absl::Cord("1"));
+  return s;
+}
+
+const char* SkipReason(const absl::Status& s) {
+  if (s.GetPayload(kTruncatedUrl).has_value()) return "truncated";
+  switch (s.code()) {
+    case absl::StatusCode::kDeadlineExceeded: return "deadline";
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kResourceExhausted: return "too_large";
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied: return "missing";
+    default: return "corrupt";
+  }
+}
+
+}  // namespace tutti::stager
