@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/daemon_flags.h"
 #include "common/metrics_server.h"
 #include "services/packer/packer_server.h"
 
@@ -23,11 +24,12 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(uint32_t, plan_threads, 2, "threads planning steps ahead of the clients");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  tutti::ParseFlags(
+      argc, argv,
       "serves per-step plans for one training job.\n"
       "usage: tutti-packerd --config JOB.textproto [--index FILE] [--listen HOST:PORT]\n"
-      "Stops cleanly (exit 0) on SIGTERM or SIGINT.");
-  absl::ParseCommandLine(argc, argv);
+      "Stops cleanly (exit 0) on SIGTERM or SIGINT.",
+      "services/packer/main.cc");
   tutti::packer::BlockTerminationSignals();
   auto registry = std::make_shared<prometheus::Registry>();
   tutti::packer::PackerServerOptions o;

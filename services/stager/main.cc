@@ -11,14 +11,17 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "common/daemon_flags.h"
 #include "services/stager/stager_server.h"
 
 ABSL_FLAG(std::string, packer, "127.0.0.1:7070", "tutti-packerd address (host:port)");
-ABSL_FLAG(std::string, node, "0",
-          "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
-          "learn it from the first AcquireBatch (node = rank / ranks_per_node), as a DaemonSet must; "
-          "a later client of another node is then refused");
-ABSL_FLAG(std::string, source, "", "dataset source directory (e.g. an NFS mount) holding the shards");
+ABSL_FLAG(
+    std::string, node, "0",
+    "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
+    "learn it from the first AcquireBatch (node = rank / ranks_per_node), as a DaemonSet must; "
+    "a later client of another node is then refused");
+ABSL_FLAG(std::string, source, "",
+          "dataset source directory (e.g. an NFS mount) holding the shards");
 ABSL_FLAG(std::string, cache, "", "node-local cache directory (NVMe); one daemon per directory");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7071",
           "gRPC address to serve: HOST:PORT (port 0 = any free port) or unix:///PATH/TO.sock (a "
@@ -39,9 +42,13 @@ ABSL_FLAG(uint32_t, window, 4, "steps of ready batches kept ahead per local rank
 ABSL_FLAG(uint32_t, stage_ahead, 16, "steps beyond the window whose shards are staged early");
 ABSL_FLAG(std::string, memory_budget, "8G", "shared memory that batches may hold in total");
 ABSL_FLAG(uint32_t, sample_deadline_ms, 0, "per-sample read+decode deadline (0 = the job's)");
-ABSL_FLAG(std::string, skip_policy, "", "'drop' or 'substitute' for late/corrupt samples (empty = the job's)");
-ABSL_FLAG(uint32_t, stage_wait_ms, 0, "how long a batch waits for its shards before reading the source directly (0 = the sample deadline)");
-ABSL_FLAG(uint32_t, staging_timeout_ms, 30000, "one staging read/write; a stalled source fails the shard after this");
+ABSL_FLAG(std::string, skip_policy, "",
+          "'drop' or 'substitute' for late/corrupt samples (empty = the job's)");
+ABSL_FLAG(uint32_t, stage_wait_ms, 0,
+          "how long a batch waits for its shards before reading the source directly (0 = the "
+          "sample deadline)");
+ABSL_FLAG(uint32_t, staging_timeout_ms, 30000,
+          "one staging read/write; a stalled source fails the shard after this");
 ABSL_FLAG(uint32_t, packer_wait_s, 600, "how long to retry reaching the packer at start");
 
 namespace {
@@ -52,13 +59,29 @@ bool ParseBytes(const std::string& s, uint64_t* out) {
   uint64_t mult = 1;
   std::string digits = s;
   switch (s.back()) {
-    case 'K': case 'k': mult = 1ull << 10; break;
-    case 'M': case 'm': mult = 1ull << 20; break;
-    case 'G': case 'g': mult = 1ull << 30; break;
-    case 'T': case 't': mult = 1ull << 40; break;
-    default: mult = 0;
+    case 'K':
+    case 'k':
+      mult = 1ull << 10;
+      break;
+    case 'M':
+    case 'm':
+      mult = 1ull << 20;
+      break;
+    case 'G':
+    case 'g':
+      mult = 1ull << 30;
+      break;
+    case 'T':
+    case 't':
+      mult = 1ull << 40;
+      break;
+    default:
+      mult = 0;
   }
-  if (mult) digits.pop_back(); else mult = 1;
+  if (mult)
+    digits.pop_back();
+  else
+    mult = 1;
   uint64_t v;
   if (!absl::SimpleAtoi(digits, &v)) return false;
   *out = v * mult;
@@ -68,11 +91,12 @@ bool ParseBytes(const std::string& s, uint64_t* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  tutti::ParseFlags(
+      argc, argv,
       "tutti-stagerd --packer HOST:PORT --node N --source DIR --cache DIR [options]\n"
       "Stages the job's shards into the node-local cache, decodes what this node's ranks' plans\n"
-      "name and hands ready batches to local clients through shared memory.");
-  absl::ParseCommandLine(argc, argv);
+      "name and hands ready batches to local clients through shared memory.",
+      "services/stager/main.cc");
   tutti::stager::StagerServerOptions o;
   o.packer = absl::GetFlag(FLAGS_packer);
   o.listen = absl::GetFlag(FLAGS_listen);
@@ -84,17 +108,20 @@ int main(int argc, char** argv) {
   if (node == "auto") {
     c.node_auto = true;
   } else if (!absl::SimpleAtoi(node, &c.node)) {
-    std::fprintf(stderr, "tutti-stagerd: --node '%s' is neither a node index nor 'auto'\n", node.c_str());
+    std::fprintf(stderr, "tutti-stagerd: --node '%s' is neither a node index nor 'auto'\n",
+                 node.c_str());
     return 2;
   }
   c.cache_dir = absl::GetFlag(FLAGS_cache);
   c.staging.source_dir = absl::GetFlag(FLAGS_source);
   uint64_t block = 0;
-  for (auto [name, text, out] : {std::tuple{"cache_capacity", absl::GetFlag(FLAGS_cache_capacity), &c.cache_capacity_bytes},
-                                 std::tuple{"memory_budget", absl::GetFlag(FLAGS_memory_budget), &c.memory_budget_bytes},
-                                 std::tuple{"block_size", absl::GetFlag(FLAGS_block_size), &block}}) {
+  for (auto [name, text, out] :
+       {std::tuple{"cache_capacity", absl::GetFlag(FLAGS_cache_capacity), &c.cache_capacity_bytes},
+        std::tuple{"memory_budget", absl::GetFlag(FLAGS_memory_budget), &c.memory_budget_bytes},
+        std::tuple{"block_size", absl::GetFlag(FLAGS_block_size), &block}}) {
     if (!ParseBytes(text, out)) {
-      std::fprintf(stderr, "tutti-stagerd: --%s '%s' is not a size like 64K, 1M or 500G\n", name, text.c_str());
+      std::fprintf(stderr, "tutti-stagerd: --%s '%s' is not a size like 64K, 1M or 500G\n", name,
+                   text.c_str());
       return 2;
     }
   }
