@@ -66,7 +66,16 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
     order.insert(order.end(), pin.begin(), pin.end());
     order.insert(order.end(), rest.begin(), rest.end());
   }
-  for (uint32_t d : order) {
+  constexpr size_t kAhead = 16;  // docs come in length order, scattered in memory
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (k + kAhead < order.size()) {
+      const uint32_t next = order[k + kAhead];
+      __builtin_prefetch(&p_.docs[next]);
+      __builtin_prefetch(&cost_[next]);
+      __builtin_prefetch(&pinned[next]);
+      p_.affinity.Prefetch(next);
+    }
+    const uint32_t d = order[k];
     remaining -= cost_[d];
     uint32_t q = 0;
     double delta = 0;

@@ -161,7 +161,7 @@ class Placer {
       const uint64_t b = p_.affinity.base(d) - e->saved;
       if (b < than) nodes.push_back({b, e->node});
     }
-    std::sort(nodes.begin(), nodes.end());
+    if (nodes.size() > 1) std::sort(nodes.begin(), nodes.end());
     return nodes;
   }
 
