@@ -12,6 +12,9 @@
 #include "gtest/gtest.h"
 #include "services/packer/plan_proto.h"
 #include "services/packer/planner.h"
+#include "services/packer/strategy_split.h"
+#include "services/packer/dispatch/dispatcher.h"
+#include "services/packer/dispatch/workload.h"
 #include "services/packer/test_util.h"
 
 namespace tutti::packer {
@@ -289,6 +292,34 @@ TEST(PostBalancingTest, StagingForAnotherClusterIsRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("3 nodes but the job has 2"), std::string::npos) << s;
   EXPECT_NE(s.message().find("step 0"), std::string::npos) << s;
+}
+
+TEST(StrategySplitTest, TheTuttiStrategyPreBalancesADispatcherStep) {
+  dispatch::WorkloadOptions wo;
+  wo.world_size = 32;
+  wo.seq_len = 8192;
+  auto w = dispatch::GenerateWorkload(wo);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto strategy = MakeStrategy({"tutti", 6, 64});
+  ASSERT_TRUE(strategy.ok());
+  const dispatch::PreBalanceFn hook =
+      MakeStrategyPreBalance(std::shared_ptr<const PackingStrategy>(std::move(*strategy)));
+  auto split = hook(w->input, w->options);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->size(), w->input.samples.size());
+  std::vector<uint32_t> drawn;
+  for (const auto& s : w->input.samples) drawn.push_back(s.drawn_rank);
+  auto none = dispatch::EvaluateSplit(w->input, w->options, drawn);
+  auto pre = dispatch::EvaluateSplit(w->input, w->options, *split);
+  ASSERT_TRUE(none.ok() && pre.ok());
+  EXPECT_EQ(pre->overflow_sequences, 0u);  // the strategy packed every sequence within seq_len
+  for (size_t k = 0; k < pre->phases.size(); ++k) {
+    EXPECT_LT(pre->phases[k].imbalance, none->phases[k].imbalance) << pre->phases[k].phase;
+  }
+  // Too many samples for the sequences: the strategy's error comes through.
+  dispatch::DispatchOptions tiny = w->options;
+  tiny.slots.seq_len = 2048;
+  EXPECT_FALSE(hook(w->input, tiny).ok());
 }
 
 }  // namespace
