@@ -14,8 +14,89 @@ namespace {
 
 constexpr uint64_t kHelloMagic = 0x5455545449484c4full;    // "TUTTIHLO"
 constexpr uint64_t kVerdictMagic = 0x5455545449564454ull;  // "TUTTIVDT"
+constexpr uint64_t kRollCallMagic = 0x545554544952434cull;  // "TUTTIRCL"
 constexpr int kHelloTag = 7101;
 constexpr int kVerdictTag = 7102;
+constexpr int kRollCallTag = 7103;
+
+// splitmix64: a well-mixed 64-bit hash.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The hash of "rank `from` moves `bytes` to rank `to`". Sender and receiver
+// both add it to the XOR of the summary, so it cancels exactly when they
+// agree on the count.
+uint64_t PairHash(uint64_t from, uint64_t to, uint64_t bytes) {
+  return Mix(Mix((from << 32) | to) ^ bytes);
+}
+
+// The summary all ranks reduce in the fast agreement: [0] the XOR of every
+// pair hash (0 when all pairs agree), then fields and their complements
+// reduced by OR, so that OR(x) == ~OR(~x) exactly when every rank has the
+// same x.
+enum SummaryField : int {
+  kPairs = 0,
+  kSeq,
+  kNotSeq,
+  kStep,
+  kNotStep,
+  kDirection,
+  kNotDirection,
+  kWorld,
+  kNotWorld,
+  kRefused,  // OR: some rank refused its own input
+  kSummaryFields,
+};
+
+void ReduceSummary(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint64_t*>(in);
+  auto* b = static_cast<uint64_t*>(inout);
+  for (int r = 0; r < *len; ++r, a += kSummaryFields, b += kSummaryFields) {
+    b[kPairs] ^= a[kPairs];
+    for (int f = kSeq; f < kSummaryFields; ++f) b[f] |= a[f];
+  }
+}
+
+// The datatype (one summary) and operation of the fast agreement, created once.
+struct SummaryOp {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL;
+};
+const SummaryOp& GetSummaryOp() {
+  static const SummaryOp* op = [] {
+    auto* o = new SummaryOp;
+    MPI_Type_contiguous(kSummaryFields, MPI_UINT64_T, &o->type);
+    MPI_Type_commit(&o->type);
+    MPI_Op_create(&ReduceSummary, /*commute=*/1, &o->op);
+    return o;
+  }();
+  return *op;
+}
+
+// Waits for `n` requests until `deadline`: polling, as a timed MPI wait does
+// not exist. Yields while waits are short (ranks may share cores), then
+// sleeps in short steps. DEADLINE_EXCEEDED leaves the requests pending.
+absl::Status WaitAll(int n, MPI_Request* reqs, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  for (uint64_t spin = 0;; ++spin) {
+    int done = 0;
+    RETURN_IF_ERROR(MpiStatus(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall"));
+    if (done) return absl::OkStatus();
+    if ((spin & 63) == 0) {
+      const absl::Time now = absl::Now();
+      if (now > deadline) return absl::DeadlineExceededError("timed out");
+      if (now - start > absl::Milliseconds(20)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+    }
+    std::this_thread::yield();
+  }
+}
 
 const char* DirName(uint32_t dir) { return dir == 0 ? "forward" : "backward"; }
 
@@ -135,23 +216,24 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
         "MPI_Isend"));
   }
   std::vector<int> done(reqs.size());
+  const absl::Time start = absl::Now();
   for (uint64_t spin = 0;; ++spin) {
     int count = 0;
     RETURN_IF_ERROR(MpiStatus(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &count,
                                            done.data(), MPI_STATUSES_IGNORE),
                               "MPI_Testsome"));
     if (count == MPI_UNDEFINED) return absl::OkStatus();  // every request completed
-    if (count > 0) {
-      spin = 0;
-      continue;
-    }
-    if (absl::Now() > deadline) break;
+    if (count > 0) continue;
     // Poll politely: ranks may share cores while they wait for each other.
-    if (spin < 64) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min<uint64_t>(1000, spin)));
+    if ((spin & 63) == 0) {
+      const absl::Time now = absl::Now();
+      if (now > deadline) break;
+      if (now - start > absl::Milliseconds(20)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
     }
+    std::this_thread::yield();
   }
   // Timed out: withdraw what has not arrived.
   bool sends_pending = false;
@@ -182,6 +264,72 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
   const absl::Time deadline = absl::Now() + opts_.join_timeout;
+  auto give_up = [&] {
+    broken_ = absl::FailedPreconditionError(
+        absl::StrCat("an earlier exchange (", where,
+                     ") timed out; messages from late ranks may still be in "
+                     "flight, so this transport refuses further exchanges: stop the job"));
+  };
+
+  // One all-reduce of a summary. Equal counts between every pair, the same
+  // exchange number, step, direction and world everywhere, and no refusal:
+  // the exchange may go ahead. A rank whose all-reduce completed only after
+  // the others had given up (it arrived too late) then waits in vain for
+  // the data, and Move() reports it after join_timeout.
+  uint64_t mine[kSummaryFields] = {}, all[kSummaryFields] = {};
+  for (uint32_t p = 0; p < size_; ++p) {
+    mine[kPairs] ^= PairHash(rank_, p, layout.send_counts[p]) ^
+                    PairHash(p, rank_, layout.recv_counts[p]);
+  }
+  const uint64_t fields[][2] = {{kSeq, seq_},
+                                {kStep, layout.step},
+                                {kDirection, static_cast<uint64_t>(layout.direction)},
+                                {kWorld, size_}};
+  for (const auto& [f, v] : fields) {
+    mine[f] = v;
+    mine[f + 1] = ~v;
+  }
+  mine[kRefused] = local.ok() ? 0 : 1;
+  const SummaryOp& op = GetSummaryOp();
+  MPI_Request req = MPI_REQUEST_NULL;
+  RETURN_IF_ERROR(Annotate(MpiStatus(MPI_Iallreduce(mine, all, 1, op.type, op.op, comm_, &req),
+                                     "MPI_Iallreduce"),
+                           where));
+  absl::Status waited = WaitAll(1, &req, deadline);
+  if (absl::IsDeadlineExceeded(waited)) {
+    give_up();
+    // Who is missing: every rank that gave up answers a roll call.
+    std::vector<Header> out(size_), in(size_);
+    for (uint32_t p = 0; p < size_; ++p) {
+      out[p].magic = kRollCallMagic;
+      out[p].seq = seq_;
+      out[p].world = size_;
+      out[p].sender = rank_;
+    }
+    std::vector<int> missing;
+    (void)Round(kRollCallTag, out, &in, absl::Now() + opts_.join_timeout, &missing);
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": rank(s) ", missing.empty() ? std::string("?") : RankList(missing),
+        " did not join the exchange within ", absl::FormatDuration(opts_.join_timeout),
+        " (crashed, stuck, or calling Exchange a different number of times); stop the job"));
+  }
+  RETURN_IF_ERROR(Annotate(waited, where));
+  const bool agreed = all[kPairs] == 0 && all[kRefused] == 0 &&
+                      all[kSeq] == ~all[kNotSeq] && all[kStep] == ~all[kNotStep] &&
+                      all[kDirection] == ~all[kNotDirection] && all[kWorld] == ~all[kNotWorld];
+  if (!agreed) {
+    // Something disagrees (every rank sees the same summary and comes here):
+    // the detailed rounds say which rank and why.
+    absl::Status detail = AgreeInDetail(layout, local, where, deadline);
+    if (!detail.ok()) return detail;
+    // Only unknown steps differed, which the detailed check accepts.
+  }
+
+  return absl::OkStatus();
+}
+
+absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const absl::Status& local,
+                                         const std::string& where, absl::Time deadline) {
   auto timed_out = [&](const std::vector<int>& missing, const char* stage) {
     broken_ = absl::FailedPreconditionError(
         absl::StrCat("an earlier exchange (", where,
@@ -271,8 +419,22 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
            layout.recv_counts[p] <= limit && layout.recv_offsets[p] <= limit;
   }
   if (!fits) ++large_exchanges_;
-  return Annotate(fits ? MoveAlltoallv(layout, send, recv) : MoveAlltoallw(layout, send, recv),
-                  ExchangeWhere(layout.step, rank_));
+  absl::Status s = fits ? MoveAlltoallv(layout, send, recv) : MoveAlltoallw(layout, send, recv);
+  if (absl::IsDeadlineExceeded(s)) {
+    const std::string where = absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
+                                           DirName(static_cast<uint32_t>(layout.direction)),
+                                           " exchange #", seq_);
+    broken_ = absl::FailedPreconditionError(
+        absl::StrCat("an earlier exchange (", where,
+                     ") timed out; messages from late ranks may still be in "
+                     "flight, so this transport refuses further exchanges: stop the job"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": the other ranks did not complete the exchange within ",
+        absl::FormatDuration(opts_.join_timeout),
+        " (they gave up waiting: this rank arrived too late, or a rank crashed); the receive "
+        "buffer is incomplete; stop the job"));
+  }
+  return Annotate(s, ExchangeWhere(layout.step, rank_));
 }
 
 absl::Status MpiTransport::MoveAlltoallv(const ExchangeLayout& layout, const void* send,
@@ -285,9 +447,12 @@ absl::Status MpiTransport::MoveAlltoallv(const ExchangeLayout& layout, const voi
     rd[p] = static_cast<int>(layout.recv_offsets[p]);
   }
   static char empty;  // MPI wants a valid address even for zero bytes
-  return MpiStatus(MPI_Alltoallv(send ? send : &empty, sc.data(), sd.data(), MPI_BYTE,
-                                 recv ? recv : &empty, rc.data(), rd.data(), MPI_BYTE, comm_),
-                   "MPI_Alltoallv");
+  MPI_Request req = MPI_REQUEST_NULL;
+  RETURN_IF_ERROR(MpiStatus(MPI_Ialltoallv(send ? send : &empty, sc.data(), sd.data(), MPI_BYTE,
+                                           recv ? recv : &empty, rc.data(), rd.data(), MPI_BYTE,
+                                           comm_, &req),
+                            "MPI_Ialltoallv"));
+  return WaitAll(1, &req, absl::Now() + opts_.join_timeout);
 }
 
 absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const void* send,
@@ -340,10 +505,12 @@ absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const voi
   }
   static char empty;
   if (status.ok()) {
-    status =
-        MpiStatus(MPI_Alltoallw(send ? send : &empty, sc.data(), zero.data(), st.data(),
-                                recv ? recv : &empty, rc.data(), zero.data(), rt.data(), comm_),
-                  "MPI_Alltoallw");
+    MPI_Request req = MPI_REQUEST_NULL;
+    status = MpiStatus(MPI_Ialltoallw(send ? send : &empty, sc.data(), zero.data(), st.data(),
+                                      recv ? recv : &empty, rc.data(), zero.data(), rt.data(),
+                                      comm_, &req),
+                       "MPI_Ialltoallw");
+    if (status.ok()) status = WaitAll(1, &req, absl::Now() + opts_.join_timeout);
   }
   for (MPI_Datatype& t : created) MPI_Type_free(&t);
   MPI_Type_free(&chunk_type);
