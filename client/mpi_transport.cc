@@ -18,6 +18,9 @@ constexpr uint64_t kRollCallMagic = 0x545554544952434cull;  // "TUTTIRCL"
 constexpr int kHelloTag = 7101;
 constexpr int kVerdictTag = 7102;
 constexpr int kRollCallTag = 7103;
+// Data messages carry kDataTagBase + exchange number % kDataTags.
+constexpr int kDataTagBase = 8000;
+constexpr int kDataTags = 16384;
 
 // splitmix64: a well-mixed 64-bit hash.
 uint64_t Mix(uint64_t x) {
@@ -98,7 +101,9 @@ absl::Status WaitAll(int n, MPI_Request* reqs, absl::Time deadline) {
   }
 }
 
-const char* DirName(uint32_t dir) { return dir == 0 ? "forward" : "backward"; }
+const char* DirName(uint32_t dir) {
+  return ExchangeDirectionName(static_cast<ExchangeDirection>(dir));
+}
 
 std::string RankList(const std::vector<int>& ranks) {
   std::vector<int> shown(ranks.begin(), ranks.begin() + std::min<size_t>(ranks.size(), 16));
@@ -412,109 +417,75 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
 }
 
 absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, void* recv) {
-  const uint64_t limit = opts_.max_count;
-  bool fits = true;
-  for (uint32_t p = 0; p < size_; ++p) {
-    fits = fits && layout.send_counts[p] <= limit && layout.send_offsets[p] <= limit &&
-           layout.recv_counts[p] <= limit && layout.recv_offsets[p] <= limit;
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const uint64_t chunk = opts_.max_count;
+  // Messages of this exchange only: a late rank's data never matches another.
+  const int tag = kDataTagBase + static_cast<int>(seq_ % kDataTags);
+  std::vector<MPI_Request> reqs;
+  std::vector<uint8_t> is_recv;
+  bool large = false;
+  absl::Status posted;
+  // Chunks of at most max_count bytes (an int), in order: messages between
+  // two ranks with one tag do not overtake each other.
+  auto post = [&](bool receive, uint32_t peer, uint64_t offset, uint64_t count) {
+    large |= count > chunk;
+    for (uint64_t done = 0; done < count && posted.ok(); done += chunk) {
+      const int n = static_cast<int>(std::min(chunk, count - done));
+      reqs.emplace_back();
+      is_recv.push_back(receive);
+      posted = receive ? MpiStatus(MPI_Irecv(out + offset + done, n, MPI_BYTE, static_cast<int>(peer),
+                                             tag, comm_, &reqs.back()),
+                                   "MPI_Irecv")
+                       : MpiStatus(MPI_Isend(in + offset + done, n, MPI_BYTE, static_cast<int>(peer),
+                                             tag, comm_, &reqs.back()),
+                                   "MPI_Isend");
+    }
+  };
+  // Receives first, then sends, each rank starting with a different peer.
+  for (uint32_t k = 1; k < size_ && posted.ok(); ++k) {
+    const uint32_t p = (rank_ + size_ - k) % size_;
+    if (layout.recv_counts[p] > 0) post(true, p, layout.recv_offsets[p], layout.recv_counts[p]);
   }
-  if (!fits) ++large_exchanges_;
-  absl::Status s = fits ? MoveAlltoallv(layout, send, recv) : MoveAlltoallw(layout, send, recv);
+  for (uint32_t k = 1; k < size_ && posted.ok(); ++k) {
+    const uint32_t p = (rank_ + k) % size_;
+    if (layout.send_counts[p] > 0) post(false, p, layout.send_offsets[p], layout.send_counts[p]);
+  }
+  if (posted.ok() && layout.send_counts[rank_] > 0) {
+    std::memcpy(out + layout.recv_offsets[rank_], in + layout.send_offsets[rank_],
+                layout.send_counts[rank_]);
+  }
+  if (large) ++large_exchanges_;
+  absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
+                                         absl::Now() + opts_.join_timeout)
+                               : posted;
+  if (s.ok()) return s;
+  // Withdraw what is still pending: receives are cancelled, sends released.
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    if (reqs[k] == MPI_REQUEST_NULL) continue;
+    if (is_recv[k]) {
+      MPI_Cancel(&reqs[k]);
+      MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&reqs[k]);
+    }
+  }
+  const std::string where = absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
+                                         DirName(static_cast<uint32_t>(layout.direction)),
+                                         " exchange #", seq_);
+  broken_ = absl::FailedPreconditionError(absl::StrCat(
+      "an earlier exchange (", where, ") ",
+      absl::IsDeadlineExceeded(s) ? "timed out" : "failed",
+      " while moving data; messages of it may still be in flight, so this transport refuses "
+      "further exchanges: stop the job"));
   if (absl::IsDeadlineExceeded(s)) {
-    const std::string where = absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
-                                           DirName(static_cast<uint32_t>(layout.direction)),
-                                           " exchange #", seq_);
-    broken_ = absl::FailedPreconditionError(
-        absl::StrCat("an earlier exchange (", where,
-                     ") timed out; messages from late ranks may still be in "
-                     "flight, so this transport refuses further exchanges: stop the job"));
     return absl::DeadlineExceededError(absl::StrCat(
         where, ": the other ranks did not complete the exchange within ",
         absl::FormatDuration(opts_.join_timeout),
         " (they gave up waiting: this rank arrived too late, or a rank crashed); the receive "
         "buffer is incomplete; stop the job"));
   }
-  return Annotate(s, ExchangeWhere(layout.step, rank_));
-}
-
-absl::Status MpiTransport::MoveAlltoallv(const ExchangeLayout& layout, const void* send,
-                                         void* recv) {
-  std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
-  for (uint32_t p = 0; p < size_; ++p) {
-    sc[p] = static_cast<int>(layout.send_counts[p]);
-    sd[p] = static_cast<int>(layout.send_offsets[p]);
-    rc[p] = static_cast<int>(layout.recv_counts[p]);
-    rd[p] = static_cast<int>(layout.recv_offsets[p]);
-  }
-  static char empty;  // MPI wants a valid address even for zero bytes
-  MPI_Request req = MPI_REQUEST_NULL;
-  RETURN_IF_ERROR(MpiStatus(MPI_Ialltoallv(send ? send : &empty, sc.data(), sd.data(), MPI_BYTE,
-                                           recv ? recv : &empty, rc.data(), rd.data(), MPI_BYTE,
-                                           comm_, &req),
-                            "MPI_Ialltoallv"));
-  return WaitAll(1, &req, absl::Now() + opts_.join_timeout);
-}
-
-absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const void* send,
-                                         void* recv) {
-  const uint64_t chunk = opts_.max_count;
-  MPI_Datatype chunk_type;
-  RETURN_IF_ERROR(MpiStatus(MPI_Type_contiguous(static_cast<int>(chunk), MPI_BYTE, &chunk_type),
-                            "MPI_Type_contiguous"));
-  MPI_Type_commit(&chunk_type);
-  std::vector<MPI_Datatype> created;
-  // One datatype per peer: whole chunks, then the remainder, at the offset.
-  auto make = [&](uint64_t offset, uint64_t count, MPI_Datatype* type) -> absl::Status {
-    const uint64_t chunks = count / chunk, rem = count % chunk;
-    if (chunks > static_cast<uint64_t>(INT_MAX)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a transfer of ", count, " bytes is too large"));
-    }
-    int lens[2];
-    MPI_Aint displs[2];
-    MPI_Datatype types[2];
-    int n = 0;
-    if (chunks > 0) {
-      lens[n] = static_cast<int>(chunks);
-      displs[n] = static_cast<MPI_Aint>(offset);
-      types[n++] = chunk_type;
-    }
-    if (rem > 0) {
-      lens[n] = static_cast<int>(rem);
-      displs[n] = static_cast<MPI_Aint>(offset + chunks * chunk);
-      types[n++] = MPI_BYTE;
-    }
-    RETURN_IF_ERROR(
-        MpiStatus(MPI_Type_create_struct(n, lens, displs, types, type), "MPI_Type_create_struct"));
-    MPI_Type_commit(type);
-    created.push_back(*type);
-    return absl::OkStatus();
-  };
-  std::vector<int> sc(size_, 0), rc(size_, 0), zero(size_, 0);
-  std::vector<MPI_Datatype> st(size_, MPI_BYTE), rt(size_, MPI_BYTE);
-  absl::Status status;
-  for (uint32_t p = 0; p < size_ && status.ok(); ++p) {
-    if (layout.send_counts[p] > 0) {
-      status = make(layout.send_offsets[p], layout.send_counts[p], &st[p]);
-      sc[p] = 1;
-    }
-    if (status.ok() && layout.recv_counts[p] > 0) {
-      status = make(layout.recv_offsets[p], layout.recv_counts[p], &rt[p]);
-      rc[p] = 1;
-    }
-  }
-  static char empty;
-  if (status.ok()) {
-    MPI_Request req = MPI_REQUEST_NULL;
-    status = MpiStatus(MPI_Ialltoallw(send ? send : &empty, sc.data(), zero.data(), st.data(),
-                                      recv ? recv : &empty, rc.data(), zero.data(), rt.data(),
-                                      comm_, &req),
-                       "MPI_Ialltoallw");
-    if (status.ok()) status = WaitAll(1, &req, absl::Now() + opts_.join_timeout);
-  }
-  for (MPI_Datatype& t : created) MPI_Type_free(&t);
-  MPI_Type_free(&chunk_type);
-  return status;
+  return Annotate(s, absl::StrCat(where, ": the receive buffer is incomplete"));
 }
 
 }  // namespace tutti

@@ -71,7 +71,7 @@ TEST(MpiTransport, RandomPlansMoveEveryByteForwardAndBackward) {
   EXPECT_EQ(t->exchanges(), 50u);
 }
 
-TEST(MpiTransport, CountsAboveTheIntLimitUseDerivedDatatypes) {
+TEST(MpiTransport, TransfersAboveTheIntLimitGoInChunks) {
   MpiTransportOptions opts = TestOptions();
   opts.max_count = 1000;  // stands in for INT_MAX: transfers and offsets above it
   auto t = MakeTransport(opts);

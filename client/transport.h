@@ -49,6 +49,13 @@ class Transport {
   absl::Status ExchangeBackward(const v1::RankPlan& plan, const void* send, size_t send_bytes,
                                 void* recv, size_t recv_bytes, const ExchangeContext& ctx = {});
 
+  // The plan's load exchange (RankPlan.load_exchange: inputs whose shard
+  // this rank's node does not stage, from a rank whose node does), laid out
+  // like the forward exchange; run it before the encoders. Empty when every
+  // shard is staged everywhere (every rank must still call it: collective).
+  absl::Status ExchangeLoad(const v1::RankPlan& plan, const void* send, size_t send_bytes,
+                            void* recv, size_t recv_bytes, const ExchangeContext& ctx = {});
+
   // Collective agreement before data moves. `local` is this rank's own
   // verdict on its input (OK, or why it refuses); the result is OK on every
   // rank only if every rank is OK and the ranks' byte counts agree pairwise.
