@@ -38,19 +38,20 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 GPUS=$(nvidia-smi -L | wc -l)
 
 step "configure with CUDA and NCCL"
+mkdir -p "$BUILD"
 timeout 90 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTUTTI_WITH_CUDA=ON \
-  -DPython3_EXECUTABLE="$(command -v python3)" > "$BUILD.configure.log" 2>&1
+  -DPython3_EXECUTABLE="$(command -v python3)" > "$BUILD/gpu_check.configure.log" 2>&1
 rc=$?
-grep -E "tutti: NCCL transport|Python binding" "$BUILD.configure.log"
-if [ $rc -ne 0 ] || ! grep -q "tutti: NCCL transport ON" "$BUILD.configure.log"; then
-  tail -20 "$BUILD.configure.log"; echo "FAIL configure: no NCCL transport"; exit 1
+grep -E "tutti: NCCL transport|Python binding" "$BUILD/gpu_check.configure.log"
+if [ $rc -ne 0 ] || ! grep -q "tutti: NCCL transport ON" "$BUILD/gpu_check.configure.log"; then
+  tail -20 "$BUILD/gpu_check.configure.log"; echo "FAIL configure: no NCCL transport"; exit 1
 fi
 
 step "build (post_exchange_mpi_test, tutti_python) with $JOBS jobs"
 timeout 180 cmake --build "$BUILD" -j "$JOBS" --target post_exchange_mpi_test tutti_python \
-  > "$BUILD.build.log" 2>&1
+  > "$BUILD/gpu_check.build.log" 2>&1
 rc=$?
-tail -3 "$BUILD.build.log"
+tail -3 "$BUILD/gpu_check.build.log"
 result build $rc
 [ $rc -eq 0 ] || exit 1
 
