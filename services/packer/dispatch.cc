@@ -100,7 +100,10 @@ class PostBalancingDispatcher final : public Dispatcher {
     for (uint32_t k = 0; k < n; ++k) {
       const PlannedSample& ps = plan->samples[k];
       dispatch::Sample& s = in.samples[k];
-      s.sample_id = ps.sample;
+      // The position in the global batch: a step that spans an epoch
+      // boundary may draw an index sample twice, and the dispatcher wants
+      // every document's id distinct.
+      s.sample_id = k;
       s.shard = ps.shard;
       s.drawn_rank = ps.drawn_rank;
       s.vl = ps.vl;

@@ -283,6 +283,29 @@ TEST(PostBalancingTest, IlpIsExactOnSmallJobsAndRefusedOnLargeOnes) {
   }
 }
 
+TEST(PostBalancingTest, AStepAcrossAnEpochBoundaryMayDrawASampleTwice) {
+  SyntheticOptions o = SmallDataset(250);  // streams that the steps do not divide
+  auto job = JobOf(PostConfig(), SyntheticIndex(o));
+  ASSERT_TRUE(job);
+  Planner planner(job);
+  StepPlanData d;
+  bool twice = false;
+  for (uint64_t step = 0; step < 200 && !twice; ++step) {
+    ASSERT_TRUE(planner.Plan(step, &d).ok()) << "step " << step;
+    std::set<uint32_t> seen;
+    for (const auto& ps : d.samples) twice |= !seen.insert(ps.sample).second;
+    if (twice) {
+      // Both copies are placed, each once.
+      std::vector<uint32_t> per_rank(job->world_size(), 0);
+      for (const auto& ps : d.samples) ++per_rank[ps.rank];
+      uint32_t total = 0;
+      for (uint32_t n : per_rank) total += n;
+      EXPECT_EQ(total, d.samples.size());
+    }
+  }
+  EXPECT_TRUE(twice) << "no step drew a sample twice; the test needs another dataset size";
+}
+
 TEST(PostBalancingTest, StagingForAnotherClusterIsRefused) {
   auto job = JobOf(PostConfig());
   ASSERT_TRUE(job);
