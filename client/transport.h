@@ -8,8 +8,9 @@
 // in the same order (they are collective).
 //
 // Implementations: MpiTransport (client/mpi_transport.h; host memory,
-// MPI_Alltoallv) and, when built with NCCL, NcclTransport
-// (client/nccl_transport.h; device memory, grouped ncclSend/ncclRecv).
+// MPI_Alltoallv semantics over point-to-point messages with a deadline) and,
+// when built with NCCL, NcclTransport (client/nccl_transport.h; device
+// memory, grouped ncclSend/ncclRecv).
 //
 // Thread-safety: exchanges on one Transport are serialised by an internal
 // mutex; call them from one thread per rank as collectives require.
