@@ -9,7 +9,6 @@
 namespace tutti {
 namespace {
 
-
 // Fills counts/offsets from one list of transfers (sends or recvs).
 absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfers,
                  const char* what, uint64_t declared_total, uint32_t comm_size,
@@ -98,8 +97,8 @@ ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t c
 absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, ExchangeDirection dir,
                                                    uint32_t comm_rank, uint32_t comm_size,
                                                    const ExchangeContext& ctx) {
-  const std::string where =
-      absl::StrCat(ExchangeWhere(ctx.step, comm_rank), ", ", ExchangeDirectionName(dir), " exchange");
+  const std::string where = absl::StrCat(ExchangeWhere(ctx.step, comm_rank), ", ",
+                                         ExchangeDirectionName(dir), " exchange");
   if (ctx.world_size != 0 && ctx.world_size != comm_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         where, ": the plan is for ", ctx.world_size, " ranks but the communicator has ", comm_size,

@@ -12,8 +12,8 @@
 namespace tutti {
 namespace {
 
-constexpr uint64_t kHelloMagic = 0x5455545449484c4full;    // "TUTTIHLO"
-constexpr uint64_t kVerdictMagic = 0x5455545449564454ull;  // "TUTTIVDT"
+constexpr uint64_t kHelloMagic = 0x5455545449484c4full;     // "TUTTIHLO"
+constexpr uint64_t kVerdictMagic = 0x5455545449564454ull;   // "TUTTIVDT"
 constexpr uint64_t kRollCallMagic = 0x545554544952434cull;  // "TUTTIRCL"
 constexpr int kHelloTag = 7101;
 constexpr int kVerdictTag = 7102;
@@ -283,8 +283,8 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   // the data, and Move() reports it after join_timeout.
   uint64_t mine[kSummaryFields] = {}, all[kSummaryFields] = {};
   for (uint32_t p = 0; p < size_; ++p) {
-    mine[kPairs] ^= PairHash(rank_, p, layout.send_counts[p]) ^
-                    PairHash(p, rank_, layout.recv_counts[p]);
+    mine[kPairs] ^=
+        PairHash(rank_, p, layout.send_counts[p]) ^ PairHash(p, rank_, layout.recv_counts[p]);
   }
   const uint64_t fields[][2] = {{kSeq, seq_},
                                 {kStep, layout.step},
@@ -297,9 +297,9 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   mine[kRefused] = local.ok() ? 0 : 1;
   const SummaryOp& op = GetSummaryOp();
   MPI_Request req = MPI_REQUEST_NULL;
-  RETURN_IF_ERROR(Annotate(MpiStatus(MPI_Iallreduce(mine, all, 1, op.type, op.op, comm_, &req),
-                                     "MPI_Iallreduce"),
-                           where));
+  RETURN_IF_ERROR(Annotate(
+      MpiStatus(MPI_Iallreduce(mine, all, 1, op.type, op.op, comm_, &req), "MPI_Iallreduce"),
+      where));
   absl::Status waited = WaitAll(1, &req, deadline);
   if (absl::IsDeadlineExceeded(waited)) {
     give_up();
@@ -319,9 +319,9 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
         " (crashed, stuck, or calling Exchange a different number of times); stop the job"));
   }
   RETURN_IF_ERROR(Annotate(waited, where));
-  const bool agreed = all[kPairs] == 0 && all[kRefused] == 0 &&
-                      all[kSeq] == ~all[kNotSeq] && all[kStep] == ~all[kNotStep] &&
-                      all[kDirection] == ~all[kNotDirection] && all[kWorld] == ~all[kNotWorld];
+  const bool agreed = all[kPairs] == 0 && all[kRefused] == 0 && all[kSeq] == ~all[kNotSeq] &&
+                      all[kStep] == ~all[kNotStep] && all[kDirection] == ~all[kNotDirection] &&
+                      all[kWorld] == ~all[kNotWorld];
   if (!agreed) {
     // Something disagrees (every rank sees the same summary and comes here):
     // the detailed rounds say which rank and why.
@@ -434,11 +434,11 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
       const int n = static_cast<int>(std::min(chunk, count - done));
       reqs.emplace_back();
       is_recv.push_back(receive);
-      posted = receive ? MpiStatus(MPI_Irecv(out + offset + done, n, MPI_BYTE, static_cast<int>(peer),
-                                             tag, comm_, &reqs.back()),
+      posted = receive ? MpiStatus(MPI_Irecv(out + offset + done, n, MPI_BYTE,
+                                             static_cast<int>(peer), tag, comm_, &reqs.back()),
                                    "MPI_Irecv")
-                       : MpiStatus(MPI_Isend(in + offset + done, n, MPI_BYTE, static_cast<int>(peer),
-                                             tag, comm_, &reqs.back()),
+                       : MpiStatus(MPI_Isend(in + offset + done, n, MPI_BYTE,
+                                             static_cast<int>(peer), tag, comm_, &reqs.back()),
                                    "MPI_Isend");
     }
   };
@@ -470,12 +470,11 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
       MPI_Request_free(&reqs[k]);
     }
   }
-  const std::string where = absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
-                                         DirName(static_cast<uint32_t>(layout.direction)),
-                                         " exchange #", seq_);
+  const std::string where =
+      absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
+                   DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
   broken_ = absl::FailedPreconditionError(absl::StrCat(
-      "an earlier exchange (", where, ") ",
-      absl::IsDeadlineExceeded(s) ? "timed out" : "failed",
+      "an earlier exchange (", where, ") ", absl::IsDeadlineExceeded(s) ? "timed out" : "failed",
       " while moving data; messages of it may still be in flight, so this transport refuses "
       "further exchanges: stop the job"));
   if (absl::IsDeadlineExceeded(s)) {

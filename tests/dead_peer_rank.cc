@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   absl::Status first =
       tutti::ExchangeAndVerify(**t, plans[rank], tutti::ExchangeContext{1, world}, nullptr);
   if (!first.ok()) {
-    std::fprintf(stderr, "rank %u: first exchange: %s\n", rank, std::string(first.message()).c_str());
+    std::fprintf(stderr, "rank %u: first exchange: %s\n", rank,
+                 std::string(first.message()).c_str());
     return 1;
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -47,7 +48,8 @@ int main(int argc, char** argv) {
   std::printf("rank %u: %s (after %.1f s)\n", rank, s.ToString().c_str(), seconds);
   std::fflush(stdout);
   const std::string needle = "rank(s) " + std::to_string(dead) + " did not join the exchange";
-  const bool named = absl::IsDeadlineExceeded(s) && s.message().find(needle) != absl::string_view::npos;
+  const bool named =
+      absl::IsDeadlineExceeded(s) && s.message().find(needle) != absl::string_view::npos;
   MPI_Finalize();
   return named ? 0 : 1;
 }

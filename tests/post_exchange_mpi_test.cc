@@ -83,18 +83,20 @@ std::shared_ptr<const packer::Job> MakeJob(uint32_t world) {
   auto index = packer::Index::FromString(*bytes, "synthetic.idx");
   EXPECT_TRUE(index.ok()) << index.status();
   auto config = ParseJobConfig(absl::StrCat(R"pb(
-    seed: 11
-    world_size: )pb", world, R"pb(
-    ranks_per_node: )pb", RanksPerNode(world), R"pb(
-    batch {
-      text_samples_per_step: )pb", 8 * world, R"pb(
-      vl_samples_per_step: )pb", 3 * world, R"pb(
+                                              seed: 11 world_size:)pb",
+                                            world, R"pb(
+                                              ranks_per_node:)pb",
+                                            RanksPerNode(world), R"pb(
+                                              batch { text_samples_per_step:)pb",
+                                            8 * world, R"pb(
+                                              vl_samples_per_step:)pb",
+                                            3 * world, R"pb(
       grad_accum: 2
       text_micro_batch: 2
       vl_micro_batch: 1
       text_vl_ratio: "2:1"
     }
-    curriculum { start_step: 0 max_pixels: 262144 seq_len: 8192 }
+                                       curriculum { start_step: 0 max_pixels: 262144 seq_len: 8192 }
     post_balancing { enabled: true hidden_size: 64 }
   )pb"),
                                "post_exchange_mpi_test");
@@ -125,7 +127,8 @@ class Buffers {
     if (!device_) return absl::OkStatus();
 #if TUTTI_HAVE_NCCL
     Free();
-    if (absl::Status s = CudaStatus(cudaMalloc(&dsend_, std::max<size_t>(1, send.size())), "malloc");
+    if (absl::Status s =
+            CudaStatus(cudaMalloc(&dsend_, std::max<size_t>(1, send.size())), "malloc");
         !s.ok()) {
       return s;
     }
@@ -227,8 +230,8 @@ absl::StatusOr<TransportUnderTest> MakeTransport() {
   }
   NcclTransportOptions no;
   no.synchronize = true;
-  auto nccl = NcclTransport::CreateWithMpi(MPI_COMM_WORLD, static_cast<int>(t.mpi->rank()) % devices,
-                                           nullptr, t.mpi.get(), no);
+  auto nccl = NcclTransport::CreateWithMpi(
+      MPI_COMM_WORLD, static_cast<int>(t.mpi->rank()) % devices, nullptr, t.mpi.get(), no);
   if (!nccl.ok()) return nccl.status();
   t.nccl = std::move(*nccl);
   return t;
@@ -251,7 +254,8 @@ TEST(PostExchangeMpiTest, EveryByteOfEverySampleArrivesWhereThePlanSays) {
   MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   ASSERT_TRUE(transport.ok()) << transport.status();
   ASSERT_EQ(any, 0) << "another rank could not create the transport";
-  if (rank == 0) std::printf("transport: %s, %u ranks\n", std::string(transport->get()->name()).c_str(), world);
+  if (rank == 0)
+    std::printf("transport: %s, %u ranks\n", std::string(transport->get()->name()).c_str(), world);
 
   std::mt19937_64 rng(2024);  // the same steps on every rank
   uint64_t forward_bytes = 0, load_bytes = 0, inter_node = 0, moved_items = 0;

@@ -24,22 +24,23 @@ int RunBenchExchange(int argc, char** argv) {
   bool json = false;
   uint64_t max_pixels = o.workload.geometry.max_pixels;
   MpiExchangeBenchOptions mpi;
-  Cli cli("tutti bench exchange [options]\n"
-          "  mpirun -np N tutti bench exchange --transport mpi --ranks N --ranks-per-node M",
-          "Batch post-balancing on the seed workload (seq_len 32768, 4 sequences per rank, 80% "
-          "text-only samples with lognormal lengths of median 1000 tokens, 20% VL samples with "
-          "1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to --max-pixels). For "
-          "every world size (8-rank nodes) it reports the phase imbalance (max/mean) with no "
-          "balancing (`none`: the drawn round-robin split), with pre-balancing only (`pre`: the "
-          "packer's --pre-strategy packing whole samples, every image encoded on its sample's "
-          "rank) and with post-balancing (`post`), the inter-node bytes of the node-aware plan "
-          "and of a node-oblivious plan of the same balance, the gap of the fast rearrangement "
-          "to the GLPK optimum on a 2-node x 2-rank sub-instance (small world sizes), and the "
-          "median plan time on one core (wall and thread CPU time). With --transport mpi, under "
-          "mpirun with as many processes as --ranks, every post plan's forward exchange also "
-          "runs through the client library's MPI transport (every byte checked, forward and "
-          "backward) and, interleaved, through a bare MPI_Alltoallv of the same bytes: "
-          "client_vs_bare_throughput is the ratio of their throughputs.");
+  Cli cli(
+      "tutti bench exchange [options]\n"
+      "  mpirun -np N tutti bench exchange --transport mpi --ranks N --ranks-per-node M",
+      "Batch post-balancing on the seed workload (seq_len 32768, 4 sequences per rank, 80% "
+      "text-only samples with lognormal lengths of median 1000 tokens, 20% VL samples with "
+      "1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to --max-pixels). For "
+      "every world size (8-rank nodes) it reports the phase imbalance (max/mean) with no "
+      "balancing (`none`: the drawn round-robin split), with pre-balancing only (`pre`: the "
+      "packer's --pre-strategy packing whole samples, every image encoded on its sample's "
+      "rank) and with post-balancing (`post`), the inter-node bytes of the node-aware plan "
+      "and of a node-oblivious plan of the same balance, the gap of the fast rearrangement "
+      "to the GLPK optimum on a 2-node x 2-rank sub-instance (small world sizes), and the "
+      "median plan time on one core (wall and thread CPU time). With --transport mpi, under "
+      "mpirun with as many processes as --ranks, every post plan's forward exchange also "
+      "runs through the client library's MPI transport (every byte checked, forward and "
+      "backward) and, interleaved, through a bare MPI_Alltoallv of the same bytes: "
+      "client_vs_bare_throughput is the ratio of their throughputs.");
   cli.Flag("ranks", &ranks, "comma-separated world sizes");
   cli.Flag("ranks-per-node", &o.workload.ranks_per_node, "ranks per node");
   cli.Flag("seq-len", &o.workload.seq_len, "tokens per packed sequence");
@@ -91,8 +92,8 @@ int RunBenchExchange(int argc, char** argv) {
     std::fprintf(stderr, "--pre-strategy: %s\n", std::string(strategy.status().message()).c_str());
     return 2;
   }
-  o.pre_balance =
-      packer::MakeStrategyPreBalance(std::shared_ptr<const packer::PackingStrategy>(*std::move(strategy)));
+  o.pre_balance = packer::MakeStrategyPreBalance(
+      std::shared_ptr<const packer::PackingStrategy>(*std::move(strategy)));
 
   bool speaker = true;  // rank 0 under mpirun prints; the others only compute
   dispatch::TransportBenchFn mpi_fn;

@@ -146,14 +146,14 @@ int RunBenchExchange(int argc, char** argv) {
                          counts.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD);
          },
          [&] {
-           absl::Status s = (*unverified)
-                                ->Exchange(plan, send.data(), send.size(), recv.data(),
-                                           recv.size(), ctx);
+           absl::Status s =
+               (*unverified)
+                   ->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
            if (!s.ok()) status = s;
          },
          [&] {
-           absl::Status s = (*verified)->Exchange(plan, send.data(), send.size(), recv.data(),
-                                                  recv.size(), ctx);
+           absl::Status s =
+               (*verified)->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
            if (!s.ok()) status = s;
          }});
     const double raw = medians[0], plain = medians[1], agreed = medians[2];

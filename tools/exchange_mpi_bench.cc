@@ -66,8 +66,8 @@ absl::StatusOr<dispatch::TransportBenchResult> RunMpiExchangeBench(
   const uint32_t W = plan.cluster.world_size, rank = world.rank;
   if (W != world.size || plan.forward.size() != W) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the plan is for ", W, " ranks but mpirun started ", world.size,
-        "; run `mpirun -np ", W, " tutti bench exchange --transport mpi --ranks ", W, "`"));
+        "the plan is for ", W, " ranks but mpirun started ", world.size, "; run `mpirun -np ", W,
+        " tutti bench exchange --transport mpi --ranks ", W, "`"));
   }
   v1::RankPlan rp;
   rp.set_rank(rank);

@@ -184,8 +184,8 @@ size_t TypestrBytes(const std::string& typestr, const char* what) {
     }
   }
   if (n == 0) {
-    Throw(absl::InvalidArgumentError(absl::StrCat("the ", what, " buffer's typestr '", typestr,
-                                                  "' is not understood")));
+    Throw(absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " buffer's typestr '", typestr, "' is not understood")));
   }
   return n;
 }
@@ -209,8 +209,8 @@ Buffer FromInterface(const py::dict& iface, bool writable, bool device, const ch
   py::tuple pair = data;
   b.ptr = reinterpret_cast<void*>(pair[0].cast<uintptr_t>());
   if (writable && pair[1].cast<bool>()) {
-    Throw(absl::InvalidArgumentError(absl::StrCat("the ", what, " buffer must be writable (its ",
-                                                  name, " says read-only)")));
+    Throw(absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " buffer must be writable (its ", name, " says read-only)")));
   }
   const size_t item = TypestrBytes(iface["typestr"].cast<std::string>(), what);
   py::tuple shape = iface["shape"];
@@ -280,14 +280,16 @@ void RequireHost(const Buffer& b, const char* what) {
   if (!b.device) return;
 #if TUTTI_HAVE_NCCL
   Throw(absl::InvalidArgumentError(absl::StrCat(
-      "the ", what, " buffer is CUDA device memory (__cuda_array_interface__) but the MPI "
+      "the ", what,
+      " buffer is CUDA device memory (__cuda_array_interface__) but the MPI "
       "transport exchanges host memory: use tutti.NcclTransport for device buffers, or pass "
       ".cpu().numpy()")));
 #else
-  Throw(absl::InvalidArgumentError(absl::StrCat(
-      "the ", what, " buffer is CUDA device memory (__cuda_array_interface__), but this build of "
-      "tutti has no NCCL transport (rebuild where CUDA and NCCL are found, cmake "
-      "-DTUTTI_WITH_CUDA=ON); or copy to the host with .cpu().numpy()")));
+  Throw(absl::InvalidArgumentError(
+      absl::StrCat("the ", what,
+                   " buffer is CUDA device memory (__cuda_array_interface__), but this build of "
+                   "tutti has no NCCL transport (rebuild where CUDA and NCCL are found, cmake "
+                   "-DTUTTI_WITH_CUDA=ON); or copy to the host with .cpu().numpy()")));
 #endif
 }
 
@@ -368,11 +370,13 @@ void RunExchange(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan,
     RequireHost(s, "send");
     RequireHost(r, "receive");
   } else {
-    for (const auto& [b, what] : {std::pair<const Buffer*, const char*>{&s, "send"}, {&r, "receive"}}) {
+    for (const auto& [b, what] :
+         {std::pair<const Buffer*, const char*>{&s, "send"}, {&r, "receive"}}) {
       if (!b->device && b->bytes > 0) {
-        Throw(absl::InvalidArgumentError(absl::StrCat(
-            "the ", what, " buffer is host memory but the NCCL transport exchanges CUDA device "
-            "memory: pass CUDA tensors (objects with __cuda_array_interface__)")));
+        Throw(absl::InvalidArgumentError(
+            absl::StrCat("the ", what,
+                         " buffer is host memory but the NCCL transport exchanges CUDA device "
+                         "memory: pass CUDA tensors (objects with __cuda_array_interface__)")));
       }
     }
   }
@@ -419,8 +423,8 @@ struct PyNcclTransport {
 
   static PyNcclTransport Create(int device, double join_timeout) {
     PyNcclTransport t;
-    t.control = Value(
-        MpiTransport::CreateWorld(TransportOptions(true, join_timeout, std::nullopt)));
+    t.control =
+        Value(MpiTransport::CreateWorld(TransportOptions(true, join_timeout, std::nullopt)));
     Check(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
     Check(CudaStatus(cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking),
                      "cudaStreamCreate"));
@@ -623,9 +627,8 @@ PYBIND11_MODULE(tutti, m) {
       const ExchangeDirection d = dir;
       cls.def(
           name,
-          [d, device](T& t, const py::handle& plan, const py::object& send,
-                      const py::object& recv, std::optional<uint64_t> step,
-                      std::optional<uint32_t> world_size) {
+          [d, device](T& t, const py::handle& plan, const py::object& send, const py::object& recv,
+                      std::optional<uint64_t> step, std::optional<uint32_t> world_size) {
             RunExchange(t.transport(), d, PlanFrom(plan), send, recv,
                         ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)},
                         device);
@@ -641,8 +644,8 @@ PYBIND11_MODULE(tutti, m) {
       "every rank must call exchanges in the same order. Buffers: numpy arrays or any object\n"
       "with the buffer protocol or __array_interface__ (torch CPU tensors: t.numpy()).");
   mpi.def(py::init([](bool verify, double join_timeout, std::optional<uint64_t> max_count) {
-            return PyMpiTransport{
-                Value(MpiTransport::CreateWorld(TransportOptions(verify, join_timeout, max_count)))};
+            return PyMpiTransport{Value(
+                MpiTransport::CreateWorld(TransportOptions(verify, join_timeout, max_count)))};
           }),
           py::arg("verify") = true, py::arg("join_timeout") = 600.0,
           py::arg("max_count") = py::none())
@@ -665,8 +668,7 @@ PYBIND11_MODULE(tutti, m) {
            }),
            py::arg("device") = 0, py::arg("join_timeout") = 600.0)
       .def_property_readonly("rank", [](PyNcclTransport& t) { return t.nccl->rank(); })
-      .def_property_readonly("world_size",
-                             [](PyNcclTransport& t) { return t.nccl->world_size(); });
+      .def_property_readonly("world_size", [](PyNcclTransport& t) { return t.nccl->world_size(); });
   exchanges(nccl, true);
 #endif
 

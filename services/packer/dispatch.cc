@@ -93,8 +93,7 @@ class PostBalancingDispatcher final : public Dispatcher {
     constexpr int kA = static_cast<int>(dispatch::EncoderKind::kAudio);
     // The step as the dispatcher's input (buffers reused across steps).
     thread_local dispatch::DispatchInput in;
-    in.availability =
-        step.staging != nullptr ? *step.staging : dispatch::ShardAvailability();
+    in.availability = step.staging != nullptr ? *step.staging : dispatch::ShardAvailability();
     const uint32_t n = static_cast<uint32_t>(plan->samples.size());
     in.samples.resize(n);
     for (uint32_t k = 0; k < n; ++k) {
@@ -173,8 +172,9 @@ class PostBalancingDispatcher final : public Dispatcher {
     plan->phases_from_dispatcher = true;
     plan->vit = plan->audio_phase = plan->llm = PhaseSummary();
     for (const dispatch::PhaseStats& s : d->stats.phases) {
-      (s.phase == "vit" ? plan->vit : s.phase == "audio" ? plan->audio_phase : plan->llm) =
-          ToSummary(s);
+      (s.phase == "vit"     ? plan->vit
+       : s.phase == "audio" ? plan->audio_phase
+                            : plan->llm) = ToSummary(s);
     }
     plan->rearrangement = d->stats.rearrangement;
     return absl::OkStatus();
@@ -197,9 +197,8 @@ std::unique_ptr<Dispatcher> MakePostBalancingDispatcher(const DispatcherOptions&
 }
 
 uint64_t IlpBinaries(const DispatcherOptions& o, uint64_t text_samples, uint64_t vl_samples) {
-  return uint64_t{o.world_size} *
-         (text_samples * o.text_micro_batches * o.text_micro_batch +
-          vl_samples * o.vl_micro_batches * o.vl_micro_batch);
+  return uint64_t{o.world_size} * (text_samples * o.text_micro_batches * o.text_micro_batch +
+                                   vl_samples * o.vl_micro_batches * o.vl_micro_batch);
 }
 
 }  // namespace tutti::packer

@@ -10,11 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "services/packer/dispatch/dispatcher.h"
+#include "services/packer/dispatch/workload.h"
 #include "services/packer/plan_proto.h"
 #include "services/packer/planner.h"
 #include "services/packer/strategy_split.h"
-#include "services/packer/dispatch/dispatcher.h"
-#include "services/packer/dispatch/workload.h"
 #include "services/packer/test_util.h"
 
 namespace tutti::packer {
@@ -184,7 +184,8 @@ TEST(PostBalancingTest, UnstagedShardsComeThroughTheLoadExchange) {
     std::map<uint64_t, uint32_t> shard_of;  // sample id -> index shard (by name)
     std::map<std::string, uint32_t> shard_index;
     for (uint32_t s = 0; s < index->num_shards(); ++s) shard_index[index->shard(s).name] = s;
-    for (const auto& s : p.samples()) shard_of[s.sample_id()] = shard_index[p.shards(s.shard()).name()];
+    for (const auto& s : p.samples())
+      shard_of[s.sample_id()] = shard_index[p.shards(s.shard()).name()];
     auto staged = [&](uint64_t sample, uint32_t rank) {
       return shard_of.at(sample) % nodes == rank / job->ranks_per_node();
     };
@@ -277,7 +278,8 @@ TEST(PostBalancingTest, IlpIsExactOnSmallJobsAndRefusedOnLargeOnes) {
   auto refused = MakeJob(big, AudioIndex());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  for (const char* needle : {"rearrangement 'ilp'", "binary variables", "use rearrangement 'fast'"}) {
+  for (const char* needle :
+       {"rearrangement 'ilp'", "binary variables", "use rearrangement 'fast'"}) {
     EXPECT_NE(refused.status().message().find(needle), std::string::npos)
         << needle << ": " << refused.status();
   }

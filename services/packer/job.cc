@@ -51,20 +51,19 @@ absl::Status Job::Init(const JobOptions& options) {
   d.hidden_size = pb.hidden_size();
   d.embedding_dtype_bytes = DTypeBytes(pb.embedding_dtype());
   if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
-    const uint64_t binaries =
-        IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
+    const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
     if (binaries > kIlpMaxBinaries) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "post_balancing.rearrangement 'ilp' solves an integer program per step with ",
-          binaries, " binary variables here (", b.text_samples_per_step() + b.vl_samples_per_step(),
+          "post_balancing.rearrangement 'ilp' solves an integer program per step with ", binaries,
+          " binary variables here (", b.text_samples_per_step() + b.vl_samples_per_step(),
           " samples x ", world_size(), " ranks x their sequences), above its limit of ",
           kIlpMaxBinaries,
           ": it is an exact reference for small jobs; use rearrangement 'fast' (within 1% of the "
           "optimum in tutti bench exchange), or fewer samples per step or ranks"));
     }
   }
-  dispatcher_ = pb.enabled() ? MakePostBalancingDispatcher(d)
-                             : MakeColocatedDispatcher(strategy_.get(), d);
+  dispatcher_ =
+      pb.enabled() ? MakePostBalancingDispatcher(d) : MakeColocatedDispatcher(strategy_.get(), d);
 
   const Index& ix = *index_;
   const uint64_t n_text = ix.text_samples().size(), n_vl = ix.vl_samples().size();

@@ -110,11 +110,12 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                            .Help("Inter-node bytes of a step's encoder-output exchange")
                            .Register(r)
                            .Add({}, ByteBuckets())),
-      intra_node_bytes(BuildHistogram()
-                           .Name("tutti_packer_exchange_intra_node_bytes")
-                           .Help("Bytes of a step's encoder-output exchange between ranks of a node")
-                           .Register(r)
-                           .Add({}, ByteBuckets())),
+      intra_node_bytes(
+          BuildHistogram()
+              .Name("tutti_packer_exchange_intra_node_bytes")
+              .Help("Bytes of a step's encoder-output exchange between ranks of a node")
+              .Register(r)
+              .Add({}, ByteBuckets())),
       remote_load_bytes(BuildHistogram()
                             .Name("tutti_packer_exchange_remote_load_bytes")
                             .Help("Bytes of a step's load exchange (inputs not staged on the node "

@@ -90,9 +90,8 @@ TEST(PackerMetricsTest, PostBalancingPhasesAndExchangeBytesAreExposed) {
   EXPECT_LT(metrics.imbalance_vit.Value(), metrics.imbalance_before_vit.Value());
   const double steps = metrics.steps_planned.Value();
   EXPECT_GE(steps, 1);
-  for (prometheus::Histogram* h :
-       {&metrics.inter_node_bytes, &metrics.intra_node_bytes, &metrics.remote_load_bytes,
-        &metrics.plan_seconds}) {
+  for (prometheus::Histogram* h : {&metrics.inter_node_bytes, &metrics.intra_node_bytes,
+                                   &metrics.remote_load_bytes, &metrics.plan_seconds}) {
     EXPECT_EQ(h->Collect().histogram.sample_count, steps);
   }
   EXPECT_EQ(metrics.rearrangement_fast.Value(), steps);

@@ -123,7 +123,7 @@ struct StepPlanData {
   uint64_t intra_node_bytes = 0;   // forward exchange, between ranks of a node
   uint64_t remote_load_bytes = 0;  // load exchange (always between nodes)
   std::string rearrangement;       // post-balancing: how the LLM placement was chosen
-  double plan_seconds = 0;  // set by whoever timed the planner (not part of identity)
+  double plan_seconds = 0;         // set by whoever timed the planner (not part of identity)
 
   // Inputs of the packing strategy (colocated dispatcher), in batch order.
   std::vector<PackItem> text_items, vl_items;
@@ -146,13 +146,13 @@ struct StepPlanData {
   uint32_t num_load_items() const { return num_encoder_items() + uint32_t(samples.size()); }
   bool IsRemoteLoad(uint32_t item) const {
     const uint32_t I = uint32_t(images.size()), A = uint32_t(audio.size());
-    return item < I ? images[item].remote_load
+    return item < I       ? images[item].remote_load
            : item < I + A ? audio[item - I].remote_load
                           : samples[item - I - A].text_remote;
   }
   uint32_t LoadSource(uint32_t item) const {
     const uint32_t I = uint32_t(images.size()), A = uint32_t(audio.size());
-    return item < I ? images[item].load_source
+    return item < I       ? images[item].load_source
            : item < I + A ? audio[item - I].load_source
                           : samples[item - I - A].text_source;
   }
@@ -166,7 +166,7 @@ struct StepPlanData {
   }
   uint64_t LoadBytes(uint32_t item) const {
     const uint32_t I = uint32_t(images.size()), A = uint32_t(audio.size());
-    return item < I ? images[item].input_bytes
+    return item < I       ? images[item].input_bytes
            : item < I + A ? audio[item - I].input_bytes
                           : uint64_t{samples[item - I - A].cost.text_tokens} * kTokenIdBytes;
   }

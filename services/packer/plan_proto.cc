@@ -251,8 +251,8 @@ class PlanBuilder {
       lx->set_send_bytes(AddLoadTransfers(d_.load_sends, r, /*sends=*/true, lx->mutable_sends(),
                                           r / rpn, rpn, &load_inter));
       lx->set_inter_node_send_bytes(load_inter);
-      lx->set_recv_bytes(AddLoadTransfers(d_.load_recvs, r, /*sends=*/false,
-                                          lx->mutable_recvs(), r / rpn, rpn, &unused));
+      lx->set_recv_bytes(AddLoadTransfers(d_.load_recvs, r, /*sends=*/false, lx->mutable_recvs(),
+                                          r / rpn, rpn, &unused));
     }
     // Costs and the drawn split.
     const RankTotals& t = d_.ranks[r];

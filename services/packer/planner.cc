@@ -151,7 +151,8 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
         au.cost = model.Audio(au.tokens);
         au.output_bytes = au.tokens * elem;
         // float32 samples, as the stager lays out audio_values.
-        au.input_bytes = std::min<uint64_t>(uint64_t{ms} * audio_rate / 1000, audio_max_samples) * 4;
+        au.input_bytes =
+            std::min<uint64_t>(uint64_t{ms} * audio_rate / 1000, audio_max_samples) * 4;
         c.audio_tokens += au.tokens;
         c.audio_cost += au.cost;
         tokens += au.tokens + 2;
@@ -180,9 +181,9 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   if (staging_ != nullptr) staging = staging_->At(step);
   in.staging = &staging;
   if (absl::Status s = job.dispatcher().Dispatch(in, out); !s.ok()) {
-    return Annotate(s, absl::StrCat("step ", step, " (curriculum[", out->stage, "], seq_len ",
-                                    out->seq_len, ", max_pixels ", out->max_pixels, ", strategy ",
-                                    job.plan_strategy(), ")"));
+    return Annotate(
+        s, absl::StrCat("step ", step, " (curriculum[", out->stage, "], seq_len ", out->seq_len,
+                        ", max_pixels ", out->max_pixels, ", strategy ", job.plan_strategy(), ")"));
   }
   const uint32_t S = out->seqs_per_rank();
   FillCsr(

@@ -184,8 +184,8 @@ struct DispatchOptions {
   // depend on the machine, so plans stay reproducible) and ilp_time_limit_s
   // (a safety net); otherwise the fast placement stays. Default kFast.
   Rearrangement rearrangement = Rearrangement::kFast;
-  uint64_t ilp_max_nodes = 20000;   // default 20,000
-  double ilp_time_limit_s = 60;     // default 60 s
+  uint64_t ilp_max_nodes = 20000;  // default 20,000
+  double ilp_time_limit_s = 60;    // default 60 s
   // Build the per-rank send/receive lists (DispatchPlan::forward, load).
   // false leaves them empty for a caller that lays out its own lists from
   // the placement (the packer's planner); statistics are computed either

@@ -410,9 +410,9 @@ absl::StatusOr<LlmAssignment> Rearrange(const DispatchOptions& o, LlmProblem* ll
     stats->rearrangement = "ilp optimal";
     return std::move(ilp->assignment);
   } else {
-    stats->rearrangement = absl::StrCat(
-        "ilp: ", ilp->outcome == IlpOutcome::kInfeasible ? "infeasible" : ilp->detail,
-        "; fast kept");
+    stats->rearrangement =
+        absl::StrCat("ilp: ", ilp->outcome == IlpOutcome::kInfeasible ? "infeasible" : ilp->detail,
+                     "; fast kept");
   }
   return std::move(rr.assignment);
 }
@@ -451,7 +451,8 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
       const FlatEncoder& f = flat[e];
       if (f.sample.empty()) continue;
       std::vector<uint32_t> preferred(f.sample.size());
-      for (size_t i = 0; i < f.sample.size(); ++i) preferred[i] = node[assignment.rank[f.sample[i]]];
+      for (size_t i = 0; i < f.sample.size(); ++i)
+        preferred[i] = node[assignment.rank[f.sample[i]]];
       const std::vector<uint8_t> touched =
           MoveTowardNodes(f.problem, preferred, f.out_bytes, enc_bound[e], &plan.encoders[e].rank);
       ImproveWithinNodes(f.problem, o.improvement_rounds, &plan.encoders[e].rank, &touched);
@@ -533,8 +534,9 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
         const uint64_t bytes = in.samples[s].items[e][f.local[i]].input_bytes;
         ep.remote_load[i] = 1;
         ep.load_source[i] = sources.Pick(f.problem.shard[i], in.samples[s].drawn_rank, bytes);
-        load_moves.push_back(Move{ep.load_source[i], r,
-                                  ExchangeItem{s, ep.kind, Payload::kEncoderInput, f.index[i], bytes}});
+        load_moves.push_back(
+            Move{ep.load_source[i], r,
+                 ExchangeItem{s, ep.kind, Payload::kEncoderInput, f.index[i], bytes}});
         ++plan.stats.remote_load_items;
       }
     }
@@ -565,7 +567,7 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
     const FlatEncoder& f = flat[e];
     for (size_t i = 0; i < f.sample.size(); ++i) {
       const uint32_t src = plan.encoders[e].rank[i], dst = assignment.rank[f.sample[i]];
-      (src == dst                ? plan.stats.self_bytes
+      (src == dst               ? plan.stats.self_bytes
        : node[src] == node[dst] ? plan.stats.intra_node_bytes
                                 : plan.stats.inter_node_bytes) += f.out_bytes[i];
     }
@@ -611,7 +613,8 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
       cost = SplitLlmCosts(llm, drawn, &overflow);
     } else {
       const CostModel model(o.cost);
-      for (uint32_t s = 0; s < n; ++s) cost[in.samples[s].drawn_rank] += model.Llm(llm.docs[s].tokens);
+      for (uint32_t s = 0; s < n; ++s)
+        cost[in.samples[s].drawn_rank] += model.Llm(llm.docs[s].tokens);
     }
     before.push_back(MakePhaseStats("llm", cost, 0));
   }

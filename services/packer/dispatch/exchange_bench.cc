@@ -234,12 +234,12 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
   bool transport = false;
   for (const auto& r : rows) transport |= r.client_vs_bare_throughput.has_value();
   std::string out =
-      absl::StrFormat("%-5s %6s %8s %8s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s", "mode",
-                      "ranks", "vit_imb", "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb",
-                      "inter_MB", "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
+      absl::StrFormat("%-5s %6s %8s %8s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s", "mode", "ranks",
+                      "vit_imb", "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb", "inter_MB",
+                      "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
   if (transport) {
-    out += absl::StrFormat(" %11s %10s %10s %11s", "MB/rank", "client_ms", "bare_ms",
-                           "client/bare");
+    out +=
+        absl::StrFormat(" %11s %10s %10s %11s", "MB/rank", "client_ms", "bare_ms", "client/bare");
   }
   out += "\n";
   for (const auto& r : rows) {
@@ -268,12 +268,12 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
       auto opt = [](const std::optional<double>& v, const char* f) {
         return v ? absl::StrFormat(f, *v) : std::string("-");
       };
-      out += absl::StrFormat(
-          " %11s %10s %10s %11s\n",
-          r.exchange_bytes_per_rank ? absl::StrFormat("%.2f", *r.exchange_bytes_per_rank / 1e6)
-                                    : "-",
-          opt(r.client_exchange_ms, "%.3f"), opt(r.bare_exchange_ms, "%.3f"),
-          opt(r.client_vs_bare_throughput, "%.4f"));
+      out += absl::StrFormat(" %11s %10s %10s %11s\n",
+                             r.exchange_bytes_per_rank
+                                 ? absl::StrFormat("%.2f", *r.exchange_bytes_per_rank / 1e6)
+                                 : "-",
+                             opt(r.client_exchange_ms, "%.3f"), opt(r.bare_exchange_ms, "%.3f"),
+                             opt(r.client_vs_bare_throughput, "%.4f"));
     }
   }
   return out;
@@ -316,8 +316,8 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         r.inter_node_bytes_oblivious, r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes),
         optu(r.glpk_fast_bytes), quote(r.glpk_status), opt(r.plan_ms_median),
         opt(r.plan_cpu_ms_median), opt(r.client_vs_bare_throughput), opt(r.client_exchange_ms),
-        opt(r.bare_exchange_ms), optu(r.exchange_bytes_per_rank), r.llm_fallback ? "true" : "false", r.error.empty() ? std::string("null") : quote(r.error),
-        i + 1 < rows.size() ? "," : "");
+        opt(r.bare_exchange_ms), optu(r.exchange_bytes_per_rank), r.llm_fallback ? "true" : "false",
+        r.error.empty() ? std::string("null") : quote(r.error), i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";
   return out;

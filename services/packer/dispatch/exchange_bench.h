@@ -31,7 +31,7 @@ struct TransportBenchResult {
   double client_vs_bare_throughput = 0;  // client_gbps / bare_gbps; target >= 0.95
   double client_seconds = 0;             // median time of one exchange, slowest rank
   double bare_seconds = 0;
-  uint64_t bytes_per_rank_max = 0;       // the largest send buffer of a rank
+  uint64_t bytes_per_rank_max = 0;  // the largest send buffer of a rank
 };
 using TransportBenchFn = std::function<absl::StatusOr<TransportBenchResult>(
     const DispatchInput& input, const DispatchOptions& options, const DispatchPlan& plan)>;

@@ -85,9 +85,9 @@ TEST(ExchangeBenchTest, PreHookIsUsedAndErrorsPropagate) {
 TEST(ExchangeBenchTest, TransportHookSeesEveryPostPlan) {
   // A transport that reports the plan's own bytes (what a real one moves).
   uint32_t calls = 0;
-  const TransportBenchFn fake = [&calls](const DispatchInput& in, const DispatchOptions& d,
-                                         const DispatchPlan& plan)
-      -> absl::StatusOr<TransportBenchResult> {
+  const TransportBenchFn fake =
+      [&calls](const DispatchInput& in, const DispatchOptions& d,
+               const DispatchPlan& plan) -> absl::StatusOr<TransportBenchResult> {
     ++calls;
     EXPECT_EQ(plan.cluster.world_size, d.cluster.world_size);
     EXPECT_FALSE(in.samples.empty());

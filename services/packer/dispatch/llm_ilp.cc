@@ -257,10 +257,9 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
       break;
     }
     if (iret != 0 || status != GLP_OPT) {
-      result.detail = iret == GLP_ETMLIM ? "time limit reached"
-                      : start.out_of_nodes
-                          ? absl::StrCat("node limit (", o.max_nodes, ") reached")
-                          : absl::StrCat("glp_intopt returned ", iret);
+      result.detail = iret == GLP_ETMLIM   ? "time limit reached"
+                      : start.out_of_nodes ? absl::StrCat("node limit (", o.max_nodes, ") reached")
+                                           : absl::StrCat("glp_intopt returned ", iret);
       break;
     }
     LlmAssignment sol{std::vector<uint32_t>(D, 0), std::vector<uint32_t>(D, 0)};

@@ -80,8 +80,8 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
   std::vector<Pending> todo(order.size());
   for (size_t k = 0; k < order.size(); ++k) {
     const uint32_t d = order[k];
-    todo[k] = Pending{d, p_.docs[d].tokens, cost_[d], p_.affinity.base(d), p_.docs[d].vl,
-                      pinned[d] != 0};
+    todo[k] =
+        Pending{d, p_.docs[d].tokens, cost_[d], p_.affinity.base(d), p_.docs[d].vl, pinned[d] != 0};
   }
   for (const Pending& x : todo) {
     const uint32_t d = x.d;
