@@ -265,6 +265,17 @@ absl::Status Client::Exchange(const v1::RankPlan& plan, uint64_t step, const voi
                               ExchangeContext{step, world_size_});
 }
 
+absl::Status Client::ExchangeLoad(const v1::RankPlan& plan, uint64_t step, const void* send,
+                                  size_t send_bytes, void* recv, size_t recv_bytes) {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ExchangeWhere(step, rank_),
+                     ": no transport; call SetTransport(MpiTransport::CreateWorld()) first"));
+  }
+  return transport_->ExchangeLoad(plan, send, send_bytes, recv, recv_bytes,
+                                  ExchangeContext{step, world_size_});
+}
+
 absl::Status Client::ExchangeBackward(const v1::RankPlan& plan, uint64_t step, const void* send,
                                       size_t send_bytes, void* recv, size_t recv_bytes) {
   if (transport_ == nullptr) {

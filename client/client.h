@@ -118,6 +118,10 @@ class Client {
                         size_t send_bytes, void* recv, size_t recv_bytes);
   absl::Status ExchangeBackward(const v1::RankPlan& plan, uint64_t step, const void* send,
                                 size_t send_bytes, void* recv, size_t recv_bytes);
+  // The plan's load exchange (post-balancing: inputs whose shard this node
+  // does not stage), before the encoders run; see Transport::ExchangeLoad.
+  absl::Status ExchangeLoad(const v1::RankPlan& plan, uint64_t step, const void* send,
+                            size_t send_bytes, void* recv, size_t recv_bytes);
 
   const v1::JobInfo& job() const { return job_; }
   const ClientOptions& options() const { return options_; }

@@ -9,10 +9,6 @@
 namespace tutti {
 namespace {
 
-const char* DirName(ExchangeDirection dir) {
-  return dir == ExchangeDirection::kForward ? "forward" : "backward";
-}
-
 // Fills counts/offsets from one list of transfers (sends or recvs).
 absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfers,
                  const char* what, uint64_t declared_total, uint32_t comm_size,
@@ -67,6 +63,18 @@ absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfe
 
 }  // namespace
 
+const char* ExchangeDirectionName(ExchangeDirection dir) {
+  switch (dir) {
+    case ExchangeDirection::kForward:
+      return "forward";
+    case ExchangeDirection::kBackward:
+      return "backward";
+    case ExchangeDirection::kLoad:
+      return "load";
+  }
+  return "?";
+}
+
 std::string ExchangeWhere(uint64_t step, uint32_t rank) {
   return step == kUnknownStep ? absl::StrCat("rank ", rank)
                               : absl::StrCat("step ", step, ", rank ", rank);
@@ -89,8 +97,8 @@ ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t c
 absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, ExchangeDirection dir,
                                                    uint32_t comm_rank, uint32_t comm_size,
                                                    const ExchangeContext& ctx) {
-  const std::string where =
-      absl::StrCat(ExchangeWhere(ctx.step, comm_rank), ", ", DirName(dir), " exchange");
+  const std::string where = absl::StrCat(ExchangeWhere(ctx.step, comm_rank), ", ",
+                                         ExchangeDirectionName(dir), " exchange");
   if (ctx.world_size != 0 && ctx.world_size != comm_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         where, ": the plan is for ", ctx.world_size, " ranks but the communicator has ", comm_size,
@@ -103,8 +111,8 @@ absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, Exc
         plan.rank(), "'s plan; give the client the communicator's rank (TUTTI_RANK)"));
   }
   ExchangeLayout l = EmptyLayout(dir, comm_rank, comm_size, ctx.step);
-  const v1::Exchange& ex = plan.exchange();
-  const bool fwd = dir == ExchangeDirection::kForward;
+  const v1::Exchange& ex = dir == ExchangeDirection::kLoad ? plan.load_exchange() : plan.exchange();
+  const bool fwd = dir != ExchangeDirection::kBackward;
   RETURN_IF_ERROR(Lay(fwd ? ex.sends() : ex.recvs(), fwd ? "send" : "receive",
                       fwd ? ex.send_bytes() : ex.recv_bytes(), comm_size, where, &l.send_counts,
                       &l.send_offsets, &l.send_bytes));
@@ -121,7 +129,7 @@ absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, Exc
 }
 
 absl::Status CheckBufferSizes(const ExchangeLayout& layout, size_t send_bytes, size_t recv_bytes) {
-  const char* dir = layout.direction == ExchangeDirection::kForward ? "forward" : "backward";
+  const char* dir = ExchangeDirectionName(layout.direction);
   for (const auto& [what, given, expected] :
        {std::tuple<const char*, uint64_t, uint64_t>{"send", send_bytes, layout.send_bytes},
         {"receive", recv_bytes, layout.recv_bytes}}) {

@@ -5,7 +5,9 @@
 // each transfer's items; the receive buffer likewise over `recvs`. Backward
 // (gradients flowing back to the encoders) is the inverse: sends become
 // receives with the same byte counts, so the backward send buffer has the
-// forward receive buffer's layout and vice versa.
+// forward receive buffer's layout and vice versa. Load: the plan's
+// load_exchange (post-balancing's remote inputs, before the encoders run),
+// laid out like the forward exchange.
 #ifndef TUTTI_CLIENT_EXCHANGE_LAYOUT_H_
 #define TUTTI_CLIENT_EXCHANGE_LAYOUT_H_
 
@@ -22,7 +24,10 @@ namespace tutti {
 
 inline constexpr uint64_t kUnknownStep = ~uint64_t{0};
 
-enum class ExchangeDirection { kForward = 0, kBackward = 1 };
+enum class ExchangeDirection { kForward = 0, kBackward = 1, kLoad = 2 };
+
+// "forward", "backward" or "load".
+const char* ExchangeDirectionName(ExchangeDirection dir);
 
 // What the caller knows about the plan besides the RankPlan itself.
 struct ExchangeContext {

@@ -12,12 +12,98 @@
 namespace tutti {
 namespace {
 
-constexpr uint64_t kHelloMagic = 0x5455545449484c4full;    // "TUTTIHLO"
-constexpr uint64_t kVerdictMagic = 0x5455545449564454ull;  // "TUTTIVDT"
+constexpr uint64_t kHelloMagic = 0x5455545449484c4full;     // "TUTTIHLO"
+constexpr uint64_t kVerdictMagic = 0x5455545449564454ull;   // "TUTTIVDT"
+constexpr uint64_t kRollCallMagic = 0x545554544952434cull;  // "TUTTIRCL"
 constexpr int kHelloTag = 7101;
 constexpr int kVerdictTag = 7102;
+constexpr int kRollCallTag = 7103;
+// Data messages carry kDataTagBase + exchange number % kDataTags.
+constexpr int kDataTagBase = 8000;
+constexpr int kDataTags = 16384;
 
-const char* DirName(uint32_t dir) { return dir == 0 ? "forward" : "backward"; }
+// splitmix64: a well-mixed 64-bit hash.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The hash of "rank `from` moves `bytes` to rank `to`". Sender and receiver
+// both add it to the XOR of the summary, so it cancels exactly when they
+// agree on the count.
+uint64_t PairHash(uint64_t from, uint64_t to, uint64_t bytes) {
+  return Mix(Mix((from << 32) | to) ^ bytes);
+}
+
+// The summary all ranks reduce in the fast agreement: [0] the XOR of every
+// pair hash (0 when all pairs agree), then fields and their complements
+// reduced by OR, so that OR(x) == ~OR(~x) exactly when every rank has the
+// same x.
+enum SummaryField : int {
+  kPairs = 0,
+  kSeq,
+  kNotSeq,
+  kStep,
+  kNotStep,
+  kDirection,
+  kNotDirection,
+  kWorld,
+  kNotWorld,
+  kRefused,  // OR: some rank refused its own input
+  kSummaryFields,
+};
+
+void ReduceSummary(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint64_t*>(in);
+  auto* b = static_cast<uint64_t*>(inout);
+  for (int r = 0; r < *len; ++r, a += kSummaryFields, b += kSummaryFields) {
+    b[kPairs] ^= a[kPairs];
+    for (int f = kSeq; f < kSummaryFields; ++f) b[f] |= a[f];
+  }
+}
+
+// The datatype (one summary) and operation of the fast agreement, created once.
+struct SummaryOp {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL;
+};
+const SummaryOp& GetSummaryOp() {
+  static const SummaryOp* op = [] {
+    auto* o = new SummaryOp;
+    MPI_Type_contiguous(kSummaryFields, MPI_UINT64_T, &o->type);
+    MPI_Type_commit(&o->type);
+    MPI_Op_create(&ReduceSummary, /*commute=*/1, &o->op);
+    return o;
+  }();
+  return *op;
+}
+
+// Waits for `n` requests until `deadline`: polling, as a timed MPI wait does
+// not exist. Yields while waits are short (ranks may share cores), then
+// sleeps in short steps. DEADLINE_EXCEEDED leaves the requests pending.
+absl::Status WaitAll(int n, MPI_Request* reqs, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  for (uint64_t spin = 0;; ++spin) {
+    int done = 0;
+    RETURN_IF_ERROR(MpiStatus(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall"));
+    if (done) return absl::OkStatus();
+    if ((spin & 63) == 0) {
+      const absl::Time now = absl::Now();
+      if (now > deadline) return absl::DeadlineExceededError("timed out");
+      if (now - start > absl::Milliseconds(20)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+    }
+    std::this_thread::yield();
+  }
+}
+
+const char* DirName(uint32_t dir) {
+  return ExchangeDirectionName(static_cast<ExchangeDirection>(dir));
+}
 
 std::string RankList(const std::vector<int>& ranks) {
   std::vector<int> shown(ranks.begin(), ranks.begin() + std::min<size_t>(ranks.size(), 16));
@@ -135,23 +221,24 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
         "MPI_Isend"));
   }
   std::vector<int> done(reqs.size());
+  const absl::Time start = absl::Now();
   for (uint64_t spin = 0;; ++spin) {
     int count = 0;
     RETURN_IF_ERROR(MpiStatus(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &count,
                                            done.data(), MPI_STATUSES_IGNORE),
                               "MPI_Testsome"));
     if (count == MPI_UNDEFINED) return absl::OkStatus();  // every request completed
-    if (count > 0) {
-      spin = 0;
-      continue;
-    }
-    if (absl::Now() > deadline) break;
+    if (count > 0) continue;
     // Poll politely: ranks may share cores while they wait for each other.
-    if (spin < 64) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min<uint64_t>(1000, spin)));
+    if ((spin & 63) == 0) {
+      const absl::Time now = absl::Now();
+      if (now > deadline) break;
+      if (now - start > absl::Milliseconds(20)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
     }
+    std::this_thread::yield();
   }
   // Timed out: withdraw what has not arrived.
   bool sends_pending = false;
@@ -182,6 +269,72 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
   const absl::Time deadline = absl::Now() + opts_.join_timeout;
+  auto give_up = [&] {
+    broken_ = absl::FailedPreconditionError(
+        absl::StrCat("an earlier exchange (", where,
+                     ") timed out; messages from late ranks may still be in "
+                     "flight, so this transport refuses further exchanges: stop the job"));
+  };
+
+  // One all-reduce of a summary. Equal counts between every pair, the same
+  // exchange number, step, direction and world everywhere, and no refusal:
+  // the exchange may go ahead. A rank whose all-reduce completed only after
+  // the others had given up (it arrived too late) then waits in vain for
+  // the data, and Move() reports it after join_timeout.
+  uint64_t mine[kSummaryFields] = {}, all[kSummaryFields] = {};
+  for (uint32_t p = 0; p < size_; ++p) {
+    mine[kPairs] ^=
+        PairHash(rank_, p, layout.send_counts[p]) ^ PairHash(p, rank_, layout.recv_counts[p]);
+  }
+  const uint64_t fields[][2] = {{kSeq, seq_},
+                                {kStep, layout.step},
+                                {kDirection, static_cast<uint64_t>(layout.direction)},
+                                {kWorld, size_}};
+  for (const auto& [f, v] : fields) {
+    mine[f] = v;
+    mine[f + 1] = ~v;
+  }
+  mine[kRefused] = local.ok() ? 0 : 1;
+  const SummaryOp& op = GetSummaryOp();
+  MPI_Request req = MPI_REQUEST_NULL;
+  RETURN_IF_ERROR(Annotate(
+      MpiStatus(MPI_Iallreduce(mine, all, 1, op.type, op.op, comm_, &req), "MPI_Iallreduce"),
+      where));
+  absl::Status waited = WaitAll(1, &req, deadline);
+  if (absl::IsDeadlineExceeded(waited)) {
+    give_up();
+    // Who is missing: every rank that gave up answers a roll call.
+    std::vector<Header> out(size_), in(size_);
+    for (uint32_t p = 0; p < size_; ++p) {
+      out[p].magic = kRollCallMagic;
+      out[p].seq = seq_;
+      out[p].world = size_;
+      out[p].sender = rank_;
+    }
+    std::vector<int> missing;
+    (void)Round(kRollCallTag, out, &in, absl::Now() + opts_.join_timeout, &missing);
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": rank(s) ", missing.empty() ? std::string("?") : RankList(missing),
+        " did not join the exchange within ", absl::FormatDuration(opts_.join_timeout),
+        " (crashed, stuck, or calling Exchange a different number of times); stop the job"));
+  }
+  RETURN_IF_ERROR(Annotate(waited, where));
+  const bool agreed = all[kPairs] == 0 && all[kRefused] == 0 && all[kSeq] == ~all[kNotSeq] &&
+                      all[kStep] == ~all[kNotStep] && all[kDirection] == ~all[kNotDirection] &&
+                      all[kWorld] == ~all[kNotWorld];
+  if (!agreed) {
+    // Something disagrees (every rank sees the same summary and comes here):
+    // the detailed rounds say which rank and why.
+    absl::Status detail = AgreeInDetail(layout, local, where, deadline);
+    if (!detail.ok()) return detail;
+    // Only unknown steps differed, which the detailed check accepts.
+  }
+
+  return absl::OkStatus();
+}
+
+absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const absl::Status& local,
+                                         const std::string& where, absl::Time deadline) {
   auto timed_out = [&](const std::vector<int>& missing, const char* stage) {
     broken_ = absl::FailedPreconditionError(
         absl::StrCat("an earlier exchange (", where,
@@ -264,90 +417,74 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
 }
 
 absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, void* recv) {
-  const uint64_t limit = opts_.max_count;
-  bool fits = true;
-  for (uint32_t p = 0; p < size_; ++p) {
-    fits = fits && layout.send_counts[p] <= limit && layout.send_offsets[p] <= limit &&
-           layout.recv_counts[p] <= limit && layout.recv_offsets[p] <= limit;
-  }
-  if (!fits) ++large_exchanges_;
-  return Annotate(fits ? MoveAlltoallv(layout, send, recv) : MoveAlltoallw(layout, send, recv),
-                  ExchangeWhere(layout.step, rank_));
-}
-
-absl::Status MpiTransport::MoveAlltoallv(const ExchangeLayout& layout, const void* send,
-                                         void* recv) {
-  std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
-  for (uint32_t p = 0; p < size_; ++p) {
-    sc[p] = static_cast<int>(layout.send_counts[p]);
-    sd[p] = static_cast<int>(layout.send_offsets[p]);
-    rc[p] = static_cast<int>(layout.recv_counts[p]);
-    rd[p] = static_cast<int>(layout.recv_offsets[p]);
-  }
-  static char empty;  // MPI wants a valid address even for zero bytes
-  return MpiStatus(MPI_Alltoallv(send ? send : &empty, sc.data(), sd.data(), MPI_BYTE,
-                                 recv ? recv : &empty, rc.data(), rd.data(), MPI_BYTE, comm_),
-                   "MPI_Alltoallv");
-}
-
-absl::Status MpiTransport::MoveAlltoallw(const ExchangeLayout& layout, const void* send,
-                                         void* recv) {
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
   const uint64_t chunk = opts_.max_count;
-  MPI_Datatype chunk_type;
-  RETURN_IF_ERROR(MpiStatus(MPI_Type_contiguous(static_cast<int>(chunk), MPI_BYTE, &chunk_type),
-                            "MPI_Type_contiguous"));
-  MPI_Type_commit(&chunk_type);
-  std::vector<MPI_Datatype> created;
-  // One datatype per peer: whole chunks, then the remainder, at the offset.
-  auto make = [&](uint64_t offset, uint64_t count, MPI_Datatype* type) -> absl::Status {
-    const uint64_t chunks = count / chunk, rem = count % chunk;
-    if (chunks > static_cast<uint64_t>(INT_MAX)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a transfer of ", count, " bytes is too large"));
+  // Messages of this exchange only: a late rank's data never matches another.
+  const int tag = kDataTagBase + static_cast<int>(seq_ % kDataTags);
+  std::vector<MPI_Request> reqs;
+  std::vector<uint8_t> is_recv;
+  bool large = false;
+  absl::Status posted;
+  // Chunks of at most max_count bytes (an int), in order: messages between
+  // two ranks with one tag do not overtake each other.
+  auto post = [&](bool receive, uint32_t peer, uint64_t offset, uint64_t count) {
+    large |= count > chunk;
+    for (uint64_t done = 0; done < count && posted.ok(); done += chunk) {
+      const int n = static_cast<int>(std::min(chunk, count - done));
+      reqs.emplace_back();
+      is_recv.push_back(receive);
+      posted = receive ? MpiStatus(MPI_Irecv(out + offset + done, n, MPI_BYTE,
+                                             static_cast<int>(peer), tag, comm_, &reqs.back()),
+                                   "MPI_Irecv")
+                       : MpiStatus(MPI_Isend(in + offset + done, n, MPI_BYTE,
+                                             static_cast<int>(peer), tag, comm_, &reqs.back()),
+                                   "MPI_Isend");
     }
-    int lens[2];
-    MPI_Aint displs[2];
-    MPI_Datatype types[2];
-    int n = 0;
-    if (chunks > 0) {
-      lens[n] = static_cast<int>(chunks);
-      displs[n] = static_cast<MPI_Aint>(offset);
-      types[n++] = chunk_type;
-    }
-    if (rem > 0) {
-      lens[n] = static_cast<int>(rem);
-      displs[n] = static_cast<MPI_Aint>(offset + chunks * chunk);
-      types[n++] = MPI_BYTE;
-    }
-    RETURN_IF_ERROR(
-        MpiStatus(MPI_Type_create_struct(n, lens, displs, types, type), "MPI_Type_create_struct"));
-    MPI_Type_commit(type);
-    created.push_back(*type);
-    return absl::OkStatus();
   };
-  std::vector<int> sc(size_, 0), rc(size_, 0), zero(size_, 0);
-  std::vector<MPI_Datatype> st(size_, MPI_BYTE), rt(size_, MPI_BYTE);
-  absl::Status status;
-  for (uint32_t p = 0; p < size_ && status.ok(); ++p) {
-    if (layout.send_counts[p] > 0) {
-      status = make(layout.send_offsets[p], layout.send_counts[p], &st[p]);
-      sc[p] = 1;
-    }
-    if (status.ok() && layout.recv_counts[p] > 0) {
-      status = make(layout.recv_offsets[p], layout.recv_counts[p], &rt[p]);
-      rc[p] = 1;
+  // Receives first, then sends, each rank starting with a different peer.
+  for (uint32_t k = 1; k < size_ && posted.ok(); ++k) {
+    const uint32_t p = (rank_ + size_ - k) % size_;
+    if (layout.recv_counts[p] > 0) post(true, p, layout.recv_offsets[p], layout.recv_counts[p]);
+  }
+  for (uint32_t k = 1; k < size_ && posted.ok(); ++k) {
+    const uint32_t p = (rank_ + k) % size_;
+    if (layout.send_counts[p] > 0) post(false, p, layout.send_offsets[p], layout.send_counts[p]);
+  }
+  if (posted.ok() && layout.send_counts[rank_] > 0) {
+    std::memcpy(out + layout.recv_offsets[rank_], in + layout.send_offsets[rank_],
+                layout.send_counts[rank_]);
+  }
+  if (large) ++large_exchanges_;
+  absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
+                                         absl::Now() + opts_.join_timeout)
+                               : posted;
+  if (s.ok()) return s;
+  // Withdraw what is still pending: receives are cancelled, sends released.
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    if (reqs[k] == MPI_REQUEST_NULL) continue;
+    if (is_recv[k]) {
+      MPI_Cancel(&reqs[k]);
+      MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&reqs[k]);
     }
   }
-  static char empty;
-  if (status.ok()) {
-    status =
-        MpiStatus(MPI_Alltoallw(send ? send : &empty, sc.data(), zero.data(), st.data(),
-                                recv ? recv : &empty, rc.data(), zero.data(), rt.data(), comm_),
-                  "MPI_Alltoallw");
+  const std::string where =
+      absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
+                   DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
+  broken_ = absl::FailedPreconditionError(absl::StrCat(
+      "an earlier exchange (", where, ") ", absl::IsDeadlineExceeded(s) ? "timed out" : "failed",
+      " while moving data; messages of it may still be in flight, so this transport refuses "
+      "further exchanges: stop the job"));
+  if (absl::IsDeadlineExceeded(s)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": the other ranks did not complete the exchange within ",
+        absl::FormatDuration(opts_.join_timeout),
+        " (they gave up waiting: this rank arrived too late, or a rank crashed); the receive "
+        "buffer is incomplete; stop the job"));
   }
-  for (MPI_Datatype& t : created) MPI_Type_free(&t);
-  MPI_Type_free(&chunk_type);
-  return status;
+  return Annotate(s, absl::StrCat(where, ": the receive buffer is incomplete"));
 }
 
 }  // namespace tutti

@@ -1,14 +1,23 @@
-// The plan's all-to-all over MPI on host memory: MPI_Alltoallv, or
-// MPI_Alltoallw with derived datatypes for counts and offsets above what an
-// int can hold. Used on CPU clusters, in tests, and from Python.
+// The plan's all-to-all over MPI on host memory, with MPI_Alltoallv's
+// semantics: every rank posts a receive from and a send to each peer it
+// shares bytes with (non-blocking point-to-point, transfers above what an int
+// counts go in chunks), copies its own part, and waits with a deadline, so a
+// peer that never sends is reported instead of blocking forever. (A sparse
+// MPI_Ialltoallv followed by another non-blocking collective hangs in Open
+// MPI 4.1's libnbc; point-to-point messages have no such ordering.) Used on
+// CPU clusters, in tests, and from Python.
 //
-// Before data moves, the ranks agree (unless disabled): every rank tells
-// every other what it will send it and expects from it, which exchange (a
-// running count) and step it is on, and whether it refused its own input;
-// then every rank shares its verdict. A problem anywhere fails the exchange
-// on every rank with an error that names the rank and the cause, instead of
-// hanging in MPI or truncating a message. A rank that never arrives is
-// reported (DEADLINE_EXCEEDED naming it) after `join_timeout`.
+// Before data moves, the ranks agree (unless disabled). Fast path: one
+// all-reduce of a summary (a hash of every rank's per-peer send and receive
+// counts, in which each pair's two sides cancel exactly when they agree;
+// exchange number, step, direction and world size; whether any rank refused
+// its own input) and one all-reduce that confirms the go-ahead. Only when the
+// summary shows a disagreement do the ranks run two point-to-point rounds
+// that name the rank and the cause, so a problem anywhere fails the exchange
+// on every rank with the same explanation instead of hanging in MPI or
+// truncating a message. A rank that never arrives is reported
+// (DEADLINE_EXCEEDED naming it, found by a roll call among the ranks that
+// gave up) after `join_timeout`, at most twice that in all.
 #ifndef TUTTI_CLIENT_MPI_TRANSPORT_H_
 #define TUTTI_CLIENT_MPI_TRANSPORT_H_
 
@@ -27,8 +36,8 @@
 namespace tutti {
 
 struct MpiTransportOptions {
-  // Agree before moving data (see above). Costs two rounds of 256-byte
-  // messages between every pair of ranks. Default true.
+  // Agree before moving data (see above). Costs two small all-reduces when
+  // the ranks agree. Default true.
   bool verify = true;
   // How long the agreement waits for every rank to arrive. Ranks reach an
   // exchange at different times (the encoder phase of one rank may be much
@@ -36,9 +45,9 @@ struct MpiTransportOptions {
   // transport refuses further exchanges: a late rank's messages may still be
   // in flight, so the job should stop. Default 600 s.
   absl::Duration join_timeout = absl::Seconds(600);
-  // Largest count or byte offset handed to MPI as an int. Larger exchanges go
-  // through MPI_Alltoallw with per-peer datatypes built from chunks of this
-  // many bytes. Default INT_MAX; tests lower it to exercise that path.
+  // Largest message handed to MPI (its count is an int). Larger transfers go
+  // as several messages of at most this many bytes. Default INT_MAX; tests
+  // lower it to exercise that path.
   uint64_t max_count = INT_MAX;
 };
 
@@ -71,7 +80,7 @@ class MpiTransport final : public Transport {
 
   // Exchanges run so far (agreed or not); they are numbered from 1.
   uint64_t exchanges() const { return seq_; }
-  // Exchanges whose data went through MPI_Alltoallw (counts above max_count).
+  // Exchanges with a transfer above max_count (sent in several messages).
   uint64_t large_exchanges() const { return large_exchanges_; }
 
  protected:
@@ -87,8 +96,9 @@ class MpiTransport final : public Transport {
   // messages did not arrive and the result is DEADLINE_EXCEEDED.
   absl::Status Round(int tag, const std::vector<Header>& out, std::vector<Header>* in,
                      absl::Time deadline, std::vector<int>* missing);
-  absl::Status MoveAlltoallv(const ExchangeLayout& layout, const void* send, void* recv);
-  absl::Status MoveAlltoallw(const ExchangeLayout& layout, const void* send, void* recv);
+  // The two point-to-point rounds that find which rank disagrees and why.
+  absl::Status AgreeInDetail(const ExchangeLayout& layout, const absl::Status& local,
+                             const std::string& where, absl::Time deadline);
 
   MPI_Comm comm_;
   uint32_t rank_;

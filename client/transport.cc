@@ -16,6 +16,11 @@ absl::Status Transport::ExchangeBackward(const v1::RankPlan& plan, const void* s
   return Run(ExchangeDirection::kBackward, plan, send, send_bytes, recv, recv_bytes, ctx);
 }
 
+absl::Status Transport::ExchangeLoad(const v1::RankPlan& plan, const void* send, size_t send_bytes,
+                                     void* recv, size_t recv_bytes, const ExchangeContext& ctx) {
+  return Run(ExchangeDirection::kLoad, plan, send, send_bytes, recv, recv_bytes, ctx);
+}
+
 absl::Status Transport::Agree(const ExchangeLayout& layout, const absl::Status& local) {
   return local;
 }

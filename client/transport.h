@@ -8,8 +8,9 @@
 // in the same order (they are collective).
 //
 // Implementations: MpiTransport (client/mpi_transport.h; host memory,
-// MPI_Alltoallv) and, when built with NCCL, NcclTransport
-// (client/nccl_transport.h; device memory, grouped ncclSend/ncclRecv).
+// MPI_Alltoallv semantics over point-to-point messages with a deadline) and,
+// when built with NCCL, NcclTransport (client/nccl_transport.h; device
+// memory, grouped ncclSend/ncclRecv).
 //
 // Thread-safety: exchanges on one Transport are serialised by an internal
 // mutex; call them from one thread per rank as collectives require.
@@ -48,6 +49,13 @@ class Transport {
   // the forward receive layout and `recv` the forward send layout.
   absl::Status ExchangeBackward(const v1::RankPlan& plan, const void* send, size_t send_bytes,
                                 void* recv, size_t recv_bytes, const ExchangeContext& ctx = {});
+
+  // The plan's load exchange (RankPlan.load_exchange: inputs whose shard
+  // this rank's node does not stage, from a rank whose node does), laid out
+  // like the forward exchange; run it before the encoders. Empty when every
+  // shard is staged everywhere (every rank must still call it: collective).
+  absl::Status ExchangeLoad(const v1::RankPlan& plan, const void* send, size_t send_bytes,
+                            void* recv, size_t recv_bytes, const ExchangeContext& ctx = {});
 
   // Collective agreement before data moves. `local` is this rank's own
   // verdict on its input (OK, or why it refuses); the result is OK on every

@@ -264,6 +264,13 @@ TEST_F(PackerDaemonTest, ServesPlansMetricsAndStopsCleanly) {
   for (const char* name :
        {"tutti_packer_plan_seconds_bucket", "tutti_packer_samples_planned_total",
         "tutti_packer_plan_window_depth", "tutti_packer_imbalance_ratio{phase=\"vit\"}",
+        "tutti_packer_imbalance_ratio{phase=\"llm\"}",
+        "tutti_packer_imbalance_before_ratio{phase=\"vit\"}",
+        "tutti_packer_imbalance_before_ratio{phase=\"llm\"}",
+        "tutti_packer_exchange_inter_node_bytes_count",
+        "tutti_packer_exchange_intra_node_bytes_sum",
+        "tutti_packer_exchange_remote_load_bytes_bucket",
+        "tutti_packer_rearrangements_total{result=\"fast\"}",
         "tutti_packer_plans_served_total{rpc=\"StreamPlans\"} 3",
         "tutti_packer_timing_reports_total{result=\"accepted\"} 1",
         "tutti_packer_index_samples 3000"}) {

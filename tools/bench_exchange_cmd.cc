@@ -1,13 +1,17 @@
 // `tutti bench exchange`: post-balancing on the seed workload.
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "services/packer/dispatch/exchange_bench.h"
+#include "services/packer/packing.h"
+#include "services/packer/strategy_split.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/exchange_mpi_bench.h"
 
 namespace tutti::tools {
 namespace {
@@ -16,18 +20,27 @@ int RunBenchExchange(int argc, char** argv) {
   dispatch::ExchangeBenchOptions o;
   std::string ranks = "16,256,2560";
   std::string transport = "none";
+  std::string pre_strategy = "tutti";
   bool json = false;
   uint64_t max_pixels = o.workload.geometry.max_pixels;
-  Cli cli("tutti bench exchange [options]",
-          "Batch post-balancing on the seed workload (seq_len 32768, 4 sequences per rank, 80% "
-          "text-only samples with lognormal lengths of median 1000 tokens, 20% VL samples with "
-          "1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to --max-pixels). For "
-          "every world size (8-rank nodes) it reports the phase imbalance (max/mean) with no "
-          "balancing (`none`: the drawn round-robin split), with pre-balancing only (`pre`) and "
-          "with post-balancing (`post`), the inter-node bytes of the node-aware plan and of a "
-          "node-oblivious plan of the same balance, the gap of the fast rearrangement to the "
-          "GLPK optimum on a 2-node x 2-rank sub-instance (small world sizes), and the median "
-          "plan time on one core.");
+  MpiExchangeBenchOptions mpi;
+  Cli cli(
+      "tutti bench exchange [options]\n"
+      "  mpirun -np N tutti bench exchange --transport mpi --ranks N --ranks-per-node M",
+      "Batch post-balancing on the seed workload (seq_len 32768, 4 sequences per rank, 80% "
+      "text-only samples with lognormal lengths of median 1000 tokens, 20% VL samples with "
+      "1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to --max-pixels). For "
+      "every world size (8-rank nodes) it reports the phase imbalance (max/mean) with no "
+      "balancing (`none`: the drawn round-robin split), with pre-balancing only (`pre`: the "
+      "packer's --pre-strategy packing whole samples, every image encoded on its sample's "
+      "rank) and with post-balancing (`post`), the inter-node bytes of the node-aware plan "
+      "and of a node-oblivious plan of the same balance, the gap of the fast rearrangement "
+      "to the GLPK optimum on a 2-node x 2-rank sub-instance (small world sizes), and the "
+      "median plan time on one core (wall and thread CPU time). With --transport mpi, under "
+      "mpirun with as many processes as --ranks, every post plan's forward exchange also "
+      "runs through the client library's MPI transport (every byte checked, forward and "
+      "backward) and, interleaved, through a bare MPI_Alltoallv of the same bytes: "
+      "client_vs_bare_throughput is the ratio of their throughputs.");
   cli.Flag("ranks", &ranks, "comma-separated world sizes");
   cli.Flag("ranks-per-node", &o.workload.ranks_per_node, "ranks per node");
   cli.Flag("seq-len", &o.workload.seq_len, "tokens per packed sequence");
@@ -45,6 +58,10 @@ int RunBenchExchange(int argc, char** argv) {
   cli.Flag("tolerance", &o.balance_tolerance,
            "balance tolerance: rank cost <= (1+t) x lower bound, or (1+t) x the balancer's "
            "makespan when that is out of reach");
+  cli.Flag("hidden-size", &o.hidden_size,
+           "LLM hidden size of the embedding bytes (bf16); 0 = 4096. Scales the exchange sizes");
+  cli.Flag("pre-strategy", &pre_strategy,
+           "the packer strategy of the `pre` mode (greedy, seed-v1, seed-v2, tutti)");
   cli.Flag("repeats", &o.plan_repeats, "timed plans per world size (the median is reported)");
   cli.Flag("glpk-max-world", &o.glpk_max_world,
            "run GLPK (on a 2x2 sub-instance) for world sizes up to this; 0 = never");
@@ -52,8 +69,9 @@ int RunBenchExchange(int argc, char** argv) {
   cli.Flag("seed", &o.workload.seed, "workload seed");
   cli.Flag("json", &json, "print one JSON object per (mode, world size) instead of a table");
   cli.Flag("transport", &transport,
-           "also run each plan's exchange over a transport: none, or mpi (needs the client "
-           "library's transport, registered when it is built)");
+           "also run each post plan's exchange over a transport: none, or mpi (under mpirun)");
+  cli.Flag("iterations", &mpi.iterations, "--transport: timed exchanges of each kind");
+  cli.Flag("warmup", &mpi.warmup, "--transport: untimed exchanges of each kind first");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
   o.workload.geometry.max_pixels = max_pixels;
@@ -67,23 +85,59 @@ int RunBenchExchange(int argc, char** argv) {
     }
     o.world_sizes.push_back(w);
   }
-  if (transport != "none") o.transport = dispatch::FindTransportBench(transport);
-  if (transport != "none" && o.transport == nullptr) {
-    std::fprintf(stderr,
-                 "--transport %s: no such transport in this build; the MPI transport comes "
-                 "with the client library (client/), use --transport none for now\n",
-                 transport.c_str());
+  packer::StrategyOptions so;
+  so.name = pre_strategy;
+  auto strategy = packer::MakeStrategy(so);
+  if (!strategy.ok()) {
+    std::fprintf(stderr, "--pre-strategy: %s\n", std::string(strategy.status().message()).c_str());
     return 2;
   }
-  o.progress = [](const std::string& line) {
-    std::fprintf(stderr, "[bench exchange] %s\n", line.c_str());
-  };
+  o.pre_balance = packer::MakeStrategyPreBalance(
+      std::shared_ptr<const packer::PackingStrategy>(*std::move(strategy)));
+
+  bool speaker = true;  // rank 0 under mpirun prints; the others only compute
+  dispatch::TransportBenchFn mpi_fn;
+  if (transport == "mpi") {
+    auto world = InitMpiWorld();
+    if (!world.ok()) {
+      std::fprintf(stderr, "--transport mpi: %s\n", std::string(world.status().message()).c_str());
+      return 1;
+    }
+    for (uint32_t w : o.world_sizes) {
+      if (w != world->size) {
+        if (world->rank == 0) {
+          std::fprintf(stderr,
+                       "--transport mpi: --ranks %u but mpirun started %u processes; every world "
+                       "size must equal the process count, e.g. mpirun -np %u tutti bench "
+                       "exchange --transport mpi --ranks %u\n",
+                       w, world->size, w, w);
+        }
+        return 2;
+      }
+    }
+    speaker = world->rank == 0;
+    if (!speaker) o.glpk_max_world = 0;  // rank 0 reports the GLPK gap
+    mpi_fn = [mpi](const dispatch::DispatchInput& in, const dispatch::DispatchOptions& d,
+                   const dispatch::DispatchPlan& plan) {
+      return RunMpiExchangeBench(mpi, in, d, plan);
+    };
+    o.transport = &mpi_fn;
+  } else if (transport != "none") {
+    std::fprintf(stderr, "--transport %s: unknown; use none or mpi\n", transport.c_str());
+    return 2;
+  }
+  if (speaker) {
+    o.progress = [](const std::string& line) {
+      std::fprintf(stderr, "[bench exchange] %s\n", line.c_str());
+    };
+  }
   auto rows = dispatch::RunExchangeBench(o);
   if (!rows.ok()) {
     std::fprintf(stderr, "tutti bench exchange: %s\n",
                  std::string(rows.status().message()).c_str());
     return 1;
   }
+  if (!speaker) return 0;
   const std::string out =
       json ? dispatch::FormatExchangeJson(*rows) : dispatch::FormatExchangeTable(*rows);
   std::fputs(out.c_str(), stdout);

@@ -263,7 +263,9 @@ int RunBenchPacker(int argc, char** argv) {
   cli.Flag("fill", &wo.fill, "target fill of every sequence");
   cli.Flag("strategies", &only,
            "comma-separated subset (greedy,seed-v1,seed-v2,tutti); empty: all");
-  cli.Flag("post-balancing", &post, "plan with the simple post-balancing dispatcher");
+  cli.Flag("post-balancing", &post,
+           "plan with batch post-balancing (the strategy is then not used; see tutti bench "
+           "exchange)");
   cli.Flag("samples", &samples, "synthetic dataset size (0: enough for the largest world)");
   cli.Flag("seed", &wo.seed, "seed of the synthetic dataset and the jobs");
   cli.Flag("json", &json, "print a JSON array (one object per strategy, world size and stage)");

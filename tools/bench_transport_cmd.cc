@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,21 +53,36 @@ tutti::v1::RankPlan UniformPlan(uint32_t rank, uint32_t world, uint64_t per_peer
   return plan;
 }
 
-// Median over iterations of the slowest rank's time.
-template <typename Fn>
-double MedianSeconds(uint32_t iterations, uint32_t warmup, Fn&& fn) {
-  std::vector<double> times;
+// The slowest rank's seconds for fn().
+double SlowestSeconds(const std::function<void()>& fn) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+         worst = 0;
+  MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+// Medians over iterations of the slowest rank's time for each of `fns`,
+// run interleaved (each iteration starts with the next one), so that drift
+// in the machine's load affects them alike.
+std::vector<double> InterleavedMedians(uint32_t iterations, uint32_t warmup,
+                                       const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> times(fns.size());
   for (uint32_t i = 0; i < warmup + iterations; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-           worst = 0;
-    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (i >= warmup) times.push_back(worst);
+    for (size_t k = 0; k < fns.size(); ++k) {
+      const size_t f = (k + i) % fns.size();
+      const double t = SlowestSeconds(fns[f]);
+      if (i >= warmup) times[f].push_back(t);
+    }
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::vector<double> out;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    out.push_back(t[t.size() / 2]);
+  }
+  return out;
 }
 
 int RunBenchExchange(int argc, char** argv) {
@@ -78,7 +94,7 @@ int RunBenchExchange(int argc, char** argv) {
       "Times the plan's all-to-all through tutti's MPI transport (with and without the\n"
       "cross-rank agreement) against raw MPI_Alltoallv of the same bytes, per size of\n"
       "each rank's send buffer (spread evenly over all ranks). Times are the median over\n"
-      "iterations of the slowest rank.");
+      "iterations of the slowest rank; the three run interleaved.");
   cli.Flag("sizes", &sizes, "bytes each rank sends, comma-separated (K, M, G suffixes)");
   cli.Flag("iterations", &iterations, "timed iterations per size");
   cli.Flag("warmup", &warmup, "untimed iterations first");
@@ -123,20 +139,24 @@ int RunBenchExchange(int argc, char** argv) {
     for (uint32_t p = 0; p < world; ++p) displs[p] = static_cast<int>(p * per_peer);
     const tutti::ExchangeContext ctx{0, world};
     absl::Status status;
-    const double raw = MedianSeconds(iterations, warmup, [&] {
-      MPI_Alltoallv(send.data(), counts.data(), displs.data(), MPI_BYTE, recv.data(), counts.data(),
-                    displs.data(), MPI_BYTE, MPI_COMM_WORLD);
-    });
-    const double plain = MedianSeconds(iterations, warmup, [&] {
-      absl::Status s =
-          (*unverified)->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
-      if (!s.ok()) status = s;
-    });
-    const double agreed = MedianSeconds(iterations, warmup, [&] {
-      absl::Status s =
-          (*verified)->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
-      if (!s.ok()) status = s;
-    });
+    const std::vector<double> medians = InterleavedMedians(
+        iterations, warmup,
+        {[&] {
+           MPI_Alltoallv(send.data(), counts.data(), displs.data(), MPI_BYTE, recv.data(),
+                         counts.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD);
+         },
+         [&] {
+           absl::Status s =
+               (*unverified)
+                   ->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
+           if (!s.ok()) status = s;
+         },
+         [&] {
+           absl::Status s =
+               (*verified)->Exchange(plan, send.data(), send.size(), recv.data(), recv.size(), ctx);
+           if (!s.ok()) status = s;
+         }});
+    const double raw = medians[0], plain = medians[1], agreed = medians[2];
     if (!status.ok()) {
       std::fprintf(stderr, "tutti bench transport rank %u: %s\n", rank,
                    std::string(status.message()).c_str());

@@ -26,7 +26,7 @@ void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v
       "step %llu  epoch %llu  curriculum[%u]: max_pixels %llu, seq_len %u  strategy %s  "
       "(%.2f ms)\n",
       static_cast<unsigned long long>(d.step), static_cast<unsigned long long>(d.epoch), d.stage,
-      static_cast<unsigned long long>(d.max_pixels), d.seq_len, job.strategy().name().c_str(),
+      static_cast<unsigned long long>(d.max_pixels), d.seq_len, job.plan_strategy().c_str(),
       plan_ms);
   std::printf("  %zu samples (%zu text-only, %zu VL), %zu images, %zu audio clips, %d shards\n",
               d.samples.size(), d.text_items.size(), d.vl_items.size(), d.images.size(),
@@ -35,6 +35,10 @@ void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v
     std::printf("  %-5s max/mean %.3f (drawn split %.3f), lower bound %.3f of mean\n",
                 ph.phase().c_str(), ph.imbalance(), ph.imbalance_before(),
                 ph.mean() > 0 ? ph.lower_bound() / ph.mean() : 1.0);
+  }
+  if (d.remote_load_bytes > 0) {
+    std::printf("  load exchange: %llu bytes of inputs from other nodes\n",
+                static_cast<unsigned long long>(d.remote_load_bytes));
   }
   std::printf("  exchange: %llu inter-node bytes, %llu intra-node bytes\n",
               static_cast<unsigned long long>(d.inter_node_bytes),

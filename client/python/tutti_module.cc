@@ -16,18 +16,28 @@
 //
 // Exchanges use MPI: the module initialises MPI on first use if nothing else
 // has (MPI_THREAD_SERIALIZED) and finalises it at exit. Run ranks under
-// mpirun; a lone process is a world of one.
+// mpirun; a lone process is a world of one. Host buffers are numpy arrays or
+// any object with the buffer protocol or __array_interface__ (a torch CPU
+// tensor through .numpy()); CUDA tensors (__cuda_array_interface__) go
+// through tutti.NcclTransport, present when built with CUDA and NCCL
+// (tutti.HAVE_NCCL).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <memory>
 #include <optional>
+#include <tuple>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/mpi_transport.h"
 #include "client/python/proto_dict.h"
+#if TUTTI_HAVE_NCCL
+#include "client/nccl_transport.h"
+#endif
 
 namespace tutti::python {
 namespace {
@@ -155,29 +165,132 @@ py::array View(const ArrayView& v, std::shared_ptr<const ShmSegment> segment) {
   return a;
 }
 
-// A contiguous Python buffer (numpy array, bytearray, memoryview, ...).
+// A contiguous buffer handed in from Python, host or device memory.
 struct Buffer {
-  py::buffer_info info;
+  std::optional<py::buffer_info> info;  // holds a buffer-protocol export
+  py::object owner;                     // keeps an __array_interface__ exporter alive
+  void* ptr = nullptr;
   size_t bytes = 0;
+  bool device = false;  // from __cuda_array_interface__
 };
-Buffer GetBuffer(const py::buffer& obj, bool writable, const char* what) {
-  Buffer b;
-  try {
-    b.info = obj.request(writable);
-  } catch (const py::error_already_set& e) {
-    Throw(absl::InvalidArgumentError(absl::StrCat(
-        "the ", what, " buffer must be ", writable ? "writable" : "readable", ": ", e.what())));
-  }
-  py::ssize_t expect = b.info.itemsize;
-  for (int d = b.info.ndim - 1; d >= 0; --d) {
-    if (b.info.shape[d] > 1 && b.info.strides[d] != expect) {
-      Throw(absl::InvalidArgumentError(absl::StrCat(
-          "the ", what, " buffer is not C-contiguous; pass numpy.ascontiguousarray(...)")));
+
+// Bytes per element of an array-interface typestr ("<f4", "|u1", "<V2"...).
+size_t TypestrBytes(const std::string& typestr, const char* what) {
+  size_t n = 0;
+  if (typestr.size() >= 3) {
+    for (size_t i = 2; i < typestr.size() && std::isdigit(static_cast<unsigned char>(typestr[i]));
+         ++i) {
+      n = n * 10 + (typestr[i] - '0');
     }
-    expect *= b.info.shape[d];
   }
-  b.bytes = static_cast<size_t>(b.info.size * b.info.itemsize);
+  if (n == 0) {
+    Throw(absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " buffer's typestr '", typestr, "' is not understood")));
+  }
+  return n;
+}
+
+// From an __array_interface__ / __cuda_array_interface__ dict: the data
+// pointer (checked contiguous and, for receiving, writable) and its size.
+Buffer FromInterface(const py::dict& iface, bool writable, bool device, const char* what) {
+  Buffer b;
+  b.device = device;
+  const char* name = device ? "__cuda_array_interface__" : "__array_interface__";
+  if (!iface.contains("data") || !iface.contains("shape") || !iface.contains("typestr")) {
+    Throw(absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " buffer's ", name, " lacks data, shape or typestr")));
+  }
+  py::object data = iface["data"];
+  if (!py::isinstance<py::tuple>(data) || py::len(data) != 2) {
+    Throw(absl::InvalidArgumentError(absl::StrCat(
+        "the ", what, " buffer's ", name,
+        " data is not a (pointer, read_only) pair; pass numpy.ascontiguousarray(...)")));
+  }
+  py::tuple pair = data;
+  b.ptr = reinterpret_cast<void*>(pair[0].cast<uintptr_t>());
+  if (writable && pair[1].cast<bool>()) {
+    Throw(absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " buffer must be writable (its ", name, " says read-only)")));
+  }
+  const size_t item = TypestrBytes(iface["typestr"].cast<std::string>(), what);
+  py::tuple shape = iface["shape"];
+  size_t count = 1;
+  for (auto d : shape) count *= d.cast<size_t>();
+  if (iface.contains("strides") && !iface["strides"].is_none()) {
+    py::tuple strides = iface["strides"];
+    size_t expect = item;
+    for (int d = static_cast<int>(py::len(shape)) - 1; d >= 0; --d) {
+      const size_t extent = shape[d].cast<size_t>();
+      if (extent > 1 && strides[d].cast<int64_t>() != static_cast<int64_t>(expect)) {
+        Throw(absl::InvalidArgumentError(absl::StrCat(
+            "the ", what, " buffer is not C-contiguous; pass a contiguous copy (.contiguous())")));
+      }
+      expect *= extent;
+    }
+  }
+  b.bytes = count * item;
+  if (b.ptr == nullptr && b.bytes > 0) {
+    Throw(absl::InvalidArgumentError(absl::StrCat("the ", what, " buffer has a null pointer")));
+  }
   return b;
+}
+
+// Any Python object holding `what` bytes: the buffer protocol (numpy
+// arrays, bytes, bytearray, memoryview), or __array_interface__, or
+// __cuda_array_interface__ (CUDA tensors: device memory).
+Buffer GetBuffer(const py::object& obj, bool writable, const char* what) {
+  if (py::hasattr(obj, "__cuda_array_interface__")) {
+    return FromInterface(obj.attr("__cuda_array_interface__"), writable, true, what);
+  }
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    Buffer b;
+    try {
+      b.info = py::reinterpret_borrow<py::buffer>(obj).request(writable);
+    } catch (const py::error_already_set& e) {
+      Throw(absl::InvalidArgumentError(absl::StrCat(
+          "the ", what, " buffer must be ", writable ? "writable" : "readable", ": ", e.what())));
+    }
+    const py::buffer_info& info = *b.info;
+    py::ssize_t expect = info.itemsize;
+    for (int d = info.ndim - 1; d >= 0; --d) {
+      if (info.shape[d] > 1 && info.strides[d] != expect) {
+        Throw(absl::InvalidArgumentError(absl::StrCat(
+            "the ", what, " buffer is not C-contiguous; pass numpy.ascontiguousarray(...)")));
+      }
+      expect *= info.shape[d];
+    }
+    b.ptr = info.ptr;
+    b.bytes = static_cast<size_t>(info.size * info.itemsize);
+    return b;
+  }
+  if (py::hasattr(obj, "__array_interface__")) {
+    Buffer b = FromInterface(obj.attr("__array_interface__"), writable, false, what);
+    b.owner = obj;
+    return b;
+  }
+  Throw(absl::InvalidArgumentError(absl::StrCat(
+      "the ", what, " buffer (", std::string(py::str(py::type::of(obj).attr("__name__"))),
+      ") is not a buffer: pass a numpy array or any object with the buffer protocol or "
+      "__array_interface__ (a torch CPU tensor: t.numpy()); CUDA tensors "
+      "(__cuda_array_interface__) go through tutti.NcclTransport")));
+}
+
+// The MPI transport moves host memory only.
+void RequireHost(const Buffer& b, const char* what) {
+  if (!b.device) return;
+#if TUTTI_HAVE_NCCL
+  Throw(absl::InvalidArgumentError(absl::StrCat(
+      "the ", what,
+      " buffer is CUDA device memory (__cuda_array_interface__) but the MPI "
+      "transport exchanges host memory: use tutti.NcclTransport for device buffers, or pass "
+      ".cpu().numpy()")));
+#else
+  Throw(absl::InvalidArgumentError(
+      absl::StrCat("the ", what,
+                   " buffer is CUDA device memory (__cuda_array_interface__), but this build of "
+                   "tutti has no NCCL transport (rebuild where CUDA and NCCL are found, cmake "
+                   "-DTUTTI_WITH_CUDA=ON); or copy to the host with .cpu().numpy()")));
+#endif
 }
 
 // ---- Batch ----------------------------------------------------------------
@@ -246,15 +359,41 @@ v1::RankPlan PlanFrom(const py::handle& plan) {
   return p;
 }
 
-void RunExchange(Transport& t, bool backward, const v1::RankPlan& plan, const py::buffer& send,
-                 const py::buffer& recv, const ExchangeContext& ctx) {
+// Runs one exchange of `plan` in direction `dir` between Python buffers;
+// `device`: the transport moves device memory (NCCL), else host memory.
+void RunExchange(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan,
+                 const py::object& send, const py::object& recv, const ExchangeContext& ctx,
+                 bool device = false) {
   Buffer s = GetBuffer(send, false, "send");
   Buffer r = GetBuffer(recv, true, "receive");
+  if (!device) {
+    RequireHost(s, "send");
+    RequireHost(r, "receive");
+  } else {
+    for (const auto& [b, what] :
+         {std::pair<const Buffer*, const char*>{&s, "send"}, {&r, "receive"}}) {
+      if (!b->device && b->bytes > 0) {
+        Throw(absl::InvalidArgumentError(
+            absl::StrCat("the ", what,
+                         " buffer is host memory but the NCCL transport exchanges CUDA device "
+                         "memory: pass CUDA tensors (objects with __cuda_array_interface__)")));
+      }
+    }
+  }
   absl::Status status;
   {
     py::gil_scoped_release nogil;
-    status = backward ? t.ExchangeBackward(plan, s.info.ptr, s.bytes, r.info.ptr, r.bytes, ctx)
-                      : t.Exchange(plan, s.info.ptr, s.bytes, r.info.ptr, r.bytes, ctx);
+    switch (dir) {
+      case ExchangeDirection::kForward:
+        status = t.Exchange(plan, s.ptr, s.bytes, r.ptr, r.bytes, ctx);
+        break;
+      case ExchangeDirection::kBackward:
+        status = t.ExchangeBackward(plan, s.ptr, s.bytes, r.ptr, r.bytes, ctx);
+        break;
+      case ExchangeDirection::kLoad:
+        status = t.ExchangeLoad(plan, s.ptr, s.bytes, r.ptr, r.bytes, ctx);
+        break;
+    }
   }
   Check(status);
 }
@@ -267,6 +406,48 @@ MpiTransportOptions TransportOptions(bool verify, double join_timeout,
   if (max_count) o.max_count = *max_count;
   return o;
 }
+
+struct PyMpiTransport {
+  std::unique_ptr<MpiTransport> mpi;
+  Transport& transport() { return *mpi; }
+};
+
+#if TUTTI_HAVE_NCCL
+#define TUTTI_HAVE_NCCL_PY true
+// NCCL on device `device` for every rank of MPI_COMM_WORLD, the agreement
+// over an MpiTransport of the same ranks, a stream of its own.
+struct PyNcclTransport {
+  std::unique_ptr<MpiTransport> control;
+  std::unique_ptr<NcclTransport> nccl;
+  cudaStream_t stream = nullptr;
+
+  static PyNcclTransport Create(int device, double join_timeout) {
+    PyNcclTransport t;
+    t.control =
+        Value(MpiTransport::CreateWorld(TransportOptions(true, join_timeout, std::nullopt)));
+    Check(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+    Check(CudaStatus(cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking),
+                     "cudaStreamCreate"));
+    NcclTransportOptions o;
+    o.synchronize = true;
+    absl::StatusOr<std::unique_ptr<NcclTransport>> n;
+    {
+      py::gil_scoped_release nogil;
+      n = NcclTransport::CreateWithMpi(MPI_COMM_WORLD, device, t.stream, t.control.get(), o);
+    }
+    t.nccl = Value(std::move(n));
+    return t;
+  }
+  // Device work queued before the exchange (e.g. the encoder's outputs on
+  // torch's stream) must finish first.
+  Transport& transport() {
+    Check(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize before the exchange"));
+    return *nccl;
+  }
+};
+#else
+#define TUTTI_HAVE_NCCL_PY false
+#endif
 
 // ---- Client ---------------------------------------------------------------
 
@@ -313,19 +494,19 @@ class PyClient {
     }
   }
 
-  void exchange(const py::buffer& send, const py::buffer& recv, PyBatch* batch, bool backward) {
+  void exchange(const py::object& send, const py::object& recv, PyBatch* batch,
+                ExchangeDirection dir) {
     Transport& t = transport();
     if (batch != nullptr) {
       const Batch& b = batch->batch();
-      RunExchange(t, backward, b.plan(), send, recv,
-                  ExchangeContext{b.step(), client_->world_size()});
+      RunExchange(t, dir, b.plan(), send, recv, ExchangeContext{b.step(), client_->world_size()});
       return;
     }
     if (!last_plan_) {
       Throw(absl::FailedPreconditionError(
           "no batch yet: call next() before exchange(), or pass batch="));
     }
-    RunExchange(t, backward, *last_plan_, send, recv,
+    RunExchange(t, dir, *last_plan_, send, recv,
                 ExchangeContext{last_step_, client_->world_size()});
   }
 
@@ -426,41 +607,70 @@ PYBIND11_MODULE(tutti, m) {
       "Maps a batch segment described by a tutti.v1.BatchDescriptor (dict or serialized bytes)\n"
       "without a stager lease (inspecting a segment, tests).");
 
-  py::class_<MpiTransport>(m, "MpiTransport",
-                           "The plan's all-to-all over MPI on host memory (initialises MPI if\n"
-                           "needed). Collective: every rank must call exchanges in the same order.")
-      .def(py::init([](bool verify, double join_timeout, std::optional<uint64_t> max_count) {
-             return Value(
-                 MpiTransport::CreateWorld(TransportOptions(verify, join_timeout, max_count)));
+  // The same three exchanges on every transport class.
+  auto exchanges = [](auto& cls, bool device) {
+    using T = typename std::remove_reference_t<decltype(cls)>::type;
+    const char* where = device ? "CUDA tensors (__cuda_array_interface__)"
+                               : "host buffers (buffer protocol or __array_interface__)";
+    for (const auto& [name, dir, doc] :
+         {std::tuple<const char*, ExchangeDirection, const char*>{
+              "exchange", ExchangeDirection::kForward,
+              "Forward exchange of `plan` (a tutti.v1.RankPlan as dict or bytes): `send` holds "
+              "the plan's sends back to back, `recv` receives its recvs. Sizes are checked "
+              "first. Buffers: "},
+          {"exchange_backward", ExchangeDirection::kBackward,
+           "The inverse exchange (gradients): `send` has the forward receive layout, `recv` "
+           "the send layout. Buffers: "},
+          {"exchange_load", ExchangeDirection::kLoad,
+           "The plan's load exchange (inputs whose shard this node does not stage), laid out "
+           "like the forward one; every rank calls it. Buffers: "}}) {
+      const ExchangeDirection d = dir;
+      cls.def(
+          name,
+          [d, device](T& t, const py::handle& plan, const py::object& send, const py::object& recv,
+                      std::optional<uint64_t> step, std::optional<uint32_t> world_size) {
+            RunExchange(t.transport(), d, PlanFrom(plan), send, recv,
+                        ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)},
+                        device);
+          },
+          py::arg("plan"), py::arg("send"), py::arg("recv"), py::arg("step") = py::none(),
+          py::arg("world_size") = py::none(), absl::StrCat(doc, where).c_str());
+    }
+  };
+
+  py::class_<PyMpiTransport> mpi(
+      m, "MpiTransport",
+      "The plan's all-to-all over MPI on host memory (initialises MPI if needed). Collective:\n"
+      "every rank must call exchanges in the same order. Buffers: numpy arrays or any object\n"
+      "with the buffer protocol or __array_interface__ (torch CPU tensors: t.numpy()).");
+  mpi.def(py::init([](bool verify, double join_timeout, std::optional<uint64_t> max_count) {
+            return PyMpiTransport{Value(
+                MpiTransport::CreateWorld(TransportOptions(verify, join_timeout, max_count)))};
+          }),
+          py::arg("verify") = true, py::arg("join_timeout") = 600.0,
+          py::arg("max_count") = py::none())
+      .def_property_readonly("rank", [](PyMpiTransport& t) { return t.mpi->rank(); })
+      .def_property_readonly("world_size", [](PyMpiTransport& t) { return t.mpi->world_size(); })
+      .def_property_readonly("large_exchanges",
+                             [](PyMpiTransport& t) { return t.mpi->large_exchanges(); });
+  exchanges(mpi, false);
+  m.attr("HAVE_NCCL") = py::bool_(TUTTI_HAVE_NCCL_PY);
+#if TUTTI_HAVE_NCCL
+  py::class_<PyNcclTransport> nccl(
+      m, "NcclTransport",
+      "The plan's all-to-all on CUDA device memory: grouped ncclSend/ncclRecv, one NCCL\n"
+      "communicator over MPI_COMM_WORLD (one rank per GPU: NCCL refuses two ranks on one\n"
+      "device), agreement over MPI first. Buffers: CUDA tensors or any object with\n"
+      "__cuda_array_interface__. Each exchange waits for the device (cudaDeviceSynchronize)\n"
+      "before it starts and for its stream before it returns.");
+  nccl.def(py::init([](int device, double join_timeout) {
+             return PyNcclTransport::Create(device, join_timeout);
            }),
-           py::arg("verify") = true, py::arg("join_timeout") = 600.0,
-           py::arg("max_count") = py::none())
-      .def_property_readonly("rank", &MpiTransport::rank)
-      .def_property_readonly("world_size", &MpiTransport::world_size)
-      .def_property_readonly("large_exchanges", &MpiTransport::large_exchanges)
-      .def(
-          "exchange",
-          [](MpiTransport& t, const py::handle& plan, const py::buffer& send,
-             const py::buffer& recv, std::optional<uint64_t> step,
-             std::optional<uint32_t> world_size) {
-            RunExchange(t, false, PlanFrom(plan), send, recv,
-                        ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)});
-          },
-          py::arg("plan"), py::arg("send"), py::arg("recv"), py::arg("step") = py::none(),
-          py::arg("world_size") = py::none(),
-          "Forward exchange of `plan` (a tutti.v1.RankPlan as dict or bytes): `send` holds the\n"
-          "plan's sends back to back, `recv` receives its recvs. Sizes are checked first.")
-      .def(
-          "exchange_backward",
-          [](MpiTransport& t, const py::handle& plan, const py::buffer& send,
-             const py::buffer& recv, std::optional<uint64_t> step,
-             std::optional<uint32_t> world_size) {
-            RunExchange(t, true, PlanFrom(plan), send, recv,
-                        ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)});
-          },
-          py::arg("plan"), py::arg("send"), py::arg("recv"), py::arg("step") = py::none(),
-          py::arg("world_size") = py::none(),
-          "The inverse exchange: `send` has the forward receive layout, `recv` the send layout.");
+           py::arg("device") = 0, py::arg("join_timeout") = 600.0)
+      .def_property_readonly("rank", [](PyNcclTransport& t) { return t.nccl->rank(); })
+      .def_property_readonly("world_size", [](PyNcclTransport& t) { return t.nccl->world_size(); });
+  exchanges(nccl, true);
+#endif
 
   py::class_<PyClient>(
       m, "Client",
@@ -479,17 +689,25 @@ PYBIND11_MODULE(tutti, m) {
       .def("__next__", &PyClient::iter_next)
       .def(
           "exchange",
-          [](PyClient& c, const py::buffer& send, const py::buffer& recv, PyBatch* batch) {
-            c.exchange(send, recv, batch, false);
+          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch* batch) {
+            c.exchange(send, recv, batch, ExchangeDirection::kForward);
           },
           py::arg("send"), py::arg("recv"), py::arg("batch") = nullptr,
-          "Forward exchange of `batch`'s plan (default: the latest batch from next()).")
+          "Forward exchange of `batch`'s plan (default: the latest batch from next()). Host\n"
+          "buffers: numpy arrays, the buffer protocol or __array_interface__.")
       .def(
           "exchange_backward",
-          [](PyClient& c, const py::buffer& send, const py::buffer& recv, PyBatch* batch) {
-            c.exchange(send, recv, batch, true);
+          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch* batch) {
+            c.exchange(send, recv, batch, ExchangeDirection::kBackward);
           },
           py::arg("send"), py::arg("recv"), py::arg("batch") = nullptr)
+      .def(
+          "exchange_load",
+          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch* batch) {
+            c.exchange(send, recv, batch, ExchangeDirection::kLoad);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("batch") = nullptr,
+          "The plan's load exchange (inputs whose shard this node does not stage).")
       .def("report_timing", &PyClient::report_timing, py::arg("step"), py::arg("phases"),
            "phases: {'data_wait': s, 'vit': s, 'llm': s, 'exchange': s, 'step': s}")
       .def_property_readonly("job", [](PyClient& c) { return ProtoToDict(c.client().job()); })

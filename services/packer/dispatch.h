@@ -1,57 +1,91 @@
-// Dispatchers decide, for one step, which rank encodes every image (and
-// audio clip) and which rank and sequence every sample occupies in the LLM
-// phase.
+// Dispatchers decide, for one drawn step, which rank and sequence every
+// sample occupies in the LLM phase, which rank encodes every image and audio
+// clip, and where inputs are loaded. The planner (planner.h) draws the step
+// into a StepPlanData, a dispatcher places it, and the planner lays out the
+// exchanges, chunks and statistics from the placement.
 //
-//   colocated  pre-balancing: the packing strategy places samples and every
-//              image is encoded on its sample's LLM rank (the strategy then
-//              balances ViT cost too); exchanges are self-transfers only.
-//   lpt        simple post-balancing: images are dealt one by one, largest
-//              ViT cost first, to the least-loaded rank; audio likewise; the
-//              LLM phase is the strategy's packing without ViT terms. Encoder
-//              outputs then travel from encoder rank to LLM rank.
-// A node-aware dispatcher (OrchMLLM-style, minimum inter-node bytes) fits
-// behind the same interface.
+//   colocated  pre-balancing: the packing strategy (packing.h) places whole
+//              samples and every image and clip is encoded on its sample's
+//              LLM rank (the strategy then balances ViT cost too); the
+//              forward exchange is self-transfers only.
+//   post       batch post-balancing (OrchMLLM; the algorithms are the
+//              tutti_dispatch library in services/packer/dispatch/): given
+//              each rank's drawn samples, one encoder phase per encoder
+//              (vision, audio) balanced on that encoder's cost, the LLM phase
+//              balanced on LLM cost (padded or unpadded) in the ranks'
+//              seq_len sequences, node-aware (among balanced placements the
+//              one with the fewest inter-node bytes: the fast algorithm, or
+//              GLPK for small jobs); the encoder rank loads what it encodes,
+//              and an input whose shard its node does not stage comes
+//              through the load exchange. Encoder outputs then travel from
+//              encoder rank to LLM rank in one exchange (its inverse carries
+//              the gradients back). The packing strategy is not used.
 #ifndef TUTTI_SERVICES_PACKER_DISPATCH_H_
 #define TUTTI_SERVICES_PACKER_DISPATCH_H_
 
 #include <cstdint>
 #include <memory>
-#include <vector>
+#include <string>
 
 #include "absl/status/status.h"
-#include "absl/types/span.h"
+#include "common/cost_model.h"
+#include "services/packer/dispatch/dispatch_types.h"
 #include "services/packer/packing.h"
+#include "services/packer/plan_data.h"
 
 namespace tutti::packer {
 
-struct DispatchInput {
-  PackProblem pack;  // LLM-phase problem (balance_vit set by dispatcher)
-  const PackingStrategy* strategy = nullptr;
-  absl::Span<const double> image_cost;     // every image of the batch, batch order
-  absl::Span<const uint32_t> image_owner;  // the VL item (index into pack.vl) of each image
-  absl::Span<const double> audio_cost;
-  absl::Span<const uint32_t> audio_owner;
-  uint32_t ranks_per_node = 1;
-};
-
-struct DispatchOutput {
-  PackResult llm;
-  std::vector<uint32_t> image_rank;  // encoder rank of every image
-  std::vector<uint32_t> audio_rank;
+// What a dispatcher needs besides the drawn step.
+struct DispatchStep {
+  const CostModel* model = nullptr;  // the step's curriculum stage
+  // Which node's stager stages which shard (index shard numbers); the
+  // default, every shard on every node, is what tutti-packerd assumes until
+  // stagers report what they hold (see ShardStaging in planner.h).
+  const dispatch::ShardAvailability* staging = nullptr;
 };
 
 class Dispatcher {
  public:
   virtual ~Dispatcher() = default;
-  virtual absl::Status Dispatch(const DispatchInput& in, DispatchOutput* out) const = 0;
+  // "colocated" or "post-balancing".
+  virtual const std::string& name() const = 0;
+  // `plan` holds the drawn step: samples (drawn_rank, shard, costs), images,
+  // audio clips, seq_len, and the strategy inputs text_items / vl_items.
+  // Sets every sample's rank and seq, every item's enc_rank and the remote
+  // load fields; a dispatcher that measures the phases itself sets
+  // phases_from_dispatcher and the phase summaries. Deterministic.
+  // FAILED_PRECONDITION when the samples do not fit the sequences.
+  virtual absl::Status Dispatch(const DispatchStep& step, StepPlanData* plan) const = 0;
 };
 
-std::unique_ptr<Dispatcher> MakeColocatedDispatcher();
-std::unique_ptr<Dispatcher> MakeLptDispatcher();
+// The job-wide settings of a dispatcher (from the job config).
+struct DispatcherOptions {
+  uint32_t world_size = 1;
+  uint32_t ranks_per_node = 1;
+  // Per rank: text micro-batches of text_micro_batch sequences, then VL
+  // micro-batches of vl_micro_batch sequences.
+  uint32_t text_micro_batches = 1;
+  uint32_t text_micro_batch = 1;
+  uint32_t vl_micro_batches = 1;
+  uint32_t vl_micro_batch = 1;
+  uint32_t img_cap = 0;  // colocated: image tokens per sequence (0 = none)
+  // post: LLM cost variant, rearrangement, embedding bytes per token.
+  bool padded = false;
+  dispatch::Rearrangement rearrangement = dispatch::Rearrangement::kFast;
+  uint32_t hidden_size = 4096;
+  uint32_t embedding_dtype_bytes = 2;
+};
 
-// Deals items (costs) to `ranks` bins, largest first onto the least-loaded
-// rank (ties: lower index). Writes the rank of every item.
-void LptAssign(absl::Span<const double> cost, uint32_t ranks, uint32_t* rank_out);
+// `strategy` must outlive the dispatcher.
+std::unique_ptr<Dispatcher> MakeColocatedDispatcher(const PackingStrategy* strategy,
+                                                    const DispatcherOptions& options);
+std::unique_ptr<Dispatcher> MakePostBalancingDispatcher(const DispatcherOptions& options);
+
+// Binary variables of the exact LLM rearrangement for a step of
+// `text_samples` + `vl_samples` samples: each sample times every rank's
+// sequences of its modality. The job refuses "ilp" above kIlpMaxBinaries.
+uint64_t IlpBinaries(const DispatcherOptions& options, uint64_t text_samples, uint64_t vl_samples);
+inline constexpr uint64_t kIlpMaxBinaries = 20000;
 
 }  // namespace tutti::packer
 

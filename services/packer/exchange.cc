@@ -56,4 +56,32 @@ void BuildExchange(StepPlanData* plan) {
   }
 }
 
+void BuildLoadExchange(StepPlanData* plan) {
+  const uint32_t W = plan->world_size;
+  thread_local std::vector<uint32_t> ids, tmp, scratch_begin, src, dst;
+  ids.clear();
+  plan->remote_load_bytes = 0;
+  const uint32_t n = plan->num_load_items();
+  src.resize(n);
+  dst.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!plan->IsRemoteLoad(i)) continue;
+    ids.push_back(i);
+    src[i] = plan->LoadSource(i);
+    dst[i] = plan->LoadDest(i);
+    plan->remote_load_bytes += plan->LoadBytes(i);
+  }
+  if (ids.empty()) {
+    plan->load_sends.begin.assign(W + 1, 0);
+    plan->load_sends.items.clear();
+    plan->load_recvs = plan->load_sends;
+    return;
+  }
+  // sends: by (source, destination, item); recvs: by (destination, source, item)
+  CountingSort(ids, W, dst.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, src.data(), &plan->load_sends.begin, &plan->load_sends.items);
+  CountingSort(ids, W, src.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, dst.data(), &plan->load_recvs.begin, &plan->load_recvs.items);
+}
+
 }  // namespace tutti::packer

@@ -17,6 +17,13 @@ namespace tutti::packer {
 // Fills plan->sends, recvs, inter_node_bytes and intra_node_bytes.
 void BuildExchange(StepPlanData* plan);
 
+// The load exchange of post-balancing: every remote-loaded input (an image's
+// pixels, an audio clip's samples, a document's token ids) from the rank
+// that loads it (load_source / text_source) to the rank that needs it (its
+// encoder rank / LLM rank), in the same layout. Fills plan->load_sends,
+// load_recvs and remote_load_bytes; empty lists when nothing is remote.
+void BuildLoadExchange(StepPlanData* plan);
+
 }  // namespace tutti::packer
 
 #endif  // TUTTI_SERVICES_PACKER_EXCHANGE_H_

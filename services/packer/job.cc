@@ -29,12 +29,41 @@ absl::Status Job::Init(const JobOptions& options) {
   so.open_bins = config_.packing().open_bins();
   so.improvement_rounds = config_.packing().improvement_rounds();
   ASSIGN_OR_RETURN(strategy_, MakeStrategy(so));
-  dispatcher_ =
-      config_.post_balancing().enabled() ? MakeLptDispatcher() : MakeColocatedDispatcher();
   ASSIGN_OR_RETURN(split_, SplitMicroBatches(config_.batch()));
   const auto& b = config_.batch();
   text_seqs_ = split_.text_micro_batches * b.text_micro_batch();
   vl_seqs_ = split_.vl_micro_batches * b.vl_micro_batch();
+  const v1::VisionConfig& v = config_.vision();
+  pixel_row_bytes_ = uint64_t{3} * v.temporal_patch() * v.patch_size() * v.patch_size() *
+                     DTypeBytes(v.output_dtype());
+  const v1::PostBalancingConfig& pb = config_.post_balancing();
+  DispatcherOptions d;
+  d.world_size = world_size();
+  d.ranks_per_node = ranks_per_node();
+  d.text_micro_batches = split_.text_micro_batches;
+  d.text_micro_batch = b.text_micro_batch();
+  d.vl_micro_batches = split_.vl_micro_batches;
+  d.vl_micro_batch = b.vl_micro_batch();
+  d.img_cap = b.img_cap_tokens();
+  d.padded = pb.padded();
+  d.rearrangement =
+      pb.rearrangement() == "ilp" ? dispatch::Rearrangement::kIlp : dispatch::Rearrangement::kFast;
+  d.hidden_size = pb.hidden_size();
+  d.embedding_dtype_bytes = DTypeBytes(pb.embedding_dtype());
+  if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
+    const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
+    if (binaries > kIlpMaxBinaries) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "post_balancing.rearrangement 'ilp' solves an integer program per step with ", binaries,
+          " binary variables here (", b.text_samples_per_step() + b.vl_samples_per_step(),
+          " samples x ", world_size(), " ranks x their sequences), above its limit of ",
+          kIlpMaxBinaries,
+          ": it is an exact reference for small jobs; use rearrangement 'fast' (within 1% of the "
+          "optimum in tutti bench exchange), or fewer samples per step or ranks"));
+    }
+  }
+  dispatcher_ =
+      pb.enabled() ? MakePostBalancingDispatcher(d) : MakeColocatedDispatcher(strategy_.get(), d);
 
   const Index& ix = *index_;
   const uint64_t n_text = ix.text_samples().size(), n_vl = ix.vl_samples().size();
@@ -205,6 +234,25 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
   auto job = Job::Create(std::move(config), std::move(index), options);
   if (!job.ok()) return Annotate(job.status(), absl::StrCat("job config ", config_path));
   return job;
+}
+
+std::string Job::plan_strategy() const {
+  if (!post_balancing()) return strategy_->name();
+  return absl::StrCat("post-balancing/", config_.post_balancing().rearrangement());
+}
+
+uint32_t DTypeBytes(int dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32:
+    case v1::DTYPE_INT32:
+      return 4;
+    case v1::DTYPE_INT64:
+      return 8;
+    case v1::DTYPE_UINT8:
+      return 1;
+    default:
+      return 2;  // BF16, FP16
+  }
 }
 
 std::string Job::DescribeSample(uint32_t sample) const {

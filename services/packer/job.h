@@ -67,7 +67,14 @@ class Job {
   const std::vector<StageStats>& stage_stats() const { return stats_; }
 
   const PackingStrategy& strategy() const { return *strategy_; }
+  // Post-balancing when post_balancing.enabled, else colocated (dispatch.h).
   const Dispatcher& dispatcher() const { return *dispatcher_; }
+  bool post_balancing() const { return config_.post_balancing().enabled(); }
+  // What StepPlan.strategy reports: the packing strategy, or
+  // "post-balancing/fast" (or ".../ilp") when the dispatcher places samples.
+  std::string plan_strategy() const;
+  // Bytes of one pixel_values row: 3 x temporal_patch x patch_size^2 x dtype.
+  uint64_t pixel_row_bytes() const { return pixel_row_bytes_; }
 
   // OK when `step` lies within the dataset; OUT_OF_RANGE naming it otherwise.
   absl::Status CheckStep(uint64_t step) const;
@@ -87,6 +94,7 @@ class Job {
   uint32_t vl_seqs_ = 0;
   uint64_t steps_per_epoch_ = 0;
   uint64_t total_steps_ = 0;
+  uint64_t pixel_row_bytes_ = 0;
   std::vector<StageCoster> costers_;
   std::vector<StageStats> stats_;
   std::unique_ptr<PackingStrategy> strategy_;
@@ -99,6 +107,9 @@ class Job {
 absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
                                                    const std::string& index_override,
                                                    const JobOptions& options = {});
+
+// Bytes per element of a tutti.v1.DType (2 for BF16/FP16, 4 for FP32...).
+uint32_t DTypeBytes(int dtype);
 
 }  // namespace tutti::packer
 

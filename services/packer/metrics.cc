@@ -59,6 +59,7 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
       imbalance_audio(imbalance_family.Add({{"phase", "audio"}})),
       imbalance_before_vit(imbalance_before_family.Add({{"phase", "vit"}})),
       imbalance_before_llm(imbalance_before_family.Add({{"phase", "llm"}})),
+      imbalance_before_audio(imbalance_before_family.Add({{"phase", "audio"}})),
       samples_planned(BuildCounter()
                           .Name("tutti_packer_samples_planned_total")
                           .Help("Samples placed in computed plans")
@@ -109,6 +110,25 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                            .Help("Inter-node bytes of a step's encoder-output exchange")
                            .Register(r)
                            .Add({}, ByteBuckets())),
+      intra_node_bytes(
+          BuildHistogram()
+              .Name("tutti_packer_exchange_intra_node_bytes")
+              .Help("Bytes of a step's encoder-output exchange between ranks of a node")
+              .Register(r)
+              .Add({}, ByteBuckets())),
+      remote_load_bytes(BuildHistogram()
+                            .Name("tutti_packer_exchange_remote_load_bytes")
+                            .Help("Bytes of a step's load exchange (inputs not staged on the node "
+                                  "that needs them)")
+                            .Register(r)
+                            .Add({}, ByteBuckets())),
+      rearrangement_family(BuildCounter()
+                               .Name("tutti_packer_rearrangements_total")
+                               .Help("Post-balanced steps by how the LLM placement was chosen")
+                               .Register(r)),
+      rearrangement_fast(rearrangement_family.Add({{"result", "fast"}})),
+      rearrangement_ilp_optimal(rearrangement_family.Add({{"result", "ilp_optimal"}})),
+      rearrangement_ilp_fast_kept(rearrangement_family.Add({{"result", "ilp_fast_kept"}})),
       index_samples(BuildGauge()
                         .Name("tutti_packer_index_samples")
                         .Help("Samples in the loaded index")

@@ -37,6 +37,7 @@ struct PackerMetrics {
   prometheus::Gauge& imbalance_audio;
   prometheus::Gauge& imbalance_before_vit;
   prometheus::Gauge& imbalance_before_llm;
+  prometheus::Gauge& imbalance_before_audio;
   // tutti_packer_samples_planned_total / tutti_packer_steps_planned_total
   prometheus::Counter& samples_planned;
   prometheus::Counter& steps_planned;
@@ -71,8 +72,21 @@ struct PackerMetrics {
   // change).
   prometheus::Gauge& fitted_vit;
   prometheus::Gauge& fitted_llm;
-  // tutti_packer_exchange_inter_node_bytes: inter-node bytes per step.
+  // tutti_packer_exchange_inter_node_bytes / _intra_node_bytes: bytes of a
+  // step's forward exchange (encoder outputs) between nodes and between
+  // ranks of one node (a rank's bytes to itself are neither);
+  // tutti_packer_exchange_remote_load_bytes: its load exchange (inputs whose
+  // shard the encoder's or LLM rank's node does not stage).
   prometheus::Histogram& inter_node_bytes;
+  prometheus::Histogram& intra_node_bytes;
+  prometheus::Histogram& remote_load_bytes;
+  // tutti_packer_rearrangements_total{result}: how post-balancing chose each
+  // step's LLM placement: "fast", "ilp_optimal", "ilp_fast_kept" (GLPK did
+  // not prove an optimum within its budget).
+  prometheus::Family<prometheus::Counter>& rearrangement_family;
+  prometheus::Counter& rearrangement_fast;
+  prometheus::Counter& rearrangement_ilp_optimal;
+  prometheus::Counter& rearrangement_ilp_fast_kept;
   // tutti_packer_index_samples: samples in the loaded index.
   prometheus::Gauge& index_samples;
 

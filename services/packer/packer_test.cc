@@ -67,6 +67,39 @@ TEST_F(PackerTest, ServesThePlannersPlansAndPlansAhead) {
   EXPECT_GT(metrics_->samples_planned.Value(), 0);
 }
 
+// Post-balancing's statistics reach the metrics, step by step.
+TEST(PackerMetricsTest, PostBalancingPhasesAndExchangeBytesAreExposed) {
+  auto job = MakeJob(std::string(kBaseConfig) + " post_balancing { enabled: true }",
+                     SyntheticIndex(SmallDataset(2000)));
+  ASSERT_TRUE(job.ok()) << job.status();
+  prometheus::Registry registry;
+  PackerMetrics metrics(registry);
+  PlanWindow window(std::make_shared<Planner>(*job), PlanWindowOptions{1, 1}, &metrics);
+  auto plan = window.GetBlocking(5);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  window.Stop();  // nothing planned after step 5's plan is read below
+  // The last step planned may be 5 or the one after: compare with it.
+  const StepPlanData* last = plan->get();
+  for (uint64_t s = 6; s < 8; ++s) {
+    if (auto p = window.Peek(s)) last = p.get();
+  }
+  EXPECT_EQ(metrics.imbalance_vit.Value(), last->vit.imbalance);
+  EXPECT_EQ(metrics.imbalance_llm.Value(), last->llm.imbalance);
+  EXPECT_EQ(metrics.imbalance_before_vit.Value(), last->vit.imbalance_before);
+  EXPECT_EQ(metrics.imbalance_before_llm.Value(), last->llm.imbalance_before);
+  EXPECT_LT(metrics.imbalance_vit.Value(), metrics.imbalance_before_vit.Value());
+  const double steps = metrics.steps_planned.Value();
+  EXPECT_GE(steps, 1);
+  for (prometheus::Histogram* h : {&metrics.inter_node_bytes, &metrics.intra_node_bytes,
+                                   &metrics.remote_load_bytes, &metrics.plan_seconds}) {
+    EXPECT_EQ(h->Collect().histogram.sample_count, steps);
+  }
+  EXPECT_EQ(metrics.rearrangement_fast.Value(), steps);
+  EXPECT_GT(metrics.intra_node_bytes.Collect().histogram.sample_sum +
+                metrics.inter_node_bytes.Collect().histogram.sample_sum,
+            0);
+}
+
 TEST_F(PackerTest, ClientMismatchesAreRefused) {
   v1::StepPlan plan;
   ClientView c;

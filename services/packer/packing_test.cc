@@ -192,17 +192,5 @@ TEST(PackingTest, UnknownStrategyNamesTheChoices) {
   EXPECT_NE(s.status().message().find("seed-v2"), std::string::npos);
 }
 
-TEST(DispatchTest, LptDealsLargestFirst) {
-  const std::vector<double> cost = {10, 1, 7, 3, 3, 2};
-  std::vector<uint32_t> rank(cost.size());
-  LptAssign(cost, 3, rank.data());
-  // 10 -> r0, 7 -> r1, 3 -> r2, 3 -> r2 (3 < 7), 2 -> r1 (7 < 10? no: r2=6 < 7) ...
-  std::vector<double> load(3, 0);
-  for (size_t i = 0; i < cost.size(); ++i) load[rank[i]] += cost[i];
-  EXPECT_EQ(rank[0], 0u);
-  EXPECT_EQ(rank[2], 1u);
-  EXPECT_LE(*std::max_element(load.begin(), load.end()), 10.0);
-}
-
 }  // namespace
 }  // namespace tutti::packer

@@ -50,7 +50,7 @@ class PlanBuilder {
     plan_->set_max_pixels(d_.max_pixels);
     plan_->set_seq_len(d_.seq_len);
     plan_->set_min_pixels(cfg.vision().min_pixels());
-    plan_->set_strategy(job_.strategy().name());
+    plan_->set_strategy(job_.plan_strategy());
     plan_->set_config_fingerprint(job_.fingerprint());
 
     // Samples the returned ranks touch, in batch order.
@@ -70,6 +70,12 @@ class PlanBuilder {
         touched[d_.audio[d_.enc_audio.row(r)[k]].owner] = 1;
       }
       for (uint32_t k = r; k < d_.samples.size(); k += W) touched[k] = 1;
+      // Inputs it loads for another node's ranks: it needs their members.
+      if (!d_.load_sends.begin.empty()) {
+        for (uint32_t k = 0; k < d_.load_sends.size(r); ++k) {
+          touched[d_.LoadOwner(d_.load_sends.row(r)[k])] = 1;
+        }
+      }
     }
     thread_local std::vector<int32_t> shard_pos;
     shard_pos.assign(ix_.num_shards(), -1);
@@ -85,6 +91,7 @@ class PlanBuilder {
     FillPhase("llm", d_.llm, stats->add_phases());
     stats->set_inter_node_bytes(d_.inter_node_bytes);
     stats->set_intra_node_bytes(d_.intra_node_bytes);
+    stats->set_remote_load_bytes(d_.remote_load_bytes);
   }
 
  private:
@@ -160,6 +167,7 @@ class PlanBuilder {
           doc->set_offset(offset);
           doc->set_length(ps.cost.llm_tokens);
           doc->set_encoder_tokens(ps.cost.image_tokens + ps.cost.audio_tokens);
+          doc->set_remote_load(ps.text_remote);
           offset += ps.cost.llm_tokens;
           image_tokens += ps.cost.image_tokens;
         }
@@ -191,6 +199,7 @@ class PlanBuilder {
         ip->set_cost(im.cost);
         ip->set_llm_rank(d_.samples[im.owner].rank);
         ip->set_output_bytes(im.output_bytes);
+        ip->set_remote_load(im.remote_load);
         cost += im.cost;
       }
       for (uint32_t c = d_.rank_chunks[r]; c < d_.rank_chunks[r + 1]; ++c) {
@@ -218,6 +227,7 @@ class PlanBuilder {
         ap->set_cost(au.cost);
         ap->set_llm_rank(d_.samples[au.owner].rank);
         ap->set_output_bytes(au.output_bytes);
+        ap->set_remote_load(au.remote_load);
         cost += au.cost;
         frames += au.frames;
         ch->add_items(k);
@@ -234,6 +244,16 @@ class PlanBuilder {
     uint64_t unused = 0;
     ex->set_recv_bytes(AddTransfers(d_.recvs, r, /*peer_is_llm=*/false, ex->mutable_recvs(),
                                     r / rpn, rpn, &unused));
+    // Load exchange (post-balancing, remote inputs); absent when empty.
+    if (!d_.load_sends.begin.empty() && !d_.load_sends.items.empty()) {
+      v1::Exchange* lx = rp->mutable_load_exchange();
+      uint64_t load_inter = 0;
+      lx->set_send_bytes(AddLoadTransfers(d_.load_sends, r, /*sends=*/true, lx->mutable_sends(),
+                                          r / rpn, rpn, &load_inter));
+      lx->set_inter_node_send_bytes(load_inter);
+      lx->set_recv_bytes(AddLoadTransfers(d_.load_recvs, r, /*sends=*/false, lx->mutable_recvs(),
+                                          r / rpn, rpn, &unused));
+    }
     // Costs and the drawn split.
     const RankTotals& t = d_.ranks[r];
     v1::RankCost* c = rp->mutable_cost();
@@ -271,6 +291,42 @@ class PlanBuilder {
       ti->set_index(image ? d_.images[item].image_index
                           : d_.audio[item - d_.images.size()].audio_index);
       const uint64_t bytes = d_.OutputBytes(item);
+      ti->set_bytes(bytes);
+      t->set_bytes(t->bytes() + bytes);
+      total += bytes;
+      if (peer / rpn != node) *inter += bytes;
+    }
+    return total;
+  }
+
+  // Transfers of the load exchange: items as in StepPlanData (images, audio
+  // clips, then documents' token ids, encoder ENCODER_UNSPECIFIED).
+  uint64_t AddLoadTransfers(const Csr& csr, uint32_t r, bool sends,
+                            google::protobuf::RepeatedPtrField<v1::Transfer>* out, uint32_t node,
+                            uint32_t rpn, uint64_t* inter) {
+    const uint32_t I = static_cast<uint32_t>(d_.images.size());
+    const uint32_t A = static_cast<uint32_t>(d_.audio.size());
+    uint64_t total = 0;
+    v1::Transfer* t = nullptr;
+    for (uint32_t k = 0; k < csr.size(r); ++k) {
+      const uint32_t item = csr.row(r)[k];
+      const uint32_t peer = sends ? d_.LoadDest(item) : d_.LoadSource(item);
+      if (t == nullptr || t->peer() != peer) {
+        t = out->Add();
+        t->set_peer(peer);
+      }
+      v1::TransferItem* ti = t->add_items();
+      ti->set_sample_id(d_.samples[d_.LoadOwner(item)].sample);
+      if (item < I) {
+        ti->set_encoder(v1::ENCODER_VISION);
+        ti->set_index(d_.images[item].image_index);
+      } else if (item < I + A) {
+        ti->set_encoder(v1::ENCODER_AUDIO);
+        ti->set_index(d_.audio[item - I].audio_index);
+      } else {
+        ti->set_encoder(v1::ENCODER_UNSPECIFIED);
+      }
+      const uint64_t bytes = d_.LoadBytes(item);
       ti->set_bytes(bytes);
       t->set_bytes(t->bytes() + bytes);
       total += bytes;

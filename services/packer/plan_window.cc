@@ -126,10 +126,22 @@ void PlanWindow::Worker() {
         metrics_->samples_planned.Increment(static_cast<double>(data->samples.size()));
         metrics_->imbalance_vit.Set(data->vit.imbalance);
         metrics_->imbalance_llm.Set(data->llm.imbalance);
-        metrics_->imbalance_audio.Set(data->audio_phase.imbalance);
         metrics_->imbalance_before_vit.Set(data->vit.imbalance_before);
         metrics_->imbalance_before_llm.Set(data->llm.imbalance_before);
+        if (data->has_audio) {
+          metrics_->imbalance_audio.Set(data->audio_phase.imbalance);
+          metrics_->imbalance_before_audio.Set(data->audio_phase.imbalance_before);
+        }
         metrics_->inter_node_bytes.Observe(static_cast<double>(data->inter_node_bytes));
+        metrics_->intra_node_bytes.Observe(static_cast<double>(data->intra_node_bytes));
+        metrics_->remote_load_bytes.Observe(static_cast<double>(data->remote_load_bytes));
+        if (data->rearrangement == "fast") {
+          metrics_->rearrangement_fast.Increment();
+        } else if (data->rearrangement == "ilp optimal") {
+          metrics_->rearrangement_ilp_optimal.Increment();
+        } else if (!data->rearrangement.empty()) {
+          metrics_->rearrangement_ilp_fast_kept.Increment();
+        }
       } else {
         metrics_->plan_failures.Increment();
       }

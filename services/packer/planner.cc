@@ -47,20 +47,6 @@ PhaseSummary SummarizePhase(const std::vector<double>& per_rank, const std::vect
 
 }  // namespace
 
-uint32_t DTypeBytes(int dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-    case v1::DTYPE_INT32:
-      return 4;
-    case v1::DTYPE_INT64:
-      return 8;
-    case v1::DTYPE_UINT8:
-      return 1;
-    default:
-      return 2;  // BF16, FP16
-  }
-}
-
 absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   const Job& job = *job_;
   const v1::JobConfig& cfg = job.config();
@@ -87,12 +73,11 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   out->audio.clear();
   out->text_items.resize(T);
   out->vl_items.resize(V);
-  out->image_cost.clear();
-  out->image_owner.clear();
-  out->audio_cost.clear();
-  out->audio_owner.clear();
   const uint64_t elem = uint64_t{cfg.post_balancing().hidden_size()} *
                         DTypeBytes(cfg.post_balancing().embedding_dtype());
+  const uint64_t pixel_row = job.pixel_row_bytes();
+  const uint64_t audio_rate = cfg.audio().sample_rate();
+  const uint64_t audio_max_samples = uint64_t{cfg.audio().max_seconds()} * audio_rate;
 
   // Sample ids first (pure arithmetic), then the index records with
   // prefetching: the draw is random access into a large index, so memory
@@ -122,6 +107,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     PlannedSample& ps = out->samples[k];
     ps = PlannedSample();
     ps.sample = s;
+    ps.shard = ix.ShardOf(s);
     ps.drawn_rank = k % W;
     ps.vl = vl;
     ps.first_image = static_cast<uint32_t>(out->images.size());
@@ -148,13 +134,12 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
         im.llm_tokens = g->llm_tokens;
         im.cost = model.Vit(g->patches);
         im.output_bytes = g->llm_tokens * elem;
+        im.input_bytes = g->patches * pixel_row;
         c.image_tokens += g->llm_tokens;
         c.patches += g->patches;
         c.vit += im.cost;
         tokens += g->llm_tokens + 2;
         ++c.images;
-        out->image_cost.push_back(im.cost);
-        out->image_owner.push_back(k - T);
       } else {
         const uint32_t ms = ix.media_audio_ms(j);
         PlannedAudio& au = out->audio.emplace_back();
@@ -165,12 +150,13 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
         au.tokens = coster.AudioTokens(ms);
         au.cost = model.Audio(au.tokens);
         au.output_bytes = au.tokens * elem;
+        // float32 samples, as the stager lays out audio_values.
+        au.input_bytes =
+            std::min<uint64_t>(uint64_t{ms} * audio_rate / 1000, audio_max_samples) * 4;
         c.audio_tokens += au.tokens;
         c.audio_cost += au.cost;
         tokens += au.tokens + 2;
         ++c.audio;
-        out->audio_cost.push_back(au.cost);
-        out->audio_owner.push_back(k - T);
       }
     }
     c.llm_tokens = static_cast<uint32_t>(std::min<uint64_t>(tokens, UINT32_MAX));
@@ -189,43 +175,16 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   RETURN_IF_ERROR(job.CheckStep(step));
   RETURN_IF_ERROR(Draw(step, out));
   const uint32_t W = out->world_size;
-  const uint32_t T = static_cast<uint32_t>(out->text_items.size());
-
-  DispatchInput in;
-  in.pack.ranks = W;
-  in.pack.seq_len = out->seq_len;
-  in.pack.img_cap = job.config().batch().img_cap_tokens();
-  in.pack.text_seqs_per_rank = out->text_seqs;
-  in.pack.vl_seqs_per_rank = out->vl_seqs;
-  in.pack.text = out->text_items;
-  in.pack.vl = out->vl_items;
-  in.strategy = &job.strategy();
-  in.image_cost = out->image_cost;
-  in.image_owner = out->image_owner;
-  in.audio_cost = out->audio_cost;
-  in.audio_owner = out->audio_owner;
-  in.ranks_per_node = out->ranks_per_node;
-  thread_local DispatchOutput d;
-  if (absl::Status s = job.dispatcher().Dispatch(in, &d); !s.ok()) {
-    return Annotate(s, absl::StrCat("step ", step, " (curriculum[", out->stage, "], seq_len ",
-                                    out->seq_len, ", max_pixels ", out->max_pixels, ", strategy ",
-                                    job.strategy().name(), ")"));
+  DispatchStep in;
+  in.model = &job.coster(out->stage).model();
+  dispatch::ShardAvailability staging;
+  if (staging_ != nullptr) staging = staging_->At(step);
+  in.staging = &staging;
+  if (absl::Status s = job.dispatcher().Dispatch(in, out); !s.ok()) {
+    return Annotate(
+        s, absl::StrCat("step ", step, " (curriculum[", out->stage, "], seq_len ", out->seq_len,
+                        ", max_pixels ", out->max_pixels, ", strategy ", job.plan_strategy(), ")"));
   }
-  for (uint32_t k = 0; k < out->samples.size(); ++k) {
-    PlannedSample& ps = out->samples[k];
-    if (k < T) {
-      const uint32_t slot = d.llm.text_slot[k];
-      ps.rank = slot / out->text_seqs;
-      ps.seq = slot % out->text_seqs;
-    } else {
-      const uint32_t slot = d.llm.vl_slot[k - T];
-      ps.rank = slot / out->vl_seqs;
-      ps.seq = out->text_seqs + slot % out->vl_seqs;
-    }
-  }
-  for (size_t i = 0; i < out->images.size(); ++i) out->images[i].enc_rank = d.image_rank[i];
-  for (size_t i = 0; i < out->audio.size(); ++i) out->audio[i].enc_rank = d.audio_rank[i];
-
   const uint32_t S = out->seqs_per_rank();
   FillCsr(
       static_cast<uint32_t>(out->samples.size()), W * S,
@@ -238,6 +197,7 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
       [&](uint32_t i) { return out->audio[i].enc_rank; }, &out->enc_audio);
   BuildChunks(job.config().batch().max_patches_per_chunk(), out);
   BuildExchange(out);
+  BuildLoadExchange(out);
   Summarize(out);
   return absl::OkStatus();
 }
@@ -283,9 +243,10 @@ void Planner::Summarize(StepPlanData* out) const {
     audio[au.enc_rank] += au.cost;
     if (post) largest_audio = std::max(largest_audio, au.cost);
   }
+  out->has_audio = !out->audio.empty();
+  if (out->phases_from_dispatcher) return;  // measured in the dispatcher's cost variant
   out->vit = SummarizePhase(vit, vit_before, largest_vit);
   out->llm = SummarizePhase(llm, llm_before, largest_llm);
-  out->has_audio = !out->audio.empty();
   out->audio_phase = SummarizePhase(audio, audio_before, largest_audio);
 }
 

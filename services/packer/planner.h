@@ -8,11 +8,12 @@
 //      (sampler.h), dealt round-robin to ranks as the "drawn" split;
 //   2. curriculum: the stage at `step` gives max_pixels and seq_len; every
 //      image is sized by smart resize and costed (costs.h);
-//   3. the dispatcher (dispatch.h) and packing strategy (packing.h) place
-//      samples into each rank's text and VL sequences and images onto
-//      encoder ranks;
-//   4. chunked ViT forward (chunking.h), exchange lists (exchange.h) and
-//      per-rank costs and phase statistics.
+//   3. the dispatcher (dispatch.h) places samples into each rank's text and
+//      VL sequences and encoder items onto encoder ranks: colocated
+//      (pre-balancing, through the packing strategy, packing.h) or batch
+//      post-balancing (services/packer/dispatch/);
+//   4. chunked ViT forward (chunking.h), the forward and load exchange lists
+//      (exchange.h), per-rank costs and phase statistics.
 #ifndef TUTTI_SERVICES_PACKER_PLANNER_H_
 #define TUTTI_SERVICES_PACKER_PLANNER_H_
 
@@ -24,9 +25,25 @@
 
 namespace tutti::packer {
 
+// Which node's stager holds which shard, as the packer learns it (e.g. from
+// stager reports). Plans depend on it: with the same answer for a step, the
+// same plan. Implementations must be thread-safe (planner threads call At
+// concurrently). Without one, every shard counts as staged on every node.
+class ShardStaging {
+ public:
+  virtual ~ShardStaging() = default;
+  // The availability for `step`: ShardAvailability::None(shards, nodes)
+  // with the staged (shard, node) pairs set, over the index's shards and the
+  // job's nodes; or the default (everything everywhere).
+  virtual dispatch::ShardAvailability At(uint64_t step) const = 0;
+};
+
 class Planner {
  public:
-  explicit Planner(std::shared_ptr<const Job> job) : job_(std::move(job)) {}
+  // `staging` (may be null: everything staged everywhere) must outlive the
+  // planner.
+  explicit Planner(std::shared_ptr<const Job> job, const ShardStaging* staging = nullptr)
+      : job_(std::move(job)), staging_(staging) {}
 
   // Plans `step` into *out, reusing its buffers. Thread-safe (const).
   // OUT_OF_RANGE for a step beyond the dataset's end; FAILED_PRECONDITION
@@ -41,10 +58,8 @@ class Planner {
   void Summarize(StepPlanData* out) const;
 
   std::shared_ptr<const Job> job_;
+  const ShardStaging* staging_;
 };
-
-// Bytes per element of an embedding dtype (2 for BF16/FP16, 4 for FP32...).
-uint32_t DTypeBytes(int dtype);
 
 }  // namespace tutti::packer
 

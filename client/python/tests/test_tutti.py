@@ -191,6 +191,48 @@ class ExchangeTest(unittest.TestCase):
         self.assertIn("writable", str(ctx.exception))
         self.t.exchange(self_plan(), bytes(10), bytearray(10))  # any buffer works
 
+    def test_array_interface_objects_are_accepted(self):
+        class Exporter:  # e.g. a tensor library's host array: no buffer protocol
+            def __init__(self, a):
+                self._a = a
+                self.__array_interface__ = a.__array_interface__
+
+        send = Exporter(np.arange(5, dtype=np.uint16))
+        recv = Exporter(np.zeros(5, dtype=np.uint16))
+        self.t.exchange(self_plan(), send, recv)
+        np.testing.assert_array_equal(recv._a, np.arange(5))
+        ro = np.zeros(10, np.uint8)
+        ro.flags.writeable = False
+        with self.assertRaises(tutti.InvalidArgumentError) as ctx:
+            self.t.exchange(self_plan(), np.zeros(10, np.uint8), Exporter(ro))
+        self.assertIn("must be writable", str(ctx.exception))
+        with self.assertRaises(tutti.InvalidArgumentError) as ctx:
+            self.t.exchange(self_plan(), Exporter(np.zeros(20, np.uint8)[::2]), np.zeros(10, np.uint8))
+        self.assertIn("not C-contiguous", str(ctx.exception))
+
+    def test_unsupported_and_device_buffers_are_refused_clearly(self):
+        with self.assertRaises(tutti.InvalidArgumentError) as ctx:
+            self.t.exchange(self_plan(), [0] * 10, np.zeros(10, np.uint8))
+        self.assertIn("(list) is not a buffer", str(ctx.exception))
+        self.assertIn("t.numpy()", str(ctx.exception))
+
+        class FakeCuda:  # what a CUDA tensor exposes
+            __cuda_array_interface__ = {"data": (1 << 40, False), "shape": (10,), "typestr": "|u1",
+                                        "version": 3}
+
+        with self.assertRaises(tutti.InvalidArgumentError) as ctx:
+            self.t.exchange(self_plan(), FakeCuda(), np.zeros(10, np.uint8))
+        self.assertIn("CUDA device memory", str(ctx.exception))
+        self.assertIn("NcclTransport" if tutti.HAVE_NCCL else "no NCCL transport", str(ctx.exception))
+
+    def test_load_exchange(self):
+        empty = {"rank": 0}
+        self.t.exchange_load(empty, np.zeros(0, np.uint8), np.zeros(0, np.uint8))
+        plan = {"rank": 0, "load_exchange": self_plan()["exchange"]}
+        recv = np.zeros(10, np.uint8)
+        self.t.exchange_load(plan, np.arange(10, dtype=np.uint8), recv, step=2, world_size=1)
+        np.testing.assert_array_equal(recv, np.arange(10))
+
     def test_plan_for_another_world_size(self):
         with self.assertRaises(tutti.FailedPreconditionError) as ctx:
             self.t.exchange(self_plan(), np.zeros(10, np.uint8), np.zeros(10, np.uint8), world_size=2)

@@ -146,6 +146,12 @@ struct DispatchInput {
   ShardAvailability availability;
 };
 
+// How the node-aware LLM placement is chosen among the balanced ones.
+enum class Rearrangement : uint8_t {
+  kFast = 0,  // RearrangeLlm (llm_phase.h): production, any size
+  kIlp = 1,   // the exact GLPK program (llm_ilp.h), started from kFast: small steps
+};
+
 struct DispatchOptions {
   ClusterShape cluster;
   SlotLayout slots;
@@ -172,6 +178,19 @@ struct DispatchOptions {
   uint32_t kk_max_ranks = 64;
   // Bound on local-search passes per phase (each pass is O(items)). Default 4.
   uint32_t improvement_rounds = 4;
+  // kIlp solves the LLM rearrangement exactly with GLPK, from the fast
+  // placement and within its bound, and keeps the optimum when GLPK proves
+  // one within ilp_max_nodes branch-and-bound nodes (a budget that does not
+  // depend on the machine, so plans stay reproducible) and ilp_time_limit_s
+  // (a safety net); otherwise the fast placement stays. Default kFast.
+  Rearrangement rearrangement = Rearrangement::kFast;
+  uint64_t ilp_max_nodes = 20000;  // default 20,000
+  double ilp_time_limit_s = 60;    // default 60 s
+  // Build the per-rank send/receive lists (DispatchPlan::forward, load).
+  // false leaves them empty for a caller that lays out its own lists from
+  // the placement (the packer's planner); statistics are computed either
+  // way. Default true.
+  bool build_exchanges = true;
 };
 
 // ---- results ----
@@ -264,6 +283,9 @@ struct DispatchStats {
   uint32_t remote_load_items = 0;    // encoder items loaded on another node
   uint32_t remote_text_samples = 0;  // samples whose token ids come from another node
   bool llm_fallback = false;         // node-aware LLM greedy missed the bound; fixed by search
+  // How the LLM placement was chosen: "fast", "ilp optimal", or
+  // "ilp: <why not>, fast kept".
+  std::string rearrangement = "fast";
 };
 
 struct DispatchPlan {
@@ -275,8 +297,10 @@ struct DispatchPlan {
   std::array<EncoderPhasePlan, kNumEncoders> encoders;
   std::vector<RankLlmPlan> llm;       // per rank
   std::vector<uint32_t> llm_rank;     // per sample
+  std::vector<uint32_t> llm_seq;      // per sample: sequence slot within its rank (text first)
   std::vector<uint8_t> text_remote;   // per sample: token ids come from text_source
   std::vector<uint32_t> text_source;  // per sample (meaningful when text_remote)
+  // Empty unless DispatchOptions::build_exchanges.
   std::vector<RankExchange> forward;  // encoder outputs, encoder rank -> LLM rank
   std::vector<RankExchange> load;     // remote inputs, before the encoders run
   DispatchStats stats;

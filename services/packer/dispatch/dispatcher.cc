@@ -11,6 +11,7 @@
 #include "services/packer/dispatch/balance.h"
 #include "services/packer/dispatch/encoder_phase.h"
 #include "services/packer/dispatch/exchange.h"
+#include "services/packer/dispatch/llm_ilp.h"
 #include "services/packer/dispatch/llm_phase.h"
 #include "services/packer/dispatch/sequence_state.h"
 
@@ -22,6 +23,7 @@ struct FlatEncoder {
   EncoderProblem problem;
   std::vector<uint32_t> sample;     // per item
   std::vector<uint32_t> local;      // per item: position in samples[s].items[e]
+  std::vector<uint32_t> index;      // per item: its EncoderItem::index
   std::vector<uint64_t> out_bytes;  // per item: encoder output bytes
   std::vector<uint32_t> offset;     // per sample, plus the total
 };
@@ -37,7 +39,9 @@ FlatEncoder Flatten(const DispatchInput& in, const DispatchOptions& o, EncoderKi
   f.offset.reserve(in.samples.size() + 1);
   size_t total = 0;
   for (const Sample& s : in.samples) total += s.items[e].size();
-  for (auto* v : {&f.problem.shard, &f.problem.group, &f.sample, &f.local}) v->reserve(total);
+  for (auto* v : {&f.problem.shard, &f.problem.group, &f.sample, &f.local, &f.index}) {
+    v->reserve(total);
+  }
   f.problem.cost.reserve(total);
   f.out_bytes.reserve(total);
   for (uint32_t s = 0; s < in.samples.size(); ++s) {
@@ -51,6 +55,7 @@ FlatEncoder Flatten(const DispatchInput& in, const DispatchOptions& o, EncoderKi
       f.problem.group.push_back(s);
       f.sample.push_back(s);
       f.local.push_back(k);
+      f.index.push_back(it.index);
       f.out_bytes.push_back(EmbeddingBytes(it.output_tokens, o));
     }
   }
@@ -381,11 +386,45 @@ absl::StatusOr<RearrangementInstance> BuildRearrangement(const DispatchInput& in
   return Stage(in, o, staging, &flat, &unused);
 }
 
+namespace {
+
+// The node-aware LLM placement: the fast rearrangement, or (kIlp) GLPK's
+// optimum started from it when GLPK proves one within its budgets.
+absl::StatusOr<LlmAssignment> Rearrange(const DispatchOptions& o, LlmProblem* llm,
+                                        DispatchStats* stats) {
+  ASSIGN_OR_RETURN(RearrangeResult rr,
+                   RearrangeLlm(*llm, o.improvement_rounds, o.balance_tolerance));
+  stats->llm_fallback = rr.fell_back;
+  llm->bound = rr.bound;
+  stats->rearrangement = "fast";
+  if (o.rearrangement != Rearrangement::kIlp) return std::move(rr.assignment);
+  IlpOptions io;
+  io.start = &rr.assignment;
+  io.max_nodes = o.ilp_max_nodes;
+  io.time_limit_s = o.ilp_time_limit_s;
+  absl::StatusOr<IlpResult> ilp = SolveLlmIlp(*llm, io);
+  if (!ilp.ok()) {
+    stats->rearrangement = absl::StrCat("ilp: ", ilp.status().message(), "; fast kept");
+  } else if (ilp->outcome == IlpOutcome::kOptimal &&
+             ilp->bytes <= LlmInterNodeBytes(*llm, rr.assignment)) {
+    stats->rearrangement = "ilp optimal";
+    return std::move(ilp->assignment);
+  } else {
+    stats->rearrangement =
+        absl::StrCat("ilp: ", ilp->outcome == IlpOutcome::kInfeasible ? "infeasible" : ilp->detail,
+                     "; fast kept");
+  }
+  return std::move(rr.assignment);
+}
+
+}  // namespace
+
 absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOptions& o) {
   RETURN_IF_ERROR(ValidateDispatchInput(in, o));
   const ClusterShape& c = o.cluster;
   const uint32_t W = c.world_size;
-  const size_t n = in.samples.size();
+  const uint32_t n = static_cast<uint32_t>(in.samples.size());
+  const bool restricted = !in.availability.all();
   DispatchPlan plan;
   plan.cluster = c;
   plan.slots = o.slots;
@@ -402,20 +441,18 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
     plan.encoders[e].kind = kEncoders[e];
     plan.encoders[e].rank = std::move(inst.encoder_rank[e]);
   }
+  std::vector<uint32_t> node(W);  // node of every rank (no division in the loops below)
+  for (uint32_t r = 0; r < W; ++r) node[r] = c.node_of(r);
   LlmAssignment assignment;
   if (o.node_aware) {
-    ASSIGN_OR_RETURN(RearrangeResult rr,
-                     RearrangeLlm(llm, o.improvement_rounds, o.balance_tolerance));
-    plan.stats.llm_fallback = rr.fell_back;
-    llm.bound = rr.bound;
-    assignment = std::move(rr.assignment);
+    ASSIGN_OR_RETURN(assignment, Rearrange(o, &llm, &plan.stats));
     // Pull encoder items onto their sample's LLM node where balance allows.
     for (int e = 0; e < kNumEncoders; ++e) {
       const FlatEncoder& f = flat[e];
+      if (f.sample.empty()) continue;
       std::vector<uint32_t> preferred(f.sample.size());
-      for (size_t i = 0; i < f.sample.size(); ++i) {
-        preferred[i] = c.node_of(assignment.rank[f.sample[i]]);
-      }
+      for (size_t i = 0; i < f.sample.size(); ++i)
+        preferred[i] = node[assignment.rank[f.sample[i]]];
       const std::vector<uint8_t> touched =
           MoveTowardNodes(f.problem, preferred, f.out_bytes, enc_bound[e], &plan.encoders[e].rank);
       ImproveWithinNodes(f.problem, o.improvement_rounds, &plan.encoders[e].rank, &touched);
@@ -424,6 +461,7 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
     assignment = std::move(balanced);
   }
   plan.llm_rank = assignment.rank;
+  plan.llm_seq = assignment.seq;
 
   // LLM layout: per rank, micro-batches of sequences, docs by sample index.
   const SlotLayout& sl = o.slots;
@@ -443,26 +481,20 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
   }
   const auto llm_cost = LlmRankCosts(llm, assignment);
   plan.llm.resize(W);
-  std::vector<uint32_t> llm_pos(n, 0);
   for (uint32_t r = 0; r < W; ++r) {
     RankLlmPlan& rp = plan.llm[r];
     rp.cost = llm_cost[r];
-    uint32_t pos = 0;
+    rp.micro_batches.resize(sl.micro_batches());
     for (uint32_t mb = 0; mb < sl.micro_batches(); ++mb) {
-      MicroBatchPlan m;
+      MicroBatchPlan& m = rp.micro_batches[mb];
       m.vl = mb >= sl.text_micro_batches;
-      for (uint32_t q = sl.first_sequence(mb); q < sl.first_sequence(mb) + sl.micro_batch_size(mb);
-           ++q) {
-        SequencePlan sp;
-        const size_t k = size_t{r} * sl.sequences() + q;
+      m.sequences.resize(sl.micro_batch_size(mb));
+      for (uint32_t j = 0; j < sl.micro_batch_size(mb); ++j) {
+        SequencePlan& sp = m.sequences[j];
+        const size_t k = size_t{r} * sl.sequences() + sl.first_sequence(mb) + j;
         sp.docs.assign(slot_docs.begin() + slot_start[k], slot_docs.begin() + slot_start[k + 1]);
-        for (uint32_t s : sp.docs) {
-          sp.tokens += in.samples[s].llm_tokens;
-          llm_pos[s] = pos++;
-        }
-        m.sequences.push_back(std::move(sp));
+        for (uint32_t s : sp.docs) sp.tokens += llm.docs[s].tokens;
       }
-      rp.micro_batches.push_back(std::move(m));
     }
   }
 
@@ -473,40 +505,23 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
     const FlatEncoder& f = flat[e];
     EncoderPhasePlan& ep = plan.encoders[e];
     const size_t items = f.sample.size();
-    std::vector<uint32_t> order(items);
-    std::iota(order.begin(), order.end(), 0u);
-    // By (encoder rank, LLM rank, LLM position); the position names the
-    // sample, the local index breaks ties within it. Packed into one key
-    // when the fields fit (they do unless ranks, documents per rank or
-    // items per sample are in the tens of thousands).
-    uint32_t max_pos = 0, max_local = 0;
-    for (size_t i = 0; i < items; ++i) {
-      max_pos = std::max(max_pos, llm_pos[f.sample[i]]);
-      max_local = std::max(max_local, f.local[i]);
+    // By (encoder rank, LLM rank, LLM position, position in the sample): the
+    // items of the samples in LLM order (slot_docs), then a stable counting
+    // sort by encoder rank.
+    std::vector<uint32_t> by_llm;
+    by_llm.reserve(items);
+    for (uint32_t s : slot_docs) {
+      for (uint32_t i = f.offset[s]; i < f.offset[s + 1]; ++i) by_llm.push_back(i);
     }
-    if (W <= (1u << 16) && max_pos < (1u << 20) && max_local < (1u << 12)) {
-      std::vector<std::pair<uint64_t, uint32_t>> keyed(items);
-      for (uint32_t i = 0; i < items; ++i) {
-        const uint32_t s = f.sample[i];
-        keyed[i] = {(uint64_t{ep.rank[i]} << 48) | (uint64_t{assignment.rank[s]} << 32) |
-                        (uint64_t{llm_pos[s]} << 12) | f.local[i],
-                    i};
-      }
-      std::sort(keyed.begin(), keyed.end());
-      for (uint32_t k = 0; k < items; ++k) order[k] = keyed[k].second;
-    } else {
-      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-        const uint32_t sa = f.sample[a], sb = f.sample[b];
-        return std::make_tuple(ep.rank[a], assignment.rank[sa], llm_pos[sa], f.local[a]) <
-               std::make_tuple(ep.rank[b], assignment.rank[sb], llm_pos[sb], f.local[b]);
-      });
+    std::vector<uint32_t> start(W + 1, 0), order(items);
+    for (uint32_t i : by_llm) ++start[ep.rank[i] + 1];
+    for (uint32_t r = 0; r < W; ++r) start[r + 1] += start[r];
+    {
+      std::vector<uint32_t> at(start.begin(), start.end() - 1);
+      for (uint32_t i : by_llm) order[at[ep.rank[i]]++] = i;
     }
     ep.rank_items.assign(W, {});
-    {
-      std::vector<uint32_t> per_rank(W, 0);
-      for (uint32_t r : ep.rank) ++per_rank[r];
-      for (uint32_t r = 0; r < W; ++r) ep.rank_items[r].reserve(per_rank[r]);
-    }
+    for (uint32_t r = 0; r < W; ++r) ep.rank_items[r].reserve(start[r + 1] - start[r]);
     ep.rank_cost.assign(W, 0.0);
     ep.remote_load.assign(items, 0);
     ep.load_source.assign(items, 0);
@@ -515,26 +530,25 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
       ep.rank_items[r].push_back(ItemRef{s, f.local[i]});
       ep.rank_cost[r] += f.problem.cost[i];
       ep.load_source[i] = r;
-      if (!in.availability.Has(in.samples[s].shard, c.node_of(r))) {
-        const EncoderItem& it = in.samples[s].items[e][f.local[i]];
+      if (restricted && !in.availability.Has(f.problem.shard[i], node[r])) {
+        const uint64_t bytes = in.samples[s].items[e][f.local[i]].input_bytes;
         ep.remote_load[i] = 1;
-        ep.load_source[i] =
-            sources.Pick(in.samples[s].shard, in.samples[s].drawn_rank, it.input_bytes);
+        ep.load_source[i] = sources.Pick(f.problem.shard[i], in.samples[s].drawn_rank, bytes);
         load_moves.push_back(
             Move{ep.load_source[i], r,
-                 ExchangeItem{s, ep.kind, Payload::kEncoderInput, it.index, it.input_bytes}});
+                 ExchangeItem{s, ep.kind, Payload::kEncoderInput, f.index[i], bytes}});
         ++plan.stats.remote_load_items;
       }
     }
   }
   plan.text_remote.assign(n, 0);
-  plan.text_source.assign(n, 0);
-  for (uint32_t r = 0; r < W; ++r) {
-    for (const MicroBatchPlan& m : plan.llm[r].micro_batches) {
-      for (const SequencePlan& sp : m.sequences) {
-        for (uint32_t s : sp.docs) {
-          plan.text_source[s] = r;
-          if (in.availability.Has(in.samples[s].shard, c.node_of(r))) continue;
+  plan.text_source = assignment.rank;
+  if (restricted) {  // in LLM order, so that sources are picked deterministically
+    for (uint32_t r = 0; r < W; ++r) {
+      for (size_t k = size_t{r} * sl.sequences(); k < size_t{r + 1} * sl.sequences(); ++k) {
+        for (uint32_t j = slot_start[k]; j < slot_start[k + 1]; ++j) {
+          const uint32_t s = slot_docs[j];
+          if (in.availability.Has(in.samples[s].shard, node[r])) continue;
           const uint64_t bytes = uint64_t{in.samples[s].text_tokens} * o.token_id_bytes;
           plan.text_remote[s] = 1;
           plan.text_source[s] = sources.Pick(in.samples[s].shard, in.samples[s].drawn_rank, bytes);
@@ -548,19 +562,36 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
   }
 
   // The composed forward exchange: encoder rank -> LLM rank, in one step.
-  std::vector<Move> moves;
-  for (uint32_t r = 0; r < W; ++r) {
-    for (int e = 0; e < kNumEncoders; ++e) {
-      for (const ItemRef& ref : plan.encoders[e].rank_items[r]) {
-        const EncoderItem& it = in.samples[ref.sample].items[e][ref.item];
-        moves.push_back(Move{r, assignment.rank[ref.sample],
-                             ExchangeItem{ref.sample, kEncoders[e], Payload::kEncoderOutput,
-                                          it.index, EmbeddingBytes(it.output_tokens, o)}});
-      }
+  // Its byte totals come straight from the placement.
+  for (int e = 0; e < kNumEncoders; ++e) {
+    const FlatEncoder& f = flat[e];
+    for (size_t i = 0; i < f.sample.size(); ++i) {
+      const uint32_t src = plan.encoders[e].rank[i], dst = assignment.rank[f.sample[i]];
+      (src == dst               ? plan.stats.self_bytes
+       : node[src] == node[dst] ? plan.stats.intra_node_bytes
+                                : plan.stats.inter_node_bytes) += f.out_bytes[i];
     }
   }
-  plan.forward = BuildExchange(c, moves);
-  plan.load = BuildExchange(c, load_moves);
+  for (const Move& m : load_moves) plan.stats.remote_load_bytes += m.item.bytes;
+  if (o.build_exchanges) {
+    std::vector<Move> moves;
+    size_t total = 0;
+    for (int e = 0; e < kNumEncoders; ++e) total += flat[e].sample.size();
+    moves.reserve(total);
+    for (uint32_t r = 0; r < W; ++r) {
+      for (int e = 0; e < kNumEncoders; ++e) {
+        const FlatEncoder& f = flat[e];
+        for (const ItemRef& ref : plan.encoders[e].rank_items[r]) {
+          const uint32_t i = f.offset[ref.sample] + ref.item;
+          moves.push_back(Move{r, assignment.rank[ref.sample],
+                               ExchangeItem{ref.sample, kEncoders[e], Payload::kEncoderOutput,
+                                            f.index[i], f.out_bytes[i]}});
+        }
+      }
+    }
+    plan.forward = BuildExchange(c, moves);
+    plan.load = BuildExchange(c, load_moves);
+  }
 
   // Statistics, with the drawn split as "before" (unpadded LLM cost needs
   // no packing: it is the sum of the documents' costs).
@@ -574,15 +605,16 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
     before.push_back(MakePhaseStats(EncoderPhaseName(kEncoders[e]), cost, 0));
   }
   {
-    std::vector<uint32_t> drawn(n);
-    for (uint32_t s = 0; s < n; ++s) drawn[s] = in.samples[s].drawn_rank;
     std::vector<double> cost(W, 0.0);
     if (o.padded) {
+      std::vector<uint32_t> drawn(n);
+      for (uint32_t s = 0; s < n; ++s) drawn[s] = in.samples[s].drawn_rank;
       uint32_t overflow = 0;
       cost = SplitLlmCosts(llm, drawn, &overflow);
     } else {
       const CostModel model(o.cost);
-      for (uint32_t s = 0; s < n; ++s) cost[drawn[s]] += model.Llm(in.samples[s].llm_tokens);
+      for (uint32_t s = 0; s < n; ++s)
+        cost[in.samples[s].drawn_rank] += model.Llm(llm.docs[s].tokens);
     }
     before.push_back(MakePhaseStats("llm", cost, 0));
   }
@@ -599,11 +631,6 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOpt
               enc_bound[e]);
   }
   add_phase(MakePhaseStats("llm", llm_cost, llm_lb), llm.bound);
-  const ExchangeTotals fwd = SumExchange(c, plan.forward);
-  plan.stats.inter_node_bytes = fwd.inter_node;
-  plan.stats.intra_node_bytes = fwd.intra_node;
-  plan.stats.self_bytes = fwd.self;
-  for (const RankExchange& x : plan.load) plan.stats.remote_load_bytes += x.send_bytes;
   return plan;
 }
 

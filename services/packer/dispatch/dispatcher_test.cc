@@ -135,6 +135,72 @@ TEST(DispatcherTest, SameInputSamePlan) {
   ExpectSamePlan(*a, *b);
 }
 
+TEST(DispatcherTest, StatisticsDoNotNeedTheExchangeLists) {
+  Workload w = Small(16, 4, 0.2, 3);
+  w.input.availability = ShardAvailability::None(4096, 4);
+  for (uint32_t s = 0; s < 4096; ++s) w.input.availability.Set(s, s % 4, true);
+  auto full = Dispatch(w.input, w.options);
+  DispatchOptions o = w.options;
+  o.build_exchanges = false;
+  auto bare = Dispatch(w.input, o);
+  ASSERT_TRUE(full.ok() && bare.ok()) << full.status() << bare.status();
+  EXPECT_TRUE(bare->forward.empty());
+  EXPECT_TRUE(bare->load.empty());
+  EXPECT_EQ(bare->llm_rank, full->llm_rank);
+  EXPECT_EQ(bare->llm_seq, full->llm_seq);
+  EXPECT_EQ(bare->text_remote, full->text_remote);
+  const ExchangeTotals fwd = SumExchange(full->cluster, full->forward);
+  for (const DispatchPlan* p : {&*full, &*bare}) {
+    EXPECT_EQ(p->stats.inter_node_bytes, fwd.inter_node);
+    EXPECT_EQ(p->stats.intra_node_bytes, fwd.intra_node);
+    EXPECT_EQ(p->stats.self_bytes, fwd.self);
+  }
+  uint64_t load = 0;
+  for (const RankExchange& x : full->load) load += x.send_bytes;
+  EXPECT_GT(load, 0u);
+  EXPECT_EQ(bare->stats.remote_load_bytes, load);
+  // Every document's sequence slot, as the layout lists it.
+  for (uint32_t r = 0; r < full->llm.size(); ++r) {
+    uint32_t q = 0;
+    for (const MicroBatchPlan& mb : full->llm[r].micro_batches) {
+      for (const SequencePlan& sp : mb.sequences) {
+        for (uint32_t s : sp.docs) {
+          EXPECT_EQ(full->llm_rank[s], r);
+          EXPECT_EQ(full->llm_seq[s], q);
+        }
+        ++q;
+      }
+    }
+  }
+}
+
+TEST(DispatcherTest, IlpRearrangementIsExactAndKeepsTheBalance) {
+  Workload w = Small(4, 2, 0.2, 5);
+  auto fast = Dispatch(w.input, w.options);
+  DispatchOptions o = w.options;
+  o.rearrangement = Rearrangement::kIlp;
+  auto ilp = Dispatch(w.input, o);
+  ASSERT_TRUE(fast.ok() && ilp.ok()) << fast.status() << ilp.status();
+  EXPECT_EQ(fast->stats.rearrangement, "fast");
+  EXPECT_EQ(ilp->stats.rearrangement, "ilp optimal");
+  EXPECT_TRUE(CheckPlan(w.input, o, *ilp).ok()) << CheckPlan(w.input, o, *ilp);
+  EXPECT_LE(ilp->stats.inter_node_bytes + ilp->stats.remote_load_bytes,
+            fast->stats.inter_node_bytes + fast->stats.remote_load_bytes);
+  const PhaseStats* llm = Phase(*ilp, "llm");
+  ASSERT_NE(llm, nullptr);
+  EXPECT_LE(llm->max, llm->bound * (1 + 1e-9));
+  // A budget of one branch-and-bound node cannot prove an optimum on a step
+  // this size unless the relaxation is integral; either way the plan is valid
+  // and says which placement it kept.
+  o.ilp_max_nodes = 1;
+  auto tight = Dispatch(w.input, o);
+  ASSERT_TRUE(tight.ok());
+  EXPECT_TRUE(tight->stats.rearrangement == "ilp optimal" ||
+              tight->stats.rearrangement.find("node limit") != std::string::npos)
+      << tight->stats.rearrangement;
+  EXPECT_TRUE(CheckPlan(w.input, o, *tight).ok());
+}
+
 TEST(DispatcherTest, AudioAndVisionAreSeparatePhases) {
   DispatchInput in;
   // Sample 0: two images; sample 1: one audio clip; sample 2: image + audio.

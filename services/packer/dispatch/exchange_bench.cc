@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -119,21 +118,7 @@ double ThreadCpuMs() {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-std::map<std::string, TransportBenchFn>& Transports() {
-  static auto* transports = new std::map<std::string, TransportBenchFn>;
-  return *transports;
-}
-
 }  // namespace
-
-void RegisterTransportBench(const std::string& name, TransportBenchFn fn) {
-  Transports()[name] = std::move(fn);
-}
-
-const TransportBenchFn* FindTransportBench(const std::string& name) {
-  auto it = Transports().find(name);
-  return it == Transports().end() ? nullptr : &it->second;
-}
 
 absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBenchOptions& o) {
   std::vector<ExchangeBenchRow> rows;
@@ -146,6 +131,7 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
     ASSIGN_OR_RETURN(Workload w, GenerateWorkload(wo));
     DispatchOptions d = w.options;
     d.padded = o.padded;
+    if (o.hidden_size > 0) d.hidden_size = o.hidden_size;
     d.balance_tolerance = o.balance_tolerance;
     say(absl::StrCat("W=", W, ": ", w.input.samples.size(), " samples (", w.vl_samples, " VL, ",
                      w.images, " images, ", w.audio_clips, " audio clips)"));
@@ -170,7 +156,10 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
     say(absl::StrCat("W=", W, ": pre-balancing"));
     row = base;
     row.mode = "pre";
-    absl::StatusOr<std::vector<uint32_t>> split = o.pre_balance(w.input, d);
+    absl::StatusOr<std::vector<uint32_t>> split =
+        o.pre_balance ? o.pre_balance(w.input, d)
+                      : absl::StatusOr<std::vector<uint32_t>>(absl::FailedPreconditionError(
+                            "no pre-balancer given (ExchangeBenchOptions::pre_balance)"));
     absl::StatusOr<SplitEvaluation> pre = split.ok()
                                               ? EvaluateSplit(w.input, d, *split)
                                               : absl::StatusOr<SplitEvaluation>(split.status());
@@ -222,9 +211,12 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
     row.llm_fallback = plan.stats.llm_fallback;
     if (o.transport != nullptr && *o.transport) {
       say(absl::StrCat("W=", W, ": exchange over the transport"));
-      absl::StatusOr<TransportBenchResult> t = (*o.transport)(plan);
+      absl::StatusOr<TransportBenchResult> t = (*o.transport)(w.input, d, plan);
       if (t.ok()) {
         row.client_vs_bare_throughput = t->client_vs_bare_throughput;
+        row.client_exchange_ms = t->client_seconds * 1e3;
+        row.bare_exchange_ms = t->bare_seconds * 1e3;
+        row.exchange_bytes_per_rank = t->bytes_per_rank_max;
       } else {
         row.error = absl::StrCat("transport: ", t.status().message());
       }
@@ -239,10 +231,17 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
 }
 
 std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
+  bool transport = false;
+  for (const auto& r : rows) transport |= r.client_vs_bare_throughput.has_value();
   std::string out =
-      absl::StrFormat("%-5s %6s %8s %8s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s\n", "mode",
-                      "ranks", "vit_imb", "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb",
-                      "inter_MB", "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
+      absl::StrFormat("%-5s %6s %8s %8s %8s %8s %8s %8s %12s %12s %7s %9s %9s %9s", "mode", "ranks",
+                      "vit_imb", "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb", "inter_MB",
+                      "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
+  if (transport) {
+    out +=
+        absl::StrFormat(" %11s %10s %10s %11s", "MB/rank", "client_ms", "bare_ms", "client/bare");
+  }
+  out += "\n";
   for (const auto& r : rows) {
     if (!r.error.empty()) {
       out += absl::StrFormat("%-5s %6u failed: %s\n", r.mode, r.ranks, r.error);
@@ -264,6 +263,18 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
         r.glpk_gap ? absl::StrFormat("%.4f", *r.glpk_gap) : "-",
         r.plan_ms_median ? absl::StrFormat("%.1f", *r.plan_ms_median) : "-",
         r.plan_cpu_ms_median ? absl::StrFormat("%.1f", *r.plan_cpu_ms_median) : "-");
+    if (transport) {
+      out.pop_back();  // the newline
+      auto opt = [](const std::optional<double>& v, const char* f) {
+        return v ? absl::StrFormat(f, *v) : std::string("-");
+      };
+      out += absl::StrFormat(" %11s %10s %10s %11s\n",
+                             r.exchange_bytes_per_rank
+                                 ? absl::StrFormat("%.2f", *r.exchange_bytes_per_rank / 1e6)
+                                 : "-",
+                             opt(r.client_exchange_ms, "%.3f"), opt(r.bare_exchange_ms, "%.3f"),
+                             opt(r.client_vs_bare_throughput, "%.4f"));
+    }
   }
   return out;
 }
@@ -296,15 +307,17 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         "\"inter_node_bytes_oblivious\": %u, \"exchange_bytes\": %u, \"glpk_gap\": %s, "
         "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": %s, "
         "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, "
-        "\"client_vs_bare_throughput\": %s, \"llm_fallback\": %s, \"error\": %s}%s\n",
+        "\"client_vs_bare_throughput\": %s, \"client_exchange_ms\": %s, "
+        "\"bare_exchange_ms\": %s, \"exchange_bytes_per_rank\": %s, \"llm_fallback\": %s, "
+        "\"error\": %s}%s\n",
         r.mode, r.ranks, r.nodes, r.samples, r.vl_samples, r.images, r.audio_clips,
         r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), opt(r.audio_vs_bound),
         r.llm_imbalance, r.llm_vs_bound, r.overflow_sequences, r.inter_node_bytes,
         r.inter_node_bytes_oblivious, r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes),
         optu(r.glpk_fast_bytes), quote(r.glpk_status), opt(r.plan_ms_median),
-        opt(r.plan_cpu_ms_median), opt(r.client_vs_bare_throughput),
-        r.llm_fallback ? "true" : "false", r.error.empty() ? std::string("null") : quote(r.error),
-        i + 1 < rows.size() ? "," : "");
+        opt(r.plan_cpu_ms_median), opt(r.client_vs_bare_throughput), opt(r.client_exchange_ms),
+        opt(r.bare_exchange_ms), optu(r.exchange_bytes_per_rank), r.llm_fallback ? "true" : "false",
+        r.error.empty() ? std::string("null") : quote(r.error), i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";
   return out;

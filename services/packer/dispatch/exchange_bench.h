@@ -15,29 +15,41 @@
 
 #include "absl/status/statusor.h"
 #include "services/packer/dispatch/dispatch_types.h"
-#include "services/packer/dispatch/pre_balance.h"
 #include "services/packer/dispatch/workload.h"
 
 namespace tutti::dispatch {
 
 // ---- transports ----
-// Extension point for `tutti bench exchange --transport NAME`: runs a step
-// plan's forward and backward exchanges over a real transport (e.g. the
-// client library's MPI_Alltoallv Exchange under mpirun) and measures the
-// client's throughput against a bare all-to-all of the same bytes. The
-// client library registers its transports; none is built into this library.
+// `tutti bench exchange --transport NAME` runs every post plan's forward
+// exchange over a real transport (the client library's MPI_Alltoallv
+// Exchange under mpirun: tools/exchange_mpi_bench.h) and compares the
+// client's throughput with a bare all-to-all of the same bytes. This library
+// only calls the function it is given.
 struct TransportBenchResult {
   double client_gbps = 0;
   double bare_gbps = 0;
   double client_vs_bare_throughput = 0;  // client_gbps / bare_gbps; target >= 0.95
+  double client_seconds = 0;             // median time of one exchange, slowest rank
+  double bare_seconds = 0;
+  uint64_t bytes_per_rank_max = 0;  // the largest send buffer of a rank
 };
-using TransportBenchFn =
-    std::function<absl::StatusOr<TransportBenchResult>(const DispatchPlan& plan)>;
+using TransportBenchFn = std::function<absl::StatusOr<TransportBenchResult>(
+    const DispatchInput& input, const DispatchOptions& options, const DispatchPlan& plan)>;
+
+// Pre-balancing for the `pre` mode: one split of whole samples (every item
+// stays with its sample), used by both the encoder and the LLM phase, as a
+// packer does before the batch is formed. Returns, per sample, its rank.
+// `tutti bench exchange` sets the packer's `tutti` strategy here
+// (services/packer/strategy_split.h); this library has none of its own.
+using PreBalanceFn = std::function<absl::StatusOr<std::vector<uint32_t>>(
+    const DispatchInput& input, const DispatchOptions& options)>;
 
 struct ExchangeBenchOptions {
   std::vector<uint32_t> world_sizes = {16, 256, 2560};
   WorkloadOptions workload;  // world_size is set per row
   bool padded = false;       // LLM cost variant (DispatchOptions::padded)
+  // LLM hidden size for the embedding bytes; 0 (default): the workload's 4096.
+  uint32_t hidden_size = 0;
   double balance_tolerance = 0.01;
   uint32_t plan_repeats = 5;  // Dispatch calls timed per world size (median reported)
   // GLPK runs on a sub-instance of rows with world_size <= glpk_max_world:
@@ -49,10 +61,11 @@ struct ExchangeBenchOptions {
   uint32_t glpk_sub_nodes = 2;
   uint32_t glpk_sub_ranks_per_node = 2;
   double glpk_time_limit_s = 30;
-  // The `pre` mode's split. Default: LptPreBalance (see pre_balance.h).
-  PreBalanceFn pre_balance = LptPreBalance;
+  // The `pre` mode's split; unset: the `pre` row says so in its error.
+  PreBalanceFn pre_balance;
   // When set, every post plan's exchange also runs over this transport and
-  // the row reports client_vs_bare_throughput (see RegisterTransportBench).
+  // the row reports client_vs_bare_throughput. Collective under MPI: every
+  // rank runs the benchmark with the same options.
   const TransportBenchFn* transport = nullptr;
   std::function<void(const std::string&)> progress;  // may be empty
 };
@@ -85,14 +98,12 @@ struct ExchangeBenchRow {
   std::optional<double> plan_ms_median;             // wall clock of one Dispatch call
   std::optional<double> plan_cpu_ms_median;         // CPU time of the planning thread
   std::optional<double> client_vs_bare_throughput;  // with a transport
+  std::optional<double> client_exchange_ms;         // with a transport: median, slowest rank
+  std::optional<double> bare_exchange_ms;
+  std::optional<uint64_t> exchange_bytes_per_rank;  // with a transport: largest send buffer
   bool llm_fallback = false;
   std::string error;  // the mode could not run (e.g. the samples do not pack); empty if it did
 };
-
-// Registers `fn` under `name` (e.g. "mpi"); a later registration replaces it.
-void RegisterTransportBench(const std::string& name, TransportBenchFn fn);
-// The registered transport, or nullptr.
-const TransportBenchFn* FindTransportBench(const std::string& name);
 
 absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBenchOptions& options);
 

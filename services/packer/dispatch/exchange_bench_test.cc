@@ -50,13 +50,17 @@ TEST(ExchangeBenchTest, PreHookIsUsedAndErrorsPropagate) {
   o.plan_repeats = 1;
   o.glpk_max_world = 0;
   bool called = false;
-  o.pre_balance = [&](const DispatchInput& in, const DispatchOptions& d) {
+  o.pre_balance = [&](const DispatchInput& in,
+                      const DispatchOptions&) -> absl::StatusOr<std::vector<uint32_t>> {
     called = true;
-    return LptPreBalance(in, d);
+    std::vector<uint32_t> split;  // the drawn split: `pre` then equals `none`
+    for (const Sample& s : in.samples) split.push_back(s.drawn_rank);
+    return split;
   };
   auto rows = RunExchangeBench(o);
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_TRUE(called);
+  EXPECT_EQ((*rows)[1].encoder_imbalance, (*rows)[0].encoder_imbalance);
   EXPECT_EQ((*rows)[2].glpk_status, "not run");
   o.pre_balance = [](const DispatchInput&,
                      const DispatchOptions&) -> absl::StatusOr<std::vector<uint32_t>> {
@@ -70,21 +74,31 @@ TEST(ExchangeBenchTest, PreHookIsUsedAndErrorsPropagate) {
             std::string::npos)
       << FormatExchangeTable(*failed);
   EXPECT_NE(FormatExchangeJson(*failed).find("\"error\": \"packer says no\""), std::string::npos);
+  o.pre_balance = nullptr;
+  auto unset = RunExchangeBench(o);
+  ASSERT_TRUE(unset.ok());
+  EXPECT_NE((*unset)[1].error.find("no pre-balancer"), std::string::npos);
   o.workload.ranks_per_node = 3;
   EXPECT_FALSE(RunExchangeBench(o).ok());
 }
 
-TEST(ExchangeBenchTest, TransportRegistryAndHook) {
-  EXPECT_EQ(FindTransportBench("mpi"), nullptr);
+TEST(ExchangeBenchTest, TransportHookSeesEveryPostPlan) {
   // A transport that reports the plan's own bytes (what a real one moves).
-  RegisterTransportBench("test",
-                         [](const DispatchPlan& plan) -> absl::StatusOr<TransportBenchResult> {
-                           double bytes = 0;
-                           for (const auto& x : plan.forward) bytes += x.send_bytes;
-                           return TransportBenchResult{bytes, bytes, 1.0};
-                         });
-  const TransportBenchFn* fn = FindTransportBench("test");
-  ASSERT_NE(fn, nullptr);
+  uint32_t calls = 0;
+  const TransportBenchFn fake =
+      [&calls](const DispatchInput& in, const DispatchOptions& d,
+               const DispatchPlan& plan) -> absl::StatusOr<TransportBenchResult> {
+    ++calls;
+    EXPECT_EQ(plan.cluster.world_size, d.cluster.world_size);
+    EXPECT_FALSE(in.samples.empty());
+    double bytes = 0;
+    for (const auto& x : plan.forward) bytes += x.send_bytes;
+    TransportBenchResult r{bytes, bytes, 1.0};
+    r.client_seconds = r.bare_seconds = 0.002;
+    r.bytes_per_rank_max = 1000000;
+    return r;
+  };
+  const TransportBenchFn* fn = &fake;
   ExchangeBenchOptions o;
   o.world_sizes = {8};
   o.workload.seq_len = 4096;
@@ -94,7 +108,11 @@ TEST(ExchangeBenchTest, TransportRegistryAndHook) {
   auto rows = RunExchangeBench(o);
   ASSERT_TRUE(rows.ok()) << rows.status();
   ASSERT_TRUE((*rows)[2].client_vs_bare_throughput.has_value());
+  EXPECT_EQ(calls, 1u);  // the post row only
   EXPECT_NE(FormatExchangeJson(*rows).find("\"client_vs_bare_throughput\": 1"), std::string::npos);
+  EXPECT_NE(FormatExchangeJson(*rows).find("\"exchange_bytes_per_rank\": 1000000"),
+            std::string::npos);
+  EXPECT_NE(FormatExchangeTable(*rows).find("client/bare"), std::string::npos);
 }
 
 }  // namespace

@@ -30,16 +30,33 @@ class GlpProblem {
   glp_prob* p_;
 };
 
-struct HeuristicStart {
-  std::vector<double> x;  // 1-based column values
+// What the branch-and-bound callback needs: the starting incumbent and the
+// node budget.
+struct SearchState {
+  std::vector<double> x;  // 1-based column values of the start; empty: none
   bool offered = false;
+  uint64_t nodes = 0;      // subproblems selected so far (all cut rounds)
+  uint64_t max_nodes = 0;  // 0: no budget
+  bool out_of_nodes = false;
 };
 
-void OfferStart(glp_tree* tree, void* info) {
-  auto* start = static_cast<HeuristicStart*>(info);
-  if (glp_ios_reason(tree) != GLP_IHEUR || start->x.empty() || start->offered) return;
-  start->offered = true;
-  glp_ios_heur_sol(tree, start->x.data());
+void OnSearchEvent(glp_tree* tree, void* info) {
+  auto* st = static_cast<SearchState*>(info);
+  switch (glp_ios_reason(tree)) {
+    case GLP_IHEUR:
+      if (st->x.empty() || st->offered) return;
+      st->offered = true;
+      glp_ios_heur_sol(tree, st->x.data());
+      return;
+    case GLP_ISELECT:
+      if (st->max_nodes > 0 && ++st->nodes > st->max_nodes) {
+        st->out_of_nodes = true;
+        glp_ios_terminate(tree);
+      }
+      return;
+    default:
+      return;
+  }
 }
 
 uint64_t Gcd(uint64_t a, uint64_t b) { return std::gcd(a, b); }
@@ -172,7 +189,8 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
     }
   }
 
-  HeuristicStart start;
+  SearchState start;
+  start.max_nodes = o.max_nodes;
   if (o.start != nullptr && o.start->rank.size() == D) {
     start.x.assign(ncols + 1, 0.0);
     std::vector<uint32_t> fill(size_t{W} * S, 0);
@@ -229,7 +247,7 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
     ip.msg_lev = GLP_MSG_OFF;
     ip.presolve = GLP_OFF;
     ip.tm_lim = std::max(1, left_ms());
-    ip.cb_func = OfferStart;
+    ip.cb_func = OnSearchEvent;
     ip.cb_info = &start;
     start.offered = false;
     const int iret = glp_intopt(g, &ip);
@@ -239,8 +257,9 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
       break;
     }
     if (iret != 0 || status != GLP_OPT) {
-      result.detail =
-          iret == GLP_ETMLIM ? "time limit reached" : absl::StrCat("glp_intopt returned ", iret);
+      result.detail = iret == GLP_ETMLIM   ? "time limit reached"
+                      : start.out_of_nodes ? absl::StrCat("node limit (", o.max_nodes, ") reached")
+                                           : absl::StrCat("glp_intopt returned ", iret);
       break;
     }
     LlmAssignment sol{std::vector<uint32_t>(D, 0), std::vector<uint32_t>(D, 0)};

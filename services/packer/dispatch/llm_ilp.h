@@ -36,12 +36,17 @@ struct IlpOptions {
   uint32_t max_cut_rounds = 40;
   // Refuse instances with more binary variables than this. Default 200000.
   uint64_t max_binaries = 200000;
+  // Branch-and-bound subproblems GLPK may select (over all cut rounds)
+  // before it gives up with kNoResult. Unlike the time limit this budget
+  // does not depend on the machine, so an instance either always or never
+  // finishes within it. 0 (default): no budget.
+  uint64_t max_nodes = 0;
 };
 
 enum class IlpOutcome {
   kOptimal,     // proven optimal; assignment and bytes are set
   kInfeasible,  // no placement meets the constraints
-  kNoResult,    // GLPK did not finish within the budget
+  kNoResult,    // GLPK did not finish within the time or node budget
 };
 
 struct IlpResult {

@@ -66,25 +66,43 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
     order.insert(order.end(), pin.begin(), pin.end());
     order.insert(order.end(), rest.begin(), rest.end());
   }
-  for (uint32_t d : order) {
-    remaining -= cost_[d];
+  // The docs' fields in placement order, gathered once (the loads are
+  // independent, so they overlap), so that the loop reads them in sequence:
+  // docs come in length order, scattered in memory.
+  struct Pending {
+    uint32_t d;
+    uint32_t tokens;
+    double cost;
+    uint64_t base;
+    bool vl;
+    bool pinned;
+  };
+  std::vector<Pending> todo(order.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    const uint32_t d = order[k];
+    todo[k] =
+        Pending{d, p_.docs[d].tokens, cost_[d], p_.affinity.base(d), p_.docs[d].vl, pinned[d] != 0};
+  }
+  for (const Pending& x : todo) {
+    const uint32_t d = x.d;
+    remaining -= x.cost;
     uint32_t q = 0;
     double delta = 0;
     uint32_t r = kUnplaced;
-    if (pinned[d]) {
-      for (const auto& [bytes, n] : CheaperNodes(d, p_.affinity.base(d))) {
+    if (x.pinned) {
+      for (const auto& [bytes, n] : CheaperNodes(d, x.base)) {
         r = BestInNode(n, d, bound, &q, &delta);
         if (r != kUnplaced) break;
       }
     }
-    if (r == kUnplaced && aff && !pinned[d] && p_.affinity.base(d) > 0) {
+    if (r == kUnplaced && aff && !x.pinned && x.base > 0) {
       // The least loaded rank of a cheaper node, if no more than `slack`
       // above the least loaded rank anywhere.
       const uint32_t least = LeastLoaded();
       const double slack = std::max(headroom, remaining / W);
       const double limit =
-          std::min((least == MinTree::kNone ? 0.0 : cost(least)) + cost_[d] + slack, bound);
-      for (const auto& [bytes, n] : CheaperNodes(d, p_.affinity.base(d))) {
+          std::min((least == MinTree::kNone ? 0.0 : cost(least)) + x.cost + slack, bound);
+      for (const auto& [bytes, n] : CheaperNodes(d, x.base)) {
         r = BestInNode(n, d, limit, &q, &delta);
         if (r != kUnplaced) break;
       }
@@ -100,12 +118,12 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
         if (r == kUnplaced || fill > best_fill) r = rr, q = rq, delta = rd, best_fill = fill;
       }
     }
-    if (r == kUnplaced) r = LeastLoadedWithRoom(d, &q, &delta);
+    if (r == kUnplaced) r = LeastLoadedWithRoom(x.tokens, x.vl, &q, &delta);
     if (r == kUnplaced) {
       *unplaceable = d;
       return false;
     }
-    Place(d, r, q);
+    Place(d, r, q, x.tokens, x.cost);
   }
   trees_live_ = false;
   *within = Within(Peak(), bound);

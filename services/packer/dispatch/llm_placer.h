@@ -58,9 +58,11 @@ class Placer {
     }
   }
 
-  void Place(uint32_t d, uint32_t r, uint32_t q) {
+  void Place(uint32_t d, uint32_t r, uint32_t q) { Place(d, r, q, p_.docs[d].tokens, cost_[d]); }
+  // The same, with the doc's tokens and cost at hand.
+  void Place(uint32_t d, uint32_t r, uint32_t q, uint32_t tokens, double doc_cost) {
     if (logging_) undo_.push_back({d, kUnplaced, 0});
-    state_.Add(r, q, p_.docs[d].tokens, cost_[d]);
+    state_.Add(r, q, tokens, doc_cost);
     rank_[d] = r, seq_[d] = q, pos_[d] = static_cast<uint32_t>(members_[r].size());
     members_[r].push_back(d);
     Touch(r);
@@ -111,8 +113,10 @@ class Placer {
   // returns once the length drops to its room (a rank without room even for
   // the modality's smallest doc stays out).
   uint32_t LeastLoadedWithRoom(uint32_t d, uint32_t* q, double* delta) {
-    const bool vl = p_.docs[d].vl;
-    const uint32_t t = p_.docs[d].tokens;
+    return LeastLoadedWithRoom(p_.docs[d].tokens, p_.docs[d].vl, q, delta);
+  }
+  // The same for a doc of `t` tokens and modality `vl`.
+  uint32_t LeastLoadedWithRoom(uint32_t t, bool vl, uint32_t* q, double* delta) {
     Flush(vl);
     MinTree& tree = trees_[vl];
     auto& parked = parked_[vl];
@@ -127,7 +131,7 @@ class Placer {
       }
     }
     for (uint32_t r = tree.Min(); r != MinTree::kNone; r = tree.Min()) {
-      if (Best(r, d, q, delta)) return r;
+      if (state_.BestSequence(r, t, vl, q, delta)) return r;
       tree.Mask(r, true);
       const uint32_t room = state_.room(r, vl);
       if (room >= smallest_[vl]) parked.push({room, r});
@@ -161,7 +165,7 @@ class Placer {
       const uint64_t b = p_.affinity.base(d) - e->saved;
       if (b < than) nodes.push_back({b, e->node});
     }
-    std::sort(nodes.begin(), nodes.end());
+    if (nodes.size() > 1) std::sort(nodes.begin(), nodes.end());
     return nodes;
   }
 

@@ -1,35 +1,20 @@
-// Conversion of a dispatch plan into the wire types of tutti.v1 (plan.proto):
-// per rank, the encoder phases, LLM micro-batches and the exchange lists of
-// a RankPlan; for the step, the phase statistics of PlanStats. The planner
-// fills the rest of StepPlan (samples, shards, identity).
+// The wire form (tutti.v1.Exchange, plan.proto) of a dispatch plan's
+// exchange lists, for tools that run a DispatchPlan's all-to-all over a real
+// transport (`tutti bench exchange --transport mpi`). The plans tutti-packerd
+// serves are built by the packer (services/packer/plan_proto.h) from the
+// placement alone.
 #ifndef TUTTI_SERVICES_PACKER_DISPATCH_PLAN_PROTO_H_
 #define TUTTI_SERVICES_PACKER_DISPATCH_PLAN_PROTO_H_
 
-#include <cstdint>
-
-#include "absl/status/status.h"
 #include "services/packer/dispatch/dispatch_types.h"
 #include "tutti/v1/plan.pb.h"
 
 namespace tutti::dispatch {
 
-struct PlanProtoOptions {
-  // Chunked ViT forward: at most this many patches per EncoderChunk (an image
-  // larger than that is alone in its chunk). Default 65536, as
-  // BatchConfig.max_patches_per_chunk.
-  uint64_t max_patches_per_chunk = 65536;
-};
-
-// Fills rank `rank` of `plan` into *out (cleared first): rank, node,
-// micro_batches (text first), encoders (one EncoderPhase per encoder that has
-// items in the step, with chunks for vision), exchange, load_exchange, cost
-// and drawn. INVALID_ARGUMENT for a rank outside the plan.
-absl::Status FillRankPlan(const DispatchInput& input, const DispatchOptions& options,
-                          const DispatchPlan& plan, uint32_t rank, const PlanProtoOptions& proto,
-                          v1::RankPlan* out);
-
-// Phase statistics and byte totals (plan_seconds is left to the caller).
-void FillPlanStats(const DispatchPlan& plan, v1::PlanStats* out);
+// One rank's side of an exchange (forward or load): transfers in the same
+// order, items named by sample id, encoder (ENCODER_UNSPECIFIED for token
+// ids) and index, byte totals. *out is cleared first.
+void FillExchange(const DispatchInput& input, const RankExchange& exchange, v1::Exchange* out);
 
 v1::Encoder ToProtoEncoder(EncoderKind kind);
 
