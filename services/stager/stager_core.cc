@@ -201,21 +201,28 @@ std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
 
 }  // namespace
 
+uint64_t StagerCore::PlanLimit() const {
+  uint64_t limit = base_ + opts_.window + opts_.stage_ahead;
+  if (job_.total_steps() != 0) limit = std::min<uint64_t>(limit, job_.total_steps());
+  return limit;
+}
+
 StagerCore::PlanWant StagerCore::WaitPlanWanted(absl::Time deadline) {
   std::unique_lock<std::mutex> l(mu_);
   auto blocked = [&] {
     return !node_known_ || (plan_error_ && plan_error_->first <= next_plan_) ||
-           (job_.total_steps() != 0 && next_plan_ >= job_.total_steps());
+           next_plan_ >= PlanLimit();
   };
   while (!stopping_ && blocked()) {
     if (cv_.wait_until(l, absl::ToChronoTime(deadline)) == std::cv_status::timeout) break;
   }
-  return PlanWant{next_plan_, generation_, stopping_, blocked()};
+  return PlanWant{next_plan_, PlanLimit(), generation_, stopping_, blocked()};
 }
 
 absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
   std::unique_lock<std::mutex> l(mu_);
   const uint64_t step = plan.step();
+  // A caller that asks for WaitPlanWanted's range never waits here.
   cv_.wait(l, [&] {
     return stopping_ || generation != generation_ || step < base_ + opts_.window + opts_.stage_ahead;
   });

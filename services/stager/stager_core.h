@@ -78,14 +78,19 @@ class StagerCore {
   uint32_t window() const { return opts_.window; }
 
   // ---- plan intake (one caller thread)
-  // The step whose plan is wanted next and the stream generation; blocks
-  // until the buffer has room (or stop). A seek bumps the generation: the
-  // caller then restarts its stream at the new step.
+  // The range of steps whose plans are wanted next, [step, end), and the
+  // stream generation. Blocks (until `deadline`, then `blocked`) while the
+  // core holds every plan it has room for: plans are held for the window and
+  // stage_ahead steps beyond it, so `end` is base + window + stage_ahead
+  // (capped at the job's end), and room appears as clients release batches.
+  // The caller asks the packer for exactly that range. A seek bumps the
+  // generation: the caller then restarts its stream at the new step.
   struct PlanWant {
     uint64_t step = 0;
+    uint64_t end = 0;      // exclusive; > step unless blocked
     uint64_t generation = 0;
     bool stop = false;
-    bool blocked = false;  // nothing to ask for (dataset end or a packer error)
+    bool blocked = false;  // nothing to ask for now (no room, dataset end or a packer error)
   };
   PlanWant WaitPlanWanted(absl::Time deadline);
   // Adds the next plan. ABORTED when the generation moved on (restart the
@@ -145,7 +150,9 @@ class StagerCore {
   absl::Status LearnNode(uint32_t rank);
   // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
   std::string InUse() const;
-  void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`  // node_auto: the first AcquireBatch fixes the node
+  void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`
+  // One past the last step whose plan the core has room for.
+  uint64_t PlanLimit() const;
 
   StagerOptions opts_;
   std::shared_ptr<StagerMetrics> metrics_;
