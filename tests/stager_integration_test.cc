@@ -312,6 +312,37 @@ TEST(StagerDaemonTest, AsksThePackerOnlyForThePlansItsWindowHolds) {
   server.Shutdown();
 }
 
+TEST(StagerDaemonTest, TwoDaemonsWithTheSameJobIdKeepTheirOwnSegments) {
+  // Two jobs with the same id (or two test runs) on one host, each stager
+  // serving node 0 from its own cache.
+  Env env("twins");
+  env.StartPacker();
+  StagerServerOptions oa = env.Options(), ob = env.Options();
+  oa.core.cache_dir = env.root + "/cache_a";
+  ob.core.cache_dir = env.root + "/cache_b";
+  StagerServer a(oa), b(ob);
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  v1::BatchDescriptor da, db;
+  ASSERT_TRUE(Acquire(*Client(a.grpc_port()), 0, 0, 20000, &da).ok());
+  ASSERT_TRUE(Acquire(*Client(b.grpc_port()), 0, 0, 20000, &db).ok());
+  EXPECT_NE(da.shm_name(), db.shm_name());
+  auto sa = ShmSegment::Open(da.shm_name(), false);
+  auto sb = ShmSegment::Open(db.shm_name(), false);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ((*sa)->size(), da.shm_size());
+  EXPECT_EQ((*sb)->size(), db.shm_size());
+  // One stopping (or releasing) removes only its own batches.
+  a.Shutdown();
+  EXPECT_FALSE(fs::exists("/dev/shm" + da.shm_name()));
+  EXPECT_TRUE(fs::exists("/dev/shm" + db.shm_name()));
+  v1::BatchDescriptor again;
+  ASSERT_TRUE(Acquire(*Client(b.grpc_port()), 1, 0, 20000, &again).ok());
+  EXPECT_TRUE(ShmSegment::Open(again.shm_name(), false).ok());
+  b.Shutdown();
+  EXPECT_FALSE(fs::exists("/dev/shm" + db.shm_name()));
+}
+
 TEST(StagerDaemonTest, StepThePackerCannotServeIsPassedThrough) {
   Env env("end", /*end_step=*/2);
   env.StartPacker();

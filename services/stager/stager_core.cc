@@ -32,11 +32,7 @@ std::vector<uint32_t> StagerCore::LocalRanksLocked() const {
 }
 
 std::string StagerCore::ShmName(uint64_t step, uint32_t rank) const {
-  std::string job = config_.job_id();
-  for (char& c : job) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
-  }
-  return absl::StrCat("/tutti-", job.substr(0, 64), "-n", opts_.node, "-r", rank, "-s", step);
+  return names_->Name(opts_.node, rank, step);
 }
 
 absl::Status StagerCore::Start(const v1::JobInfo& job) {
@@ -72,6 +68,9 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   if (opts_.cache_dir.empty()) return absl::InvalidArgumentError("--cache is required");
   cache_ = std::make_unique<ShardCache>(opts_.cache_dir, opts_.cache_capacity_bytes);
   RETURN_IF_ERROR(cache_->Open());
+  // The cache lock is held: the previous daemon of this directory is gone.
+  ASSIGN_OR_RETURN(SegmentNames names, SegmentNames::Claim(opts_.cache_dir, config_.job_id()));
+  names_ = std::move(names);
   if (metrics_) {
     metrics_->cache_capacity.Set(static_cast<double>(opts_.cache_capacity_bytes));
     metrics_->cache_bytes.Set(static_cast<double>(cache_->cached_bytes()));

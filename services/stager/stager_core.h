@@ -29,6 +29,7 @@
 #include "services/stager/cache.h"
 #include "services/stager/metrics.h"
 #include "services/stager/reader.h"
+#include "services/stager/shm_names.h"
 #include "services/stager/staging.h"
 #include "services/stager/thread_pool.h"
 #include "tutti/v1/packer.pb.h"
@@ -166,6 +167,7 @@ class StagerCore {
   uint32_t learned_from_ = 0;             // guarded by mu_: the rank that fixed the node (auto)
   absl::Duration deadline_ = absl::Seconds(2);
   absl::Duration stage_wait_;
+  std::optional<SegmentNames> names_;    // set by Start
   std::unique_ptr<ShardCache> cache_;
   std::unique_ptr<StagingEngine> staging_;
   std::unique_ptr<IoService> read_io_;
