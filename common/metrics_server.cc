@@ -1,6 +1,13 @@
 #include "common/metrics_server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <exception>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,6 +27,54 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsServer(
   auto ports = exposer->GetListeningPorts();
   if (bound_port) *bound_port = ports.empty() ? 0 : ports.front();
   return exposer;
+}
+
+namespace {
+
+// Opens and at once closes a TCP connection to host:port (best effort).
+void Knock(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool connected = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+    if (connected) break;
+  }
+  ::freeaddrinfo(res);
+}
+
+}  // namespace
+
+void StopMetricsServer(std::unique_ptr<prometheus::Exposer> exposer, const std::string& address) {
+  if (exposer == nullptr) return;
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    try {
+      exposer.reset();
+    } catch (const std::exception&) {
+      // Nothing is left to serve either way.
+    }
+    stopped = true;
+  });
+  // Generous bound: the poll wakes by itself within 2 s anyway.
+  for (int i = 0; i < 250 && !stopped; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!stopped) {
+      for (int port : ports) Knock(host, port);
+    }
+  }
+  stopper.join();
 }
 
 const std::vector<double>& LatencyBuckets() {

@@ -17,6 +17,14 @@ namespace tutti {
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsServer(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry, int* bound_port);
 
+// Stops and destroys `exposer` (started on `address` by StartMetricsServer)
+// within milliseconds. civetweb's listener thread only sees the stop request
+// when its poll of the listening socket returns (every 2 s when idle), so
+// while the exposer stops, connections that close at once are made to its
+// listening ports to wake that poll; a connection accepted before the stop
+// reads end-of-file and ends. Safe to call with null.
+void StopMetricsServer(std::unique_ptr<prometheus::Exposer> exposer, const std::string& address);
+
 // Histogram buckets for latencies from 100 us to ~100 s.
 const std::vector<double>& LatencyBuckets();
 

@@ -1,11 +1,14 @@
 #include "common/shm.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -13,7 +16,11 @@
 namespace tutti {
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name, size_t size) {
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    return absl::AlreadyExistsError(absl::StrCat("shared memory segment ", name,
+                                                 " exists already (another process's); not replaced"));
+  }
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", name));
   const size_t mapped = size == 0 ? 1 : size;
   if (::ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
@@ -51,6 +58,24 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
 }
 
 void ShmSegment::Unlink(const std::string& name) { ::shm_unlink(name.c_str()); }
+
+absl::StatusOr<int> ShmSegment::UnlinkWithPrefix(const std::string& prefix) {
+  if (prefix.size() < 2 || prefix[0] != '/' || prefix.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("'", prefix, "' is not a segment name prefix (/name)"));
+  }
+  // shm_open names live in /dev/shm on Linux.
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return ErrnoStatus(errno, "list /dev/shm");
+  const std::string start = prefix.substr(1);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    if (std::string_view(e->d_name).substr(0, start.size()) == start) names.push_back(e->d_name);
+  }
+  ::closedir(d);
+  int removed = 0;
+  for (const auto& n : names) removed += ::shm_unlink(absl::StrCat("/", n).c_str()) == 0;
+  return removed;
+}
 
 ShmSegment::~ShmSegment() {
   if (addr_ != nullptr) ::munmap(addr_, size_ == 0 ? 1 : size_);

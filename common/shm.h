@@ -13,12 +13,16 @@ namespace tutti {
 
 class ShmSegment {
  public:
-  // Creates (or replaces) a segment of `size` bytes, mapped read-write.
+  // Creates a new segment of `size` bytes, mapped read-write. A name that
+  // exists already is never replaced: ALREADY_EXISTS (pick another name).
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size);
   // Maps an existing segment; size is taken from the segment.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name, bool writable);
   // Removes the name (mappings stay valid until unmapped).
   static void Unlink(const std::string& name);
+  // Removes every segment whose name starts with `prefix` ("/name-start");
+  // returns how many. Only for prefixes this process owns.
+  static absl::StatusOr<int> UnlinkWithPrefix(const std::string& prefix);
 
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;

@@ -115,6 +115,18 @@ TEST(EndToEnd, RankDemoRunsStepsAndPrintsOneRowPerRankAndStep) {
   }
   ASSERT_EQ(rows.size(), 32u) << r.output;
   for (int i = 0; i < 32; ++i) EXPECT_EQ(rows[i], std::make_pair(i / 4, i % 4));
+  // The stagers asked the packer only for the plans they hold (the window of
+  // 4 steps and stage_ahead 16 by default, beyond the 8 steps consumed), and
+  // the packer planned at most its plan_window (4) past the furthest step
+  // asked for: an endless job is not planned thousands of steps ahead. (The
+  // packer drops plans more than plan_window behind that step, so a stager
+  // that starts after the other re-plans what it asks for first: at most
+  // one stager's worth of steps again.)
+  auto pm = HttpGet((*cluster)->packer().metrics_port(), "/metrics");
+  ASSERT_TRUE(pm.ok()) << pm.status();
+  const double asked = 8 + 4 + 16;
+  EXPECT_LE(MetricValue(*pm, "tutti_packer_client_step").value_or(1e9), asked) << *pm;
+  EXPECT_LE(MetricValue(*pm, "tutti_packer_steps_planned_total").value_or(1e9), 2 * asked + 4) << *pm;
   absl::Status stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
   RemoveTree(dir);

@@ -31,9 +31,11 @@ namespace fs = std::filesystem;
 
 // Test fixture: serves GetJob and plans computed by testing::MakePlan, up
 // to (not including) `end_step`, after which StreamPlans reports
-// OUT_OF_RANGE as a packer does at the end of the dataset. With `hang_at`,
-// a stream stops sending at that step and hangs until cancelled (a packer
-// that dies mid-stream).
+// OUT_OF_RANGE as a packer does at the end of the dataset. A stream ends at
+// the request's end_step (0 = never). Like tutti-packerd, it writes as fast
+// as gRPC accepts the writes (buffered, not read). With `hang_at`, a stream
+// stops sending at that step and hangs until cancelled (a packer that dies
+// mid-stream).
 class FixturePacker final : public v1::Packer::Service {
  public:
   FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step,
@@ -50,7 +52,8 @@ class FixturePacker final : public v1::Packer::Service {
       starts_.push_back(req->start_step());
     }
     std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
-    for (uint64_t s = req->start_step(); !ctx->IsCancelled(); ++s) {
+    const uint64_t stop = req->end_step() == 0 ? ~uint64_t{0} : req->end_step();
+    for (uint64_t s = req->start_step(); s < stop && !ctx->IsCancelled(); ++s) {
       while (s >= hang_at_ && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
       if (ctx->IsCancelled()) break;
       if (s >= end_) {
@@ -58,6 +61,9 @@ class FixturePacker final : public v1::Packer::Service {
                             "step " + std::to_string(s) + " is past the end of the dataset");
       }
       if (!w->Write(testing::MakePlan(data_, job_, s, ranks, 2))) break;
+      std::lock_guard<std::mutex> l(mu_);
+      ++written_;
+      highest_ = std::max(highest_, s);
     }
     return grpc::Status::OK;
   }
@@ -70,10 +76,16 @@ class FixturePacker final : public v1::Packer::Service {
     std::lock_guard<std::mutex> l(mu_);
     return starts_;
   }
+  // Plans written to streams, and the highest step written.
+  std::pair<uint64_t, uint64_t> written() {
+    std::lock_guard<std::mutex> l(mu_);
+    return {written_, highest_};
+  }
 
  private:
   std::mutex mu_;
   std::vector<uint64_t> starts_;
+  uint64_t written_ = 0, highest_ = 0;
   testing::Dataset data_;
   v1::JobInfo job_;
   uint64_t end_;
@@ -264,6 +276,73 @@ TEST(StagerDaemonTest, PackerRestartMidStreamLosesAndRepeatsNoStep) {
   server.Shutdown();
 }
 
+TEST(StagerDaemonTest, AsksThePackerOnlyForThePlansItsWindowHolds) {
+  // An endless job: a stager that read the plan stream eagerly would make the
+  // packer write (and plan) thousands of steps ahead of the clients.
+  Env env("bounded", /*end_step=*/1000000);
+  env.StartPacker();
+  StagerServerOptions o = env.Options();  // window 2, stage_ahead 2
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  const uint64_t kSteps = 6;
+  const uint64_t ahead = o.core.window + o.core.stage_ahead;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    for (uint32_t rank : {0u, 1u}) {
+      v1::BatchDescriptor d;
+      grpc::Status s = Acquire(*stub, step, rank, 20000, &d);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error_message();
+      grpc::ClientContext ctx;
+      v1::ReleaseBatchRequest rel;
+      rel.set_step(step);
+      rel.set_rank(rank);
+      v1::ReleaseBatchResponse resp;
+      ASSERT_TRUE(stub->ReleaseBatch(&ctx, rel, &resp).ok());
+    }
+    // Never more than the window and stage_ahead beyond the oldest step held.
+    absl::SleepFor(absl::Milliseconds(50));
+    auto [written, highest] = env.packer->written();
+    EXPECT_LE(highest, step + ahead) << "after step " << step;
+    EXPECT_LE(written, step + 1 + ahead) << "after step " << step;
+  }
+  // Every plan the clients used came once.
+  const std::string page = HttpGet(server.metrics_port(), "/metrics");
+  EXPECT_EQ(MetricValue(page, "tutti_stager_plans_received_total"), env.packer->written().first);
+  EXPECT_EQ(MetricValue(page, "tutti_stager_packer_reconnects_total"), 0);
+  server.Shutdown();
+}
+
+TEST(StagerDaemonTest, TwoDaemonsWithTheSameJobIdKeepTheirOwnSegments) {
+  // Two jobs with the same id (or two test runs) on one host, each stager
+  // serving node 0 from its own cache.
+  Env env("twins");
+  env.StartPacker();
+  StagerServerOptions oa = env.Options(), ob = env.Options();
+  oa.core.cache_dir = env.root + "/cache_a";
+  ob.core.cache_dir = env.root + "/cache_b";
+  StagerServer a(oa), b(ob);
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  v1::BatchDescriptor da, db;
+  ASSERT_TRUE(Acquire(*Client(a.grpc_port()), 0, 0, 20000, &da).ok());
+  ASSERT_TRUE(Acquire(*Client(b.grpc_port()), 0, 0, 20000, &db).ok());
+  EXPECT_NE(da.shm_name(), db.shm_name());
+  auto sa = ShmSegment::Open(da.shm_name(), false);
+  auto sb = ShmSegment::Open(db.shm_name(), false);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ((*sa)->size(), da.shm_size());
+  EXPECT_EQ((*sb)->size(), db.shm_size());
+  // One stopping (or releasing) removes only its own batches.
+  a.Shutdown();
+  EXPECT_FALSE(fs::exists("/dev/shm" + da.shm_name()));
+  EXPECT_TRUE(fs::exists("/dev/shm" + db.shm_name()));
+  v1::BatchDescriptor again;
+  ASSERT_TRUE(Acquire(*Client(b.grpc_port()), 1, 0, 20000, &again).ok());
+  EXPECT_TRUE(ShmSegment::Open(again.shm_name(), false).ok());
+  b.Shutdown();
+  EXPECT_FALSE(fs::exists("/dev/shm" + db.shm_name()));
+}
+
 TEST(StagerDaemonTest, StepThePackerCannotServeIsPassedThrough) {
   Env env("end", /*end_step=*/2);
   env.StartPacker();
@@ -443,9 +522,13 @@ TEST(StagerDaemonTest, DaemonShutsDownCleanlyOnSigterm) {
   ASSERT_TRUE(Acquire(*Client(grpc_port), 0, 0, 20000, &d).ok());
   const std::string shm = "/dev/shm" + d.shm_name();
   EXPECT_TRUE(fs::exists(shm));
+  const absl::Time term = absl::Now();
   ::kill(pid, SIGTERM);
   int status = 0;
   ::waitpid(pid, &status, 0);
+  // Nothing in the shutdown waits on a poll interval (the /metrics listener
+  // alone used to take up to 2 s).
+  EXPECT_LT(absl::Now() - term, absl::Milliseconds(1500));
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_FALSE(fs::exists(shm));

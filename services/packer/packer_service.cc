@@ -15,8 +15,10 @@ ClientView ViewOf(const Request& req) {
 }
 
 // Streams the plans of [start, end) one write at a time; the next plan is
-// fetched when the previous write is done, so a slow reader holds the
-// window back instead of piling up messages.
+// fetched when the previous write is done. gRPC completes a write once it
+// is buffered (flow control), not when the client has read it, so only a
+// bounded range (end_step) keeps the plan window near the client: an
+// open-ended stream runs as far ahead as the buffers allow.
 class PlanStream final : public grpc::ServerWriteReactor<v1::StepPlan> {
  public:
   PlanStream(Packer* packer, ClientView client, uint64_t start, uint64_t end)

@@ -1,5 +1,7 @@
 #include "services/stager/batch_job.h"
 
+#include <random>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -100,6 +102,13 @@ absl::Status BatchJob::Start(Ready on_ready) {
   on_ready_ = std::move(on_ready);
   started_ = absl::Now();
   auto seg = ShmSegment::Create(shm_name_, layout_.total_bytes());
+  // The daemon's names are its own (pid and nonce); should one be taken
+  // anyway, another is picked rather than replacing someone's segment.
+  const std::string base = shm_name_;
+  for (int attempt = 1; absl::IsAlreadyExists(seg.status()) && attempt <= 3; ++attempt) {
+    shm_name_ = absl::StrCat(base, "-", attempt, absl::Hex(std::random_device()() & 0xffff));
+    seg = ShmSegment::Create(shm_name_, layout_.total_bytes());
+  }
   if (!seg.ok()) {
     return Annotate(seg.status(), absl::StrCat("cannot create the batch segment (", layout_.total_bytes(),
                                                " bytes); is /dev/shm full? lower --window or --memory_budget"));

@@ -55,7 +55,8 @@ absl::Status ShardCache::Scan(const std::string& sub) {
   std::vector<std::string> dirs;
   while (dirent* e = ::readdir(d)) {
     const std::string n = e->d_name;
-    if (n == "." || n == ".." || (sub.empty() && n == ".tutti-lock")) continue;
+    // ".tutti-*" at the top: the daemon's own files (lock, segment record).
+    if (n == "." || n == ".." || (sub.empty() && absl::StartsWith(n, ".tutti-"))) continue;
     const std::string rel = sub.empty() ? n : absl::StrCat(sub, "/", n);
     const std::string full = absl::StrCat(dir_, "/", rel);
     struct stat st;

@@ -63,13 +63,17 @@ void PlanClient::Stop() {
 void PlanClient::Run() {
   const v1::JobInfo& job = core_->job();
   absl::Duration backoff = absl::Milliseconds(100);
-  bool connected_before = false;
+  bool broken = false;  // the last stream broke (packer down or restarting)
   while (!stop_) {
+    // Only the plans the core has room for: gRPC completes a write once it is
+    // buffered, so an open-ended stream would let the packer run thousands of
+    // steps ahead of the clients. Room appears as clients release batches.
     StagerCore::PlanWant want = core_->WaitPlanWanted(absl::Now() + absl::Milliseconds(200));
     if (want.stop || stop_) break;
     if (want.blocked) continue;
     v1::StreamPlansRequest req;
     req.set_start_step(want.step);
+    req.set_end_step(want.end);
     for (uint32_t r : core_->local_ranks()) req.add_ranks(r);
     req.set_world_size(job.config().world_size());
     req.set_config_fingerprint(job.config_fingerprint());
@@ -79,14 +83,14 @@ void PlanClient::Run() {
       if (stop_) break;
       stream_ctx_ = &ctx;
     }
-    if (connected_before && metrics_) metrics_->packer_reconnects.Increment();
-    connected_before = true;
+    if (broken && metrics_) metrics_->packer_reconnects.Increment();
     auto reader = stub_->StreamPlans(&ctx, req);
     v1::StepPlan plan;
     uint64_t next = want.step;
     bool restart = false;
     while (reader->Read(&plan)) {
       backoff = absl::Milliseconds(100);
+      broken = false;
       next = plan.step() + 1;
       absl::Status s = core_->AddPlan(std::move(plan), want.generation);
       if (absl::IsAborted(s) || absl::IsCancelled(s)) {
@@ -103,9 +107,12 @@ void PlanClient::Run() {
     }
     if (stop_ || restart) continue;
     if (st.ok()) {
-      core_->PlanFailed(next, absl::OutOfRangeError(absl::StrCat(
-                                  "the packer's plans end before step ", next, " (end of the dataset)")),
-                        want.generation);
+      broken = false;
+      if (next < want.end) {  // the packer clamped the range: its plans end there
+        core_->PlanFailed(next, absl::OutOfRangeError(absl::StrCat(
+                                    "the packer's plans end before step ", next, " (end of the dataset)")),
+                          want.generation);
+      }
       continue;
     }
     if (!Retryable(st.error_code())) {
@@ -113,6 +120,7 @@ void PlanClient::Run() {
                         want.generation);
       continue;
     }
+    broken = true;
     std::fprintf(stderr, "tutti-stagerd: plan stream from %s broke at step %llu (%s); reconnecting in %s\n",
                  address_.c_str(), static_cast<unsigned long long>(next), st.error_message().c_str(),
                  absl::FormatDuration(backoff).c_str());

@@ -1,8 +1,11 @@
 // Pulls the job and this node's step plans from tutti-packerd: GetJob with
 // retry and backoff while the packer is unavailable, then StreamPlans for
-// the local ranks, feeding StagerCore. A broken stream (packer restart) is
-// re-opened at the next step the core needs; plans are deterministic, so the
-// resumed stream is exact. Errors the packer means (a step it cannot serve,
+// the local ranks, feeding StagerCore. Each stream asks for a bounded range
+// (StreamPlansRequest.end_step): the steps the core has room for, so the
+// packer plans no further ahead than this node's window needs; the next
+// range is asked for as clients release batches. A broken stream (packer
+// restart) is re-opened at the next step the core needs; plans are
+// deterministic, so the resumed stream is exact. Errors the packer means (a step it cannot serve,
 // a config mismatch) are handed to the core for the clients that ask.
 //
 // Threads: Run() owns one thread; Stop() may be called from any thread.

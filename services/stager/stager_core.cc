@@ -32,11 +32,7 @@ std::vector<uint32_t> StagerCore::LocalRanksLocked() const {
 }
 
 std::string StagerCore::ShmName(uint64_t step, uint32_t rank) const {
-  std::string job = config_.job_id();
-  for (char& c : job) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
-  }
-  return absl::StrCat("/tutti-", job.substr(0, 64), "-n", opts_.node, "-r", rank, "-s", step);
+  return names_->Name(opts_.node, rank, step);
 }
 
 absl::Status StagerCore::Start(const v1::JobInfo& job) {
@@ -72,6 +68,9 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   if (opts_.cache_dir.empty()) return absl::InvalidArgumentError("--cache is required");
   cache_ = std::make_unique<ShardCache>(opts_.cache_dir, opts_.cache_capacity_bytes);
   RETURN_IF_ERROR(cache_->Open());
+  // The cache lock is held: the previous daemon of this directory is gone.
+  ASSIGN_OR_RETURN(SegmentNames names, SegmentNames::Claim(opts_.cache_dir, config_.job_id()));
+  names_ = std::move(names);
   if (metrics_) {
     metrics_->cache_capacity.Set(static_cast<double>(opts_.cache_capacity_bytes));
     metrics_->cache_bytes.Set(static_cast<double>(cache_->cached_bytes()));
@@ -201,21 +200,28 @@ std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
 
 }  // namespace
 
+uint64_t StagerCore::PlanLimit() const {
+  uint64_t limit = base_ + opts_.window + opts_.stage_ahead;
+  if (job_.total_steps() != 0) limit = std::min<uint64_t>(limit, job_.total_steps());
+  return limit;
+}
+
 StagerCore::PlanWant StagerCore::WaitPlanWanted(absl::Time deadline) {
   std::unique_lock<std::mutex> l(mu_);
   auto blocked = [&] {
     return !node_known_ || (plan_error_ && plan_error_->first <= next_plan_) ||
-           (job_.total_steps() != 0 && next_plan_ >= job_.total_steps());
+           next_plan_ >= PlanLimit();
   };
   while (!stopping_ && blocked()) {
     if (cv_.wait_until(l, absl::ToChronoTime(deadline)) == std::cv_status::timeout) break;
   }
-  return PlanWant{next_plan_, generation_, stopping_, blocked()};
+  return PlanWant{next_plan_, PlanLimit(), generation_, stopping_, blocked()};
 }
 
 absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
   std::unique_lock<std::mutex> l(mu_);
   const uint64_t step = plan.step();
+  // A caller that asks for WaitPlanWanted's range never waits here.
   cv_.wait(l, [&] {
     return stopping_ || generation != generation_ || step < base_ + opts_.window + opts_.stage_ahead;
   });

@@ -29,6 +29,7 @@
 #include "services/stager/cache.h"
 #include "services/stager/metrics.h"
 #include "services/stager/reader.h"
+#include "services/stager/shm_names.h"
 #include "services/stager/staging.h"
 #include "services/stager/thread_pool.h"
 #include "tutti/v1/packer.pb.h"
@@ -78,14 +79,19 @@ class StagerCore {
   uint32_t window() const { return opts_.window; }
 
   // ---- plan intake (one caller thread)
-  // The step whose plan is wanted next and the stream generation; blocks
-  // until the buffer has room (or stop). A seek bumps the generation: the
-  // caller then restarts its stream at the new step.
+  // The range of steps whose plans are wanted next, [step, end), and the
+  // stream generation. Blocks (until `deadline`, then `blocked`) while the
+  // core holds every plan it has room for: plans are held for the window and
+  // stage_ahead steps beyond it, so `end` is base + window + stage_ahead
+  // (capped at the job's end), and room appears as clients release batches.
+  // The caller asks the packer for exactly that range. A seek bumps the
+  // generation: the caller then restarts its stream at the new step.
   struct PlanWant {
     uint64_t step = 0;
+    uint64_t end = 0;      // exclusive; > step unless blocked
     uint64_t generation = 0;
     bool stop = false;
-    bool blocked = false;  // nothing to ask for (dataset end or a packer error)
+    bool blocked = false;  // nothing to ask for now (no room, dataset end or a packer error)
   };
   PlanWant WaitPlanWanted(absl::Time deadline);
   // Adds the next plan. ABORTED when the generation moved on (restart the
@@ -145,7 +151,9 @@ class StagerCore {
   absl::Status LearnNode(uint32_t rank);
   // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
   std::string InUse() const;
-  void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`  // node_auto: the first AcquireBatch fixes the node
+  void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`
+  // One past the last step whose plan the core has room for.
+  uint64_t PlanLimit() const;
 
   StagerOptions opts_;
   std::shared_ptr<StagerMetrics> metrics_;
@@ -159,6 +167,7 @@ class StagerCore {
   uint32_t learned_from_ = 0;             // guarded by mu_: the rank that fixed the node (auto)
   absl::Duration deadline_ = absl::Seconds(2);
   absl::Duration stage_wait_;
+  std::optional<SegmentNames> names_;    // set by Start
   std::unique_ptr<ShardCache> cache_;
   std::unique_ptr<StagingEngine> staging_;
   std::unique_ptr<IoService> read_io_;

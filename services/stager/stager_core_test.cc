@@ -145,6 +145,35 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   EXPECT_EQ(ShmSegmentsOf("tutti-coretest-e2e"), 0);
 }
 
+TEST(StagerCoreTest, SegmentsLeftByThePreviousDaemonOfTheCacheAreRemovedOnlyThose) {
+  // The previous daemon of this cache directory crashed, leaving a batch; a
+  // live daemon of another cache (same job id, same node) has one too.
+  const std::string stale = absl::StrCat("/tutti-coretest-stale-", ::getpid(), "-0badf00d");
+  const std::string other = absl::StrCat("/tutti-coretest-stale-", ::getpid(), "-0badf00e");
+  ASSERT_TRUE(ShmSegment::Create(stale + "-n1-r2-s7", 64).ok());
+  ASSERT_TRUE(ShmSegment::Create(other + "-n1-r2-s7", 64).ok());
+  Core c("stale", {.shards = 1, .samples_per_shard = 6}, {}, {}, {}, [&](testing::Dataset& d) {
+    const std::string cache = fs::path(d.dir).parent_path().string() + "/cache";
+    fs::create_directories(cache);
+    ASSERT_TRUE(WriteFileAtomically(cache + "/" + SegmentNames::kRecordFile, stale + "\n").ok());
+  });
+  EXPECT_FALSE(ShmSegment::Open(stale + "-n1-r2-s7", false).ok());
+  EXPECT_TRUE(ShmSegment::Open(other + "-n1-r2-s7", false).ok());
+  ShmSegment::Unlink(other + "-n1-r2-s7");
+  // This daemon's batches carry its own prefix, now the one recorded; the
+  // record is not taken for a cached shard.
+  c.Plans(0, 1);
+  auto d = c.core->Acquire(0, 2, 20000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto record = ReadFileToString(c.core->cache()->dir() + "/" + SegmentNames::kRecordFile);
+  ASSERT_TRUE(record.ok());
+  const std::string prefix = record->substr(0, record->find('\n'));
+  EXPECT_EQ(d->shm_name(), prefix + "-n1-r2-s0");
+  EXPECT_NE(prefix.find(absl::StrCat("/tutti-coretest-stale-", ::getpid(), "-")), std::string::npos);
+  EXPECT_NE(prefix, stale);
+  EXPECT_EQ(c.core->cache()->cached_files(), 1u);
+}
+
 TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
   // A job resuming from a checkpoint asks for an earlier (or much later)
   // step than the daemon had got to: the window moves there, but only while

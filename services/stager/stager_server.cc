@@ -47,7 +47,7 @@ void StagerServer::Shutdown() {
     server_.reset();
   }
   plans_.reset();
-  exposer_.reset();
+  StopMetricsServer(std::move(exposer_), opts_.metrics);
   started_ = false;
 }
 

@@ -1,10 +1,12 @@
 #include "services/stager/staging.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -92,7 +94,27 @@ absl::Status StagingEngine::Start() {
     free_buffers_.push_back(static_cast<int>(i));
   }
   io_ = std::make_unique<IoService>(std::move(backend));
-  RETURN_IF_ERROR(io_->RegisterBuffers(iov));
+  absl::Status registered = io_->RegisterBuffers(iov);
+  registered_ = registered.ok();
+  if (!registered_) {
+    // Registered (pinned) buffers count against the locked-memory limit for
+    // a process without CAP_IPC_LOCK (8 MiB by default); unregistered ones
+    // work the same, the kernel just maps each buffer per operation.
+    struct rlimit lim;
+    std::string limit = "unknown";
+    if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0) {
+      limit = lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
+                                            : absl::StrCat(lim.rlim_cur >> 10, " KiB");
+    }
+    std::fprintf(stderr,
+                 "tutti-stagerd: staging continues with unregistered io_uring buffers (a little more "
+                 "CPU per block): %s; %u x %zu-byte buffers = %llu KiB to lock, locked-memory limit "
+                 "(ulimit -l) %s. For registered buffers raise the limit (ulimit -l, systemd "
+                 "LimitMEMLOCK=, docker --ulimit memlock=) or lower --queue_depth / --block_size\n",
+                 std::string(registered.message()).c_str(), opts_.queue_depth, opts_.block_size,
+                 static_cast<unsigned long long>(uint64_t{opts_.queue_depth} * opts_.block_size >> 10),
+                 limit.c_str());
+  }
   window_start_ = absl::Now();
   return absl::OkStatus();
 }

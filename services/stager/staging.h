@@ -1,6 +1,7 @@
 // Copies shards from the source directory (an NFS mount, say) into the
 // node-local cache: many files and blocks in flight through one IoService
-// (io_uring by default), registered aligned buffers, optional O_DIRECT,
+// (io_uring by default), registered aligned buffers (unregistered when the
+// locked-memory limit is too small), optional O_DIRECT,
 // CRC-32C verified when the index knows it, written to a partial name,
 // fsync'd and renamed into place. Shards are copied in priority order (the
 // step that first needs them), so the shards needed first arrive first.
@@ -75,6 +76,11 @@ class StagingEngine {
 
   const StagingOptions& options() const { return opts_; }
   const char* backend_name() const;
+  // Whether the block buffers are registered with the kernel (io_uring fixed
+  // buffers). Registration needs the locked-memory limit (ulimit -l) to cover
+  // queue_depth x block_size unless the process has CAP_IPC_LOCK; without it
+  // staging logs why and uses the same buffers unregistered.
+  bool registered_buffers() const { return registered_; }
 
  private:
   struct Buffer;
@@ -102,7 +108,8 @@ class StagingEngine {
   StagerMetrics* metrics_;
   std::unique_ptr<IoBackend> injected_;
   std::unique_ptr<IoService> io_;
-  std::vector<char*> buffers_;  // aligned, registered
+  std::vector<char*> buffers_;  // aligned, registered when registered_
+  bool registered_ = false;     // set by Start
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

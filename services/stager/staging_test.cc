@@ -1,6 +1,9 @@
 #include "services/stager/staging.h"
 
+#include <linux/capability.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -83,6 +86,60 @@ TEST_P(StagingBackends, CopiesVerifiesAndRenames) {
 }
 INSTANTIATE_TEST_SUITE_P(Backends, StagingBackends, ::testing::Bool(),
                          [](const auto& i) { return i.param ? "io_uring" : "pread"; });
+
+// What an ordinary user has: no CAP_IPC_LOCK (root's bypasses the
+// locked-memory limit for io_uring) and a small `ulimit -l`.
+bool BecomeMemlockLimited(rlim_t bytes) {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps[2];
+  if (::syscall(SYS_capget, &header, caps) != 0) return false;
+  const unsigned bit = 1u << (CAP_IPC_LOCK % 32);
+  caps[CAP_IPC_LOCK / 32].effective &= ~bit;
+  caps[CAP_IPC_LOCK / 32].permitted &= ~bit;
+  caps[CAP_IPC_LOCK / 32].inheritable &= ~bit;
+  if (::syscall(SYS_capset, &header, caps) != 0) return false;
+  struct rlimit lim{bytes, bytes};
+  return ::setrlimit(RLIMIT_MEMLOCK, &lim) == 0;
+}
+
+TEST(StagingTest, BuffersBeyondTheLockedMemoryLimitFallBackToUnregistered) {
+  // 16 x 64 KiB = 1 MiB of buffers against a 256 KiB limit, as 64 x 1 MiB
+  // (the defaults) against the usual 8 MiB: staging still works, says why
+  // it runs unregistered and how to get registered buffers.
+  const std::string root = Fresh("memlock");
+  auto data = testing::WriteDataset(root + "/src", {.shards = 2, .samples_per_shard = 6});
+  EXPECT_EXIT(
+      {
+        if (!BecomeMemlockLimited(256 << 10)) ::_exit(10);
+        ShardCache cache(root + "/cache", 0);
+        if (!cache.Open().ok()) ::_exit(11);
+        StagingOptions o;
+        o.source_dir = data.dir;
+        o.queue_depth = 16;
+        o.block_size = 65536;
+        StagingEngine engine(o, &cache, nullptr);
+        if (!engine.Start().ok()) ::_exit(12);
+        if (engine.registered_buffers()) ::_exit(13);
+        std::vector<std::string> names;
+        for (size_t i = 0; i < data.shards.size(); ++i) {
+          engine.Request(data.shards[i], i);
+          names.push_back(data.shards[i].name());
+        }
+        if (!engine.Wait(names, absl::Now() + absl::Seconds(20)).ok()) ::_exit(14);
+        for (const auto& ref : data.shards) {
+          auto copy = ReadFileToString(cache.PathOf(ref.name()));
+          if (!copy.ok() || Crc32c(*copy) != ref.crc32c()) ::_exit(15);
+        }
+        engine.Stop();
+        ::_exit(0);
+      },
+      ::testing::ExitedWithCode(0),
+      "unregistered io_uring buffers.*Cannot allocate memory.*16 x 65536-byte buffers = 1024 KiB.*"
+      "limit \\(ulimit -l\\) 256 KiB.*raise the limit.*--queue_depth / --block_size");
+  // Within the limit the buffers are registered.
+  Rig small("memlock_ok", {.shards = 1, .samples_per_shard = 2});
+  EXPECT_TRUE(small.engine->registered_buffers());
+}
 
 TEST(StagingTest, MissingSourceDirectoryIsAClearError) {
   ShardCache cache(Fresh("nosrc") + "/cache", 0);
