@@ -1,10 +1,13 @@
 #include "services/stager/stager_core.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_io.h"
 #include "common/job_config.h"
 #include "common/status.h"
 
@@ -34,6 +37,43 @@ std::vector<uint32_t> StagerCore::LocalRanksLocked() const {
 std::string StagerCore::ShmName(uint64_t step, uint32_t rank) const {
   return names_->Name(opts_.node, rank, step);
 }
+
+namespace {
+
+// Probes up to 32 of the job's shards, spread over the index, in the source
+// directory. None there: the wrong directory or an unmounted NFS path, refused
+// now rather than failing every sample later. Some missing: a warning (their
+// samples are skipped as `missing`, by the sample policy).
+absl::Status CheckSourceHoldsShards(const std::string& source, const v1::JobInfo& job) {
+  const int n = job.shards_size();
+  if (n == 0) return absl::OkStatus();
+  const int probes = std::min(n, 32);
+  int missing = 0;
+  std::string first;
+  for (int i = 0; i < probes; ++i) {
+    const std::string& name = job.shards(static_cast<int>(int64_t{i} * n / probes));
+    absl::StatusOr<std::string> path = JoinUnder(source, name);
+    struct stat st;
+    if (!path.ok() || ::stat(path->c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      if (missing++ == 0) first = name;
+    }
+  }
+  if (missing == probes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--source ", source, " holds none of the job's shards (", probes, " of ", n,
+        " checked, e.g. '", first, "'): pass the directory the packer's index was built from, "
+        "and check that it is mounted on this node"));
+  }
+  if (missing > 0) {
+    std::fprintf(stderr,
+                 "tutti-stagerd: warning: %d of %d shards checked are missing from --source %s "
+                 "(e.g. '%s'); their samples will be skipped as 'missing'\n",
+                 missing, probes, source.c_str(), first.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status StagerCore::Start(const v1::JobInfo& job) {
   job_ = job;
@@ -80,6 +120,7 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   staging_ = std::make_unique<StagingEngine>(opts_.staging, cache_.get(), metrics_.get(),
                                              std::move(staging_backend_));
   RETURN_IF_ERROR(staging_->Start());
+  RETURN_IF_ERROR(CheckSourceHoldsShards(opts_.staging.source_dir, job));
   staging_->SetListener([this](const std::string&, ShardState) { cv_.notify_all(); });
   std::unique_ptr<IoBackend> backend = std::move(read_backend_);
   if (backend) {

@@ -145,6 +145,33 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   EXPECT_EQ(ShmSegmentsOf("tutti-coretest-e2e"), 0);
 }
 
+TEST(StagerCoreTest, SourceWithoutTheJobsShardsIsRefusedAtStart) {
+  // --source pointing at the wrong directory (or an unmounted mount point).
+  const std::string root = Fresh("nosource");
+  testing::Dataset data = testing::WriteDataset(root + "/src", {.shards = 2, .samples_per_shard = 4});
+  v1::JobInfo job = testing::MakeJob(data, 4, 2);
+  job.mutable_config()->set_job_id("coretest-nosource");
+  fs::create_directories(root + "/elsewhere");
+  StagerOptions o;
+  o.node = 1;
+  o.cache_dir = root + "/cache";
+  o.staging.source_dir = root + "/elsewhere";
+  auto metrics = std::make_shared<StagerMetrics>(std::make_shared<prometheus::Registry>());
+  StagerCore core(o, metrics);
+  absl::Status s = core.Start(job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("--source " + root + "/elsewhere holds none of the job's shards"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find(data.shards[0].name()), std::string::npos) << s;
+  // One shard of two gone: a warning, the daemon starts.
+  fs::remove(data.dir + "/" + data.shards[1].name());
+  o.staging.source_dir = data.dir;
+  o.cache_dir = root + "/cache2";
+  StagerCore partial(o, metrics);
+  EXPECT_TRUE(partial.Start(job).ok());
+}
+
 TEST(StagerCoreTest, SegmentsLeftByThePreviousDaemonOfTheCacheAreRemovedOnlyThose) {
   // The previous daemon of this cache directory crashed, leaving a batch; a
   // live daemon of another cache (same job id, same node) has one too.
