@@ -4,11 +4,14 @@
 // of a one-epoch job and check every sample, image, token and exchanged byte
 // against the packer's plan; then the step past the end is refused and every
 // daemon stops cleanly on SIGTERM.
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/client.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_support.h"
@@ -129,6 +132,72 @@ TEST(EndToEnd, RankDemoRunsStepsAndPrintsOneRowPerRankAndStep) {
   EXPECT_LE(MetricValue(*pm, "tutti_packer_steps_planned_total").value_or(1e9), 2 * asked + 4) << *pm;
   absl::Status stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
+  RemoveTree(dir);
+}
+
+// What each rank's batches hold, step by step: "step/rank: sample ids".
+std::map<std::pair<uint64_t, int>, std::string> PullSteps(Cluster& cluster, uint64_t first,
+                                                          uint64_t count) {
+  std::map<std::pair<uint64_t, int>, std::string> out;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int rank = 0; rank < 4; ++rank) {
+    ClientOptions o;
+    o.stager_address = cluster.stager(rank / 2).address();
+    o.packer_address = cluster.packer().address();
+    o.rank = rank;
+    o.world_size = 4;
+    o.start_step = static_cast<int64_t>(first);
+    o.connect_timeout = absl::Seconds(10);
+    o.batch_timeout = absl::Seconds(30);
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return out;
+    clients.push_back(std::move(*c));
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    for (int rank = 0; rank < 4; ++rank) {
+      auto batch = clients[rank]->Next();
+      EXPECT_TRUE(batch.ok()) << "rank " << rank << ", step " << first + i << ": "
+                              << batch.status();
+      if (!batch.ok()) return out;
+      EXPECT_EQ(batch->step(), first + i);
+      std::vector<uint64_t> ids;
+      for (const auto& s : batch->samples()) ids.push_back(s.sample_id());
+      out[{batch->step(), rank}] = absl::StrJoin(ids, ",");
+      EXPECT_TRUE(batch->Release().ok());
+    }
+  }
+  return out;
+}
+
+// A job resumed from a checkpoint at step K, on a restarted packer and
+// fresh stagers (empty caches): the ranks start at K without waiting for
+// earlier steps and get the batches an uninterrupted run got there.
+TEST(EndToEnd, AJobResumedAtAStepGetsTheSameBatchesFromFreshDaemons) {
+  const std::string dir = MakeTempDir("e2e_resume");
+  ASSERT_TRUE(GenerateDataset(dir + "/ds").ok());
+  ASSERT_TRUE(BuildIndex(dir + "/ds", dir + "/index.tutti").ok());
+  const std::string config = JobConfigText(dir + "/index.tutti", /*epochs=*/1);
+  std::map<std::pair<uint64_t, int>, std::string> first_run;
+  for (const char* run : {"/run1", "/run2"}) std::filesystem::create_directories(dir + run);
+  {
+    auto cluster = Cluster::Start({.dir = dir + "/run1", .job_config = config, .source = dir + "/ds"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    first_run = PullSteps(**cluster, 0, 6);
+    EXPECT_TRUE((*cluster)->Stop().ok());
+  }
+  ASSERT_EQ(first_run.size(), 24u);
+  auto cluster = Cluster::Start({.dir = dir + "/run2", .job_config = config, .source = dir + "/ds"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const absl::Time t0 = absl::Now();
+  auto resumed = PullSteps(**cluster, 3, 3);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(60));
+  ASSERT_EQ(resumed.size(), 12u);
+  for (const auto& [key, ids] : resumed) {
+    EXPECT_EQ(ids, first_run[key]) << "step " << key.first << ", rank " << key.second;
+    EXPECT_FALSE(ids.empty());
+  }
+  EXPECT_TRUE((*cluster)->Stop().ok());
   RemoveTree(dir);
 }
 

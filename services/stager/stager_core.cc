@@ -358,7 +358,8 @@ absl::Status StagerCore::CheckAcquire(uint64_t step, uint32_t rank) {
     auto s = it->second.slots.find(rank);
     if (s != it->second.slots.end() && s->second.state == SlotState::kReleased) {
       return absl::OutOfRangeError(absl::StrCat("step ", step, " of rank ", rank,
-                                                " was already released; batches are handed out once"));
+                                                " was already released, or given up when the rank asked for a later step; "
+                                                "batches are handed out once, in step order"));
     }
   }
   if (plan_error_ && step >= plan_error_->first) {
@@ -401,6 +402,24 @@ void StagerCore::Seek(uint64_t step, uint32_t rank) {
   UpdateWindow();
 }
 
+void StagerCore::SkipEarlier(uint64_t step, uint32_t rank) {
+  // A job resumed at a step inside the window (or a rank that skips steps)
+  // never takes the earlier ones; batches handed out or waited for stay.
+  bool changed = false;
+  for (uint64_t s = base_; s < step; ++s) {
+    Slot& slot = StepAt(s).slots[rank];
+    if (slot.state == SlotState::kReleased || slot.handed_out || !slot.waiters.empty()) continue;
+    if (slot.job) {
+      memory_ -= slot.job->bytes();
+      slot.job->Discard();
+      slot.job.reset();
+    }
+    slot.state = SlotState::kReleased;
+    changed = true;
+  }
+  if (changed) UpdateWindow();
+}
+
 void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done) {
   absl::StatusOr<v1::BatchDescriptor> now_result;
   bool answer_now = false;
@@ -412,6 +431,7 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
       now_result = s;
       answer_now = true;
     } else {
+      SkipEarlier(step, rank);
       Slot& slot = StepAt(step).slots[rank];
       if (slot.state == SlotState::kReady) {
         slot.handed_out = true;

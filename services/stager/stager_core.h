@@ -152,6 +152,9 @@ class StagerCore {
   // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
   std::string InUse() const;
   void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`
+  // Gives up `rank`'s steps before `step` that it never took (ranks ask in
+  // step order), so the window can move past them.
+  void SkipEarlier(uint64_t step, uint32_t rank);
   // One past the last step whose plan the core has room for.
   uint64_t PlanLimit() const;
 

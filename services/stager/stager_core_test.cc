@@ -133,7 +133,7 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   EXPECT_NE(far.status().message().find("window cannot move while rank 3 holds step 1"),
             std::string::npos)
       << far.status();
-  auto late = c.core->Acquire(3, 2, 300);  // plans only up to step 1
+  auto late = c.core->Acquire(3, 3, 300);  // plans only up to step 1
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("no plan for step 3"), std::string::npos) << late.status();
   c.core->PlanFailed(2, absl::OutOfRangeError("step 2 is past the dataset's end"), 0);
@@ -199,6 +199,33 @@ TEST(StagerCoreTest, SegmentsLeftByThePreviousDaemonOfTheCacheAreRemovedOnlyThos
   EXPECT_NE(prefix.find(absl::StrCat("/tutti-coretest-stale-", ::getpid(), "-")), std::string::npos);
   EXPECT_NE(prefix, stale);
   EXPECT_EQ(c.core->cache()->cached_files(), 1u);
+}
+
+TEST(StagerCoreTest, RanksResumingInsideTheWindowGiveUpTheEarlierSteps) {
+  // A job resumed from a checkpoint at step 1 on a fresh daemon (window 0..1,
+  // plans held up to step 3): step 0 is never taken, and the window must
+  // still move on.
+  Core c("resume", {.shards = 2, .samples_per_shard = 6});
+  c.Plans(0, 4);
+  for (uint64_t step = 1; step < 3; ++step) {
+    for (uint32_t r : {2u, 3u}) {
+      auto d = c.core->Acquire(step, r, 20000);
+      ASSERT_TRUE(d.ok()) << "step " << step << " rank " << r << ": " << d.status();
+      EXPECT_EQ(d->step(), step);
+      ASSERT_TRUE(c.core->Release(step, r).ok());
+    }
+  }
+  c.Plans(4, 5);  // the window starts at step 3 now: room for more plans
+  // A batch a rank holds is not given up by asking for a later step.
+  auto held = c.core->Acquire(3, 2, 20000);
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto later = c.core->Acquire(5, 2, 100);  // no plan for step 5 yet: times out
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kDeadlineExceeded) << later.status();
+  EXPECT_TRUE(ShmSegment::Open(held->shm_name(), false).ok());
+  auto other = c.core->Acquire(3, 3, 20000);
+  EXPECT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(c.core->Release(3, 2).ok());
+  EXPECT_TRUE(c.core->Release(3, 3).ok());
 }
 
 TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
