@@ -1,9 +1,14 @@
 #include "client/mpi_transport.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -80,6 +85,18 @@ const SummaryOp& GetSummaryOp() {
   return *op;
 }
 
+// Keeps the buffers of MPI operations this process gave up on for its whole
+// life: a non-blocking collective cannot be cancelled and a freed send may
+// still read its buffer, so a late peer completing them must find valid
+// memory. A transport gives up at most once (it refuses every exchange
+// after), so this stays small.
+void Abandon(std::shared_ptr<void> buffers) {
+  static std::mutex* mu = new std::mutex;
+  static auto* held = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard<std::mutex> l(*mu);
+  held->push_back(std::move(buffers));
+}
+
 // Waits for `n` requests until `deadline`: polling, as a timed MPI wait does
 // not exist. Yields while waits are short (ranks may share cores), then
 // sleeps in short steps. DEADLINE_EXCEEDED leaves the requests pending.
@@ -146,6 +163,29 @@ absl::Status MpiStatus(int code, absl::string_view what) {
       absl::StrCat(what, ": MPI error ", code, ": ", absl::string_view(text, len)));
 }
 
+namespace {
+// Set once an exchange of any transport gave up on a peer (timed out or
+// failed while moving data): that rank may be dead, and MPI_Finalize would
+// wait for it.
+std::atomic<bool> peer_lost{false};
+}  // namespace
+
+void FinishMpi(int abort_code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  if (peer_lost.load()) {
+    std::fprintf(stderr,
+                 "tutti: an exchange lost a peer rank; aborting the MPI job (code %d) instead of "
+                 "finalising, which would wait for that rank\n",
+                 abort_code);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, abort_code);
+  }
+  MPI_Finalize();
+}
+
 absl::Status EnsureMpiInitialized() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -158,11 +198,7 @@ absl::Status EnsureMpiInitialized() {
   int provided = 0;
   RETURN_IF_ERROR(MpiStatus(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
                             "MPI_Init_thread"));
-  std::atexit([] {
-    int done = 0;
-    MPI_Finalized(&done);
-    if (!done) MPI_Finalize();
-  });
+  std::atexit([] { FinishMpi(1); });
   return absl::OkStatus();
 }
 
@@ -204,6 +240,9 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
   std::vector<MPI_Request> reqs;
   std::vector<int> peer;  // >= 0: receive from that rank; < 0: a send
   reqs.reserve(2 * size_);
+  // The headers sent, on the heap: a send still pending at the deadline is
+  // freed, and its buffer then abandoned rather than released.
+  auto sent = std::make_shared<std::vector<Header>>(out);
   for (uint32_t p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     reqs.emplace_back();
@@ -217,7 +256,8 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
     reqs.emplace_back();
     peer.push_back(-1);
     RETURN_IF_ERROR(MpiStatus(
-        MPI_Isend(&out[p], sizeof(Header), MPI_BYTE, static_cast<int>(p), tag, comm_, &reqs.back()),
+        MPI_Isend(&(*sent)[p], sizeof(Header), MPI_BYTE, static_cast<int>(p), tag, comm_,
+                  &reqs.back()),
         "MPI_Isend"));
   }
   std::vector<int> done(reqs.size());
@@ -256,6 +296,7 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
     MPI_Test_cancelled(&st, &cancelled);
     if (cancelled) missing->push_back(peer[i]);
   }
+  if (sends_pending) Abandon(sent);
   if (missing->empty() && !sends_pending) return absl::OkStatus();
   return absl::DeadlineExceededError("timed out");
 }
@@ -270,6 +311,7 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
   const absl::Time deadline = absl::Now() + opts_.join_timeout;
   auto give_up = [&] {
+    peer_lost.store(true);
     broken_ = absl::FailedPreconditionError(
         absl::StrCat("an earlier exchange (", where,
                      ") timed out; messages from late ranks may still be in "
@@ -281,7 +323,15 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   // the exchange may go ahead. A rank whose all-reduce completed only after
   // the others had given up (it arrived too late) then waits in vain for
   // the data, and Move() reports it after join_timeout.
-  uint64_t mine[kSummaryFields] = {}, all[kSummaryFields] = {};
+  // On the heap: an all-reduce given up on cannot be cancelled, and a late
+  // rank completes it later; its buffers are then abandoned, not released.
+  struct Summary {
+    uint64_t mine[kSummaryFields] = {}, all[kSummaryFields] = {};
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  auto summary = std::make_shared<Summary>();
+  uint64_t* mine = summary->mine;
+  const uint64_t* all = summary->all;
   for (uint32_t p = 0; p < size_; ++p) {
     mine[kPairs] ^=
         PairHash(rank_, p, layout.send_counts[p]) ^ PairHash(p, rank_, layout.recv_counts[p]);
@@ -296,12 +346,13 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   }
   mine[kRefused] = local.ok() ? 0 : 1;
   const SummaryOp& op = GetSummaryOp();
-  MPI_Request req = MPI_REQUEST_NULL;
-  RETURN_IF_ERROR(Annotate(
-      MpiStatus(MPI_Iallreduce(mine, all, 1, op.type, op.op, comm_, &req), "MPI_Iallreduce"),
-      where));
-  absl::Status waited = WaitAll(1, &req, deadline);
+  RETURN_IF_ERROR(Annotate(MpiStatus(MPI_Iallreduce(mine, summary->all, 1, op.type, op.op, comm_,
+                                                    &summary->req),
+                                     "MPI_Iallreduce"),
+                           where));
+  absl::Status waited = WaitAll(1, &summary->req, deadline);
   if (absl::IsDeadlineExceeded(waited)) {
+    Abandon(summary);
     give_up();
     // Who is missing: every rank that gave up answers a roll call.
     std::vector<Header> out(size_), in(size_);
@@ -336,6 +387,7 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
 absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const absl::Status& local,
                                          const std::string& where, absl::Time deadline) {
   auto timed_out = [&](const std::vector<int>& missing, const char* stage) {
+    peer_lost.store(true);
     broken_ = absl::FailedPreconditionError(
         absl::StrCat("an earlier exchange (", where,
                      ") timed out; messages from late ranks may still be in "
@@ -473,6 +525,7 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
+  peer_lost.store(true);
   broken_ = absl::FailedPreconditionError(absl::StrCat(
       "an earlier exchange (", where, ") ", absl::IsDeadlineExceeded(s) ? "timed out" : "failed",
       " while moving data; messages of it may still be in flight, so this transport refuses "

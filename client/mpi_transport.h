@@ -52,8 +52,15 @@ struct MpiTransportOptions {
 };
 
 // Initialises MPI (thread level MPI_THREAD_SERIALIZED) unless it is already
-// initialised; MPI is then finalised at process exit. Safe to call again.
+// initialised; MPI is then ended at process exit by FinishMpi(1). Safe to
+// call again.
 absl::Status EnsureMpiInitialized();
+
+// Ends MPI in this process: MPI_Finalize, or, once an exchange has given up
+// on a peer (it may be dead, and finalising would wait for it forever),
+// MPI_Abort(MPI_COMM_WORLD, abort_code), which ends the whole job. Does
+// nothing when MPI is not initialised or already finalised.
+void FinishMpi(int abort_code = 1);
 
 // An MPI error code as a Status: "<what>: <MPI error string>".
 absl::Status MpiStatus(int code, absl::string_view what);

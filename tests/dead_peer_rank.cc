@@ -1,8 +1,9 @@
 // A rank of tests/dead_peer_test.cc, run under mpirun: one verified exchange
 // with every rank, then the last rank exits without a word (as a crashed
 // process does) while the others start the next exchange. Each survivor
-// prints "rank R: <status of that exchange>" and exits 0 when the transport
-// reported the dead rank by number within the bound, 1 otherwise.
+// prints "rank R: <status of that exchange>", then ends the job through
+// FinishMpi: MPI_Abort with code 3 when the transport reported the dead rank
+// by number within the bound, 1 otherwise.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
   const std::string needle = "rank(s) " + std::to_string(dead) + " did not join the exchange";
   const bool named =
       absl::IsDeadlineExceeded(s) && s.message().find(needle) != absl::string_view::npos;
-  MPI_Finalize();
-  return named ? 0 : 1;
+  // The job cannot go on without the dead rank: FinishMpi aborts it (code 3
+  // when the dead rank was named) instead of finalising, which would wait.
+  tutti::FinishMpi(named ? 3 : 1);
+  return 1;
 }
