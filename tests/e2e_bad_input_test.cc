@@ -181,6 +181,19 @@ TEST_F(BadInput, SourceWithoutTheShardsIsRefusedAndMissingShardsAreSkippedNaming
   EXPECT_THAT((*d)->log(), HasSubstr("missing from --source " + half));
 }
 
+TEST(DaemonHelp, HelpExitsZeroAndListsTheDaemonsOwnFlags) {
+  for (const auto& [binary, flag] : {std::pair<std::string, std::string>{Packerd(), "--config"},
+                                     {Stagerd(), "--cache_capacity"}}) {
+    RunResult r = RunCommand({binary, "--help"}, absl::Seconds(30));
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("usage: "));
+    EXPECT_THAT(r.output, HasSubstr(flag));
+    EXPECT_THAT(r.output, HasSubstr("--metrics"));
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("main.cc")));     // no source paths
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("--flagfile")));  // no Abseil internals
+  }
+}
+
 TEST_F(BadInput, PortInUseIsRefusedNamingTheAddress) {
   const std::string taken = packer();
   RunResult r = RunCommand(

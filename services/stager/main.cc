@@ -93,7 +93,8 @@ bool ParseBytes(const std::string& s, uint64_t* out) {
 int main(int argc, char** argv) {
   tutti::ParseFlags(
       argc, argv,
-      "tutti-stagerd --packer HOST:PORT --node N --source DIR --cache DIR [options]\n"
+      "stages, decodes and serves the batches of one node's ranks.\n"
+      "usage: tutti-stagerd --packer HOST:PORT --node N --source DIR --cache DIR [options]\n"
       "Stages the job's shards into the node-local cache, decodes what this node's ranks' plans\n"
       "name and hands ready batches to local clients through shared memory.",
       "services/stager/main.cc");
