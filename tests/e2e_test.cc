@@ -4,7 +4,12 @@
 // of a one-epoch job and check every sample, image, token and exchanged byte
 // against the packer's plan; then the step past the end is refused and every
 // daemon stops cleanly on SIGTERM.
+#include <signal.h>
+
 #include <filesystem>
+#include <map>
+#include <optional>
+#include <thread>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -197,6 +202,102 @@ TEST(EndToEnd, AJobResumedAtAStepGetsTheSameBatchesFromFreshDaemons) {
     EXPECT_EQ(ids, first_run[key]) << "step " << key.first << ", rank " << key.second;
     EXPECT_FALSE(ids.empty());
   }
+  EXPECT_TRUE((*cluster)->Stop().ok());
+  RemoveTree(dir);
+}
+
+// tutti-stagerd killed with SIGKILL mid-run (a node's daemon crashing), then
+// restarted by its supervisor on the same address and cache: the ranks'
+// next Next() rides out the restart (UNAVAILABLE is retried) and they get
+// the batches an undisturbed stager serves.
+TEST(EndToEnd, RanksCarryOnAcrossAStagerKilledAndRestarted) {
+  const std::string dir = MakeTempDir("e2e_stager_kill");
+  ASSERT_TRUE(GenerateDataset(dir + "/ds").ok());
+  ASSERT_TRUE(BuildIndex(dir + "/ds", dir + "/index.tutti").ok());
+  auto cluster = Cluster::Start({.dir = dir,
+                                 .job_config = JobConfigText(dir + "/index.tutti", /*epochs=*/1),
+                                 .source = dir + "/ds"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string packer = (*cluster)->packer().address();
+  const std::string address = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const std::vector<std::string> argv = {Stagerd(),
+                                         "--packer=" + packer,
+                                         "--node=0",
+                                         "--source=" + dir + "/ds",
+                                         "--cache=" + dir + "/cache-crash",
+                                         "--listen=" + address,
+                                         "--metrics=127.0.0.1:0",
+                                         "--decode_threads=1"};
+  auto connect = [&](const std::string& stager, int rank) {
+    ClientOptions o;
+    o.stager_address = stager;
+    o.packer_address = packer;
+    o.rank = rank;
+    o.world_size = 4;
+    o.start_step = 0;
+    o.connect_timeout = absl::Seconds(10);
+    o.batch_timeout = absl::Seconds(60);
+    return Client::Connect(o);
+  };
+  auto ids_of = [](Batch& b) {
+    std::vector<uint64_t> ids;
+    for (const auto& s : b.samples()) ids.push_back(s.sample_id());
+    return absl::StrJoin(ids, ",");
+  };
+  // What node 0's undisturbed stager hands ranks 0 and 1 for steps 0..3.
+  std::map<std::pair<uint64_t, int>, std::string> want;
+  {
+    auto r0 = connect((*cluster)->stager(0).address(), 0);
+    auto r1 = connect((*cluster)->stager(0).address(), 1);
+    ASSERT_TRUE(r0.ok() && r1.ok());
+    for (uint64_t step = 0; step < 4; ++step) {
+      for (auto* c : {r0->get(), r1->get()}) {
+        auto b = c->Next();
+        ASSERT_TRUE(b.ok()) << b.status();
+        want[{step, c->rank()}] = ids_of(*b);
+      }
+    }
+  }
+  auto first = Daemon::Start("stager-crash", argv, dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto r0 = connect(address, 0);
+  auto r1 = connect(address, 1);
+  ASSERT_TRUE(r0.ok() && r1.ok()) << r0.status() << r1.status();
+  std::optional<Batch> held;  // rank 0 holds step 1 across the crash
+  for (uint64_t step = 0; step < 2; ++step) {
+    for (auto* c : {r0->get(), r1->get()}) {
+      auto b = c->Next();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(ids_of(*b), (want[{step, c->rank()}])) << "step " << step;
+      if (step == 1 && c->rank() == 0) held = std::move(*b);
+    }
+  }
+  const std::vector<int32_t> held_ids(held->input_ids().begin(), held->input_ids().end());
+  (*first)->process().Signal(SIGKILL);
+  ASSERT_TRUE((*first)->process().Wait(absl::Seconds(10)).has_value());
+  // The supervisor restarts it a moment later; the ranks are already asking.
+  std::unique_ptr<Daemon> second;
+  std::thread restart([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    auto d = Daemon::Start("stager-crash-2", argv, dir);
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (d.ok()) second = std::move(*d);
+  });
+  for (uint64_t step = 2; step < 4; ++step) {
+    for (auto* c : {r0->get(), r1->get()}) {
+      auto b = c->Next();
+      ASSERT_TRUE(b.ok()) << "step " << step << ", rank " << c->rank() << ": " << b.status();
+      EXPECT_EQ(b->step(), step);
+      EXPECT_EQ(ids_of(*b), (want[{step, c->rank()}])) << "step " << step;
+    }
+  }
+  restart.join();
+  ASSERT_NE(second, nullptr);
+  // The held batch's memory outlived its daemon; releasing it to the new one is fine.
+  EXPECT_TRUE(std::equal(held_ids.begin(), held_ids.end(), held->input_ids().begin()));
+  EXPECT_EQ(ids_of(*held), (want[{1, 0}]));
+  EXPECT_TRUE(held->Release().ok());
+  EXPECT_TRUE(second->Stop().ok()) << second->log();
   EXPECT_TRUE((*cluster)->Stop().ok());
   RemoveTree(dir);
 }
