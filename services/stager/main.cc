@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "common/byte_size.h"
 #include "common/daemon_flags.h"
 #include "services/stager/stager_server.h"
 
@@ -51,45 +52,6 @@ ABSL_FLAG(uint32_t, staging_timeout_ms, 30000,
           "one staging read/write; a stalled source fails the shard after this");
 ABSL_FLAG(uint32_t, packer_wait_s, 600, "how long to retry reaching the packer at start");
 
-namespace {
-
-// "64K", "1M", "500G", "123" -> bytes; false when malformed.
-bool ParseBytes(const std::string& s, uint64_t* out) {
-  if (s.empty()) return false;
-  uint64_t mult = 1;
-  std::string digits = s;
-  switch (s.back()) {
-    case 'K':
-    case 'k':
-      mult = 1ull << 10;
-      break;
-    case 'M':
-    case 'm':
-      mult = 1ull << 20;
-      break;
-    case 'G':
-    case 'g':
-      mult = 1ull << 30;
-      break;
-    case 'T':
-    case 't':
-      mult = 1ull << 40;
-      break;
-    default:
-      mult = 0;
-  }
-  if (mult)
-    digits.pop_back();
-  else
-    mult = 1;
-  uint64_t v;
-  if (!absl::SimpleAtoi(digits, &v)) return false;
-  *out = v * mult;
-  return true;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   tutti::ParseFlags(
       argc, argv,
@@ -120,7 +82,7 @@ int main(int argc, char** argv) {
        {std::tuple{"cache_capacity", absl::GetFlag(FLAGS_cache_capacity), &c.cache_capacity_bytes},
         std::tuple{"memory_budget", absl::GetFlag(FLAGS_memory_budget), &c.memory_budget_bytes},
         std::tuple{"block_size", absl::GetFlag(FLAGS_block_size), &block}}) {
-    if (!ParseBytes(text, out)) {
+    if (!tutti::ParseByteSize(text, out)) {
       std::fprintf(stderr, "tutti-stagerd: --%s '%s' is not a size like 64K, 1M or 500G\n", name,
                    text.c_str());
       return 2;

@@ -1,0 +1,175 @@
+// `tutti stage`: warms a node's cache before a job starts. Copies the
+// index's shards from the source into a cache directory with the stager's
+// own io_uring staging engine (checksums verified, partial files never
+// visible), in index order, showing progress, so that the job's first steps
+// find them on local NVMe. The cache directory is the one tutti-stagerd will
+// use (--cache); a directory a running daemon holds is refused.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/byte_size.h"
+#include "services/packer/index.h"
+#include "services/stager/cache.h"
+#include "services/stager/staging.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace tutti::tools {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tutti stage: %s\n", message.c_str());
+  return 1;
+}
+
+int RunStage(int argc, char** argv) {
+  std::string index_path, cache_dir, source, capacity_text = "0", block_text = "1M";
+  uint32_t first = 0, queue_depth = 64, max_files = 32;
+  bool direct = true, quiet = false;
+  Cli cli("tutti stage --index FILE --cache DIR [options]",
+          "Warms a node's cache before a job: copies the index's shards from the source\n"
+          "directory into the cache directory tutti-stagerd will use (--cache), in index order,\n"
+          "with the stager's io_uring staging engine: many blocks in flight, CRC-32C checked\n"
+          "against the index, written under a partial name, fsync'd and renamed, so a shard in\n"
+          "the cache is always whole. Shards already cached are kept. Stops adding shards when\n"
+          "the next would not fit --capacity (nothing is evicted). Exits 0 when every shard it\n"
+          "took on is cached, 1 when any failed (each is named with the reason).");
+  cli.Flag("index", &index_path, "index file written by `tutti index`");
+  cli.Flag("cache", &cache_dir, "node-local cache directory (the daemon's --cache)");
+  cli.Flag("source", &source, "dataset directory (default: the one the index was built from)");
+  cli.Flag("capacity", &capacity_text,
+           "bytes the cache may hold, e.g. 500G (0 = no limit); shards beyond it are left out");
+  cli.Flag("first", &first, "stage only the first N shards of the index (0 = all)");
+  cli.Flag("queue-depth", &queue_depth, "reads and writes in flight");
+  cli.Flag("block-size", &block_text, "bytes per read/write, a multiple of 4K (e.g. 1M)");
+  cli.Flag("max-files", &max_files, "shards copied at the same time");
+  cli.Flag("direct", &direct, "O_DIRECT writes into the cache (--nodirect: page cache)");
+  cli.Flag("quiet", &quiet, "no progress line");
+  int rc;
+  if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (index_path.empty() || cache_dir.empty()) {
+    return Fail("--index and --cache are required (see --help)");
+  }
+  uint64_t capacity = 0, block = 0;
+  if (!ParseByteSize(capacity_text, &capacity)) {
+    return Fail(absl::StrCat("--capacity '", capacity_text, "' is not a size (e.g. 500G, 0)"));
+  }
+  if (!ParseByteSize(block_text, &block) || block == 0 || block % 4096 != 0) {
+    return Fail(absl::StrCat("--block-size '", block_text, "' must be a multiple of 4K (e.g. 1M)"));
+  }
+  if (queue_depth == 0 || max_files == 0) return Fail("--queue-depth and --max-files must be >= 1");
+
+  auto index = packer::LoadIndex(index_path);
+  if (!index.ok()) return Fail(std::string(index.status().message()));
+  if (source.empty()) source = (*index)->source_dir();
+  if (source.empty()) {
+    return Fail(absl::StrCat(index_path, " does not record its source directory; pass --source"));
+  }
+
+  // The shards to take on: index order, as many as fit.
+  std::vector<v1::ShardRef> refs;
+  uint64_t total = 0;
+  uint32_t left_out = 0;
+  for (const packer::IndexShard& s : (*index)->shards()) {
+    if (first != 0 && refs.size() + left_out >= first) break;
+    if (capacity != 0 && total + s.size > capacity) {
+      ++left_out;
+      continue;
+    }
+    v1::ShardRef& r = refs.emplace_back();
+    r.set_name(s.name);
+    r.set_size(s.size);
+    r.set_crc32c(s.crc32c);
+    total += s.size;
+  }
+
+  stager::ShardCache cache(cache_dir, capacity);
+  if (absl::Status s = cache.Open(); !s.ok()) return Fail(std::string(s.message()));
+  stager::StagingOptions o;
+  o.source_dir = source;
+  o.queue_depth = queue_depth;
+  o.block_size = block;
+  o.max_files = max_files;
+  o.o_direct = direct;
+  stager::StagingEngine engine(o, &cache, nullptr);
+  if (absl::Status s = engine.Start(); !s.ok()) return Fail(std::string(s.message()));
+
+  uint32_t cached_before = 0;
+  uint64_t bytes_before = 0;
+  for (const v1::ShardRef& r : refs) {
+    if (cache.Has(r.name(), r.size())) ++cached_before, bytes_before += r.size();
+  }
+  std::fprintf(stderr, "staging %zu shards (%s) from %s into %s; %u already cached%s\n",
+               refs.size(), FormatBytes(total).c_str(), source.c_str(), cache_dir.c_str(),
+               cached_before,
+               left_out ? absl::StrCat("; ", left_out, " left out (over --capacity)").c_str() : "");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> names;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    engine.Request(refs[i], i);
+    names.push_back(refs[i].name());
+  }
+
+  // Progress once a second until every shard is staged or failed.
+  const bool tty = !quiet && ::isatty(STDERR_FILENO);
+  uint32_t staged = 0, failed = 0;
+  uint64_t staged_bytes = 0;
+  for (;;) {
+    staged = failed = 0;
+    staged_bytes = 0;
+    std::vector<std::string> pending;
+    for (const v1::ShardRef& r : refs) {
+      const stager::ShardStatusInfo st = engine.Status(r.name());
+      if (st.state == stager::ShardState::kStaged) {
+        ++staged, staged_bytes += r.size();
+      } else if (st.state == stager::ShardState::kFailed) {
+        ++failed;
+      } else {
+        pending.push_back(r.name());
+      }
+    }
+    const bool done = pending.empty();
+    if (!quiet && (tty || done)) {
+      const double s = std::max(1e-6, Seconds(t0));
+      const double rate = (staged_bytes - std::min(staged_bytes, bytes_before)) / s;
+      const double eta = rate > 0 ? (total - staged_bytes) / rate : 0;
+      std::fprintf(stderr, "%s[%u/%zu shards] %s of %s  %s/s  %s  ETA %.0f s   %s",
+                   tty ? "\r" : "", staged, refs.size(), FormatBytes(staged_bytes).c_str(),
+                   FormatBytes(total).c_str(), FormatBytes(static_cast<uint64_t>(rate)).c_str(),
+                   failed ? absl::StrCat(failed, " failed").c_str() : "", eta, done ? "\n" : "");
+    }
+    if (done) break;
+    // Returns when these are all staged, one fails, or after a second.
+    (void)engine.Wait(pending, absl::Now() + absl::Seconds(1));
+  }
+  for (const v1::ShardRef& r : refs) {
+    const stager::ShardStatusInfo st = engine.Status(r.name());
+    if (st.state == stager::ShardState::kFailed) {
+      std::fprintf(stderr, "tutti stage: %s: %s\n", r.name().c_str(),
+                   std::string(st.error.message()).c_str());
+    }
+  }
+  engine.Stop();
+  std::printf("staged %u of %zu shards into %s (%u were cached already), %s in %.1f s%s\n",
+              staged, refs.size(), cache_dir.c_str(), cached_before,
+              FormatBytes(staged_bytes).c_str(), Seconds(t0),
+              failed ? absl::StrCat("; ", failed, " failed (named above)").c_str() : "");
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace tutti::tools
+
+TUTTI_COMMAND("stage", "warm a node's cache: copy the index's shards into it before a job",
+              tutti::tools::RunStage);
