@@ -1,0 +1,163 @@
+// `tutti simulate`: what a job config does to the balance of a run, before
+// any GPU is spent. Plans a range of steps with the packer's planning core
+// (exactly what tutti-packerd would serve) and summarises, per phase, how far
+// the slowest rank is from the mean with tutti's plan and with the drawn
+// split it replaces, the share of every step the other ranks would spend
+// waiting for the slowest, the exchange volume and the planning time.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/packer/job.h"
+#include "services/packer/planner.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace tutti::tools {
+namespace {
+
+// Per phase, over the simulated steps.
+struct PhaseRun {
+  std::string name;
+  std::vector<double> after, before, bound;  // max/mean, drawn max/mean, lower bound/mean
+  double max_sum = 0, mean_sum = 0, before_max_sum = 0;
+};
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / v.size();
+}
+
+int RunSimulate(int argc, char** argv) {
+  std::string config, index;
+  uint64_t from = 0, steps = 100;
+  bool json = false;
+  Cli cli("tutti simulate --config JOB.textproto [--index FILE] [--from STEP] [--steps N]",
+          "Plans --steps steps from --from with the packer's planning core (what\n"
+          "tutti-packerd would serve for this config and index) and reports, per phase (vit,\n"
+          "audio, llm), the slowest rank's cost over the mean rank's (max/mean: mean, p95 and\n"
+          "worst over the steps) for tutti's plan, the lower bound max(mean, largest item) over the\n"
+          "mean, the same ratio for the drawn split the plan replaces, and the\n"
+          "share of the phase the other ranks spend waiting for the slowest (1 - sum of means /\n"
+          "sum of maxima); then the exchange volume per step and the planning time.");
+  cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
+  cli.Flag("index", &index, "index file; overrides the config's index_path");
+  cli.Flag("from", &from, "first step");
+  cli.Flag("steps", &steps, "steps to simulate");
+  cli.Flag("json", &json, "one JSON object per phase instead of a table");
+  int rc = 0;
+  if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (config.empty()) {
+    std::fprintf(stderr, "tutti simulate: --config is required (see --help)\n");
+    return 2;
+  }
+  if (steps == 0) {
+    std::fprintf(stderr, "tutti simulate: --steps must be at least 1\n");
+    return 2;
+  }
+  auto job = packer::LoadJob(config, index);
+  if (!job.ok()) {
+    std::fprintf(stderr, "tutti simulate: %s\n", std::string(job.status().message()).c_str());
+    return 1;
+  }
+  packer::Planner planner(*job);
+  packer::StepPlanData d;
+  PhaseRun phases[3] = {{"vit"}, {"audio"}, {"llm"}};
+  std::vector<double> plan_ms;
+  double inter = 0, intra = 0, load = 0;
+  uint64_t done = 0;
+  for (uint64_t s = from; s < from + steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status status = planner.Plan(s, &d);
+    if (absl::IsOutOfRange(status) && done > 0) {
+      std::fprintf(stderr, "tutti simulate: stopping at step %llu: %s\n",
+                   static_cast<unsigned long long>(s), std::string(status.message()).c_str());
+      break;
+    }
+    if (!status.ok()) {
+      std::fprintf(stderr, "tutti simulate: %s\n", std::string(status.message()).c_str());
+      return 1;
+    }
+    plan_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    const packer::PhaseSummary* summary[3] = {&d.vit, &d.audio_phase, &d.llm};
+    for (int p = 0; p < 3; ++p) {
+      const packer::PhaseSummary& x = *summary[p];
+      if (x.mean <= 0) continue;  // no work of this kind in the step
+      phases[p].after.push_back(x.imbalance);
+      phases[p].before.push_back(x.imbalance_before);
+      phases[p].bound.push_back(x.lower_bound / x.mean);
+      phases[p].max_sum += x.max;
+      phases[p].mean_sum += x.mean;
+      phases[p].before_max_sum += x.mean * x.imbalance_before;
+    }
+    inter += d.inter_node_bytes;
+    intra += d.intra_node_bytes;
+    load += d.remote_load_bytes;
+    if ((++done % 50) == 0 && !json) {
+      std::fprintf(stderr, "\r%llu/%llu steps planned", static_cast<unsigned long long>(done),
+                   static_cast<unsigned long long>(steps));
+    }
+  }
+  if (done >= 50 && !json) std::fprintf(stderr, "\n");
+  const packer::Job& j = **job;
+  auto wait_share = [](double mean_sum, double max_sum) {
+    return max_sum > 0 ? 1 - mean_sum / max_sum : 0.0;
+  };
+  if (json) {
+    std::printf("[\n");
+    bool first = true;
+    for (const PhaseRun& p : phases) {
+      if (p.after.empty()) continue;
+      std::printf(
+          "%s  {\"phase\": \"%s\", \"steps\": %zu, \"imbalance_mean\": %.6f, \"imbalance_p95\": "
+          "%.6f, \"imbalance_max\": %.6f, \"lower_bound_mean\": %.6f, \"drawn_imbalance_mean\": %.6f, \"wait_share\": %.6f, "
+          "\"drawn_wait_share\": %.6f, \"inter_node_bytes_per_step\": %.0f, "
+          "\"plan_ms_median\": %.3f}",
+          first ? "" : ",\n", p.name.c_str(), p.after.size(), Mean(p.after), Quantile(p.after, 0.95),
+          Quantile(p.after, 1.0), Mean(p.bound), Mean(p.before), wait_share(p.mean_sum, p.max_sum),
+          wait_share(p.mean_sum, p.before_max_sum), inter / done, Quantile(plan_ms, 0.5));
+      first = false;
+    }
+    std::printf("\n]\n");
+    return 0;
+  }
+  std::printf("%llu steps from step %llu, %u ranks (%u per node), strategy %s%s\n",
+              static_cast<unsigned long long>(done), static_cast<unsigned long long>(from),
+              j.config().world_size(), j.config().ranks_per_node(), j.plan_strategy().c_str(),
+              j.config().post_balancing().enabled() ? ", post-balancing" : "");
+  std::printf("%-6s %22s %12s %17s %10s %14s\n", "phase", "max/mean mean/p95/max",
+              "lower bound", "drawn split mean", "waiting", "drawn waiting");
+  for (const PhaseRun& p : phases) {
+    if (p.after.empty()) continue;
+    std::printf("%-6s %22s %12.3f %17.3f %9.1f%% %13.1f%%\n", p.name.c_str(),
+                absl::StrFormat("%.3f/%.3f/%.3f", Mean(p.after), Quantile(p.after, 0.95),
+                                Quantile(p.after, 1.0))
+                    .c_str(),
+                Mean(p.bound), Mean(p.before), 100 * wait_share(p.mean_sum, p.max_sum),
+                100 * wait_share(p.mean_sum, p.before_max_sum));
+  }
+  std::printf("exchange per step: %.1f MB between nodes, %.1f MB within nodes, %.1f MB loaded "
+              "from other nodes\n",
+              inter / done / 1e6, intra / done / 1e6, load / done / 1e6);
+  std::printf("plan time: %.2f ms median, %.2f ms p99\n", Quantile(plan_ms, 0.5),
+              Quantile(plan_ms, 0.99));
+  return 0;
+}
+
+}  // namespace
+}  // namespace tutti::tools
+
+TUTTI_COMMAND("simulate", "plan a range of steps and report the balance a job config gives",
+              tutti::tools::RunSimulate);
