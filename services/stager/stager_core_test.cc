@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -226,6 +227,45 @@ TEST(StagerCoreTest, RanksResumingInsideTheWindowGiveUpTheEarlierSteps) {
   EXPECT_TRUE(other.ok()) << other.status();
   EXPECT_TRUE(c.core->Release(3, 2).ok());
   EXPECT_TRUE(c.core->Release(3, 3).ok());
+}
+
+TEST(StagerCoreTest, BatchesStayWithinTheMemoryBudget) {
+  // The sizes of two batches of step 0, from a daemon without a tight budget.
+  uint64_t a = 0, b = 0;
+  {
+    Core sizes("budget-sizes", {.shards = 2, .samples_per_shard = 6});
+    sizes.Plans(0, 2);
+    auto da = sizes.core->Acquire(0, 2, 20000);
+    auto db = sizes.core->Acquire(0, 3, 20000);
+    ASSERT_TRUE(da.ok() && db.ok());
+    a = da->shm_size(), b = db->shm_size();
+  }
+  // Room for either batch but not both: the second is built only once the
+  // first is released, and the memory in use never passes the budget.
+  StagerOptions o;
+  o.memory_budget_bytes = std::max(a, b) + std::min(a, b) / 2;
+  Core c("budget", {.shards = 2, .samples_per_shard = 6}, o);
+  c.Plans(0, 2);
+  auto first = c.core->Acquire(0, 2, 20000);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = c.core->Acquire(0, 3, 500);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kDeadlineExceeded) << second.status();
+  EXPECT_NE(second.status().message().find("memory budget"), std::string::npos) << second.status();
+  EXPECT_LE(c.metrics->batch_memory.Value(), static_cast<double>(o.memory_budget_bytes));
+  ASSERT_TRUE(c.core->Release(0, 2).ok());
+  second = c.core->Acquire(0, 3, 20000);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_LE(c.metrics->batch_memory.Value(), static_cast<double>(o.memory_budget_bytes));
+
+  // A batch larger than the whole budget fails at once, saying what to raise.
+  StagerOptions tiny;
+  tiny.memory_budget_bytes = 1024;
+  Core t("budget-tiny", {.shards = 2, .samples_per_shard = 6}, tiny);
+  t.Plans(0, 1);
+  auto too_big = t.core->Acquire(0, 2, 20000);
+  EXPECT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().message().find("raise --memory_budget"), std::string::npos)
+      << too_big.status();
 }
 
 TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
