@@ -301,6 +301,14 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
   return absl::DeadlineExceededError("timed out");
 }
 
+void MpiTransport::Break(const std::string& where, absl::string_view what) {
+  peer_lost.store(true);
+  broken_ = absl::FailedPreconditionError(
+      absl::StrCat("an earlier exchange (", where, ") ", what,
+                   "; messages of it may still be in flight, so this transport refuses further "
+                   "exchanges: stop the job"));
+}
+
 absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Status& local) {
   static_assert(sizeof(Header) == 256, "agreement messages are 256 bytes");
   if (!broken_.ok()) return broken_;
@@ -310,14 +318,6 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
   const absl::Time deadline = absl::Now() + opts_.join_timeout;
-  auto give_up = [&] {
-    peer_lost.store(true);
-    broken_ = absl::FailedPreconditionError(
-        absl::StrCat("an earlier exchange (", where,
-                     ") timed out; messages from late ranks may still be in "
-                     "flight, so this transport refuses further exchanges: stop the job"));
-  };
-
   // One all-reduce of a summary. Equal counts between every pair, the same
   // exchange number, step, direction and world everywhere, and no refusal:
   // the exchange may go ahead. A rank whose all-reduce completed only after
@@ -353,7 +353,7 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   absl::Status waited = WaitAll(1, &summary->req, deadline);
   if (absl::IsDeadlineExceeded(waited)) {
     Abandon(summary);
-    give_up();
+    Break(where, "timed out");
     // Who is missing: every rank that gave up answers a roll call.
     std::vector<Header> out(size_), in(size_);
     for (uint32_t p = 0; p < size_; ++p) {
@@ -387,11 +387,7 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
 absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const absl::Status& local,
                                          const std::string& where, absl::Time deadline) {
   auto timed_out = [&](const std::vector<int>& missing, const char* stage) {
-    peer_lost.store(true);
-    broken_ = absl::FailedPreconditionError(
-        absl::StrCat("an earlier exchange (", where,
-                     ") timed out; messages from late ranks may still be in "
-                     "flight, so this transport refuses further exchanges: stop the job"));
+    Break(where, "timed out");
     return absl::DeadlineExceededError(absl::StrCat(
         where, ": rank(s) ", missing.empty() ? std::string("?") : RankList(missing), " did not ",
         stage, " within ", absl::FormatDuration(opts_.join_timeout),
@@ -525,11 +521,8 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
-  peer_lost.store(true);
-  broken_ = absl::FailedPreconditionError(absl::StrCat(
-      "an earlier exchange (", where, ") ", absl::IsDeadlineExceeded(s) ? "timed out" : "failed",
-      " while moving data; messages of it may still be in flight, so this transport refuses "
-      "further exchanges: stop the job"));
+  Break(where, absl::IsDeadlineExceeded(s) ? "timed out while moving data"
+                                           : "failed while moving data");
   if (absl::IsDeadlineExceeded(s)) {
     return absl::DeadlineExceededError(absl::StrCat(
         where, ": the other ranks did not complete the exchange within ",

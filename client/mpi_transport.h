@@ -114,6 +114,10 @@ class MpiTransport final : public Transport {
   uint64_t seq_ = 0;
   uint64_t large_exchanges_ = 0;
   absl::Status broken_;  // set after a timeout; every later exchange fails with it
+
+  // Refuses every later exchange, saying that the one at `where` `what`
+  // ("timed out", "failed while moving data"); FinishMpi then aborts.
+  void Break(const std::string& where, absl::string_view what);
 };
 
 }  // namespace tutti

@@ -13,6 +13,7 @@
 
 #include "client/examples/rank_step.h"
 #include "client/exchange_pattern.h"
+#include "client/mpi_test_support.h"
 #include "client/random_exchange.h"
 
 namespace tutti {
@@ -20,16 +21,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-uint32_t WorldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return static_cast<uint32_t>(r);
-}
-uint32_t WorldSize() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return static_cast<uint32_t>(n);
-}
+using testing::WorldRank;
+using testing::WorldSize;
 
 // Short enough that a broken test fails instead of hanging the suite.
 MpiTransportOptions TestOptions() {
@@ -271,20 +264,6 @@ TEST(MpiTransport, ZZ_ARankThatNeverArrivesIsReportedNotAHang) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// Prints failures of ranks other than 0 (rank 0 keeps the normal output).
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(uint32_t rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %u] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.summary());
-  }
-
- private:
-  uint32_t rank_;
-};
-
 }  // namespace
 }  // namespace tutti
 
@@ -292,15 +271,5 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   ::testing::InitGoogleTest(&argc, argv);
-  const uint32_t rank = tutti::WorldRank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new tutti::FailurePrinter(rank));
-  }
-  int rc = RUN_ALL_TESTS();
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return tutti::testing::RunAllTestsOnEveryRank();
 }

@@ -20,6 +20,7 @@
 #include "common/grpc_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/e2e_client.h"
 #include "tests/e2e_support.h"
 #include "tutti/v1/packer.grpc.pb.h"
 #include "tutti/v1/stager.grpc.pb.h"
@@ -74,14 +75,8 @@ void Scribble(const std::string& path, uint64_t offset, size_t n) {
 absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& stager,
                                                 const std::string& packer, int rank, int world,
                                                 int64_t start_step = 0) {
-  ClientOptions o;
-  o.stager_address = stager;
-  o.packer_address = packer;
-  o.rank = rank;
-  o.world_size = world;
-  o.start_step = start_step;
+  ClientOptions o = RankOptions(stager, packer, rank, world, start_step);
   o.connect_timeout = absl::Seconds(3);
-  o.batch_timeout = absl::Seconds(30);
   return Client::Connect(o);
 }
 
@@ -248,12 +243,7 @@ TEST_F(BadInput, StepPastTheEndIsOutOfRangeForClientsAndRanks) {
 // Rank 1 never shows up: node 0's window cannot move past step 0, so rank
 // 0's wait for step 4 (window 4) ends at its batch timeout, saying why.
 TEST_F(BadInput, ARankThatNeverComesHoldsTheWindowAndTheWaitSaysWhy) {
-  ClientOptions o;
-  o.stager_address = stager(0);
-  o.packer_address = packer();
-  o.rank = 0;
-  o.world_size = 4;
-  o.start_step = 0;
+  ClientOptions o = RankOptions(stager(0), packer(), 0, 4);
   o.connect_timeout = absl::Seconds(5);
   o.batch_timeout = absl::Seconds(3);
   auto client = Client::Connect(o);

@@ -19,6 +19,7 @@
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
+#include "tests/e2e_client.h"
 #include "tests/e2e_support.h"
 #include "tutti/v1/packer.grpc.pb.h"
 
@@ -146,15 +147,9 @@ std::map<std::pair<uint64_t, int>, std::string> PullSteps(Cluster& cluster, uint
   std::map<std::pair<uint64_t, int>, std::string> out;
   std::vector<std::unique_ptr<Client>> clients;
   for (int rank = 0; rank < 4; ++rank) {
-    ClientOptions o;
-    o.stager_address = cluster.stager(rank / 2).address();
-    o.packer_address = cluster.packer().address();
-    o.rank = rank;
-    o.world_size = 4;
-    o.start_step = static_cast<int64_t>(first);
-    o.connect_timeout = absl::Seconds(10);
-    o.batch_timeout = absl::Seconds(30);
-    auto c = Client::Connect(o);
+    auto c = Client::Connect(RankOptions(cluster.stager(rank / 2).address(),
+                                         cluster.packer().address(), rank, 4,
+                                         static_cast<int64_t>(first)));
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return out;
     clients.push_back(std::move(*c));
@@ -229,13 +224,7 @@ TEST(EndToEnd, RanksCarryOnAcrossAStagerKilledAndRestarted) {
                                          "--metrics=127.0.0.1:0",
                                          "--decode_threads=1"};
   auto connect = [&](const std::string& stager, int rank) {
-    ClientOptions o;
-    o.stager_address = stager;
-    o.packer_address = packer;
-    o.rank = rank;
-    o.world_size = 4;
-    o.start_step = 0;
-    o.connect_timeout = absl::Seconds(10);
+    ClientOptions o = RankOptions(stager, packer, rank, 4);
     o.batch_timeout = absl::Seconds(60);
     return Client::Connect(o);
   };

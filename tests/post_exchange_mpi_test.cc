@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/exchange_pattern.h"
+#include "client/mpi_test_support.h"
 #include "client/mpi_transport.h"
 #if TUTTI_HAVE_NCCL
 #include "client/nccl_transport.h"
@@ -39,16 +40,8 @@ using Item = std::tuple<uint64_t, int, uint32_t>;  // sample id, encoder, index
 constexpr int kSteps = 100;
 bool g_nccl = false;  // --transport=nccl
 
-uint32_t WorldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return static_cast<uint32_t>(r);
-}
-uint32_t WorldSize() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return static_cast<uint32_t>(n);
-}
+using testing::WorldRank;
+using testing::WorldSize;
 
 // Shard s is staged only on node s % nodes.
 class OneNodePerShard final : public packer::ShardStaging {
@@ -331,20 +324,6 @@ TEST(PostExchangeMpiTest, EveryByteOfEverySampleArrivesWhereThePlanSays) {
   EXPECT_GT(moved_items, 0u);
 }
 
-// Prints failures of ranks other than 0 (rank 0 keeps the normal output).
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(uint32_t rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %u] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.summary());
-  }
-
- private:
-  uint32_t rank_;
-};
-
 }  // namespace
 }  // namespace tutti
 
@@ -363,15 +342,5 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const uint32_t rank = tutti::WorldRank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new tutti::FailurePrinter(rank));
-  }
-  int rc = RUN_ALL_TESTS();
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return tutti::testing::RunAllTestsOnEveryRank();
 }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "tests/e2e_client.h"
 #include "tests/e2e_support.h"
 
 namespace tutti::e2e {
@@ -98,15 +99,8 @@ TEST(Prometheus, ScrapesThePackerAndTheStager) {
 
   // Two ranks of node 0 pull a few steps and report their timings.
   for (int rank : {0, 1}) {
-    ClientOptions o;
-    o.stager_address = (*cluster)->stager(0).address();
-    o.packer_address = (*cluster)->packer().address();
-    o.rank = rank;
-    o.world_size = 4;
-    o.start_step = 0;
-    o.connect_timeout = absl::Seconds(10);
-    o.batch_timeout = absl::Seconds(30);
-    auto client = Client::Connect(o);
+    auto client = Client::Connect(
+        RankOptions((*cluster)->stager(0).address(), (*cluster)->packer().address(), rank, 4));
     ASSERT_TRUE(client.ok()) << client.status();
     for (int step = 0; step < 3; ++step) {
       auto batch = (*client)->Next();

@@ -457,30 +457,55 @@ TEST(StagerDaemonTest, ServesOnAUnixSocket) {
   third.Shutdown();
 }
 
-TEST(StagerDaemonTest, DaemonWithNodeAutoOnAUnixSocket) {
-  Env env("auto_unix");
-  env.StartPacker();
+// Starts tutti-stagerd as a child process for env's job with `extra` flags
+// (--listen, --node, ...) and waits up to 30 s for its port file, whose
+// text goes to *ports. The child's pid, or -1 (with a
+// failure recorded) when it did not write the file.
+pid_t StartStagerd(const Env& env, const std::vector<std::string>& extra, std::string* ports) {
   const std::string port_file = env.root + "/ports";
-  const std::string sock = env.root + "/d.sock";
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
+  std::vector<std::string> args = {"tutti-stagerd",
+                                   "--packer=127.0.0.1:" + std::to_string(env.packer_port),
+                                   "--source=" + env.data.dir,
+                                   "--cache=" + env.root + "/cache",
+                                   "--port_file=" + port_file,
+                                   "--metrics=127.0.0.1:0",
+                                   "--window=2",
+                                   "--queue_depth=8",
+                                   "--decode_threads=1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
   if (pid == 0) {
-    const std::string packer = "--packer=127.0.0.1:" + std::to_string(env.packer_port);
-    const std::string source = "--source=" + env.data.dir;
-    const std::string cache = "--cache=" + env.root + "/cache";
-    const std::string ports = "--port_file=" + port_file;
-    const std::string listen = "--listen=unix://" + sock;
-    ::execl(TUTTI_STAGERD_BINARY, "tutti-stagerd", packer.c_str(), source.c_str(), cache.c_str(),
-            ports.c_str(), listen.c_str(), "--node=auto", "--metrics=127.0.0.1:0", "--window=2",
-            "--queue_depth=8", "--decode_threads=1", static_cast<char*>(nullptr));
+    ::execv(TUTTI_STAGERD_BINARY, argv.data());
     ::_exit(127);
+  }
+  if (pid < 0) {
+    ADD_FAILURE() << "fork failed";
+    return -1;
   }
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (!fs::exists(port_file) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
-  ASSERT_TRUE(fs::exists(port_file));
   auto text = ReadFileToString(port_file);
-  ASSERT_TRUE(text.ok());
-  EXPECT_NE(text->find("grpc_address=unix://" + sock), std::string::npos) << *text;
+  if (!text.ok()) {
+    ADD_FAILURE() << "tutti-stagerd wrote no port file " << port_file << ": " << text.status();
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  *ports = *text;
+  return pid;
+}
+
+TEST(StagerDaemonTest, DaemonWithNodeAutoOnAUnixSocket) {
+  Env env("auto_unix");
+  env.StartPacker();
+  const std::string sock = env.root + "/d.sock";
+  std::string ports;
+  const pid_t pid = StartStagerd(env, {"--listen=unix://" + sock, "--node=auto"}, &ports);
+  ASSERT_GT(pid, 0);
+  EXPECT_NE(ports.find("grpc_address=unix://" + sock), std::string::npos) << ports;
   auto stub = v1::Stager::NewStub(MakeChannel("unix://" + sock));
   v1::BatchDescriptor d;
   grpc::Status s = Acquire(*stub, 0, 2, 20000, &d);
@@ -499,25 +524,10 @@ TEST(StagerDaemonTest, DaemonWithNodeAutoOnAUnixSocket) {
 TEST(StagerDaemonTest, DaemonShutsDownCleanlyOnSigterm) {
   Env env("sigterm");
   env.StartPacker();
-  const std::string port_file = env.root + "/ports";
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const std::string packer = "--packer=127.0.0.1:" + std::to_string(env.packer_port);
-    const std::string source = "--source=" + env.data.dir;
-    const std::string cache = "--cache=" + env.root + "/cache";
-    const std::string ports = "--port_file=" + port_file;
-    ::execl(TUTTI_STAGERD_BINARY, "tutti-stagerd", packer.c_str(), source.c_str(), cache.c_str(),
-            ports.c_str(), "--listen=127.0.0.1:0", "--metrics=127.0.0.1:0", "--window=2",
-            "--queue_depth=8", "--decode_threads=1", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (!fs::exists(port_file) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
-  ASSERT_TRUE(fs::exists(port_file));
-  auto text = ReadFileToString(port_file);
-  ASSERT_TRUE(text.ok());
-  const int grpc_port = std::stoi(text->substr(text->find("grpc=") + 5));
+  std::string ports;
+  const pid_t pid = StartStagerd(env, {"--listen=127.0.0.1:0"}, &ports);
+  ASSERT_GT(pid, 0);
+  const int grpc_port = std::stoi(ports.substr(ports.find("grpc=") + 5));
   v1::BatchDescriptor d;
   ASSERT_TRUE(Acquire(*Client(grpc_port), 0, 0, 20000, &d).ok());
   const std::string shm = "/dev/shm" + d.shm_name();

@@ -24,6 +24,7 @@
 #include "services/packer/synthetic.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/stats.h"
 
 namespace tutti::tools {
 namespace {
@@ -53,13 +54,6 @@ struct Cell {
   double vit_drawn = 0, llm_drawn = 0;
   std::string error;
 };
-
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - (q > 0));
-  return v[i];
-}
 
 // Per-step quality numbers from a plan.
 void Measure(const packer::StepPlanData& d, Cell* c) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "common/byte_size.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/datagen/dataset_gen.h"
@@ -15,13 +16,6 @@
 namespace {
 
 using tutti::datagen::GenDatasetOptions;
-
-std::string Bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return absl::StrFormat("%.1f %s", b, units[u]);
-}
 
 std::string Duration(double s) {
   if (s < 60) return absl::StrFormat("%.0fs", s);
@@ -91,7 +85,7 @@ int RunGenDataset(int argc, char** argv) {
                  tty ? "\r" : "", static_cast<unsigned long long>(p.samples_done),
                  static_cast<unsigned long long>(p.samples_total),
                  static_cast<unsigned long long>(p.shards_done),
-                 static_cast<unsigned long long>(p.shards_total), Bytes(p.bytes_written).c_str(),
+                 static_cast<unsigned long long>(p.shards_total), tutti::FormatBytes(p.bytes_written).c_str(),
                  rate, Duration(eta).c_str(), tty && !done ? "   " : "\n");
     std::fflush(stderr);
   };
@@ -102,7 +96,7 @@ int RunGenDataset(int argc, char** argv) {
     return 1;
   }
   const auto& s = *stats;
-  std::printf("wrote %zu shards, %s, to %s in %s\n", s.shards.size(), Bytes(s.bytes).c_str(),
+  std::printf("wrote %zu shards, %s, to %s in %s\n", s.shards.size(), tutti::FormatBytes(s.bytes).c_str(),
               o.out_dir.c_str(), Duration(s.elapsed_seconds).c_str());
   std::printf("  samples        %llu (text-only %llu, with images %llu, with audio %llu)\n",
               static_cast<unsigned long long>(s.samples),

@@ -13,6 +13,7 @@
 #include "services/packer/synthetic.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/stats.h"
 
 namespace tutti::tools {
 namespace {
@@ -20,10 +21,6 @@ namespace {
 using packer::IndexBuildOptions;
 using packer::IndexBuildProgress;
 using packer::IndexBuildReport;
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
 
 std::string Duration(double s) {
   const int64_t t = static_cast<int64_t>(s + 0.5);
@@ -55,7 +52,7 @@ int RunSynthetic(const std::string& out, uint64_t n, uint64_t seed) {
     return 1;
   }
   std::fprintf(stderr, "generated %llu synthetic samples in %.1f s\n",
-               static_cast<unsigned long long>(n), Seconds(t0));
+               static_cast<unsigned long long>(n), SecondsSince(t0));
   return WriteIndex(out, *bytes, n);
 }
 
@@ -108,7 +105,7 @@ int RunIndex(int argc, char** argv) {
       return;
     }
     last = now;
-    const double s = std::max(1e-6, Seconds(t0));
+    const double s = std::max(1e-6, SecondsSince(t0));
     const double rate = p.bytes_done / s;
     const double eta =
         rate > 0 ? (p.bytes_total - std::min(p.bytes_total, p.bytes_done)) / rate : 0;
@@ -124,7 +121,7 @@ int RunIndex(int argc, char** argv) {
     std::fprintf(stderr, "tutti index: %s\n", std::string(bytes.status().message()).c_str());
     return 1;
   }
-  const double s = std::max(1e-6, Seconds(t0));
+  const double s = std::max(1e-6, SecondsSince(t0));
   std::fprintf(stderr,
                "indexed %u of %u shards in %.1f s (%.1f MB/s): %llu samples (%llu text-only, %llu "
                "vision-language; %llu images, %llu audio clips)\n",

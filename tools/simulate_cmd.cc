@@ -16,6 +16,7 @@
 #include "services/packer/planner.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/stats.h"
 
 namespace tutti::tools {
 namespace {
@@ -26,18 +27,6 @@ struct PhaseRun {
   std::vector<double> after, before, bound;  // max/mean, drawn max/mean, lower bound/mean
   double max_sum = 0, mean_sum = 0, before_max_sum = 0;
 };
-
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
-}
-
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / v.size();
-}
 
 int RunSimulate(int argc, char** argv) {
   std::string config, index;
@@ -89,8 +78,7 @@ int RunSimulate(int argc, char** argv) {
       std::fprintf(stderr, "tutti simulate: %s\n", std::string(status.message()).c_str());
       return 1;
     }
-    plan_ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    plan_ms.push_back(1e3 * SecondsSince(t0));
     const packer::PhaseSummary* summary[3] = {&d.vit, &d.audio_phase, &d.llm};
     for (int p = 0; p < 3; ++p) {
       const packer::PhaseSummary& x = *summary[p];

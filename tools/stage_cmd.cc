@@ -20,13 +20,10 @@
 #include "services/stager/staging.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/stats.h"
 
 namespace tutti::tools {
 namespace {
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tutti stage: %s\n", message.c_str());
@@ -141,7 +138,7 @@ int RunStage(int argc, char** argv) {
     }
     const bool done = pending.empty();
     if (!quiet && (tty || done)) {
-      const double s = std::max(1e-6, Seconds(t0));
+      const double s = std::max(1e-6, SecondsSince(t0));
       const double rate = (staged_bytes - std::min(staged_bytes, bytes_before)) / s;
       const double eta = rate > 0 ? (total - staged_bytes) / rate : 0;
       std::fprintf(stderr, "%s[%u/%zu shards] %s of %s  %s/s  %s  ETA %.0f s   %s",
@@ -163,7 +160,7 @@ int RunStage(int argc, char** argv) {
   engine.Stop();
   std::printf("staged %u of %zu shards into %s (%u were cached already), %s in %.1f s%s\n",
               staged, refs.size(), cache_dir.c_str(), cached_before,
-              FormatBytes(staged_bytes).c_str(), Seconds(t0),
+              FormatBytes(staged_bytes).c_str(), SecondsSince(t0),
               failed ? absl::StrCat("; ", failed, " failed (named above)").c_str() : "");
   return failed ? 1 : 0;
 }

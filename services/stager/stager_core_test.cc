@@ -77,6 +77,21 @@ struct Core {
     absl::Status s = core->Start(job);
     EXPECT_TRUE(s.ok()) << s;
   }
+  // The first image of ip's sample, decoded straight from its source shard
+  // to ip's planned size: what a batch must hold for it ("" on failure).
+  std::string DecodeDirectly(const v1::ImagePlan& ip) const {
+    const auto& info = data.samples[ip.sample_id()];
+    auto shard = ReadFileToString(data.dir + "/" + data.shards[info.shard()].name());
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    if (!shard.ok()) return "";
+    const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+    std::string out(p.ImageBytes(ip.resized_height(), ip.resized_width()), '\0');
+    auto decoded = DecodeImageInto(shard->substr(info.images(0).offset(), info.images(0).size()),
+                                   "x", ImageKind::kJpeg, ip.resized_height(), ip.resized_width(),
+                                   p, out.data());
+    EXPECT_TRUE(decoded.ok()) << decoded.status();
+    return decoded.ok() ? out : "";
+  }
   void Plans(uint64_t from, uint64_t to, int per_rank = 3,
              std::function<void(v1::StepPlan&)> edit = nullptr) {
     for (uint64_t s = from; s < to; ++s) {
@@ -98,15 +113,8 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   ASSERT_TRUE(seg.ok());
   // The first image of rank 3 at step 0, decoded directly.
   const auto& ip = d->plan().encoders(0).images(0);
-  const auto& info = c.data.samples[ip.sample_id()];
-  auto shard = ReadFileToString(c.data.dir + "/" + c.data.shards[info.shard()].name());
-  ASSERT_TRUE(shard.ok());
-  const std::string bytes = shard->substr(info.images(0).offset(), info.images(0).size());
-  const PatchifyParams p = PatchifyParams::FromConfig(c.job.config().vision());
-  std::string direct(p.ImageBytes(ip.resized_height(), ip.resized_width()), '\0');
-  ASSERT_TRUE(DecodeImageInto(bytes, "x", ImageKind::kJpeg, ip.resized_height(), ip.resized_width(), p,
-                              direct.data())
-                  .ok());
+  const std::string direct = c.DecodeDirectly(ip);
+  ASSERT_FALSE(direct.empty());
   const auto& pv = Array(*d, "pixel_values");
   EXPECT_EQ(0, std::memcmp((*seg)->data() + pv.offset(), direct.data(), direct.size()));
   const auto& grid = Array(*d, "image_grid_thw");
@@ -435,14 +443,8 @@ TEST(StagerCoreTest, RemoteLoadImagesAreReadFromTheSource) {
   auto seg = ShmSegment::Open(d->shm_name(), false);
   ASSERT_TRUE(seg.ok());
   const auto& ip = d->plan().encoders(0).images(0);
-  const auto& info = c.data.samples[ip.sample_id()];
-  auto shard = ReadFileToString(c.data.dir + "/" + c.data.shards[info.shard()].name());
-  ASSERT_TRUE(shard.ok());
-  const PatchifyParams p = PatchifyParams::FromConfig(c.job.config().vision());
-  std::string direct(p.ImageBytes(ip.resized_height(), ip.resized_width()), '\0');
-  ASSERT_TRUE(DecodeImageInto(shard->substr(info.images(0).offset(), info.images(0).size()), "x",
-                              ImageKind::kJpeg, ip.resized_height(), ip.resized_width(), p, direct.data())
-                  .ok());
+  const std::string direct = c.DecodeDirectly(ip);
+  ASSERT_FALSE(direct.empty());
   EXPECT_EQ(0, std::memcmp((*seg)->data() + Array(*d, "pixel_values").offset(), direct.data(),
                            direct.size()));
   EXPECT_EQ(c.metrics->remote_load_images.Value(), 2);
