@@ -8,21 +8,16 @@
 namespace tutti {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 uint64_t ItemSeed(uint64_t salt, const v1::TransferItem& item) {
-  return Mix(Mix(Mix(salt ^ item.sample_id()) ^ static_cast<uint64_t>(item.encoder())) ^
-             item.index());
+  return PatternMix(
+      PatternMix(PatternMix(salt ^ item.sample_id()) ^ static_cast<uint64_t>(item.encoder())) ^
+      item.index());
 }
 
 // The 8 pattern bytes of word w (offsets 8w .. 8w+7) of an item.
-uint64_t Word(uint64_t seed, uint64_t w) { return Mix(seed + 0x9E3779B97F4A7C15ull * (w + 1)); }
+uint64_t Word(uint64_t seed, uint64_t w) {
+  return PatternMix(seed + 0x9E3779B97F4A7C15ull * (w + 1));
+}
 
 absl::Status CheckSize(const Transfers& transfers, size_t size) {
   uint64_t total = 0;
@@ -46,6 +41,26 @@ absl::Status CheckSize(const Transfers& transfers, size_t size) {
 
 }  // namespace
 
+uint64_t PatternMix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+void FillSeedStream(uint64_t seed, uint8_t* out, uint64_t n) {
+  uint64_t o = 0;
+  for (; o + 8 <= n; o += 8) {
+    const uint64_t w = Word(seed, o / 8);
+    std::memcpy(out + o, &w, 8);
+  }
+  if (o < n) {
+    const uint64_t w = Word(seed, o / 8);
+    std::memcpy(out + o, &w, n - o);
+  }
+}
+
 uint8_t PatternByte(uint64_t salt, const v1::TransferItem& item, uint64_t offset) {
   return static_cast<uint8_t>(Word(ItemSeed(salt, item), offset / 8) >> (8 * (offset % 8)));
 }
@@ -55,16 +70,7 @@ absl::Status FillPattern(const Transfers& transfers, uint64_t salt, uint8_t* buf
   uint8_t* p = buf;
   for (const v1::Transfer& t : transfers) {
     for (const v1::TransferItem& item : t.items()) {
-      const uint64_t seed = ItemSeed(salt, item);
-      uint64_t o = 0;
-      for (; o + 8 <= item.bytes(); o += 8) {
-        const uint64_t w = Word(seed, o / 8);
-        std::memcpy(p + o, &w, 8);
-      }
-      if (o < item.bytes()) {
-        const uint64_t w = Word(seed, o / 8);
-        std::memcpy(p + o, &w, item.bytes() - o);
-      }
+      FillSeedStream(ItemSeed(salt, item), p, item.bytes());
       p += item.bytes();
     }
   }

@@ -9,36 +9,18 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "client/exchange_pattern.h"
 #include "common/crc32c.h"
 #include "common/status.h"
 
 namespace tutti::e2e {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// The bytes that stand for an item's encoder output: a stream derived from
-// the CRC of the pixels it was encoded from, its identity and the direction.
-void FillContent(uint64_t seed, uint8_t* out, uint64_t n) {
-  uint64_t w = 0, o = 0;
-  for (; o + 8 <= n; o += 8, ++w) {
-    const uint64_t v = Mix(seed + 0x9E3779B97F4A7C15ull * (w + 1));
-    std::memcpy(out + o, &v, 8);
-  }
-  if (o < n) {
-    const uint64_t v = Mix(seed + 0x9E3779B97F4A7C15ull * (w + 1));
-    std::memcpy(out + o, &v, n - o);
-  }
-}
-
+// The seed of the bytes that stand for an item's encoder output: derived
+// from the CRC of the pixels it was encoded from, its identity and the
+// direction (salt).
 uint64_t ItemSeed(const v1::TransferItem& item, uint32_t crc, uint64_t salt) {
-  return Mix(Mix(Mix(salt ^ item.sample_id()) ^ item.index()) ^ crc);
+  return PatternMix(PatternMix(PatternMix(salt ^ item.sample_id()) ^ item.index()) ^ crc);
 }
 
 constexpr uint64_t kForward = 0x66776420u, kBackward = 0x62776420u;
@@ -82,7 +64,7 @@ absl::Status Fill(const google::protobuf::RepeatedPtrField<v1::Transfer>& transf
       }
       if (off + item.bytes() > total)
         return absl::InvalidArgumentError("items overrun the transfers");
-      FillContent(ItemSeed(item, f.crc, salt), buf->data() + off, item.bytes());
+      FillSeedStream(ItemSeed(item, f.crc, salt), buf->data() + off, item.bytes());
       off += item.bytes();
     }
   }

@@ -85,8 +85,9 @@ int RunGenDataset(int argc, char** argv) {
                  tty ? "\r" : "", static_cast<unsigned long long>(p.samples_done),
                  static_cast<unsigned long long>(p.samples_total),
                  static_cast<unsigned long long>(p.shards_done),
-                 static_cast<unsigned long long>(p.shards_total), tutti::FormatBytes(p.bytes_written).c_str(),
-                 rate, Duration(eta).c_str(), tty && !done ? "   " : "\n");
+                 static_cast<unsigned long long>(p.shards_total),
+                 tutti::FormatBytes(p.bytes_written).c_str(), rate, Duration(eta).c_str(),
+                 tty && !done ? "   " : "\n");
     std::fflush(stderr);
   };
   auto stats = tutti::datagen::GenerateDataset(o, progress);
@@ -96,8 +97,9 @@ int RunGenDataset(int argc, char** argv) {
     return 1;
   }
   const auto& s = *stats;
-  std::printf("wrote %zu shards, %s, to %s in %s\n", s.shards.size(), tutti::FormatBytes(s.bytes).c_str(),
-              o.out_dir.c_str(), Duration(s.elapsed_seconds).c_str());
+  std::printf("wrote %zu shards, %s, to %s in %s\n", s.shards.size(),
+              tutti::FormatBytes(s.bytes).c_str(), o.out_dir.c_str(),
+              Duration(s.elapsed_seconds).c_str());
   std::printf("  samples        %llu (text-only %llu, with images %llu, with audio %llu)\n",
               static_cast<unsigned long long>(s.samples),
               static_cast<unsigned long long>(s.text_only),
