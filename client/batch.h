@@ -19,15 +19,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/dtype.h"
 #include "common/shm.h"
 #include "tutti/v1/stager.pb.h"
 
 namespace tutti {
-
-// Bytes per element; 0 for an unknown dtype.
-size_t DTypeSize(v1::DType dtype);
-// "float32", "bfloat16", "int32", "int64", "uint8", "float16"; "unknown".
-absl::string_view DTypeName(v1::DType dtype);
 
 // A typed view of one array inside the mapped segment.
 struct ArrayView {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/dtype.h"
 #include "common/status.h"
 #include "services/packer/sampler.h"
 
@@ -35,7 +36,7 @@ absl::Status Job::Init(const JobOptions& options) {
   vl_seqs_ = split_.vl_micro_batches * b.vl_micro_batch();
   const v1::VisionConfig& v = config_.vision();
   pixel_row_bytes_ = uint64_t{3} * v.temporal_patch() * v.patch_size() * v.patch_size() *
-                     DTypeBytes(v.output_dtype());
+                     static_cast<uint32_t>(DTypeSize(v.output_dtype()));
   const v1::PostBalancingConfig& pb = config_.post_balancing();
   DispatcherOptions d;
   d.world_size = world_size();
@@ -49,7 +50,7 @@ absl::Status Job::Init(const JobOptions& options) {
   d.rearrangement =
       pb.rearrangement() == "ilp" ? dispatch::Rearrangement::kIlp : dispatch::Rearrangement::kFast;
   d.hidden_size = pb.hidden_size();
-  d.embedding_dtype_bytes = DTypeBytes(pb.embedding_dtype());
+  d.embedding_dtype_bytes = static_cast<uint32_t>(DTypeSize(pb.embedding_dtype()));
   if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
     const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
     if (binaries > kIlpMaxBinaries) {
@@ -239,20 +240,6 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
 std::string Job::plan_strategy() const {
   if (!post_balancing()) return strategy_->name();
   return absl::StrCat("post-balancing/", config_.post_balancing().rearrangement());
-}
-
-uint32_t DTypeBytes(int dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-    case v1::DTYPE_INT32:
-      return 4;
-    case v1::DTYPE_INT64:
-      return 8;
-    case v1::DTYPE_UINT8:
-      return 1;
-    default:
-      return 2;  // BF16, FP16
-  }
 }
 
 std::string Job::DescribeSample(uint32_t sample) const {

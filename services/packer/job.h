@@ -108,9 +108,6 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
                                                    const std::string& index_override,
                                                    const JobOptions& options = {});
 
-// Bytes per element of a tutti.v1.DType (2 for BF16/FP16, 4 for FP32...).
-uint32_t DTypeBytes(int dtype);
-
 }  // namespace tutti::packer
 
 #endif  // TUTTI_SERVICES_PACKER_JOB_H_

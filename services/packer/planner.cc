@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "common/status.h"
 #include "services/packer/chunking.h"
 #include "services/packer/exchange.h"
@@ -74,7 +75,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   out->text_items.resize(T);
   out->vl_items.resize(V);
   const uint64_t elem = uint64_t{cfg.post_balancing().hidden_size()} *
-                        DTypeBytes(cfg.post_balancing().embedding_dtype());
+                        static_cast<uint32_t>(DTypeSize(cfg.post_balancing().embedding_dtype()));
   const uint64_t pixel_row = job.pixel_row_bytes();
   const uint64_t audio_rate = cfg.audio().sample_rate();
   const uint64_t audio_max_samples = uint64_t{cfg.audio().max_seconds()} * audio_rate;
