@@ -26,7 +26,12 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   pybind11-dev python3-dev python3-numpy
   prometheus libglpk-dev glpk-utils libfuse3-dev fuse3 fio curl
+  python3-torch python3-pil clang libclang-rt-14-dev openssl
+  slurm-wlm
 )
+# kubectl (for the deploy tests' `kubectl kustomize`): Debian's kubernetes-client,
+# unless a kubectl from another package is already installed.
+if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
