@@ -20,11 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
-#include "services/packer/index.h"
-#include "services/packer/job.h"
+#include "services/packer/bench/synthetic.h"
+#include "services/packer/core/planner.h"
+#include "services/packer/index/index.h"
+#include "services/packer/load_job.h"
 #include "services/packer/plan_proto.h"
-#include "services/packer/planner.h"
-#include "services/packer/synthetic.h"
 #include "tutti/v1/packer.grpc.pb.h"
 
 namespace tutti {

@@ -28,9 +28,9 @@
 #include "client/nccl_transport.h"
 #endif
 #include "common/job_config.h"
+#include "services/packer/bench/synthetic.h"
+#include "services/packer/core/planner.h"
 #include "services/packer/plan_proto.h"
-#include "services/packer/planner.h"
-#include "services/packer/synthetic.h"
 
 namespace tutti {
 namespace {

@@ -6,9 +6,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "services/packer/dispatch/exchange_bench.h"
-#include "services/packer/packing.h"
-#include "services/packer/strategy_split.h"
+#include "services/packer/bench/exchange_bench.h"
+#include "services/packer/bench/strategy_split.h"
+#include "services/packer/core/packing.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/exchange_mpi_bench.h"

@@ -13,7 +13,7 @@
 #include "client/exchange_pattern.h"
 #include "client/mpi_transport.h"
 #include "common/status.h"
-#include "services/packer/dispatch/plan_proto.h"
+#include "services/packer/core/post_balancing/move_lists_proto.h"
 
 namespace tutti::tools {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "services/packer/dispatch/exchange_bench.h"
+#include "services/packer/bench/exchange_bench.h"
 
 namespace tutti::tools {
 

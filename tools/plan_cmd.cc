@@ -11,9 +11,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "services/packer/job.h"
+#include "services/packer/core/planner.h"
+#include "services/packer/load_job.h"
 #include "services/packer/plan_proto.h"
-#include "services/packer/planner.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "services/packer/job.h"
-#include "services/packer/planner.h"
+#include "services/packer/core/planner.h"
+#include "services/packer/load_job.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/stats.h"
@@ -32,14 +32,15 @@ int RunSimulate(int argc, char** argv) {
   std::string config, index;
   uint64_t from = 0, steps = 100;
   bool json = false;
-  Cli cli("tutti simulate --config JOB.textproto [--index FILE] [--from STEP] [--steps N]",
-          "Plans --steps steps from --from with the packer's planning core (what\n"
-          "tutti-packerd would serve for this config and index) and reports, per phase (vit,\n"
-          "audio, llm), the slowest rank's cost over the mean rank's (max/mean: mean, p95 and\n"
-          "worst over the steps) for tutti's plan, the lower bound max(mean, largest item) over the\n"
-          "mean, the same ratio for the drawn split the plan replaces, and the\n"
-          "share of the phase the other ranks spend waiting for the slowest (1 - sum of means /\n"
-          "sum of maxima); then the exchange volume per step and the planning time.");
+  Cli cli(
+      "tutti simulate --config JOB.textproto [--index FILE] [--from STEP] [--steps N]",
+      "Plans --steps steps from --from with the packer's planning core (what\n"
+      "tutti-packerd would serve for this config and index) and reports, per phase (vit,\n"
+      "audio, llm), the slowest rank's cost over the mean rank's (max/mean: mean, p95 and\n"
+      "worst over the steps) for tutti's plan, the lower bound max(mean, largest item) over the\n"
+      "mean, the same ratio for the drawn split the plan replaces, and the\n"
+      "share of the phase the other ranks spend waiting for the slowest (1 - sum of means /\n"
+      "sum of maxima); then the exchange volume per step and the planning time.");
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index, "index file; overrides the config's index_path");
   cli.Flag("from", &from, "first step");
@@ -110,12 +111,14 @@ int RunSimulate(int argc, char** argv) {
       if (p.after.empty()) continue;
       std::printf(
           "%s  {\"phase\": \"%s\", \"steps\": %zu, \"imbalance_mean\": %.6f, \"imbalance_p95\": "
-          "%.6f, \"imbalance_max\": %.6f, \"lower_bound_mean\": %.6f, \"drawn_imbalance_mean\": %.6f, \"wait_share\": %.6f, "
+          "%.6f, \"imbalance_max\": %.6f, \"lower_bound_mean\": %.6f, \"drawn_imbalance_mean\": "
+          "%.6f, \"wait_share\": %.6f, "
           "\"drawn_wait_share\": %.6f, \"inter_node_bytes_per_step\": %.0f, "
           "\"plan_ms_median\": %.3f}",
-          first ? "" : ",\n", p.name.c_str(), p.after.size(), Mean(p.after), Quantile(p.after, 0.95),
-          Quantile(p.after, 1.0), Mean(p.bound), Mean(p.before), wait_share(p.mean_sum, p.max_sum),
-          wait_share(p.mean_sum, p.before_max_sum), inter / done, Quantile(plan_ms, 0.5));
+          first ? "" : ",\n", p.name.c_str(), p.after.size(), Mean(p.after),
+          Quantile(p.after, 0.95), Quantile(p.after, 1.0), Mean(p.bound), Mean(p.before),
+          wait_share(p.mean_sum, p.max_sum), wait_share(p.mean_sum, p.before_max_sum), inter / done,
+          Quantile(plan_ms, 0.5));
       first = false;
     }
     std::printf("\n]\n");
@@ -125,8 +128,8 @@ int RunSimulate(int argc, char** argv) {
               static_cast<unsigned long long>(done), static_cast<unsigned long long>(from),
               j.config().world_size(), j.config().ranks_per_node(), j.plan_strategy().c_str(),
               j.config().post_balancing().enabled() ? ", post-balancing" : "");
-  std::printf("%-6s %22s %12s %17s %10s %14s\n", "phase", "max/mean mean/p95/max",
-              "lower bound", "drawn split mean", "waiting", "drawn waiting");
+  std::printf("%-6s %22s %12s %17s %10s %14s\n", "phase", "max/mean mean/p95/max", "lower bound",
+              "drawn split mean", "waiting", "drawn waiting");
   for (const PhaseRun& p : phases) {
     if (p.after.empty()) continue;
     std::printf("%-6s %22s %12.3f %17.3f %9.1f%% %13.1f%%\n", p.name.c_str(),
@@ -136,9 +139,10 @@ int RunSimulate(int argc, char** argv) {
                 Mean(p.bound), Mean(p.before), 100 * wait_share(p.mean_sum, p.max_sum),
                 100 * wait_share(p.mean_sum, p.before_max_sum));
   }
-  std::printf("exchange per step: %.1f MB between nodes, %.1f MB within nodes, %.1f MB loaded "
-              "from other nodes\n",
-              inter / done / 1e6, intra / done / 1e6, load / done / 1e6);
+  std::printf(
+      "exchange per step: %.1f MB between nodes, %.1f MB within nodes, %.1f MB loaded "
+      "from other nodes\n",
+      inter / done / 1e6, intra / done / 1e6, load / done / 1e6);
   std::printf("plan time: %.2f ms median, %.2f ms p99\n", Quantile(plan_ms, 0.5),
               Quantile(plan_ms, 0.99));
   return 0;

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
-#include "services/packer/index.h"
+#include "services/packer/index/index.h"
 #include "services/stager/cache.h"
 #include "services/stager/staging.h"
 #include "tools/cli.h"

@@ -17,7 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "services/packer/job.h"
+#include "services/packer/core/job.h"
 #include "services/packer/metrics.h"
 #include "services/packer/plan_window.h"
 #include "tutti/v1/packer.pb.h"

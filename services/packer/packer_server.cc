@@ -8,6 +8,7 @@
 #include "common/file_io.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "services/packer/load_job.h"
 
 namespace tutti::packer {
 

@@ -6,7 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "services/packer/plan_proto.h"
-#include "services/packer/test_util.h"
+#include "services/packer/testing/jobs.h"
 
 namespace tutti::packer {
 namespace {

@@ -7,8 +7,8 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "services/packer/job.h"
-#include "services/packer/plan_data.h"
+#include "services/packer/core/job.h"
+#include "services/packer/core/plan_data.h"
 #include "tutti/v1/packer.pb.h"
 #include "tutti/v1/plan.pb.h"
 

@@ -23,9 +23,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/packer/core/plan_data.h"
+#include "services/packer/core/planner.h"
 #include "services/packer/metrics.h"
-#include "services/packer/plan_data.h"
-#include "services/packer/planner.h"
 
 namespace tutti::packer {
 

@@ -1,0 +1,351 @@
+// The planner with its dispatchers: batch post-balancing through the packer
+// core (services/packer/dispatch/ does the placement), checked on the plans
+// tutti-packerd serves.
+#include "services/packer/core/dispatcher.h"
+
+#include <map>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "services/packer/bench/post_workload.h"
+#include "services/packer/bench/strategy_split.h"
+#include "services/packer/core/planner.h"
+#include "services/packer/core/post_balancing/post_balancing.h"
+#include "services/packer/plan_proto.h"
+#include "services/packer/testing/jobs.h"
+
+namespace tutti::packer {
+namespace {
+
+using testing::kBaseConfig;
+using testing::MakeJob;
+using testing::SmallDataset;
+using testing::SyntheticIndex;
+
+// SmallDataset with audio clips on a third of the VL samples.
+std::shared_ptr<const Index> AudioIndex() {
+  static auto* index = new std::shared_ptr<const Index>([] {
+    SyntheticOptions o = SmallDataset();
+    o.audio_fraction = 0.3;
+    return SyntheticIndex(o);
+  }());
+  return *index;
+}
+
+std::string PostConfig(const std::string& extra = "") {
+  return absl::StrCat(kBaseConfig, " post_balancing { enabled: true ", extra, " }");
+}
+
+std::shared_ptr<const Job> JobOf(const std::string& config,
+                                 std::shared_ptr<const Index> index = AudioIndex()) {
+  auto job = MakeJob(config, std::move(index));
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *job : nullptr;
+}
+
+std::string IdentityOf(const Job& job, const StepPlanData& data) {
+  v1::StepPlan plan;
+  EXPECT_TRUE(BuildStepPlan(job, data, {}, &plan).ok());
+  return PlanIdentityBytes(&plan);
+}
+
+v1::StepPlan Plan(const Planner& planner, uint64_t step) {
+  StepPlanData data;
+  absl::Status s = planner.Plan(step, &data);
+  EXPECT_TRUE(s.ok()) << s;
+  v1::StepPlan plan;
+  EXPECT_TRUE(BuildStepPlan(planner.job(), data, {}, &plan).ok());
+  return plan;
+}
+
+// Shard s is staged only on node s % nodes.
+class OneNodePerShard final : public ShardStaging {
+ public:
+  OneNodePerShard(uint32_t shards, uint32_t nodes) : shards_(shards), nodes_(nodes) {}
+  dispatch::ShardAvailability At(uint64_t) const override {
+    auto a = dispatch::ShardAvailability::None(shards_, nodes_);
+    for (uint32_t s = 0; s < shards_; ++s) a.Set(s, s % nodes_, true);
+    return a;
+  }
+
+ private:
+  uint32_t shards_, nodes_;
+};
+
+TEST(PostBalancingTest, PlansAreByteIdenticalWhateverRanThemBefore) {
+  for (const char* extra : {"", "padded: true", "rearrangement: 'ilp'"}) {
+    auto a = JobOf(PostConfig(extra)), b = JobOf(PostConfig(extra));
+    ASSERT_TRUE(a && b);
+    Planner pa(a), pb(b);
+    // One buffer reused over steps in one order, fresh buffers in another,
+    // and a plan made on another thread: the same bytes for the same step.
+    StepPlanData reused;
+    std::map<uint64_t, std::string> first;
+    for (uint64_t step : {11, 0, 3, 11}) {
+      ASSERT_TRUE(pa.Plan(step, &reused).ok());
+      const std::string bytes = IdentityOf(*a, reused);
+      if (first.count(step)) {
+        EXPECT_EQ(first[step], bytes) << extra << " step " << step << " replanned";
+      }
+      first[step] = bytes;
+    }
+    for (uint64_t step : {3, 0, 11}) {
+      StepPlanData fresh;
+      ASSERT_TRUE(pb.Plan(step, &fresh).ok());
+      EXPECT_EQ(first[step], IdentityOf(*b, fresh)) << extra << " step " << step;
+    }
+    std::string threaded;
+    std::thread([&] {
+      StepPlanData d;
+      ASSERT_TRUE(pb.Plan(3, &d).ok());
+      threaded = IdentityOf(*b, d);
+    }).join();
+    EXPECT_EQ(first[3], threaded) << extra;
+  }
+}
+
+TEST(PostBalancingTest, EachPhaseIsBalancedOnItsOwnCost) {
+  auto pre = JobOf(kBaseConfig);
+  auto post = JobOf(PostConfig());
+  ASSERT_TRUE(pre && post);
+  EXPECT_EQ(post->dispatcher().name(), "post-balancing");
+  EXPECT_EQ(pre->dispatcher().name(), "colocated");
+  Planner pre_planner(pre), post_planner(post);
+  double vit_pre = 0, vit_post = 0, llm_post = 0, llm_before = 0;
+  bool moved = false, audio_phase = false;
+  for (uint64_t step = 0; step < 6; ++step) {
+    const v1::StepPlan p = Plan(post_planner, step);
+    EXPECT_EQ(p.strategy(), "post-balancing/fast");
+    std::map<std::string, const v1::PhaseStats*> phase;
+    for (const auto& s : p.stats().phases()) phase[s.phase()] = &s;
+    ASSERT_TRUE(phase.count("vit") && phase.count("llm"));
+    vit_post += phase["vit"]->imbalance();
+    llm_post += phase["llm"]->imbalance();
+    llm_before += phase["llm"]->imbalance_before();
+    audio_phase |= phase.count("audio") > 0;
+    const v1::StepPlan pre_plan = Plan(pre_planner, step);
+    for (const auto& s : pre_plan.stats().phases()) {
+      if (s.phase() == "vit") vit_pre += s.imbalance();
+    }
+    // Encoder items may sit on another rank than their document; the plan
+    // says where each output goes and the exchange carries exactly those.
+    std::map<uint32_t, uint32_t> llm_rank_of;  // sample id -> LLM rank
+    for (const auto& r : p.ranks()) {
+      for (const auto& mb : r.micro_batches()) {
+        for (const auto& seq : mb.sequences()) {
+          EXPECT_LE(seq.tokens(), p.seq_len());
+          for (const auto& doc : seq.docs()) llm_rank_of[doc.sample_id()] = r.rank();
+        }
+      }
+    }
+    EXPECT_EQ(llm_rank_of.size(), size_t(p.samples_size()));
+    for (const auto& r : p.ranks()) {
+      for (const auto& e : r.encoders()) {
+        for (const auto& im : e.images()) {
+          EXPECT_EQ(im.llm_rank(), llm_rank_of[im.sample_id()]);
+          moved |= im.llm_rank() != r.rank();
+        }
+        for (const auto& au : e.audio()) EXPECT_EQ(au.llm_rank(), llm_rank_of[au.sample_id()]);
+      }
+    }
+  }
+  EXPECT_TRUE(moved) << "post-balancing never separated an image from its document";
+  EXPECT_TRUE(audio_phase) << "the dataset has audio: its encoder phase must be reported";
+  EXPECT_LT(vit_post, vit_pre);
+  EXPECT_LT(llm_post, llm_before);
+}
+
+TEST(PostBalancingTest, PaddedCostIsWhatThePhaseReports) {
+  auto unpadded = JobOf(PostConfig()), padded = JobOf(PostConfig("padded: true"));
+  ASSERT_TRUE(unpadded && padded);
+  StepPlanData u, p;
+  ASSERT_TRUE(Planner(unpadded).Plan(4, &u).ok());
+  ASSERT_TRUE(Planner(padded).Plan(4, &p).ok());
+  EXPECT_TRUE(p.phases_from_dispatcher);
+  // A padded micro-batch costs as its longest sequence times its size, so the
+  // padded LLM phase can only cost more in total.
+  EXPECT_GE(p.llm.mean, u.llm.mean);
+  EXPECT_EQ(u.samples.size(), p.samples.size());
+}
+
+TEST(PostBalancingTest, UnstagedShardsComeThroughTheLoadExchange) {
+  const std::shared_ptr<const Index> index = AudioIndex();
+  auto job = JobOf(PostConfig(), index);
+  ASSERT_TRUE(job);
+  const uint32_t nodes = job->world_size() / job->ranks_per_node();
+  OneNodePerShard staging(index->num_shards(), nodes);
+  Planner planner(job, &staging);
+  uint64_t remote_images = 0, remote_docs = 0;
+  for (uint64_t step = 0; step < 4; ++step) {
+    const v1::StepPlan p = Plan(planner, step);
+    std::map<uint64_t, uint32_t> shard_of;  // sample id -> index shard (by name)
+    std::map<std::string, uint32_t> shard_index;
+    for (uint32_t s = 0; s < index->num_shards(); ++s) shard_index[index->shard(s).name] = s;
+    for (const auto& s : p.samples())
+      shard_of[s.sample_id()] = shard_index[p.shards(s.shard()).name()];
+    auto staged = [&](uint64_t sample, uint32_t rank) {
+      return shard_of.at(sample) % nodes == rank / job->ranks_per_node();
+    };
+    // What each rank expects through its load exchange, and what is sent.
+    std::set<std::tuple<uint32_t, uint64_t, int, uint32_t>> expected, received;
+    std::map<std::pair<uint32_t, uint32_t>, std::string> sent, got;
+    uint64_t load_bytes = 0;
+    for (const auto& r : p.ranks()) {
+      for (const auto& e : r.encoders()) {
+        for (const auto& im : e.images()) {
+          EXPECT_EQ(im.remote_load(), !staged(im.sample_id(), r.rank()));
+          if (im.remote_load()) {
+            expected.insert({r.rank(), im.sample_id(), v1::ENCODER_VISION, im.image_index()});
+            ++remote_images;
+          }
+        }
+        for (const auto& au : e.audio()) {
+          EXPECT_EQ(au.remote_load(), !staged(au.sample_id(), r.rank()));
+          if (au.remote_load()) {
+            expected.insert({r.rank(), au.sample_id(), v1::ENCODER_AUDIO, au.audio_index()});
+          }
+        }
+      }
+      for (const auto& mb : r.micro_batches()) {
+        for (const auto& seq : mb.sequences()) {
+          for (const auto& doc : seq.docs()) {
+            EXPECT_EQ(doc.remote_load(), !staged(doc.sample_id(), r.rank()));
+            if (doc.remote_load()) {
+              expected.insert({r.rank(), doc.sample_id(), v1::ENCODER_UNSPECIFIED, 0});
+              ++remote_docs;
+            }
+          }
+        }
+      }
+      const v1::Exchange& lx = r.load_exchange();
+      for (const auto& t : lx.recvs()) {
+        for (const auto& it : t.items()) {
+          received.insert({r.rank(), it.sample_id(), it.encoder(), it.index()});
+          EXPECT_NE(t.peer() / job->ranks_per_node(), r.rank() / job->ranks_per_node());
+          EXPECT_TRUE(staged(it.sample_id(), t.peer())) << "loaded where it is not staged";
+        }
+        v1::Transfer as_sent = t;
+        as_sent.set_peer(r.rank());
+        got[{t.peer(), r.rank()}] = as_sent.SerializeAsString();
+      }
+      std::set<uint64_t> described;
+      for (const auto& s : p.samples()) described.insert(s.sample_id());
+      for (const auto& t : lx.sends()) {
+        load_bytes += t.bytes();
+        for (const auto& it : t.items()) EXPECT_TRUE(described.count(it.sample_id()));
+        sent[{r.rank(), t.peer()}] = t.SerializeAsString();
+      }
+    }
+    EXPECT_EQ(expected, received) << "step " << step;
+    EXPECT_EQ(sent, got) << "load exchange sends and receives disagree, step " << step;
+    EXPECT_EQ(p.stats().remote_load_bytes(), load_bytes);
+  }
+  EXPECT_GT(remote_images + remote_docs, 0u) << "the staging map made nothing remote";
+}
+
+TEST(PostBalancingTest, EverythingStagedEverywhereByDefault) {
+  auto job = JobOf(PostConfig());
+  ASSERT_TRUE(job);
+  const v1::StepPlan p = Plan(Planner(job), 2);
+  EXPECT_EQ(p.stats().remote_load_bytes(), 0u);
+  for (const auto& r : p.ranks()) {
+    EXPECT_FALSE(r.has_load_exchange());
+    for (const auto& e : r.encoders()) {
+      for (const auto& im : e.images()) EXPECT_FALSE(im.remote_load());
+    }
+  }
+}
+
+TEST(PostBalancingTest, IlpIsExactOnSmallJobsAndRefusedOnLargeOnes) {
+  auto fast = JobOf(PostConfig()), ilp = JobOf(PostConfig("rearrangement: 'ilp'"));
+  ASSERT_TRUE(fast && ilp);
+  for (uint64_t step : {1, 5}) {
+    StepPlanData f, x;
+    ASSERT_TRUE(Planner(fast).Plan(step, &f).ok());
+    ASSERT_TRUE(Planner(ilp).Plan(step, &x).ok());
+    EXPECT_EQ(f.rearrangement, "fast");
+    EXPECT_EQ(x.rearrangement, "ilp optimal") << "step " << step;
+    // The same encoder placement feeds both; the optimum moves no more bytes.
+    EXPECT_LE(x.inter_node_bytes + x.remote_load_bytes, f.inter_node_bytes + f.remote_load_bytes);
+  }
+  std::string big = PostConfig("rearrangement: 'ilp'");
+  big.replace(big.find("world_size: 4"), 13, "world_size: 64");
+  big.replace(big.find("ranks_per_node: 2"), 17, "ranks_per_node: 8");
+  big.replace(big.find("text_samples_per_step: 24"), 25, "text_samples_per_step: 240");
+  auto refused = MakeJob(big, AudioIndex());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* needle :
+       {"rearrangement 'ilp'", "binary variables", "use rearrangement 'fast'"}) {
+    EXPECT_NE(refused.status().message().find(needle), std::string::npos)
+        << needle << ": " << refused.status();
+  }
+}
+
+TEST(PostBalancingTest, AStepAcrossAnEpochBoundaryMayDrawASampleTwice) {
+  SyntheticOptions o = SmallDataset(250);  // streams that the steps do not divide
+  auto job = JobOf(PostConfig(), SyntheticIndex(o));
+  ASSERT_TRUE(job);
+  Planner planner(job);
+  StepPlanData d;
+  bool twice = false;
+  for (uint64_t step = 0; step < 200 && !twice; ++step) {
+    ASSERT_TRUE(planner.Plan(step, &d).ok()) << "step " << step;
+    std::set<uint32_t> seen;
+    for (const auto& ps : d.samples) twice |= !seen.insert(ps.sample).second;
+    if (twice) {
+      // Both copies are placed, each once.
+      std::vector<uint32_t> per_rank(job->world_size(), 0);
+      for (const auto& ps : d.samples) ++per_rank[ps.rank];
+      uint32_t total = 0;
+      for (uint32_t n : per_rank) total += n;
+      EXPECT_EQ(total, d.samples.size());
+    }
+  }
+  EXPECT_TRUE(twice) << "no step drew a sample twice; the test needs another dataset size";
+}
+
+TEST(PostBalancingTest, StagingForAnotherClusterIsRefused) {
+  auto job = JobOf(PostConfig());
+  ASSERT_TRUE(job);
+  OneNodePerShard wrong(job->index().num_shards(), 3);  // the job has 2 nodes
+  StepPlanData d;
+  absl::Status s = Planner(job, &wrong).Plan(0, &d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("3 nodes but the job has 2"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("step 0"), std::string::npos) << s;
+}
+
+TEST(StrategySplitTest, TheTuttiStrategyPreBalancesADispatcherStep) {
+  dispatch::WorkloadOptions wo;
+  wo.world_size = 32;
+  wo.seq_len = 8192;
+  auto w = dispatch::GenerateWorkload(wo);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto strategy = MakeStrategy({"tutti", 6, 64});
+  ASSERT_TRUE(strategy.ok());
+  const dispatch::PreBalanceFn hook =
+      MakeStrategyPreBalance(std::shared_ptr<const PackingStrategy>(std::move(*strategy)));
+  auto split = hook(w->input, w->options);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->size(), w->input.samples.size());
+  std::vector<uint32_t> drawn;
+  for (const auto& s : w->input.samples) drawn.push_back(s.drawn_rank);
+  auto none = dispatch::EvaluateSplit(w->input, w->options, drawn);
+  auto pre = dispatch::EvaluateSplit(w->input, w->options, *split);
+  ASSERT_TRUE(none.ok() && pre.ok());
+  EXPECT_EQ(pre->overflow_sequences, 0u);  // the strategy packed every sequence within seq_len
+  for (size_t k = 0; k < pre->phases.size(); ++k) {
+    EXPECT_LT(pre->phases[k].imbalance, none->phases[k].imbalance) << pre->phases[k].phase;
+  }
+  // Too many samples for the sequences: the strategy's error comes through.
+  dispatch::DispatchOptions tiny = w->options;
+  tiny.slots.seq_len = 2048;
+  EXPECT_FALSE(hook(w->input, tiny).ok());
+}
+
+}  // namespace
+}  // namespace tutti::packer

@@ -1,0 +1,87 @@
+#include "services/packer/core/exchange.h"
+
+#include <vector>
+
+namespace tutti::packer {
+namespace {
+
+// Stable counting sort of `in` by key[x] into rows [0, rows).
+void CountingSort(const std::vector<uint32_t>& in, uint32_t rows, const uint32_t* key,
+                  std::vector<uint32_t>* begin, std::vector<uint32_t>* out) {
+  begin->assign(rows + 1, 0);
+  for (uint32_t x : in) ++(*begin)[key[x] + 1];
+  for (uint32_t r = 0; r < rows; ++r) (*begin)[r + 1] += (*begin)[r];
+  thread_local std::vector<uint32_t> at;
+  at.assign(begin->begin(), begin->end() - 1);
+  out->resize(in.size());
+  for (uint32_t x : in) (*out)[at[key[x]]++] = x;
+}
+
+}  // namespace
+
+void BuildExchange(StepPlanData* plan) {
+  const uint32_t W = plan->world_size;
+  const uint32_t n = plan->num_encoder_items();
+  // Encoder and LLM rank of every item, once.
+  thread_local std::vector<uint32_t> ids, tmp, scratch_begin, enc, llm;
+  ids.resize(n);
+  enc.resize(n);
+  llm.resize(n);
+  bool all_self = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    ids[i] = i;
+    enc[i] = plan->EncRank(i);
+    llm[i] = plan->LlmRank(i);
+    all_self &= enc[i] == llm[i];
+  }
+  plan->inter_node_bytes = 0;
+  plan->intra_node_bytes = 0;
+  if (all_self) {
+    // Pre-balancing: every rank sends its encoder outputs to itself.
+    CountingSort(ids, W, enc.data(), &plan->sends.begin, &plan->sends.items);
+    plan->recvs = plan->sends;
+    return;
+  }
+  // sends: by (encoder rank, LLM rank, item)
+  CountingSort(ids, W, llm.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, enc.data(), &plan->sends.begin, &plan->sends.items);
+  // recvs: by (LLM rank, encoder rank, item)
+  CountingSort(ids, W, enc.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, llm.data(), &plan->recvs.begin, &plan->recvs.items);
+  const uint32_t rpn = plan->ranks_per_node == 0 ? 1 : plan->ranks_per_node;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (enc[i] == llm[i]) continue;
+    (enc[i] / rpn == llm[i] / rpn ? plan->intra_node_bytes : plan->inter_node_bytes) +=
+        plan->OutputBytes(i);
+  }
+}
+
+void BuildLoadExchange(StepPlanData* plan) {
+  const uint32_t W = plan->world_size;
+  thread_local std::vector<uint32_t> ids, tmp, scratch_begin, src, dst;
+  ids.clear();
+  plan->remote_load_bytes = 0;
+  const uint32_t n = plan->num_load_items();
+  src.resize(n);
+  dst.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!plan->IsRemoteLoad(i)) continue;
+    ids.push_back(i);
+    src[i] = plan->LoadSource(i);
+    dst[i] = plan->LoadDest(i);
+    plan->remote_load_bytes += plan->LoadBytes(i);
+  }
+  if (ids.empty()) {
+    plan->load_sends.begin.assign(W + 1, 0);
+    plan->load_sends.items.clear();
+    plan->load_recvs = plan->load_sends;
+    return;
+  }
+  // sends: by (source, destination, item); recvs: by (destination, source, item)
+  CountingSort(ids, W, dst.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, src.data(), &plan->load_sends.begin, &plan->load_sends.items);
+  CountingSort(ids, W, src.data(), &scratch_begin, &tmp);
+  CountingSort(tmp, W, dst.data(), &plan->load_recvs.begin, &plan->load_recvs.items);
+}
+
+}  // namespace tutti::packer

@@ -1,0 +1,29 @@
+// Exchange lists: the all-to-all that carries every encoder output from the
+// rank that encoded it to the rank whose LLM phase consumes it.
+//
+// For rank r, sends are its encoder items grouped by destination rank
+// (ascending), recvs the items its LLM phase needs grouped by source rank;
+// within one (source, destination) pair items are in batch order (images,
+// then audio clips), so both ends agree on the buffer layout. Transfers to
+// the rank itself are listed too. Bytes between ranks of different nodes
+// (node = rank / ranks_per_node) count as inter-node.
+#ifndef TUTTI_SERVICES_PACKER_CORE_EXCHANGE_H_
+#define TUTTI_SERVICES_PACKER_CORE_EXCHANGE_H_
+
+#include "services/packer/core/plan_data.h"
+
+namespace tutti::packer {
+
+// Fills plan->sends, recvs, inter_node_bytes and intra_node_bytes.
+void BuildExchange(StepPlanData* plan);
+
+// The load exchange of post-balancing: every remote-loaded input (an image's
+// pixels, an audio clip's samples, a document's token ids) from the rank
+// that loads it (load_source / text_source) to the rank that needs it (its
+// encoder rank / LLM rank), in the same layout. Fills plan->load_sends,
+// load_recvs and remote_load_bytes; empty lists when nothing is remote.
+void BuildLoadExchange(StepPlanData* plan);
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_CORE_EXCHANGE_H_

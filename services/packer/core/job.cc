@@ -1,0 +1,227 @@
+#include "services/packer/core/job.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "services/packer/core/sampler.h"
+
+namespace tutti::packer {
+
+absl::StatusOr<std::shared_ptr<const Job>> Job::Create(v1::JobConfig config,
+                                                       std::shared_ptr<const Index> index,
+                                                       const JobOptions& options) {
+  if (index == nullptr) return absl::InvalidArgumentError("no index");
+  std::shared_ptr<Job> job(new Job());
+  job->config_ = std::move(config);
+  job->index_ = std::move(index);
+  RETURN_IF_ERROR(job->Init(options));
+  return std::shared_ptr<const Job>(std::move(job));
+}
+
+absl::Status Job::Init(const JobOptions& options) {
+  RETURN_IF_ERROR(ValidateJobConfig(config_));
+  fingerprint_ = JobFingerprint(config_);
+  StrategyOptions so;
+  so.name = config_.packing().strategy();
+  so.open_bins = config_.packing().open_bins();
+  so.improvement_rounds = config_.packing().improvement_rounds();
+  ASSIGN_OR_RETURN(strategy_, MakeStrategy(so));
+  ASSIGN_OR_RETURN(split_, SplitMicroBatches(config_.batch()));
+  const auto& b = config_.batch();
+  text_seqs_ = split_.text_micro_batches * b.text_micro_batch();
+  vl_seqs_ = split_.vl_micro_batches * b.vl_micro_batch();
+  const v1::VisionConfig& v = config_.vision();
+  pixel_row_bytes_ = uint64_t{3} * v.temporal_patch() * v.patch_size() * v.patch_size() *
+                     static_cast<uint32_t>(DTypeSize(v.output_dtype()));
+  const v1::PostBalancingConfig& pb = config_.post_balancing();
+  DispatcherOptions d;
+  d.world_size = world_size();
+  d.ranks_per_node = ranks_per_node();
+  d.text_micro_batches = split_.text_micro_batches;
+  d.text_micro_batch = b.text_micro_batch();
+  d.vl_micro_batches = split_.vl_micro_batches;
+  d.vl_micro_batch = b.vl_micro_batch();
+  d.img_cap = b.img_cap_tokens();
+  d.padded = pb.padded();
+  d.rearrangement =
+      pb.rearrangement() == "ilp" ? dispatch::Rearrangement::kIlp : dispatch::Rearrangement::kFast;
+  d.hidden_size = pb.hidden_size();
+  d.embedding_dtype_bytes = static_cast<uint32_t>(DTypeSize(pb.embedding_dtype()));
+  if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
+    const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
+    if (binaries > kIlpMaxBinaries) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "post_balancing.rearrangement 'ilp' solves an integer program per step with ", binaries,
+          " binary variables here (", b.text_samples_per_step() + b.vl_samples_per_step(),
+          " samples x ", world_size(), " ranks x their sequences), above its limit of ",
+          kIlpMaxBinaries,
+          ": it is an exact reference for small jobs; use rearrangement 'fast' (within 1% of the "
+          "optimum in tutti bench exchange), or fewer samples per step or ranks"));
+    }
+  }
+  dispatcher_ =
+      pb.enabled() ? MakePostBalancingDispatcher(d) : MakeColocatedDispatcher(strategy_.get(), d);
+
+  const Index& ix = *index_;
+  const uint64_t n_text = ix.text_samples().size(), n_vl = ix.vl_samples().size();
+  struct StreamCheck {
+    const char* name;
+    const char* field;
+    uint64_t per_step;
+    uint64_t n;
+  };
+  for (const StreamCheck& c :
+       {StreamCheck{"text-only", "text_samples_per_step", b.text_samples_per_step(), n_text},
+        StreamCheck{"vision-language", "vl_samples_per_step", b.vl_samples_per_step(), n_vl}}) {
+    if (c.per_step == 0) continue;
+    if (c.n == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(), " has no ", c.name,
+          " samples; set batch.", c.field, " to 0 or index a dataset that has them"));
+    }
+    if (c.n < c.per_step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(), " has only ", c.n,
+          " ", c.name, " samples, fewer than one step draws; lower batch.", c.field, " to at most ",
+          c.n));
+    }
+  }
+  steps_per_epoch_ =
+      StepsPerEpoch(n_text, b.text_samples_per_step(), n_vl, b.vl_samples_per_step());
+  total_steps_ = config_.epochs() == 0 ? 0 : uint64_t{config_.epochs()} * steps_per_epoch_;
+
+  costers_.reserve(config_.curriculum_size());
+  for (int i = 0; i < config_.curriculum_size(); ++i) {
+    costers_.emplace_back(config_, ix, config_.curriculum(i).max_pixels());
+  }
+  for (int i = 0; i < config_.curriculum_size(); ++i) {
+    RETURN_IF_ERROR(CheckStage(static_cast<uint32_t>(i), options));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
+  const v1::CurriculumStage& stage = config_.curriculum(i);
+  const Index& ix = *index_;
+  const StageCoster& coster = costers_[i];
+  const uint32_t seq_len = stage.seq_len();
+  const uint32_t img_cap = config_.batch().img_cap_tokens();
+  StageStats st;
+  st.start_step = stage.start_step();
+  st.max_pixels = stage.max_pixels();
+  st.seq_len = seq_len;
+  uint64_t too_long = 0, over_cap = 0, max_cap_tokens = 0;
+  int64_t first_long = -1, first_cap = -1;
+  uint32_t first_long_tokens = 0, first_cap_tokens = 0;
+  double sum_text = 0, sum_vl = 0;
+  for (uint32_t s = 0; s < ix.num_samples(); ++s) {
+    auto c = coster.Cost(s);
+    if (!c.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sample ", DescribeSample(s), " cannot be resized at curriculum[", i, "]: ",
+          c.status().message(), "; raise vision.max_aspect_ratio or rebuild the index without it"));
+    }
+    st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
+    (ix.is_vl(s) ? sum_vl : sum_text) += c->llm_tokens;
+    if (c->llm_tokens > seq_len) {
+      if (first_long < 0) first_long = s, first_long_tokens = c->llm_tokens;
+      ++too_long;
+    }
+    if (img_cap > 0 && c->image_tokens > img_cap) {
+      if (first_cap < 0) first_cap = s, first_cap_tokens = c->image_tokens;
+      max_cap_tokens = std::max<uint64_t>(max_cap_tokens, c->image_tokens);
+      ++over_cap;
+    }
+  }
+  const std::string where =
+      absl::StrCat("curriculum[", i, "] (start_step ", stage.start_step(), ", max_pixels ",
+                   stage.max_pixels(), ", seq_len ", seq_len, ")");
+  if (too_long > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sample ", DescribeSample(first_long), " has ", first_long_tokens, " LLM tokens at ", where,
+        " and cannot fit one sequence (", too_long, " samples are too long; the longest has ",
+        st.max_tokens, " tokens): raise curriculum[", i, "].seq_len to at least ", st.max_tokens,
+        " or lower its max_pixels"));
+  }
+  if (over_cap > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "batch.img_cap_tokens ", img_cap, " is smaller than the images of sample ",
+        DescribeSample(first_cap), " (", first_cap_tokens, " image tokens at ", where, "; ",
+        over_cap, " samples exceed the cap): raise batch.img_cap_tokens to at least ",
+        max_cap_tokens, " or lower max_pixels"));
+  }
+  const auto& b = config_.batch();
+  const uint64_t n_text = ix.text_samples().size(), n_vl = ix.vl_samples().size();
+  st.mean_text_tokens = n_text ? sum_text / n_text : 0;
+  st.mean_vl_tokens = n_vl ? sum_vl / n_vl : 0;
+  const double W = world_size();
+  const double text_cap = W * text_seqs_ * seq_len, vl_cap = W * vl_seqs_ * seq_len;
+  st.text_fill = text_cap > 0 ? b.text_samples_per_step() * st.mean_text_tokens / text_cap : 0;
+  st.vl_fill = vl_cap > 0 ? b.vl_samples_per_step() * st.mean_vl_tokens / vl_cap : 0;
+  struct Fill {
+    const char* name;
+    const char* field;
+    double fill;
+    uint32_t per_step;
+    double mean;
+    uint32_t seqs;
+    double cap;
+  };
+  for (const Fill& f : {Fill{"text", "text_samples_per_step", st.text_fill,
+                             b.text_samples_per_step(), st.mean_text_tokens, text_seqs_, text_cap},
+                        Fill{"VL", "vl_samples_per_step", st.vl_fill, b.vl_samples_per_step(),
+                             st.mean_vl_tokens, vl_seqs_, vl_cap}}) {
+    if (f.fill <= options.max_expected_fill) continue;
+    const uint64_t max_ok =
+        f.mean > 0 ? static_cast<uint64_t>(std::floor(options.max_expected_fill * f.cap / f.mean))
+                   : 0;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "at %s the %s sequences would be %.2f full on average (%u %s samples per step x %.0f mean "
+        "tokens / (%u ranks x %u sequences x %u tokens)), above the limit %.2f; lower batch.%s to "
+        "at most %u, raise seq_len, or give %s more micro-batches or sequences",
+        where, f.name, f.fill, f.per_step, f.name, f.mean, world_size(), f.seqs, seq_len,
+        options.max_expected_fill, f.field, max_ok, f.name));
+  }
+  stats_.push_back(st);
+  return absl::OkStatus();
+}
+
+uint32_t Job::StageIndex(uint64_t step) const {
+  uint32_t best = 0;
+  for (int i = 0; i < config_.curriculum_size(); ++i) {
+    if (config_.curriculum(i).start_step() <= step) best = static_cast<uint32_t>(i);
+  }
+  return best;
+}
+
+absl::Status Job::CheckStep(uint64_t step) const {
+  const uint64_t per =
+      std::max(config_.batch().text_samples_per_step(), config_.batch().vl_samples_per_step());
+  if (per > 0 && step > (UINT64_MAX >> 1) / per) {
+    return absl::OutOfRangeError(absl::StrCat("step ", step, " is out of range"));
+  }
+  if (total_steps_ > 0 && step >= total_steps_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("step ", step, " is beyond the dataset's end: the job has ", total_steps_,
+                     " steps (", config_.epochs(), " epochs x ", steps_per_epoch_,
+                     " steps per epoch); ask for a step below ", total_steps_,
+                     ", or raise epochs in the job config (0 = unlimited)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Job::plan_strategy() const {
+  if (!post_balancing()) return strategy_->name();
+  return absl::StrCat("post-balancing/", config_.post_balancing().rearrangement());
+}
+
+std::string Job::DescribeSample(uint32_t sample) const {
+  const Index& ix = *index_;
+  return absl::StrCat("'", ix.key(sample), "' of shard ", ix.shard(ix.ShardOf(sample)).name);
+}
+
+}  // namespace tutti::packer

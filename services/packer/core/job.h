@@ -1,0 +1,106 @@
+// A job: the validated configuration together with the index it plans from,
+// and everything derived from both once (micro-batch layout, epoch length,
+// per-stage statistics, the packing strategy and dispatcher). Creating a Job
+// runs every index-dependent check, so a Planner over it only fails for a
+// step outside the dataset or a step whose samples do not fit.
+#ifndef TUTTI_SERVICES_PACKER_CORE_JOB_H_
+#define TUTTI_SERVICES_PACKER_CORE_JOB_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+#include "services/packer/core/costs.h"
+#include "services/packer/core/dispatcher.h"
+#include "services/packer/core/packing.h"
+#include "services/packer/index/index.h"
+#include "tutti/v1/job.pb.h"
+
+namespace tutti::packer {
+
+struct JobOptions {
+  // Refuse a configuration whose expected sequence fill (mean tokens per
+  // sample x samples per step / sequence capacity) exceeds this for either
+  // modality at any curriculum stage. Default 0.95.
+  double max_expected_fill = 0.95;
+};
+
+// Index statistics at one curriculum stage.
+struct StageStats {
+  uint64_t start_step = 0;
+  uint64_t max_pixels = 0;
+  uint32_t seq_len = 0;
+  double mean_text_tokens = 0;  // LLM tokens per text-only sample
+  double mean_vl_tokens = 0;    // LLM tokens per VL sample
+  uint32_t max_tokens = 0;      // largest sample
+  double text_fill = 0;         // expected fill of text sequences
+  double vl_fill = 0;
+};
+
+class Job {
+ public:
+  // `config` must have defaults applied (ApplyJobDefaults). Fails with
+  // INVALID_ARGUMENT / FAILED_PRECONDITION naming the value and the fix.
+  static absl::StatusOr<std::shared_ptr<const Job>> Create(v1::JobConfig config,
+                                                           std::shared_ptr<const Index> index,
+                                                           const JobOptions& options = {});
+
+  const v1::JobConfig& config() const { return config_; }
+  const Index& index() const { return *index_; }
+  const std::shared_ptr<const Index>& index_ptr() const { return index_; }
+  const std::string& fingerprint() const { return fingerprint_; }
+
+  uint32_t world_size() const { return config_.world_size(); }
+  uint32_t ranks_per_node() const { return config_.ranks_per_node(); }
+  const MicroBatchSplit& split() const { return split_; }
+  uint32_t text_seqs_per_rank() const { return text_seqs_; }
+  uint32_t vl_seqs_per_rank() const { return vl_seqs_; }
+  uint64_t steps_per_epoch() const { return steps_per_epoch_; }
+  uint64_t total_steps() const { return total_steps_; }  // 0 = unlimited
+
+  // The stage in force at `step` (index into config().curriculum()).
+  uint32_t StageIndex(uint64_t step) const;
+  const StageCoster& coster(uint32_t stage) const { return costers_[stage]; }
+  const std::vector<StageStats>& stage_stats() const { return stats_; }
+
+  const PackingStrategy& strategy() const { return *strategy_; }
+  // Post-balancing when post_balancing.enabled, else colocated (dispatch.h).
+  const Dispatcher& dispatcher() const { return *dispatcher_; }
+  bool post_balancing() const { return config_.post_balancing().enabled(); }
+  // What StepPlan.strategy reports: the packing strategy, or
+  // "post-balancing/fast" (or ".../ilp") when the dispatcher places samples.
+  std::string plan_strategy() const;
+  // Bytes of one pixel_values row: 3 x temporal_patch x patch_size^2 x dtype.
+  uint64_t pixel_row_bytes() const { return pixel_row_bytes_; }
+
+  // OK when `step` lies within the dataset; OUT_OF_RANGE naming it otherwise.
+  absl::Status CheckStep(uint64_t step) const;
+  // Human-readable description of a sample: "shard/key".
+  std::string DescribeSample(uint32_t sample) const;
+
+ private:
+  Job() = default;
+  absl::Status Init(const JobOptions& options);
+  absl::Status CheckStage(uint32_t i, const JobOptions& options);
+
+  v1::JobConfig config_;
+  std::shared_ptr<const Index> index_;
+  std::string fingerprint_;
+  MicroBatchSplit split_;
+  uint32_t text_seqs_ = 0;
+  uint32_t vl_seqs_ = 0;
+  uint64_t steps_per_epoch_ = 0;
+  uint64_t total_steps_ = 0;
+  uint64_t pixel_row_bytes_ = 0;
+  std::vector<StageCoster> costers_;
+  std::vector<StageStats> stats_;
+  std::unique_ptr<PackingStrategy> strategy_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+};
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_CORE_JOB_H_

@@ -1,0 +1,196 @@
+#include "services/packer/core/packing.h"
+
+#include <algorithm>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "services/packer/core/dispatcher.h"
+
+namespace tutti::packer {
+namespace {
+
+std::vector<PackItem> RandomItems(int n, bool vl, uint64_t seed, uint32_t max_tokens) {
+  std::mt19937_64 rng(seed);
+  std::vector<PackItem> items(n);
+  for (auto& it : items) {
+    it.tokens = 50 + rng() % (max_tokens - 50);
+    if (vl) {
+      it.image_tokens = std::min<uint32_t>(it.tokens - 10, 100 + rng() % 3000);
+      const double p = it.image_tokens * 4.0;
+      it.vit = p * (1 + p / 4096);
+    }
+    it.llm = it.tokens * (1 + it.tokens / 8192.0);
+  }
+  return items;
+}
+
+struct Loads {
+  std::vector<double> vit, llm, tokens;
+  double Imbalance(const std::vector<double>& v) const {
+    double mx = 0, sum = 0;
+    for (double x : v) mx = std::max(mx, x), sum += x;
+    return sum > 0 ? mx / (sum / v.size()) : 1;
+  }
+};
+
+// Checks every constraint and returns per-rank loads.
+Loads Check(const PackProblem& p, const PackResult& r) {
+  Loads l;
+  l.vit.assign(p.ranks, 0);
+  l.llm.assign(p.ranks, 0);
+  l.tokens.assign(p.ranks, 0);
+  auto check = [&](absl::Span<const PackItem> items, const std::vector<uint32_t>& slots,
+                   uint32_t per) {
+    EXPECT_EQ(slots.size(), items.size());
+    std::vector<uint64_t> tokens(p.ranks * per, 0), img(p.ranks * per, 0);
+    for (size_t i = 0; i < items.size(); ++i) {
+      ASSERT_LT(slots[i], p.ranks * per);
+      tokens[slots[i]] += items[i].tokens;
+      img[slots[i]] += items[i].image_tokens;
+      const uint32_t rank = slots[i] / per;
+      l.vit[rank] += items[i].vit;
+      l.llm[rank] += items[i].llm;
+      l.tokens[rank] += items[i].tokens;
+    }
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      EXPECT_LE(tokens[s], p.seq_len);
+      if (p.img_cap > 0) {
+        EXPECT_LE(img[s], p.img_cap);
+      }
+    }
+  };
+  check(p.text, r.text_slot, p.text_seqs_per_rank);
+  check(p.vl, r.vl_slot, p.vl_seqs_per_rank);
+  return l;
+}
+
+PackProblem Problem(const std::vector<PackItem>& text, const std::vector<PackItem>& vl,
+                    uint32_t ranks) {
+  PackProblem p;
+  p.ranks = ranks;
+  p.seq_len = 16384;
+  p.img_cap = 12000;
+  p.text_seqs_per_rank = 3;
+  p.vl_seqs_per_rank = 1;
+  p.text = text;
+  p.vl = vl;
+  return p;
+}
+
+TEST(PackingTest, EveryStrategyRespectsTheConstraintsAndIsDeterministic) {
+  const auto text = RandomItems(300, false, 1, 4000);
+  const auto vl = RandomItems(80, true, 2, 5000);
+  PackProblem p = Problem(text, vl, 16);
+  for (bool balance_vit : {true, false}) {
+    p.balance_vit = balance_vit;
+    for (const std::string name : {"greedy", "seed-v1", "seed-v2", "tutti"}) {
+      for (uint32_t bins : {1u, 4u}) {
+        auto s = MakeStrategy({name, bins, 64});
+        ASSERT_TRUE(s.ok()) << s.status();
+        PackResult a, b;
+        ASSERT_TRUE((*s)->Pack(p, &a).ok()) << name;
+        ASSERT_TRUE((*s)->Pack(p, &b).ok());
+        EXPECT_EQ(a.text_slot, b.text_slot) << name;
+        EXPECT_EQ(a.vl_slot, b.vl_slot) << name;
+        Check(p, a);
+      }
+    }
+  }
+}
+
+TEST(PackingTest, TuttiKeepsVlOffARankWithAGiantDocument) {
+  // One document takes a whole rank's LLM budget: tutti gives that rank no
+  // VL work, so the LLM maximum stays at the document itself.
+  auto text = RandomItems(150, false, 5, 2000);
+  text[17] = PackItem{16000, 0, 0, 16000 * (1 + 16000 / 8192.0)};  // above a rank's mean
+  const auto vl = RandomItems(60, true, 6, 3000);
+  const PackProblem p = Problem(text, vl, 8);
+  auto s = MakeStrategy({"tutti", 6, 64});
+  PackResult r;
+  ASSERT_TRUE((*s)->Pack(p, &r).ok());
+  const Loads l = Check(p, r);
+  const uint32_t giant_rank = r.text_slot[17] / p.text_seqs_per_rank;
+  EXPECT_LT(l.vit[giant_rank], 0.5 * l.vit[(giant_rank + 1) % 8]);
+  double max_llm = 0, sum = 0;
+  for (double c : l.llm) max_llm = std::max(max_llm, c), sum += c;
+  const double lower_bound = std::max(sum / 8, text[17].llm);
+  ASSERT_GT(text[17].llm, sum / 8);
+  EXPECT_LT(max_llm, 1.05 * lower_bound);
+  // Without the closing (every rank taking its share of VL) the giant's
+  // rank would sit a VL share above the bound; greedy does.
+  auto g = MakeStrategy({"greedy", 1, 0});
+  PackResult rg;
+  ASSERT_TRUE((*g)->Pack(p, &rg).ok());
+  const Loads lg = Check(p, rg);
+  EXPECT_GT(*std::max_element(lg.llm.begin(), lg.llm.end()), max_llm);
+}
+
+TEST(PackingTest, TuttiBalancesBothPhasesBetterThanTheBaselines) {
+  const auto text = RandomItems(800, false, 3, 3000);
+  const auto vl = RandomItems(130, true, 4, 6000);
+  const PackProblem p = Problem(text, vl, 32);
+  auto run = [&](const std::string& name) {
+    auto s = MakeStrategy({name, 6, 64});
+    PackResult r;
+    EXPECT_TRUE((*s)->Pack(p, &r).ok()) << name;
+    return Check(p, r);
+  };
+  const Loads tutti = run("tutti"), v2 = run("seed-v2"), greedy = run("greedy");
+  EXPECT_LT(tutti.Imbalance(tutti.vit), v2.Imbalance(v2.vit));
+  EXPECT_LT(tutti.Imbalance(tutti.vit), greedy.Imbalance(greedy.vit));
+  EXPECT_LT(tutti.Imbalance(tutti.llm), greedy.Imbalance(greedy.llm));
+  EXPECT_LT(tutti.Imbalance(tutti.vit), 1.05);
+  EXPECT_LT(tutti.Imbalance(tutti.tokens), 1.02);
+}
+
+TEST(PackingTest, SeedHeuristicFollowsTheSeed) {
+  // N = 2, seed-v1: image samples to the open bin with fewest image tokens,
+  // the fullest bin emitted when nothing fits, packs dealt in emit order.
+  std::vector<PackItem> vl = {
+      {600, 500, 0, 0},  // both bins empty (tie): bin A
+      {300, 200, 0, 0},  // fewest image tokens: B (0 < 500)
+      {300, 100, 0, 0},  // B again (200 < 500)
+      {500, 400, 0, 0},  // fits neither: the fullest (A, tie with B) is emitted
+  };
+  PackProblem p;
+  p.ranks = 2;
+  p.seq_len = 1000;
+  p.text_seqs_per_rank = 0;
+  p.vl_seqs_per_rank = 2;
+  p.vl = vl;
+  auto s = MakeStrategy({"seed-v1", 2, 0});
+  PackResult r;
+  ASSERT_TRUE((*s)->Pack(p, &r).ok());
+  // A is pack 0 -> rank 0, seq 0; a new bin in its place takes item 3. At
+  // the end the open bins are emitted in position order: the new A (item 3)
+  // is pack 1 -> rank 1 seq 0, B pack 2 -> rank 0 seq 1.
+  EXPECT_EQ(r.vl_slot, (std::vector<uint32_t>{0, 1, 1, 2}));
+}
+
+TEST(PackingTest, TooManyItemsAreRefusedWithCapacity) {
+  std::vector<PackItem> text(10, PackItem{900, 0, 0, 900});
+  PackProblem p;
+  p.ranks = 2;
+  p.seq_len = 1000;
+  p.text_seqs_per_rank = 2;
+  p.text = text;
+  for (const std::string name : {"greedy", "seed-v2", "tutti"}) {
+    auto s = MakeStrategy({name, 4, 8});
+    PackResult r;
+    absl::Status st = (*s)->Pack(p, &r);
+    ASSERT_FALSE(st.ok()) << name;
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find("9000 tokens"), std::string::npos) << st;
+    EXPECT_NE(st.message().find("2 ranks x 2 sequences x 1000"), std::string::npos) << st;
+  }
+}
+
+TEST(PackingTest, UnknownStrategyNamesTheChoices) {
+  auto s = MakeStrategy({"first-fit", 6, 64});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("'first-fit'"), std::string::npos);
+  EXPECT_NE(s.status().message().find("seed-v2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tutti::packer

@@ -1,0 +1,398 @@
+#include "services/packer/core/planner.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/smart_resize.h"
+#include "gtest/gtest.h"
+#include "services/packer/plan_proto.h"
+#include "services/packer/testing/jobs.h"
+
+namespace tutti::packer {
+namespace {
+
+using testing::Config;
+using testing::kBaseConfig;
+using testing::MakeJob;
+using testing::SmallDataset;
+using testing::SyntheticIndex;
+
+std::shared_ptr<const Index> SmallIndex() {
+  static auto* index = new std::shared_ptr<const Index>(SyntheticIndex(SmallDataset()));
+  return *index;
+}
+
+v1::StepPlan PlanOf(const std::shared_ptr<const Job>& job, uint64_t step,
+                    std::vector<uint32_t> ranks = {}) {
+  Planner planner(job);
+  StepPlanData data;
+  absl::Status s = planner.Plan(step, &data);
+  EXPECT_TRUE(s.ok()) << s;
+  v1::StepPlan plan;
+  s = BuildStepPlan(*job, data, ranks, &plan);
+  EXPECT_TRUE(s.ok()) << s;
+  return plan;
+}
+
+std::vector<uint64_t> GlobalBatch(const v1::StepPlan& plan) {
+  std::vector<uint64_t> ids;
+  for (const auto& s : plan.samples()) ids.push_back(s.sample_id());
+  return ids;
+}
+
+std::string WithStrategy(const std::string& strategy, bool post = false) {
+  return absl::StrCat(kBaseConfig, " packing { strategy: '", strategy, "' }",
+                      post ? " post_balancing { enabled: true }" : "");
+}
+
+TEST(PlannerTest, PlansAreByteIdenticalAcrossPlanners) {
+  for (const char* strategy : {"greedy", "seed-v1", "seed-v2", "tutti"}) {
+    for (bool post : {false, true}) {
+      auto a = MakeJob(WithStrategy(strategy, post), SmallIndex());
+      auto b = MakeJob(WithStrategy(strategy, post), SmallIndex());
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok());
+      for (uint64_t step : {0, 1, 17, 1000}) {
+        v1::StepPlan pa = PlanOf(*a, step), pb = PlanOf(*b, step);
+        pb.mutable_stats()->set_plan_seconds(123);  // not part of the identity
+        EXPECT_EQ(PlanIdentityBytes(&pa), PlanIdentityBytes(&pb)) << strategy << " " << step;
+        EXPECT_EQ(PlanHash(&pa), PlanHash(&pb));
+      }
+    }
+  }
+}
+
+TEST(PlannerTest, GlobalBatchDoesNotDependOnWorldSize) {
+  auto small = MakeJob(kBaseConfig, SmallIndex());
+  std::string eight = kBaseConfig;
+  eight.replace(eight.find("world_size: 4"), 13, "world_size: 8");
+  auto big = MakeJob(eight, SmallIndex());
+  ASSERT_TRUE(small.ok()) << small.status();
+  ASSERT_TRUE(big.ok()) << big.status();
+  for (uint64_t step : {0, 3, 250, 1000000}) {
+    EXPECT_EQ(GlobalBatch(PlanOf(*small, step)), GlobalBatch(PlanOf(*big, step))) << step;
+  }
+}
+
+TEST(PlannerTest, EpochIsAPermutationAndResumesAnywhere) {
+  auto job = MakeJob(kBaseConfig, SmallIndex());
+  ASSERT_TRUE(job.ok());
+  const Index& ix = *SmallIndex();
+  // One epoch of the VL stream (the shorter one in steps) covers distinct samples.
+  std::set<uint64_t> text, vl;
+  const uint64_t spe = (*job)->steps_per_epoch();
+  ASSERT_GT(spe, 10u);
+  Planner planner(*job);
+  StepPlanData d;
+  for (uint64_t s = 0; s < spe; ++s) {
+    ASSERT_TRUE(planner.Plan(s, &d).ok());
+    for (const auto& ps : d.samples) {
+      EXPECT_TRUE((ps.vl ? vl : text).insert(ps.sample).second) << "sample repeated in epoch";
+      EXPECT_EQ(ps.vl, ix.is_vl(ps.sample));
+    }
+  }
+  EXPECT_EQ(vl.size(), spe * 8);
+  // A later step is planned directly, and epochs use different permutations.
+  ASSERT_TRUE(planner.Plan(1000000, &d).ok());
+  std::vector<uint32_t> e0, e1;
+  ASSERT_TRUE(planner.Plan(0, &d).ok());
+  for (const auto& ps : d.samples) e0.push_back(ps.sample);
+  // Step n_vl starts VL epoch 8 at its position 0: the same positions as step
+  // 0 in another permutation.
+  ASSERT_TRUE(planner.Plan(ix.vl_samples().size(), &d).ok());
+  for (const auto& ps : d.samples) e1.push_back(ps.sample);
+  EXPECT_NE(e0, e1);
+}
+
+TEST(PlannerTest, ModalitySegregationAndTheSeedsRatioExample) {
+  // text:VL 4:1 through gradient accumulation: grad_accum 2, text micro-batch
+  // of 4 sequences, VL micro-batch of 1.
+  auto job = MakeJob(R"pb(
+                       seed: 3
+                       world_size: 4
+                       ranks_per_node: 2
+                       batch {
+                         text_samples_per_step: 40
+                         vl_samples_per_step: 8
+                         grad_accum: 2
+                         text_micro_batch: 4
+                         vl_micro_batch: 1
+                         text_vl_ratio: "4:1"
+                       }
+                       curriculum { start_step: 0 max_pixels: 1003520 seq_len: 8192 }
+                     )pb",
+                     SmallIndex());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::StepPlan plan = PlanOf(*job, 5);
+  std::map<uint64_t, v1::Modality> modality;
+  for (const auto& s : plan.samples()) modality[s.sample_id()] = s.modality();
+  size_t docs = 0;
+  for (const auto& r : plan.ranks()) {
+    ASSERT_EQ(r.micro_batches_size(), 2);
+    EXPECT_EQ(r.micro_batches(0).modality(), v1::MODALITY_TEXT);  // text first
+    EXPECT_EQ(r.micro_batches(0).sequences_size(), 4);
+    EXPECT_EQ(r.micro_batches(1).modality(), v1::MODALITY_VL);
+    EXPECT_EQ(r.micro_batches(1).sequences_size(), 1);
+    for (const auto& mb : r.micro_batches()) {
+      for (const auto& seq : mb.sequences()) {
+        uint32_t offset = 0;
+        for (const auto& doc : seq.docs()) {
+          EXPECT_EQ(modality[doc.sample_id()], mb.modality()) << "modalities mixed";
+          EXPECT_EQ(doc.offset(), offset);
+          offset += doc.length();
+          ++docs;
+        }
+        EXPECT_EQ(seq.tokens(), offset);
+        EXPECT_LE(seq.tokens(), plan.seq_len());
+      }
+    }
+  }
+  EXPECT_EQ(docs, 48u);  // every sample of the global batch exactly once
+}
+
+TEST(PlannerTest, CurriculumFollowsSmartResize) {
+  auto job = MakeJob(kBaseConfig, SmallIndex());
+  ASSERT_TRUE(job.ok());
+  const Index& ix = *SmallIndex();
+  for (uint64_t step : {2, 12}) {
+    const v1::StepPlan plan = PlanOf(*job, step);
+    const uint64_t max_pixels = step < 10 ? 262144 : 1003520;
+    EXPECT_EQ(plan.max_pixels(), max_pixels);
+    std::map<uint64_t, const v1::SampleInfo*> info;
+    for (const auto& s : plan.samples()) info[s.sample_id()] = &s;
+    int images = 0;
+    for (const auto& r : plan.ranks()) {
+      for (const auto& e : r.encoders()) {
+        for (const auto& im : e.images()) {
+          const auto& ref = info[im.sample_id()]->images(im.image_index());
+          VisionGeometryOptions g;
+          g.max_pixels = max_pixels;
+          auto want = SmartResize(ref.height(), ref.width(), g);
+          ASSERT_TRUE(want.ok());
+          EXPECT_EQ(im.resized_height(), want->height);
+          EXPECT_EQ(im.resized_width(), want->width);
+          EXPECT_EQ(im.llm_tokens(), want->llm_tokens);
+          EXPECT_EQ(im.patches(), want->patches);
+          EXPECT_EQ(im.grid_t(), 1u);
+          EXPECT_LE(uint64_t{im.resized_height()} * im.resized_width(), max_pixels);
+          EXPECT_EQ(im.resized_height() % 28, 0u);
+          ++images;
+        }
+      }
+    }
+    EXPECT_GT(images, 0);
+    // LLM tokens of a sample = text + sum(image tokens + 2).
+    for (const auto& s : plan.samples()) {
+      uint64_t tokens = s.text_tokens();
+      for (const auto& im : s.images()) {
+        VisionGeometryOptions g;
+        g.max_pixels = max_pixels;
+        tokens += SmartResize(im.height(), im.width(), g)->llm_tokens + 2;
+      }
+      EXPECT_EQ(s.llm_tokens(), tokens);
+      EXPECT_EQ(s.text_tokens(), ix.text_tokens(s.sample_id()));
+    }
+  }
+}
+
+TEST(PlannerTest, ChunksDrawnSplitAndSubsets) {
+  auto job = MakeJob(kBaseConfig, SmallIndex());
+  ASSERT_TRUE(job.ok());
+  const v1::StepPlan plan = PlanOf(*job, 15);
+  for (const auto& r : plan.ranks()) {
+    EXPECT_EQ(r.node(), r.rank() / 2);
+    // Drawn: the global batch dealt round-robin.
+    for (int k = 0; k < r.drawn_size(); ++k) {
+      EXPECT_EQ(r.drawn(k), plan.samples(r.rank() + 4 * k).sample_id());
+    }
+    for (const auto& e : r.encoders()) {
+      std::vector<int> seen(e.images_size(), 0);
+      for (const auto& c : e.chunks()) {
+        uint64_t patches = 0;
+        for (uint32_t i : c.items()) {
+          ++seen[i];
+          patches += e.images(i).patches();
+        }
+        EXPECT_EQ(c.patches(), patches);
+        EXPECT_TRUE(patches <= 8192 || c.items_size() == 1) << patches;
+      }
+      for (int n : seen) EXPECT_EQ(n, 1);
+    }
+  }
+  // Only rank 2: its RankPlan and only the samples/shards it touches.
+  const v1::StepPlan one = PlanOf(*job, 15, {2});
+  ASSERT_EQ(one.ranks_size(), 1);
+  EXPECT_EQ(one.ranks(0).SerializeAsString(), plan.ranks(2).SerializeAsString());
+  std::set<uint64_t> touched;
+  for (const auto& mb : one.ranks(0).micro_batches()) {
+    for (const auto& seq : mb.sequences()) {
+      for (const auto& d : seq.docs()) touched.insert(d.sample_id());
+    }
+  }
+  for (uint64_t id : one.ranks(0).drawn()) touched.insert(id);
+  const std::vector<uint64_t> listed = GlobalBatch(one);
+  EXPECT_EQ(std::set<uint64_t>(listed.begin(), listed.end()), touched);
+  for (const auto& s : one.samples()) EXPECT_LT(s.shard(), uint32_t(one.shards_size()));
+  EXPECT_LT(one.shards_size(), plan.shards_size());
+}
+
+TEST(PlannerTest, ExchangeListsMatchBetweenPeers) {
+  for (bool post : {false, true}) {
+    auto job = MakeJob(WithStrategy("tutti", post), SmallIndex());
+    ASSERT_TRUE(job.ok());
+    const v1::StepPlan plan = PlanOf(*job, 4);
+    std::map<std::pair<uint32_t, uint32_t>, std::string> sent, received;
+    uint64_t image_bytes = 0, sent_bytes = 0, inter = 0;
+    for (const auto& r : plan.ranks()) {
+      for (const auto& e : r.encoders()) {
+        for (const auto& im : e.images()) {
+          image_bytes += im.output_bytes();
+          EXPECT_EQ(im.output_bytes(), uint64_t{im.llm_tokens()} * 4096 * 2);  // bf16
+          if (!post) {
+            EXPECT_EQ(im.llm_rank(), r.rank());
+          }
+        }
+      }
+      uint32_t last_peer = 0;
+      for (int i = 0; i < r.exchange().sends_size(); ++i) {
+        const auto& t = r.exchange().sends(i);
+        if (i > 0) {
+          EXPECT_GT(t.peer(), last_peer);
+        }
+        last_peer = t.peer();
+        if (!post) {
+          EXPECT_EQ(t.peer(), r.rank());
+        }
+        uint64_t b = 0;
+        for (const auto& it : t.items()) b += it.bytes();
+        EXPECT_EQ(t.bytes(), b);
+        sent_bytes += b;
+        if (t.peer() / 2 != r.rank() / 2) inter += b;
+        sent[{r.rank(), t.peer()}] = t.SerializeAsString();
+      }
+      for (const auto& t : r.exchange().recvs()) {
+        v1::Transfer as_sent = t;
+        as_sent.set_peer(r.rank());
+        received[{t.peer(), r.rank()}] = as_sent.SerializeAsString();
+      }
+    }
+    EXPECT_EQ(sent, received) << "post " << post;
+    EXPECT_EQ(sent_bytes, image_bytes);
+    EXPECT_EQ(plan.stats().inter_node_bytes(), inter);
+    if (post) {
+      EXPECT_GT(plan.stats().inter_node_bytes() + plan.stats().intra_node_bytes(), 0u);
+    }
+  }
+}
+
+TEST(PlannerTest, PostBalancingBalancesEncoders) {
+  auto pre = MakeJob(WithStrategy("greedy"), SmallIndex());
+  auto post = MakeJob(WithStrategy("greedy", true), SmallIndex());
+  ASSERT_TRUE(pre.ok() && post.ok());
+  double pre_sum = 0, post_sum = 0;
+  for (uint64_t step = 0; step < 8; ++step) {
+    pre_sum += PlanOf(*pre, step).stats().phases(0).imbalance();
+    const v1::StepPlan p = PlanOf(*post, step);
+    EXPECT_EQ(p.stats().phases(0).phase(), "vit");
+    post_sum += p.stats().phases(0).imbalance();
+  }
+  EXPECT_LT(post_sum, pre_sum);
+}
+
+// --- bad input: each refused with a message naming the value and the fix.
+
+void ExpectRefused(const absl::Status& s, absl::StatusCode code, std::vector<std::string> needles) {
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), code) << s;
+  for (const auto& n : needles) EXPECT_NE(s.message().find(n), std::string::npos) << n << ": " << s;
+}
+
+TEST(PlannerBadInputTest, RatioThatCannotBeMet) {
+  auto job = MakeJob(R"pb(
+                       world_size: 4
+                       batch {
+                         text_samples_per_step: 8
+                         vl_samples_per_step: 2
+                         grad_accum: 2
+                         text_micro_batch: 3
+                         vl_micro_batch: 1
+                         text_vl_ratio: "4:1"
+                       })pb",
+                     SmallIndex());
+  ExpectRefused(job.status(), absl::StatusCode::kInvalidArgument,
+                {"4:1", "grad_accum 2", "text_micro_batch 3"});
+}
+
+TEST(PlannerBadInputTest, ImageCapSmallerThanOneImage) {
+  v1::JobConfig config = Config(kBaseConfig);
+  config.mutable_batch()->set_img_cap_tokens(100);
+  auto job = Job::Create(config, SmallIndex());
+  ExpectRefused(job.status(), absl::StatusCode::kFailedPrecondition,
+                {"img_cap_tokens 100", "raise batch.img_cap_tokens to at least", "of shard"});
+}
+
+TEST(PlannerBadInputTest, SampleLargerThanSeqLen) {
+  std::string c = kBaseConfig;
+  c.replace(c.find("max_pixels: 1003520 seq_len: 8192"), 33, "max_pixels: 1003520 seq_len: 1024");
+  auto job = MakeJob(c, SmallIndex());
+  ExpectRefused(
+      job.status(), absl::StatusCode::kFailedPrecondition,
+      {"curriculum[1]", "seq_len 1024", "raise curriculum[1].seq_len to at least", "synthetic-"});
+}
+
+TEST(PlannerBadInputTest, UnknownStrategy) {
+  auto job = MakeJob(WithStrategy("best-fit"), SmallIndex());
+  ExpectRefused(job.status(), absl::StatusCode::kInvalidArgument,
+                {"'best-fit'", "greedy, seed-v1, seed-v2, tutti"});
+}
+
+TEST(PlannerBadInputTest, RankOutsideTheWorld) {
+  auto job = MakeJob(kBaseConfig, SmallIndex());
+  ASSERT_TRUE(job.ok());
+  Planner planner(*job);
+  StepPlanData d;
+  ASSERT_TRUE(planner.Plan(0, &d).ok());
+  v1::StepPlan plan;
+  const std::vector<uint32_t> ranks = {1, 4};
+  ExpectRefused(BuildStepPlan(**job, d, ranks, &plan), absl::StatusCode::kInvalidArgument,
+                {"rank 4", "world_size 4"});
+}
+
+TEST(PlannerBadInputTest, StepBeyondTheDatasetsEnd) {
+  auto job = MakeJob(absl::StrCat(kBaseConfig, " epochs: 1"), SmallIndex());
+  ASSERT_TRUE(job.ok());
+  const uint64_t end = (*job)->total_steps();
+  ASSERT_EQ(end, (*job)->steps_per_epoch());
+  Planner planner(*job);
+  StepPlanData d;
+  EXPECT_TRUE(planner.Plan(end - 1, &d).ok());
+  ExpectRefused(planner.Plan(end, &d), absl::StatusCode::kOutOfRange,
+                {absl::StrCat("step ", end), absl::StrCat(end, " steps"), "raise epochs"});
+}
+
+TEST(PlannerBadInputTest, OverfullAndImpossibleBatches) {
+  auto full = MakeJob(R"pb(
+                        world_size: 2
+                        batch { text_samples_per_step: 200 vl_samples_per_step: 0 grad_accum: 1 }
+                        curriculum { start_step: 0 seq_len: 8192 })pb",
+                      SmallIndex());
+  ExpectRefused(full.status(), absl::StatusCode::kFailedPrecondition,
+                {"text sequences would be", "lower batch.text_samples_per_step to at most"});
+  auto too_many =
+      MakeJob(R"pb(
+                world_size: 2
+                batch { text_samples_per_step: 1 vl_samples_per_step: 100000 grad_accum: 2 })pb",
+              SmallIndex());
+  ExpectRefused(too_many.status(), absl::StatusCode::kFailedPrecondition,
+                {"vl_samples_per_step is 100000", "only"});
+  SyntheticOptions text_only = SmallDataset(500);
+  text_only.vl_fraction = 0;
+  auto no_vl = MakeJob(kBaseConfig, SyntheticIndex(text_only));
+  ExpectRefused(no_vl.status(), absl::StatusCode::kFailedPrecondition,
+                {"no vision-language samples", "set batch.vl_samples_per_step to 0"});
+}
+
+}  // namespace
+}  // namespace tutti::packer

@@ -1,0 +1,48 @@
+// Multiway number partitioning (P||Cmax): place independent items with
+// costs on `bins` identical bins so the largest bin load (makespan) is small.
+// Used for encoder phases, whose items (images, audio clips) carry no
+// capacity constraint. All functions are deterministic: ties break on the
+// lower item index and the lower bin index.
+#ifndef TUTTI_SERVICES_PACKER_CORE_POST_BALANCING_BALANCE_H_
+#define TUTTI_SERVICES_PACKER_CORE_POST_BALANCING_BALANCE_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace tutti::dispatch {
+
+// max(sum / bins, largest item): no placement has a smaller makespan.
+double MakespanLowerBound(const std::vector<double>& costs, uint32_t bins);
+
+std::vector<double> BinLoads(const std::vector<double>& costs, uint32_t bins,
+                             const std::vector<uint32_t>& assignment);
+double Makespan(const std::vector<double>& costs, uint32_t bins,
+                const std::vector<uint32_t>& assignment);
+
+// Longest processing time first: items by decreasing cost onto the least
+// loaded bin. O(n log n + n log bins); makespan <= (4/3 - 1/(3 bins)) OPT.
+std::vector<uint32_t> LptPartition(const std::vector<double>& costs, uint32_t bins);
+
+// Karmarkar-Karp largest differencing for `bins` ways: repeatedly merges the
+// two partial partitions with the largest spread, largest subset with
+// smallest. O(n bins log bins) time, O(n + bins^2) memory at any time.
+std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, uint32_t bins);
+
+// Local search on the most loaded bin: moves an item to the least loaded bin,
+// or swaps it with a smaller item of one of the least loaded bins, while that
+// lowers the larger of the two bins touched. At most rounds * bins steps.
+// With `allowed`, only moves allowed(item, to_bin) are made (both items of a
+// swap). Returns the makespan after.
+using MoveFilter = std::function<bool(uint32_t item, uint32_t to_bin)>;
+double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t rounds,
+                       std::vector<uint32_t>* assignment, const MoveFilter& allowed = nullptr);
+
+// The best of LPT and (when bins <= kk_max_bins) Karmarkar-Karp, each
+// improved by ImproveMakespan.
+std::vector<uint32_t> BalancePartition(const std::vector<double>& costs, uint32_t bins,
+                                       uint32_t kk_max_bins, uint32_t rounds);
+
+}  // namespace tutti::dispatch
+
+#endif  // TUTTI_SERVICES_PACKER_CORE_POST_BALANCING_BALANCE_H_

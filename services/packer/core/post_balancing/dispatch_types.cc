@@ -1,0 +1,48 @@
+#include "services/packer/core/post_balancing/dispatch_types.h"
+
+namespace tutti::dispatch {
+
+const char* EncoderPhaseName(EncoderKind kind) {
+  return kind == EncoderKind::kVision ? "vit" : "audio";
+}
+
+ShardAvailability ShardAvailability::None(uint32_t shards, uint32_t nodes) {
+  ShardAvailability a;
+  a.all_ = false;
+  a.shards_ = shards;
+  a.nodes_ = nodes;
+  a.bits_.assign((uint64_t{shards} * nodes + 63) / 64, 0);
+  return a;
+}
+
+void ShardAvailability::Set(uint32_t shard, uint32_t node, bool staged) {
+  if (all_ || shard >= shards_ || node >= nodes_) return;
+  const uint64_t bit = uint64_t{shard} * nodes_ + node;
+  if (staged) {
+    bits_[bit / 64] |= uint64_t{1} << (bit % 64);
+  } else {
+    bits_[bit / 64] &= ~(uint64_t{1} << (bit % 64));
+  }
+}
+
+bool ShardAvailability::Has(uint32_t shard, uint32_t node) const {
+  if (all_) return true;
+  if (shard >= shards_ || node >= nodes_) return false;
+  const uint64_t bit = uint64_t{shard} * nodes_ + node;
+  return (bits_[bit / 64] >> (bit % 64)) & 1;
+}
+
+StagingIndex::StagingIndex(const ShardAvailability& a) : all_(a.all()) {
+  if (all_) return;
+  everywhere_.assign(a.shards(), 0);
+  offset_.reserve(uint64_t{a.shards()} + 1);
+  for (uint32_t s = 0; s < a.shards(); ++s) {
+    for (uint32_t n = 0; n < a.nodes(); ++n) {
+      if (a.Has(s, n)) nodes_.push_back(n);
+    }
+    offset_.push_back(static_cast<uint32_t>(nodes_.size()));
+    everywhere_[s] = offset_[s + 1] - offset_[s] == a.nodes();
+  }
+}
+
+}  // namespace tutti::dispatch

@@ -1,0 +1,294 @@
+#include "services/packer/core/post_balancing/encoder_phase.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <queue>
+#include <tuple>
+
+#include "services/packer/core/post_balancing/balance.h"
+#include "services/packer/core/post_balancing/min_tree.h"
+
+namespace tutti::dispatch {
+namespace {
+
+constexpr uint32_t kNone = ~0u;
+
+bool Within(double cost, double bound) { return cost <= bound + 1e-9 * std::abs(bound); }
+
+// Local search on the makespan that keeps every item where its input is
+// staged (or remote already); true if it ends within `bound`.
+bool ImproveStaged(const EncoderProblem& p, double bound, uint32_t rounds,
+                   std::vector<uint32_t>* rank) {
+  const auto staged_ok = [&](uint32_t i, uint32_t to) {
+    return p.Staged(i, p.cluster.node_of(to)) || !p.Staged(i, p.cluster.node_of((*rank)[i]));
+  };
+  const double span = ImproveMakespan(p.cost, p.cluster.world_size, rounds, rank, staged_ok);
+  return Within(span, bound);
+}
+
+}  // namespace
+
+void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<uint32_t>* rank,
+                        const std::vector<uint8_t>* only) {
+  const uint32_t rpn = p.cluster.ranks_per_node, W = p.cluster.world_size;
+  if (rpn <= 1) return;
+  std::vector<std::vector<uint32_t>> members(W);
+  std::vector<double> load(W, 0.0);
+  for (uint32_t i = 0; i < rank->size(); ++i) {
+    members[(*rank)[i]].push_back(i);
+    load[(*rank)[i]] += p.cost[i];
+  }
+  auto by_cost = [&](uint32_t a, uint32_t b) {
+    return p.cost[a] != p.cost[b] ? p.cost[a] < p.cost[b] : a < b;
+  };
+  std::vector<uint32_t> lo_sorted;
+  for (uint32_t n = 0; n < p.cluster.nodes(); ++n) {
+    if (only != nullptr && !(*only)[n]) continue;
+    const uint32_t first = n * rpn;
+    for (uint32_t step = 0; step < rounds * rpn; ++step) {
+      uint32_t hi = first, lo = first;
+      for (uint32_t r = first + 1; r < first + rpn; ++r) {
+        if (load[r] > load[hi]) hi = r;
+        if (load[r] < load[lo]) lo = r;
+      }
+      const double gap = load[hi] - load[lo];
+      if (gap <= 1e-4 * load[hi]) break;
+      // Shift d from hi to lo (0 < d < gap); best is d closest to gap / 2,
+      // by moving one item or swapping one of hi's with a smaller one of lo's.
+      lo_sorted = members[lo];
+      std::sort(lo_sorted.begin(), lo_sorted.end(), by_cost);
+      double best = gap;  // |d - gap/2| must beat gap/2 to help
+      uint32_t bi = ~0u, bj = ~0u;
+      auto consider = [&](uint32_t i, uint32_t j, double d) {
+        if (d <= 0 || d >= gap) return;
+        const double miss = std::abs(d - gap / 2);
+        if (miss < best) best = miss, bi = i, bj = j;
+      };
+      for (uint32_t i : members[hi]) {
+        consider(i, ~0u, p.cost[i]);
+        const double want = p.cost[i] - gap / 2;
+        auto it = std::lower_bound(lo_sorted.begin(), lo_sorted.end(), want,
+                                   [&](uint32_t j, double v) { return p.cost[j] < v; });
+        if (it != lo_sorted.end()) consider(i, *it, p.cost[i] - p.cost[*it]);
+        if (it != lo_sorted.begin()) consider(i, *(it - 1), p.cost[i] - p.cost[*(it - 1)]);
+      }
+      if (bi == ~0u) break;
+      auto move = [&](uint32_t item, uint32_t from, uint32_t to) {
+        auto& m = members[from];
+        m.erase(std::find(m.begin(), m.end(), item));
+        members[to].push_back(item);
+        load[from] -= p.cost[item];
+        load[to] += p.cost[item];
+        (*rank)[item] = to;
+      };
+      move(bi, hi, lo);
+      if (bj != ~0u) move(bj, lo, hi);
+    }
+  }
+}
+
+std::vector<uint32_t> BalanceEncoder(const EncoderProblem& problem, uint32_t kk_max_ranks,
+                                     uint32_t rounds) {
+  return BalancePartition(problem.cost, problem.cluster.world_size, kk_max_ranks, rounds);
+}
+
+std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bound, uint32_t rounds,
+                                             bool* within_out) {
+  const uint32_t W = p.cluster.world_size, N = p.cluster.nodes(), rpn = p.cluster.ranks_per_node;
+  const size_t n = p.cost.size();
+  std::vector<uint32_t> rank(n, 0);
+  // Groups (samples) in decreasing total cost; items of a group likewise.
+  std::vector<std::pair<uint32_t, uint32_t>> groups;  // [begin, end)
+  for (uint32_t i = 0; i < n; ++i) {
+    if (i == 0 || p.group[i] != p.group[i - 1]) groups.push_back({i, i});
+    groups.back().second = i + 1;
+  }
+  std::vector<double> group_cost(groups.size(), 0.0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (uint32_t i = groups[g].first; i < groups[g].second; ++i) group_cost[g] += p.cost[i];
+  }
+  std::vector<uint32_t> order(groups.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return group_cost[a] > group_cost[b]; });
+
+  std::vector<double> rank_load(W, 0.0), node_load(N, 0.0);
+  MinTree rank_tree(&rank_load), node_tree(&node_load);
+  // The rank tree is needed only when a group spills off its node: ranks
+  // whose load changed are re-read then.
+  std::vector<uint8_t> dirty(W, 0);
+  std::vector<uint32_t> dirty_list;
+  auto least_rank = [&] {
+    for (uint32_t r : dirty_list) rank_tree.Update(r), dirty[r] = 0;
+    dirty_list.clear();
+    return rank_tree.Min();
+  };
+  const bool everywhere = p.availability == nullptr || p.availability->all();
+  std::optional<StagingIndex> own_index;
+  const StagingIndex* staging = p.staging;
+  if (!everywhere && staging == nullptr) staging = &own_index.emplace(*p.availability);
+  auto least_in_node = [&](uint32_t node, double c) {
+    uint32_t best = kNone;
+    for (uint32_t r = node * rpn; r < (node + 1) * rpn; ++r) {
+      if (Within(rank_load[r] + c, bound) && (best == kNone || rank_load[r] < rank_load[best])) {
+        best = r;
+      }
+    }
+    return best;
+  };
+  bool within = true;
+  std::vector<uint32_t> items;
+  for (uint32_t g : order) {
+    const uint32_t first = groups[g].first;
+    uint32_t home = kNone;
+    if (everywhere) {
+      home = node_tree.Min();
+    } else {
+      for (const uint32_t* nd = staging->begin(p.shard[first]); nd != staging->end(p.shard[first]);
+           ++nd) {
+        if (home == kNone || node_load[*nd] < node_load[home]) home = *nd;
+      }
+      if (home == kNone) home = node_tree.Min();
+    }
+    items.clear();
+    for (uint32_t i = first; i < groups[g].second; ++i) items.push_back(i);
+    for (size_t k = 1; k < items.size(); ++k) {  // insertion sort: a sample has few items
+      for (size_t m = k; m > 0 && p.cost[items[m]] > p.cost[items[m - 1]]; --m) {
+        std::swap(items[m], items[m - 1]);
+      }
+    }
+    for (uint32_t i : items) {
+      const double c = p.cost[i];
+      uint32_t r = least_in_node(home, c);
+      if (r == kNone) {
+        if (everywhere) {
+          const uint32_t t = least_rank();
+          if (Within(rank_load[t] + c, bound)) r = t;
+        } else {
+          for (const uint32_t* ni = staging->begin(p.shard[i]); ni != staging->end(p.shard[i]);
+               ++ni) {
+            const uint32_t nd = *ni;
+            const uint32_t t = least_in_node(nd, c);
+            if (t != kNone && (r == kNone || rank_load[t] < rank_load[r])) r = t;
+          }
+        }
+      }
+      if (r == kNone) {
+        r = least_rank();
+        if (!Within(rank_load[r] + c, bound)) within = false;
+      }
+      rank[i] = r;
+      rank_load[r] += c;
+      node_load[p.cluster.node_of(r)] += c;
+      if (!dirty[r]) dirty[r] = 1, dirty_list.push_back(r);
+    }
+    // The group's nodes: usually just `home`.
+    for (uint32_t i : items) node_tree.Update(p.cluster.node_of(rank[i]));
+  }
+  ImproveWithinNodes(p, rounds, &rank);
+  *within_out = within;
+  return rank;
+}
+
+EncoderPlacement PlaceEncoder(const EncoderProblem& p, bool node_aware, double tolerance,
+                              uint32_t kk_max_ranks, uint32_t rounds) {
+  const uint32_t W = p.cluster.world_size;
+  const double lb = MakespanLowerBound(p.cost, W);
+  EncoderPlacement out;
+  if (node_aware) {
+    bool within = false;
+    out.bound = (1 + tolerance) * lb;
+    out.rank = GreedyEncoderNodeAware(p, out.bound, rounds, &within);
+    if (within || ImproveStaged(p, out.bound, rounds, &out.rank)) return out;
+    out.fell_back = true;
+  }
+  out.rank = BalanceEncoder(p, kk_max_ranks, rounds);
+  out.bound = (1 + tolerance) * std::max(Makespan(p.cost, W, out.rank), lb);
+  if (!node_aware) return out;
+  // The balancer's makespan plus the tolerance may leave the greedy room.
+  bool within = false;
+  std::vector<uint32_t> retry = GreedyEncoderNodeAware(p, out.bound, rounds, &within);
+  if (within || ImproveStaged(p, out.bound, rounds, &retry)) {
+    out.rank = std::move(retry);
+    return out;
+  }
+  // Pull remote loads onto a staging node where the bound allows.
+  const size_t n = p.cost.size();
+  std::vector<uint32_t> preferred(n, kNoNode);
+  std::vector<uint64_t> weight(n, 0);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (p.Staged(i, p.cluster.node_of(out.rank[i]))) continue;
+    for (uint32_t nd = 0; nd < p.cluster.nodes(); ++nd) {
+      if (p.Staged(i, nd)) {
+        preferred[i] = nd;
+        break;
+      }
+    }
+    weight[i] = 1;
+  }
+  MoveTowardNodes(p, preferred, weight, out.bound, &out.rank);
+  return out;
+}
+
+std::vector<uint8_t> MoveTowardNodes(const EncoderProblem& p,
+                                     const std::vector<uint32_t>& preferred,
+                                     const std::vector<uint64_t>& weight, double bound,
+                                     std::vector<uint32_t>* rank) {
+  std::vector<uint8_t> touched(p.cluster.nodes(), 0);
+  const uint32_t rpn = p.cluster.ranks_per_node;
+  std::vector<double> load = BinLoads(p.cost, p.cluster.world_size, *rank);
+  auto node = [&](uint32_t i) { return p.cluster.node_of((*rank)[i]); };
+  auto wants = [&](uint32_t i) { return preferred[i] != kNoNode && preferred[i] != node(i); };
+  // May item i go to node nd without losing a local load?
+  auto allowed = [&](uint32_t i, uint32_t nd) { return p.Staged(i, nd) || !p.Staged(i, node(i)); };
+  std::vector<uint32_t> cands;
+  for (uint32_t i = 0; i < rank->size(); ++i) {
+    if (wants(i)) cands.push_back(i);
+  }
+  std::stable_sort(cands.begin(), cands.end(),
+                   [&](uint32_t a, uint32_t b) { return weight[a] > weight[b]; });
+  // Misplaced items by (current node, preferred node), for mutual swaps.
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<uint32_t>> buckets;
+  for (uint32_t i : cands) buckets[{node(i), preferred[i]}].push_back(i);
+  constexpr uint32_t kSwapTries = 64;
+  for (uint32_t i : cands) {
+    if (!wants(i)) continue;
+    const uint32_t to = preferred[i], from = node(i);
+    if (!allowed(i, to)) continue;
+    const double c = p.cost[i];
+    uint32_t best = kNone;
+    for (uint32_t r = to * rpn; r < (to + 1) * rpn; ++r) {
+      if (Within(load[r] + c, bound) && (best == kNone || load[r] < load[best])) best = r;
+    }
+    if (best != kNone) {
+      load[(*rank)[i]] -= c;
+      load[best] += c;
+      touched[from] = touched[to] = 1;
+      (*rank)[i] = best;
+      continue;
+    }
+    auto it = buckets.find({to, from});
+    if (it == buckets.end()) continue;
+    uint32_t tries = 0;
+    for (uint32_t j : it->second) {
+      if (++tries > kSwapTries) break;
+      if (!wants(j) || node(j) != to || preferred[j] != from || !allowed(j, from)) continue;
+      const uint32_t ri = (*rank)[i], rj = (*rank)[j];
+      const double cj = p.cost[j];
+      if (!Within(load[ri] - c + cj, bound) || !Within(load[rj] - cj + c, bound)) continue;
+      load[ri] += cj - c;
+      load[rj] += c - cj;
+      (*rank)[i] = rj;
+      (*rank)[j] = ri;
+      touched[from] = touched[to] = 1;
+      break;
+    }
+  }
+  return touched;
+}
+
+}  // namespace tutti::dispatch

@@ -1,0 +1,88 @@
+// An indexed binary min-heap over ranks keyed by an external load array, so
+// a rank's key can change in O(log W) and the k least-loaded ranks can be
+// listed without popping. Ties go to the lower rank (deterministic).
+#ifndef TUTTI_SERVICES_PACKER_CORE_RANK_HEAP_H_
+#define TUTTI_SERVICES_PACKER_CORE_RANK_HEAP_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace tutti::packer {
+
+class RankHeap {
+ public:
+  // Builds the heap over ranks [0, n) keyed by keys[r] (kept by pointer).
+  void Init(uint32_t n, const double* keys) {
+    key_ = keys;
+    heap_.resize(n);
+    pos_.resize(n);
+    for (uint32_t r = 0; r < n; ++r) heap_[r] = pos_[r] = r;
+    for (uint32_t i = n / 2; i-- > 0;) Down(i);
+  }
+  // Call after keys[r] changed.
+  void Update(uint32_t r) {
+    Up(pos_[r]);
+    Down(pos_[r]);
+  }
+  uint32_t Top() const { return heap_[0]; }
+  uint32_t size() const { return static_cast<uint32_t>(heap_.size()); }
+
+  // Writes the k smallest ranks (k <= 16) in key order; returns how many.
+  uint32_t Smallest(uint32_t k, uint32_t* out) const {
+    uint32_t frontier[48];
+    uint32_t nf = 0, got = 0;
+    if (heap_.empty()) return 0;
+    frontier[nf++] = 0;
+    while (got < k && nf > 0) {
+      uint32_t best = 0;
+      for (uint32_t f = 1; f < nf; ++f) {
+        if (Less(heap_[frontier[f]], heap_[frontier[best]])) best = f;
+      }
+      const uint32_t i = frontier[best];
+      frontier[best] = frontier[--nf];
+      out[got++] = heap_[i];
+      for (uint32_t c = 2 * i + 1; c <= 2 * i + 2 && c < heap_.size(); ++c) {
+        if (nf < 48) frontier[nf++] = c;
+      }
+    }
+    return got;
+  }
+
+ private:
+  bool Less(uint32_t a, uint32_t b) const {
+    return key_[a] < key_[b] || (key_[a] == key_[b] && a < b);
+  }
+  void Up(uint32_t i) {
+    while (i > 0) {
+      const uint32_t p = (i - 1) / 2;
+      if (!Less(heap_[i], heap_[p])) break;
+      Swap(i, p);
+      i = p;
+    }
+  }
+  void Down(uint32_t i) {
+    const uint32_t n = static_cast<uint32_t>(heap_.size());
+    while (true) {
+      uint32_t s = i;
+      const uint32_t l = 2 * i + 1, r = l + 1;
+      if (l < n && Less(heap_[l], heap_[s])) s = l;
+      if (r < n && Less(heap_[r], heap_[s])) s = r;
+      if (s == i) break;
+      Swap(i, s);
+      i = s;
+    }
+  }
+  void Swap(uint32_t a, uint32_t b) {
+    std::swap(heap_[a], heap_[b]);
+    pos_[heap_[a]] = a;
+    pos_[heap_[b]] = b;
+  }
+
+  const double* key_ = nullptr;
+  std::vector<uint32_t> heap_;
+  std::vector<uint32_t> pos_;
+};
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_CORE_RANK_HEAP_H_

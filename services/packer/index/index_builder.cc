@@ -1,0 +1,378 @@
+#include "services/packer/index/index_builder.h"
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/file_io.h"
+#include "common/media_header.h"
+#include "common/status.h"
+#include "common/tar.h"
+#include "services/packer/index/index.h"
+
+namespace tutti::packer {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct SampleOut {
+  std::string key;
+  uint32_t text_tokens = 0;
+  bool has_text = false;
+  MemberInput text;
+  std::vector<MemberInput> media;
+};
+
+struct ShardResult {
+  absl::Status status;
+  uint64_t size = 0;
+  uint32_t crc32c = 0;
+  std::vector<SampleOut> samples;
+  std::map<std::string, uint64_t> skipped;
+  std::vector<std::string> examples;
+  uint64_t ignored = 0;
+};
+
+struct RawMember {
+  std::string ext;  // full extension, e.g. "0.jpg"
+  uint64_t offset;
+  uint64_t size;
+};
+
+struct Group {
+  std::string key;
+  std::vector<RawMember> members;
+};
+
+// Sort key for image/audio extensions: "jpg" < "0.jpg" < "1.png" < "10.webp".
+std::pair<int64_t, std::string> MediaOrder(const std::string& ext) {
+  const size_t dot = ext.find('.');
+  int64_t n = -1;
+  if (dot != std::string::npos && !absl::SimpleAtoi(ext.substr(0, dot), &n)) n = INT64_MAX;
+  return {n, ext};
+}
+
+class ShardScanner {
+ public:
+  ShardScanner(const IndexBuildOptions& o, const std::string& rel) : o_(o), rel_(rel) {}
+
+  ShardResult Scan(const std::string& path) {
+    ShardResult r;
+    auto file = OpenLocalFile(path);
+    if (!file.ok()) {
+      r.status = file.status();
+      return r;
+    }
+    r.size = (*file)->size();
+    // crc32c of the whole shard (the stager verifies staged copies with it).
+    std::string buf(std::min<uint64_t>(r.size, 4 << 20), '\0');
+    uint32_t crc = 0;
+    for (uint64_t off = 0; off < r.size;) {
+      const size_t n = std::min<uint64_t>(buf.size(), r.size - off);
+      r.status = (*file)->ReadExactly(off, n, buf.data());
+      if (!r.status.ok()) return r;
+      crc = Crc32cExtend(crc, buf.data(), n);
+      off += n;
+    }
+    r.crc32c = crc;
+
+    std::vector<Group> groups;
+    absl::flat_hash_map<std::string, size_t> by_key;
+    r.status = ForEachTarMember(**file, [&](const TarMember& m) {
+      auto [key, ext] = SplitWebDatasetName(m.name);
+      if (ext.empty() || key.empty()) {
+        ++r.ignored;
+        return absl::OkStatus();
+      }
+      auto [it, inserted] = by_key.try_emplace(std::string(key), groups.size());
+      if (inserted) groups.push_back(Group{std::string(key), {}});
+      groups[it->second].members.push_back(RawMember{std::string(ext), m.data_offset, m.size});
+      return absl::OkStatus();
+    });
+    if (!r.status.ok()) return r;
+    for (Group& g : groups) ScanSample(**file, &g, &r);
+    return r;
+  }
+
+ private:
+  void Skip(ShardResult* r, const std::string& key, const std::string& reason,
+            const std::string& detail) {
+    ++r->skipped[reason];
+    if (r->examples.size() < 8) r->examples.push_back(absl::StrCat(rel_, ":", key, ": ", detail));
+  }
+
+  // Reads enough of a member to parse its header (growing for JPEGs whose
+  // frame header follows large metadata segments).
+  template <typename Parse>
+  auto ReadHeader(const RandomAccessFile& f, const RawMember& m, size_t first, Parse parse)
+      -> decltype(parse(absl::string_view())) {
+    size_t want = std::min<uint64_t>(m.size, first);
+    while (true) {
+      auto bytes = f.ReadString(m.offset, want);
+      if (!bytes.ok()) return bytes.status();
+      auto h = parse(*bytes);
+      if (h.ok() || want >= m.size || want >= (4u << 20)) return h;
+      want = std::min<uint64_t>(m.size, want * 16);
+    }
+  }
+
+  void ScanSample(const RandomAccessFile& f, Group* g, ShardResult* r) {
+    SampleOut s;
+    s.key = g->key;
+    const RawMember* json = nullptr;
+    const RawMember* txt = nullptr;
+    std::vector<std::pair<const RawMember*, MemberKind>> media;
+    absl::flat_hash_map<std::string, int> seen;
+    for (const RawMember& m : g->members) {
+      if (++seen[m.ext] > 1) {
+        return Skip(r, g->key, "duplicate_member",
+                    absl::StrCat("member ", g->key, ".", m.ext, " appears twice"));
+      }
+      const size_t dot = m.ext.rfind('.');
+      const std::string last =
+          absl::AsciiStrToLower(dot == std::string::npos ? m.ext : m.ext.substr(dot + 1));
+      if (ImageKindFromExtension(last) != ImageKind::kUnknown) {
+        media.emplace_back(&m, MemberKind::kJpeg);  // real kind from the magic bytes below
+      } else if (last == "wav") {
+        media.emplace_back(&m, MemberKind::kWav);
+      } else if (m.ext == "json") {
+        json = &m;
+      } else if (m.ext == "txt") {
+        txt = &m;
+      } else {
+        ++r->ignored;
+      }
+    }
+    std::sort(media.begin(), media.end(), [](const auto& a, const auto& b) {
+      return MediaOrder(a.first->ext) < MediaOrder(b.first->ext);
+    });
+    for (auto& [m, kind] : media) {
+      MemberInput in;
+      in.ext = m->ext;
+      in.offset = m->offset;
+      in.size = m->size;
+      if (kind == MemberKind::kWav) {
+        auto h = ReadHeader(f, *m, 4096, [](absl::string_view b) { return ReadWavHeader(b); });
+        if (!h.ok()) {
+          return Skip(r, g->key, "bad_audio_header",
+                      absl::StrCat(g->key, ".", m->ext, ": ", h.status().message()));
+        }
+        in.kind = MemberKind::kWav;
+        in.audio_ms = h->duration_ms;
+      } else {
+        auto h = ReadHeader(f, *m, 4096, [](absl::string_view b) { return ReadImageHeader(b); });
+        if (!h.ok()) {
+          return Skip(r, g->key, "bad_image_header",
+                      absl::StrCat(g->key, ".", m->ext, ": ", h.status().message()));
+        }
+        in.kind = h->kind == ImageKind::kJpeg  ? MemberKind::kJpeg
+                  : h->kind == ImageKind::kPng ? MemberKind::kPng
+                                               : MemberKind::kWebp;
+        in.width = h->width;
+        in.height = h->height;
+        const double aspect = double(std::max(h->width, h->height)) / std::min(h->width, h->height);
+        if (h->width > o_.max_source_side || h->height > o_.max_source_side ||
+            uint64_t{h->width} * h->height > o_.max_source_pixels) {
+          return Skip(r, g->key, "image_too_large",
+                      absl::StrCat(g->key, ".", m->ext, " is ", h->width, "x", h->height));
+        }
+        if (aspect > o_.max_aspect_ratio) {
+          return Skip(r, g->key, "aspect_ratio",
+                      absl::StrCat(g->key, ".", m->ext, " is ", h->width, "x", h->height));
+        }
+      }
+      s.media.push_back(std::move(in));
+    }
+    bool have_tokens = false;
+    if (json != nullptr) {
+      if (json->size > o_.max_text_bytes) {
+        return Skip(r, g->key, "text_too_large",
+                    absl::StrCat(g->key, ".json has ", json->size, " bytes"));
+      }
+      auto bytes = f.ReadString(json->offset, json->size);
+      if (!bytes.ok()) return Skip(r, g->key, "read_error", std::string(bytes.status().message()));
+      auto tokens = JsonTokenCount(*bytes, o_.bytes_per_token);
+      if (tokens.ok()) {
+        s.text_tokens = *tokens;
+        have_tokens = true;
+        s.has_text = true;
+        s.text = MemberInput{MemberKind::kJson, "json", json->offset, json->size};
+      } else if (tokens.status().code() != absl::StatusCode::kNotFound || txt == nullptr) {
+        const bool missing = tokens.status().code() == absl::StatusCode::kNotFound;
+        if (!missing || s.media.empty()) {
+          return Skip(r, g->key, missing ? "no_token_count" : "bad_json",
+                      absl::StrCat(g->key, ".json: ", tokens.status().message()));
+        }
+        // A VL sample whose JSON carries only metadata: no text tokens.
+        s.has_text = true;
+        have_tokens = true;
+        s.text = MemberInput{MemberKind::kJson, "json", json->offset, json->size};
+      }
+    }
+    if (!have_tokens && txt != nullptr) {
+      s.text_tokens = EstimateTextTokens(txt->size, o_.bytes_per_token);
+      s.has_text = true;
+      s.text = MemberInput{MemberKind::kTxt, "txt", txt->offset, txt->size};
+    }
+    if (!s.has_text && s.media.empty()) {
+      return Skip(r, g->key, "no_usable_member",
+                  absl::StrCat(g->key, " has no .json, .txt, image or .wav member"));
+    }
+    r->samples.push_back(std::move(s));
+  }
+
+  const IndexBuildOptions& o_;
+  const std::string& rel_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (ec || !fs::exists(st)) {
+    return absl::NotFoundError(
+        absl::StrCat("source directory ", dir,
+                     " does not exist; pass the directory holding the .tar shards "
+                     "with --source"));
+  }
+  if (!fs::is_directory(st)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, " is not a directory; --source takes the directory holding the shards"));
+  }
+  std::vector<std::string> out;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec)
+      return absl::PermissionDeniedError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+    const fs::path& p = it->path();
+    if (p.extension() == ".tar" && it->is_regular_file(ec)) {
+      out.push_back(fs::relative(p, dir, ec).generic_string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  if (out.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no .tar shards under ", dir,
+        "; point --source at a WebDataset directory (write one with `tutti gen-dataset`)"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> BuildIndex(
+    const IndexBuildOptions& options, IndexBuildReport* report,
+    const std::function<void(const IndexBuildProgress&)>& progress) {
+  ASSIGN_OR_RETURN(std::vector<std::string> shards, ListShards(options.source_dir));
+  IndexBuildReport local;
+  IndexBuildReport& rep = report ? *report : local;
+  rep = IndexBuildReport();
+  rep.shards_total = static_cast<uint32_t>(shards.size());
+
+  IndexBuildProgress prog;
+  prog.shards_total = rep.shards_total;
+  std::vector<std::string> paths;
+  for (const auto& rel : shards) {
+    paths.push_back((fs::path(options.source_dir) / rel).string());
+    std::error_code ec;
+    const auto sz = fs::file_size(paths.back(), ec);
+    if (!ec) prog.bytes_total += sz;
+  }
+
+  IndexWriter writer;
+  writer.SetSourceDir(fs::absolute(options.source_dir).lexically_normal().string());
+  writer.AddMeta("builder", "tutti index");
+  std::mutex mu;
+  std::map<size_t, ShardResult> done;  // finished out of order, not yet committed
+  size_t next_commit = 0;
+  absl::Status failure;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+
+  // Commits finished shards in shard order (called with mu held).
+  auto commit = [&]() {
+    while (failure.ok() && done.count(next_commit)) {
+      ShardResult r = std::move(done[next_commit]);
+      done.erase(next_commit);
+      const std::string& rel = shards[next_commit];
+      ++next_commit;
+      if (!r.status.ok()) {
+        const std::string why = std::string(r.status.message());
+        if (!options.skip_bad_shards) {
+          failure = absl::Status(r.status.code(),
+                                 absl::StrCat("shard ", rel, " is unusable: ", why,
+                                              " (re-copy or rebuild it, or pass --skip-bad-shards "
+                                              "to index the other shards)"));
+          stop = true;
+          return;
+        }
+        rep.bad_shards.push_back(absl::StrCat(rel, ": ", why));
+        continue;
+      }
+      absl::Status s = writer.AddShard(rel, r.size, r.crc32c);
+      for (const SampleOut& o : r.samples) {
+        if (!s.ok()) break;
+        s = writer.AddSample(o.key, o.text_tokens, o.has_text ? &o.text : nullptr, o.media);
+        if (o.media.empty())
+          ++rep.text_samples;
+        else
+          ++rep.vl_samples;
+        for (const auto& m : o.media) ++(m.kind == MemberKind::kWav ? rep.audio : rep.images);
+      }
+      if (!s.ok()) {
+        failure = Annotate(s, absl::StrCat("shard ", rel));
+        stop = true;
+        return;
+      }
+      ++rep.shards_indexed;
+      rep.samples += r.samples.size();
+      rep.bytes += r.size;
+      rep.ignored_members += r.ignored;
+      for (const auto& [k, v] : r.skipped) rep.skipped[k] += v;
+      for (auto& e : r.examples) {
+        if (rep.skipped_examples.size() < 16) rep.skipped_examples.push_back(std::move(e));
+      }
+    }
+  };
+
+  auto worker = [&]() {
+    while (!stop) {
+      const size_t i = next++;
+      if (i >= shards.size()) return;
+      ShardScanner scanner(options, shards[i]);
+      ShardResult r = scanner.Scan(paths[i]);
+      std::lock_guard<std::mutex> lock(mu);
+      prog.shards_done++;
+      prog.bytes_done += r.size;
+      prog.samples += r.samples.size();
+      done.emplace(i, std::move(r));
+      commit();
+      if (progress) progress(prog);
+    }
+  };
+  const uint32_t n_threads =
+      std::max<uint32_t>(1, std::min<uint32_t>(options.threads, shards.size()));
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < n_threads; ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  RETURN_IF_ERROR(failure);
+  if (rep.samples == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable sample in ", options.source_dir, " (", rep.bad_shards.size(), " bad shards, ",
+        rep.skipped.size(), " skip reasons); see the messages above"));
+  }
+  for (const auto& [k, v] : rep.skipped)
+    writer.AddMeta(absl::StrCat("skipped.", k), absl::StrCat(v));
+  writer.AddMeta("bad_shards", absl::StrCat(rep.bad_shards.size()));
+  return writer.Finish();
+}
+
+}  // namespace tutti::packer

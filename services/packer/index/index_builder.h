@@ -1,0 +1,73 @@
+// Builds the packer's index from a directory of WebDataset tar shards,
+// reading only tar headers, image/audio headers and the small text members.
+#ifndef TUTTI_SERVICES_PACKER_INDEX_INDEX_BUILDER_H_
+#define TUTTI_SERVICES_PACKER_INDEX_INDEX_BUILDER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/packer/index/text_tokens.h"
+
+namespace tutti::packer {
+
+struct IndexBuildOptions {
+  // Directory holding the .tar shards (searched recursively, sorted by path).
+  std::string source_dir;
+  // Shards read in parallel. Default 2.
+  uint32_t threads = 2;
+  // A truncated or corrupt shard (or one with an unsafe member path) is left
+  // out and reported (true, the default) or fails the build (false).
+  bool skip_bad_shards = true;
+  // Bytes per token for k.txt (and JSON "text") estimates. Default 4.
+  double bytes_per_token = kDefaultBytesPerToken;
+  // Samples whose images exceed these are skipped as "image_too_large" /
+  // "aspect_ratio" (defaults match vision.max_source_side/_pixels and
+  // vision.max_aspect_ratio of the job config).
+  uint32_t max_source_side = 65500;
+  uint64_t max_source_pixels = 178956970;
+  double max_aspect_ratio = 200.0;
+  // Largest text member read whole (bigger: skipped as "text_too_large").
+  // Default 64 MiB.
+  uint64_t max_text_bytes = 64ull << 20;
+};
+
+struct IndexBuildProgress {
+  uint32_t shards_done = 0;
+  uint32_t shards_total = 0;
+  uint64_t samples = 0;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+
+struct IndexBuildReport {
+  uint32_t shards_total = 0;
+  uint32_t shards_indexed = 0;
+  uint64_t samples = 0;
+  uint64_t text_samples = 0;
+  uint64_t vl_samples = 0;
+  uint64_t images = 0;
+  uint64_t audio = 0;
+  uint64_t bytes = 0;
+  uint64_t ignored_members = 0;               // extensions the index does not use
+  std::map<std::string, uint64_t> skipped;    // reason -> samples
+  std::vector<std::string> skipped_examples;  // first few "shard:key: why"
+  std::vector<std::string> bad_shards;        // "name: why"
+};
+
+// Lists the .tar shards under dir, relative paths sorted. NOT_FOUND when the
+// directory does not exist, FAILED_PRECONDITION when it holds no shard.
+absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir);
+
+// Builds the serialized index. `progress` (may be empty) is called from the
+// worker threads, serialized, after every shard.
+absl::StatusOr<std::string> BuildIndex(
+    const IndexBuildOptions& options, IndexBuildReport* report,
+    const std::function<void(const IndexBuildProgress&)>& progress);
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_INDEX_INDEX_BUILDER_H_

@@ -1,0 +1,137 @@
+#include "services/packer/index/index.h"
+
+#include <unistd.h>
+
+#include "gtest/gtest.h"
+#include "services/packer/bench/synthetic.h"
+
+namespace tutti::packer {
+namespace {
+
+std::string SmallIndex() {
+  IndexWriter w;
+  w.SetSourceDir("/data/set");
+  w.AddMeta("builder", "test");
+  EXPECT_TRUE(w.AddShard("a/000.tar", 100000, 0xabcdef01).ok());
+  MemberInput json{MemberKind::kJson, "json", 512, 40};
+  EXPECT_TRUE(w.AddSample("k0", 12, &json, {}).ok());
+  MemberInput img{MemberKind::kPng, "0.png", 2048, 900, 640, 480};
+  MemberInput img2{MemberKind::kWebp, "1.webp", 4096, 500, 65535, 28};
+  MemberInput wav{MemberKind::kWav, "wav", 8192, 1000, 0, 0, 2500};
+  EXPECT_TRUE(w.AddSample("k1", 5, &json, {img, img2, wav}).ok());
+  EXPECT_TRUE(w.AddShard("b/001.tar", 50000, 7).ok());
+  MemberInput txt{MemberKind::kTxt, "txt", 600, 4000};
+  EXPECT_TRUE(w.AddSample("longer/key-2", 1000, &txt, {}).ok());
+  EXPECT_TRUE(w.AddSample("k3", 0, nullptr, {img}).ok());
+  return w.Finish();
+}
+
+TEST(IndexTest, RoundTrip) {
+  auto index = Index::FromString(SmallIndex(), "mem.idx");
+  ASSERT_TRUE(index.ok()) << index.status();
+  const Index& ix = **index;
+  ASSERT_EQ(ix.num_samples(), 4u);
+  ASSERT_EQ(ix.num_shards(), 2u);
+  EXPECT_EQ(ix.source_dir(), "/data/set");
+  EXPECT_EQ(ix.shard(0).name, "a/000.tar");
+  EXPECT_EQ(ix.shard(0).crc32c, 0xabcdef01u);
+  EXPECT_EQ(ix.shard(1).size, 50000u);
+  EXPECT_EQ(ix.dataset_bytes(), 150000u);
+  EXPECT_EQ(ix.ShardOf(0), 0u);
+  EXPECT_EQ(ix.ShardOf(1), 0u);
+  EXPECT_EQ(ix.ShardOf(2), 1u);
+  EXPECT_EQ(ix.key(2), "longer/key-2");
+  EXPECT_EQ(ix.text_kind(2), MemberKind::kTxt);
+  EXPECT_EQ(ix.text_tokens(2), 1000u);
+  EXPECT_EQ(ix.MemberName(2, ix.text_ext(2)), "longer/key-2.txt");
+  EXPECT_EQ(ix.text_kind(3), MemberKind::kNone);
+  ASSERT_EQ(ix.media_end(1) - ix.media_begin(1), 3u);
+  const MediaView a = ix.media(ix.media_begin(1));
+  EXPECT_EQ(a.kind, MemberKind::kPng);
+  EXPECT_EQ(a.width, 640u);
+  EXPECT_EQ(a.height, 480u);
+  EXPECT_EQ(a.offset, 2048u);
+  EXPECT_EQ(ix.MemberName(1, a.ext), "k1.0.png");
+  const MediaView b = ix.media(ix.media_begin(1) + 1);
+  EXPECT_EQ(b.width, 65535u);
+  EXPECT_EQ(b.height, 28u);
+  const MediaView c = ix.media(ix.media_begin(1) + 2);
+  EXPECT_EQ(c.kind, MemberKind::kWav);
+  EXPECT_EQ(c.audio_ms, 2500u);
+  EXPECT_EQ(ix.text_samples(), (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(ix.vl_samples(), (std::vector<uint32_t>{1, 3}));
+}
+
+TEST(IndexTest, EveryFlippedByteIsRefused) {
+  const std::string good = SmallIndex();
+  // Flip one byte at a time across the whole file: never accepted, never a crash.
+  for (size_t i = 0; i < good.size(); i += 7) {
+    std::string bad = good;
+    bad[i] ^= 0x5A;
+    auto index = Index::FromString(bad, "bad.idx");
+    EXPECT_FALSE(index.ok()) << "byte " << i;
+    if (!index.ok()) {
+      EXPECT_NE(index.status().message().find("bad.idx"), std::string::npos) << index.status();
+    }
+  }
+}
+
+TEST(IndexTest, WrongFilesAreRefusedWithAFix) {
+  const std::string good = SmallIndex();
+  auto truncated = Index::FromString(good.substr(0, good.size() - 9), "cut.idx");
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(truncated.status().message().find("rebuild"), std::string::npos);
+
+  auto not_index = Index::FromString("hello, this is not an index at all, really not", "x.txt");
+  ASSERT_FALSE(not_index.ok());
+  EXPECT_NE(not_index.status().message().find("not a tutti index"), std::string::npos);
+
+  std::string other_version = good;
+  other_version[8] = 9;
+  auto v = Index::FromString(other_version, "v9.idx");
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("version 9"), std::string::npos) << v.status();
+
+  auto missing = LoadIndex("/nonexistent/dir/index.idx");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("tutti index"), std::string::npos);
+}
+
+TEST(IndexTest, WriterRefusesBadSamples) {
+  IndexWriter w;
+  MemberInput json{MemberKind::kJson, "json", 0, 10};
+  EXPECT_FALSE(w.AddSample("k", 1, &json, {}).ok());  // no shard yet
+  ASSERT_TRUE(w.AddShard("s.tar", 100, 0).ok());
+  EXPECT_FALSE(w.AddSample("k", 1, nullptr, {}).ok());  // no members
+  MemberInput past{MemberKind::kJson, "json", 95, 10};
+  EXPECT_FALSE(w.AddSample("k", 1, &past, {}).ok());  // outside the shard
+  MemberInput empty_img{MemberKind::kJpeg, "jpg", 0, 10, 0, 10};
+  EXPECT_FALSE(w.AddSample("k", 1, nullptr, {empty_img}).ok());
+}
+
+TEST(IndexTest, FileRoundTripAndMemory) {
+  SyntheticOptions o;
+  o.samples = 20000;
+  auto bytes = MakeSyntheticIndex(o);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  char dir[] = "/tmp/tutti_index_test_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/syn.idx";
+  FILE* f = fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  fwrite(bytes->data(), 1, bytes->size(), f);
+  fclose(f);
+  auto index = LoadIndex(path);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ((*index)->num_samples(), 20000u);
+  // The seed mix costs well under 64 bytes per sample in memory.
+  EXPECT_LT(double((*index)->memory_bytes()) / 20000, 64.0);
+  const double vl = double((*index)->vl_samples().size()) / 20000;
+  EXPECT_NEAR(vl, 0.2, 0.02);
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
+}  // namespace
+}  // namespace tutti::packer

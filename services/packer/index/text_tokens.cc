@@ -1,0 +1,195 @@
+#include "services/packer/index/text_tokens.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+
+namespace tutti::packer {
+namespace {
+
+// A small validating JSON reader: enough to find a few top-level fields.
+class JsonReader {
+ public:
+  explicit JsonReader(absl::string_view s) : s_(s) {}
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+
+  void SkipSpace() {
+    while (i_ < s_.size() &&
+           (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) {
+      ++i_;
+    }
+  }
+  bool Peek(char c) {
+    SkipSpace();
+    return i_ < s_.size() && s_[i_] == c;
+  }
+  bool Consume(char c) {
+    if (!Peek(c)) return Fail(absl::StrCat("expected '", std::string(1, c), "'"));
+    ++i_;
+    return true;
+  }
+  bool AtEnd() {
+    SkipSpace();
+    return i_ == s_.size();
+  }
+
+  // Reads a string; *bytes receives its raw content length.
+  bool String(std::string* out, uint64_t* bytes) {
+    if (!Consume('"')) return false;
+    const size_t start = i_;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (static_cast<unsigned char>(s_[i_]) < 0x20) return Fail("control character in string");
+      if (s_[i_] == '\\') {
+        if (++i_ >= s_.size()) break;
+        const char e = s_[i_];
+        if (e == 'u') {
+          for (int k = 0; k < 4; ++k) {
+            if (++i_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[i_]))) {
+              return Fail("bad \\u escape");
+            }
+          }
+        } else if (std::string_view("\"\\/bfnrt").find(e) == std::string_view::npos) {
+          return Fail("bad escape");
+        }
+      }
+      ++i_;
+    }
+    if (i_ >= s_.size()) return Fail("unterminated string");
+    if (out != nullptr) out->assign(s_.data() + start, i_ - start);
+    if (bytes != nullptr) *bytes = i_ - start;
+    ++i_;
+    return true;
+  }
+
+  bool Number(double* out) {
+    SkipSpace();
+    const size_t start = i_;
+    if (i_ < s_.size() && s_[i_] == '-') ++i_;
+    size_t digits = 0;
+    while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_, ++digits;
+    if (digits == 0) return Fail("bad number");
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    if (out != nullptr)
+      *out = std::strtod(std::string(s_.substr(start, i_ - start)).c_str(), nullptr);
+    return true;
+  }
+
+  bool Literal(absl::string_view word) {
+    SkipSpace();
+    if (s_.substr(i_, word.size()) != word) return Fail("bad literal");
+    i_ += word.size();
+    return true;
+  }
+
+  // Skips any value.
+  bool Skip(int depth = 0) {
+    if (depth > 64) return Fail("nested too deeply");
+    SkipSpace();
+    if (i_ >= s_.size()) return Fail("unexpected end");
+    const char c = s_[i_];
+    if (c == '"') return String(nullptr, nullptr);
+    if (c == '{') {
+      ++i_;
+      if (Peek('}')) return Consume('}');
+      do {
+        if (!String(nullptr, nullptr) || !Consume(':') || !Skip(depth + 1)) return false;
+      } while (Peek(',') && Consume(','));
+      return Consume('}');
+    }
+    if (c == '[') {
+      uint64_t n;
+      return Array(depth, &n);
+    }
+    if (c == 't') return Literal("true");
+    if (c == 'f') return Literal("false");
+    if (c == 'n') return Literal("null");
+    return Number(nullptr);
+  }
+
+  // Reads an array, counting its elements.
+  bool Array(int depth, uint64_t* count) {
+    if (!Consume('[')) return false;
+    *count = 0;
+    if (Peek(']')) return Consume(']');
+    do {
+      if (!Skip(depth + 1)) return false;
+      ++*count;
+    } while (Peek(',') && Consume(','));
+    return Consume(']');
+  }
+
+  bool Fail(absl::string_view what) {
+    if (error_.empty()) error_ = absl::StrCat(what, " at byte ", i_);
+    return false;
+  }
+
+ private:
+  absl::string_view s_;
+  size_t i_ = 0;
+  std::string error_;
+};
+
+}  // namespace
+
+uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token) {
+  if (bytes_per_token <= 0) bytes_per_token = kDefaultBytesPerToken;
+  const double t = std::ceil(static_cast<double>(bytes) / bytes_per_token);
+  return t > 4e9 ? 4000000000u : static_cast<uint32_t>(t);
+}
+
+absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token) {
+  JsonReader r(json);
+  if (!r.Consume('{')) return absl::DataLossError("not a JSON object");
+  bool have_ids = false, have_count = false, have_text = false;
+  uint64_t ids = 0, text_bytes = 0;
+  double count = 0;
+  if (!r.Peek('}')) {
+    do {
+      std::string key;
+      if (!r.String(&key, nullptr) || !r.Consume(':')) break;
+      if (key == "input_ids" && r.Peek('[')) {
+        if (!r.Array(0, &ids)) break;
+        have_ids = true;
+      } else if ((key == "num_tokens" || key == "token_count") && !have_count && !r.Peek('"') &&
+                 !r.Peek('{') && !r.Peek('[')) {
+        if (!r.Number(&count)) break;
+        if (count < 0 || count != std::floor(count) || count > 4e9) {
+          return absl::DataLossError(absl::StrCat("\"", key, "\" is not a token count"));
+        }
+        have_count = true;
+      } else if (key == "text" && r.Peek('"')) {
+        if (!r.String(nullptr, &text_bytes)) break;
+        have_text = true;
+      } else if (!r.Skip()) {
+        break;
+      }
+    } while (r.Peek(',') && r.Consume(','));
+  }
+  if (r.ok()) r.Consume('}');
+  if (r.ok() && !r.AtEnd()) r.Fail("trailing data");
+  if (!r.ok()) return absl::DataLossError(absl::StrCat("invalid JSON: ", r.error()));
+  if (have_ids) {
+    if (ids > 4000000000u) return absl::DataLossError("input_ids is too long");
+    return static_cast<uint32_t>(ids);
+  }
+  if (have_count) return static_cast<uint32_t>(count);
+  if (have_text) return EstimateTextTokens(text_bytes, bytes_per_token);
+  return absl::NotFoundError(
+      "JSON has no input_ids, num_tokens, token_count or text field to count tokens from");
+}
+
+}  // namespace tutti::packer

@@ -1,0 +1,31 @@
+// Text token counts of WebDataset text members, without a tokenizer.
+//
+//   k.json: the length of its top-level "input_ids" array (pre-tokenised), or
+//           else its integer "num_tokens" or "token_count" field, or else an
+//           estimate from the byte length of its "text" string.
+//   k.txt:  an estimate from the byte length: ceil(bytes / bytes_per_token).
+//           The default 4 bytes per token is the usual figure for English
+//           with BPE tokenizers (GPT-2/Llama/Qwen vocabularies); set it for
+//           other languages. The estimate only sizes packing; a stager that
+//           tokenises the text later may see a slightly different count.
+#ifndef TUTTI_SERVICES_PACKER_INDEX_TEXT_TOKENS_H_
+#define TUTTI_SERVICES_PACKER_INDEX_TEXT_TOKENS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tutti::packer {
+
+inline constexpr double kDefaultBytesPerToken = 4.0;
+
+uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token);
+
+// Parses a JSON document (the whole k.json member). DATA_LOSS when it is not
+// valid JSON or not an object; NOT_FOUND when it has none of the fields above.
+absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token);
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_INDEX_TEXT_TOKENS_H_

@@ -1,0 +1,33 @@
+#include "services/packer/load_job.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/status.h"
+#include "services/packer/index/index.h"
+
+namespace tutti::packer {
+
+absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
+                                                   const std::string& index_override,
+                                                   const JobOptions& options) {
+  if (config_path.empty()) {
+    return absl::InvalidArgumentError(
+        "no job config given; pass --config FILE (a text tutti.v1.JobConfig, see "
+        "deploy/examples/job.textproto)");
+  }
+  ASSIGN_OR_RETURN(v1::JobConfig config, LoadJobConfig(config_path));
+  ApplyJobDefaults(&config);
+  if (!index_override.empty()) config.set_index_path(index_override);
+  if (config.index_path().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job config ", config_path,
+                     " has no index_path and no --index was given; build an "
+                     "index with `tutti index --source DIR --out FILE` and pass --index FILE"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const Index> index, LoadIndex(config.index_path()));
+  auto job = Job::Create(std::move(config), std::move(index), options);
+  if (!job.ok()) return Annotate(job.status(), absl::StrCat("job config ", config_path));
+  return job;
+}
+
+}  // namespace tutti::packer

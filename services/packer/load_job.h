@@ -1,0 +1,23 @@
+// Loading a job from files: the config file and the index it names. The
+// planning core (core/) takes both in memory; this is where they are read.
+#ifndef TUTTI_SERVICES_PACKER_LOAD_JOB_H_
+#define TUTTI_SERVICES_PACKER_LOAD_JOB_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/packer/core/job.h"
+
+namespace tutti::packer {
+
+// Reads a text JobConfig, applies defaults, replaces index_path with
+// `index_override` when that is not empty, loads the index and creates the
+// job. Errors name the file and the fix.
+absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
+                                                   const std::string& index_override,
+                                                   const JobOptions& options = {});
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_LOAD_JOB_H_
