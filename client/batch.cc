@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/exchange_layout.h"
+#include "common/dtype.h"
 #include "common/status.h"
+#include "tutti/v1/stager.pb.h"
 
 namespace tutti {
 namespace {
@@ -42,6 +44,35 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
 }
 
 }  // namespace
+
+struct Batch::State {
+  v1::BatchDescriptor desc;
+  std::shared_ptr<ShmSegment> segment;
+  std::vector<ArrayView> arrays;
+  Releaser release;
+  bool released = false;
+  double wait_seconds = 0;
+};
+
+Batch::Batch(std::unique_ptr<State> s) : s_(std::move(s)) {}
+
+uint64_t Batch::step() const { return s_->desc.step(); }
+uint32_t Batch::rank() const { return s_->desc.rank(); }
+uint64_t Batch::max_pixels() const { return s_->desc.max_pixels(); }
+uint32_t Batch::seq_len() const { return s_->desc.seq_len(); }
+const v1::RankPlan& Batch::plan() const { return s_->desc.plan(); }
+const google::protobuf::RepeatedPtrField<v1::SampleInfo>& Batch::samples() const {
+  return s_->desc.samples();
+}
+const google::protobuf::RepeatedPtrField<v1::SkippedSample>& Batch::skipped() const {
+  return s_->desc.skipped();
+}
+const v1::BatchDescriptor& Batch::descriptor() const { return s_->desc; }
+const std::vector<ArrayView>& Batch::arrays() const { return s_->arrays; }
+double Batch::wait_seconds() const { return s_->wait_seconds; }
+void Batch::set_wait_seconds(double s) { s_->wait_seconds = s; }
+std::shared_ptr<const ShmSegment> Batch::segment() const { return s_->segment; }
+bool Batch::released() const { return s_->released; }
 
 uint64_t ArrayView::elements() const {
   uint64_t n = 1;

@@ -19,16 +19,15 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "common/dtype.h"
+#include "client/proto_fwd.h"
 #include "common/shm.h"
-#include "tutti/v1/stager.pb.h"
 
 namespace tutti {
 
 // A typed view of one array inside the mapped segment.
 struct ArrayView {
   std::string name;
-  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  v1::DType dtype = static_cast<v1::DType>(0);  // DTYPE_UNSPECIFIED
   std::vector<uint64_t> shape;
   const void* data = nullptr;  // 64-byte aligned, inside the segment
   uint64_t offset = 0;         // from the start of the segment
@@ -61,20 +60,16 @@ class Batch {
   Batch& operator=(Batch&&) noexcept;
   ~Batch();  // releases (errors are printed to stderr; call Release() to see them)
 
-  uint64_t step() const { return s_->desc.step(); }
-  uint32_t rank() const { return s_->desc.rank(); }
-  uint64_t max_pixels() const { return s_->desc.max_pixels(); }
-  uint32_t seq_len() const { return s_->desc.seq_len(); }
-  const v1::RankPlan& plan() const { return s_->desc.plan(); }
-  const google::protobuf::RepeatedPtrField<v1::SampleInfo>& samples() const {
-    return s_->desc.samples();
-  }
-  const google::protobuf::RepeatedPtrField<v1::SkippedSample>& skipped() const {
-    return s_->desc.skipped();
-  }
-  const v1::BatchDescriptor& descriptor() const { return s_->desc; }
+  uint64_t step() const;
+  uint32_t rank() const;
+  uint64_t max_pixels() const;
+  uint32_t seq_len() const;
+  const v1::RankPlan& plan() const;
+  const google::protobuf::RepeatedPtrField<v1::SampleInfo>& samples() const;
+  const google::protobuf::RepeatedPtrField<v1::SkippedSample>& skipped() const;
+  const v1::BatchDescriptor& descriptor() const;
 
-  const std::vector<ArrayView>& arrays() const { return s_->arrays; }
+  const std::vector<ArrayView>& arrays() const;
   // The array called `name`, or nullptr.
   const ArrayView* Find(absl::string_view name) const;
 
@@ -96,26 +91,19 @@ class Batch {
   uint64_t patches() const;
 
   // Seconds Next() waited for this batch (retries included).
-  double wait_seconds() const { return s_->wait_seconds; }
-  void set_wait_seconds(double s) { s_->wait_seconds = s; }
+  double wait_seconds() const;
+  void set_wait_seconds(double s);
 
   // The mapping; holding it keeps the memory mapped past Release().
-  std::shared_ptr<const ShmSegment> segment() const { return s_->segment; }
+  std::shared_ptr<const ShmSegment> segment() const;
 
   // Tells the stager the batch is consumed (once; later calls return OK).
   absl::Status Release();
-  bool released() const { return s_->released; }
+  bool released() const;
 
  private:
-  struct State {
-    v1::BatchDescriptor desc;
-    std::shared_ptr<ShmSegment> segment;
-    std::vector<ArrayView> arrays;
-    Releaser release;
-    bool released = false;
-    double wait_seconds = 0;
-  };
-  explicit Batch(std::unique_ptr<State> s) : s_(std::move(s)) {}
+  struct State;  // the descriptor, the mapping and the views (batch.cc)
+  explicit Batch(std::unique_ptr<State> s);
   absl::Span<const int32_t> Int32(absl::string_view name) const;
   absl::Span<const int64_t> Int64(absl::string_view name) const;
 

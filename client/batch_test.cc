@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "client/test_segment.h"
+#include "common/dtype.h"
 
 namespace tutti {
 namespace {

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "tutti/v1/packer.grpc.pb.h"
+#include "tutti/v1/stager.grpc.pb.h"
 
 namespace tutti {
 namespace {
@@ -128,6 +130,16 @@ absl::StatusOr<uint32_t> CheckJobWorldSize(const v1::JobInfo& job, int rank, int
   return planned;
 }
 
+struct Client::Impl {
+  v1::JobInfo job;
+  std::shared_ptr<v1::Stager::Stub> stager;
+  std::shared_ptr<v1::Packer::Stub> packer;
+};
+
+Client::Client() : impl_(std::make_unique<Impl>()) {}
+
+const v1::JobInfo& Client::job() const { return impl_->job; }
+
 RetryPolicy Client::Policy(absl::Duration budget) const {
   return RetryPolicy{budget, options_.initial_backoff, options_.max_backoff};
 }
@@ -136,16 +148,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ASSIGN_OR_RETURN(ClientOptions opts, ResolveClientOptions(options));
   std::unique_ptr<Client> c(new Client());
   c->options_ = opts;
-  c->stager_ =
+  c->impl_->stager =
       std::shared_ptr<v1::Stager::Stub>(v1::Stager::NewStub(MakeChannel(opts.stager_address)));
-  c->packer_ =
+  c->impl_->packer =
       std::shared_ptr<v1::Packer::Stub>(v1::Packer::NewStub(MakeChannel(opts.packer_address)));
 
   const std::string at_packer = absl::StrCat("GetJob from tutti-packerd at ", opts.packer_address);
   absl::Status s = RetryUnavailable(c->Policy(opts.connect_timeout), at_packer, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(opts.rpc_timeout));
-    return FromGrpcStatus(c->packer_->GetJob(&ctx, v1::GetJobRequest(), &c->job_));
+    return FromGrpcStatus(c->impl_->packer->GetJob(&ctx, v1::GetJobRequest(), &c->impl_->job));
   });
   if (absl::IsUnavailable(s)) {
     return absl::UnavailableError(absl::StrCat(s.message(),
@@ -153,7 +165,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                                "check TUTTI_PACKER)"));
   }
   RETURN_IF_ERROR(Annotate(s, at_packer));
-  ASSIGN_OR_RETURN(c->world_size_, CheckJobWorldSize(c->job_, opts.rank, opts.world_size));
+  ASSIGN_OR_RETURN(c->world_size_, CheckJobWorldSize(c->impl_->job, opts.rank, opts.world_size));
   c->rank_ = static_cast<uint32_t>(opts.rank);
 
   const std::string at_stager =
@@ -162,7 +174,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(opts.rpc_timeout));
     v1::StageStatus status;
-    return FromGrpcStatus(c->stager_->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
+    return FromGrpcStatus(
+        c->impl_->stager->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
   });
   if (absl::IsUnavailable(s)) {
     return absl::UnavailableError(absl::StrCat(s.message(),
@@ -194,7 +207,7 @@ absl::StatusOr<Batch> Client::Next() {
     req.set_rank(rank_);
     req.set_timeout_ms(static_cast<uint32_t>(
         std::min<int64_t>(absl::ToInt64Milliseconds(left), std::numeric_limits<uint32_t>::max())));
-    return FromGrpcStatus(stager_->AcquireBatch(&ctx, req, &desc));
+    return FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
   });
   if (absl::IsDeadlineExceeded(s)) {
     // The stager says what the batch still waits for (a plan, shards, the
@@ -211,7 +224,7 @@ absl::StatusOr<Batch> Client::Next() {
     return absl::DataLossError(absl::StrCat(where, ": the stager answered with step ", desc.step(),
                                             ", rank ", desc.rank()));
   }
-  auto releaser = [stub = stager_, step, rank = rank_, policy = Policy(options_.retry_budget),
+  auto releaser = [stub = impl_->stager, step, rank = rank_, policy = Policy(options_.retry_budget),
                    rpc_timeout = options_.rpc_timeout, address = options_.stager_address] {
     return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
                             [&] {
@@ -250,7 +263,7 @@ absl::Status Client::ReportTiming(uint64_t step, const std::vector<PhaseTime>& p
         grpc::ClientContext ctx;
         ctx.set_deadline(Deadline(attempt_timeout));
         v1::ReportTimingResponse resp;
-        return FromGrpcStatus(packer_->ReportTiming(&ctx, report, &resp));
+        return FromGrpcStatus(impl_->packer->ReportTiming(&ctx, report, &resp));
       });
 }
 

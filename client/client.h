@@ -29,10 +29,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/batch.h"
+#include "client/proto_fwd.h"
 #include "client/retry.h"
 #include "client/transport.h"
-#include "tutti/v1/packer.grpc.pb.h"
-#include "tutti/v1/stager.grpc.pb.h"
 
 namespace tutti {
 
@@ -123,7 +122,9 @@ class Client {
   absl::Status ExchangeLoad(const v1::RankPlan& plan, uint64_t step, const void* send,
                             size_t send_bytes, void* recv, size_t recv_bytes);
 
-  const v1::JobInfo& job() const { return job_; }
+  // The job as the packer described it (include "tutti/v1/packer.pb.h" to
+  // read its fields).
+  const v1::JobInfo& job() const;
   const ClientOptions& options() const { return options_; }
   uint32_t rank() const { return rank_; }
   uint32_t world_size() const { return world_size_; }
@@ -132,7 +133,11 @@ class Client {
   double total_wait_seconds() const { return total_wait_seconds_; }
 
  private:
-  Client() = default;
+  // The connections and the job: gRPC and protobuf types, kept out of this
+  // header (client.cc).
+  struct Impl;
+
+  Client();
   RetryPolicy Policy(absl::Duration budget) const;
 
   ClientOptions options_;
@@ -140,9 +145,7 @@ class Client {
   uint32_t world_size_ = 0;
   uint64_t next_step_ = 0;
   double total_wait_seconds_ = 0;
-  v1::JobInfo job_;
-  std::shared_ptr<v1::Stager::Stub> stager_;
-  std::shared_ptr<v1::Packer::Stub> packer_;
+  std::unique_ptr<Impl> impl_;
   std::unique_ptr<Transport> transport_;
 };
 

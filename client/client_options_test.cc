@@ -7,6 +7,7 @@
 #include <map>
 
 #include "client/client.h"
+#include "tutti/v1/packer.pb.h"
 
 namespace tutti {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tutti/v1/plan.pb.h"
+#include "client/proto_fwd.h"
 
 namespace tutti {
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "tutti/v1/plan.pb.h"
 
 namespace tutti {
 namespace {

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/mpi_transport.h"
 #include "common/status.h"
+#include "tutti/v1/plan.pb.h"
 
 namespace tutti {
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "tutti/v1/plan.pb.h"
 
 namespace tutti {
 

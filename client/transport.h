@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "client/exchange_layout.h"
-#include "tutti/v1/plan.pb.h"
+#include "client/proto_fwd.h"
 
 namespace tutti {
 

@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/exchange_pattern.h"
 #include "common/crc32c.h"
+#include "common/dtype.h"
 #include "common/status.h"
+#include "tutti/v1/stager.pb.h"
 
 namespace tutti::e2e {
 namespace {

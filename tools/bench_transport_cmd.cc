@@ -17,6 +17,7 @@
 #include "client/mpi_transport.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tutti/v1/plan.pb.h"
 
 namespace {
 

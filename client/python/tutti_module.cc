@@ -35,6 +35,9 @@
 #include "client/client.h"
 #include "client/mpi_transport.h"
 #include "client/python/proto_dict.h"
+#include "common/dtype.h"
+#include "tutti/v1/packer.pb.h"
+#include "tutti/v1/stager.pb.h"
 #if TUTTI_HAVE_NCCL
 #include "client/nccl_transport.h"
 #endif
