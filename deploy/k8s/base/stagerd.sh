@@ -1,0 +1,31 @@
+#!/bin/sh
+# Starts tutti-stagerd with the sizes that follow from its pod, then the
+# manifest's own flags (a flag given there again wins: the last one counts).
+#   --decode_threads  the container's CPU limit (downward API limits.cpu,
+#                     rounded up to whole CPUs), not the host's core count
+#   --memory_budget   TUTTI_SHM_PERCENT (default 75) of the container's memory
+#                     limit: batch segments are charged to this container, the
+#                     rest is the daemon's own working memory
+#   --cache_capacity  TUTTI_CACHE_PERCENT (default 90) of the cache volume's
+#                     size; jobs that share a node's NVMe split it between them
+set -eu
+cpus=${TUTTI_CPU_LIMIT:?set from resourceFieldRef limits.cpu}
+memory_mib=${TUTTI_MEMORY_LIMIT_MIB:?set from resourceFieldRef limits.memory, divisor 1Mi}
+shm_percent=${TUTTI_SHM_PERCENT:-75}
+cache_percent=${TUTTI_CACHE_PERCENT:-90}
+cache_dir=${TUTTI_CACHE_DIR:-/cache}
+for v in "$cpus" "$memory_mib" "$shm_percent" "$cache_percent"; do
+  case "$v" in '' | *[!0-9]*) echo "stagerd.sh: '$v' is not a whole number" >&2; exit 2 ;; esac
+done
+if [ "$shm_percent" -lt 1 ] || [ "$shm_percent" -gt 95 ] || [ "$cache_percent" -lt 1 ] ||
+   [ "$cache_percent" -gt 100 ]; then
+  echo "stagerd.sh: TUTTI_SHM_PERCENT must be 1..95 and TUTTI_CACHE_PERCENT 1..100" >&2
+  exit 2
+fi
+cache_kib=$(df -Pk "$cache_dir" | awk 'NR == 2 { print $2 }')
+case "$cache_kib" in '' | *[!0-9]*) echo "stagerd.sh: cannot size $cache_dir" >&2; exit 1 ;; esac
+exec "${TUTTI_STAGERD:-/opt/tutti/bin/tutti-stagerd}" \
+  --decode_threads="$cpus" \
+  --memory_budget="$((memory_mib * shm_percent / 100))M" \
+  --cache_capacity="$((cache_kib / 1024 * cache_percent / 100))M" \
+  "$@"
