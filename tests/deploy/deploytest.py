@@ -5,6 +5,7 @@ The tests run from CTest (label "deploy") with TUTTI_BUILD_DIR and
 TUTTI_SOURCE_DIR set; run one by hand with
   TUTTI_BUILD_DIR=build TUTTI_SOURCE_DIR=. /usr/bin/python3 -m unittest -v tests/deploy/test_k8s.py
 """
+import atexit
 import http.client
 import os
 import pathlib
@@ -40,8 +41,24 @@ def need_binaries(case: unittest.TestCase) -> None:
             case.fail(f"{b} is missing: build first (cmake --build {BUILD_DIR})")
 
 
+_TEMP_DIRS = []
+
+
+def _remove_temp_dirs():
+    if os.environ.get("TUTTI_KEEP_TEST_DIRS") != "1":
+        for d in _TEMP_DIRS:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(_remove_temp_dirs)
+
+
 def temp_dir(prefix: str) -> pathlib.Path:
-    return pathlib.Path(tempfile.mkdtemp(prefix=f"tutti-deploy-{prefix}-"))
+    """A fresh directory, removed when the test process exits (kept with
+    TUTTI_KEEP_TEST_DIRS=1)."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix=f"tutti-deploy-{prefix}-"))
+    _TEMP_DIRS.append(d)
+    return d
 
 
 def free_port() -> int:

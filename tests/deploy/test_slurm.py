@@ -1,0 +1,165 @@
+"""deploy/slurm/tutti.sbatch on a real single-node Slurm (Debian's slurm-wlm:
+slurmctld and slurmd with a configuration, state directory and ports of the
+test's own, AuthType=auth/none): the quick-start's job runs through sbatch
+with 2 ranks on the node, exactly one stager runs there, the ranks read every
+step, the daemons stop on SIGTERM, and no batch segment is left behind."""
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import deploytest as dt  # noqa: E402
+
+SBATCH = dt.DEPLOY / "slurm" / "tutti.sbatch"
+
+
+class Slurm:
+    """slurmctld + slurmd for this machine, in a directory of their own."""
+
+    def __init__(self, dir: pathlib.Path):
+        self.dir = dir
+        self.node = socket.gethostname().split(".")[0]
+        self.conf = dir / "slurm.conf"
+        for d in ("state", "spool", "log"):
+            (dir / d).mkdir(parents=True, exist_ok=True)
+        cpus = os.cpu_count() or 2
+        self.conf.write_text(f"""\
+ClusterName=tuttitest
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={dt.free_port()}
+SlurmdPort={dt.free_port()}
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/log/slurmctld.log
+SlurmdLogFile={dir}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+KillWait=30
+InactiveLimit=0
+MailProg=/bin/true
+PlugStackConfig={dir}/plugstack.conf
+SlurmdParameters=config_overrides
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=tutti Nodes={self.node} Default=YES MaxTime=30 State=UP
+""")
+        (dir / "plugstack.conf").write_text("")
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        self.procs = []
+
+    def start(self):
+        for argv, log in ((["slurmctld", "-D", "-c", "-i", "-f", self.conf], "slurmctld.out"),
+                          (["slurmd", "-D", "-N", self.node, "-f", self.conf], "slurmd.out")):
+            out = open(self.dir / "log" / log, "w")
+            self.procs.append(subprocess.Popen([str(a) for a in argv], stdout=out,
+                                               stderr=subprocess.STDOUT, env=self.env))
+            time.sleep(0.5)
+
+        def idle():
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise AssertionError(f"a Slurm daemon exited:\n{self.logs()}")
+            r = dt.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env, timeout=20)
+            return r.returncode == 0 and r.stdout.strip() in ("idle", "idle*") and \
+                r.stdout.strip() == "idle"
+        dt.wait_for("the Slurm node to be idle", idle, timeout=60, interval=0.5)
+
+    def logs(self) -> str:
+        out = []
+        for f in sorted((self.dir / "log").iterdir()):
+            out.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:]))
+        return "\n".join(out)
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class SbatchQuickstart(unittest.TestCase):
+    def setUp(self):
+        dt.need_tool(self, "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
+        dt.need_binaries(self)
+        if os.geteuid() != 0:
+            self.skipTest("slurmd must run as root to launch job steps")
+
+    def test_two_ranks_one_stager_no_segments_left(self):
+        work = dt.temp_dir("slurm")
+        index = dt.make_dataset(work)
+        job_id = f"slurm-{os.getpid()}"
+        config = work / "job.textproto"
+        config.write_text(dt.job_config(index, job_id, world_size=2, ranks_per_node=2))
+        home = work / "home"  # TUTTI_HOME: bin/ with the build's daemons
+        (home / "bin").mkdir(parents=True)
+        for b in (dt.PACKERD, dt.STAGERD):
+            (home / "bin" / b.name).symlink_to(b)
+        logs = work / "logs"
+        slurm = Slurm(work / "slurm")
+        slurm.start()
+        self.addCleanup(slurm.stop)
+        packer_metrics, stager_metrics = dt.free_port(), dt.free_port()
+        env = dict(slurm.env, TUTTI_HOME=str(home), TUTTI_CACHE=str(work / "cache"),
+                   TUTTI_CACHE_BYTES="1G", TUTTI_MEMORY_BUDGET="1G",
+                   TUTTI_PACKER_PORT=str(dt.free_port()),
+                   TUTTI_PACKER_METRICS=f"127.0.0.1:{packer_metrics}",
+                   TUTTI_STAGER_METRICS=f"127.0.0.1:{stager_metrics}",
+                   TUTTI_RUN_DIR=str(work / "run"), TUTTI_LOG_DIR=str(logs),
+                   TUTTI_READY_TIMEOUT_S="120", SLURM_MPI_TYPE="pmix",
+                   PMIX_MCA_gds="hash", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+        out = work / "job.out"
+        r = dt.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--time=10",
+                    f"--output={out}", f"--chdir={work}", SBATCH, config, work / "dataset",
+                    dt.RANK_DEMO, "--steps", "3", "--connect_timeout_s", "60",
+                    "--batch_timeout_s", "120", "--join_timeout_s", "120"], env=env)
+        self.assertEqual(r.returncode, 0, r.stderr + slurm.logs())
+        slurm_job = r.stdout.strip().split(";")[0]
+
+        def finished():
+            q = dt.run(["squeue", "-h", "-j", slurm_job, "-o", "%T"], env=slurm.env)
+            return q.returncode == 0 and q.stdout.strip() == ""
+        dt.wait_for(f"job {slurm_job} to finish", finished, timeout=300, interval=1)
+        text = out.read_text(errors="replace") if out.exists() else "(no job output)"
+        detail = f"job output:\n{text[-4000:]}\n" + "\n".join(
+            f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}" for f in sorted(logs.glob("*")))
+        state = dt.run(["scontrol", "show", "job", slurm_job], env=slurm.env).stdout
+        self.assertIn("ExitCode=0:0", state, detail + state + slurm.logs())
+        # The ranks pulled every step and ran the plan's exchanges.
+        self.assertRegex(text, r"3 steps x 2 ranks: .*every byte verified", detail)
+        # Exactly one stager ran on the node: one task of the stager step.
+        stager_logs = sorted(logs.glob(f"tutti-stagerd-{slurm_job}-*.log"))
+        self.assertEqual([p.name for p in stager_logs],
+                         [f"tutti-stagerd-{slurm_job}-{slurm.node}-0.log"], detail)
+        self.assertEqual(len(list(logs.glob(f"tutti-packerd-{slurm_job}.log"))), 1, detail)
+        # The daemons were stopped with SIGTERM and exited cleanly.
+        self.assertIn("stopping tutti-stagerd", text, detail)
+        self.assertNotIn("did not stop within", text, detail)
+        self.assertEqual(dt.shm_segments(job_id), [], detail)
+
+
+if __name__ == "__main__":
+    unittest.main()
