@@ -10,8 +10,7 @@
 
 namespace tutti::packer {
 
-absl::StatusOr<std::shared_ptr<const Index>> MakeSeedIndex(const SeedWorkloadOptions& o,
-                                                           uint64_t samples) {
+SyntheticOptions SeedSyntheticOptions(const SeedWorkloadOptions& o, uint64_t samples) {
   SyntheticOptions s;
   s.samples = samples;
   s.seed = o.seed;
@@ -21,7 +20,12 @@ absl::StatusOr<std::shared_ptr<const Index>> MakeSeedIndex(const SeedWorkloadOpt
   s.fit_seq_len = o.seq_len;
   s.fit_max_pixels = kSeedStage2MaxPixels;
   s.samples_per_shard = 1000;
-  ASSIGN_OR_RETURN(std::string bytes, MakeSyntheticIndex(s));
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<const Index>> MakeSeedIndex(const SeedWorkloadOptions& o,
+                                                           uint64_t samples) {
+  ASSIGN_OR_RETURN(std::string bytes, MakeSyntheticIndex(SeedSyntheticOptions(o, samples)));
   return Index::FromString(bytes, "seed-workload");
 }
 

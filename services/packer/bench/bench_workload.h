@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/packer/bench/synthetic.h"
 #include "services/packer/index/index.h"
 #include "tutti/v1/job.pb.h"
 
@@ -36,6 +37,8 @@ inline constexpr uint64_t kSeedStage2MaxPixels = 16777216;  // "16 MP" (4096 x 4
 // The synthetic dataset: `samples` samples in the seed's mix.
 absl::StatusOr<std::shared_ptr<const Index>> MakeSeedIndex(const SeedWorkloadOptions& options,
                                                            uint64_t samples);
+// Its generator options (MakeSyntheticIndex of these is the serialized index).
+SyntheticOptions SeedSyntheticOptions(const SeedWorkloadOptions& options, uint64_t samples);
 
 struct SeedStepShape {
   uint32_t text_seqs = 0;  // per rank

@@ -1,0 +1,50 @@
+// `tutti bench load` as a user runs it, small: a real tutti-packerd, every
+// client's calls answered, one JSON object per round with the documented
+// fields, and a failing run (nothing listening) reported as such.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e_support.h"
+
+namespace tutti::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(BenchLoad, EveryClientIsAnsweredAndEachRoundReportsLatencyCpuAndMemory) {
+  const std::string dir = MakeTempDir("bench_load");
+  RunResult r = RunCommand({TuttiCli(), "bench", "load", "--clients=48", "--rounds=2", "--calls=4",
+                            "--stream_plans=2", "--steps=2", "--seq_len=4096", "--json",
+                            "--dir=" + dir, std::string("--packerd=") + Packerd()},
+                           absl::Seconds(240));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<std::string> rounds;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    if (absl::StartsWith(line, "{\"round\":")) rounds.emplace_back(line);
+  }
+  ASSERT_EQ(rounds.size(), 2u) << r.output;
+  for (const std::string& line : rounds) {
+    // 48 clients x 4 calls: 2 GetPlans and 2 streams each, none failed.
+    EXPECT_THAT(line, HasSubstr("\"clients\":48,"));
+    EXPECT_THAT(line, HasSubstr("\"get_plan_calls\":96,"));
+    EXPECT_THAT(line, HasSubstr("\"streams\":96,"));
+    EXPECT_THAT(line, HasSubstr("\"errors\":0,"));
+    for (const char* key : {"\"p50_ms\":", "\"p99_ms\":", "\"packer_cpu_cores\":",
+                            "\"packer_rss_bytes\":", "\"packer_rss_growth_bytes\":"}) {
+      EXPECT_THAT(line, HasSubstr(key));
+    }
+  }
+  RemoveTree(dir);
+}
+
+TEST(BenchLoad, RefusesZeroClients) {
+  RunResult r = RunCommand({TuttiCli(), "bench", "load", "--clients=0"}, absl::Seconds(30));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("must be positive"));
+}
+
+}  // namespace
+}  // namespace tutti::e2e
