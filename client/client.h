@@ -98,8 +98,8 @@ class Client {
   // calling again retries it.
   absl::StatusOr<Batch> Next();
 
-  // Sends this rank's phase timings for `step` to the packer (cost-model
-  // refit). Gives up after options.report_timeout.
+  // Sends this rank's phase timings for `step` to the packer (counted and
+  // exposed as metrics). Gives up after options.report_timeout.
   absl::Status ReportTiming(uint64_t step, const std::vector<PhaseTime>& phases);
 
   // The transport Exchange() uses (e.g. MpiTransport::CreateWorld()).

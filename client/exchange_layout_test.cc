@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "client/random_exchange.h"
+#include "client/testing/random_exchange.h"
 
 namespace tutti {
 namespace {

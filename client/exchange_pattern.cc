@@ -4,19 +4,20 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/rng.h"
 
 namespace tutti {
 namespace {
 
 uint64_t ItemSeed(uint64_t salt, const v1::TransferItem& item) {
-  return PatternMix(
-      PatternMix(PatternMix(salt ^ item.sample_id()) ^ static_cast<uint64_t>(item.encoder())) ^
+  return Mix64(
+      Mix64(Mix64(salt ^ item.sample_id()) ^ static_cast<uint64_t>(item.encoder())) ^
       item.index());
 }
 
 // The 8 pattern bytes of word w (offsets 8w .. 8w+7) of an item.
 uint64_t Word(uint64_t seed, uint64_t w) {
-  return PatternMix(seed + 0x9E3779B97F4A7C15ull * (w + 1));
+  return Mix64(seed + kGoldenGamma * (w + 1));
 }
 
 absl::Status CheckSize(const Transfers& transfers, size_t size) {
@@ -40,14 +41,6 @@ absl::Status CheckSize(const Transfers& transfers, size_t size) {
 }
 
 }  // namespace
-
-uint64_t PatternMix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 void FillSeedStream(uint64_t seed, uint8_t* out, uint64_t n) {
   uint64_t o = 0;

@@ -21,9 +21,6 @@ using Transfers = google::protobuf::RepeatedPtrField<v1::Transfer>;
 inline constexpr uint64_t kForwardSalt = 0x666f7277617264ull;
 inline constexpr uint64_t kBackwardSalt = 0x6261636b776172ull;
 
-// The 64-bit mix the patterns are made of (splitmix64's finaliser).
-uint64_t PatternMix(uint64_t x);
-
 // Fills `n` bytes with the stream of `seed`: what FillPattern writes for an
 // item whose seed it is. For checks that derive their own seeds.
 void FillSeedStream(uint64_t seed, uint8_t* out, uint64_t n);

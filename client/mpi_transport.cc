@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rng.h"
 #include "common/status.h"
 #include "tutti/v1/plan.pb.h"
 
@@ -28,13 +29,7 @@ constexpr int kRollCallTag = 7103;
 constexpr int kDataTagBase = 8000;
 constexpr int kDataTags = 16384;
 
-// splitmix64: a well-mixed 64-bit hash.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return SplitMix64Of(x); }
 
 // The hash of "rank `from` moves `bytes` to rank `to`". Sender and receiver
 // both add it to the XOR of the summary, so it cancels exactly when they

@@ -14,7 +14,7 @@
 #include "client/examples/rank_step.h"
 #include "client/exchange_pattern.h"
 #include "client/mpi_test_support.h"
-#include "client/random_exchange.h"
+#include "client/testing/random_exchange.h"
 
 namespace tutti {
 namespace {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/exchange_pattern.h"
+#include "common/rng.h"
 #include "common/crc32c.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -22,7 +23,7 @@ namespace {
 // from the CRC of the pixels it was encoded from, its identity and the
 // direction (salt).
 uint64_t ItemSeed(const v1::TransferItem& item, uint32_t crc, uint64_t salt) {
-  return PatternMix(PatternMix(PatternMix(salt ^ item.sample_id()) ^ item.index()) ^ crc);
+  return Mix64(Mix64(Mix64(salt ^ item.sample_id()) ^ item.index()) ^ crc);
 }
 
 constexpr uint64_t kForward = 0x66776420u, kBackward = 0x62776420u;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -185,12 +186,12 @@ class PackerDaemonTest : public ::testing::Test {
   // Plan hashes of [start, end) read through StreamPlans (stops after
   // `stop_after` plans when set).
   static std::vector<std::string> Stream(v1::Packer::Stub* stub, uint64_t start, uint64_t end,
-                                         size_t stop_after = SIZE_MAX) {
+                                         size_t stop_after = SIZE_MAX, uint32_t world = 4) {
     grpc::ClientContext ctx;
     v1::StreamPlansRequest req;
     req.set_start_step(start);
     req.set_end_step(end);
-    req.set_world_size(4);
+    req.set_world_size(world);
     auto reader = stub->StreamPlans(&ctx, req);
     std::vector<std::string> hashes;
     v1::StepPlan plan;
@@ -392,6 +393,58 @@ TEST_F(PackerDaemonTest, SigkillAndRestartIsInvisibleToClients) {
   auto rest = Stream(again.Stub().get(), seen.size(), kSteps);
   seen.insert(seen.end(), rest.begin(), rest.end());
   EXPECT_EQ(seen, uninterrupted);
+}
+
+// Runs a command line; its stdout, or "exit N: <stdout>" when it fails.
+std::string Output(const std::string& command) {
+  FILE* f = popen(command.c_str(), "r");
+  if (f == nullptr) return "popen failed";
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int rc = pclose(f);
+  return rc == 0 ? out : absl::StrCat("exit ", rc, ": ", out);
+}
+
+// The benchmark plans through the code tutti-packerd serves: for every cell
+// of `tutti bench packer` (colocated strategies and post-balancing), the
+// hash it computes for each step equals `tutti plan --format hash` on the
+// same config and index and the hash of the plan the daemon streams.
+TEST_F(PackerDaemonTest, BenchmarkPlansAreThePlansTheDaemonServes) {
+  const std::string dir = *dir_ + "/bench";
+  for (const char* post : {"", " --post-balancing"}) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string bench = Output(absl::StrCat(
+        TUTTI_CLI, " bench packer --ranks 8 --stages 1003520 --steps 3 --build-steps 0 ",
+        "--strategies greedy,tutti --samples 12000 --fill 0.7 --json --hashes ", dir, post,
+        " 2>/dev/null"));
+    ASSERT_EQ(bench.rfind("exit", 0), std::string::npos) << bench;
+    int cells = 0;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().extension() != ".hashes") continue;
+      ++cells;
+      const std::string hashes = ReadAll(entry.path());
+      ASSERT_EQ(std::count(hashes.begin(), hashes.end(), '\n'), 3) << entry.path() << hashes;
+      std::string config = entry.path();
+      config.replace(config.size() - 7, 7, ".textproto");
+      EXPECT_EQ(Output(absl::StrCat(TUTTI_CLI, " plan --config ", config, " --index ", dir,
+                                    "/index.idx --steps 3 --format hash")),
+                hashes)
+          << config;
+      Daemon d(dir, entry.path().stem().string(),
+               {"--config=" + config, "--index=" + dir + "/index.idx", "--listen=127.0.0.1:0",
+                "--metrics=127.0.0.1:0"});
+      ASSERT_TRUE(d.WaitReady()) << d.err();
+      std::string streamed;
+      uint64_t step = 0;
+      for (const std::string& h : Stream(d.Stub().get(), 0, 3, SIZE_MAX, 8)) {
+        absl::StrAppend(&streamed, "step ", step++, " ", h, "\n");
+      }
+      EXPECT_EQ(streamed, hashes) << config;
+    }
+    EXPECT_EQ(cells, 2) << post;
+  }
 }
 
 }  // namespace

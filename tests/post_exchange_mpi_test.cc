@@ -28,6 +28,7 @@
 #include "client/nccl_transport.h"
 #endif
 #include "common/job_config.h"
+#include "services/packer/bench/staging.h"
 #include "services/packer/bench/synthetic.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/plan_proto.h"
@@ -42,20 +43,6 @@ bool g_nccl = false;  // --transport=nccl
 
 using testing::WorldRank;
 using testing::WorldSize;
-
-// Shard s is staged only on node s % nodes.
-class OneNodePerShard final : public packer::ShardStaging {
- public:
-  OneNodePerShard(uint32_t shards, uint32_t nodes) : shards_(shards), nodes_(nodes) {}
-  dispatch::ShardAvailability At(uint64_t) const override {
-    auto a = dispatch::ShardAvailability::None(shards_, nodes_);
-    for (uint32_t s = 0; s < shards_; ++s) a.Set(s, s % nodes_, true);
-    return a;
-  }
-
- private:
-  uint32_t shards_, nodes_;
-};
 
 uint32_t RanksPerNode(uint32_t world) { return world % 4 == 0 ? 4 : world; }
 
@@ -239,7 +226,7 @@ TEST(PostExchangeMpiTest, EveryByteOfEverySampleArrivesWhereThePlanSays) {
   const uint32_t world = WorldSize(), rank = WorldRank();
   auto job = MakeJob(world);
   ASSERT_NE(job, nullptr);
-  OneNodePerShard staging(job->index().num_shards(), world / RanksPerNode(world));
+  packer::ShardsOnNodes staging(job->index().num_shards(), world / RanksPerNode(world));
   const packer::Planner everywhere(job), restricted(job, &staging);
   // Every rank reaches the same verdict on creating the transport.
   absl::StatusOr<TransportUnderTest> transport = MakeTransport();

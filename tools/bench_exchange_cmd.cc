@@ -7,8 +7,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "services/packer/bench/exchange_bench.h"
-#include "services/packer/bench/strategy_split.h"
-#include "services/packer/core/packing.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/exchange_mpi_bench.h"
@@ -17,42 +15,45 @@ namespace tutti::tools {
 namespace {
 
 int RunBenchExchange(int argc, char** argv) {
-  dispatch::ExchangeBenchOptions o;
+  packer::ExchangeBenchOptions o;
   std::string ranks = "16,256,2560";
   std::string transport = "none";
-  std::string pre_strategy = "tutti";
   bool json = false;
-  uint64_t max_pixels = o.workload.geometry.max_pixels;
   MpiExchangeBenchOptions mpi;
   Cli cli(
       "tutti bench exchange [options]\n"
       "  mpirun -np N tutti bench exchange --transport mpi --ranks N --ranks-per-node M",
-      "Batch post-balancing on the seed workload (seq_len 32768, 4 sequences per rank, 80% "
-      "text-only samples with lognormal lengths of median 1000 tokens, 20% VL samples with "
-      "1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to --max-pixels). For "
-      "every world size (8-rank nodes) it reports the phase imbalance (max/mean) with no "
-      "balancing (`none`: the drawn round-robin split), with pre-balancing only (`pre`: the "
-      "packer's --pre-strategy packing whole samples, every image encoded on its sample's "
-      "rank) and with post-balancing (`post`), the inter-node bytes of the node-aware plan "
-      "and of a node-oblivious plan of the same balance, the gap of the fast rearrangement "
-      "to the GLPK optimum on a 2-node x 2-rank sub-instance (small world sizes), and the "
-      "median plan time on one core (wall and thread CPU time). With --transport mpi, under "
-      "mpirun with as many processes as --ranks, every post plan's forward exchange also "
-      "runs through the client library's MPI transport (every byte checked, forward and "
-      "backward) and, interleaved, through a bare MPI_Alltoallv of the same bytes: "
+      "Batch post-balancing on the seed workload (bench packer's: seq_len 32768, 4 sequences "
+      "per rank, 80% text-only samples with lognormal lengths of median 1000 tokens, 20% VL "
+      "samples with 1-4 images: 90% up to 2 MP, 10% up to 16 MP, smart-resized to "
+      "--max-pixels), one step planned by the packer's own Job and Planner exactly as "
+      "tutti-packerd plans it. For every world size (8-rank nodes) it reports the phase "
+      "imbalance (max/mean) with no balancing (`none`: the drawn round-robin split), with "
+      "pre-balancing only (`pre`: the colocated plan of --pre-strategy, every image encoded on "
+      "its sample's rank) and with post-balancing (`post`), the inter-node bytes of the "
+      "node-aware plan and of a node-oblivious plan of the same balance, the gap of the fast "
+      "rearrangement to the GLPK optimum on a 2-node x 2-rank sub-instance (small world "
+      "sizes), and the median plan time on one core (wall and thread CPU time). With "
+      "--transport mpi, under mpirun with as many processes as --ranks, every post plan's "
+      "forward exchange (each rank's lists from the StepPlan the daemon would serve) also runs "
+      "through the client library's MPI transport (every byte checked, forward and backward) "
+      "and, interleaved, through a bare MPI_Alltoallv of the same bytes: "
       "client_vs_bare_throughput is the ratio of their throughputs.");
   cli.Flag("ranks", &ranks, "comma-separated world sizes");
   cli.Flag("ranks-per-node", &o.workload.ranks_per_node, "ranks per node");
   cli.Flag("seq-len", &o.workload.seq_len, "tokens per packed sequence");
-  cli.Flag("text-sequences", &o.workload.text_sequences, "text-only sequences per rank per step");
-  cli.Flag("vl-sequences", &o.workload.vl_sequences, "VL sequences per rank per step");
+  cli.Flag("sequences", &o.workload.seqs_per_rank,
+           "sequences per rank per step (split into text and VL by the dataset's mix)");
   cli.Flag("fill", &o.workload.fill, "fraction of each modality's token room the step fills");
-  cli.Flag("max-pixels", &max_pixels,
+  cli.Flag("max-pixels", &o.max_pixels,
            "smart-resize max_pixels (curriculum stage): 1003520 ~ 1 MP, 16777216 = 16 MP");
-  cli.Flag("shard-nodes", &o.workload.shard_nodes,
+  cli.Flag("shard-nodes", &o.shard_nodes,
            "nodes whose stager has each shard (0 = every node); fewer makes inputs remote");
-  cli.Flag("audio-share", &o.workload.audio_share,
-           "fraction of VL samples that are speech samples (one audio clip) instead");
+  cli.Flag("audio-share", &o.workload.audio_fraction,
+           "fraction of VL samples that also carry an audio clip");
+  cli.Flag("samples", &o.samples,
+           "synthetic dataset size (0: two steps of the largest world, at least 50,000)");
+  cli.Flag("step", &o.step, "the step planned");
   cli.Flag("padded", &o.padded,
            "padded LLM cost: a micro-batch costs as if every sequence were its longest");
   cli.Flag("tolerance", &o.balance_tolerance,
@@ -60,7 +61,7 @@ int RunBenchExchange(int argc, char** argv) {
            "makespan when that is out of reach");
   cli.Flag("hidden-size", &o.hidden_size,
            "LLM hidden size of the embedding bytes (bf16); 0 = 4096. Scales the exchange sizes");
-  cli.Flag("pre-strategy", &pre_strategy,
+  cli.Flag("pre-strategy", &o.pre_strategy,
            "the packer strategy of the `pre` mode (greedy, seed-v1, seed-v2, tutti)");
   cli.Flag("repeats", &o.plan_repeats, "timed plans per world size (the median is reported)");
   cli.Flag("glpk-max-world", &o.glpk_max_world,
@@ -74,7 +75,6 @@ int RunBenchExchange(int argc, char** argv) {
   cli.Flag("warmup", &mpi.warmup, "--transport: untimed exchanges of each kind first");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
-  o.workload.geometry.max_pixels = max_pixels;
   o.world_sizes.clear();
   for (absl::string_view part : absl::StrSplit(ranks, ',', absl::SkipEmpty())) {
     uint32_t w = 0;
@@ -85,18 +85,8 @@ int RunBenchExchange(int argc, char** argv) {
     }
     o.world_sizes.push_back(w);
   }
-  packer::StrategyOptions so;
-  so.name = pre_strategy;
-  auto strategy = packer::MakeStrategy(so);
-  if (!strategy.ok()) {
-    std::fprintf(stderr, "--pre-strategy: %s\n", std::string(strategy.status().message()).c_str());
-    return 2;
-  }
-  o.pre_balance = packer::MakeStrategyPreBalance(
-      std::shared_ptr<const packer::PackingStrategy>(*std::move(strategy)));
-
   bool speaker = true;  // rank 0 under mpirun prints; the others only compute
-  dispatch::TransportBenchFn mpi_fn;
+  packer::TransportBenchFn mpi_fn;
   if (transport == "mpi") {
     auto world = InitMpiWorld();
     if (!world.ok()) {
@@ -117,9 +107,8 @@ int RunBenchExchange(int argc, char** argv) {
     }
     speaker = world->rank == 0;
     if (!speaker) o.glpk_max_world = 0;  // rank 0 reports the GLPK gap
-    mpi_fn = [mpi](const dispatch::DispatchInput& in, const dispatch::DispatchOptions& d,
-                   const dispatch::DispatchPlan& plan) {
-      return RunMpiExchangeBench(mpi, in, d, plan);
+    mpi_fn = [mpi](const packer::Job& job, const packer::StepPlanData& plan) {
+      return RunMpiExchangeBench(mpi, job, plan);
     };
     o.transport = &mpi_fn;
   } else if (transport != "none") {
@@ -131,7 +120,7 @@ int RunBenchExchange(int argc, char** argv) {
       std::fprintf(stderr, "[bench exchange] %s\n", line.c_str());
     };
   }
-  auto rows = dispatch::RunExchangeBench(o);
+  auto rows = packer::RunExchangeBench(o);
   if (!rows.ok()) {
     std::fprintf(stderr, "tutti bench exchange: %s\n",
                  std::string(rows.status().message()).c_str());
@@ -139,7 +128,7 @@ int RunBenchExchange(int argc, char** argv) {
   }
   if (!speaker) return 0;
   const std::string out =
-      json ? dispatch::FormatExchangeJson(*rows) : dispatch::FormatExchangeTable(*rows);
+      json ? packer::FormatExchangeJson(*rows) : packer::FormatExchangeTable(*rows);
   std::fputs(out.c_str(), stdout);
   return 0;
 }

@@ -1,6 +1,7 @@
 // `tutti bench packer`: every packing strategy side by side on the seed's
 // workload, in one run: plan time, ViT/LLM imbalance (and vs. the lower
 // bound), image-token spread per pack. Also measures loading a large index.
+#include <google/protobuf/text_format.h>
 #include <time.h>
 
 #include <algorithm>
@@ -89,10 +90,28 @@ void Measure(const packer::StepPlanData& d, Cell* c) {
   c->img_std += packs ? std::sqrt(std::max(0.0, sq / packs - mean * mean)) : 0;
 }
 
+std::string Label(const Cell& c);
+
+// With --hashes DIR: the cell's job config (DIR/<cell>.textproto) and the
+// identity hash of every step it planned (DIR/<cell>.hashes, as `tutti plan
+// --format hash` prints them), so that the plans can be compared with what
+// `tutti plan` and tutti-packerd compute for the same config and index.
+std::string CellName(const Cell& c) {
+  std::string name = absl::StrCat("W", c.ranks, "-px", c.max_pixels, "-", Label(c));
+  for (char& ch : name) {
+    if (ch == ' ' || ch == '=') ch = '_';
+  }
+  return name;
+}
+
 void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer::Index> index,
-             uint64_t steps, uint64_t build_steps, bool post, Cell* c) {
+             uint64_t steps, uint64_t build_steps, bool post, const std::string& hash_dir,
+             Cell* c) {
   v1::JobConfig config = packer::SeedConfig(wo, c->shape, c->ranks, c->max_pixels, c->strategy,
                                             std::max<uint32_t>(1, c->bins), post);
+  // The job a daemon would load from the written config: index_path is part
+  // of the job's identity.
+  if (!hash_dir.empty()) config.set_index_path(hash_dir + "/index.idx");
   auto job = packer::Job::Create(config, index);
   if (!job.ok()) {
     c->error = std::string(job.status().message());
@@ -101,6 +120,7 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
   packer::Planner planner(*job);
   packer::StepPlanData d;
   v1::StepPlan plan;
+  std::string hashes;
   (void)planner.Plan(steps, &d);  // warm-up (buffers), not measured
   for (uint64_t s = 0; s < steps; ++s) {
     const double t0 = ThreadCpuMs();
@@ -114,10 +134,23 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
     c->plan_ms.push_back(ms);
     ++c->steps;
     Measure(d, c);
-    if (s < build_steps) {
+    if (s < build_steps || !hash_dir.empty()) {
       const double t1 = ThreadCpuMs();
       (void)packer::BuildStepPlan(**job, d, {}, &plan);
-      c->build_ms.push_back(ThreadCpuMs() - t1);
+      if (s < build_steps) c->build_ms.push_back(ThreadCpuMs() - t1);
+      if (!hash_dir.empty())
+        absl::StrAppend(&hashes, "step ", s, " ", packer::PlanHash(&plan), "\n");
+    }
+  }
+  if (!hash_dir.empty()) {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString((*job)->config(), &text);
+    const std::string base = absl::StrCat(hash_dir, "/", CellName(*c));
+    for (const auto& [path, bytes] :
+         {std::pair{base + ".textproto", text}, std::pair{base + ".hashes", hashes}}) {
+      if (absl::Status w = WriteFileAtomically(path, bytes); !w.ok() && c->error.empty()) {
+        c->error = std::string(w.message());
+      }
     }
   }
   if (c->steps > 0) {
@@ -238,7 +271,7 @@ int RunBenchPacker(int argc, char** argv) {
   std::string ranks_text = "8,64,512,2560", stages_text = "1003520,16777216", only;
   uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0;
   bool json = false, post = false;
-  std::string tmp_dir = "/tmp";
+  std::string tmp_dir = "/tmp", hash_dir;
   packer::SeedWorkloadOptions wo;
   Cli cli("tutti bench packer [options]",
           "Runs every packing strategy on the seed's workload (seq_len 32,768; 4 sequences per\n"
@@ -266,6 +299,9 @@ int RunBenchPacker(int argc, char** argv) {
   cli.Flag("index-samples", &index_samples,
            "measure writing+loading a synthetic index of this many samples (e.g. 10000000)");
   cli.Flag("tmp", &tmp_dir, "directory for the index-load measurement's file");
+  cli.Flag("hashes", &hash_dir,
+           "write the dataset (DIR/index.idx), each cell's job config (DIR/<cell>.textproto) and "
+           "the identity hash of every planned step (DIR/<cell>.hashes) to this directory");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
   if (index_samples > 0) return IndexLoadBench(index_samples, tmp_dir, json);
@@ -312,7 +348,15 @@ int RunBenchPacker(int argc, char** argv) {
     samples = std::max<uint64_t>(50000, uint64_t{max_w} * wo.seqs_per_rank * wo.seq_len / 1400 * 3);
   }
   auto t0 = Clock::now();
-  auto index = packer::MakeSeedIndex(wo, samples);
+  auto index_bytes = packer::MakeSeedIndexBytes(wo, samples);
+  absl::StatusOr<std::shared_ptr<const packer::Index>> index =
+      index_bytes.ok() ? packer::Index::FromString(*index_bytes, "seed-workload")
+                       : absl::StatusOr<std::shared_ptr<const packer::Index>>(index_bytes.status());
+  if (index.ok() && !hash_dir.empty()) {
+    if (absl::Status w = WriteFileAtomically(hash_dir + "/index.idx", *index_bytes); !w.ok()) {
+      index = w;
+    }
+  }
   if (!index.ok()) {
     std::fprintf(stderr, "tutti bench packer: %s\n", std::string(index.status().message()).c_str());
     return 1;
@@ -337,7 +381,7 @@ int RunBenchPacker(int argc, char** argv) {
         c.max_pixels = px;
         c.shape = *shape;
         const auto tc = Clock::now();
-        RunCell(wo, *index, steps, build_steps, post, &c);
+        RunCell(wo, *index, steps, build_steps, post, hash_dir, &c);
         std::fprintf(stderr, "  W=%u max_pixels=%llu %-12s %u steps in %.1f s\n", w,
                      static_cast<unsigned long long>(px), Label(c).c_str(), c.steps, Ms(tc) / 1e3);
         cells.push_back(std::move(c));

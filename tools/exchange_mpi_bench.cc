@@ -13,7 +13,7 @@
 #include "client/exchange_pattern.h"
 #include "client/mpi_transport.h"
 #include "common/status.h"
-#include "services/packer/core/post_balancing/move_lists_proto.h"
+#include "services/packer/plan_proto.h"
 
 namespace tutti::tools {
 namespace {
@@ -54,24 +54,25 @@ absl::StatusOr<MpiWorld> InitMpiWorld() {
   return MpiWorld{static_cast<uint32_t>(rank), static_cast<uint32_t>(size)};
 }
 
-absl::StatusOr<dispatch::TransportBenchResult> RunMpiExchangeBench(
-    const MpiExchangeBenchOptions& o, const dispatch::DispatchInput& in,
-    const dispatch::DispatchOptions& d, const dispatch::DispatchPlan& plan) {
+absl::StatusOr<packer::TransportBenchResult> RunMpiExchangeBench(const MpiExchangeBenchOptions& o,
+                                                                 const packer::Job& job,
+                                                                 const packer::StepPlanData& plan) {
   ASSIGN_OR_RETURN(const MpiWorld world, InitMpiWorld());
   static MpiTransport* transport = [] {
     auto t = MpiTransport::CreateWorld();
     return t.ok() ? t->release() : nullptr;
   }();
   if (transport == nullptr) return absl::InternalError("could not create the MPI transport");
-  const uint32_t W = plan.cluster.world_size, rank = world.rank;
-  if (W != world.size || plan.forward.size() != W) {
+  const uint32_t W = plan.world_size, rank = world.rank;
+  if (W != world.size) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the plan is for ", W, " ranks but mpirun started ", world.size, "; run `mpirun -np ", W,
         " tutti bench exchange --transport mpi --ranks ", W, "`"));
   }
-  v1::RankPlan rp;
-  rp.set_rank(rank);
-  dispatch::FillExchange(in, plan.forward[rank], rp.mutable_exchange());
+  v1::StepPlan step;
+  const uint32_t ranks[] = {rank};
+  RETURN_IF_ERROR(packer::BuildStepPlan(job, plan, ranks, &step));
+  const v1::RankPlan& rp = step.ranks(0);
   const v1::Exchange& x = rp.exchange();
   const ExchangeContext ctx{0, W};
 
@@ -135,7 +136,7 @@ absl::StatusOr<dispatch::TransportBenchResult> RunMpiExchangeBench(
   RETURN_IF_ERROR(AllOk(failed));
   double mine = static_cast<double>(x.send_bytes()), all = 0;
   MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  dispatch::TransportBenchResult r;
+  packer::TransportBenchResult r;
   const double c = Median(client_s), b = Median(bare_s);
   r.client_gbps = c > 0 ? all / c / 1e9 : 0;
   r.bare_gbps = b > 0 ? all / b / 1e9 : 0;

@@ -34,9 +34,11 @@ absl::StatusOr<MpiWorld> InitMpiWorld();
 // ranks), client and bare alternating which goes first; throughput is all
 // ranks' send bytes over the median time, and client_vs_bare_throughput is
 // bare median / client median.
-absl::StatusOr<dispatch::TransportBenchResult> RunMpiExchangeBench(
-    const MpiExchangeBenchOptions& options, const dispatch::DispatchInput& input,
-    const dispatch::DispatchOptions& dispatch_options, const dispatch::DispatchPlan& plan);
+// The rank's exchange lists are those of the StepPlan tutti-packerd would
+// serve for this plan (packer/plan_proto.h).
+absl::StatusOr<packer::TransportBenchResult> RunMpiExchangeBench(
+    const MpiExchangeBenchOptions& options, const packer::Job& job,
+    const packer::StepPlanData& plan);
 
 }  // namespace tutti::tools
 

@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "common/tar.h"
-#include "tools/datagen/rng.h"
+#include "common/rng.h"
 
 namespace tutti::datagen {
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tools/datagen/rng.h"
+#include "common/rng.h"
 
 namespace tutti::datagen {
 namespace {

@@ -15,17 +15,22 @@ SyntheticOptions SeedSyntheticOptions(const SeedWorkloadOptions& o, uint64_t sam
   s.samples = samples;
   s.seed = o.seed;
   s.vl_fraction = o.vl_share;
+  s.audio_fraction = o.audio_fraction;
   s.text_median_tokens = 1000;
   s.max_text_tokens = o.seq_len;
   s.fit_seq_len = o.seq_len;
   s.fit_max_pixels = kSeedStage2MaxPixels;
-  s.samples_per_shard = 1000;
+  s.samples_per_shard = o.samples_per_shard;
   return s;
+}
+
+absl::StatusOr<std::string> MakeSeedIndexBytes(const SeedWorkloadOptions& o, uint64_t samples) {
+  return MakeSyntheticIndex(SeedSyntheticOptions(o, samples));
 }
 
 absl::StatusOr<std::shared_ptr<const Index>> MakeSeedIndex(const SeedWorkloadOptions& o,
                                                            uint64_t samples) {
-  ASSIGN_OR_RETURN(std::string bytes, MakeSyntheticIndex(SeedSyntheticOptions(o, samples)));
+  ASSIGN_OR_RETURN(std::string bytes, MakeSeedIndexBytes(o, samples));
   return Index::FromString(bytes, "seed-workload");
 }
 

@@ -26,15 +26,20 @@ struct SeedWorkloadOptions {
   uint32_t seq_len = 32768;
   uint32_t seqs_per_rank = 4;
   uint32_t ranks_per_node = 8;
-  double fill = 0.87;     // target mean fill of every sequence
-  double vl_share = 0.2;  // the dataset's share of VL samples
+  double fill = 0.87;         // target mean fill of every sequence
+  double vl_share = 0.2;      // the dataset's share of VL samples
+  double audio_fraction = 0;  // VL samples that also carry an audio clip
+  uint32_t samples_per_shard = 1000;
   uint64_t seed = 1;
 };
 
 inline constexpr uint64_t kSeedStage1MaxPixels = 1003520;   // "1 MP"
 inline constexpr uint64_t kSeedStage2MaxPixels = 16777216;  // "16 MP" (4096 x 4096)
 
-// The synthetic dataset: `samples` samples in the seed's mix.
+// The synthetic dataset: `samples` samples in the seed's mix, serialized
+// (what `tutti index` would write) or loaded.
+absl::StatusOr<std::string> MakeSeedIndexBytes(const SeedWorkloadOptions& options,
+                                               uint64_t samples);
 absl::StatusOr<std::shared_ptr<const Index>> MakeSeedIndex(const SeedWorkloadOptions& options,
                                                            uint64_t samples);
 // Its generator options (MakeSyntheticIndex of these is the serialized index).

@@ -4,104 +4,142 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "services/packer/bench/staging.h"
+#include "services/packer/core/planner.h"
 #include "services/packer/core/post_balancing/llm_ilp.h"
-#include "services/packer/core/post_balancing/move_lists.h"
 #include "services/packer/core/post_balancing/post_balancing.h"
 
-namespace tutti::dispatch {
+namespace tutti::packer {
 namespace {
 
-const PhaseStats* Find(const std::vector<PhaseStats>& phases, const char* name) {
-  for (const PhaseStats& p : phases) {
-    if (p.phase == name) return &p;
+double VsBound(const PhaseSummary& p) { return p.lower_bound > 0 ? p.max / p.lower_bound : 1.0; }
+
+void FillPhases(const StepPlanData& d, ExchangeBenchRow* row) {
+  row->encoder_imbalance = d.vit.imbalance;
+  row->encoder_vs_bound = VsBound(d.vit);
+  if (d.has_audio) {
+    row->audio_imbalance = d.audio_phase.imbalance;
+    row->audio_vs_bound = VsBound(d.audio_phase);
   }
-  return nullptr;
+  row->llm_imbalance = d.llm.imbalance;
+  row->llm_vs_bound = VsBound(d.llm);
 }
 
-void FillPhases(const std::vector<PhaseStats>& phases, ExchangeBenchRow* row) {
-  if (const PhaseStats* p = Find(phases, "vit")) {
-    row->encoder_imbalance = p->imbalance;
-    row->encoder_vs_bound = p->imbalance_vs_bound;
+// The drawn split the post plan replaces: its max/mean, and against the
+// same lower bound (the drawn mean equals the placed one: the same work).
+void FillDrawn(const StepPlanData& d, ExchangeBenchRow* row) {
+  auto vs = [](const PhaseSummary& p) {
+    return p.lower_bound > 0 ? p.imbalance_before * p.mean / p.lower_bound : 1.0;
+  };
+  row->encoder_imbalance = d.vit.imbalance_before;
+  row->encoder_vs_bound = vs(d.vit);
+  if (d.has_audio) {
+    row->audio_imbalance = d.audio_phase.imbalance_before;
+    row->audio_vs_bound = vs(d.audio_phase);
   }
-  if (const PhaseStats* p = Find(phases, "audio")) {
-    row->audio_imbalance = p->imbalance;
-    row->audio_vs_bound = p->imbalance_vs_bound;
-  }
-  if (const PhaseStats* p = Find(phases, "llm")) {
-    row->llm_imbalance = p->imbalance;
-    row->llm_vs_bound = p->imbalance_vs_bound;
-  }
+  row->llm_imbalance = d.llm.imbalance_before;
+  row->llm_vs_bound = vs(d.llm);
 }
 
 // The samples drawn by the first sub_rpn ranks of the first sub_nodes nodes,
 // re-numbered onto a sub_nodes x sub_rpn cluster (with restricted staging,
 // those whose shard is staged on one of those nodes).
-DispatchInput SubInstance(const DispatchInput& in, const ClusterShape& c, uint32_t sub_nodes,
-                          uint32_t sub_rpn) {
-  DispatchInput out;
-  if (!in.availability.all()) {  // the sub-instance's nodes are the first sub_nodes
-    const ShardAvailability& a = in.availability;
-    out.availability = ShardAvailability::None(a.shards(), sub_nodes);
-    for (uint32_t s = 0; s < a.shards(); ++s) {
-      for (uint32_t n = 0; n < sub_nodes; ++n) out.availability.Set(s, n, a.Has(s, n));
+StepPlanData SubStep(const StepPlanData& in, const dispatch::ShardAvailability& av,
+                     uint32_t sub_nodes, uint32_t sub_rpn, dispatch::ShardAvailability* sub_av) {
+  StepPlanData out;
+  out.step = in.step;
+  out.seq_len = in.seq_len;
+  out.world_size = sub_nodes * sub_rpn;
+  out.ranks_per_node = sub_rpn;
+  out.text_seqs = in.text_seqs;
+  out.vl_seqs = in.vl_seqs;
+  *sub_av = dispatch::ShardAvailability();
+  if (!av.all()) {  // the sub-instance's nodes are the first sub_nodes
+    *sub_av = dispatch::ShardAvailability::None(av.shards(), sub_nodes);
+    for (uint32_t s = 0; s < av.shards(); ++s) {
+      for (uint32_t n = 0; n < sub_nodes; ++n) sub_av->Set(s, n, av.Has(s, n));
     }
   }
-  for (const Sample& s : in.samples) {
-    const uint32_t node = c.node_of(s.drawn_rank), local = s.drawn_rank % c.ranks_per_node;
+  const uint32_t rpn = std::max<uint32_t>(1, in.ranks_per_node);
+  std::vector<uint32_t> renumber(in.samples.size(), UINT32_MAX);
+  for (uint32_t k = 0; k < in.samples.size(); ++k) {
+    const PlannedSample& s = in.samples[k];
+    const uint32_t node = s.drawn_rank / rpn, local = s.drawn_rank % rpn;
     if (node >= sub_nodes || local >= sub_rpn) continue;
-    // Samples whose shard no node of the sub-cluster stages are left out.
-    bool staged = in.availability.all();
-    for (uint32_t n = 0; n < sub_nodes && !staged; ++n) staged = in.availability.Has(s.shard, n);
+    bool staged = av.all();
+    for (uint32_t n = 0; n < sub_nodes && !staged; ++n) staged = av.Has(s.shard, n);
     if (!staged) continue;
-    Sample t = s;
+    renumber[k] = static_cast<uint32_t>(out.samples.size());
+    PlannedSample t = s;
     t.drawn_rank = node * sub_rpn + local;
-    out.samples.push_back(std::move(t));
+    t.first_image = static_cast<uint32_t>(out.images.size());
+    t.first_audio = static_cast<uint32_t>(out.audio.size());
+    out.samples.push_back(t);
+    for (uint32_t i = s.first_image; i < s.first_image + s.cost.images; ++i) {
+      out.images.push_back(in.images[i]);
+      out.images.back().owner = renumber[k];
+    }
+    for (uint32_t a = s.first_audio; a < s.first_audio + s.cost.audio; ++a) {
+      out.audio.push_back(in.audio[a]);
+      out.audio.back().owner = renumber[k];
+    }
   }
   return out;
 }
 
-void RunGlpk(const ExchangeBenchOptions& o, const Workload& w, const DispatchOptions& d,
-             ExchangeBenchRow* row) {
-  const uint32_t nodes = std::min(o.glpk_sub_nodes, d.cluster.nodes());
-  const uint32_t rpn = std::min(o.glpk_sub_ranks_per_node, d.cluster.ranks_per_node);
-  DispatchOptions sd = d;
+void RunGlpk(const ExchangeBenchOptions& o, const Job& job, const Planner& planner,
+             const dispatch::ShardAvailability& av, ExchangeBenchRow* row) {
+  StepPlanData drawn;
+  if (absl::Status s = planner.Draw(o.step, &drawn); !s.ok()) {
+    row->glpk_status = absl::StrCat("no result: ", s.message());
+    return;
+  }
+  const uint32_t nodes = std::min(o.glpk_sub_nodes, job.world_size() / job.ranks_per_node());
+  const uint32_t rpn = std::min(o.glpk_sub_ranks_per_node, job.ranks_per_node());
+  dispatch::DispatchOptions sd = PostBalancingOptions(job.dispatcher_options());
   sd.cluster = {nodes * rpn, rpn};
-  const DispatchInput sub = SubInstance(w.input, d.cluster, nodes, rpn);
-  absl::StatusOr<RearrangementInstance> inst = BuildRearrangement(sub, sd);
+  sd.cost = job.coster(drawn.stage).model().options();
+  dispatch::ShardAvailability sub_av;
+  const StepPlanData sub = SubStep(drawn, av, nodes, rpn, &sub_av);
+  absl::StatusOr<dispatch::RearrangementInstance> inst =
+      dispatch::BuildRearrangement(sub, sub_av, sd);
   if (!inst.ok()) {
     row->glpk_status = absl::StrCat("no result: ", inst.status().message());
     return;
   }
-  absl::StatusOr<RearrangeResult> fast =
-      RearrangeLlm(inst->problem, sd.improvement_rounds, sd.balance_tolerance);
+  absl::StatusOr<dispatch::RearrangeResult> fast =
+      dispatch::RearrangeLlm(inst->problem, sd.improvement_rounds, sd.balance_tolerance);
   if (!fast.ok()) {
     row->glpk_status = absl::StrCat("no result: ", fast.status().message());
     return;
   }
   inst->problem.bound = fast->bound;  // the same constraint for both
-  IlpOptions io;
+  dispatch::IlpOptions io;
   io.time_limit_s = o.glpk_time_limit_s;
   io.start = &fast->assignment;
-  absl::StatusOr<IlpResult> ilp = SolveLlmIlp(inst->problem, io);
-  const uint64_t fast_bytes = LlmInterNodeBytes(inst->problem, fast->assignment);
+  absl::StatusOr<dispatch::IlpResult> ilp = dispatch::SolveLlmIlp(inst->problem, io);
+  const uint64_t fast_bytes = dispatch::LlmInterNodeBytes(inst->problem, fast->assignment);
   row->glpk_fast_bytes = fast_bytes;
   if (!ilp.ok()) {
     row->glpk_status = absl::StrCat("no result: ", ilp.status().message());
     return;
   }
-  if (ilp->outcome != IlpOutcome::kOptimal) {
-    row->glpk_status = ilp->outcome == IlpOutcome::kInfeasible
+  if (ilp->outcome != dispatch::IlpOutcome::kOptimal) {
+    row->glpk_status = ilp->outcome == dispatch::IlpOutcome::kInfeasible
                            ? "no result: infeasible"
                            : absl::StrCat("no result: ", ilp->detail);
     return;
   }
   row->glpk_optimum_bytes = ilp->bytes;
-  absl::StatusOr<LlmAssignment> balanced = BalanceLlm(inst->problem, sd.improvement_rounds);
-  const uint64_t oblivious = balanced.ok() ? LlmInterNodeBytes(inst->problem, *balanced) : 0;
+  absl::StatusOr<dispatch::LlmAssignment> balanced =
+      dispatch::BalanceLlm(inst->problem, sd.improvement_rounds);
+  const uint64_t oblivious =
+      balanced.ok() ? dispatch::LlmInterNodeBytes(inst->problem, *balanced) : 0;
   const double denom =
       ilp->bytes > 0 ? double(ilp->bytes) : double(std::max<uint64_t>(1, oblivious));
   row->glpk_gap = (double(fast_bytes) - double(ilp->bytes)) / denom;
@@ -118,115 +156,143 @@ double ThreadCpuMs() {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-}  // namespace
+absl::StatusOr<std::shared_ptr<const Job>> BenchJob(const ExchangeBenchOptions& o,
+                                                    std::shared_ptr<const Index> index,
+                                                    const SeedStepShape& shape, uint32_t W,
+                                                    bool post, bool node_aware) {
+  // The strategy is not used with post-balancing.
+  v1::JobConfig c = SeedConfig(o.workload, shape, W, o.max_pixels, post ? "tutti" : o.pre_strategy,
+                               o.open_bins, post);
+  c.mutable_post_balancing()->set_padded(o.padded);
+  if (o.hidden_size > 0) c.mutable_post_balancing()->set_hidden_size(o.hidden_size);
+  JobOptions jo;
+  jo.node_aware = node_aware;
+  jo.balance_tolerance = o.balance_tolerance;
+  return Job::Create(std::move(c), std::move(index), jo);
+}
 
-absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBenchOptions& o) {
-  std::vector<ExchangeBenchRow> rows;
+// One world size: the three rows.
+absl::Status RunWorld(const ExchangeBenchOptions& o, std::shared_ptr<const Index> index, uint32_t W,
+                      std::vector<ExchangeBenchRow>* rows) {
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);
   };
-  for (uint32_t W : o.world_sizes) {
-    WorkloadOptions wo = o.workload;
-    wo.world_size = W;
-    ASSIGN_OR_RETURN(Workload w, GenerateWorkload(wo));
-    DispatchOptions d = w.options;
-    d.padded = o.padded;
-    if (o.hidden_size > 0) d.hidden_size = o.hidden_size;
-    d.balance_tolerance = o.balance_tolerance;
-    say(absl::StrCat("W=", W, ": ", w.input.samples.size(), " samples (", w.vl_samples, " VL, ",
-                     w.images, " images, ", w.audio_clips, " audio clips)"));
-    ExchangeBenchRow base;
-    base.ranks = W;
-    base.nodes = d.cluster.nodes();
-    base.samples = static_cast<uint32_t>(w.input.samples.size());
-    base.vl_samples = w.vl_samples;
-    base.images = w.images;
-    base.audio_clips = w.audio_clips;
-    base.glpk_status = "not run";
-
-    std::vector<uint32_t> drawn(w.input.samples.size());
-    for (size_t s = 0; s < drawn.size(); ++s) drawn[s] = w.input.samples[s].drawn_rank;
-    ASSIGN_OR_RETURN(SplitEvaluation none, EvaluateSplit(w.input, d, drawn));
-    ExchangeBenchRow row = base;
-    row.mode = "none";
-    FillPhases(none.phases, &row);
-    row.overflow_sequences = none.overflow_sequences;
-    rows.push_back(row);
-
-    say(absl::StrCat("W=", W, ": pre-balancing"));
-    row = base;
-    row.mode = "pre";
-    absl::StatusOr<std::vector<uint32_t>> split =
-        o.pre_balance ? o.pre_balance(w.input, d)
-                      : absl::StatusOr<std::vector<uint32_t>>(absl::FailedPreconditionError(
-                            "no pre-balancer given (ExchangeBenchOptions::pre_balance)"));
-    absl::StatusOr<SplitEvaluation> pre = split.ok()
-                                              ? EvaluateSplit(w.input, d, *split)
-                                              : absl::StatusOr<SplitEvaluation>(split.status());
-    if (pre.ok()) {
-      FillPhases(pre->phases, &row);
-      row.overflow_sequences = pre->overflow_sequences;
-    } else {
-      row.error = std::string(pre.status().message());
-    }
-    rows.push_back(row);
-
-    say(absl::StrCat("W=", W, ": post-balancing x", std::max(1u, o.plan_repeats)));
-    row = base;
-    row.mode = "post";
-    std::vector<double> ms, cpu_ms;
-    DispatchPlan plan;
-    absl::Status failed;
-    for (uint32_t k = 0; k < std::max(1u, o.plan_repeats) && failed.ok(); ++k) {
-      // Timed: the Dispatch call alone (freeing the previous plan is not).
-      const auto t0 = std::chrono::steady_clock::now();
-      const double c0 = ThreadCpuMs();
-      absl::StatusOr<DispatchPlan> next = Dispatch(w.input, d);
-      cpu_ms.push_back(ThreadCpuMs() - c0);
-      ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      if (next.ok()) {
-        plan = *std::move(next);
-      } else {
-        failed = next.status();
-      }
-    }
-    DispatchOptions oblivious = d;
-    oblivious.node_aware = false;
-    absl::StatusOr<DispatchPlan> obl =
-        failed.ok() ? Dispatch(w.input, oblivious) : absl::StatusOr<DispatchPlan>(failed);
-    if (!obl.ok()) {
-      row.error = std::string(obl.status().message());
-      rows.push_back(row);
-      continue;
-    }
-    std::sort(ms.begin(), ms.end());
-    std::sort(cpu_ms.begin(), cpu_ms.end());
-    FillPhases(plan.stats.phases, &row);
-    row.plan_ms_median = ms[ms.size() / 2];
-    row.plan_cpu_ms_median = cpu_ms[cpu_ms.size() / 2];
-    row.inter_node_bytes = plan.stats.inter_node_bytes + plan.stats.remote_load_bytes;
-    row.inter_node_bytes_oblivious = obl->stats.inter_node_bytes + obl->stats.remote_load_bytes;
-    row.exchange_bytes = plan.stats.inter_node_bytes + plan.stats.intra_node_bytes;
-    row.llm_fallback = plan.stats.llm_fallback;
-    if (o.transport != nullptr && *o.transport) {
-      say(absl::StrCat("W=", W, ": exchange over the transport"));
-      absl::StatusOr<TransportBenchResult> t = (*o.transport)(w.input, d, plan);
-      if (t.ok()) {
-        row.client_vs_bare_throughput = t->client_vs_bare_throughput;
-        row.client_exchange_ms = t->client_seconds * 1e3;
-        row.bare_exchange_ms = t->bare_seconds * 1e3;
-        row.exchange_bytes_per_rank = t->bytes_per_rank_max;
-      } else {
-        row.error = absl::StrCat("transport: ", t.status().message());
-      }
-    }
-    if (W <= o.glpk_max_world) {
-      say(absl::StrCat("W=", W, ": GLPK on a sub-instance"));
-      RunGlpk(o, w, d, &row);
-    }
-    rows.push_back(row);
+  ASSIGN_OR_RETURN(SeedStepShape shape, SeedShape(o.workload, *index, W, o.max_pixels));
+  ASSIGN_OR_RETURN(auto post_job, BenchJob(o, index, shape, W, true, true));
+  ASSIGN_OR_RETURN(auto oblivious_job, BenchJob(o, index, shape, W, true, false));
+  std::unique_ptr<ShardsOnNodes> staging;
+  if (o.shard_nodes > 0) {
+    staging = std::make_unique<ShardsOnNodes>(index->num_shards(), W / post_job->ranks_per_node(),
+                                              o.shard_nodes);
   }
+  const Planner post(post_job, staging.get()), oblivious(oblivious_job, staging.get());
+  StepPlanData d;
+  absl::Status failed;
+  std::vector<double> ms, cpu_ms;
+  say(absl::StrCat("W=", W, ": post-balancing x", std::max(1u, o.plan_repeats)));
+  for (uint32_t k = 0; k < std::max(1u, o.plan_repeats) && failed.ok(); ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = ThreadCpuMs();
+    failed = post.Plan(o.step, &d);
+    cpu_ms.push_back(ThreadCpuMs() - c0);
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ExchangeBenchRow base;
+  base.ranks = W;
+  base.nodes = W / post_job->ranks_per_node();
+  base.samples = shape.text_samples + shape.vl_samples;
+  base.vl_samples = shape.vl_samples;
+  base.images = failed.ok() ? static_cast<uint32_t>(d.images.size()) : 0;
+  base.audio_clips = failed.ok() ? static_cast<uint32_t>(d.audio.size()) : 0;
+  base.glpk_status = "not run";
+  say(absl::StrCat("W=", W, ": ", base.samples, " samples (", base.vl_samples, " VL, ", base.images,
+                   " images, ", base.audio_clips, " audio clips)"));
+
+  ExchangeBenchRow none = base;
+  none.mode = "none";
+  if (failed.ok()) {
+    FillDrawn(d, &none);
+  } else {
+    none.error = std::string(failed.message());
+  }
+  rows->push_back(none);
+
+  say(absl::StrCat("W=", W, ": pre-balancing (", o.pre_strategy, ")"));
+  ExchangeBenchRow pre = base;
+  pre.mode = "pre";
+  absl::StatusOr<std::shared_ptr<const Job>> pre_job = BenchJob(o, index, shape, W, false, true);
+  StepPlanData pd;
+  absl::Status pre_status =
+      pre_job.ok() ? Planner(*pre_job, staging.get()).Plan(o.step, &pd) : pre_job.status();
+  if (pre_status.ok()) {
+    FillPhases(pd, &pre);
+  } else {
+    pre.error = std::string(pre_status.message());
+  }
+  rows->push_back(pre);
+
+  ExchangeBenchRow row = base;
+  row.mode = "post";
+  StepPlanData od;
+  if (failed.ok()) failed = oblivious.Plan(o.step, &od);
+  if (!failed.ok()) {
+    row.error = std::string(failed.message());
+    rows->push_back(row);
+    return absl::OkStatus();
+  }
+  std::sort(ms.begin(), ms.end());
+  std::sort(cpu_ms.begin(), cpu_ms.end());
+  FillPhases(d, &row);
+  row.plan_ms_median = ms[ms.size() / 2];
+  row.plan_cpu_ms_median = cpu_ms[cpu_ms.size() / 2];
+  row.inter_node_bytes = d.inter_node_bytes + d.remote_load_bytes;
+  row.inter_node_bytes_oblivious = od.inter_node_bytes + od.remote_load_bytes;
+  row.exchange_bytes = d.inter_node_bytes + d.intra_node_bytes;
+  row.llm_fallback = d.llm_fallback;
+  if (o.transport != nullptr && *o.transport) {
+    say(absl::StrCat("W=", W, ": exchange over the transport"));
+    absl::StatusOr<TransportBenchResult> t = (*o.transport)(*post_job, d);
+    if (t.ok()) {
+      row.client_vs_bare_throughput = t->client_vs_bare_throughput;
+      row.client_exchange_ms = t->client_seconds * 1e3;
+      row.bare_exchange_ms = t->bare_seconds * 1e3;
+      row.exchange_bytes_per_rank = t->bytes_per_rank_max;
+    } else {
+      row.error = absl::StrCat("transport: ", t.status().message());
+    }
+  }
+  if (W <= o.glpk_max_world) {
+    say(absl::StrCat("W=", W, ": GLPK on a sub-instance"));
+    const dispatch::ShardAvailability av =
+        staging ? staging->At(o.step) : dispatch::ShardAvailability();
+    RunGlpk(o, *post_job, post, av, &row);
+  }
+  rows->push_back(row);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBenchOptions& o) {
+  if (o.world_sizes.empty()) return absl::InvalidArgumentError("no world size to run");
+  const uint32_t max_w = *std::max_element(o.world_sizes.begin(), o.world_sizes.end());
+  for (uint32_t W : o.world_sizes) {
+    const uint32_t rpn = std::min(W, o.workload.ranks_per_node);
+    if (W == 0 || rpn == 0 || W % rpn != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world size ", W, " is not a multiple of ", o.workload.ranks_per_node,
+                       " ranks per node; pick world sizes that fill whole nodes"));
+    }
+  }
+  const uint64_t samples =
+      o.samples > 0 ? o.samples
+                    : std::max<uint64_t>(50000, uint64_t{max_w} * o.workload.seqs_per_rank *
+                                                    o.workload.seq_len / 1400 * 3);
+  if (o.progress) o.progress(absl::StrCat("dataset: ", samples, " synthetic samples"));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Index> index, MakeSeedIndex(o.workload, samples));
+  std::vector<ExchangeBenchRow> rows;
+  for (uint32_t W : o.world_sizes) RETURN_IF_ERROR(RunWorld(o, index, W, &rows));
   return rows;
 }
 
@@ -303,7 +369,7 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         "\"encoder_imbalance_vs_bound\": %.6g, \"audio_imbalance\": %s, "
         "\"audio_imbalance_vs_bound\": %s, "
         "\"llm_imbalance\": %.6g, "
-        "\"llm_imbalance_vs_bound\": %.6g, \"overflow_sequences\": %u, \"inter_node_bytes\": %u, "
+        "\"llm_imbalance_vs_bound\": %.6g, \"inter_node_bytes\": %u, "
         "\"inter_node_bytes_oblivious\": %u, \"exchange_bytes\": %u, \"glpk_gap\": %s, "
         "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": %s, "
         "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, "
@@ -312,15 +378,15 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         "\"error\": %s}%s\n",
         r.mode, r.ranks, r.nodes, r.samples, r.vl_samples, r.images, r.audio_clips,
         r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), opt(r.audio_vs_bound),
-        r.llm_imbalance, r.llm_vs_bound, r.overflow_sequences, r.inter_node_bytes,
-        r.inter_node_bytes_oblivious, r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes),
-        optu(r.glpk_fast_bytes), quote(r.glpk_status), opt(r.plan_ms_median),
-        opt(r.plan_cpu_ms_median), opt(r.client_vs_bare_throughput), opt(r.client_exchange_ms),
-        opt(r.bare_exchange_ms), optu(r.exchange_bytes_per_rank), r.llm_fallback ? "true" : "false",
+        r.llm_imbalance, r.llm_vs_bound, r.inter_node_bytes, r.inter_node_bytes_oblivious,
+        r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes), optu(r.glpk_fast_bytes),
+        quote(r.glpk_status), opt(r.plan_ms_median), opt(r.plan_cpu_ms_median),
+        opt(r.client_vs_bare_throughput), opt(r.client_exchange_ms), opt(r.bare_exchange_ms),
+        optu(r.exchange_bytes_per_rank), r.llm_fallback ? "true" : "false",
         r.error.empty() ? std::string("null") : quote(r.error), i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";
   return out;
 }
 
-}  // namespace tutti::dispatch
+}  // namespace tutti::packer

@@ -1,9 +1,12 @@
-// The core of `tutti bench exchange`: per world size, the seed workload's
-// phase imbalance with no balancing (`none`: the drawn round-robin split),
-// with pre-balancing only (`pre`) and with post-balancing (`post`), the
-// inter-node bytes of the node-aware plan against a node-oblivious plan of
-// the same balance, its gap to the GLPK optimum (on a sub-instance), and the
-// plan time. No I/O: progress goes through a callback.
+// The core of `tutti bench exchange`: per world size, one step of the seed
+// workload (bench_workload.h) planned through the packer's own Job and
+// Planner, exactly as tutti-packerd plans it, three ways: the drawn
+// round-robin split (`none`, the post plan's imbalance_before), the
+// colocated plan of a packing strategy (`pre`) and post-balancing (`post`);
+// the inter-node bytes of the node-aware plan against a node-oblivious plan
+// of the same balance, the fast rearrangement's gap to the GLPK optimum (on
+// a sub-instance) and the plan time. No I/O: progress goes through a
+// callback.
 #ifndef TUTTI_SERVICES_PACKER_BENCH_EXCHANGE_BENCH_H_
 #define TUTTI_SERVICES_PACKER_BENCH_EXCHANGE_BENCH_H_
 
@@ -14,17 +17,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/packer/bench/post_workload.h"
-#include "services/packer/core/post_balancing/dispatch_types.h"
+#include "services/packer/bench/bench_workload.h"
+#include "services/packer/core/job.h"
+#include "services/packer/core/plan_data.h"
 
-namespace tutti::dispatch {
+namespace tutti::packer {
 
 // ---- transports ----
 // `tutti bench exchange --transport NAME` runs every post plan's forward
 // exchange over a real transport (the client library's MPI_Alltoallv
 // Exchange under mpirun: tools/exchange_mpi_bench.h) and compares the
 // client's throughput with a bare all-to-all of the same bytes. This library
-// only calls the function it is given.
+// only calls the function it is given, with the job and the planned step.
 struct TransportBenchResult {
   double client_gbps = 0;
   double bare_gbps = 0;
@@ -33,25 +37,24 @@ struct TransportBenchResult {
   double bare_seconds = 0;
   uint64_t bytes_per_rank_max = 0;  // the largest send buffer of a rank
 };
-using TransportBenchFn = std::function<absl::StatusOr<TransportBenchResult>(
-    const DispatchInput& input, const DispatchOptions& options, const DispatchPlan& plan)>;
-
-// Pre-balancing for the `pre` mode: one split of whole samples (every item
-// stays with its sample), used by both the encoder and the LLM phase, as a
-// packer does before the batch is formed. Returns, per sample, its rank.
-// `tutti bench exchange` sets the packer's `tutti` strategy here
-// (services/packer/strategy_split.h); this library has none of its own.
-using PreBalanceFn = std::function<absl::StatusOr<std::vector<uint32_t>>(
-    const DispatchInput& input, const DispatchOptions& options)>;
+using TransportBenchFn =
+    std::function<absl::StatusOr<TransportBenchResult>(const Job& job, const StepPlanData& plan)>;
 
 struct ExchangeBenchOptions {
   std::vector<uint32_t> world_sizes = {16, 256, 2560};
-  WorkloadOptions workload;  // world_size is set per row
-  bool padded = false;       // LLM cost variant (DispatchOptions::padded)
-  // LLM hidden size for the embedding bytes; 0 (default): the workload's 4096.
-  uint32_t hidden_size = 0;
+  SeedWorkloadOptions workload;                // seq_len, sequences per rank, fill, ranks per node
+  uint64_t max_pixels = kSeedStage1MaxPixels;  // the curriculum stage
+  uint64_t samples = 0;  // dataset size; 0: two steps of the largest world, at least 50,000
+  uint64_t step = 0;     // the step planned
+  // Nodes whose stager has each shard: 0 (default) every node; k > 0: shard
+  // s on nodes s, s+1, ..., s+k-1 (mod the node count).
+  uint32_t shard_nodes = 0;
+  bool padded = false;       // post_balancing.padded
+  uint32_t hidden_size = 0;  // post_balancing.hidden_size; 0: the default 4096
   double balance_tolerance = 0.01;
-  uint32_t plan_repeats = 5;  // Dispatch calls timed per world size (median reported)
+  std::string pre_strategy = "tutti";  // the `pre` mode's packing strategy
+  uint32_t open_bins = 6;              // its N (seed strategies)
+  uint32_t plan_repeats = 5;           // Planner::Plan calls timed per world size (median)
   // GLPK runs on a sub-instance of rows with world_size <= glpk_max_world:
   // the samples drawn by the first glpk_sub_ranks_per_node ranks of the first
   // glpk_sub_nodes nodes (with restricted staging, those whose shard one of
@@ -61,8 +64,6 @@ struct ExchangeBenchOptions {
   uint32_t glpk_sub_nodes = 2;
   uint32_t glpk_sub_ranks_per_node = 2;
   double glpk_time_limit_s = 30;
-  // The `pre` mode's split; unset: the `pre` row says so in its error.
-  PreBalanceFn pre_balance;
   // When set, every post plan's exchange also runs over this transport and
   // the row reports client_vs_bare_throughput. Collective under MPI: every
   // rank runs the benchmark with the same options.
@@ -84,8 +85,7 @@ struct ExchangeBenchRow {
   std::optional<double> audio_vs_bound;
   double llm_imbalance = 1;
   double llm_vs_bound = 1;
-  uint32_t overflow_sequences = 0;  // none/pre: sequences beyond the layout
-  uint64_t inter_node_bytes = 0;    // forward exchange + remote loads
+  uint64_t inter_node_bytes = 0;  // forward exchange + remote loads
   uint64_t inter_node_bytes_oblivious = 0;
   uint64_t exchange_bytes = 0;  // all forward bytes that leave a rank
   // Sub-instance: (fast - optimum) / optimum inter-node bytes of the LLM
@@ -114,6 +114,6 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows);
 // A JSON array, one object per row; absent values are null.
 std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows);
 
-}  // namespace tutti::dispatch
+}  // namespace tutti::packer
 
 #endif  // TUTTI_SERVICES_PACKER_BENCH_EXCHANGE_BENCH_H_

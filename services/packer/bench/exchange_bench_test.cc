@@ -2,13 +2,14 @@
 
 #include <gtest/gtest.h>
 
-namespace tutti::dispatch {
+namespace tutti::packer {
 namespace {
 
 TEST(ExchangeBenchTest, RowsPerModeWithGlpkOnTheSubInstance) {
   ExchangeBenchOptions o;
   o.world_sizes = {16};
   o.workload.seq_len = 8192;
+  o.samples = 20000;
   o.plan_repeats = 1;
   o.glpk_time_limit_s = 10;
   std::vector<std::string> said;
@@ -43,41 +44,33 @@ TEST(ExchangeBenchTest, RowsPerModeWithGlpkOnTheSubInstance) {
   EXPECT_NE(table.find("post"), std::string::npos);
 }
 
-TEST(ExchangeBenchTest, PreHookIsUsedAndErrorsPropagate) {
+TEST(ExchangeBenchTest, PreStrategyIsPlannedAndErrorsPropagate) {
   ExchangeBenchOptions o;
   o.world_sizes = {8};
-  o.workload.seq_len = 4096;
+  o.workload.seq_len = 8192;
+  o.samples = 20000;
+  o.workload.fill = 0.7;
   o.plan_repeats = 1;
   o.glpk_max_world = 0;
-  bool called = false;
-  o.pre_balance = [&](const DispatchInput& in,
-                      const DispatchOptions&) -> absl::StatusOr<std::vector<uint32_t>> {
-    called = true;
-    std::vector<uint32_t> split;  // the drawn split: `pre` then equals `none`
-    for (const Sample& s : in.samples) split.push_back(s.drawn_rank);
-    return split;
-  };
+  o.pre_strategy = "greedy";
   auto rows = RunExchangeBench(o);
   ASSERT_TRUE(rows.ok()) << rows.status();
-  EXPECT_TRUE(called);
-  EXPECT_EQ((*rows)[1].encoder_imbalance, (*rows)[0].encoder_imbalance);
+  EXPECT_TRUE((*rows)[1].error.empty()) << (*rows)[1].error;
+  o.pre_strategy = "tutti";
+  auto tutti = RunExchangeBench(o);
+  ASSERT_TRUE(tutti.ok()) << tutti.status();
+  // The same step: the balancing strategy beats the greedy one on ViT cost.
+  EXPECT_LT((*tutti)[1].encoder_imbalance, (*rows)[1].encoder_imbalance);
+  EXPECT_EQ((*rows)[0].encoder_imbalance, (*tutti)[0].encoder_imbalance);
   EXPECT_EQ((*rows)[2].glpk_status, "not run");
-  o.pre_balance = [](const DispatchInput&,
-                     const DispatchOptions&) -> absl::StatusOr<std::vector<uint32_t>> {
-    return absl::InternalError("packer says no");
-  };
+  o.pre_strategy = "no-such-strategy";
   auto failed = RunExchangeBench(o);
   ASSERT_TRUE(failed.ok());
-  EXPECT_EQ((*failed)[1].error, "packer says no");
+  EXPECT_NE((*failed)[1].error.find("no-such-strategy"), std::string::npos) << (*failed)[1].error;
   EXPECT_TRUE((*failed)[2].error.empty());
-  EXPECT_NE(FormatExchangeTable(*failed).find("pre        8 failed: packer says no"),
-            std::string::npos)
+  EXPECT_NE(FormatExchangeTable(*failed).find("pre        8 failed: "), std::string::npos)
       << FormatExchangeTable(*failed);
-  EXPECT_NE(FormatExchangeJson(*failed).find("\"error\": \"packer says no\""), std::string::npos);
-  o.pre_balance = nullptr;
-  auto unset = RunExchangeBench(o);
-  ASSERT_TRUE(unset.ok());
-  EXPECT_NE((*unset)[1].error.find("no pre-balancer"), std::string::npos);
+  EXPECT_NE(FormatExchangeJson(*failed).find("no-such-strategy"), std::string::npos);
   o.workload.ranks_per_node = 3;
   EXPECT_FALSE(RunExchangeBench(o).ok());
 }
@@ -86,13 +79,11 @@ TEST(ExchangeBenchTest, TransportHookSeesEveryPostPlan) {
   // A transport that reports the plan's own bytes (what a real one moves).
   uint32_t calls = 0;
   const TransportBenchFn fake =
-      [&calls](const DispatchInput& in, const DispatchOptions& d,
-               const DispatchPlan& plan) -> absl::StatusOr<TransportBenchResult> {
+      [&calls](const Job& job, const StepPlanData& plan) -> absl::StatusOr<TransportBenchResult> {
     ++calls;
-    EXPECT_EQ(plan.cluster.world_size, d.cluster.world_size);
-    EXPECT_FALSE(in.samples.empty());
-    double bytes = 0;
-    for (const auto& x : plan.forward) bytes += x.send_bytes;
+    EXPECT_EQ(plan.world_size, job.world_size());
+    EXPECT_FALSE(plan.samples.empty());
+    const double bytes = double(plan.inter_node_bytes + plan.intra_node_bytes);
     TransportBenchResult r{bytes, bytes, 1.0};
     r.client_seconds = r.bare_seconds = 0.002;
     r.bytes_per_rank_max = 1000000;
@@ -101,7 +92,9 @@ TEST(ExchangeBenchTest, TransportHookSeesEveryPostPlan) {
   const TransportBenchFn* fn = &fake;
   ExchangeBenchOptions o;
   o.world_sizes = {8};
-  o.workload.seq_len = 4096;
+  o.workload.seq_len = 8192;
+  o.samples = 20000;
+  o.workload.fill = 0.7;
   o.plan_repeats = 1;
   o.glpk_max_world = 0;
   o.transport = fn;
@@ -116,4 +109,4 @@ TEST(ExchangeBenchTest, TransportHookSeesEveryPostPlan) {
 }
 
 }  // namespace
-}  // namespace tutti::dispatch
+}  // namespace tutti::packer

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/rng.h"
 #include "common/status.h"
 #include "services/packer/index/index.h"
 
@@ -23,19 +23,19 @@ absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
   if (o.samples == 0 || o.samples >= UINT32_MAX) {
     return absl::InvalidArgumentError("synthetic sample count must be in [1, 4e9)");
   }
-  std::mt19937_64 rng(o.seed);
-  std::uniform_real_distribution<double> uni(0.0, 1.0);
-  std::normal_distribution<double> normal(0.0, 1.0);
+  // The project's own generator: a seed names the same dataset on every
+  // standard library (<random>'s distributions are implementation-defined).
+  Rng rng(o.seed);
   auto lognormal = [&](double median, double sigma, uint32_t max) {
-    const double v = median * std::exp(sigma * normal(rng));
+    const double v = rng.LogNormal(median, sigma);
     return static_cast<uint32_t>(std::clamp(v, 1.0, double(max)));
   };
   auto draw_image = [&]() {
-    const bool big = uni(rng) < o.big_image_fraction;
+    const bool big = rng.Uniform() < o.big_image_fraction;
     const double lo = big ? o.small_max_pixels : o.min_pixels;
     const double hi = big ? o.big_max_pixels : o.small_max_pixels;
-    const double area = std::exp(std::log(lo) + uni(rng) * (std::log(hi) - std::log(lo)));
-    const double aspect = std::exp((uni(rng) * 2 - 1) * std::log(2.0));
+    const double area = std::exp(std::log(lo) + rng.Uniform() * (std::log(hi) - std::log(lo)));
+    const double aspect = std::exp((rng.Uniform() * 2 - 1) * std::log(2.0));
     const double w = std::sqrt(area * aspect), h = area / w;
     return Image{static_cast<uint32_t>(std::clamp(w, 28.0, 65000.0)),
                  static_cast<uint32_t>(std::clamp(h, 28.0, 65000.0))};
@@ -59,7 +59,7 @@ absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
       RETURN_IF_ERROR(w.AddShard(absl::StrFormat("synthetic-%06u.tar", s / per_shard),
                                  uint64_t{per_shard} << 30, 0));
     }
-    const bool vl = uni(rng) < o.vl_fraction;
+    const bool vl = rng.Uniform() < o.vl_fraction;
     uint32_t text = 0;
     images.clear();
     bool with_audio = false;
@@ -70,9 +70,9 @@ absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
       } else {
         text = lognormal(o.vl_text_median_tokens, o.vl_text_sigma, o.max_text_tokens);
         const uint32_t n =
-            o.min_images + static_cast<uint32_t>(uni(rng) * (o.max_images - o.min_images + 1));
+            o.min_images + static_cast<uint32_t>(rng.Uniform() * (o.max_images - o.min_images + 1));
         for (uint32_t k = 0; k < std::min(n, o.max_images); ++k) images.push_back(draw_image());
-        with_audio = uni(rng) < o.audio_fraction;
+        with_audio = rng.Uniform() < o.audio_fraction;
       }
       if (o.fit_seq_len == 0) break;
       uint64_t tokens = text + (with_audio ? 302 : 0);

@@ -74,7 +74,16 @@ struct DispatcherOptions {
   dispatch::Rearrangement rearrangement = dispatch::Rearrangement::kFast;
   uint32_t hidden_size = 4096;
   uint32_t embedding_dtype_bytes = 2;
+  // post: the node-oblivious baseline (false) that benchmarks measure the
+  // node-aware plan against, and the balance tolerance (dispatch_types.h).
+  // Defaults true and 0.01; not job configuration.
+  bool node_aware = true;
+  double balance_tolerance = 0.01;
 };
+
+// The post-balancing library's options for these settings (cost model and
+// seq_len are the step's).
+dispatch::DispatchOptions PostBalancingOptions(const DispatcherOptions& options);
 
 // `strategy` must outlive the dispatcher.
 std::unique_ptr<Dispatcher> MakeColocatedDispatcher(const PackingStrategy* strategy,

@@ -10,8 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "services/packer/bench/post_workload.h"
-#include "services/packer/bench/strategy_split.h"
+#include "services/packer/bench/staging.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/core/post_balancing/post_balancing.h"
 #include "services/packer/plan_proto.h"
@@ -60,20 +59,6 @@ v1::StepPlan Plan(const Planner& planner, uint64_t step) {
   EXPECT_TRUE(BuildStepPlan(planner.job(), data, {}, &plan).ok());
   return plan;
 }
-
-// Shard s is staged only on node s % nodes.
-class OneNodePerShard final : public ShardStaging {
- public:
-  OneNodePerShard(uint32_t shards, uint32_t nodes) : shards_(shards), nodes_(nodes) {}
-  dispatch::ShardAvailability At(uint64_t) const override {
-    auto a = dispatch::ShardAvailability::None(shards_, nodes_);
-    for (uint32_t s = 0; s < shards_; ++s) a.Set(s, s % nodes_, true);
-    return a;
-  }
-
- private:
-  uint32_t shards_, nodes_;
-};
 
 TEST(PostBalancingTest, PlansAreByteIdenticalWhateverRanThemBefore) {
   for (const char* extra : {"", "padded: true", "rearrangement: 'ilp'"}) {
@@ -176,7 +161,7 @@ TEST(PostBalancingTest, UnstagedShardsComeThroughTheLoadExchange) {
   auto job = JobOf(PostConfig(), index);
   ASSERT_TRUE(job);
   const uint32_t nodes = job->world_size() / job->ranks_per_node();
-  OneNodePerShard staging(index->num_shards(), nodes);
+  ShardsOnNodes staging(index->num_shards(), nodes);
   Planner planner(job, &staging);
   uint64_t remote_images = 0, remote_docs = 0;
   for (uint64_t step = 0; step < 4; ++step) {
@@ -311,40 +296,12 @@ TEST(PostBalancingTest, AStepAcrossAnEpochBoundaryMayDrawASampleTwice) {
 TEST(PostBalancingTest, StagingForAnotherClusterIsRefused) {
   auto job = JobOf(PostConfig());
   ASSERT_TRUE(job);
-  OneNodePerShard wrong(job->index().num_shards(), 3);  // the job has 2 nodes
+  ShardsOnNodes wrong(job->index().num_shards(), 3);  // the job has 2 nodes
   StepPlanData d;
   absl::Status s = Planner(job, &wrong).Plan(0, &d);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("3 nodes but the job has 2"), std::string::npos) << s;
   EXPECT_NE(s.message().find("step 0"), std::string::npos) << s;
-}
-
-TEST(StrategySplitTest, TheTuttiStrategyPreBalancesADispatcherStep) {
-  dispatch::WorkloadOptions wo;
-  wo.world_size = 32;
-  wo.seq_len = 8192;
-  auto w = dispatch::GenerateWorkload(wo);
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto strategy = MakeStrategy({"tutti", 6, 64});
-  ASSERT_TRUE(strategy.ok());
-  const dispatch::PreBalanceFn hook =
-      MakeStrategyPreBalance(std::shared_ptr<const PackingStrategy>(std::move(*strategy)));
-  auto split = hook(w->input, w->options);
-  ASSERT_TRUE(split.ok()) << split.status();
-  ASSERT_EQ(split->size(), w->input.samples.size());
-  std::vector<uint32_t> drawn;
-  for (const auto& s : w->input.samples) drawn.push_back(s.drawn_rank);
-  auto none = dispatch::EvaluateSplit(w->input, w->options, drawn);
-  auto pre = dispatch::EvaluateSplit(w->input, w->options, *split);
-  ASSERT_TRUE(none.ok() && pre.ok());
-  EXPECT_EQ(pre->overflow_sequences, 0u);  // the strategy packed every sequence within seq_len
-  for (size_t k = 0; k < pre->phases.size(); ++k) {
-    EXPECT_LT(pre->phases[k].imbalance, none->phases[k].imbalance) << pre->phases[k].phase;
-  }
-  // Too many samples for the sequences: the strategy's error comes through.
-  dispatch::DispatchOptions tiny = w->options;
-  tiny.slots.seq_len = 2048;
-  EXPECT_FALSE(hook(w->input, tiny).ok());
 }
 
 }  // namespace

@@ -51,6 +51,9 @@ absl::Status Job::Init(const JobOptions& options) {
       pb.rearrangement() == "ilp" ? dispatch::Rearrangement::kIlp : dispatch::Rearrangement::kFast;
   d.hidden_size = pb.hidden_size();
   d.embedding_dtype_bytes = static_cast<uint32_t>(DTypeSize(pb.embedding_dtype()));
+  d.node_aware = options.node_aware;
+  d.balance_tolerance = options.balance_tolerance;
+  dispatcher_options_ = d;
   if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
     const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
     if (binaries > kIlpMaxBinaries) {

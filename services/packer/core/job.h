@@ -26,6 +26,11 @@ struct JobOptions {
   // sample x samples per step / sequence capacity) exceeds this for either
   // modality at any curriculum stage. Default 0.95.
   double max_expected_fill = 0.95;
+  // Post-balancing: node-aware placement (false: the node-oblivious
+  // baseline benchmarks compare against) and the balance tolerance. Defaults
+  // true and 0.01; not job configuration, so every daemon plans alike.
+  bool node_aware = true;
+  double balance_tolerance = 0.01;
 };
 
 // Index statistics at one curriculum stage.
@@ -69,6 +74,7 @@ class Job {
   const PackingStrategy& strategy() const { return *strategy_; }
   // Post-balancing when post_balancing.enabled, else colocated (dispatch.h).
   const Dispatcher& dispatcher() const { return *dispatcher_; }
+  const DispatcherOptions& dispatcher_options() const { return dispatcher_options_; }
   bool post_balancing() const { return config_.post_balancing().enabled(); }
   // What StepPlan.strategy reports: the packing strategy, or
   // "post-balancing/fast" (or ".../ilp") when the dispatcher places samples.
@@ -98,6 +104,7 @@ class Job {
   std::vector<StageCoster> costers_;
   std::vector<StageStats> stats_;
   std::unique_ptr<PackingStrategy> strategy_;
+  DispatcherOptions dispatcher_options_;
   std::unique_ptr<Dispatcher> dispatcher_;
 };
 

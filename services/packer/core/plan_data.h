@@ -71,6 +71,8 @@ struct RankTotals {
 
 struct PhaseSummary {
   double max = 0, mean = 0, imbalance = 1, lower_bound = 0, imbalance_before = 1;
+  // Post-balancing: the balance bound the placement kept to (max <= bound).
+  double bound = 0;
 };
 
 // A compressed-row list: the items of row r are items[begin[r], begin[r+1]).
@@ -123,6 +125,7 @@ struct StepPlanData {
   uint64_t intra_node_bytes = 0;   // forward exchange, between ranks of a node
   uint64_t remote_load_bytes = 0;  // load exchange (always between nodes)
   std::string rearrangement;       // post-balancing: how the LLM placement was chosen
+  bool llm_fallback = false;       // post-balancing: the node-aware greedy missed the bound
   double plan_seconds = 0;         // set by whoever timed the planner (not part of identity)
 
   // Inputs of the packing strategy (colocated dispatcher), in batch order.

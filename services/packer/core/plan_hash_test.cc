@@ -14,36 +14,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "services/packer/bench/staging.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/plan_proto.h"
 #include "services/packer/testing/jobs.h"
-#include "tools/datagen/rng.h"
+#include "common/rng.h"
 
 namespace tutti::packer {
 namespace {
 
 using testing::MakeJob;
 
-// Shard s is staged only on node s % nodes.
-class ShardOnOneNode final : public ShardStaging {
- public:
-  ShardOnOneNode(uint32_t shards, uint32_t nodes) : shards_(shards), nodes_(nodes) {}
-  dispatch::ShardAvailability At(uint64_t) const override {
-    auto a = dispatch::ShardAvailability::None(shards_, nodes_);
-    for (uint32_t s = 0; s < shards_; ++s) a.Set(s, s % nodes_, true);
-    return a;
-  }
-
- private:
-  uint32_t shards_, nodes_;
-};
-
 // The pinned dataset, built here (not by a generator that may change):
 // 6,000 samples in 60 shards, 20% VL with 1-2 images up to 1.5 MP, a fifth
 // of them with an audio clip.
 std::shared_ptr<const Index> PinIndex() {
   static auto* index = new std::shared_ptr<const Index>([] {
-    datagen::Rng rng(11);
+    Rng rng(11);
     IndexWriter w;
     w.SetSourceDir("pinned");
     for (uint32_t s = 0; s < 6000; ++s) {
@@ -154,7 +141,7 @@ std::string HashesOf(const PinCase& c) {
   auto job = MakeJob(c.config, PinIndex());
   EXPECT_TRUE(job.ok()) << c.name << ": " << job.status();
   if (!job.ok()) return "";
-  ShardOnOneNode staging((*job)->index().num_shards(), (*job)->world_size() / 2);
+  ShardsOnNodes staging((*job)->index().num_shards(), (*job)->world_size() / 2);
   Planner planner(*job, c.restricted_staging ? &staging : nullptr);
   std::string out;
   StepPlanData data;

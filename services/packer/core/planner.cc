@@ -186,6 +186,13 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
         s, absl::StrCat("step ", step, " (curriculum[", out->stage, "], seq_len ", out->seq_len,
                         ", max_pixels ", out->max_pixels, ", strategy ", job.plan_strategy(), ")"));
   }
+  LayOutStep(job.config().batch().max_patches_per_chunk(), out);
+  SummarizeStep(job.config().post_balancing().enabled(), out);
+  return absl::OkStatus();
+}
+
+void LayOutStep(uint32_t max_patches_per_chunk, StepPlanData* out) {
+  const uint32_t W = out->world_size;
   const uint32_t S = out->seqs_per_rank();
   FillCsr(
       static_cast<uint32_t>(out->samples.size()), W * S,
@@ -196,16 +203,13 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   FillCsr(
       static_cast<uint32_t>(out->audio.size()), W,
       [&](uint32_t i) { return out->audio[i].enc_rank; }, &out->enc_audio);
-  BuildChunks(job.config().batch().max_patches_per_chunk(), out);
+  BuildChunks(max_patches_per_chunk, out);
   BuildExchange(out);
   BuildLoadExchange(out);
-  Summarize(out);
-  return absl::OkStatus();
 }
 
-void Planner::Summarize(StepPlanData* out) const {
+void SummarizeStep(bool post, StepPlanData* out) {
   const uint32_t W = out->world_size;
-  const bool post = job_->config().post_balancing().enabled();
   out->ranks.assign(W, RankTotals());
   thread_local std::vector<double> vit, llm, audio, vit_before, llm_before, audio_before;
   vit.assign(W, 0);

@@ -50,16 +50,25 @@ class Planner {
   // when the step's samples do not fit its sequences.
   absl::Status Plan(uint64_t step, StepPlanData* out) const;
 
+  // Only the draw (stages 1-2 above): the step's samples, images and audio
+  // clips with their costs and drawn ranks, before any dispatcher places
+  // them. For tests and benchmarks of the dispatchers.
+  absl::Status Draw(uint64_t step, StepPlanData* out) const;
+
   const Job& job() const { return *job_; }
   const std::shared_ptr<const Job>& job_ptr() const { return job_; }
 
  private:
-  absl::Status Draw(uint64_t step, StepPlanData* out) const;
-  void Summarize(StepPlanData* out) const;
-
   std::shared_ptr<const Job> job_;
   const ShardStaging* staging_;
 };
+
+// Stage 4 for a placed step: the docs and encoder lists, chunks and the
+// forward and load exchange lists (what Plan does after the dispatcher).
+void LayOutStep(uint32_t max_patches_per_chunk, StepPlanData* step);
+// Per-rank totals and, unless the dispatcher measured them, the phase
+// summaries (`post`: encoder items are placed apart from their samples).
+void SummarizeStep(bool post, StepPlanData* step);
 
 }  // namespace tutti::packer
 

@@ -3,15 +3,12 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/rng.h"
+
 namespace tutti::packer {
 namespace {
 
-uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return SplitMix64Of(x); }
 
 }  // namespace
 
@@ -32,7 +29,7 @@ uint64_t FeistelPermutation::Encrypt(uint64_t x) const {
   for (uint64_t rk : keys_) {
     // Round function: a keyed multiplicative hash (high bits of one 64-bit
     // product); any function makes a Feistel network a bijection.
-    const uint64_t f = (((right ^ rk) * 0x9E3779B97F4A7C15ull) >> 32) & half_mask_;
+    const uint64_t f = (((right ^ rk) * kGoldenGamma) >> 32) & half_mask_;
     const uint64_t next = left ^ f;
     left = right;
     right = next;

@@ -17,8 +17,9 @@
 // from the drawn rank); only when the sample's shard is not staged on the LLM
 // rank's node do they arrive through the load exchange (4 bytes per token).
 //
-// Everything here is plain data: no I/O, no proto. Indices named `sample` are
-// positions in DispatchInput::samples, not sample ids.
+// The step itself is the planner's StepPlanData (core/plan_data.h): the
+// dispatcher reads the drawn samples, images and audio clips from it and
+// writes the placement back. Everything here is plain data: no I/O, no proto.
 #ifndef TUTTI_SERVICES_PACKER_CORE_POST_BALANCING_DISPATCH_TYPES_H_
 #define TUTTI_SERVICES_PACKER_CORE_POST_BALANCING_DISPATCH_TYPES_H_
 
@@ -76,29 +77,6 @@ struct SlotLayout {
   }
 };
 
-// One image or audio clip: the unit of an encoder phase.
-struct EncoderItem {
-  uint32_t index = 0;          // image_index / audio_index within its sample
-  uint32_t units = 0;          // vision: patches; audio: encoder tokens (the cost argument)
-  uint32_t output_tokens = 0;  // LLM tokens its encoder output occupies
-  uint64_t input_bytes = 0;    // bytes the encoder reads: pixel values / audio samples
-  // Descriptive fields carried into the plan (not used by the algorithms).
-  uint32_t height = 0;  // vision: resized height and width in pixels
-  uint32_t width = 0;
-  uint32_t grid_t = 0, grid_h = 0, grid_w = 0;  // vision: grid_thw in patches
-  uint32_t frames = 0;                          // audio: input frames
-};
-
-struct Sample {
-  uint64_t sample_id = 0;
-  uint32_t shard = 0;        // the shard holding the sample's members
-  uint32_t drawn_rank = 0;   // the rank the sampler dealt it to
-  bool vl = false;           // VL (images and/or audio) or text-only
-  uint32_t llm_tokens = 0;   // document length: text + encoder tokens + markers
-  uint32_t text_tokens = 0;  // token ids read from the text member
-  std::array<std::vector<EncoderItem>, kNumEncoders> items;  // by EncoderKind
-};
-
 // Which node's stager can read which shard. By default every shard is
 // available on every node (production: any stager can stage any shard).
 class ShardAvailability {
@@ -141,11 +119,6 @@ class StagingIndex {
   std::vector<uint32_t> nodes_;
 };
 
-struct DispatchInput {
-  std::vector<Sample> samples;
-  ShardAvailability availability;
-};
-
 // How the node-aware LLM placement is chosen among the balanced ones.
 enum class Rearrangement : uint8_t {
   kFast = 0,  // RearrangeLlm (llm_phase.h): production, any size
@@ -186,124 +159,6 @@ struct DispatchOptions {
   Rearrangement rearrangement = Rearrangement::kFast;
   uint64_t ilp_max_nodes = 20000;  // default 20,000
   double ilp_time_limit_s = 60;    // default 60 s
-  // Build the per-rank send/receive lists (DispatchPlan::forward, load).
-  // false leaves them empty for a caller that lays out its own lists from
-  // the placement (the packer's planner); statistics are computed either
-  // way. Default true.
-  bool build_exchanges = true;
-};
-
-// ---- results ----
-
-// An encoder item, named by its sample and its position in
-// samples[sample].items[encoder].
-struct ItemRef {
-  uint32_t sample = 0;
-  uint32_t item = 0;
-};
-
-struct EncoderPhasePlan {
-  EncoderKind kind = EncoderKind::kVision;
-  // Per rank, the items it encodes, ordered by (LLM rank, LLM order): the
-  // concatenated outputs are then the rank's forward send buffer for this
-  // encoder, peer by peer.
-  std::vector<std::vector<ItemRef>> rank_items;
-  std::vector<double> rank_cost;
-  // Indexed like the flattened items (sample order, then item order); see
-  // DispatchPlan::item_offset.
-  std::vector<uint32_t> rank;         // encoder rank of each item
-  std::vector<uint8_t> remote_load;   // 1: shard not staged on the encoder rank's node
-  std::vector<uint32_t> load_source;  // rank that loads and sends its input when remote
-};
-
-struct SequencePlan {
-  std::vector<uint32_t> docs;  // sample indices, in sequence order
-  uint32_t tokens = 0;
-};
-
-struct MicroBatchPlan {
-  bool vl = false;
-  std::vector<SequencePlan> sequences;
-};
-
-struct RankLlmPlan {
-  std::vector<MicroBatchPlan> micro_batches;  // text micro-batches first
-  double cost = 0;
-};
-
-// What an exchange entry carries.
-enum class Payload : uint8_t {
-  kEncoderOutput = 0,  // embeddings: output_tokens * hidden_size * dtype bytes
-  kEncoderInput = 1,   // a remote-loaded item's pixels / audio samples
-  kTextTokens = 2,     // a remote-loaded sample's token ids
-};
-
-struct ExchangeItem {
-  uint32_t sample = 0;
-  EncoderKind encoder = EncoderKind::kVision;  // unused for kTextTokens
-  Payload payload = Payload::kEncoderOutput;
-  uint32_t index = 0;  // image_index / audio_index; 0 for kTextTokens
-  uint64_t bytes = 0;
-};
-
-struct Transfer {
-  uint32_t peer = 0;
-  uint64_t bytes = 0;
-  std::vector<ExchangeItem> items;
-};
-
-// One rank's side of an all-to-all. Layout as documented on tutti.v1.Exchange:
-// sends and recvs ordered by peer rank (self included), each transfer's items
-// in the same order on both sides.
-struct RankExchange {
-  std::vector<Transfer> sends;
-  std::vector<Transfer> recvs;
-  uint64_t send_bytes = 0;
-  uint64_t recv_bytes = 0;
-  uint64_t inter_node_send_bytes = 0;
-};
-
-struct PhaseStats {
-  std::string phase;              // "vit", "audio", "llm"
-  double max = 0;                 // largest rank cost
-  double mean = 0;                // mean rank cost
-  double imbalance = 1;           // max / mean
-  double lower_bound = 0;         // max(mean, largest single item)
-  double imbalance_vs_bound = 1;  // max / lower_bound
-  double imbalance_before = 1;    // max / mean of the drawn split
-  double bound = 0;               // the balance bound the placement kept to
-};
-
-struct DispatchStats {
-  std::vector<PhaseStats> phases;    // "vit", "audio" (when present), "llm"
-  uint64_t inter_node_bytes = 0;     // forward exchange, between nodes
-  uint64_t intra_node_bytes = 0;     // forward exchange, within a node, not to self
-  uint64_t self_bytes = 0;           // forward exchange, rank to itself
-  uint64_t remote_load_bytes = 0;    // load exchange (always between nodes)
-  uint32_t remote_load_items = 0;    // encoder items loaded on another node
-  uint32_t remote_text_samples = 0;  // samples whose token ids come from another node
-  bool llm_fallback = false;         // node-aware LLM greedy missed the bound; fixed by search
-  // How the LLM placement was chosen: "fast", "ilp optimal", or
-  // "ilp: <why not>, fast kept".
-  std::string rearrangement = "fast";
-};
-
-struct DispatchPlan {
-  ClusterShape cluster;
-  SlotLayout slots;
-  // item_offset[e][s] is the flat index of samples[s].items[e][0];
-  // item_offset[e][samples] is that encoder's item count.
-  std::array<std::vector<uint32_t>, kNumEncoders> item_offset;
-  std::array<EncoderPhasePlan, kNumEncoders> encoders;
-  std::vector<RankLlmPlan> llm;       // per rank
-  std::vector<uint32_t> llm_rank;     // per sample
-  std::vector<uint32_t> llm_seq;      // per sample: sequence slot within its rank (text first)
-  std::vector<uint8_t> text_remote;   // per sample: token ids come from text_source
-  std::vector<uint32_t> text_source;  // per sample (meaningful when text_remote)
-  // Empty unless DispatchOptions::build_exchanges.
-  std::vector<RankExchange> forward;  // encoder outputs, encoder rank -> LLM rank
-  std::vector<RankExchange> load;     // remote inputs, before the encoders run
-  DispatchStats stats;
 };
 
 // Bytes of the encoder output of an item with `tokens` LLM tokens.

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <numeric>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/cost_model.h"
 #include "common/status.h"
@@ -12,65 +11,58 @@
 #include "services/packer/core/post_balancing/encoder_phase.h"
 #include "services/packer/core/post_balancing/llm_ilp.h"
 #include "services/packer/core/post_balancing/llm_phase.h"
-#include "services/packer/core/post_balancing/move_lists.h"
 #include "services/packer/core/post_balancing/sequence_state.h"
 
 namespace tutti::dispatch {
 namespace {
 
-// One encoder's items, flattened in sample order.
+// One encoder's items in batch order (the step's images or audio clips,
+// which are sorted by their sample).
 struct FlatEncoder {
   EncoderProblem problem;
-  std::vector<uint32_t> sample;     // per item
-  std::vector<uint32_t> local;      // per item: position in samples[s].items[e]
-  std::vector<uint32_t> index;      // per item: its EncoderItem::index
+  std::vector<uint32_t> sample;     // per item: its sample (index into step.samples)
   std::vector<uint64_t> out_bytes;  // per item: encoder output bytes
+  std::vector<uint64_t> in_bytes;   // per item: input bytes (a remote load carries them)
   std::vector<uint32_t> offset;     // per sample, plus the total
 };
 
-FlatEncoder Flatten(const DispatchInput& in, const DispatchOptions& o, EncoderKind kind,
-                    const StagingIndex* staging) {
-  const CostModel model(o.cost);
-  const int e = static_cast<int>(kind);
+FlatEncoder Flatten(const StepPlanData& step, const ShardAvailability& availability,
+                    const DispatchOptions& o, EncoderKind kind, const StagingIndex* staging) {
   FlatEncoder f;
   f.problem.cluster = o.cluster;
-  f.problem.availability = in.availability.all() ? nullptr : &in.availability;
-  f.problem.staging = in.availability.all() ? nullptr : staging;
-  f.offset.reserve(in.samples.size() + 1);
-  size_t total = 0;
-  for (const Sample& s : in.samples) total += s.items[e].size();
-  for (auto* v : {&f.problem.shard, &f.problem.group, &f.sample, &f.local, &f.index}) {
-    v->reserve(total);
-  }
+  f.problem.availability = availability.all() ? nullptr : &availability;
+  f.problem.staging = availability.all() ? nullptr : staging;
+  const bool vision = kind == EncoderKind::kVision;
+  const size_t total = vision ? step.images.size() : step.audio.size();
+  for (auto* v : {&f.problem.shard, &f.problem.group, &f.sample}) v->reserve(total);
   f.problem.cost.reserve(total);
   f.out_bytes.reserve(total);
-  for (uint32_t s = 0; s < in.samples.size(); ++s) {
-    f.offset.push_back(static_cast<uint32_t>(f.sample.size()));
-    const auto& items = in.samples[s].items[e];
-    for (uint32_t k = 0; k < items.size(); ++k) {
-      const EncoderItem& it = items[k];
-      f.problem.cost.push_back(kind == EncoderKind::kVision ? model.Vit(it.units)
-                                                            : model.Audio(it.units));
-      f.problem.shard.push_back(in.samples[s].shard);
-      f.problem.group.push_back(s);
-      f.sample.push_back(s);
-      f.local.push_back(k);
-      f.index.push_back(it.index);
-      f.out_bytes.push_back(EmbeddingBytes(it.output_tokens, o));
-    }
+  f.in_bytes.reserve(total);
+  for (size_t i = 0; i < total; ++i) {
+    const uint32_t owner = vision ? step.images[i].owner : step.audio[i].owner;
+    f.problem.cost.push_back(vision ? step.images[i].cost : step.audio[i].cost);
+    f.problem.shard.push_back(step.samples[owner].shard);
+    f.problem.group.push_back(owner);
+    f.sample.push_back(owner);
+    f.out_bytes.push_back(vision ? step.images[i].output_bytes : step.audio[i].output_bytes);
+    f.in_bytes.push_back(vision ? step.images[i].input_bytes : step.audio[i].input_bytes);
   }
-  f.offset.push_back(static_cast<uint32_t>(f.sample.size()));
+  f.offset.assign(step.samples.size() + 1, 0);
+  for (uint32_t s : f.sample) ++f.offset[s + 1];
+  for (size_t s = 0; s < step.samples.size(); ++s) f.offset[s + 1] += f.offset[s];
   return f;
 }
 
-LlmProblem MakeLlmProblem(const DispatchInput& in, const DispatchOptions& o) {
+LlmProblem MakeLlmProblem(const StepPlanData& step, const DispatchOptions& o) {
   LlmProblem p;
   p.cluster = o.cluster;
   p.slots = o.slots;
   p.cost = o.cost;
   p.padded = o.padded;
-  p.docs.reserve(in.samples.size());
-  for (const Sample& s : in.samples) p.docs.push_back(LlmDoc{s.llm_tokens, s.vl});
+  p.docs.reserve(step.samples.size());
+  for (const packer::PlannedSample& s : step.samples) {
+    p.docs.push_back(LlmDoc{s.cost.llm_tokens, s.vl});
+  }
   return p;
 }
 
@@ -78,15 +70,18 @@ LlmProblem MakeLlmProblem(const DispatchInput& in, const DispatchOptions& o) {
 // rank when its node does, else the least-used staging node's least-used rank.
 class LoadSources {
  public:
-  LoadSources(const DispatchInput& in, const ClusterShape& c)
-      : in_(in), c_(c), node_bytes_(c.nodes(), 0), rank_bytes_(c.world_size, 0) {}
+  LoadSources(const ShardAvailability& availability, const ClusterShape& c)
+      : availability_(availability),
+        c_(c),
+        node_bytes_(c.nodes(), 0),
+        rank_bytes_(c.world_size, 0) {}
 
   uint32_t Pick(uint32_t shard, uint32_t drawn, uint64_t bytes) {
     uint32_t r = drawn;
-    if (!in_.availability.Has(shard, c_.node_of(drawn))) {
+    if (!availability_.Has(shard, c_.node_of(drawn))) {
       uint32_t node = ~0u;
       for (uint32_t n = 0; n < c_.nodes(); ++n) {
-        if (in_.availability.Has(shard, n) && (node == ~0u || node_bytes_[n] < node_bytes_[node])) {
+        if (availability_.Has(shard, n) && (node == ~0u || node_bytes_[n] < node_bytes_[node])) {
           node = n;
         }
       }
@@ -101,7 +96,7 @@ class LoadSources {
   }
 
  private:
-  const DispatchInput& in_;
+  const ShardAvailability& availability_;
   ClusterShape c_;
   std::vector<uint64_t> node_bytes_, rank_bytes_;
 };
@@ -150,10 +145,8 @@ std::vector<double> SplitLlmCosts(const LlmProblem& p, const std::vector<uint32_
 
 }  // namespace
 
-PhaseStats MakePhaseStats(const char* phase, const std::vector<double>& rank_cost,
-                          double lower_bound) {
-  PhaseStats s;
-  s.phase = phase;
+PhaseSummary MakePhaseSummary(const std::vector<double>& rank_cost, double lower_bound) {
+  PhaseSummary s;
   double total = 0;
   for (double c : rank_cost) {
     total += c;
@@ -162,13 +155,14 @@ PhaseStats MakePhaseStats(const char* phase, const std::vector<double>& rank_cos
   s.mean = rank_cost.empty() ? 0 : total / rank_cost.size();
   s.lower_bound = std::max(lower_bound, s.mean);
   s.imbalance = s.mean > 0 ? s.max / s.mean : 1.0;
-  s.imbalance_vs_bound = s.lower_bound > 0 ? s.max / s.lower_bound : 1.0;
   return s;
 }
 
-absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOptions& o) {
+absl::Status ValidateStep(const StepPlanData& step, const ShardAvailability& av,
+                          const DispatchOptions& o) {
   const ClusterShape& c = o.cluster;
-  const SlotLayout& sl = o.slots;
+  SlotLayout sl = o.slots;
+  sl.seq_len = step.seq_len;
   if (c.world_size == 0 || c.ranks_per_node == 0 || c.world_size % c.ranks_per_node != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size ", c.world_size, " must be a positive multiple of ranks_per_node ",
@@ -191,7 +185,6 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
     return absl::InvalidArgumentError(absl::StrCat("balance_tolerance ", o.balance_tolerance,
                                                    " must be a finite number >= 0, e.g. 0.01"));
   }
-  const ShardAvailability& av = in.availability;
   std::vector<uint8_t> staged_somewhere;
   if (!av.all()) {
     if (av.nodes() != c.nodes()) {
@@ -206,58 +199,53 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
       }
     }
   }
-  // Duplicate ids: a bitmap when ids are dense (the usual case), else a set.
-  uint64_t max_id = 0;
-  for (const Sample& s : in.samples) max_id = std::max(max_id, s.sample_id);
-  const bool dense = max_id < 8 * uint64_t{in.samples.size()} + 64;
-  std::vector<uint64_t> seen_bits(dense ? max_id / 64 + 1 : 0, 0);
-  absl::flat_hash_set<uint64_t> ids;
-  if (!dense) ids.reserve(in.samples.size());
-  auto first_time = [&](uint64_t id) {
-    if (!dense) return ids.insert(id).second;
-    uint64_t& word = seen_bits[id / 64];
-    const uint64_t bit = uint64_t{1} << (id % 64);
-    if (word & bit) return false;
-    word |= bit;
-    return true;
-  };
-  uint64_t tokens[2] = {0, 0};
-  for (const Sample& s : in.samples) {
-    auto who = [&s] { return absl::StrCat("sample ", s.sample_id); };
-    if (!first_time(s.sample_id)) {
-      return absl::InvalidArgumentError(absl::StrCat(who(), " appears twice in the step"));
+  // Encoder tokens and items per sample.
+  const uint32_t n = static_cast<uint32_t>(step.samples.size());
+  std::vector<uint64_t> encoder_tokens(n, 0);
+  std::vector<uint32_t> items(n, 0);
+  for (const packer::PlannedImage& im : step.images) {
+    if (im.owner >= n) return absl::InvalidArgumentError("an image names no sample of the step");
+    if (im.patches == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample ", step.samples[im.owner].sample, " has an empty vit item (index ",
+          im.image_index, "): every image or audio clip needs at least one patch or token"));
     }
+    encoder_tokens[im.owner] += im.llm_tokens;
+    ++items[im.owner];
+  }
+  for (const packer::PlannedAudio& au : step.audio) {
+    if (au.owner >= n) return absl::InvalidArgumentError("a clip names no sample of the step");
+    if (au.tokens == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample ", step.samples[au.owner].sample, " has an empty audio item (index ",
+          au.audio_index, "): every image or audio clip needs at least one patch or token"));
+    }
+    encoder_tokens[au.owner] += au.tokens;
+    ++items[au.owner];
+  }
+  uint64_t tokens[2] = {0, 0};
+  for (uint32_t k = 0; k < n; ++k) {
+    const packer::PlannedSample& s = step.samples[k];
+    auto who = [&s] { return absl::StrCat("sample ", s.sample); };
     if (s.drawn_rank >= c.world_size) {
       return absl::InvalidArgumentError(absl::StrCat(who(), " was drawn by rank ", s.drawn_rank,
                                                      ", outside world_size ", c.world_size));
     }
-    if (s.llm_tokens == 0 || s.llm_tokens > sl.seq_len) {
+    const uint32_t llm_tokens = s.cost.llm_tokens;
+    if (llm_tokens == 0 || llm_tokens > sl.seq_len) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who(), " has ", s.llm_tokens, " LLM tokens; a document needs 1 to seq_len (", sl.seq_len,
+          who(), " has ", llm_tokens, " LLM tokens; a document needs 1 to seq_len (", sl.seq_len,
           ") tokens: drop or truncate it when sampling, or raise seq_len"));
     }
-    uint64_t encoder_tokens = 0;
-    size_t items = 0;
-    for (int e = 0; e < kNumEncoders; ++e) {
-      items += s.items[e].size();
-      for (const EncoderItem& it : s.items[e]) {
-        if (it.units == 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              who(), " has an empty ", EncoderPhaseName(kEncoders[e]), " item (index ", it.index,
-              "): every image or audio clip needs at least one patch or token"));
-        }
-        encoder_tokens += it.output_tokens;
-      }
-    }
-    if (s.vl != (items > 0)) {
+    if (s.vl != (items[k] > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           who(),
           s.vl ? " is VL but has no images or audio" : " is text-only but has images or audio",
           "; its modality must match its members"));
     }
-    if (encoder_tokens > s.llm_tokens) {
+    if (encoder_tokens[k] > llm_tokens) {
       return absl::InvalidArgumentError(
-          absl::StrCat(who(), " has ", encoder_tokens, " encoder tokens but only ", s.llm_tokens,
+          absl::StrCat(who(), " has ", encoder_tokens[k], " encoder tokens but only ", llm_tokens,
                        " LLM tokens; llm_tokens must include every encoder token"));
     }
     if (!av.all()) {
@@ -272,7 +260,7 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
                          ", which no node's stager has staged; stage it first"));
       }
     }
-    tokens[s.vl] += s.llm_tokens;
+    tokens[s.vl] += llm_tokens;
   }
   const uint64_t room[2] = {uint64_t{c.world_size} * sl.text_sequences() * sl.seq_len,
                             uint64_t{c.world_size} * sl.vl_sequences() * sl.seq_len};
@@ -288,48 +276,22 @@ absl::Status ValidateDispatchInput(const DispatchInput& in, const DispatchOption
   return absl::OkStatus();
 }
 
-absl::StatusOr<SplitEvaluation> EvaluateSplit(const DispatchInput& in, const DispatchOptions& o,
-                                              const std::vector<uint32_t>& split) {
-  if (split.size() != in.samples.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("split covers ", split.size(), " samples, the step has ", in.samples.size()));
-  }
-  for (uint32_t r : split) {
-    if (r >= o.cluster.world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("split names rank ", r, ", outside world_size ", o.cluster.world_size));
-    }
-  }
-  SplitEvaluation out;
-  for (EncoderKind kind : kEncoders) {
-    const FlatEncoder f = Flatten(in, o, kind, nullptr);
-    if (f.sample.empty()) continue;
-    std::vector<double> cost(o.cluster.world_size, 0.0);
-    for (size_t i = 0; i < f.sample.size(); ++i) cost[split[f.sample[i]]] += f.problem.cost[i];
-    out.phases.push_back(MakePhaseStats(EncoderPhaseName(kind), cost,
-                                        MakespanLowerBound(f.problem.cost, o.cluster.world_size)));
-  }
-  const LlmProblem p = MakeLlmProblem(in, o);
-  const auto cost = SplitLlmCosts(p, split, &out.overflow_sequences);
-  out.phases.push_back(MakePhaseStats("llm", cost, LlmLowerBound(p)));
-  return out;
-}
-
 namespace {
 
 // Encoder phases and the LLM rearrangement problem (shared by Dispatch and
 // BuildRearrangement).
-absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const DispatchOptions& o,
-                                            const StagingIndex& staging,
+absl::StatusOr<RearrangementInstance> Stage(const StepPlanData& step,
+                                            const ShardAvailability& availability,
+                                            const DispatchOptions& o, const StagingIndex& staging,
                                             std::array<FlatEncoder, kNumEncoders>* flat,
                                             LlmAssignment* balanced) {
   const ClusterShape& c = o.cluster;
   const uint32_t W = c.world_size;
-  const size_t n = in.samples.size();
+  const size_t n = step.samples.size();
   RearrangementInstance inst;
   for (EncoderKind kind : kEncoders) {
     const int e = static_cast<int>(kind);
-    (*flat)[e] = Flatten(in, o, kind, &staging);
+    (*flat)[e] = Flatten(step, availability, o, kind, &staging);
     const EncoderProblem& prob = (*flat)[e].problem;
     inst.encoder_lower_bound[e] = MakespanLowerBound(prob.cost, W);
     EncoderPlacement placed =
@@ -338,7 +300,7 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
     inst.encoder_rank[e] = std::move(placed.rank);
   }
   LlmProblem& llm = inst.problem;
-  llm = MakeLlmProblem(in, o);
+  llm = MakeLlmProblem(step, o);
   inst.llm_lower_bound = LlmLowerBound(llm);
   llm.bound = (1 + o.balance_tolerance) * inst.llm_lower_bound;
   if (!o.node_aware) {
@@ -348,7 +310,7 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
     return inst;
   }
   // Bytes that cross nodes per node the sample's LLM rank may be on.
-  const bool restricted = !in.availability.all();
+  const bool restricted = !availability.all();
   std::vector<NodeAffinity::Entry> entries;
   for (uint32_t s = 0; s < n; ++s) {
     entries.clear();
@@ -361,8 +323,8 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
       }
     }
     if (restricted) {
-      const uint64_t text = uint64_t{in.samples[s].text_tokens} * o.token_id_bytes;
-      const uint32_t shard = in.samples[s].shard;
+      const uint64_t text = uint64_t{step.samples[s].cost.text_tokens} * o.token_id_bytes;
+      const uint32_t shard = step.samples[s].shard;
       if (!staging.everywhere(shard) && text > 0) {
         base += text;
         for (const uint32_t* nd = staging.begin(shard); nd != staging.end(shard); ++nd) {
@@ -377,21 +339,35 @@ absl::StatusOr<RearrangementInstance> Stage(const DispatchInput& in, const Dispa
 
 }  // namespace
 
-absl::StatusOr<RearrangementInstance> BuildRearrangement(const DispatchInput& in,
-                                                         const DispatchOptions& o) {
-  RETURN_IF_ERROR(ValidateDispatchInput(in, o));
+// seq_len comes from the step.
+DispatchOptions WithSeqLen(const StepPlanData& step, const DispatchOptions& o) {
+  DispatchOptions out = o;
+  out.slots.seq_len = step.seq_len;
+  return out;
+}
+
+absl::StatusOr<RearrangementInstance> BuildRearrangement(const StepPlanData& step,
+                                                         const ShardAvailability& availability,
+                                                         const DispatchOptions& options) {
+  const DispatchOptions o = WithSeqLen(step, options);
+  RETURN_IF_ERROR(ValidateStep(step, availability, o));
   std::array<FlatEncoder, kNumEncoders> flat;
   LlmAssignment unused;
-  const StagingIndex staging(in.availability);
-  return Stage(in, o, staging, &flat, &unused);
+  const StagingIndex staging(availability);
+  return Stage(step, availability, o, staging, &flat, &unused);
 }
 
 namespace {
 
 // The node-aware LLM placement: the fast rearrangement, or (kIlp) GLPK's
 // optimum started from it when GLPK proves one within its budgets.
+struct RearrangeStats {
+  bool llm_fallback = false;
+  std::string rearrangement = "fast";
+};
+
 absl::StatusOr<LlmAssignment> Rearrange(const DispatchOptions& o, LlmProblem* llm,
-                                        DispatchStats* stats) {
+                                        RearrangeStats* stats) {
   ASSIGN_OR_RETURN(RearrangeResult rr,
                    RearrangeLlm(*llm, o.improvement_rounds, o.balance_tolerance));
   stats->llm_fallback = rr.fell_back;
@@ -419,219 +395,192 @@ absl::StatusOr<LlmAssignment> Rearrange(const DispatchOptions& o, LlmProblem* ll
 
 }  // namespace
 
-absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& in, const DispatchOptions& o) {
-  RETURN_IF_ERROR(ValidateDispatchInput(in, o));
+namespace {
+
+// Samples in LLM order, by (rank, sequence) slot and batch order within a
+// slot (a counting sort): slot k's samples are order[start[k], start[k+1]).
+void LlmOrder(const LlmAssignment& a, uint32_t W, uint32_t S, std::vector<uint32_t>* start,
+              std::vector<uint32_t>* order) {
+  const uint32_t n = static_cast<uint32_t>(a.rank.size());
+  const size_t slots = size_t{W} * S;
+  start->assign(slots + 1, 0);
+  order->resize(n);
+  for (uint32_t s = 0; s < n; ++s) ++(*start)[size_t{a.rank[s]} * S + a.seq[s] + 1];
+  for (size_t k = 0; k < slots; ++k) (*start)[k + 1] += (*start)[k];
+  std::vector<uint32_t> fill(start->begin(), start->end() - 1);
+  for (uint32_t s = 0; s < n; ++s) (*order)[fill[size_t{a.rank[s]} * S + a.seq[s]]++] = s;
+}
+
+// One encoder's placement written to the step: encoder ranks, per-rank cost
+// and, where the encoder rank's node does not stage the shard, the remote
+// load and its source. Items are visited by (encoder rank, LLM order), so
+// that per-rank sums and load sources do not depend on anything else.
+std::vector<double> PlaceEncoderItems(EncoderKind kind, const FlatEncoder& f,
+                                      const std::vector<uint32_t>& rank,
+                                      const std::vector<uint32_t>& llm_order,
+                                      const ShardAvailability& availability,
+                                      const std::vector<uint32_t>& node, LoadSources* sources,
+                                      StepPlanData* step) {
+  const uint32_t W = static_cast<uint32_t>(node.size());
+  const size_t items = f.sample.size();
+  std::vector<uint32_t> by_llm;
+  by_llm.reserve(items);
+  for (uint32_t s : llm_order) {
+    for (uint32_t i = f.offset[s]; i < f.offset[s + 1]; ++i) by_llm.push_back(i);
+  }
+  std::vector<uint32_t> start(W + 1, 0), order(items);
+  for (uint32_t i : by_llm) ++start[rank[i] + 1];
+  for (uint32_t r = 0; r < W; ++r) start[r + 1] += start[r];
+  {
+    std::vector<uint32_t> at(start.begin(), start.end() - 1);
+    for (uint32_t i : by_llm) order[at[rank[i]]++] = i;
+  }
+  const bool vision = kind == EncoderKind::kVision;
+  const bool restricted = !availability.all();
+  std::vector<double> cost(W, 0.0);
+  for (uint32_t i : order) {
+    const uint32_t r = rank[i];
+    cost[r] += f.problem.cost[i];
+    bool remote = false;
+    uint32_t source = r;
+    if (restricted && !availability.Has(f.problem.shard[i], node[r])) {
+      remote = true;
+      source =
+          sources->Pick(f.problem.shard[i], step->samples[f.sample[i]].drawn_rank, f.in_bytes[i]);
+    }
+    if (vision) {
+      packer::PlannedImage& im = step->images[i];
+      im.enc_rank = r;
+      im.remote_load = remote;
+      im.load_source = source;
+    } else {
+      packer::PlannedAudio& au = step->audio[i];
+      au.enc_rank = r;
+      au.remote_load = remote;
+      au.load_source = source;
+    }
+  }
+  return cost;
+}
+
+// The phases of the drawn split, for imbalance_before (unpadded LLM cost
+// needs no packing: it is the sum of the documents' costs).
+void DrawnImbalance(const StepPlanData& step, const std::array<FlatEncoder, kNumEncoders>& flat,
+                    const LlmProblem& llm, const DispatchOptions& o,
+                    std::array<double, kNumEncoders>* encoders, double* llm_before) {
+  const uint32_t W = o.cluster.world_size;
+  const uint32_t n = static_cast<uint32_t>(step.samples.size());
+  for (int e = 0; e < kNumEncoders; ++e) {
+    std::vector<double> cost(W, 0.0);
+    for (size_t i = 0; i < flat[e].sample.size(); ++i) {
+      cost[step.samples[flat[e].sample[i]].drawn_rank] += flat[e].problem.cost[i];
+    }
+    (*encoders)[e] = MakePhaseSummary(cost, 0).imbalance;
+  }
+  std::vector<double> cost(W, 0.0);
+  if (o.padded) {
+    std::vector<uint32_t> drawn(n);
+    for (uint32_t s = 0; s < n; ++s) drawn[s] = step.samples[s].drawn_rank;
+    uint32_t overflow = 0;
+    cost = SplitLlmCosts(llm, drawn, &overflow);
+  } else {
+    const CostModel model(o.cost);
+    for (uint32_t s = 0; s < n; ++s) {
+      cost[step.samples[s].drawn_rank] += model.Llm(llm.docs[s].tokens);
+    }
+  }
+  *llm_before = MakePhaseSummary(cost, 0).imbalance;
+}
+
+}  // namespace
+
+absl::Status Dispatch(const ShardAvailability& availability, const DispatchOptions& options,
+                      StepPlanData* step) {
+  const DispatchOptions o = WithSeqLen(*step, options);
+  RETURN_IF_ERROR(ValidateStep(*step, availability, o));
   const ClusterShape& c = o.cluster;
   const uint32_t W = c.world_size;
-  const uint32_t n = static_cast<uint32_t>(in.samples.size());
-  const bool restricted = !in.availability.all();
-  DispatchPlan plan;
-  plan.cluster = c;
-  plan.slots = o.slots;
+  const uint32_t n = static_cast<uint32_t>(step->samples.size());
+  const bool restricted = !availability.all();
+
+  // 1. Encoder phases and the LLM problem.
   std::array<FlatEncoder, kNumEncoders> flat;
   LlmAssignment balanced;
-  const StagingIndex staging(in.availability);
-  ASSIGN_OR_RETURN(RearrangementInstance inst, Stage(in, o, staging, &flat, &balanced));
-  const auto& enc_bound = inst.encoder_bound;
-  const auto& enc_lb = inst.encoder_lower_bound;
-  const double llm_lb = inst.llm_lower_bound;
+  const StagingIndex staging(availability);
+  ASSIGN_OR_RETURN(RearrangementInstance inst,
+                   Stage(*step, availability, o, staging, &flat, &balanced));
   LlmProblem& llm = inst.problem;
-  for (int e = 0; e < kNumEncoders; ++e) {
-    plan.item_offset[e] = flat[e].offset;
-    plan.encoders[e].kind = kEncoders[e];
-    plan.encoders[e].rank = std::move(inst.encoder_rank[e]);
-  }
   std::vector<uint32_t> node(W);  // node of every rank (no division in the loops below)
   for (uint32_t r = 0; r < W; ++r) node[r] = c.node_of(r);
+
+  // 2. The LLM placement (node-aware: the rearrangement), then encoder items
+  // pulled onto their sample's LLM node where the encoder bound allows.
   LlmAssignment assignment;
+  RearrangeStats stats;
   if (o.node_aware) {
-    ASSIGN_OR_RETURN(assignment, Rearrange(o, &llm, &plan.stats));
-    // Pull encoder items onto their sample's LLM node where balance allows.
+    ASSIGN_OR_RETURN(assignment, Rearrange(o, &llm, &stats));
     for (int e = 0; e < kNumEncoders; ++e) {
       const FlatEncoder& f = flat[e];
       if (f.sample.empty()) continue;
       std::vector<uint32_t> preferred(f.sample.size());
-      for (size_t i = 0; i < f.sample.size(); ++i)
+      for (size_t i = 0; i < f.sample.size(); ++i) {
         preferred[i] = node[assignment.rank[f.sample[i]]];
-      const std::vector<uint8_t> touched =
-          MoveTowardNodes(f.problem, preferred, f.out_bytes, enc_bound[e], &plan.encoders[e].rank);
-      ImproveWithinNodes(f.problem, o.improvement_rounds, &plan.encoders[e].rank, &touched);
+      }
+      const std::vector<uint8_t> touched = MoveTowardNodes(
+          f.problem, preferred, f.out_bytes, inst.encoder_bound[e], &inst.encoder_rank[e]);
+      ImproveWithinNodes(f.problem, o.improvement_rounds, &inst.encoder_rank[e], &touched);
     }
   } else {
     assignment = std::move(balanced);
   }
-  plan.llm_rank = assignment.rank;
-  plan.llm_seq = assignment.seq;
 
-  // LLM layout: per rank, micro-batches of sequences, docs by sample index.
-  const SlotLayout& sl = o.slots;
-  // Docs per (rank, sequence) slot, by a counting sort: slot_start[k] is
-  // where slot k's docs begin in slot_docs.
-  const size_t slots = size_t{W} * sl.sequences();
-  std::vector<uint32_t> slot_start(slots + 1, 0), slot_docs(n);
-  for (uint32_t s = 0; s < n; ++s) {
-    ++slot_start[size_t{assignment.rank[s]} * sl.sequences() + assignment.seq[s] + 1];
+  // 3. Samples: LLM rank and sequence; remote token ids in LLM order, after
+  // the encoder items' loads, so that sources are picked deterministically.
+  const uint32_t S = o.slots.sequences();
+  std::vector<uint32_t> slot_start, llm_order;
+  LlmOrder(assignment, W, S, &slot_start, &llm_order);
+  for (uint32_t k = 0; k < n; ++k) {
+    packer::PlannedSample& ps = step->samples[k];
+    ps.rank = assignment.rank[k];
+    ps.seq = assignment.seq[k];
+    ps.text_remote = false;
+    ps.text_source = ps.rank;
   }
-  for (size_t k = 0; k < slots; ++k) slot_start[k + 1] += slot_start[k];
-  {
-    std::vector<uint32_t> fill(slot_start.begin(), slot_start.end() - 1);
-    for (uint32_t s = 0; s < n; ++s) {
-      slot_docs[fill[size_t{assignment.rank[s]} * sl.sequences() + assignment.seq[s]]++] = s;
-    }
-  }
-  const auto llm_cost = LlmRankCosts(llm, assignment);
-  plan.llm.resize(W);
-  for (uint32_t r = 0; r < W; ++r) {
-    RankLlmPlan& rp = plan.llm[r];
-    rp.cost = llm_cost[r];
-    rp.micro_batches.resize(sl.micro_batches());
-    for (uint32_t mb = 0; mb < sl.micro_batches(); ++mb) {
-      MicroBatchPlan& m = rp.micro_batches[mb];
-      m.vl = mb >= sl.text_micro_batches;
-      m.sequences.resize(sl.micro_batch_size(mb));
-      for (uint32_t j = 0; j < sl.micro_batch_size(mb); ++j) {
-        SequencePlan& sp = m.sequences[j];
-        const size_t k = size_t{r} * sl.sequences() + sl.first_sequence(mb) + j;
-        sp.docs.assign(slot_docs.begin() + slot_start[k], slot_docs.begin() + slot_start[k + 1]);
-        for (uint32_t s : sp.docs) sp.tokens += llm.docs[s].tokens;
-      }
-    }
-  }
-
-  // Encoder lists per rank in (LLM rank, LLM order, item) order; remote loads.
-  LoadSources sources(in, c);
-  std::vector<Move> load_moves;
+  LoadSources sources(availability, c);
+  std::array<std::vector<double>, kNumEncoders> enc_cost;
   for (int e = 0; e < kNumEncoders; ++e) {
-    const FlatEncoder& f = flat[e];
-    EncoderPhasePlan& ep = plan.encoders[e];
-    const size_t items = f.sample.size();
-    // By (encoder rank, LLM rank, LLM position, position in the sample): the
-    // items of the samples in LLM order (slot_docs), then a stable counting
-    // sort by encoder rank.
-    std::vector<uint32_t> by_llm;
-    by_llm.reserve(items);
-    for (uint32_t s : slot_docs) {
-      for (uint32_t i = f.offset[s]; i < f.offset[s + 1]; ++i) by_llm.push_back(i);
-    }
-    std::vector<uint32_t> start(W + 1, 0), order(items);
-    for (uint32_t i : by_llm) ++start[ep.rank[i] + 1];
-    for (uint32_t r = 0; r < W; ++r) start[r + 1] += start[r];
-    {
-      std::vector<uint32_t> at(start.begin(), start.end() - 1);
-      for (uint32_t i : by_llm) order[at[ep.rank[i]]++] = i;
-    }
-    ep.rank_items.assign(W, {});
-    for (uint32_t r = 0; r < W; ++r) ep.rank_items[r].reserve(start[r + 1] - start[r]);
-    ep.rank_cost.assign(W, 0.0);
-    ep.remote_load.assign(items, 0);
-    ep.load_source.assign(items, 0);
-    for (uint32_t i : order) {
-      const uint32_t r = ep.rank[i], s = f.sample[i];
-      ep.rank_items[r].push_back(ItemRef{s, f.local[i]});
-      ep.rank_cost[r] += f.problem.cost[i];
-      ep.load_source[i] = r;
-      if (restricted && !in.availability.Has(f.problem.shard[i], node[r])) {
-        const uint64_t bytes = in.samples[s].items[e][f.local[i]].input_bytes;
-        ep.remote_load[i] = 1;
-        ep.load_source[i] = sources.Pick(f.problem.shard[i], in.samples[s].drawn_rank, bytes);
-        load_moves.push_back(
-            Move{ep.load_source[i], r,
-                 ExchangeItem{s, ep.kind, Payload::kEncoderInput, f.index[i], bytes}});
-        ++plan.stats.remote_load_items;
-      }
-    }
+    enc_cost[e] = PlaceEncoderItems(kEncoders[e], flat[e], inst.encoder_rank[e], llm_order,
+                                    availability, node, &sources, step);
   }
-  plan.text_remote.assign(n, 0);
-  plan.text_source = assignment.rank;
-  if (restricted) {  // in LLM order, so that sources are picked deterministically
-    for (uint32_t r = 0; r < W; ++r) {
-      for (size_t k = size_t{r} * sl.sequences(); k < size_t{r + 1} * sl.sequences(); ++k) {
-        for (uint32_t j = slot_start[k]; j < slot_start[k + 1]; ++j) {
-          const uint32_t s = slot_docs[j];
-          if (in.availability.Has(in.samples[s].shard, node[r])) continue;
-          const uint64_t bytes = uint64_t{in.samples[s].text_tokens} * o.token_id_bytes;
-          plan.text_remote[s] = 1;
-          plan.text_source[s] = sources.Pick(in.samples[s].shard, in.samples[s].drawn_rank, bytes);
-          load_moves.push_back(
-              Move{plan.text_source[s], r,
-                   ExchangeItem{s, EncoderKind::kVision, Payload::kTextTokens, 0, bytes}});
-          ++plan.stats.remote_text_samples;
-        }
-      }
+  if (restricted) {
+    for (uint32_t s : llm_order) {
+      packer::PlannedSample& ps = step->samples[s];
+      if (availability.Has(ps.shard, node[ps.rank])) continue;
+      ps.text_remote = true;
+      ps.text_source =
+          sources.Pick(ps.shard, ps.drawn_rank, uint64_t{ps.cost.text_tokens} * o.token_id_bytes);
     }
   }
 
-  // The composed forward exchange: encoder rank -> LLM rank, in one step.
-  // Its byte totals come straight from the placement.
+  // 4. Statistics, with the drawn split as "before".
+  std::array<double, kNumEncoders> enc_before{};
+  double llm_before = 1;
+  DrawnImbalance(*step, flat, llm, o, &enc_before, &llm_before);
+  PhaseSummary* enc_phase[kNumEncoders] = {&step->vit, &step->audio_phase};
   for (int e = 0; e < kNumEncoders; ++e) {
-    const FlatEncoder& f = flat[e];
-    for (size_t i = 0; i < f.sample.size(); ++i) {
-      const uint32_t src = plan.encoders[e].rank[i], dst = assignment.rank[f.sample[i]];
-      (src == dst               ? plan.stats.self_bytes
-       : node[src] == node[dst] ? plan.stats.intra_node_bytes
-                                : plan.stats.inter_node_bytes) += f.out_bytes[i];
-    }
-  }
-  for (const Move& m : load_moves) plan.stats.remote_load_bytes += m.item.bytes;
-  if (o.build_exchanges) {
-    std::vector<Move> moves;
-    size_t total = 0;
-    for (int e = 0; e < kNumEncoders; ++e) total += flat[e].sample.size();
-    moves.reserve(total);
-    for (uint32_t r = 0; r < W; ++r) {
-      for (int e = 0; e < kNumEncoders; ++e) {
-        const FlatEncoder& f = flat[e];
-        for (const ItemRef& ref : plan.encoders[e].rank_items[r]) {
-          const uint32_t i = f.offset[ref.sample] + ref.item;
-          moves.push_back(Move{r, assignment.rank[ref.sample],
-                               ExchangeItem{ref.sample, kEncoders[e], Payload::kEncoderOutput,
-                                            f.index[i], f.out_bytes[i]}});
-        }
-      }
-    }
-    plan.forward = BuildExchange(c, moves);
-    plan.load = BuildExchange(c, load_moves);
-  }
-
-  // Statistics, with the drawn split as "before" (unpadded LLM cost needs
-  // no packing: it is the sum of the documents' costs).
-  std::vector<PhaseStats> before;
-  for (int e = 0; e < kNumEncoders; ++e) {
+    *enc_phase[e] = PhaseSummary();
     if (flat[e].sample.empty()) continue;
-    std::vector<double> cost(W, 0.0);
-    for (size_t i = 0; i < flat[e].sample.size(); ++i) {
-      cost[in.samples[flat[e].sample[i]].drawn_rank] += flat[e].problem.cost[i];
-    }
-    before.push_back(MakePhaseStats(EncoderPhaseName(kEncoders[e]), cost, 0));
+    *enc_phase[e] = MakePhaseSummary(enc_cost[e], inst.encoder_lower_bound[e]);
+    enc_phase[e]->bound = inst.encoder_bound[e];
+    enc_phase[e]->imbalance_before = enc_before[e];
   }
-  {
-    std::vector<double> cost(W, 0.0);
-    if (o.padded) {
-      std::vector<uint32_t> drawn(n);
-      for (uint32_t s = 0; s < n; ++s) drawn[s] = in.samples[s].drawn_rank;
-      uint32_t overflow = 0;
-      cost = SplitLlmCosts(llm, drawn, &overflow);
-    } else {
-      const CostModel model(o.cost);
-      for (uint32_t s = 0; s < n; ++s)
-        cost[in.samples[s].drawn_rank] += model.Llm(llm.docs[s].tokens);
-    }
-    before.push_back(MakePhaseStats("llm", cost, 0));
-  }
-  auto add_phase = [&](PhaseStats st, double bound) {
-    st.bound = bound;
-    for (const PhaseStats& b : before) {
-      if (b.phase == st.phase) st.imbalance_before = b.imbalance;
-    }
-    plan.stats.phases.push_back(std::move(st));
-  };
-  for (int e = 0; e < kNumEncoders; ++e) {
-    if (flat[e].sample.empty()) continue;
-    add_phase(MakePhaseStats(EncoderPhaseName(kEncoders[e]), plan.encoders[e].rank_cost, enc_lb[e]),
-              enc_bound[e]);
-  }
-  add_phase(MakePhaseStats("llm", llm_cost, llm_lb), llm.bound);
-  return plan;
+  step->llm = MakePhaseSummary(LlmRankCosts(llm, assignment), inst.llm_lower_bound);
+  step->llm.bound = llm.bound;
+  step->llm.imbalance_before = llm_before;
+  step->phases_from_dispatcher = true;
+  step->rearrangement = std::move(stats.rearrangement);
+  step->llm_fallback = stats.llm_fallback;
+  return absl::OkStatus();
 }
 
 }  // namespace tutti::dispatch

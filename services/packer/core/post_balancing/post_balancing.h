@@ -1,28 +1,46 @@
-// Batch post-balancing: the whole re-deal of one step, from the drawn
-// samples to per-rank encoder items, packed LLM sequences and the composed
-// exchange lists. A pure function of its inputs (deterministic, no I/O).
+// Batch post-balancing: the re-deal of one drawn step, on the planner's own
+// StepPlanData. A pure function of its inputs (deterministic, no I/O).
+//
+// Dispatch reads from the step its drawn samples (shard, drawn rank,
+// modality, LLM and text tokens), its images and audio clips (cost, output
+// and input bytes) and its seq_len, and writes back every sample's LLM rank
+// and sequence, every item's encoder rank, the remote loads and their
+// sources, and the phase summaries (phases_from_dispatcher). The planner
+// then lays out the exchange lists from the placement (core/exchange.h).
+//
+//   1. encoder phases   one per encoder (vision, audio): every image / clip on one rank
+//   2. LLM phase        every sample a document in one packed sequence of one rank
+//   3. locality         encoder items pulled onto their sample's LLM node
+//   4. loads            remote inputs (shard not staged on the node) and their sources
+//   5. statistics       per phase: max, mean, lower bound, bound, the drawn split
 #ifndef TUTTI_SERVICES_PACKER_CORE_POST_BALANCING_POST_BALANCING_H_
 #define TUTTI_SERVICES_PACKER_CORE_POST_BALANCING_POST_BALANCING_H_
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/packer/core/plan_data.h"
 #include "services/packer/core/post_balancing/dispatch_types.h"
 #include "services/packer/core/post_balancing/llm_phase.h"
 
 namespace tutti::dispatch {
 
-// INVALID_ARGUMENT for a malformed input (the message names the sample or
-// option and the fix), FAILED_PRECONDITION for a shard staged on no node,
-// RESOURCE_EXHAUSTED when the step's tokens exceed its sequences.
-absl::Status ValidateDispatchInput(const DispatchInput& input, const DispatchOptions& options);
+using packer::PhaseSummary;
+using packer::StepPlanData;
 
-// Computes the encoder phases (vision, audio), the LLM phase, the remote
-// loads and the forward and load exchanges. The backward exchange is
-// InverseExchange(plan.cluster, plan.forward) (exchange.h).
-absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& input, const DispatchOptions& options);
+// INVALID_ARGUMENT for a malformed step or options (the message names the
+// sample or option and the fix), FAILED_PRECONDITION for a shard staged on
+// no node, RESOURCE_EXHAUSTED when the step's tokens exceed its sequences.
+absl::Status ValidateStep(const StepPlanData& step, const ShardAvailability& staging,
+                          const DispatchOptions& options);
+
+// Places the drawn `step` (see above). options.slots.seq_len is taken from
+// the step. On error the step's placement fields are unspecified.
+absl::Status Dispatch(const ShardAvailability& staging, const DispatchOptions& options,
+                      StepPlanData* step);
 
 // The node-aware LLM rearrangement instance of a step exactly as Dispatch
 // builds it: the encoder phases placed (node-aware when options.node_aware),
@@ -32,28 +50,18 @@ absl::StatusOr<DispatchPlan> Dispatch(const DispatchInput& input, const Dispatch
 // For comparing the fast rearrangement with the exact one (llm_ilp.h).
 struct RearrangementInstance {
   LlmProblem problem;
-  std::array<std::vector<uint32_t>, kNumEncoders> encoder_rank;  // per flattened item
+  std::array<std::vector<uint32_t>, kNumEncoders> encoder_rank;  // per item, batch order
   std::array<double, kNumEncoders> encoder_bound{};
   std::array<double, kNumEncoders> encoder_lower_bound{};
   double llm_lower_bound = 0;
 };
-absl::StatusOr<RearrangementInstance> BuildRearrangement(const DispatchInput& input,
+absl::StatusOr<RearrangementInstance> BuildRearrangement(const StepPlanData& step,
+                                                         const ShardAvailability& staging,
                                                          const DispatchOptions& options);
 
-// A fixed split without post-balancing: every sample is encoded and packed on
-// split[sample]. Sequences are filled largest document first; documents that
-// find no room open extra one-sequence micro-batches (counted).
-struct SplitEvaluation {
-  std::vector<PhaseStats> phases;  // "vit", "audio" (when present), "llm"; imbalance_before unset
-  uint32_t overflow_sequences = 0;
-};
-absl::StatusOr<SplitEvaluation> EvaluateSplit(const DispatchInput& input,
-                                              const DispatchOptions& options,
-                                              const std::vector<uint32_t>& split);
-
-// Statistics of one phase from per-rank costs and its lower bound.
-PhaseStats MakePhaseStats(const char* phase, const std::vector<double>& rank_cost,
-                          double lower_bound);
+// Statistics of one phase from per-rank costs and its lower bound (raised to
+// the mean); imbalance_before and bound are left for the caller.
+PhaseSummary MakePhaseSummary(const std::vector<double>& rank_cost, double lower_bound);
 
 }  // namespace tutti::dispatch
 

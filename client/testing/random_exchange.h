@@ -1,7 +1,7 @@
 // Random but consistent exchange plans for a whole job, for tests: what rank
 // a sends rank b is exactly what rank b expects from rank a.
-#ifndef TUTTI_CLIENT_RANDOM_EXCHANGE_H_
-#define TUTTI_CLIENT_RANDOM_EXCHANGE_H_
+#ifndef TUTTI_CLIENT_TESTING_RANDOM_EXCHANGE_H_
+#define TUTTI_CLIENT_TESTING_RANDOM_EXCHANGE_H_
 
 #include <cstdint>
 #include <vector>
@@ -23,4 +23,4 @@ std::vector<v1::RankPlan> RandomExchangePlans(const RandomExchangeOptions& opts)
 
 }  // namespace tutti
 
-#endif  // TUTTI_CLIENT_RANDOM_EXCHANGE_H_
+#endif  // TUTTI_CLIENT_TESTING_RANDOM_EXCHANGE_H_

@@ -1,23 +1,31 @@
-// A small deterministic random generator (xoshiro256**, seeded through
-// splitmix64) with the few distributions the dataset generator needs.
+// The one 64-bit mixer (splitmix64) and a small deterministic random
+// generator (xoshiro256**, seeded through splitmix64) with the few
+// distributions the dataset generators need.
 // Everything is computed here rather than with <random>'s distributions,
 // whose output is implementation-defined, so a seed names the same dataset
 // on every standard library.
-#ifndef TUTTI_TOOLS_DATAGEN_RNG_H_
-#define TUTTI_TOOLS_DATAGEN_RNG_H_
+#ifndef TUTTI_COMMON_RNG_H_
+#define TUTTI_COMMON_RNG_H_
 
 #include <cmath>
 #include <cstdint>
 
-namespace tutti::datagen {
+namespace tutti {
 
-// splitmix64 step: a good 64-bit mixer for deriving independent seeds.
-inline uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+inline constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;  // 2^64 / golden ratio
+
+// splitmix64's finaliser: a bijective, well-mixed 64-bit hash.
+inline uint64_t Mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+
+// splitmix64 step: a good 64-bit mixer for deriving independent seeds.
+inline uint64_t SplitMix64(uint64_t& state) { return Mix64(state += kGoldenGamma); }
+
+// The splitmix64 output of state x (one step from x): a keyed hash.
+inline uint64_t SplitMix64Of(uint64_t x) { return Mix64(x + kGoldenGamma); }
 
 // A seed for stream `b` of master seed `a` (e.g. sample index b of seed a).
 inline uint64_t MixSeed(uint64_t a, uint64_t b) {
@@ -72,6 +80,6 @@ class Rng {
   uint64_t s_[4];
 };
 
-}  // namespace tutti::datagen
+}  // namespace tutti
 
-#endif  // TUTTI_TOOLS_DATAGEN_RNG_H_
+#endif  // TUTTI_COMMON_RNG_H_

@@ -1,4 +1,4 @@
-#include "client/random_exchange.h"
+#include "client/testing/random_exchange.h"
 
 #include <random>
 
