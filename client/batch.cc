@@ -1,7 +1,6 @@
 #include "client/batch.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <limits>
 #include <set>
 
@@ -9,11 +8,14 @@
 #include "absl/strings/str_join.h"
 #include "client/exchange_layout.h"
 #include "common/dtype.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "tutti/v1/stager.pb.h"
 
 namespace tutti {
 namespace {
+
+const Logger kLog("client.batch");
 
 constexpr uint64_t kAlignment = 64;
 
@@ -190,7 +192,7 @@ Batch& Batch::operator=(Batch&& other) noexcept {
   if (this != &other) {
     if (s_ != nullptr && !s_->released) {
       absl::Status s = Release();
-      if (!s.ok()) std::fprintf(stderr, "tutti: %s\n", std::string(s.message()).c_str());
+      if (!s.ok()) kLog.Warning("releasing a batch failed", {{"error", s.message()}});
     }
     s_ = std::move(other.s_);
   }
@@ -200,7 +202,7 @@ Batch& Batch::operator=(Batch&& other) noexcept {
 Batch::~Batch() {
   if (s_ == nullptr || s_->released) return;
   absl::Status s = Release();
-  if (!s.ok()) std::fprintf(stderr, "tutti: %s\n", std::string(s.message()).c_str());
+  if (!s.ok()) kLog.Warning("releasing a batch failed", {{"error", s.message()}});
 }
 
 absl::Status Batch::Release() {

@@ -2,22 +2,24 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "tutti/v1/plan.pb.h"
 
 namespace tutti {
 namespace {
+
+const Logger kLog("client.mpi");
 
 constexpr uint64_t kHelloMagic = 0x5455545449484c4full;     // "TUTTIHLO"
 constexpr uint64_t kVerdictMagic = 0x5455545449564454ull;   // "TUTTIVDT"
@@ -87,9 +89,9 @@ const SummaryOp& GetSummaryOp() {
 // memory. A transport gives up at most once (it refuses every exchange
 // after), so this stays small.
 void Abandon(std::shared_ptr<void> buffers) {
-  static std::mutex* mu = new std::mutex;
+  ABSL_CONST_INIT static absl::Mutex mu(absl::kConstInit);
   static auto* held = new std::vector<std::shared_ptr<void>>;
-  std::lock_guard<std::mutex> l(*mu);
+  absl::MutexLock l(&mu);
   held->push_back(std::move(buffers));
 }
 
@@ -172,11 +174,8 @@ void FinishMpi(int abort_code) {
   MPI_Finalized(&finalized);
   if (!initialized || finalized) return;
   if (peer_lost.load()) {
-    std::fprintf(stderr,
-                 "tutti: an exchange lost a peer rank; aborting the MPI job (code %d) instead of "
-                 "finalising, which would wait for that rank\n",
-                 abort_code);
-    std::fflush(stderr);
+    kLog.Error(absl::StrCat("an exchange lost a peer rank; aborting the MPI job (code ", abort_code,
+                            ") instead of finalising, which would wait for that rank"));
     MPI_Abort(MPI_COMM_WORLD, abort_code);
   }
   MPI_Finalize();

@@ -29,7 +29,7 @@ absl::Status Transport::Agree(const ExchangeLayout& layout, const absl::Status& 
 absl::Status Transport::Run(ExchangeDirection dir, const v1::RankPlan& plan, const void* send,
                             size_t send_bytes, void* recv, size_t recv_bytes,
                             const ExchangeContext& ctx) {
-  std::lock_guard<std::mutex> lock(run_mu_);
+  absl::MutexLock lock(&run_mu_);
   absl::StatusOr<ExchangeLayout> layout = BuildExchangeLayout(plan, dir, rank(), world_size(), ctx);
   absl::Status local = layout.status();
   if (local.ok()) local = CheckBufferSizes(*layout, send_bytes, recv_bytes);

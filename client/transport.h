@@ -19,10 +19,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "client/exchange_layout.h"
 #include "client/proto_fwd.h"
 
@@ -69,9 +70,10 @@ class Transport {
 
  private:
   absl::Status Run(ExchangeDirection dir, const v1::RankPlan& plan, const void* send,
-                   size_t send_bytes, void* recv, size_t recv_bytes, const ExchangeContext& ctx);
+                   size_t send_bytes, void* recv, size_t recv_bytes, const ExchangeContext& ctx)
+      ABSL_LOCKS_EXCLUDED(run_mu_);
 
-  std::mutex run_mu_;  // one exchange at a time
+  absl::Mutex run_mu_;  // one exchange at a time
 };
 
 }  // namespace tutti

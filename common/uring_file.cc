@@ -10,22 +10,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/status.h"
 
 namespace tutti {
-
-const char* IoKindName(IoOp::Kind kind) {
-  switch (kind) {
-    case IoOp::Kind::kOpen: return "open";
-    case IoOp::Kind::kRead: return "read";
-    case IoOp::Kind::kWrite: return "write";
-    case IoOp::Kind::kFsync: return "fsync";
-    case IoOp::Kind::kClose: return "close";
-    case IoOp::Kind::kStat: return "stat";
-    case IoOp::Kind::kFallocate: return "fallocate";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -202,26 +190,21 @@ class PreadBackend final : public IoBackend {
   }
   ~PreadBackend() override {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stop_ = true;
     }
-    work_cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
 
   absl::Status Submit(const IoOp& op, uint64_t tag) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      queue_.emplace_back(tag, op);
-    }
-    work_cv_.notify_one();
+    absl::MutexLock l(&mu_);
+    queue_.emplace_back(tag, op);
     return absl::OkStatus();
   }
 
   absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) override {
-    std::unique_lock<std::mutex> l(mu_);
-    done_cv_.wait_for(l, absl::ToChronoNanoseconds(timeout),
-                      [&] { return !done_.empty() || woken_; });
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &PreadBackend::Reapable), timeout);
     woken_ = false;
     out->insert(out->end(), done_.begin(), done_.end());
     done_.clear();
@@ -229,48 +212,48 @@ class PreadBackend final : public IoBackend {
   }
 
   void Cancel(uint64_t tag) override {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (it->first == tag) {
         queue_.erase(it);
         done_.push_back(IoCompletion{tag, -ECANCELED});
-        done_cv_.notify_all();
         return;
       }
     }
   }
 
   void Wake() override {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     woken_ = true;
-    done_cv_.notify_all();
   }
   unsigned capacity() const override { return threads_ * 4; }
   const char* name() const override { return "pread"; }
 
  private:
+  bool Reapable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !done_.empty() || woken_; }
+  bool Runnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+
   void Work() {
-    std::unique_lock<std::mutex> l(mu_);
     while (true) {
-      work_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      auto [tag, op] = queue_.front();
-      queue_.pop_front();
-      l.unlock();
-      const int64_t r = RunSync(op);
-      l.lock();
-      done_.push_back(IoCompletion{tag, r});
-      done_cv_.notify_all();
+      std::pair<uint64_t, IoOp> next;
+      {
+        absl::MutexLock l(&mu_, absl::Condition(this, &PreadBackend::Runnable));
+        if (stop_) return;
+        next = queue_.front();
+        queue_.pop_front();
+      }
+      const int64_t r = RunSync(next.second);
+      absl::MutexLock l(&mu_);
+      done_.push_back(IoCompletion{next.first, r});
     }
   }
 
-  unsigned threads_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<std::pair<uint64_t, IoOp>> queue_;
-  std::vector<IoCompletion> done_;
-  bool woken_ = false;
-  bool stop_ = false;
+  const unsigned threads_;
+  absl::Mutex mu_;
+  std::deque<std::pair<uint64_t, IoOp>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<IoCompletion> done_ ABSL_GUARDED_BY(mu_);
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 
@@ -416,7 +399,7 @@ IoService::IoService(std::unique_ptr<IoBackend> backend)
 
 IoService::~IoService() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     stop_ = true;
   }
   if (backend_) backend_->Wake();
@@ -436,33 +419,30 @@ void IoService::Submit(const IoOp& op, absl::Time deadline, Done done,
   r.done = std::move(done);
   r.keepalive = std::move(keepalive);
   outstanding_.fetch_add(1);
+  bool stopped = false;
   {
-    std::lock_guard<std::mutex> l(mu_);
-    if (stop_) {
-      outstanding_.fetch_sub(1);
-      r.done(-ECANCELED);
-      return;
-    }
-    incoming_.emplace_back(0, std::move(r));
+    absl::MutexLock l(&mu_);
+    stopped = stop_;
+    if (!stopped) incoming_.emplace_back(0, std::move(r));
+  }
+  if (stopped) {  // answered outside the lock: the callback may submit again
+    outstanding_.fetch_sub(1);
+    r.done(-ECANCELED);
+    return;
   }
   backend_->Wake();
 }
 
 int64_t IoService::Run(const IoOp& op, absl::Time deadline, std::shared_ptr<void> keepalive) {
-  std::mutex m;
-  std::condition_variable cv;
-  bool finished = false;
+  absl::Notification finished;
   int64_t result = 0;
   Submit(op, deadline,
          [&](int64_t r) {
-           std::lock_guard<std::mutex> l(m);
            result = r;
-           finished = true;
-           cv.notify_all();
+           finished.Notify();
          },
          std::move(keepalive));
-  std::unique_lock<std::mutex> l(m);
-  cv.wait(l, [&] { return finished; });
+  finished.WaitForNotification();
   return result;
 }
 
@@ -516,7 +496,7 @@ void IoService::Loop() {
   while (true) {
     bool stopping;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       for (auto& [unused, r] : incoming_) {
         const uint64_t id = next_id_++;
         reqs_.emplace(id, std::move(r));

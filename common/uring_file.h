@@ -10,21 +10,21 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace tutti {
@@ -43,8 +43,6 @@ struct IoOp {
   int buf_index = -1;        // registered buffer holding buf, or -1
   struct statx* stx = nullptr;  // kStat result
 };
-
-const char* IoKindName(IoOp::Kind kind);
 
 struct IoCompletion {
   uint64_t tag = 0;
@@ -170,9 +168,9 @@ class IoService {
   void Complete(uint64_t id, int64_t result);
 
   std::unique_ptr<IoBackend> backend_;
-  mutable std::mutex mu_;
-  std::deque<std::pair<uint64_t, Req>> incoming_;  // guarded by mu_
-  bool stop_ = false;                              // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<std::pair<uint64_t, Req>> incoming_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Owned by the service thread:
   std::unordered_map<uint64_t, Req> reqs_;
   std::deque<uint64_t> waiting_;  // accepted, not yet in the backend (queue full)

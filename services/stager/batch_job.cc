@@ -18,7 +18,7 @@ namespace tutti::stager {
 
 // ------------------------------------------------------------ substitutes
 void SubstitutePool::OfferImage(uint64_t id, const cv::Mat& bgr) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   // Keep a handful, refreshed now and then; small copies so resizing is cheap.
   if (images_.size() >= 8 && (++offered_ % 64) != 0) return;
   constexpr int kSide = 448;
@@ -37,14 +37,14 @@ void SubstitutePool::OfferImage(uint64_t id, const cv::Mat& bgr) {
 
 void SubstitutePool::OfferTokens(uint64_t id, const std::vector<int32_t>& tokens) {
   if (tokens.empty()) return;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (tokens_.size() >= 32 && (++offered_ % 16) != 0) return;
   tokens_.emplace_back(id, tokens);
   if (tokens_.size() > 32) tokens_.pop_front();
 }
 
 bool SubstitutePool::TakeImage(uint64_t not_id, cv::Mat* out, uint64_t* id) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (size_t k = 0; k < images_.size(); ++k) {
     const auto& e = images_[(taken_ + k) % images_.size()];
     if (e.first == not_id) continue;
@@ -57,7 +57,7 @@ bool SubstitutePool::TakeImage(uint64_t not_id, cv::Mat* out, uint64_t* id) {
 }
 
 bool SubstitutePool::TakeTokens(uint64_t not_id, std::vector<int32_t>* out, uint64_t* id) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (size_t k = 0; k < tokens_.size(); ++k) {
     const auto& e = tokens_[(taken_ + k) % tokens_.size()];
     if (e.first == not_id) continue;
@@ -71,9 +71,9 @@ bool SubstitutePool::TakeTokens(uint64_t not_id, std::vector<int32_t>* out, uint
 
 // ------------------------------------------------------------ batch job
 BatchJob::BatchJob(BuildContext ctx, std::shared_ptr<const v1::StepPlan> step, int rank_index,
-                   std::string shm_name)
+                   std::string shm_name, Ready on_ready)
     : ctx_(std::move(ctx)), step_(std::move(step)), rank_index_(rank_index),
-      shm_name_(std::move(shm_name)) {}
+      shm_name_(std::move(shm_name)), on_ready_(std::move(on_ready)) {}
 
 BatchJob::~BatchJob() {
   Discard();
@@ -98,8 +98,7 @@ absl::Status BatchJob::Plan() {
   return absl::OkStatus();
 }
 
-absl::Status BatchJob::Start(Ready on_ready) {
-  on_ready_ = std::move(on_ready);
+absl::Status BatchJob::Start() {
   started_ = absl::Now();
   auto seg = ShmSegment::Create(shm_name_, layout_.total_bytes());
   // The daemon's names are its own (pid and nonce); should one be taken
@@ -128,7 +127,7 @@ absl::Status BatchJob::Start(Ready on_ready) {
 
 void BatchJob::Fail(Item& item, const absl::Status& s) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&item.mu);
     item.reason = SkipReason(s);
     item.detail = std::string(s.message());
   }
@@ -154,33 +153,37 @@ void BatchJob::ReadImage(size_t i) {
         }
         if (!it.state.compare_exchange_strong(expect, kQueued)) return;  // abandoned
         self->ctx_.pool->Submit(self->step(), [self, i, data = std::move(*bytes)] {
-          Item& it2 = *self->images_[i];
-          int q = kQueued;
-          if (!it2.state.compare_exchange_strong(q, kDecoding)) return;
-          if (self->discarded_.load()) {  // released or moved past: no one will read it
-            return self->Fail(it2, absl::CancelledError("batch discarded"));
-          }
-          const ImageItem& im2 = self->layout_.images()[i];
-          const absl::Time t0 = absl::Now();
-          cv::Mat decoded;
-          auto info = DecodeImageInto(*data, self->Name(im2.member, im2.shard),
-                                      static_cast<ImageKind>(im2.member.format()), im2.height,
-                                      im2.width, self->ctx_.params, self->shm_->data() + im2.offset,
-                                      &decoded);
-          if (StagerMetrics* m = self->ctx_.metrics) {
-            m->decode_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
-            if (info.ok()) {
-              m->decoded_images.Increment();
-              if (info->reduce > 1) m->reduced_decodes.Increment();
-              if (info->mislabelled) m->mislabelled_images.Increment();
-            }
-          }
-          if (!info.ok()) return self->Fail(it2, info.status());
-          self->ctx_.substitutes->OfferImage(im2.sample_id, decoded);
-          it2.state.store(kDone);
-          self->Settle();
+          self->DecodeImage(i, *data);
         });
       });
+}
+
+// On a decode thread.
+void BatchJob::DecodeImage(size_t i, const std::string& data) {
+  Item& it = *images_[i];
+  int queued = kQueued;
+  if (!it.state.compare_exchange_strong(queued, kDecoding)) return;
+  if (discarded_.load()) {  // released or moved past: no one will read it
+    return Fail(it, absl::CancelledError("batch discarded"));
+  }
+  const ImageItem& im = layout_.images()[i];
+  const absl::Time t0 = absl::Now();
+  cv::Mat decoded;
+  auto info = DecodeImageInto(data, Name(im.member, im.shard),
+                              static_cast<ImageKind>(im.member.format()), im.height, im.width,
+                              ctx_.params, shm_->data() + im.offset, &decoded);
+  if (StagerMetrics* m = ctx_.metrics) {
+    m->decode_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+    if (info.ok()) {
+      m->decoded_images.Increment();
+      if (info->reduce > 1) m->reduced_decodes.Increment();
+      if (info->mislabelled) m->mislabelled_images.Increment();
+    }
+  }
+  if (!info.ok()) return Fail(it, info.status());
+  ctx_.substitutes->OfferImage(im.sample_id, decoded);
+  it.state.store(kDone);
+  Settle();
 }
 
 void BatchJob::ReadDoc(size_t d) {
@@ -247,7 +250,7 @@ void BatchJob::Expire() {
       int expect = kReading;
       if (it->state.compare_exchange_strong(expect, kAbandoned)) {
         {
-          std::lock_guard<std::mutex> l(mu_);
+          absl::MutexLock l(&it->mu);
           it->reason = "deadline";
           it->detail = absl::StrCat("read did not finish within ",
                                     absl::FormatDuration(ctx_.deadline));
@@ -282,117 +285,153 @@ std::string BatchJob::PendingSummary() const {
                       " documents");
 }
 
-void BatchJob::Finalize() {
-  if (finalized_.exchange(true)) return;
-  const v1::RankPlan& rank = step_->ranks(rank_index_);
+// What happened to each failed sample: one SkippedSample per failed member,
+// and each sample counted once as dropped, substituted or placeholder.
+class BatchJob::Outcome {
+ public:
+  Outcome(v1::BatchDescriptor* descriptor, StagerMetrics* metrics, bool drop, Failures failures)
+      : descriptor_(descriptor), metrics_(metrics), drop_(drop), failures_(std::move(failures)) {}
+
+  // Under the drop policy, a failed sample leaves the batch whole unless an
+  // item of it crosses ranks.
+  bool Dropped(uint64_t sample) const {
+    return drop_ && failures_.failed.count(sample) && !failures_.crossing.count(sample);
+  }
+  void Skip(uint64_t sample, Item& item, uint64_t substitute, absl::string_view what) {
+    absl::MutexLock l(&item.mu);
+    v1::SkippedSample* s = descriptor_->add_skipped();
+    s->set_sample_id(sample);
+    s->set_reason(item.reason);
+    s->set_detail(absl::StrCat(item.detail, what));
+    s->set_substitute_id(substitute);
+    if (metrics_) metrics_->SkippedSamples(item.reason).Increment();
+  }
+  enum Kind { kDropped, kSubstituted, kPlaceholder };
+  void Count(uint64_t sample, Kind kind) {
+    if (metrics_ == nullptr || !counted_.insert(sample).second) return;
+    (kind == kDropped       ? metrics_->dropped_samples
+     : kind == kSubstituted ? metrics_->substituted_samples
+                            : metrics_->placeholder_samples)
+        .Increment();
+  }
+  // The samples the batch names (kept or not), for its SampleInfo list.
+  std::set<uint64_t>& named() { return named_; }
+
+ private:
+  v1::BatchDescriptor* descriptor_;
+  StagerMetrics* metrics_;
+  const bool drop_;
+  const Failures failures_;
+  std::set<uint64_t> counted_;
+  std::set<uint64_t> named_;
+};
+
+BatchJob::Failures BatchJob::FindFailures() const {
+  const uint32_t rank = step_->ranks(rank_index_).rank();
   const auto& images = layout_.images();
   const auto& docs = layout_.docs();
   const auto& audio = layout_.audio();
-  std::vector<bool> image_dropped(images_.size(), false), doc_dropped(docs_.size(), false),
-      audio_dropped(audio_.size(), false);
-  // Which samples failed, and which of them can leave this rank's batch
-  // whole: every item of theirs is encoded and consumed on this rank, so no
-  // other rank's arrays or exchange sizes name them.
-  std::set<uint64_t> failed, crossing;
+  Failures f;
   std::map<uint64_t, int> local_images, local_audio;
   for (size_t i = 0; i < images_.size(); ++i) {
-    if (images_[i]->state.load() != kDone) failed.insert(images[i].sample_id);
-    if (images[i].llm_rank != rank.rank()) crossing.insert(images[i].sample_id);
+    if (!images_[i]->done()) f.failed.insert(images[i].sample_id);
+    if (images[i].llm_rank != rank) f.crossing.insert(images[i].sample_id);
     ++local_images[images[i].sample_id];
   }
   for (size_t a = 0; a < audio_.size(); ++a) {
-    if (audio_[a]->state.load() != kDone) failed.insert(audio[a].sample_id);
+    if (!audio_[a]->done()) f.failed.insert(audio[a].sample_id);
     ++local_audio[audio[a].sample_id];
   }
   for (size_t d = 0; d < docs_.size(); ++d) {
     const uint64_t id = docs[d].sample_id;
-    if (docs_[d]->state.load() != kDone) failed.insert(id);
+    if (!docs_[d]->done()) f.failed.insert(id);
     const v1::SampleInfo* info = docs[d].info;
     if (local_images[id] != info->images_size() || local_audio[id] != info->audio_size()) {
-      crossing.insert(id);  // its encoder outputs come from another rank
+      f.crossing.insert(id);  // its encoder outputs come from another rank
     }
   }
-  const bool drop = ctx_.policy == v1::SKIP_POLICY_DROP;
-  auto dropped = [&](uint64_t id) { return drop && failed.count(id) && !crossing.count(id); };
-  auto skip = [&](uint64_t sample, const Item& it, uint64_t sub, const char* what) {
-    v1::SkippedSample* s = descriptor_.add_skipped();
-    s->set_sample_id(sample);
-    s->set_reason(it.reason);
-    s->set_detail(absl::StrCat(it.detail, what));
-    s->set_substitute_id(sub);
-    if (ctx_.metrics) ctx_.metrics->SkippedSamples(it.reason).Increment();
-  };
-  std::set<uint64_t> counted;  // one sample counts once in the drop/substitute metrics
-  enum Outcome { kDropped, kSubstituted, kPlaceholder };
-  auto count = [&](uint64_t sample, Outcome o) {
-    if (ctx_.metrics == nullptr || !counted.insert(sample).second) return;
-    StagerMetrics& m = *ctx_.metrics;
-    (o == kDropped ? m.dropped_samples : o == kSubstituted ? m.substituted_samples
-                                                            : m.placeholder_samples)
-        .Increment();
-  };
-  std::set<uint64_t> named;
-  std::unique_lock<std::mutex> l(mu_);
+  return f;
+}
+
+void BatchJob::SettleImages(Outcome& out, std::vector<bool>* dropped) {
+  const auto& images = layout_.images();
   for (size_t i = 0; i < images_.size(); ++i) {
     const ImageItem& im = images[i];
-    named.insert(im.sample_id);
-    if (dropped(im.sample_id)) {
-      image_dropped[i] = true;
-      if (images_[i]->state.load() != kDone) skip(im.sample_id, *images_[i], 0, " (sample dropped)");
-      count(im.sample_id, kDropped);
+    Item& item = *images_[i];
+    out.named().insert(im.sample_id);
+    if (out.Dropped(im.sample_id)) {
+      (*dropped)[i] = true;
+      if (!item.done()) out.Skip(im.sample_id, item, 0, " (sample dropped)");
+      out.Count(im.sample_id, Outcome::kDropped);
       continue;
     }
-    if (images_[i]->state.load() == kDone) continue;
+    if (item.done()) continue;
     cv::Mat sub;
     uint64_t sub_id = 0;
-    char* out = shm_->data() + im.offset;
+    char* dst = shm_->data() + im.offset;
     if (ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id)) {
-      ResizePatchifyInto(sub, im.height, im.width, ctx_.params, out);
-      skip(im.sample_id, *images_[i], sub_id, "");
-      count(im.sample_id, kSubstituted);
+      ResizePatchifyInto(sub, im.height, im.width, ctx_.params, dst);
+      out.Skip(im.sample_id, item, sub_id, "");
+      out.Count(im.sample_id, Outcome::kSubstituted);
     } else {
       // Nothing decoded yet to substitute: the mean colour (all zeros once
       // normalised) keeps the planned shape.
-      std::memset(out, 0, im.bytes);
-      skip(im.sample_id, *images_[i], 0, " (no substitute yet: placeholder of the mean colour)");
-      count(im.sample_id, kPlaceholder);
+      std::memset(dst, 0, im.bytes);
+      out.Skip(im.sample_id, item, 0, " (no substitute yet: placeholder of the mean colour)");
+      out.Count(im.sample_id, Outcome::kPlaceholder);
     }
   }
+}
+
+void BatchJob::SettleDocs(Outcome& out, std::vector<bool>* dropped) {
+  const auto& docs = layout_.docs();
   for (size_t d = 0; d < docs_.size(); ++d) {
     const DocItem& doc = docs[d];
-    named.insert(doc.sample_id);
-    if (dropped(doc.sample_id)) {
-      doc_dropped[d] = true;
-      if (docs_[d]->state.load() != kDone) skip(doc.sample_id, *docs_[d], 0, " (sample dropped)");
-      count(doc.sample_id, kDropped);
+    Item& item = *docs_[d];
+    out.named().insert(doc.sample_id);
+    if (out.Dropped(doc.sample_id)) {
+      (*dropped)[d] = true;
+      if (!item.done()) out.Skip(doc.sample_id, item, 0, " (sample dropped)");
+      out.Count(doc.sample_id, Outcome::kDropped);
       continue;
     }
-    if (docs_[d]->state.load() == kDone) continue;
+    if (item.done()) continue;
     std::vector<int32_t> tokens;
     uint64_t sub_id = 0;
     if (ctx_.substitutes->TakeTokens(doc.sample_id, &tokens, &sub_id)) {
-      skip(doc.sample_id, *docs_[d], sub_id, "");
-      count(doc.sample_id, kSubstituted);
+      out.Skip(doc.sample_id, item, sub_id, "");
+      out.Count(doc.sample_id, Outcome::kSubstituted);
     } else {
-      skip(doc.sample_id, *docs_[d], 0, " (no substitute yet: placeholder tokens 0)");
-      count(doc.sample_id, kPlaceholder);
+      out.Skip(doc.sample_id, item, 0, " (no substitute yet: placeholder tokens 0)");
+      out.Count(doc.sample_id, Outcome::kPlaceholder);
     }
     layout_.WriteText(shm_->data(), d, tokens);
   }
+}
+
+void BatchJob::SettleAudio(Outcome& out, std::vector<bool>* dropped) {
+  const auto& audio = layout_.audio();
   for (size_t a = 0; a < audio_.size(); ++a) {
     const AudioItem& au = audio[a];
-    named.insert(au.sample_id);
-    if (dropped(au.sample_id)) {
-      audio_dropped[a] = true;
-      if (audio_[a]->state.load() != kDone) skip(au.sample_id, *audio_[a], 0, " (sample dropped)");
-      count(au.sample_id, kDropped);
+    Item& item = *audio_[a];
+    out.named().insert(au.sample_id);
+    if (out.Dropped(au.sample_id)) {
+      (*dropped)[a] = true;
+      if (!item.done()) out.Skip(au.sample_id, item, 0, " (sample dropped)");
+      out.Count(au.sample_id, Outcome::kDropped);
       continue;
     }
-    if (audio_[a]->state.load() == kDone) continue;
+    if (item.done()) continue;
     std::memset(shm_->data() + au.offset, 0, au.samples * 4);  // silence keeps the shape
-    skip(au.sample_id, *audio_[a], 0, " (placeholder: silence)");
-    count(au.sample_id, kPlaceholder);
+    out.Skip(au.sample_id, item, 0, " (placeholder: silence)");
+    out.Count(au.sample_id, Outcome::kPlaceholder);
   }
+}
+
+void BatchJob::Describe(const std::vector<bool>& image_dropped,
+                        const std::vector<bool>& doc_dropped,
+                        const std::vector<bool>& audio_dropped, const std::set<uint64_t>& named) {
+  const v1::RankPlan& rank = step_->ranks(rank_index_);
   descriptor_.set_step(step_->step());
   descriptor_.set_rank(rank.rank());
   descriptor_.set_shm_name(shm_name_);
@@ -406,7 +445,18 @@ void BatchJob::Finalize() {
   }
   descriptor_.set_max_pixels(step_->max_pixels());
   descriptor_.set_seq_len(step_->seq_len());
-  l.unlock();
+}
+
+void BatchJob::Finalize() {
+  if (finalized_.exchange(true)) return;
+  // Every item has settled (remaining_ reached 0): no other thread writes them now.
+  Outcome out(&descriptor_, ctx_.metrics, ctx_.policy == v1::SKIP_POLICY_DROP, FindFailures());
+  std::vector<bool> image_dropped(images_.size(), false), doc_dropped(docs_.size(), false),
+      audio_dropped(audio_.size(), false);
+  SettleImages(out, &image_dropped);
+  SettleDocs(out, &doc_dropped);
+  SettleAudio(out, &audio_dropped);
+  Describe(image_dropped, doc_dropped, audio_dropped, out.named());
   auto self = shared_from_this();
   if (on_ready_) on_ready_(self);
 }

@@ -7,6 +7,7 @@
 //
 // Thread-safe: item callbacks arrive from the reader's and the pool's
 // threads; on_ready runs once, on whichever thread settles the last item.
+// The window (batch_window.h) holds it as a WindowBatch.
 #ifndef TUTTI_SERVICES_STAGER_BATCH_JOB_H_
 #define TUTTI_SERVICES_STAGER_BATCH_JOB_H_
 
@@ -14,16 +15,19 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <opencv2/core.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/shm.h"
 #include "services/stager/batch_layout.h"
+#include "services/stager/batch_window.h"
 #include "services/stager/decode.h"
 #include "services/stager/metrics.h"
 #include "services/stager/reader.h"
@@ -43,10 +47,11 @@ class SubstitutePool {
   bool TakeTokens(uint64_t not_id, std::vector<int32_t>* out, uint64_t* id);
 
  private:
-  std::mutex mu_;
-  std::deque<std::pair<uint64_t, cv::Mat>> images_;                 // guarded by mu_
-  std::deque<std::pair<uint64_t, std::vector<int32_t>>> tokens_;    // guarded by mu_
-  uint64_t offered_ = 0, taken_ = 0;                                 // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<std::pair<uint64_t, cv::Mat>> images_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint64_t, std::vector<int32_t>>> tokens_ ABSL_GUARDED_BY(mu_);
+  uint64_t offered_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 struct BuildContext {
@@ -60,54 +65,73 @@ struct BuildContext {
   absl::Duration deadline = absl::Seconds(2);  // per read + decode
 };
 
-class BatchJob : public std::enable_shared_from_this<BatchJob> {
+class BatchJob final : public WindowBatch, public std::enable_shared_from_this<BatchJob> {
  public:
   using Ready = std::function<void(const std::shared_ptr<BatchJob>&)>;
+  // on_ready runs once the batch is built (see Start).
   BatchJob(BuildContext ctx, std::shared_ptr<const v1::StepPlan> step, int rank_index,
-           std::string shm_name);
-  ~BatchJob();
+           std::string shm_name, Ready on_ready);
+  ~BatchJob() override;
 
   // Lays the batch out (no I/O). INVALID_ARGUMENT for an inconsistent plan.
   absl::Status Plan();
-  uint64_t bytes() const { return layout_.total_bytes(); }
+  uint64_t bytes() const override { return layout_.total_bytes(); }
   // Creates the segment and starts every read; on_ready runs when done.
-  absl::Status Start(Ready on_ready);
+  absl::Status Start() override;
   // Safety net: gives up on reads still pending (the reader's own deadlines
   // normally settle them first).
-  void Expire();
+  void Expire() override;
 
-  uint64_t step() const { return step_->step(); }
-  uint32_t rank() const;
-  absl::Time started() const { return started_; }
-  absl::Time deadline() const { return started_ + ctx_.deadline; }
+  uint64_t step() const override { return step_->step(); }
+  uint32_t rank() const override;
+  absl::Time started() const override { return started_; }
+  absl::Time deadline() const override { return started_ + ctx_.deadline; }
   // Valid once ready.
-  const absl::Status& status() const { return status_; }
-  const v1::BatchDescriptor& descriptor() const { return descriptor_; }
+  const v1::BatchDescriptor& descriptor() const override { return descriptor_; }
   // What is still outstanding, for timeout messages.
-  std::string PendingSummary() const;
+  std::string PendingSummary() const override;
   // Unlinks the segment's name (once) and skips decodes not started yet; the
   // mapping stays until the job is destroyed, so work in flight never
   // writes into unmapped memory.
-  void Discard();
+  void Discard() override;
 
  private:
   enum : int { kReading = 0, kQueued, kDecoding, kDone, kFailed, kAbandoned };
   struct Item {
     std::atomic<int> state{kReading};
-    std::string reason, detail;  // when failed
+    absl::Mutex mu;  // the failure is written by one thread, read by Finalize
+    std::string reason ABSL_GUARDED_BY(mu);  // when failed
+    std::string detail ABSL_GUARDED_BY(mu);
+    bool done() const { return state.load() == kDone; }
   };
+  // Which samples of the batch failed, and which of them cross ranks (an item
+  // encoded for, or by, another rank): those cannot leave the batch.
+  struct Failures {
+    std::set<uint64_t> failed, crossing;
+  };
+  class Outcome;  // records skipped members and counts each sample once
+
   void ReadImage(size_t i);
+  void DecodeImage(size_t i, const std::string& data);
   void ReadDoc(size_t d);
   void ReadAudio(size_t a);
   void Fail(Item& item, const absl::Status& s);
   void Settle();
+  // Runs once every item settled: applies the skip policy, describes the batch.
   void Finalize();
+  Failures FindFailures() const;
+  void SettleImages(Outcome& out, std::vector<bool>* dropped);
+  void SettleDocs(Outcome& out, std::vector<bool>* dropped);
+  void SettleAudio(Outcome& out, std::vector<bool>* dropped);
+  void Describe(const std::vector<bool>& image_dropped, const std::vector<bool>& doc_dropped,
+                const std::vector<bool>& audio_dropped, const std::set<uint64_t>& named);
   std::string Name(const v1::MemberRef& m, const v1::ShardRef& s) const;
 
   BuildContext ctx_;
   std::shared_ptr<const v1::StepPlan> step_;
   int rank_index_;
   std::string shm_name_;
+  Ready on_ready_;
   BatchLayout layout_;
   std::unique_ptr<ShmSegment> shm_;
   std::vector<std::unique_ptr<Item>> images_, docs_, audio_;
@@ -115,9 +139,7 @@ class BatchJob : public std::enable_shared_from_this<BatchJob> {
   std::atomic<bool> finalized_{false};
   std::atomic<bool> discarded_{false};
   absl::Time started_;
-  Ready on_ready_;
-  mutable std::mutex mu_;  // guards Item reason/detail
-  absl::Status status_;
+  // Written by Finalize before on_ready; read after it.
   v1::BatchDescriptor descriptor_;
 };
 

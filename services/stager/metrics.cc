@@ -36,8 +36,6 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                            "Bytes copied from the source directory into the node-local cache")),
       staged_files(Counter(*registry, "tutti_stager_staged_files_total",
                            "Shards copied into the node-local cache, verified and renamed into place")),
-      staging_throughput(Gauge(*registry, "tutti_stager_staging_throughput_bytes_per_second",
-                               "Staging throughput over the last few seconds")),
       staging_failures(Counter(*registry, "tutti_stager_staging_failures_total",
                                "Shards whose staging failed (missing, unreadable, changed, corrupt, "
                                "cache full, deadline)")),

@@ -20,9 +20,8 @@ class StagerMetrics {
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
   // Staging (source -> node-local cache).
-  prometheus::Counter& staged_bytes;        // tutti_stager_staged_bytes_total
+  prometheus::Counter& staged_bytes;        // tutti_stager_staged_bytes_total (throughput: its rate())
   prometheus::Counter& staged_files;        // tutti_stager_staged_files_total
-  prometheus::Gauge& staging_throughput;    // tutti_stager_staging_throughput_bytes_per_second
   prometheus::Counter& staging_failures;    // tutti_stager_staging_failures_total
   // Cache.
   prometheus::Counter& cache_hits;          // tutti_stager_cache_hits_total

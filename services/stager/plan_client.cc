@@ -1,12 +1,13 @@
 #include "services/stager/plan_client.h"
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 
 namespace tutti::stager {
 namespace {
+
+const Logger kLog("stager.plans");
 
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
@@ -38,9 +39,9 @@ absl::StatusOr<v1::JobInfo> PlanClient::FetchJob(absl::Time give_up) {
           "the packer at ", address_, " did not answer GetJob (", s.error_message(),
           "); start tutti-packerd first or fix --packer"));
     }
-    std::fprintf(stderr, "tutti-stagerd: packer at %s not reachable yet (%s); retrying in %s (attempt %d)\n",
-                 address_.c_str(), s.error_message().c_str(), absl::FormatDuration(backoff).c_str(),
-                 attempt);
+    kLog.Info("packer not reachable yet; retrying",
+              {{"packer", address_}, {"error", s.error_message()},
+               {"retry_in", absl::FormatDuration(backoff)}, {"attempt", attempt}});
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
@@ -54,7 +55,7 @@ void PlanClient::Start(StagerCore* core) {
 void PlanClient::Stop() {
   stop_ = true;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (stream_ctx_) stream_ctx_->TryCancel();
   }
   if (thread_.joinable()) thread_.join();
@@ -79,7 +80,7 @@ void PlanClient::Run() {
     req.set_config_fingerprint(job.config_fingerprint());
     grpc::ClientContext ctx;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       if (stop_) break;
       stream_ctx_ = &ctx;
     }
@@ -102,7 +103,7 @@ void PlanClient::Run() {
     }
     grpc::Status st = reader->Finish();
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stream_ctx_ = nullptr;
     }
     if (stop_ || restart) continue;
@@ -121,9 +122,9 @@ void PlanClient::Run() {
       continue;
     }
     broken = true;
-    std::fprintf(stderr, "tutti-stagerd: plan stream from %s broke at step %llu (%s); reconnecting in %s\n",
-                 address_.c_str(), static_cast<unsigned long long>(next), st.error_message().c_str(),
-                 absl::FormatDuration(backoff).c_str());
+    kLog.Warning("plan stream broke; reconnecting",
+                 {{"packer", address_}, {"step", next}, {"error", st.error_message()},
+                  {"retry_in", absl::FormatDuration(backoff)}});
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }

@@ -14,13 +14,14 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/stager/metrics.h"
 #include "services/stager/stager_core.h"
@@ -49,8 +50,8 @@ class PlanClient {
   std::unique_ptr<v1::Packer::Stub> stub_;
   StagerCore* core_ = nullptr;
   std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  grpc::ClientContext* stream_ctx_ = nullptr;  // guarded by mu_: the open stream, for Stop
+  absl::Mutex mu_;
+  grpc::ClientContext* stream_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the open stream, for Stop
   std::thread thread_;
 };
 

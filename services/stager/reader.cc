@@ -37,7 +37,7 @@ void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, ui
   bool open = false, queued = false;
   absl::Status refused;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     auto& slot = handles_[{shard.name(), staged}];
     if (!slot) {
       slot = std::make_shared<Handle>();
@@ -86,7 +86,7 @@ void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, ui
 void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
   std::vector<Pending> waiting;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     h->opening = false;
     waiting.swap(h->waiting);
     if (r >= 0) {
@@ -116,7 +116,7 @@ void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
 
 void MemberReader::Issue(const std::shared_ptr<Handle>& h, Pending p) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     ++h->in_flight;
   }
   auto buf = std::make_shared<std::string>(p.length, '\0');
@@ -159,7 +159,7 @@ void MemberReader::Issue(const std::shared_ptr<Handle>& h, Pending p) {
 }
 
 void MemberReader::ReadDone(const std::shared_ptr<Handle>& h) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (--h->in_flight == 0 && h->closing) CloseLocked(*h);
 }
 
@@ -170,7 +170,7 @@ void MemberReader::CloseLocked(Handle& h) {
 }
 
 void MemberReader::CloseExcept(const std::set<std::string>& keep) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (auto it = handles_.begin(); it != handles_.end();) {
     Handle& h = *it->second;
     if (keep.count(h.shard) || h.opening) {

@@ -10,12 +10,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/uring_file.h"
 #include "services/stager/cache.h"
@@ -50,6 +51,7 @@ class MemberReader {
     Done done;
     absl::Time start;
   };
+  // One open shard file. The fields after `path` change under mu_.
   struct Handle {
     std::string shard;
     bool from_cache = false;
@@ -64,15 +66,16 @@ class MemberReader {
   void Issue(const std::shared_ptr<Handle>& h, Pending p);
   void OnOpen(const std::shared_ptr<Handle>& h, int64_t r);
   void ReadDone(const std::shared_ptr<Handle>& h);
-  void CloseLocked(Handle& h);
+  void CloseLocked(Handle& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string source_dir_;
   ShardCache* cache_;
   StagingEngine* staging_;
   IoService* io_;
   StagerMetrics* metrics_;
-  std::mutex mu_;
-  std::map<std::pair<std::string, bool>, std::shared_ptr<Handle>> handles_;  // guarded by mu_
+  absl::Mutex mu_;
+  // (shard, from the cache) -> its open file
+  std::map<std::pair<std::string, bool>, std::shared_ptr<Handle>> handles_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tutti::stager

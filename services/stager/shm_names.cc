@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cctype>
-#include <cstdio>
 #include <random>
 
 #include "absl/strings/ascii.h"
@@ -11,11 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_io.h"
+#include "common/log.h"
 #include "common/shm.h"
 #include "common/status.h"
 
 namespace tutti::stager {
 namespace {
+
+const Logger kLog("stager.segments");
 
 // A recorded prefix is only acted on when it has the shape this file writes.
 bool LooksLikeOurPrefix(const std::string& p) {
@@ -41,10 +43,8 @@ absl::StatusOr<SegmentNames> SegmentNames::Claim(const std::string& cache_dir,
       ASSIGN_OR_RETURN(int n, ShmSegment::UnlinkWithPrefix(absl::StrCat(prefix, "-n")));
       if (removed) *removed = n;
       if (n > 0) {
-        std::fprintf(stderr,
-                     "tutti-stagerd: removed %d batch segment(s) %s-* that the previous "
-                     "tutti-stagerd of %s left in /dev/shm\n",
-                     n, prefix.c_str(), cache_dir.c_str());
+        kLog.Info("removed the batch segments the previous tutti-stagerd of this cache left",
+                  {{"segments", n}, {"prefix", absl::StrCat(prefix, "-*")}, {"cache", cache_dir}});
       }
     }
   }

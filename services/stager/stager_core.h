@@ -1,33 +1,38 @@
-// The stager's logic: takes the job description and step plans (from the
-// packer, through whoever calls AddPlan), stages the shards the plans name
-// in step order, builds a window of ready batches per local rank in shared
-// memory, and answers clients' Acquire/Release. No network I/O.
+// The stager's logic, composed of its parts: plan intake (plan_intake.h:
+// which plans to ask the packer for), the batch window (batch_window.h: one
+// slot per step and local rank, the memory budget, client answers), staging
+// (staging.h, cache.h, reader.h: shards into the node-local cache, member
+// reads) and decode (batch_job.h, batch_layout.h, decode.h: one batch built
+// into its shared-memory segment). It takes the job and step plans (from
+// the packer, through whoever calls AddPlan) and answers clients'
+// Acquire/Release. No network I/O.
 //
-// Threads: one scheduler thread (starting builds, deadlines, window
-// movement); the staging and member-read IoService threads; the decode pool.
-// Public methods are thread-safe.
+// Threads: one scheduler thread (starting builds, deadlines, window upkeep);
+// the staging and member-read IoService threads; the decode pool. Public
+// methods are thread-safe; Start and Stop are called by one owner.
 #ifndef TUTTI_SERVICES_STAGER_STAGER_CORE_H_
 #define TUTTI_SERVICES_STAGER_STAGER_CORE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/uring_file.h"
 #include "services/stager/batch_job.h"
+#include "services/stager/batch_window.h"
 #include "services/stager/cache.h"
 #include "services/stager/metrics.h"
+#include "services/stager/node_ranks.h"
+#include "services/stager/plan_intake.h"
 #include "services/stager/reader.h"
 #include "services/stager/shm_names.h"
 #include "services/stager/staging.h"
@@ -70,22 +75,21 @@ class StagerCore {
   // Validates the job, opens the cache (removing partial files), starts
   // staging, the decode pool and the scheduler.
   absl::Status Start(const v1::JobInfo& job);
-  void Stop();  // fails waiters with UNAVAILABLE, unlinks every segment
+  // Fails waiters with UNAVAILABLE, stops every thread, unlinks every segment.
+  void Stop();
 
+  // Set by Start.
   const v1::JobInfo& job() const { return job_; }
-  // This node's ranks (empty-handed callers wait in WaitPlanWanted until the
-  // node is known under node_auto).
+  // This node's ranks (empty until the node is known under node_auto).
   std::vector<uint32_t> local_ranks() const;
   uint32_t window() const { return opts_.window; }
 
   // ---- plan intake (one caller thread)
   // The range of steps whose plans are wanted next, [step, end), and the
   // stream generation. Blocks (until `deadline`, then `blocked`) while the
-  // core holds every plan it has room for: plans are held for the window and
-  // stage_ahead steps beyond it, so `end` is base + window + stage_ahead
-  // (capped at the job's end), and room appears as clients release batches.
-  // The caller asks the packer for exactly that range. A seek bumps the
-  // generation: the caller then restarts its stream at the new step.
+  // core holds every plan it has room for (see plan_intake.h) or the node is
+  // not known yet. The caller asks the packer for exactly that range. A seek
+  // bumps the generation: the caller then restarts its stream at the new step.
   struct PlanWant {
     uint64_t step = 0;
     uint64_t end = 0;      // exclusive; > step unless blocked
@@ -95,8 +99,8 @@ class StagerCore {
   };
   PlanWant WaitPlanWanted(absl::Time deadline);
   // Adds the next plan. ABORTED when the generation moved on (restart the
-  // stream); INVALID_ARGUMENT / FAILED_PRECONDITION for a plan that does not
-  // fit (recorded for that step).
+  // stream); CANCELLED when stopping; FAILED_PRECONDITION for a plan of
+  // another config (recorded for that step).
   absl::Status AddPlan(v1::StepPlan plan, uint64_t generation);
   // The packer cannot serve `step` (and what follows): clients asking for it
   // get this status with context.
@@ -107,70 +111,37 @@ class StagerCore {
   absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms);
   absl::Status Release(uint64_t step, uint32_t rank);
 
-  // ---- staging RPCs
-  v1::StageResponse Stage(const v1::StageRequest& request);
+  // ---- staging status
   v1::StageStatus GetStageStatus() const;
 
   StagingEngine* staging() { return staging_.get(); }
   ShardCache* cache() { return cache_.get(); }
 
  private:
-  enum class SlotState { kWaitPlan, kWaitShards, kBuilding, kReady, kFailed, kReleased };
-  struct Waiter {
-    absl::Time deadline;
-    absl::Time since;
-    AcquireDone done;
-  };
-  struct Slot {
-    SlotState state = SlotState::kWaitPlan;
-    std::shared_ptr<BatchJob> job;
-    absl::Status error;
-    std::vector<Waiter> waiters;
-    bool handed_out = false;  // a client got the batch (and holds it until it releases)
-  };
-  struct Step {
-    std::shared_ptr<const v1::StepPlan> plan;
-    std::vector<const v1::ShardRef*> stage;  // shards this node stages for it (into *plan)
-    absl::Time plan_at;
-    std::map<uint32_t, Slot> slots;  // local rank -> slot
-  };
-  using Callbacks = std::vector<std::function<void()>>;
+  using Callbacks = BatchWindow::Callbacks;
 
+  absl::Status StartParts(const v1::JobInfo& job);
+  absl::Status StartReader();
   void Loop();
-  void Tick(std::unique_lock<std::mutex>& l, Callbacks* cbs);
-  void StartBuilds(std::unique_lock<std::mutex>& l, Callbacks* cbs);
-  void OnJobReady(const std::shared_ptr<BatchJob>& job);
-  void FinishSlot(Slot& slot, Callbacks* cbs);
-  void UpdateWindow();
-  absl::Status CheckAcquire(uint64_t step, uint32_t rank);
-  Step& StepAt(uint64_t step);
-  std::string ShmName(uint64_t step, uint32_t rank) const;
-  std::string Pending(uint64_t step, uint32_t rank, const Slot& slot) const;
-  bool IsLocal(uint32_t rank) const;
-  std::vector<uint32_t> LocalRanksLocked() const;
-  absl::Status LearnNode(uint32_t rank);
-  // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
-  std::string InUse() const;
-  void Seek(uint64_t step, uint32_t rank);  // moves the window to `step`
-  // Gives up `rank`'s steps before `step` that it never took (ranks ask in
-  // step order), so the window can move past them.
-  void SkipEarlier(uint64_t step, uint32_t rank);
-  // One past the last step whose plan the core has room for.
-  uint64_t PlanLimit() const;
+  void Tick(Callbacks* cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<WindowBatch>> MakeBatch(
+      const std::shared_ptr<const v1::StepPlan>& plan, int rank_index);
+  void OnBatchReady(const std::shared_ptr<BatchJob>& job);
+  // Checks a client's request and moves the window (and intake) if it must.
+  absl::Status Admit(uint64_t step, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the window's shard sets to the cache (pinned) and the reader (open).
+  void ApplyShardSets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PlanBlocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ShardState ShardStateOf(const std::string& shard) const;
 
+  // Fixed at construction, or set by Start before any thread runs.
   StagerOptions opts_;
   std::shared_ptr<StagerMetrics> metrics_;
   std::unique_ptr<IoBackend> staging_backend_;
   std::unique_ptr<IoBackend> read_backend_;
   v1::JobInfo job_;
   v1::JobConfig config_;
-  uint32_t ranks_ = 1;                    // ranks per node; set by Start
-  uint32_t first_rank_ = 0;               // guarded by mu_ (fixed once the node is known)
-  bool node_known_ = false;               // guarded by mu_
-  uint32_t learned_from_ = 0;             // guarded by mu_: the rank that fixed the node (auto)
-  absl::Duration deadline_ = absl::Seconds(2);
-  absl::Duration stage_wait_;
-  std::optional<SegmentNames> names_;    // set by Start
+  std::optional<SegmentNames> names_;
   std::unique_ptr<ShardCache> cache_;
   std::unique_ptr<StagingEngine> staging_;
   std::unique_ptr<IoService> read_io_;
@@ -179,18 +150,17 @@ class StagerCore {
   SubstitutePool substitutes_;
   BuildContext ctx_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;            // scheduler and plan intake wake-ups
-  bool started_ = false, stopping_ = false;  // guarded by mu_
-  uint64_t base_ = 0;                     // guarded by mu_: first step of the window
-  uint64_t next_plan_ = 0;                // guarded by mu_: next step wanted from the packer
-  uint64_t generation_ = 0;               // guarded by mu_
-  std::map<uint64_t, Step> steps_;        // guarded by mu_
-  std::optional<std::pair<uint64_t, absl::Status>> plan_error_;  // guarded by mu_
-  uint64_t memory_ = 0;                   // guarded by mu_: bytes of live segments
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // scheduler and plan intake wake-ups
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<NodeRanks> ranks_ ABSL_GUARDED_BY(mu_);
+  std::optional<PlanIntake> intake_ ABSL_GUARDED_BY(mu_);
+  std::optional<BatchWindow> window_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex done_mu_;
-  std::vector<std::shared_ptr<BatchJob>> done_jobs_;  // guarded by done_mu_
+  // Batches built, handed from the decode/read threads to the scheduler.
+  absl::Mutex done_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<std::shared_ptr<BatchJob>> done_jobs_ ABSL_GUARDED_BY(done_mu_);
 
   std::thread scheduler_;
 };

@@ -1,26 +1,8 @@
 #include "services/stager/stager_service.h"
 
-#include <thread>
-
 #include "common/grpc_status.h"
 
 namespace tutti::stager {
-
-grpc::ServerUnaryReactor* StagerService::Stage(grpc::CallbackServerContext* ctx,
-                                               const v1::StageRequest* req, v1::StageResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  if (!req->wait()) {
-    *resp = core_->Stage(*req);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  // Waiting for copies can take minutes: do it off the gRPC threads.
-  std::thread([this, req, resp, reactor] {
-    *resp = core_->Stage(*req);
-    reactor->Finish(grpc::Status::OK);
-  }).detach();
-  return reactor;
-}
 
 grpc::ServerUnaryReactor* StagerService::GetStageStatus(grpc::CallbackServerContext* ctx,
                                                         const v1::GetStageStatusRequest*,

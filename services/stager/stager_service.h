@@ -13,8 +13,6 @@ class StagerService final : public v1::Stager::CallbackService {
  public:
   explicit StagerService(StagerCore* core) : core_(core) {}
 
-  grpc::ServerUnaryReactor* Stage(grpc::CallbackServerContext* ctx, const v1::StageRequest* req,
-                                  v1::StageResponse* resp) override;
   grpc::ServerUnaryReactor* GetStageStatus(grpc::CallbackServerContext* ctx,
                                            const v1::GetStageStatusRequest* req,
                                            v1::StageStatus* resp) override;

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace tutti::stager {
@@ -30,6 +30,7 @@ const char* ShardStateName(ShardState s) {
 }
 
 namespace {
+const Logger kLog("stager.staging");
 constexpr size_t kAlign = 4096;
 size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
@@ -83,15 +84,18 @@ absl::Status StagingEngine::Start() {
     }
   }
   std::vector<iovec> iov;
-  for (unsigned i = 0; i < opts_.queue_depth; ++i) {
-    void* p = nullptr;
-    if (::posix_memalign(&p, kAlign, opts_.block_size) != 0) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", opts_.queue_depth, " x ",
-                                                       opts_.block_size, " staging buffers"));
+  {
+    absl::MutexLock l(&mu_);
+    for (unsigned i = 0; i < opts_.queue_depth; ++i) {
+      void* p = nullptr;
+      if (::posix_memalign(&p, kAlign, opts_.block_size) != 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "cannot allocate ", opts_.queue_depth, " x ", opts_.block_size, " staging buffers"));
+      }
+      buffers_.push_back(static_cast<char*>(p));
+      iov.push_back(iovec{p, opts_.block_size});
+      free_buffers_.push_back(static_cast<int>(i));
     }
-    buffers_.push_back(static_cast<char*>(p));
-    iov.push_back(iovec{p, opts_.block_size});
-    free_buffers_.push_back(static_cast<int>(i));
   }
   io_ = std::make_unique<IoService>(std::move(backend));
   absl::Status registered = io_->RegisterBuffers(iov);
@@ -106,33 +110,28 @@ absl::Status StagingEngine::Start() {
       limit = lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
                                             : absl::StrCat(lim.rlim_cur >> 10, " KiB");
     }
-    std::fprintf(stderr,
-                 "tutti-stagerd: staging continues with unregistered io_uring buffers (a little more "
-                 "CPU per block): %s; %u x %zu-byte buffers = %llu KiB to lock, locked-memory limit "
-                 "(ulimit -l) %s. For registered buffers raise the limit (ulimit -l, systemd "
-                 "LimitMEMLOCK=, docker --ulimit memlock=) or lower --queue_depth / --block_size\n",
-                 std::string(registered.message()).c_str(), opts_.queue_depth, opts_.block_size,
-                 static_cast<unsigned long long>(uint64_t{opts_.queue_depth} * opts_.block_size >> 10),
-                 limit.c_str());
+    kLog.Info(absl::StrCat(
+        "staging continues with unregistered io_uring buffers (a little more CPU per block): ",
+        registered.message(), "; ", opts_.queue_depth, " x ", opts_.block_size,
+        "-byte buffers = ", uint64_t{opts_.queue_depth} * opts_.block_size >> 10,
+        " KiB to lock, locked-memory limit (ulimit -l) ", limit,
+        ". For registered buffers raise the limit (ulimit -l, systemd LimitMEMLOCK=, docker "
+        "--ulimit memlock=) or lower --queue_depth / --block_size"));
   }
-  window_start_ = absl::Now();
   return absl::OkStatus();
 }
 
 void StagingEngine::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }
   const bool had_io = io_ != nullptr;
-  bool stuck = false;
-  if (had_io) {
-    io_.reset();  // cancels what is in flight
-  }
-  (void)stuck;
+  io_.reset();  // cancels what is in flight
+  bool all_returned = true;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (auto& [name, f] : active_) {
       if (f->src_fd >= 0) ::close(f->src_fd);
       if (f->dst_fd >= 0) ::close(f->dst_fd);
@@ -140,24 +139,26 @@ void StagingEngine::Stop() {
       if (f->reserved) cache_->Abort(name);
     }
     active_.clear();
+    all_returned = free_buffers_.size() == buffers_.size();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   // Buffers stay allocated if an operation could not be cancelled; otherwise free them.
-  if (!had_io || free_buffers_.size() == buffers_.size()) {
+  if (!had_io || all_returned) {
     for (char* b : buffers_) std::free(b);
   }
   buffers_.clear();
 }
 
 void StagingEngine::SetListener(std::function<void(const std::string&, ShardState)> fn) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   listener_ = std::move(fn);
 }
 
 void StagingEngine::Request(const v1::ShardRef& shard, uint64_t priority) {
   std::vector<std::pair<std::string, ShardState>> notify;
+  std::function<void(const std::string&, ShardState)> fn;
   {
-    Lock l(mu_);
+    absl::MutexLock l(&mu_);
     if (stopping_) return;
     const std::string& name = shard.name();
     auto st = status_.find(name);
@@ -194,36 +195,32 @@ void StagingEngine::Request(const v1::ShardRef& shard, uint64_t priority) {
       info.error = absl::OkStatus();
       queued_[name] = {priority, shard};
       queue_.insert({priority, name});
-      Pump(l);
+      Pump();
     }
-  }
-  cv_.notify_all();
-  std::function<void(const std::string&, ShardState)> fn;
-  {
-    std::lock_guard<std::mutex> l(mu_);
     fn = listener_;
   }
+  cv_.SignalAll();
   if (fn) {
     for (const auto& [n, s] : notify) fn(n, s);
   }
 }
 
 ShardStatusInfo StagingEngine::Status(const std::string& name) const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = status_.find(name);
   if (it == status_.end()) return ShardStatusInfo{name, ShardState::kUnknown, 0, absl::OkStatus()};
   return it->second;
 }
 
 std::vector<ShardStatusInfo> StagingEngine::Snapshot() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   std::vector<ShardStatusInfo> out;
   for (const auto& [n, s] : status_) out.push_back(s);
   return out;
 }
 
 absl::Status StagingEngine::Wait(const std::vector<std::string>& names, absl::Time deadline) const {
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   size_t next = 0;  // names before it were staged when last looked at
   while (true) {
     std::string pending;
@@ -241,15 +238,13 @@ absl::Status StagingEngine::Wait(const std::vector<std::string>& names, absl::Ti
     }
     if (pending.empty()) return absl::OkStatus();
     if (stopping_) return absl::CancelledError("staging stopped");
-    if (cv_.wait_for(l, absl::ToChronoNanoseconds(std::max(absl::ZeroDuration(), deadline - absl::Now()))) ==
-            std::cv_status::timeout &&
-        absl::Now() >= deadline) {
+    if (cv_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("shard ", pending, " is not staged yet"));
     }
   }
 }
 
-void StagingEngine::Pump(Lock& l) {
+void StagingEngine::Pump() {
   while (!stopping_ && active_.size() < opts_.max_files && !queue_.empty()) {
     auto [prio, name] = *queue_.begin();
     queue_.erase(queue_.begin());
@@ -258,21 +253,21 @@ void StagingEngine::Pump(Lock& l) {
     f->ref = q->second.second;
     f->priority = prio;
     queued_.erase(q);
-    StartFile(l, std::move(f));
+    StartFile(std::move(f));
   }
   for (auto& [name, f] : active_) {
     if (free_buffers_.empty()) break;
-    if (f->dst_fd >= 0 && !f->failed && !f->finishing) IssueReads(l, f);
+    if (f->dst_fd >= 0 && !f->failed && !f->finishing) IssueReads(f);
   }
 }
 
-void StagingEngine::StartFile(Lock& l, std::shared_ptr<File> f) {
+void StagingEngine::StartFile(std::shared_ptr<File> f) {
   const std::string name = f->ref.name();
   f->start = absl::Now();
   status_[name].state = ShardState::kStaging;
   active_[name] = f;
   auto src = JoinUnder(opts_.source_dir, name);
-  if (!src.ok()) return Fail(l, f, Annotate(src.status(), "shard name refused"));
+  if (!src.ok()) return Fail(f, Annotate(src.status(), "shard name refused"));
   f->src_path = *src;
   f->dst_path = cache_->PathOf(name);
   f->tmp_path = cache_->PartialPathOf(name);
@@ -285,7 +280,7 @@ void StagingEngine::StartFile(Lock& l, std::shared_ptr<File> f) {
 }
 
 void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_t r) {
-  Lock l(mu_);
+  absl::MutexLock l(&mu_);
   if (stopping_) {
     if (r >= 0) ::close(static_cast<int>(r));
     return;
@@ -312,7 +307,7 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
                                            opts_.source_dir, " (", path, "); the index and the "
                                            "source disagree: fix --source or re-index"));
     }
-    return Fail(l, f, s);
+    return Fail(f, s);
   }
   if (source) {
     f->src_fd = static_cast<int>(r);
@@ -324,7 +319,7 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
     return;
   }
   f->dst_fd = static_cast<int>(r);
-  if (f->size == 0) return Finish(l, f);
+  if (f->size == 0) return Finish(f);
   // Allocate the whole file first: the writes then land in allocated blocks
   // (no per-write allocation, no extending writes that serialise on the
   // inode), and a full cache disk shows before any data is copied.
@@ -337,34 +332,34 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
 }
 
 void StagingEngine::OnAllocated(const std::shared_ptr<File>& f, int64_t r) {
-  Lock l(mu_);
+  absl::MutexLock l(&mu_);
   if (stopping_) return;
   if (r == -ENOSPC || r == -EDQUOT) {
-    return Fail(l, f, absl::ResourceExhaustedError(absl::StrCat(
+    return Fail(f, absl::ResourceExhaustedError(absl::StrCat(
                           "cache disk full: cannot allocate ", f->size, " bytes for ", f->tmp_path,
                           "; free space under ", cache_->dir(), " or lower --cache_capacity")));
   }
   // Other errors (a file system without fallocate) only lose the head start.
-  IssueReads(l, f);
+  IssueReads(f);
 }
 
 void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
-  Lock l(mu_);
+  absl::MutexLock l(&mu_);
   if (stopping_) return;
-  if (r < 0) return Fail(l, f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
+  if (r < 0) return Fail(f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
   if (!S_ISREG(f->stx.stx_mode)) {
-    return Fail(l, f, absl::InvalidArgumentError(absl::StrCat(f->src_path, " is not a regular file")));
+    return Fail(f, absl::InvalidArgumentError(absl::StrCat(f->src_path, " is not a regular file")));
   }
   f->size = f->stx.stx_size;
   f->mtime_sec = f->stx.stx_mtime.tv_sec;
   f->mtime_nsec = f->stx.stx_mtime.tv_nsec;
   if (f->ref.size() != 0 && f->ref.size() != f->size) {
-    return Fail(l, f, absl::DataLossError(absl::StrCat(
+    return Fail(f, absl::DataLossError(absl::StrCat(
                           "shard ", f->src_path, " is ", f->size, " bytes but the index says ",
                           f->ref.size(), ": it changed since it was indexed; re-index the dataset")));
   }
   absl::Status s = cache_->Reserve(f->ref.name(), f->size);
-  if (!s.ok()) return Fail(l, f, s);
+  if (!s.ok()) return Fail(f, s);
   f->reserved = true;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(f->tmp_path).parent_path(), ec);
@@ -376,7 +371,7 @@ void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
   io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnOpened(f, false, r2); });
 }
 
-void StagingEngine::IssueReads(Lock& l, const std::shared_ptr<File>& f) {
+void StagingEngine::IssueReads(const std::shared_ptr<File>& f) {
   while (!f->failed && f->next_offset < f->size && !free_buffers_.empty() && !stopping_) {
     const int b = free_buffers_.back();
     free_buffers_.pop_back();
@@ -385,11 +380,7 @@ void StagingEngine::IssueReads(Lock& l, const std::shared_ptr<File>& f) {
     f->next_offset += len;
     ++f->in_flight;
     // The lease returns the buffer to the pool once the kernel is done with it.
-    std::shared_ptr<void> lease(buffers_[b], [this, b](void*) {
-      Lock l2(mu_);
-      free_buffers_.push_back(b);
-      if (!stopping_) Pump(l2);
-    });
+    std::shared_ptr<void> lease(buffers_[b], [this, b](void*) { ReturnBuffer(b); });
     IoOp op;
     op.kind = IoOp::Kind::kRead;
     op.fd = f->src_fd;
@@ -405,21 +396,21 @@ void StagingEngine::IssueReads(Lock& l, const std::shared_ptr<File>& f) {
 
 void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offset, size_t len,
                            int64_t r, const std::shared_ptr<void>& lease) {
-  Lock l(mu_);
+  absl::MutexLock l(&mu_);
   --f->in_flight;
   if (stopping_) return;
-  if (f->failed) return Fail(l, f, f->error);
+  if (f->failed) return Fail(f, f->error);
   if (r < 0) {
     if (r == -ETIMEDOUT) {
-      return Fail(l, f, absl::DeadlineExceededError(absl::StrCat(
+      return Fail(f, absl::DeadlineExceededError(absl::StrCat(
                             "read of ", f->src_path, " at offset ", offset, " did not finish within ",
                             absl::FormatDuration(opts_.op_timeout), " (the source stalls)")));
     }
-    return Fail(l, f, ErrnoStatus(static_cast<int>(-r),
+    return Fail(f, ErrnoStatus(static_cast<int>(-r),
                                   absl::StrCat("read ", f->src_path, " at offset ", offset)));
   }
   if (static_cast<size_t>(r) < len) {
-    return Fail(l, f, absl::DataLossError(absl::StrCat(
+    return Fail(f, absl::DataLossError(absl::StrCat(
                           "shard ", f->src_path, " shrank while it was staged: the read at offset ",
                           offset, " ended after ", r, " of ", len, " bytes (it had ", f->size,
                           " bytes); the shard is being rewritten at the source; retry later")));
@@ -443,10 +434,10 @@ void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offse
 }
 
 void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len, int64_t r) {
-  Lock l(mu_);
+  absl::MutexLock l(&mu_);
   --f->in_flight;
   if (stopping_) return;
-  if (f->failed) return Fail(l, f, f->error);
+  if (f->failed) return Fail(f, f->error);
   if (r < 0) {
     absl::Status s = ErrnoStatus(static_cast<int>(-r), absl::StrCat("write ", f->tmp_path));
     if (r == -ENOSPC || r == -EDQUOT) {
@@ -454,24 +445,15 @@ void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len,
           "cache disk full while writing ", f->tmp_path, " (", f->written, " of ", f->size,
           " bytes written): free space under ", cache_->dir(), " or lower --cache_capacity"));
     }
-    return Fail(l, f, s);
+    return Fail(f, s);
   }
   f->written += len;
   if (metrics_) metrics_->staged_bytes.Increment(static_cast<double>(len));
-  window_bytes_ += len;
-  const absl::Time now = absl::Now();
-  if (now - window_start_ >= absl::Seconds(1)) {
-    if (metrics_) {
-      metrics_->staging_throughput.Set(window_bytes_ / absl::ToDoubleSeconds(now - window_start_));
-    }
-    window_bytes_ = 0;
-    window_start_ = now;
-  }
-  if (f->written == f->size && f->in_flight == 0) return Finish(l, f);
-  IssueReads(l, f);
+  if (f->written == f->size && f->in_flight == 0) return Finish(f);
+  IssueReads(f);
 }
 
-void StagingEngine::Finish(Lock& l, const std::shared_ptr<File>& f) {
+void StagingEngine::Finish(const std::shared_ptr<File>& f) {
   f->finishing = true;
   IoOp op;
   op.kind = IoOp::Kind::kStat;
@@ -481,24 +463,24 @@ void StagingEngine::Finish(Lock& l, const std::shared_ptr<File>& f) {
 }
 
 void StagingEngine::OnFinalStat(const std::shared_ptr<File>& f, int64_t r) {
-  Lock l(mu_);
+  absl::MutexLock l(&mu_);
   if (stopping_) return;
-  if (r < 0) return Fail(l, f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
+  if (r < 0) return Fail(f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
   if (f->stx.stx_size != f->size || f->stx.stx_mtime.tv_sec != f->mtime_sec ||
       f->stx.stx_mtime.tv_nsec != f->mtime_nsec) {
-    return Fail(l, f, absl::DataLossError(absl::StrCat(
+    return Fail(f, absl::DataLossError(absl::StrCat(
                           "shard ", f->src_path, " changed while it was staged (size ", f->size,
                           " -> ", f->stx.stx_size,
                           "); the copy was discarded; retry once the source is stable")));
   }
   if (f->dst_direct && f->size % kAlign != 0 && ::ftruncate(f->dst_fd, static_cast<off_t>(f->size)) != 0) {
-    return Fail(l, f, ErrnoStatus(errno, absl::StrCat("truncate ", f->tmp_path)));
+    return Fail(f, ErrnoStatus(errno, absl::StrCat("truncate ", f->tmp_path)));
   }
   if (f->ref.crc32c() != 0) {
     uint32_t crc = 0;
     for (const auto& [off, c] : f->crcs) crc = Crc32cCombine(crc, c.first, c.second);
     if (crc != f->ref.crc32c()) {
-      return Fail(l, f, absl::DataLossError(absl::StrCat(
+      return Fail(f, absl::DataLossError(absl::StrCat(
                             "shard ", f->src_path, " has CRC-32C ", absl::Hex(crc),
                             " but the index says ", absl::Hex(f->ref.crc32c()),
                             ": the source copy is corrupt or changed; re-copy it or re-index")));
@@ -511,15 +493,15 @@ void StagingEngine::OnFinalStat(const std::shared_ptr<File>& f, int64_t r) {
 }
 
 void StagingEngine::OnFsynced(const std::shared_ptr<File>& f, int64_t r) {
-  Lock l(mu_);
+  absl::MutexLock l(&mu_);
   if (stopping_) return;
-  if (r < 0) return Fail(l, f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("fsync ", f->tmp_path)));
+  if (r < 0) return Fail(f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("fsync ", f->tmp_path)));
   ::close(f->dst_fd);
   f->dst_fd = -1;
   ::close(f->src_fd);
   f->src_fd = -1;
   if (::rename(f->tmp_path.c_str(), f->dst_path.c_str()) != 0) {
-    return Fail(l, f, ErrnoStatus(errno, absl::StrCat("rename ", f->tmp_path, " to ", f->dst_path)));
+    return Fail(f, ErrnoStatus(errno, absl::StrCat("rename ", f->tmp_path, " to ", f->dst_path)));
   }
   cache_->Commit(f->ref.name(), f->size);
   f->reserved = false;
@@ -528,10 +510,10 @@ void StagingEngine::OnFsynced(const std::shared_ptr<File>& f, int64_t r) {
     metrics_->cache_bytes.Set(static_cast<double>(cache_->cached_bytes()));
   }
   status_[f->ref.name()].bytes = f->size;
-  Done(l, f, ShardState::kStaged);
+  Done(f, ShardState::kStaged);
 }
 
-void StagingEngine::Fail(Lock& l, const std::shared_ptr<File>& f, absl::Status status) {
+void StagingEngine::Fail(const std::shared_ptr<File>& f, absl::Status status) {
   if (!f->failed) {
     f->failed = true;
     f->error = std::move(status);
@@ -546,19 +528,25 @@ void StagingEngine::Fail(Lock& l, const std::shared_ptr<File>& f, absl::Status s
   if (metrics_) metrics_->staging_failures.Increment();
   status_[f->ref.name()].error = f->error;
   failed_at_[f->ref.name()] = absl::Now();
-  Done(l, f, ShardState::kFailed);
+  Done(f, ShardState::kFailed);
 }
 
-void StagingEngine::Done(Lock& l, const std::shared_ptr<File>& f, ShardState state) {
+void StagingEngine::Done(const std::shared_ptr<File>& f, ShardState state) {
   const std::string name = f->ref.name();
   if (active_.erase(name) == 0) return;  // already reported
   status_[name].state = state;
-  Pump(l);
+  Pump();
   auto fn = listener_;
-  l.unlock();
-  cv_.notify_all();
+  mu_.Unlock();
+  cv_.SignalAll();
   if (fn) fn(name, state);
-  l.lock();
+  mu_.Lock();
+}
+
+void StagingEngine::ReturnBuffer(int buffer) {
+  absl::MutexLock l(&mu_);
+  free_buffers_.push_back(buffer);
+  if (!stopping_) Pump();
 }
 
 }  // namespace tutti::stager

@@ -11,17 +11,17 @@
 #ifndef TUTTI_SERVICES_STAGER_STAGING_H_
 #define TUTTI_SERVICES_STAGER_STAGING_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/uring_file.h"
 #include "services/stager/cache.h"
@@ -83,47 +83,46 @@ class StagingEngine {
   bool registered_buffers() const { return registered_; }
 
  private:
-  struct Buffer;
   struct File;
-  using Lock = std::unique_lock<std::mutex>;
 
-  void Pump(Lock& l);
-  void StartFile(Lock& l, std::shared_ptr<File> f);
-  void IssueReads(Lock& l, const std::shared_ptr<File>& f);
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartFile(std::shared_ptr<File> f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueReads(const std::shared_ptr<File>& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // IoService callbacks (on its thread; each takes mu_).
   void OnOpened(const std::shared_ptr<File>& f, bool source, int64_t r);
   void OnSourceStat(const std::shared_ptr<File>& f, int64_t r);
   void OnAllocated(const std::shared_ptr<File>& f, int64_t r);
   void OnRead(const std::shared_ptr<File>& f, int buffer, uint64_t offset, size_t len, int64_t r,
               const std::shared_ptr<void>& lease);
   void OnWritten(const std::shared_ptr<File>& f, int buffer, size_t len, int64_t r);
-  void Finish(Lock& l, const std::shared_ptr<File>& f);
   void OnFinalStat(const std::shared_ptr<File>& f, int64_t r);
   void OnFsynced(const std::shared_ptr<File>& f, int64_t r);
-  void Fail(Lock& l, const std::shared_ptr<File>& f, absl::Status status);
-  void Done(Lock& l, const std::shared_ptr<File>& f, ShardState state);
+  void Finish(const std::shared_ptr<File>& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(const std::shared_ptr<File>& f, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the outcome and tells the listener (with mu_ released meanwhile).
+  void Done(const std::shared_ptr<File>& f, ShardState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReturnBuffer(int buffer);  // a lease ended: the kernel is done with the buffer
   absl::Time OpDeadline() const { return absl::Now() + opts_.op_timeout; }
 
+  // Fixed at construction, or set by Start before any operation.
   StagingOptions opts_;
   ShardCache* cache_;
   StagerMetrics* metrics_;
   std::unique_ptr<IoBackend> injected_;
   std::unique_ptr<IoService> io_;
   std::vector<char*> buffers_;  // aligned, registered when registered_
-  bool registered_ = false;     // set by Start
+  bool registered_ = false;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool stopping_ = false;                                   // guarded by mu_
-  std::vector<int> free_buffers_;                           // guarded by mu_
-  std::map<std::string, ShardStatusInfo> status_;           // guarded by mu_
-  std::map<std::string, absl::Time> failed_at_;             // guarded by mu_
-  std::set<std::pair<uint64_t, std::string>> queue_;        // guarded by mu_ (priority, name)
-  std::map<std::string, std::pair<uint64_t, v1::ShardRef>> queued_;  // guarded by mu_
-  std::map<std::string, std::shared_ptr<File>> active_;     // guarded by mu_
-  std::function<void(const std::string&, ShardState)> listener_;
-  // Throughput gauge.
-  uint64_t window_bytes_ = 0;   // guarded by mu_
-  absl::Time window_start_;     // guarded by mu_
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;  // a shard was staged or failed (for Wait)
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int> free_buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ShardStatusInfo> status_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> failed_at_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<uint64_t, std::string>> queue_ ABSL_GUARDED_BY(mu_);  // (priority, name)
+  std::map<std::string, std::pair<uint64_t, v1::ShardRef>> queued_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<File>> active_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&, ShardState)> listener_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tutti::stager

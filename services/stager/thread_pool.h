@@ -3,14 +3,15 @@
 #ifndef TUTTI_SERVICES_STAGER_THREAD_POOL_H_
 #define TUTTI_SERVICES_STAGER_THREAD_POOL_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tutti::stager {
 
@@ -21,39 +22,35 @@ class ThreadPool {
   }
   ~ThreadPool() {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
   // Thread-safe. Tasks still queued at destruction are dropped.
   void Submit(uint64_t priority, std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      tasks_.emplace(std::make_pair(priority, seq_++), std::move(task));
-    }
-    cv_.notify_one();
+    absl::MutexLock l(&mu_);
+    tasks_.emplace(std::make_pair(priority, seq_++), std::move(task));
   }
   size_t size() const { return workers_.size(); }
 
  private:
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); }
   void Work() {
-    std::unique_lock<std::mutex> l(mu_);
     while (true) {
-      cv_.wait(l, [&] { return stop_ || !tasks_.empty(); });
-      if (stop_) return;
-      auto node = tasks_.extract(tasks_.begin());
-      l.unlock();
-      node.mapped()();
-      l.lock();
+      std::function<void()> task;
+      {
+        absl::MutexLock l(&mu_, absl::Condition(this, &ThreadPool::HasWork));
+        if (stop_) return;
+        task = std::move(tasks_.extract(tasks_.begin()).mapped());
+      }
+      task();
     }
   }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::pair<uint64_t, uint64_t>, std::function<void()>> tasks_;  // guarded by mu_
-  uint64_t seq_ = 0;                                                        // guarded by mu_
-  bool stop_ = false;                                                       // guarded by mu_
+  absl::Mutex mu_;
+  std::map<std::pair<uint64_t, uint64_t>, std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -331,7 +331,7 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
         r.plan_cpu_ms_median ? absl::StrFormat("%.1f", *r.plan_cpu_ms_median) : "-");
     if (transport) {
       out.pop_back();  // the newline
-      auto opt = [](const std::optional<double>& v, const char* f) {
+      auto opt = [](const std::optional<double>& v, const absl::FormatSpec<double>& f) {
         return v ? absl::StrFormat(f, *v) : std::string("-");
       };
       out += absl::StrFormat(" %11s %10s %10s %11s\n",

@@ -1,0 +1,367 @@
+#include "services/stager/batch_window.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+
+namespace tutti::stager {
+namespace {
+const Logger kLog("stager.window");
+}  // namespace
+
+BatchWindow::Step& BatchWindow::StepAt(uint64_t step) {
+  Step& s = steps_[step];
+  if (s.slots.empty()) {
+    for (uint32_t r : ranks_->ranks()) s.slots[r];
+  }
+  return s;
+}
+
+void BatchWindow::Free(Slot& slot) {
+  if (!slot.batch) return;
+  memory_ -= slot.batch->bytes();
+  slot.batch->Discard();
+  slot.batch.reset();
+}
+
+// ------------------------------------------------------------ clients
+absl::Status BatchWindow::Admit(uint64_t step, uint32_t rank, bool* moved) {
+  *moved = false;
+  if (opts_.total_steps != 0 && step >= opts_.total_steps) {
+    return absl::OutOfRangeError(
+        absl::StrCat("step ", step, " is past the job's end (", opts_.total_steps, " steps)"));
+  }
+  // A step before the window, or far beyond it, moves the window there when
+  // nothing is in use (a job resuming from a checkpoint, before or after
+  // where this daemon had got to); otherwise it is refused.
+  const uint64_t far = base_ + 2 * uint64_t{opts_.window};
+  if (step < base_ || step >= far) {
+    const std::string busy = InUse();
+    if (busy.empty()) {
+      Seek(step, rank);
+      *moved = true;
+      return absl::OkStatus();
+    }
+    if (step < base_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "step ", step, " was already released by every rank of node ", ranks_->node(),
+          "; the window starts at step ", base_, " and cannot move back while ", busy));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " is far ahead of the prefetch window (steps ", base_, "..",
+        base_ + opts_.window - 1, " are being prepared) and the window cannot move while ", busy,
+        "; release earlier steps first (or raise --window)"));
+  }
+  if (auto it = steps_.find(step); it != steps_.end()) {
+    auto s = it->second.slots.find(rank);
+    if (s != it->second.slots.end() && s->second.state == SlotState::kReleased) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "step ", step, " of rank ", rank,
+          " was already released, or given up when the rank asked for a later step; "
+          "batches are handed out once, in step order"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void BatchWindow::Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms, absl::Time now,
+                          Answer done, Callbacks* cbs) {
+  SkipEarlier(step, rank);
+  Slot& slot = StepAt(step).slots[rank];
+  if (slot.state == SlotState::kReady) {
+    slot.handed_out = true;
+    if (metrics_) metrics_->client_wait_seconds.Observe(0);
+    cbs->push_back([d = std::move(done), r = slot.batch->descriptor()]() mutable { d(std::move(r)); });
+  } else if (slot.state == SlotState::kFailed) {
+    cbs->push_back([d = std::move(done), e = slot.error] { d(e); });
+  } else {
+    const uint32_t t = timeout_ms ? timeout_ms : opts_.default_acquire_timeout_ms;
+    slot.waiters.push_back(Waiter{now + absl::Milliseconds(t), now, std::move(done)});
+  }
+}
+
+void BatchWindow::Release(uint64_t step, uint32_t rank, Callbacks* cbs) {
+  if (step < base_) return;
+  Slot& slot = StepAt(step).slots[rank];
+  Free(slot);
+  slot.state = SlotState::kReleased;
+  for (auto& w : slot.waiters) {
+    cbs->push_back([d = std::move(w.done), step, rank] {
+      d(absl::OutOfRangeError(
+          absl::StrCat("step ", step, " of rank ", rank, " was released while waited for")));
+    });
+  }
+  slot.waiters.clear();
+  Advance();
+}
+
+std::string BatchWindow::InUse() const {
+  for (const auto& [step, st] : steps_) {
+    for (const auto& [rank, slot] : st.slots) {
+      if (!slot.waiters.empty()) return absl::StrCat("rank ", rank, " waits for step ", step);
+      if (slot.handed_out && slot.state != SlotState::kReleased) {
+        return absl::StrCat("rank ", rank, " holds step ", step);
+      }
+    }
+  }
+  return "";
+}
+
+void BatchWindow::Seek(uint64_t step, uint32_t rank) {
+  kLog.Info("nothing is in use, so the window moves to the step a rank asked for",
+            {{"rank", rank}, {"step", step}, {"from_step", base_}});
+  for (auto& [s, st] : steps_) {
+    for (auto& [r, slot] : st.slots) Free(slot);
+  }
+  steps_.clear();
+  base_ = step;
+  Advance();
+}
+
+void BatchWindow::SkipEarlier(uint64_t step, uint32_t rank) {
+  // A job resumed at a step inside the window (or a rank that skips steps)
+  // never takes the earlier ones; batches handed out or waited for stay.
+  bool changed = false;
+  for (uint64_t s = base_; s < step; ++s) {
+    Slot& slot = StepAt(s).slots[rank];
+    if (slot.state == SlotState::kReleased || slot.handed_out || !slot.waiters.empty()) continue;
+    Free(slot);
+    slot.state = SlotState::kReleased;
+    changed = true;
+  }
+  if (changed) Advance();
+}
+
+void BatchWindow::Advance() {
+  while (true) {
+    auto it = steps_.find(base_);
+    if (it == steps_.end()) break;
+    bool all = true;
+    for (const auto& [r, slot] : it->second.slots) all &= slot.state == SlotState::kReleased;
+    if (!all) break;
+    steps_.erase(it);
+    ++base_;
+  }
+  shards_changed_ = true;
+}
+
+bool BatchWindow::TakeShardSets(std::set<std::string>* pinned, std::set<std::string>* open) {
+  if (!shards_changed_) return false;
+  shards_changed_ = false;
+  pinned->clear();
+  open->clear();
+  for (const auto& [step, s] : steps_) {
+    if (!s.plan) continue;
+    for (const v1::ShardRef* ref : s.stage) pinned->insert(ref->name());
+    if (step < base_ + opts_.window) {
+      for (const auto& ref : s.plan->shards()) open->insert(ref.name());
+    }
+  }
+  return true;
+}
+
+// ------------------------------------------------------------ plans
+void BatchWindow::AddPlan(std::shared_ptr<const v1::StepPlan> plan,
+                          std::vector<const v1::ShardRef*> stage, const absl::Status& bad,
+                          absl::Time now) {
+  const uint64_t step = plan->step();
+  Step& s = StepAt(step);
+  s.plan = std::move(plan);
+  s.plan_at = now;
+  s.stage = std::move(stage);
+  for (auto& [rank, slot] : s.slots) {
+    if (slot.state != SlotState::kWaitPlan) continue;
+    bool found = false;
+    for (const auto& rp : s.plan->ranks()) found |= rp.rank() == rank;
+    if (!bad.ok()) {
+      slot.state = SlotState::kFailed;
+      slot.error = bad;
+    } else if (!found) {
+      slot.state = SlotState::kFailed;
+      slot.error = absl::InvalidArgumentError(absl::StrCat(
+          "the packer's plan for step ", step, " has no RankPlan for rank ", rank, " (node ",
+          ranks_->node(), "); the packer and this stager disagree on the ranks"));
+    } else {
+      slot.state = SlotState::kWaitShards;
+    }
+  }
+  Advance();
+}
+
+// ------------------------------------------------------------ building
+bool BatchWindow::ShardsReady(const Step& s, absl::Time now,
+                              const ShardStateOf& shard_state) const {
+  if (now - s.plan_at >= opts_.stage_wait) return true;
+  for (const v1::ShardRef* ref : s.stage) {
+    const ShardState st = shard_state(ref->name());
+    if (st != ShardState::kStaged && st != ShardState::kFailed) return false;
+  }
+  return true;
+}
+
+bool BatchWindow::StartSlot(uint64_t step, Step& s, uint32_t rank, Slot& slot,
+                            const MakeBatch& make, absl::Time now, Callbacks* cbs) {
+  int index = -1;
+  for (int i = 0; i < s.plan->ranks_size(); ++i) {
+    if (s.plan->ranks(i).rank() == rank) index = i;
+  }
+  absl::StatusOr<std::shared_ptr<WindowBatch>> batch = make(s.plan, index);
+  absl::Status st = batch.status();
+  if (st.ok() && (*batch)->bytes() > opts_.memory_budget_bytes) {
+    st = absl::ResourceExhaustedError(absl::StrCat(
+        "the batch for step ", step, " rank ", rank, " needs ", (*batch)->bytes(),
+        " bytes of shared memory, more than the whole budget (", opts_.memory_budget_bytes,
+        "); raise --memory_budget"));
+  }
+  if (st.ok() && memory_ > 0 && memory_ + (*batch)->bytes() > opts_.memory_budget_bytes) {
+    return false;  // waits until batches are released
+  }
+  if (st.ok()) st = (*batch)->Start();
+  if (!st.ok()) {
+    slot.state = SlotState::kFailed;
+    slot.error = st;
+    Finish(slot, now, cbs);
+    return true;
+  }
+  memory_ += (*batch)->bytes();
+  slot.batch = std::move(*batch);
+  slot.state = SlotState::kBuilding;
+  return true;
+}
+
+void BatchWindow::StartBuilds(absl::Time now, const ShardStateOf& shard_state,
+                              const MakeBatch& make, Callbacks* cbs) {
+  for (auto& [step, s] : steps_) {
+    if (step >= base_ + opts_.window) break;
+    if (!s.plan || !ShardsReady(s, now, shard_state)) continue;
+    for (auto& [rank, slot] : s.slots) {
+      if (slot.state != SlotState::kWaitShards) continue;
+      if (!StartSlot(step, s, rank, slot, make, now, cbs)) return;
+    }
+  }
+}
+
+bool BatchWindow::Ready(const std::shared_ptr<WindowBatch>& batch, absl::Time now,
+                        Callbacks* cbs) {
+  auto it = steps_.find(batch->step());
+  if (it == steps_.end()) return false;
+  auto s = it->second.slots.find(batch->rank());
+  if (s == it->second.slots.end() || s->second.batch != batch) return false;
+  Slot& slot = s->second;
+  slot.state = SlotState::kReady;
+  if (metrics_) {
+    metrics_->batches_built.Increment();
+    metrics_->batch_build_seconds.Observe(absl::ToDoubleSeconds(now - batch->started()));
+  }
+  Finish(slot, now, cbs);
+  return true;
+}
+
+void BatchWindow::Finish(Slot& slot, absl::Time now, Callbacks* cbs) {
+  for (auto& w : slot.waiters) {
+    absl::StatusOr<v1::BatchDescriptor> r =
+        slot.state == SlotState::kReady
+            ? absl::StatusOr<v1::BatchDescriptor>(slot.batch->descriptor())
+            : absl::StatusOr<v1::BatchDescriptor>(slot.error);
+    if (metrics_) metrics_->client_wait_seconds.Observe(absl::ToDoubleSeconds(now - w.since));
+    slot.handed_out |= r.ok();
+    cbs->push_back([d = std::move(w.done), r = std::move(r)]() mutable { d(std::move(r)); });
+  }
+  slot.waiters.clear();
+}
+
+// ------------------------------------------------------------ deadlines
+std::string BatchWindow::Pending(uint64_t step, const Slot& slot, const PlanIntake& intake,
+                                 const ShardStateOf& shard_state) const {
+  switch (slot.state) {
+    case SlotState::kWaitPlan:
+      return absl::StrCat("no plan for step ", step, " from the packer yet (", intake.Received(),
+                          ")");
+    case SlotState::kWaitShards: {
+      if (step >= base_ + opts_.window) {
+        return absl::StrCat("step ", step, " is outside the window ", base_, "..",
+                            base_ + opts_.window - 1, " until earlier steps are released");
+      }
+      std::vector<std::string> shards;
+      for (const v1::ShardRef* ref : steps_.at(step).stage) {
+        const ShardState st = shard_state(ref->name());
+        if (st != ShardState::kStaged) {
+          shards.push_back(absl::StrCat(ref->name(), " (", ShardStateName(st), ")"));
+        }
+      }
+      return absl::StrCat("waiting for shards ", absl::StrJoin(shards, ", "),
+                          " or for the memory budget (", memory_, " of ",
+                          opts_.memory_budget_bytes, " bytes used)");
+    }
+    case SlotState::kBuilding:
+      return absl::StrCat("still reading/decoding: ", slot.batch->PendingSummary());
+    default:
+      return "nothing";
+  }
+}
+
+void BatchWindow::TimeOutWaiters(uint64_t step, uint32_t rank, Slot& slot, absl::Time now,
+                                 const PlanIntake& intake, const ShardStateOf& shard_state,
+                                 Callbacks* cbs) {
+  for (auto w = slot.waiters.begin(); w != slot.waiters.end();) {
+    if (w->deadline > now) {
+      ++w;
+      continue;
+    }
+    absl::Status err = absl::DeadlineExceededError(absl::StrCat(
+        "the batch for step ", step, " rank ", rank, " was not ready within ",
+        absl::FormatDuration(w->deadline - w->since), ": ",
+        Pending(step, slot, intake, shard_state)));
+    if (metrics_) metrics_->client_wait_seconds.Observe(absl::ToDoubleSeconds(now - w->since));
+    cbs->push_back([d = std::move(w->done), err] { d(err); });
+    w = slot.waiters.erase(w);
+  }
+}
+
+void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStateOf& shard_state,
+                       Callbacks* cbs) {
+  int ready = 0, building = 0;
+  for (auto& [step, s] : steps_) {
+    for (auto& [rank, slot] : s.slots) {
+      ready += slot.state == SlotState::kReady;
+      building += slot.state == SlotState::kBuilding;
+      if (slot.state == SlotState::kBuilding && now > slot.batch->deadline() + absl::Seconds(1)) {
+        slot.batch->Expire();
+      }
+      if (slot.state == SlotState::kWaitPlan && intake.Covers(step)) {
+        slot.state = SlotState::kFailed;
+        slot.error = intake.SlotError(step);
+        Finish(slot, now, cbs);
+      }
+      TimeOutWaiters(step, rank, slot, now, intake, shard_state, cbs);
+    }
+  }
+  if (metrics_) {
+    metrics_->window_batches.Set(ready);
+    metrics_->window_building.Set(building);
+    metrics_->batch_memory.Set(static_cast<double>(memory_));
+  }
+}
+
+// ------------------------------------------------------------ shutdown
+void BatchWindow::FailWaiters(const absl::Status& status, Callbacks* cbs) {
+  for (auto& [step, s] : steps_) {
+    for (auto& [rank, slot] : s.slots) {
+      for (auto& w : slot.waiters) cbs->push_back([d = std::move(w.done), status] { d(status); });
+      slot.waiters.clear();
+    }
+  }
+}
+
+void BatchWindow::Clear() {
+  for (auto& [step, s] : steps_) {
+    for (auto& [rank, slot] : s.slots) {
+      if (slot.batch) slot.batch->Discard();
+    }
+  }
+  steps_.clear();
+}
+
+}  // namespace tutti::stager

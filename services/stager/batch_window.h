@@ -1,0 +1,180 @@
+// The batch window: for each step from the window's first one, one slot per
+// local rank, each moving through
+//   wait for plan -> wait for shards -> building -> ready -> (handed out) -> released
+// (or failed, with the error its client gets). It decides which batches to
+// build next (steps inside the window whose shards are staged, or have
+// waited long enough, within the shared-memory budget), answers clients
+// (at once, or when their batch is ready, or at their deadline), gives up a
+// rank's earlier steps when it asks for a later one, moves the window to a
+// resumed job's step when nothing is in use, and advances it as every local
+// rank releases its first step.
+//
+// Pure logic: no threads, no I/O, the clock passed in. Answers to clients
+// are returned as callbacks for the caller to run outside its lock.
+// Not thread-safe: StagerCore keeps it under its lock.
+#ifndef TUTTI_SERVICES_STAGER_BATCH_WINDOW_H_
+#define TUTTI_SERVICES_STAGER_BATCH_WINDOW_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "services/stager/metrics.h"
+#include "services/stager/node_ranks.h"
+#include "services/stager/plan_intake.h"
+#include "services/stager/staging.h"
+#include "tutti/v1/plan.pb.h"
+#include "tutti/v1/stager.pb.h"
+
+namespace tutti::stager {
+
+struct BatchWindowOptions {
+  uint32_t window = 4;                          // steps of batches built ahead, per local rank
+  uint64_t memory_budget_bytes = 8ull << 30;    // shared memory all batches may hold together
+  absl::Duration stage_wait = absl::Seconds(2); // a step waits this long for its shards, then
+                                                // builds from the source
+  uint32_t default_acquire_timeout_ms = 120000; // an Acquire with timeout 0 waits this long
+  uint64_t total_steps = 0;                     // the job's steps (0 = open-ended)
+};
+
+// One batch the window holds (BatchJob in the daemon).
+class WindowBatch {
+ public:
+  virtual ~WindowBatch() = default;
+  virtual uint64_t step() const = 0;
+  virtual uint32_t rank() const = 0;
+  virtual uint64_t bytes() const = 0;  // shared memory it holds
+  // Starts building it; its owner calls BatchWindow::Ready once it is built.
+  virtual absl::Status Start() = 0;
+  virtual absl::Time started() const = 0;
+  virtual absl::Time deadline() const = 0;
+  virtual void Expire() = 0;   // gives up on work still pending (a safety net)
+  virtual void Discard() = 0;  // no one will read it: its segment goes
+  virtual const v1::BatchDescriptor& descriptor() const = 0;  // once built
+  virtual std::string PendingSummary() const = 0;             // what is outstanding
+};
+
+class BatchWindow {
+ public:
+  using Answer = std::function<void(absl::StatusOr<v1::BatchDescriptor>)>;
+  using Callbacks = std::vector<std::function<void()>>;
+  // Lays out the batch of `rank` (the plan's rank_index-th RankPlan); an
+  // error fails that slot.
+  using MakeBatch = std::function<absl::StatusOr<std::shared_ptr<WindowBatch>>(
+      const std::shared_ptr<const v1::StepPlan>& plan, int rank_index)>;
+  using ShardStateOf = std::function<ShardState(const std::string& shard)>;
+
+  // ranks: this node's ranks (the caller's, kept alive by it).
+  BatchWindow(BatchWindowOptions options, const NodeRanks* ranks, StagerMetrics* metrics)
+      : opts_(options), ranks_(ranks), metrics_(metrics) {}
+
+  uint64_t base() const { return base_; }
+  uint64_t memory() const { return memory_; }
+  const BatchWindowOptions& options() const { return opts_; }
+
+  // ---- clients (the rank is local)
+  // Whether `rank` may ask for `step` now. A step before the window, or far
+  // beyond it, moves the window there when nothing is in use (*moved = true:
+  // the caller restarts plan intake there); otherwise it is refused. Also
+  // refuses a step past the job's end and one already released.
+  absl::Status Admit(uint64_t step, uint32_t rank, bool* moved);
+  // After Admit: gives up the rank's earlier steps it never took, then answers
+  // at once (ready or failed) or keeps `done` until the batch is ready or
+  // `timeout_ms` (0 = the default) passes.
+  void Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms, absl::Time now, Answer done,
+               Callbacks* cbs);
+  // The rank is done with the batch: its segment goes; waiters for it get
+  // OUT_OF_RANGE.
+  void Release(uint64_t step, uint32_t rank, Callbacks* cbs);
+  // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
+  std::string InUse() const;
+
+  // ---- plans
+  // The plan of a step: each local rank's slot waits for its shards, or
+  // fails with `bad` (a plan for another job) or for want of a RankPlan.
+  // stage: the shards this node stages for it (pointers into *plan).
+  void AddPlan(std::shared_ptr<const v1::StepPlan> plan, std::vector<const v1::ShardRef*> stage,
+               const absl::Status& bad, absl::Time now);
+
+  // ---- building (the scheduler)
+  // Starts the batches of steps inside the window whose shards are staged or
+  // failed (or that waited stage_wait), in step order, while they fit the
+  // memory budget.
+  void StartBuilds(absl::Time now, const ShardStateOf& shard_state, const MakeBatch& make,
+                   Callbacks* cbs);
+  // A batch finished building. False when its slot no longer wants it
+  // (released or moved past meanwhile): the caller discards it.
+  bool Ready(const std::shared_ptr<WindowBatch>& batch, absl::Time now, Callbacks* cbs);
+  // Deadlines: builds overdue are expired, clients past their timeout get
+  // DEADLINE_EXCEEDED saying what their batch waits for, slots without a plan
+  // that the packer cannot serve fail. Updates the window gauges.
+  void Tick(absl::Time now, const PlanIntake& intake, const ShardStateOf& shard_state,
+            Callbacks* cbs);
+
+  // ---- cache and reader upkeep
+  // After a change: the shards plans in the window hold pinned (every
+  // planned step's staged shards) and those of steps inside the window (kept
+  // open for reading). False when nothing changed since the last call.
+  bool TakeShardSets(std::set<std::string>* pinned, std::set<std::string>* open);
+
+  // ---- shutdown
+  // Every waiting client gets UNAVAILABLE.
+  void FailWaiters(const absl::Status& status, Callbacks* cbs);
+  // Discards every batch (their segments go).
+  void Clear();
+
+ private:
+  enum class SlotState { kWaitPlan, kWaitShards, kBuilding, kReady, kFailed, kReleased };
+  struct Waiter {
+    absl::Time deadline;
+    absl::Time since;
+    Answer done;
+  };
+  struct Slot {
+    SlotState state = SlotState::kWaitPlan;
+    std::shared_ptr<WindowBatch> batch;
+    absl::Status error;
+    std::vector<Waiter> waiters;
+    bool handed_out = false;  // a client got the batch (and holds it until it releases)
+  };
+  struct Step {
+    std::shared_ptr<const v1::StepPlan> plan;
+    std::vector<const v1::ShardRef*> stage;  // shards this node stages for it (into *plan)
+    absl::Time plan_at;
+    std::map<uint32_t, Slot> slots;  // local rank -> slot
+  };
+
+  Step& StepAt(uint64_t step);
+  void Free(Slot& slot);  // discards its batch and returns its memory
+  void Finish(Slot& slot, absl::Time now, Callbacks* cbs);  // answers its waiters
+  void Seek(uint64_t step, uint32_t rank);
+  void SkipEarlier(uint64_t step, uint32_t rank);
+  void Advance();  // moves base past released steps; marks the shard sets changed
+  bool ShardsReady(const Step& s, absl::Time now, const ShardStateOf& shard_state) const;
+  // Starts the batch of one slot: false when it must wait for memory.
+  bool StartSlot(uint64_t step, Step& s, uint32_t rank, Slot& slot, const MakeBatch& make,
+                 absl::Time now, Callbacks* cbs);
+  std::string Pending(uint64_t step, const Slot& slot, const PlanIntake& intake,
+                      const ShardStateOf& shard_state) const;
+  void TimeOutWaiters(uint64_t step, uint32_t rank, Slot& slot, absl::Time now,
+                      const PlanIntake& intake, const ShardStateOf& shard_state, Callbacks* cbs);
+
+  const BatchWindowOptions opts_;
+  const NodeRanks* ranks_;
+  StagerMetrics* metrics_;
+  uint64_t base_ = 0;    // first step of the window
+  uint64_t memory_ = 0;  // bytes of live segments
+  std::map<uint64_t, Step> steps_;
+  bool shards_changed_ = false;
+};
+
+}  // namespace tutti::stager
+
+#endif  // TUTTI_SERVICES_STAGER_BATCH_WINDOW_H_

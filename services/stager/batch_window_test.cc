@@ -1,0 +1,347 @@
+#include "services/stager/batch_window.h"
+
+#include <map>
+#include <optional>
+
+#include "gtest/gtest.h"
+
+namespace tutti::stager {
+namespace {
+
+// A batch that is "built" when the test says so.
+class TestBatch final : public WindowBatch {
+ public:
+  TestBatch(uint64_t step, uint32_t rank, uint64_t bytes) : step_(step), rank_(rank), bytes_(bytes) {
+    descriptor_.set_step(step);
+    descriptor_.set_rank(rank);
+  }
+  uint64_t step() const override { return step_; }
+  uint32_t rank() const override { return rank_; }
+  uint64_t bytes() const override { return bytes_; }
+  absl::Status Start() override {
+    started_ = true;
+    return absl::OkStatus();
+  }
+  absl::Time started() const override { return absl::UnixEpoch(); }
+  absl::Time deadline() const override { return absl::UnixEpoch() + absl::Seconds(5); }
+  void Expire() override { expired_ = true; }
+  void Discard() override { discarded_ = true; }
+  const v1::BatchDescriptor& descriptor() const override { return descriptor_; }
+  std::string PendingSummary() const override { return "1 member read"; }
+
+  bool started_ = false, expired_ = false, discarded_ = false;
+
+ private:
+  uint64_t step_;
+  uint32_t rank_;
+  uint64_t bytes_;
+  v1::BatchDescriptor descriptor_;
+};
+
+const absl::Time kT0 = absl::UnixEpoch() + absl::Hours(1);
+
+// A window of node 1 (ranks 2 and 3), with a clock, plans and shard states
+// the test controls.
+struct Rig {
+  NodeRanks ranks = *NodeRanks::Make(1, 2, 4);
+  PlanIntake intake{4, 0, ""};
+  BatchWindow window;
+  std::map<std::string, ShardState> shards;
+  std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<TestBatch>> batches;
+  uint64_t batch_bytes = 100;
+  absl::Time now = kT0;
+
+  explicit Rig(BatchWindowOptions o = Options()) : window(o, &ranks, nullptr) {}
+  static BatchWindowOptions Options() {
+    BatchWindowOptions o;
+    o.window = 2;
+    o.memory_budget_bytes = 1000;
+    o.stage_wait = absl::Seconds(10);
+    o.default_acquire_timeout_ms = 5000;
+    return o;
+  }
+
+  // Step `step`'s plan for ranks 2 and 3, staging shard "s<step>.tar".
+  void Plan(uint64_t step, std::vector<uint32_t> ranks = {2, 3}, absl::Status bad = {}) {
+    auto plan = std::make_shared<v1::StepPlan>();
+    plan->set_step(step);
+    plan->add_shards()->set_name(absl::StrCat("s", step, ".tar"));
+    for (uint32_t r : ranks) plan->add_ranks()->set_rank(r);
+    shards.emplace(plan->shards(0).name(), ShardState::kPending);
+    std::vector<const v1::ShardRef*> stage = {&plan->shards(0)};
+    window.AddPlan(std::move(plan), std::move(stage), bad, now);
+  }
+  BatchWindow::ShardStateOf State() {
+    return [this](const std::string& s) { return shards.count(s) ? shards[s] : ShardState::kUnknown; };
+  }
+  // One scheduler round: start builds, then deadlines.
+  void Round(BatchWindow::Callbacks* cbs) {
+    window.StartBuilds(
+        now, State(),
+        [this](const std::shared_ptr<const v1::StepPlan>& plan, int index)
+            -> absl::StatusOr<std::shared_ptr<WindowBatch>> {
+          auto b = std::make_shared<TestBatch>(plan->step(), plan->ranks(index).rank(), batch_bytes);
+          batches[{plan->step(), b->rank()}] = b;
+          return std::shared_ptr<WindowBatch>(b);
+        },
+        cbs);
+    window.Tick(now, intake, State(), cbs);
+  }
+  size_t Started() const {
+    size_t n = 0;
+    for (const auto& [key, b] : batches) n += b->started_;
+    return n;
+  }
+  void Built(uint64_t step, uint32_t rank, BatchWindow::Callbacks* cbs) {
+    ASSERT_TRUE(window.Ready(batches.at({step, rank}), now, cbs));
+  }
+};
+
+// The answer a client got, once its callbacks ran.
+struct Answer {
+  std::optional<absl::StatusOr<v1::BatchDescriptor>> got;
+  BatchWindow::Answer Callback() {
+    return [this](absl::StatusOr<v1::BatchDescriptor> r) { got = std::move(r); };
+  }
+};
+
+void RunAnswers(BatchWindow::Callbacks& cbs) {
+  for (auto& cb : cbs) cb();
+  cbs.clear();
+}
+
+TEST(BatchWindowTest, ABatchIsBuiltOnceItsShardsAreStagedAndHandedToTheWaitingClient) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  Answer a;
+  bool moved = true;
+  ASSERT_TRUE(rig.window.Admit(0, 2, &moved).ok());
+  EXPECT_FALSE(moved);
+  rig.window.Acquire(0, 2, 0, rig.now, a.Callback(), &cbs);
+  rig.Plan(0);
+  rig.Round(&cbs);
+  EXPECT_TRUE(rig.batches.empty());  // its shard is still pending
+  rig.shards["s0.tar"] = ShardState::kStaged;
+  rig.Round(&cbs);
+  ASSERT_EQ(rig.batches.size(), 2u);
+  EXPECT_TRUE(rig.batches.at({0, 2})->started_);
+  EXPECT_EQ(rig.window.memory(), 200u);
+  EXPECT_EQ(rig.window.InUse(), "rank 2 waits for step 0");
+  rig.Built(0, 2, &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(a.got.has_value() && a.got->ok());
+  EXPECT_EQ((*a.got)->step(), 0u);
+  EXPECT_EQ(rig.window.InUse(), "rank 2 holds step 0");
+  // The window moves on once both ranks released step 0.
+  rig.window.Release(0, 2, &cbs);
+  EXPECT_TRUE(rig.batches.at({0, 2})->discarded_);
+  EXPECT_EQ(rig.window.base(), 0u);
+  rig.window.Release(0, 3, &cbs);
+  EXPECT_EQ(rig.window.base(), 1u);
+  EXPECT_EQ(rig.window.memory(), 0u);
+}
+
+TEST(BatchWindowTest, AStepWhoseShardsNeverArriveIsBuiltAfterTheStageWait) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  rig.Plan(0);
+  rig.Round(&cbs);
+  EXPECT_TRUE(rig.batches.empty());
+  rig.now += absl::Seconds(10);
+  rig.Round(&cbs);
+  EXPECT_EQ(rig.batches.size(), 2u);  // reads go to the source
+}
+
+TEST(BatchWindowTest, OnlyStepsInsideTheWindowAreBuilt) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  for (uint64_t s = 0; s < 4; ++s) {
+    rig.Plan(s);
+    rig.shards[absl::StrCat("s", s, ".tar")] = ShardState::kStaged;
+  }
+  rig.Round(&cbs);
+  EXPECT_EQ(rig.batches.size(), 4u);  // steps 0 and 1, two ranks each
+  EXPECT_FALSE(rig.batches.count({2, 2}));
+  std::set<std::string> pinned, open;
+  ASSERT_TRUE(rig.window.TakeShardSets(&pinned, &open));
+  EXPECT_EQ(pinned.size(), 4u);  // every planned step's shards stay in the cache
+  EXPECT_EQ(open, (std::set<std::string>{"s0.tar", "s1.tar"}));
+  EXPECT_FALSE(rig.window.TakeShardSets(&pinned, &open));  // nothing changed since
+}
+
+TEST(BatchWindowTest, BatchesWaitForTheMemoryBudgetAndOneOverItFailsNamingTheFlag) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  rig.batch_bytes = 600;  // one at a time fits in 1000
+  rig.Plan(0);
+  rig.shards["s0.tar"] = ShardState::kStaged;
+  rig.Round(&cbs);
+  EXPECT_EQ(rig.Started(), 1u);
+  EXPECT_EQ(rig.window.memory(), 600u);
+  Answer a;
+  rig.window.Acquire(0, 3, 1000, rig.now, a.Callback(), &cbs);
+  rig.now += absl::Seconds(2);
+  rig.Round(&cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(a.got.has_value());
+  EXPECT_EQ(a.got->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(a.got->status().message().find("or for the memory budget (600 of 1000 bytes used)"),
+            std::string::npos)
+      << a.got->status();
+  rig.Built(0, 2, &cbs);
+  rig.window.Release(0, 2, &cbs);
+  rig.Round(&cbs);
+  EXPECT_EQ(rig.Started(), 2u);  // rank 3's batch started once rank 2's was released
+
+  Rig big;
+  big.batch_bytes = 1001;
+  big.Plan(0);
+  big.shards["s0.tar"] = ShardState::kStaged;
+  Answer b;
+  big.window.Acquire(0, 2, 0, big.now, b.Callback(), &cbs);
+  big.Round(&cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(b.got.has_value());
+  EXPECT_EQ(b.got->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.got->status().message().find("raise --memory_budget"), std::string::npos);
+}
+
+TEST(BatchWindowTest, AClientTimingOutIsToldWhatItsBatchWaitsFor) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  ASSERT_TRUE(rig.intake.Take(v1::StepPlan()).ok());  // step 0's plan has come
+  Answer a;
+  rig.window.Acquire(1, 2, 3000, rig.now, a.Callback(), &cbs);
+  rig.now += absl::Seconds(2);
+  rig.Round(&cbs);
+  EXPECT_TRUE(cbs.empty());
+  rig.now += absl::Seconds(1);
+  rig.Round(&cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(a.got.has_value());
+  EXPECT_EQ(a.got->status().message(),
+            "the batch for step 1 rank 2 was not ready within 3s: no plan for step 1 from the "
+            "packer yet (plans received up to step 0)");
+}
+
+TEST(BatchWindowTest, SlotsWaitingForAPlanFailWithThePackersError) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  Answer a;
+  rig.window.Acquire(1, 3, 0, rig.now, a.Callback(), &cbs);
+  rig.intake.Failed(1, absl::OutOfRangeError("past the end of the dataset"), 0);
+  rig.Round(&cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(a.got.has_value());
+  EXPECT_EQ(a.got->status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(a.got->status().message(),
+            "the packer cannot serve step 1: past the end of the dataset");
+}
+
+TEST(BatchWindowTest, APlanWithoutThisRanksPlanOrOfAnotherJobFailsItsSlots) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  rig.Plan(0, {2});
+  Answer a;
+  rig.window.Acquire(0, 3, 0, rig.now, a.Callback(), &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(a.got.has_value());
+  EXPECT_NE(a.got->status().message().find("has no RankPlan for rank 3 (node 1)"),
+            std::string::npos)
+      << a.got->status();
+  rig.Plan(1, {2, 3}, absl::FailedPreconditionError("another config"));
+  Answer b;
+  rig.window.Acquire(1, 2, 0, rig.now, b.Callback(), &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(b.got.has_value());
+  EXPECT_EQ(b.got->status().message(), "another config");
+}
+
+TEST(BatchWindowTest, ARankAskingForALaterStepGivesUpItsEarlierOnes) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  rig.Plan(0);
+  rig.Plan(1);
+  rig.shards["s0.tar"] = rig.shards["s1.tar"] = ShardState::kStaged;
+  rig.Round(&cbs);
+  Answer a;
+  rig.window.Acquire(1, 2, 0, rig.now, a.Callback(), &cbs);
+  EXPECT_TRUE(rig.batches.at({0, 2})->discarded_);  // rank 2 never takes step 0
+  bool moved = false;
+  absl::Status again = rig.window.Admit(0, 2, &moved);
+  EXPECT_EQ(again.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(again.message().find("batches are handed out once, in step order"), std::string::npos);
+  Answer b;
+  rig.window.Acquire(1, 3, 0, rig.now, b.Callback(), &cbs);
+  EXPECT_EQ(rig.window.base(), 1u);  // every rank gave step 0 up
+}
+
+TEST(BatchWindowTest, TheWindowMovesToAResumedStepOnlyWhenNothingIsInUse) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  bool moved = false;
+  ASSERT_TRUE(rig.window.Admit(10, 2, &moved).ok());
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(rig.window.base(), 10u);
+  rig.Plan(10);
+  rig.shards["s10.tar"] = ShardState::kStaged;
+  rig.Round(&cbs);
+  rig.Built(10, 2, &cbs);
+  Answer a;
+  rig.window.Acquire(10, 2, 0, rig.now, a.Callback(), &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(a.got.has_value() && a.got->ok());
+  absl::Status back = rig.window.Admit(3, 3, &moved);
+  EXPECT_FALSE(moved);
+  EXPECT_EQ(back.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(back.message().find("cannot move back while rank 2 holds step 10"), std::string::npos)
+      << back;
+  absl::Status far = rig.window.Admit(14, 3, &moved);
+  EXPECT_EQ(far.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(far.message().find("far ahead of the prefetch window (steps 10..11"), std::string::npos)
+      << far;
+  rig.window.Release(10, 2, &cbs);
+  ASSERT_TRUE(rig.window.Admit(3, 3, &moved).ok());
+  EXPECT_TRUE(moved);
+  EXPECT_TRUE(rig.batches.at({10, 3})->discarded_);
+  EXPECT_EQ(rig.window.memory(), 0u);
+
+  BatchWindowOptions o = Rig::Options();
+  o.total_steps = 5;
+  Rig ends(o);
+  EXPECT_EQ(ends.window.Admit(5, 2, &moved).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(BatchWindowTest, ReleaseWhileWaitedForAndShutdownAnswerEveryClient) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  Answer a, b;
+  rig.window.Acquire(0, 2, 0, rig.now, a.Callback(), &cbs);
+  rig.window.Acquire(0, 3, 0, rig.now, b.Callback(), &cbs);
+  rig.window.Release(0, 2, &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(a.got.has_value());
+  EXPECT_EQ(a.got->status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(b.got.has_value());
+  rig.window.FailWaiters(absl::UnavailableError("shutting down"), &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(b.got.has_value());
+  EXPECT_EQ(b.got->status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(BatchWindowTest, OverdueBuildsAreExpiredAndStaleOnesRefused) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  rig.Plan(0);
+  rig.shards["s0.tar"] = ShardState::kFailed;  // failed shards do not hold a step back
+  rig.Round(&cbs);
+  ASSERT_EQ(rig.batches.size(), 2u);
+  rig.now = absl::UnixEpoch() + absl::Seconds(7);  // past the batch's deadline + 1 s
+  rig.Round(&cbs);
+  EXPECT_TRUE(rig.batches.at({0, 2})->expired_);
+  auto stale = std::make_shared<TestBatch>(0, 2, 1);  // not the slot's batch
+  EXPECT_FALSE(rig.window.Ready(stale, rig.now, &cbs));
+}
+
+}  // namespace
+}  // namespace tutti::stager
