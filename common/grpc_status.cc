@@ -1,13 +1,17 @@
 #include "common/grpc_status.h"
 
+#include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace tutti {
 namespace {
@@ -32,6 +36,34 @@ bool SomeoneListens(const std::string& path) {
   return ok;
 }
 
+// EADDRINUSE when a TCP "host:port" (port not 0) is taken, else 0: asked
+// before gRPC binds, whose own failure is a log line without the fix.
+int PortTaken(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return 0;
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (port.empty() || port == "0") return 0;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res) != 0) return 0;
+  int taken = 0;
+  for (addrinfo* a = res; a != nullptr && taken == 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC does
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) taken = EADDRINUSE;
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return taken;
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -47,8 +79,14 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view contex
 }
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
-    const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port) {
+    const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port,
+    const GrpcServerOptions& options) {
   const bool unix_socket = absl::StartsWith(address, "unix:");
+  if (!unix_socket && PortTaken(address) == EADDRINUSE) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, ": the port is in use; stop the other process or pick "
+        "another port with --listen"));
+  }
   if (unix_socket) {
     // gRPC replaces an existing socket file without asking; a live one
     // belongs to another daemon.
@@ -75,6 +113,19 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
                       "writable?); pick another path with --listen"
                     : ": the port is in use or the address is invalid; stop the other process or "
                       "pick another port with --listen"));
+  }
+  if (unix_socket) {
+    const std::string path = UnixPath(address);
+    if (::chmod(path.c_str(), options.socket_mode) != 0 ||
+        (options.socket_gid >= 0 && ::chown(path.c_str(), static_cast<uid_t>(-1),
+                                            static_cast<gid_t>(options.socket_gid)) != 0)) {
+      const int e = errno;
+      server->Shutdown();
+      return absl::PermissionDeniedError(absl::StrCat(
+          "cannot give the socket ", path, " mode ", absl::StrFormat("%04o", options.socket_mode),
+          options.socket_gid >= 0 ? absl::StrCat(" and group ", options.socket_gid) : "", ": ",
+          std::strerror(e), "; the daemon must belong to the group given with --socket_group"));
+    }
   }
   if (bound_port) *bound_port = unix_socket ? 0 : port;
   return server;

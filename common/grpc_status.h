@@ -17,13 +17,22 @@ namespace tutti {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view context = {});
 
+struct GrpcServerOptions {
+  // A Unix-domain socket's mode once bound, and its group (-1: the daemon's
+  // own), so that clients of that group may connect.
+  unsigned socket_mode = 0660;
+  int socket_gid = -1;
+};
+
 // Builds and starts a server listening on `address`: "host:port" (port 0
 // picks a free one; *bound_port receives the actual port), or a Unix-domain
 // socket "unix:PATH" / "unix:///ABSOLUTE/PATH" (*bound_port receives 0). A
 // port in use, or a socket another process still serves on, is reported as
-// UNAVAILABLE naming it; SO_REUSEPORT is off.
+// UNAVAILABLE naming it (and --listen), before gRPC is asked to bind it;
+// SO_REUSEPORT is off.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
-    const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port);
+    const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port,
+    const GrpcServerOptions& options = {});
 
 // A channel with the keepalive and message-size settings tutti uses.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);

@@ -360,9 +360,10 @@ TEST_F(PackerDaemonTest, PortInUseAndBadInputsExitNonZero) {
   EXPECT_NE(no_index.err().find("missing.idx"), std::string::npos) << no_index.err();
   EXPECT_NE(no_index.err().find("tutti index"), std::string::npos) << no_index.err();
 
+  // A missing required flag is bad usage (exit 2), a missing index a runtime failure (1).
   Daemon no_config(*dir_, "noconfig", {"--listen=127.0.0.1:0", "--metrics=127.0.0.1:0"});
   ASSERT_TRUE(no_config.Exited(20000));
-  EXPECT_EQ(no_config.ExitCode(), 1);
+  EXPECT_EQ(no_config.ExitCode(), 2);
   EXPECT_NE(no_config.err().find("--config"), std::string::npos) << no_config.err();
 }
 

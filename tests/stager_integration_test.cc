@@ -458,9 +458,10 @@ TEST(StagerDaemonTest, ServesOnAUnixSocket) {
 }
 
 // Starts tutti-stagerd as a child process for env's job with `extra` flags
-// (--listen, --node, ...) and waits up to 30 s for its port file, whose
-// text goes to *ports. The child's pid, or -1 (with a
-// failure recorded) when it did not write the file.
+// (--listen, --node, ...) and waits up to 30 s for its port file to name
+// the gRPC port (it names the metrics port alone while starting), whose
+// text goes to *ports. The child's pid, or -1 (with a failure recorded) when
+// it did not write the file.
 pid_t StartStagerd(const Env& env, const std::vector<std::string>& extra, std::string* ports) {
   const std::string port_file = env.root + "/ports";
   std::vector<std::string> args = {"tutti-stagerd",
@@ -486,9 +487,12 @@ pid_t StartStagerd(const Env& env, const std::vector<std::string>& extra, std::s
     return -1;
   }
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (!fs::exists(port_file) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
   auto text = ReadFileToString(port_file);
-  if (!text.ok()) {
+  while ((!text.ok() || text->find("grpc=") == std::string::npos) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+    text = ReadFileToString(port_file);
+  }
+  if (!text.ok() || text->find("grpc=") == std::string::npos) {
     ADD_FAILURE() << "tutti-stagerd wrote no port file " << port_file << ": " << text.status();
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);

@@ -1,83 +1,63 @@
 #include "services/packer/packer_server.h"
 
-#include <signal.h>
-
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
-#include "common/file_io.h"
-#include "common/grpc_status.h"
 #include "common/status.h"
 #include "services/packer/load_job.h"
 
 namespace tutti::packer {
+namespace {
 
-absl::StatusOr<std::unique_ptr<PackerServer>> PackerServer::Start(
-    const PackerServerOptions& options, std::shared_ptr<prometheus::Registry> registry) {
-  std::unique_ptr<PackerServer> s(new PackerServer());
-  s->options_ = options;
-  s->registry_ = std::move(registry);
-  ASSIGN_OR_RETURN(s->job_, LoadJob(options.config_path, options.index_path));
-  s->metrics_ = std::make_unique<PackerMetrics>(*s->registry_);
-  s->metrics_->index_samples.Set(s->job_->index().num_samples());
-  PlanWindowOptions wo;
-  wo.window = s->job_->config().plan_window();
-  wo.threads = options.plan_threads;
-  s->window_ =
-      std::make_unique<PlanWindow>(std::make_shared<Planner>(s->job_), wo, s->metrics_.get());
-  s->packer_ = std::make_unique<Packer>(s->job_, s->window_.get(), s->metrics_.get());
-  s->service_ = std::make_unique<PackerService>(s->packer_.get());
-  ASSIGN_OR_RETURN(s->server_, StartGrpcServer(options.listen, {s->service_.get()}, &s->port_));
-  if (!options.port_file.empty()) {
-    RETURN_IF_ERROR(WriteFileAtomically(
-        options.port_file,
-        absl::StrCat("grpc=", s->port_, "\nmetrics=", options.metrics_port, "\n")));
-  }
-  return s;
-}
+constexpr char kIndex[] = "index";
+constexpr char kPlans[] = "plans";
+
+}  // namespace
+
+PackerServer::PackerServer(PackerServerOptions options) : options_(std::move(options)) {}
 
 PackerServer::~PackerServer() { Shutdown(); }
+
+absl::Status PackerServer::Start(const StopSignal& stop) {
+  ASSIGN_OR_RETURN(host_,
+                   DaemonHost::Start({"tutti-packerd", options_.metrics, options_.port_file}));
+  Readiness& ready = host_->readiness();
+  ready.Require(kIndex, "loading the job config and the index");
+  ready.Require(kPlans, "the first plan is not computed yet");
+  ASSIGN_OR_RETURN(job_, LoadJob(options_.config_path, options_.index_path));
+  ready.Set(kIndex, absl::OkStatus());
+  if (stop.requested()) return absl::CancelledError("stopped while starting");
+  metrics_ = std::make_unique<PackerMetrics>(*host_->registry());
+  metrics_->index_samples.Set(job_->index().num_samples());
+  PlanWindowOptions wo;
+  wo.window = job_->config().plan_window();
+  wo.threads = options_.plan_threads;
+  window_ = std::make_unique<PlanWindow>(std::make_shared<Planner>(job_), wo, metrics_.get());
+  packer_ = std::make_unique<Packer>(job_, window_.get(), metrics_.get());
+  service_ = std::make_unique<PackerService>(packer_.get());
+  RETURN_IF_ERROR(host_->ServeGrpc(options_.listen, {service_.get()}, "tutti.v1.Packer"));
+  // Ready once the window has planned its first step (or says why it cannot).
+  window_->Get(0, [&ready](absl::StatusOr<PlanPtr> plan) {
+    ready.Set(kPlans, plan.ok() ? absl::OkStatus()
+                                : absl::Status(plan.status().code(),
+                                               absl::StrCat("step 0 cannot be planned: ",
+                                                            plan.status().message())));
+  });
+  return host_->WritePortFile();
+}
 
 void PackerServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  if (server_) {
-    // Calls still running after a second are cancelled (plans take
-    // milliseconds; an idle client connection would otherwise hold the
-    // shutdown until the deadline).
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  }
+  // Calls still running after a second are cancelled (plans take
+  // milliseconds; an idle client connection would otherwise hold the
+  // shutdown until the deadline).
+  if (host_) host_->StopGrpc(absl::Seconds(1));
   if (window_) window_->Stop();
+  if (host_) host_->Stop();
 }
 
 std::string PackerServer::Banner() const {
-  return absl::StrCat("tutti-packerd listening on ", WithPort(options_.listen, port_), " (metrics ",
-                      WithPort(options_.metrics_address, options_.metrics_port), ")");
-}
-
-std::string WithPort(const std::string& address, int port) {
-  const size_t colon = address.rfind(':');
-  const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
-  return absl::StrCat(host, ":", port);
-}
-
-void BlockTerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-int WaitForTerminationSignal() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  int sig = 0;
-  while (sigwait(&set, &sig) != 0) {
-  }
-  return sig;
+  return absl::StrCat("tutti-packerd listening on ", host_->grpc_address(), " (metrics ",
+                      WithPort(options_.metrics, host_->metrics_port()), ")");
 }
 
 }  // namespace tutti::packer

@@ -75,7 +75,7 @@ class ShardCache {
     bool reserved = false;  // being staged
     int holds = 0;
   };
-  absl::Status Scan(const std::string& sub);
+  absl::Status Scan(const std::string& sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
   const uint64_t capacity_;

@@ -1,20 +1,12 @@
 #include "services/stager/metrics.h"
 
+#include "common/latency_buckets.h"
 #include "services/stager/skip.h"
-
 
 namespace tutti::stager {
 namespace {
 
 using prometheus::Registry;
-
-// Latencies from 100 us to 100 s.
-const std::vector<double>& LatencyBuckets() {
-  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                               0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                                               1,      2.5,     5,      10,    25,     100};
-  return kBuckets;
-}
 
 prometheus::Counter& Counter(Registry& r, const std::string& name, const std::string& help,
                              const prometheus::Labels& labels = {}) {

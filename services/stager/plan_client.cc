@@ -19,22 +19,25 @@ bool Retryable(grpc::StatusCode code) {
 
 PlanClient::PlanClient(std::string packer_address, StagerMetrics* metrics)
     : address_(std::move(packer_address)), metrics_(metrics), channel_(MakeChannel(address_)),
-      stub_(v1::Packer::NewStub(channel_)) {}
+      stub_(v1::Packer::NewStub(channel_)), health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
 PlanClient::~PlanClient() { Stop(); }
 
-absl::StatusOr<v1::JobInfo> PlanClient::FetchJob(absl::Time give_up) {
+absl::StatusOr<v1::JobInfo> PlanClient::FetchJob(absl::Time give_up, const StopSignal* stop) {
   absl::Duration backoff = absl::Milliseconds(100);
+  auto stopping = [&] { return stop_ || (stop != nullptr && stop->requested()); };
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    // Short attempts: a stop is noticed within one of them.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     v1::JobInfo job;
     grpc::Status s = stub_->GetJob(&ctx, v1::GetJobRequest(), &job);
     if (s.ok()) return job;
+    if (stopping()) return absl::CancelledError("stopped while waiting for the packer");
     if (!Retryable(s.error_code())) {
       return FromGrpcStatus(s, absl::StrCat("GetJob from the packer at ", address_));
     }
-    if (absl::Now() + backoff > give_up || stop_) {
+    if (absl::Now() + backoff > give_up) {
       return absl::UnavailableError(absl::StrCat(
           "the packer at ", address_, " did not answer GetJob (", s.error_message(),
           "); start tutti-packerd first or fix --packer"));
@@ -42,9 +45,31 @@ absl::StatusOr<v1::JobInfo> PlanClient::FetchJob(absl::Time give_up) {
     kLog.Info("packer not reachable yet; retrying",
               {{"packer", address_}, {"error", s.error_message()},
                {"retry_in", absl::FormatDuration(backoff)}, {"attempt", attempt}});
-    absl::SleepFor(backoff);
+    if (stop != nullptr ? stop->SleepFor(backoff) : stopped_.WaitForNotificationWithTimeout(backoff)) {
+      return absl::CancelledError("stopped while waiting for the packer");
+    }
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
+}
+
+absl::Status PlanClient::CheckPacker(absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("tutti.v1.Packer");
+  grpc::health::v1::HealthCheckResponse resp;
+  const grpc::Status s = health_->Check(&ctx, req, &resp);
+  if (s.ok()) {
+    if (resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat("the packer at ", address_, " is not ready"));
+  }
+  // A packer without the health service (or without the name) still answered.
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+      s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("the packer at ", address_, " does not answer: ", s.error_message()));
 }
 
 void PlanClient::Start(StagerCore* core) {
@@ -53,7 +78,7 @@ void PlanClient::Start(StagerCore* core) {
 }
 
 void PlanClient::Stop() {
-  stop_ = true;
+  if (!stop_.exchange(true)) stopped_.Notify();
   {
     absl::MutexLock l(&mu_);
     if (stream_ctx_) stream_ctx_->TryCancel();
@@ -125,7 +150,7 @@ void PlanClient::Run() {
     kLog.Warning("plan stream broke; reconnecting",
                  {{"packer", address_}, {"step", next}, {"error", st.error_message()},
                   {"retry_in", absl::FormatDuration(backoff)}});
-    absl::SleepFor(backoff);
+    stopped_.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
 }

@@ -8,7 +8,8 @@
 // deterministic, so the resumed stream is exact. Errors the packer means (a step it cannot serve,
 // a config mismatch) are handed to the core for the clients that ask.
 //
-// Threads: Run() owns one thread; Stop() may be called from any thread.
+// Threads: Run() owns one thread; Stop() and CheckPacker() may be called
+// from any thread.
 #ifndef TUTTI_SERVICES_STAGER_PLAN_CLIENT_H_
 #define TUTTI_SERVICES_STAGER_PLAN_CLIENT_H_
 
@@ -22,7 +23,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/stop_signal.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "services/stager/metrics.h"
 #include "services/stager/stager_core.h"
 #include "tutti/v1/packer.grpc.pb.h"
@@ -35,8 +39,13 @@ class PlanClient {
   ~PlanClient();
 
   // Calls GetJob until it answers, retrying UNAVAILABLE with backoff (and a
-  // log line) until `give_up`. Other errors are returned with context.
-  absl::StatusOr<v1::JobInfo> FetchJob(absl::Time give_up);
+  // log line) until `give_up`, or CANCELLED soon after `stop` (if set) is
+  // requested. Other errors are returned with context.
+  absl::StatusOr<v1::JobInfo> FetchJob(absl::Time give_up, const StopSignal* stop = nullptr);
+  // Whether the packer answers: its health service says SERVING for
+  // tutti.v1.Packer (a packer without one answering at all counts too).
+  // UNAVAILABLE with the reason otherwise.
+  absl::Status CheckPacker(absl::Duration timeout);
   // Streams plans into `core` on a thread until Stop().
   void Start(StagerCore* core);
   void Stop();
@@ -48,8 +57,10 @@ class PlanClient {
   StagerMetrics* metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Packer::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   StagerCore* core_ = nullptr;
   std::atomic<bool> stop_{false};
+  absl::Notification stopped_;  // wakes the stream's reconnect backoff
   absl::Mutex mu_;
   grpc::ClientContext* stream_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the open stream, for Stop
   std::thread thread_;

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpu_count.h"
 #include "common/file_io.h"
 #include "common/job_config.h"
 #include "common/log.h"
@@ -136,8 +137,10 @@ absl::Status StagerCore::StartParts(const v1::JobInfo& job) {
   RETURN_IF_ERROR(CheckSourceHoldsShards(opts_.staging.source_dir, job));
   staging_->SetListener([this](const std::string&, ShardState) { cv_.SignalAll(); });
   RETURN_IF_ERROR(StartReader());
-  const unsigned threads = opts_.decode_threads ? opts_.decode_threads
-                                                : std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads = opts_.decode_threads ? opts_.decode_threads : UsableCpus();
+  kLog.Info("decode pool", {{"threads", threads},
+                            {"from", opts_.decode_threads ? "--decode_threads"
+                                                          : "the CPUs this process may use"}});
   pool_ = std::make_unique<ThreadPool>(threads);
   return absl::OkStatus();
 }
@@ -354,9 +357,21 @@ void StagerCore::Tick(Callbacks* cbs) {
   window_->Tick(absl::Now(), *intake_, shard_state, cbs);
 }
 
+absl::Status StagerCore::Live() const {
+  const int64_t last = last_tick_ns_.load();
+  if (last == 0) return absl::OkStatus();  // not started yet
+  const absl::Duration since = absl::Nanoseconds(absl::GetCurrentTimeNanos() - last);
+  if (since > absl::Seconds(30)) {
+    return absl::UnavailableError(absl::StrCat("the batch scheduler has not run for ",
+                                               absl::FormatDuration(since)));
+  }
+  return absl::OkStatus();
+}
+
 void StagerCore::Loop() {
   mu_.Lock();
   while (!stopping_) {
+    last_tick_ns_.store(absl::GetCurrentTimeNanos());
     Callbacks cbs;
     Tick(&cbs);
     if (!cbs.empty()) {

@@ -13,6 +13,7 @@
 #ifndef TUTTI_SERVICES_STAGER_STAGER_CORE_H_
 #define TUTTI_SERVICES_STAGER_STAGER_CORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,7 +50,7 @@ struct StagerOptions {
   std::string cache_dir;                // node-local cache directory (NVMe)
   uint64_t cache_capacity_bytes = 0;    // 0 = unlimited
   StagingOptions staging;               // source_dir, queue depth, block size, O_DIRECT, ...
-  unsigned decode_threads = 0;          // 0 = one per core
+  unsigned decode_threads = 0;          // 0 = one per CPU this process may use (UsableCpus)
   uint32_t window = 4;                  // steps of batches built ahead, per local rank
   uint32_t stage_ahead = 16;            // steps beyond the window whose shards are staged early
   uint64_t memory_budget_bytes = 8ull << 30;  // shared memory held by batches
@@ -77,6 +78,9 @@ class StagerCore {
   absl::Status Start(const v1::JobInfo& job);
   // Fails waiters with UNAVAILABLE, stops every thread, unlinks every segment.
   void Stop();
+
+  // OK while the scheduler runs (it ticks every 20 ms or sooner); for /healthz.
+  absl::Status Live() const;
 
   // Set by Start.
   const v1::JobInfo& job() const { return job_; }
@@ -162,6 +166,7 @@ class StagerCore {
   absl::Mutex done_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<std::shared_ptr<BatchJob>> done_jobs_ ABSL_GUARDED_BY(done_mu_);
 
+  std::atomic<int64_t> last_tick_ns_{0};  // when the scheduler last ran (absl::GetCurrentTimeNanos)
   std::thread scheduler_;
 };
 

@@ -1,54 +1,115 @@
 #include "services/stager/stager_server.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/file_io.h"
-#include "common/grpc_status.h"
-#include "common/metrics_server.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace tutti::stager {
+namespace {
+
+const Logger kLog("stager.server");
+
+constexpr char kPacker[] = "packer";
+constexpr char kCache[] = "cache";
+constexpr char kSource[] = "source";
+
+}  // namespace
 
 StagerServer::StagerServer(StagerServerOptions options) : opts_(std::move(options)) {}
 
 StagerServer::~StagerServer() { Shutdown(); }
 
-absl::Status StagerServer::Start() {
-  registry_ = std::make_shared<prometheus::Registry>();
-  metrics_ = std::make_shared<StagerMetrics>(registry_);
-  ASSIGN_OR_RETURN(exposer_, StartMetricsServer(opts_.metrics, registry_, &metrics_port_));
+absl::Status StagerServer::Start(const StopSignal& stop) {
+  absl::Status s = StartServing(stop);
+  if (!s.ok() && stop.requested()) return absl::CancelledError("stopped while starting");
+  return s;
+}
+
+absl::Status StagerServer::StartServing(const StopSignal& stop) {
+  ASSIGN_OR_RETURN(host_, DaemonHost::Start({"tutti-stagerd", opts_.metrics, opts_.port_file}));
+  Readiness& ready = host_->readiness();
+  ready.Require(kPacker, absl::StrCat("waiting for the packer at ", opts_.packer));
+  ready.Require(kCache, "the cache is not open yet");
+  ready.Require(kSource, absl::StrCat("--source ", opts_.core.staging.source_dir,
+                                      " not checked yet"));
+  metrics_ = std::make_shared<StagerMetrics>(host_->registry());
   // Bind the gRPC port before talking to the packer, so a port in use fails at once.
   core_ = std::make_unique<StagerCore>(opts_.core, metrics_);
   service_ = std::make_unique<StagerService>(core_.get());
-  ASSIGN_OR_RETURN(server_, StartGrpcServer(opts_.listen, {service_.get()}, &grpc_port_));
+  RETURN_IF_ERROR(host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager"));
   plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get());
-  ASSIGN_OR_RETURN(v1::JobInfo job, plans_->FetchJob(absl::Now() + opts_.packer_wait));
+  probe_io_ = std::make_unique<IoService>(MakePreadBackend(1));
+  prober_ = std::thread([this] { Probe(); });
+  ASSIGN_OR_RETURN(v1::JobInfo job, plans_->FetchJob(absl::Now() + opts_.packer_wait, &stop));
+  ready.Set(kPacker, absl::OkStatus());
+  if (stop.requested()) return absl::CancelledError("stopped while starting");
   RETURN_IF_ERROR(core_->Start(job));
+  core_started_ = true;
+  ready.Set(kCache, absl::OkStatus());
+  host_->SetLiveness([core = core_.get()] { return core->Live(); });
   plans_->Start(core_.get());
-  if (!opts_.port_file.empty()) {
-    RETURN_IF_ERROR(WriteFileAtomically(
-        opts_.port_file, absl::StrCat("grpc=", grpc_port_, "\nmetrics=", metrics_port_,
-                                      "\ngrpc_address=", grpc_address(), "\n")));
+  return host_->WritePortFile();
+}
+
+absl::Status StagerServer::CheckSource() {
+  const std::string& dir = opts_.core.staging.source_dir;
+  auto stx = std::make_shared<struct statx>();
+  IoOp op;
+  op.kind = IoOp::Kind::kStat;
+  op.path = dir.c_str();
+  op.stx = stx.get();
+  const int64_t r = probe_io_->Run(op, absl::Now() + opts_.probe_interval, stx);
+  if (r == -ETIMEDOUT) {
+    return absl::UnavailableError(absl::StrCat("--source ", dir, " does not answer within ",
+                                               absl::FormatDuration(opts_.probe_interval),
+                                               " (the file system stalls)"));
   }
-  started_ = true;
+  if (r < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--source ", dir, " is not reachable: ", std::strerror(static_cast<int>(-r))));
+  }
+  if (!S_ISDIR(stx->stx_mode)) {
+    return absl::UnavailableError(absl::StrCat("--source ", dir, " is not a directory"));
+  }
   return absl::OkStatus();
 }
 
-std::string StagerServer::grpc_address() const {
-  if (absl::StartsWith(opts_.listen, "unix:")) return opts_.listen;
-  return absl::StrCat(opts_.listen.substr(0, opts_.listen.rfind(':')), ":", grpc_port_);
+void StagerServer::Probe() {
+  Readiness& ready = host_->readiness();
+  do {
+    ready.Set(kSource, CheckSource());
+    if (core_started_) ready.Set(kPacker, plans_->CheckPacker(opts_.probe_interval));
+  } while (!stop_probe_.WaitForNotificationWithTimeout(opts_.probe_interval));
+}
+
+std::string StagerServer::Banner() const {
+  const std::string node =
+      opts_.core.node_auto ? std::string("auto") : absl::StrCat(opts_.core.node);
+  return absl::StrCat("tutti-stagerd node ", node, " listening on ", grpc_address(),
+                      " (metrics ", WithPort(opts_.metrics, metrics_port()), ")");
 }
 
 void StagerServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (host_) host_->readiness().ShuttingDown();
+  if (prober_.joinable()) {
+    stop_probe_.Notify();
+    prober_.join();
+  }
   if (core_) core_->Stop();  // answers waiting clients with UNAVAILABLE, wakes the plan stream
   if (plans_) plans_->Stop();
-  if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    server_.reset();
-  }
+  if (host_) host_->StopGrpc(absl::Seconds(2));
   plans_.reset();
-  StopMetricsServer(std::move(exposer_), opts_.metrics);
-  started_ = false;
+  probe_io_.reset();
+  if (host_) host_->Stop();
 }
 
 }  // namespace tutti::stager

@@ -1,17 +1,21 @@
-// tutti-stagerd's lifecycle: fetches the job from the packer, starts the
-// core, the gRPC service, the plan stream and the /metrics exposer, and
-// shuts them down in order.
+// tutti-stagerd's lifecycle: serves the operational endpoints (daemon_host.h),
+// binds the gRPC service, fetches the job from the packer, starts the core
+// and the plan stream, keeps readiness current (cache usable, source
+// reachable, packer answering), and shuts them down in order.
 #ifndef TUTTI_SERVICES_STAGER_STAGER_SERVER_H_
 #define TUTTI_SERVICES_STAGER_STAGER_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
-#include <prometheus/exposer.h>
+#include <thread>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/daemon.h"
+#include "common/daemon_host.h"
+#include "common/uring_file.h"
 #include "services/stager/plan_client.h"
 #include "services/stager/stager_core.h"
 #include "services/stager/stager_service.h"
@@ -22,38 +26,51 @@ struct StagerServerOptions {
   std::string packer = "127.0.0.1:7070";   // tutti-packerd address
   std::string listen = "127.0.0.1:7071";   // gRPC address: HOST:PORT (port 0 = any free port)
                                            // or unix:///PATH (a Unix-domain socket)
-  std::string metrics = "127.0.0.1:9471";  // /metrics address (port 0 = any free port)
+  std::string metrics = "127.0.0.1:9471";  // /metrics, /healthz, /readyz (port 0 = any free port)
   std::string port_file;                   // if set: "grpc=PORT\nmetrics=PORT\ngrpc_address=A\n"
                                            // written there (PORT 0 for a Unix socket)
   absl::Duration packer_wait = absl::Minutes(10);  // how long to retry GetJob
+  absl::Duration probe_interval = absl::Seconds(2);  // how often readiness checks the
+                                                     // source and the packer
   StagerOptions core;
 };
 
-class StagerServer {
+class StagerServer final : public Daemon {
  public:
   explicit StagerServer(StagerServerOptions options);
-  ~StagerServer();
+  ~StagerServer() override;
 
-  absl::Status Start();
-  void Shutdown();  // idempotent
+  // Returns CANCELLED soon after `stop` is requested (while waiting for the packer too).
+  absl::Status Start(const StopSignal& stop) override;
+  absl::Status Start() { return Start(never_); }
+  void Shutdown() override;  // idempotent
+  // "tutti-stagerd node N listening on ADDRESS (metrics HOST:PORT)"
+  std::string Banner() const override;
 
-  int grpc_port() const { return grpc_port_; }  // 0 for a Unix socket
+  int grpc_port() const { return host_ ? host_->grpc_port() : 0; }  // 0 for a Unix socket
   // Where clients connect: HOST:PORT with the bound port, or the unix: address.
-  std::string grpc_address() const;
-  int metrics_port() const { return metrics_port_; }
+  std::string grpc_address() const { return host_ ? host_->grpc_address() : ""; }
+  int metrics_port() const { return host_ ? host_->metrics_port() : 0; }
   StagerCore* core() { return core_.get(); }
+  Readiness* readiness() { return host_ ? &host_->readiness() : nullptr; }
 
  private:
-  StagerServerOptions opts_;
-  std::shared_ptr<prometheus::Registry> registry_;
+  absl::Status StartServing(const StopSignal& stop);
+  void Probe();  // the readiness prober's loop
+  absl::Status CheckSource();
+
+  const StagerServerOptions opts_;
+  StopSignal never_;  // for Start() without a signal
+  std::unique_ptr<DaemonHost> host_;
   std::shared_ptr<StagerMetrics> metrics_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<StagerCore> core_;
   std::unique_ptr<StagerService> service_;
-  std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<PlanClient> plans_;
-  int grpc_port_ = 0, metrics_port_ = 0;
-  bool started_ = false;
+  std::unique_ptr<IoService> probe_io_;  // stats the source with a deadline (it may hang)
+  absl::Notification stop_probe_;
+  std::thread prober_;
+  std::atomic<bool> core_started_{false};  // read by the prober
+  bool shut_down_ = false;
 };
 
 }  // namespace tutti::stager

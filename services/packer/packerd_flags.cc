@@ -1,0 +1,56 @@
+#include "services/packer/packerd_flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "common/daemon_flags.h"
+#include "common/status.h"
+
+ABSL_FLAG(std::string, config, "",
+          "job config: a text-format tutti.v1.JobConfig (see deploy/examples/job.textproto); "
+          "required");
+ABSL_FLAG(std::string, index, "",
+          "index file written by `tutti index`; overrides the config's index_path");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "gRPC address HOST:PORT to serve tutti.v1.Packer on; port 0 picks a free port");
+ABSL_FLAG(std::string, metrics, "127.0.0.1:9470",
+          "HOST:PORT serving /metrics, /healthz and /readyz; port 0 picks a free port");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, write the bound ports here as 'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' "
+          "once serving");
+ABSL_FLAG(uint32_t, plan_threads, 2, "threads planning steps ahead of the clients, 1..256");
+
+namespace tutti::packer {
+
+absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
+  PackerServerOptions o;
+  o.config_path = absl::GetFlag(FLAGS_config);
+  if (o.config_path.empty()) {
+    return absl::InvalidArgumentError(
+        "--config is required: a text tutti.v1.JobConfig (see deploy/examples/job.textproto)");
+  }
+  o.index_path = absl::GetFlag(FLAGS_index);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.metrics = absl::GetFlag(FLAGS_metrics);
+  o.port_file = absl::GetFlag(FLAGS_port_file);
+  o.plan_threads = absl::GetFlag(FLAGS_plan_threads);
+  RETURN_IF_ERROR(CheckFlagRange("plan_threads", o.plan_threads, 1, 256));
+  return o;
+}
+
+DaemonMain PackerdMain() {
+  DaemonMain m;
+  m.name = "tutti-packerd";
+  m.usage =
+      "serves per-step plans for one training job.\n"
+      "usage: tutti-packerd --config JOB.textproto [--index FILE] [--listen HOST:PORT]\n"
+      "Ready (/readyz, gRPC health) once the index is loaded and the first plan computed.";
+  m.flag_files = {"services/packer/packerd_flags.cc"};
+  m.make = []() -> absl::StatusOr<std::unique_ptr<Daemon>> {
+    ASSIGN_OR_RETURN(PackerServerOptions o, PackerOptionsFromFlags());
+    return std::unique_ptr<Daemon>(std::make_unique<PackerServer>(std::move(o)));
+  };
+  return m;
+}
+
+}  // namespace tutti::packer

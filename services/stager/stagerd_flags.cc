@@ -1,0 +1,159 @@
+#include "services/stager/stagerd_flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/daemon_flags.h"
+#include "common/status.h"
+
+ABSL_FLAG(std::string, packer, "127.0.0.1:7070", "tutti-packerd address (host:port)");
+ABSL_FLAG(
+    std::string, node, "0",
+    "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
+    "learn it from the first AcquireBatch (node = rank / ranks_per_node), as a DaemonSet must; "
+    "a later client of another node is then refused");
+ABSL_FLAG(std::string, source, "",
+          "dataset source directory (e.g. an NFS mount) holding the shards; required");
+ABSL_FLAG(std::string, cache, "",
+          "node-local cache directory (NVMe); one daemon per directory; required");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7071",
+          "gRPC address to serve: HOST:PORT (port 0 = any free port) or unix:///PATH/TO.sock (a "
+          "Unix-domain socket, e.g. on a hostPath shared with the training pods)");
+ABSL_FLAG(std::string, metrics, "127.0.0.1:9471",
+          "HOST:PORT serving /metrics, /healthz and /readyz (port 0 = any free port)");
+ABSL_FLAG(std::string, port_file, "",
+          "write 'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' here once serving (PORT 0 "
+          "for a Unix socket)");
+ABSL_FLAG(std::string, cache_capacity, "0",
+          "cache byte capacity, 64M to 1P, e.g. 500G (0 = unlimited)");
+ABSL_FLAG(uint32_t, queue_depth, 64,
+          "staging reads/writes in flight (one block buffer each), 1..4096");
+ABSL_FLAG(std::string, block_size, "1M", "staging block size, 4K to 64M, a multiple of 4K");
+ABSL_FLAG(uint32_t, max_files, 32, "shards copied at the same time, 1..4096");
+ABSL_FLAG(bool, o_direct, true, "write the cache with O_DIRECT (falls back where refused)");
+ABSL_FLAG(bool, o_direct_source, false, "read the source with O_DIRECT");
+ABSL_FLAG(bool, io_uring, true, "use io_uring (false: a thread pool doing pread/pwrite)");
+ABSL_FLAG(uint32_t, decode_threads, 0,
+          "decode threads, 0..1024 (0 = one per CPU this process may use: its affinity and its "
+          "cgroup's cpu.max)");
+ABSL_FLAG(uint32_t, window, 4, "steps of ready batches kept ahead per local rank, 1..256");
+ABSL_FLAG(uint32_t, stage_ahead, 16,
+          "steps beyond the window whose shards are staged early, 0..4096");
+ABSL_FLAG(std::string, memory_budget, "8G",
+          "shared memory that batches may hold in total, 16M to 1P");
+ABSL_FLAG(uint32_t, sample_deadline_ms, 0,
+          "per-sample read+decode deadline, 0..3600000 (0 = the job's)");
+ABSL_FLAG(std::string, skip_policy, "",
+          "'drop' or 'substitute' for late/corrupt samples (empty = the job's)");
+ABSL_FLAG(uint32_t, stage_wait_ms, 0,
+          "how long a batch waits for its shards before reading the source directly, "
+          "0..3600000 (0 = the sample deadline)");
+ABSL_FLAG(uint32_t, staging_timeout_ms, 30000,
+          "one staging read/write, 100..3600000; a stalled source fails the shard after this");
+ABSL_FLAG(uint32_t, packer_wait_s, 600,
+          "how long to retry reaching the packer at start, 0..86400 (SIGTERM ends the wait at "
+          "once)");
+
+namespace tutti::stager {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kPiB = uint64_t{1} << 50;
+
+}  // namespace
+
+absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
+  StagerServerOptions o;
+  o.packer = absl::GetFlag(FLAGS_packer);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.metrics = absl::GetFlag(FLAGS_metrics);
+  o.port_file = absl::GetFlag(FLAGS_port_file);
+  StagerOptions& c = o.core;
+  const std::string node = absl::GetFlag(FLAGS_node);
+  if (node == "auto") {
+    c.node_auto = true;
+  } else if (!absl::SimpleAtoi(node, &c.node)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node '", node, "' is neither a node index nor 'auto'"));
+  }
+  c.cache_dir = absl::GetFlag(FLAGS_cache);
+  c.staging.source_dir = absl::GetFlag(FLAGS_source);
+  if (c.staging.source_dir.empty() || c.cache_dir.empty()) {
+    return absl::InvalidArgumentError("--source and --cache are required");
+  }
+  ASSIGN_OR_RETURN(c.cache_capacity_bytes,
+                   ByteSizeFlag("cache_capacity", absl::GetFlag(FLAGS_cache_capacity), 64 * kMiB,
+                                kPiB, "unlimited"));
+  ASSIGN_OR_RETURN(c.memory_budget_bytes, ByteSizeFlag("memory_budget",
+                                                       absl::GetFlag(FLAGS_memory_budget),
+                                                       16 * kMiB, kPiB));
+  ASSIGN_OR_RETURN(const uint64_t block,
+                   ByteSizeFlag("block_size", absl::GetFlag(FLAGS_block_size), 4096, 64 * kMiB));
+  if (block % 4096 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block_size ", absl::GetFlag(FLAGS_block_size),
+                     " is not a multiple of 4K (O_DIRECT needs aligned blocks)"));
+  }
+  c.staging.block_size = block;
+  struct Range {
+    const char* flag;
+    uint32_t value, lo, hi;
+    const char* meaning;
+  };
+  for (const Range& r : {
+           Range{"queue_depth", absl::GetFlag(FLAGS_queue_depth), 1, 4096, ""},
+           Range{"max_files", absl::GetFlag(FLAGS_max_files), 1, 4096, ""},
+           Range{"decode_threads", absl::GetFlag(FLAGS_decode_threads), 0, 1024,
+                 "0 = one per CPU this process may use"},
+           Range{"window", absl::GetFlag(FLAGS_window), 1, 256, ""},
+           Range{"stage_ahead", absl::GetFlag(FLAGS_stage_ahead), 0, 4096, ""},
+           Range{"sample_deadline_ms", absl::GetFlag(FLAGS_sample_deadline_ms), 0, 3600000,
+                 "0 = the job's"},
+           Range{"stage_wait_ms", absl::GetFlag(FLAGS_stage_wait_ms), 0, 3600000,
+                 "0 = the sample deadline"},
+           Range{"staging_timeout_ms", absl::GetFlag(FLAGS_staging_timeout_ms), 100, 3600000, ""},
+           Range{"packer_wait_s", absl::GetFlag(FLAGS_packer_wait_s), 0, 86400, ""},
+       }) {
+    RETURN_IF_ERROR(CheckFlagRange(r.flag, r.value, r.lo, r.hi, r.meaning));
+  }
+  c.staging.queue_depth = absl::GetFlag(FLAGS_queue_depth);
+  c.staging.max_files = absl::GetFlag(FLAGS_max_files);
+  c.staging.o_direct = absl::GetFlag(FLAGS_o_direct);
+  c.staging.o_direct_source = absl::GetFlag(FLAGS_o_direct_source);
+  c.staging.use_io_uring = c.use_io_uring = absl::GetFlag(FLAGS_io_uring);
+  c.staging.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_staging_timeout_ms));
+  c.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  c.window = absl::GetFlag(FLAGS_window);
+  c.stage_ahead = absl::GetFlag(FLAGS_stage_ahead);
+  c.sample_deadline_ms = absl::GetFlag(FLAGS_sample_deadline_ms);
+  c.stage_wait_ms = absl::GetFlag(FLAGS_stage_wait_ms);
+  c.skip_policy = absl::GetFlag(FLAGS_skip_policy);
+  if (!c.skip_policy.empty() && c.skip_policy != "drop" && c.skip_policy != "substitute") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--skip_policy '", c.skip_policy, "' is unknown: use 'drop' or 'substitute' (or leave it "
+        "empty for the job's)"));
+  }
+  o.packer_wait = absl::Seconds(absl::GetFlag(FLAGS_packer_wait_s));
+  return o;
+}
+
+DaemonMain StagerdMain() {
+  DaemonMain m;
+  m.name = "tutti-stagerd";
+  m.usage =
+      "stages, decodes and serves the batches of one node's ranks.\n"
+      "usage: tutti-stagerd --packer HOST:PORT --node N --source DIR --cache DIR [options]\n"
+      "Stages the job's shards into the node-local cache, decodes what this node's ranks' plans\n"
+      "name and hands ready batches to local clients through shared memory. Ready (/readyz,\n"
+      "gRPC health) while its cache is usable, its source reachable and the packer answering.";
+  m.flag_files = {"services/stager/stagerd_flags.cc"};
+  m.make = []() -> absl::StatusOr<std::unique_ptr<Daemon>> {
+    ASSIGN_OR_RETURN(StagerServerOptions o, StagerOptionsFromFlags());
+    return std::unique_ptr<Daemon>(std::make_unique<StagerServer>(std::move(o)));
+  };
+  return m;
+}
+
+}  // namespace tutti::stager

@@ -1,0 +1,295 @@
+// The lifecycle both daemons share, on the real binaries: readiness on
+// /readyz and the standard gRPC health service (false while the packer
+// loads its index or the stager cannot reach the packer, true after), SIGTERM
+// at any moment (also during those waits) ending with exit 0 within the
+// documented bound, /metrics never held up by an idle connection, and bad
+// usage refused with exit 2 naming the flag and its range.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/daemon.h"
+#include "common/grpc_status.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/e2e_support.h"
+
+namespace tutti::e2e {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using HealthResponse = grpc::health::v1::HealthCheckResponse;
+
+// A dataset, its index and a job config, once for the whole suite.
+class Lifecycle : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir("lifecycle"));
+    ASSERT_TRUE(GenerateDataset(*dir_ + "/src").ok());
+    ASSERT_TRUE(BuildIndex(*dir_ + "/src", *dir_ + "/index.tutti").ok());
+    std::ofstream(*dir_ + "/job.textproto") << JobConfigText(*dir_ + "/index.tutti", 1);
+  }
+  static void TearDownTestSuite() {
+    RemoveTree(*dir_);
+    delete dir_;
+  }
+  static std::string Dir() { return *dir_; }
+
+  // A daemon started without waiting for it to serve.
+  struct Started {
+    std::unique_ptr<Process> process;
+    std::string port_file;
+  };
+  static Started Launch(const std::string& name, std::vector<std::string> argv) {
+    Started s;
+    s.port_file = Dir() + "/" + name + ".ports";
+    fs::remove(s.port_file);
+    argv.push_back("--port_file=" + s.port_file);
+    auto p = Process::Start(argv, Dir() + "/" + name + ".log");
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (p.ok()) s.process = std::move(*p);
+    return s;
+  }
+  // The metrics port once the port file names it (the operational endpoints
+  // serve before the daemon does); 0 when it never does.
+  static int MetricsPort(const Started& s) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up && s.process->Running()) {
+      const std::string text = ReadFileOrEmpty(s.port_file);
+      const size_t at = text.find("metrics=");
+      if (at != std::string::npos) return std::atoi(text.c_str() + at + 8);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return 0;
+  }
+  // Waits (generously) until /readyz answers 200, or until `ready` is false
+  // and it answers 503 containing `reason`.
+  static absl::Status AwaitReadiness(int metrics_port, bool ready, const std::string& reason = "",
+                                     absl::Duration timeout = absl::Seconds(60)) {
+    const absl::Time give_up = absl::Now() + timeout;
+    absl::StatusOr<std::string> last;
+    while (absl::Now() < give_up) {
+      last = HttpGet(metrics_port, "/readyz");
+      if (ready && last.ok() && *last == "ready\n") return absl::OkStatus();
+      if (!ready && !last.ok() && absl::IsUnavailable(last.status()) &&
+          last.status().message().find(" 503 ") != std::string::npos &&
+          last.status().message().find(reason) != std::string::npos) {
+        return absl::OkStatus();
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "/readyz did not become ", ready ? "ready" : "not ready", ": last answer ",
+        last.ok() ? *last : std::string(last.status().message())));
+  }
+  static HealthResponse::ServingStatus Health(int grpc_port, const std::string& service,
+                                              grpc::StatusCode* code = nullptr) {
+    auto stub = grpc::health::v1::Health::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", grpc_port)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    HealthResponse resp;
+    const grpc::Status s = stub->Check(&ctx, req, &resp);
+    if (code != nullptr) *code = s.error_code();
+    return s.ok() ? resp.status() : HealthResponse::UNKNOWN;
+  }
+  // SIGTERM, then the exit status within the documented bound (nullopt: still running).
+  static std::optional<int> Terminate(Process& p) {
+    p.Signal(SIGTERM);
+    return p.Wait(kStopBound);
+  }
+  std::vector<std::string> PackerArgv(const std::string& listen = "127.0.0.1:0") {
+    return {Packerd(), "--config=" + Dir() + "/job.textproto", "--listen=" + listen,
+            "--metrics=127.0.0.1:0"};
+  }
+  std::vector<std::string> StagerArgv(int packer_port, const std::string& cache) {
+    return {Stagerd(),
+            absl::StrCat("--packer=127.0.0.1:", packer_port),
+            "--node=0",
+            "--source=" + Dir() + "/src",
+            "--cache=" + Dir() + "/" + cache,
+            "--listen=127.0.0.1:0",
+            "--metrics=127.0.0.1:0",
+            "--decode_threads=1",
+            "--memory_budget=256M",
+            "--packer_wait_s=600"};
+  }
+
+  static std::string* dir_;
+};
+std::string* Lifecycle::dir_ = nullptr;
+
+TEST_F(Lifecycle, PackerIsNotReadyWhileItLoadsAndStopsOnSigtermThen) {
+  // A config that cannot be read yet (a FIFO nobody writes): the packer is
+  // stuck before its index loads, as on a slow file system.
+  const std::string fifo = Dir() + "/stuck-config";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  Started s = Launch("stuck-packer", {Packerd(), "--config=" + fifo, "--listen=127.0.0.1:0",
+                                      "--metrics=127.0.0.1:0"});
+  const int metrics = MetricsPort(s);
+  ASSERT_GT(metrics, 0) << s.process->log();
+  EXPECT_TRUE(AwaitReadiness(metrics, false, "index: loading").ok());
+  EXPECT_TRUE(HttpGet(metrics, "/healthz").ok());  // alive all the same
+  const std::optional<int> status = Terminate(*s.process);
+  ASSERT_TRUE(status.has_value()) << "still running " << absl::FormatDuration(kStopBound)
+                                  << " after SIGTERM\n" << s.process->log();
+  EXPECT_EQ(*status, 0) << s.process->log();
+}
+
+TEST_F(Lifecycle, PackerIsReadyOnceItsIndexIsLoadedAndItsFirstPlanComputed) {
+  auto d = Daemon::Start("packer", PackerArgv(), Dir());
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(AwaitReadiness((*d)->metrics_port(), true).ok());
+  EXPECT_EQ(Health((*d)->grpc_port(), ""), HealthResponse::SERVING);
+  EXPECT_EQ(Health((*d)->grpc_port(), "tutti.v1.Packer"), HealthResponse::SERVING);
+  grpc::StatusCode code;
+  Health((*d)->grpc_port(), "tutti.v1.Stager", &code);
+  EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
+  auto metrics = HttpGet((*d)->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  for (const char* name : {"tutti_build_info{commit=", "process_cpu_seconds_total ",
+                           "process_resident_memory_bytes ", "process_open_fds ",
+                           "process_start_time_seconds ", "tutti_packer_"}) {
+    EXPECT_THAT(*metrics, HasSubstr(name));
+  }
+  EXPECT_TRUE((*d)->Stop().ok());
+}
+
+TEST_F(Lifecycle, StagerIsReadyOnlyWhileThePackerAnswersAndStopsDuringItsWait) {
+  const int packer_port = FreeLoopbackPort();
+  Started s = Launch("waiting-stager", StagerArgv(packer_port, "cache-wait"));
+  const int metrics = MetricsPort(s);
+  ASSERT_GT(metrics, 0) << s.process->log();
+  ASSERT_TRUE(AwaitReadiness(metrics, false, "packer: waiting for the packer").ok());
+  // SIGTERM while it waits for the packer (--packer_wait_s 600): exit 0 within the bound.
+  const std::optional<int> status = Terminate(*s.process);
+  ASSERT_TRUE(status.has_value()) << "still running " << absl::FormatDuration(kStopBound)
+                                  << " after SIGTERM\n" << s.process->log();
+  EXPECT_EQ(*status, 0) << s.process->log();
+
+  // Again, and this time the packer comes.
+  Started t = Launch("late-stager", StagerArgv(packer_port, "cache-late"));
+  const int metrics2 = MetricsPort(t);
+  ASSERT_GT(metrics2, 0) << t.process->log();
+  ASSERT_TRUE(AwaitReadiness(metrics2, false, "packer: waiting for the packer").ok());
+  auto packer = Daemon::Start("late-packer", PackerArgv(absl::StrCat("127.0.0.1:", packer_port)),
+                              Dir());
+  ASSERT_TRUE(packer.ok()) << packer.status();
+  ASSERT_TRUE(AwaitReadiness(metrics2, true).ok()) << t.process->log();
+  const std::string ports = ReadFileOrEmpty(t.port_file);
+  const int grpc = std::atoi(ports.c_str() + ports.find("grpc=") + 5);
+  EXPECT_EQ(Health(grpc, "tutti.v1.Stager"), HealthResponse::SERVING);
+  // The packer goes away: the stager stops being ready, and is again once it is back.
+  ASSERT_TRUE((*packer)->Stop().ok());
+  EXPECT_TRUE(AwaitReadiness(metrics2, false, "packer: the packer at").ok());
+  EXPECT_EQ(Health(grpc, "tutti.v1.Stager"), HealthResponse::NOT_SERVING);
+  auto again = Daemon::Start("again-packer", PackerArgv(absl::StrCat("127.0.0.1:", packer_port)),
+                             Dir());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(AwaitReadiness(metrics2, true).ok());
+  const std::optional<int> end = Terminate(*t.process);
+  ASSERT_TRUE(end.has_value()) << t.process->log();
+  EXPECT_EQ(*end, 0) << t.process->log();
+  EXPECT_TRUE((*again)->Stop().ok());
+}
+
+TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
+  auto packer = Daemon::Start("idle-packer", PackerArgv(), Dir());
+  ASSERT_TRUE(packer.ok()) << packer.status();
+  auto stager = Daemon::Start("idle-stager", StagerArgv((*packer)->grpc_port(), "cache-idle"),
+                              Dir());
+  ASSERT_TRUE(stager.ok()) << stager.status();
+  for (Daemon* d : {packer->get(), stager->get()}) {
+    // Connections that send nothing (and one that stops mid-request) stay open.
+    std::vector<int> idle;
+    for (int i = 0; i < 8; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(d->metrics_port()));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+      idle.push_back(fd);
+    }
+    [[maybe_unused]] ssize_t w = ::write(idle.back(), "GET /met", 8);
+    // Scrapes from several clients at once are all answered well before the
+    // idle connections time out (10 s).
+    std::atomic<int> answered{0};
+    std::vector<std::thread> scrapers;
+    for (int t = 0; t < 4; ++t) {
+      scrapers.emplace_back([&] {
+        auto m = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+        answered += m.ok() && m->find("process_cpu_seconds_total") != std::string::npos;
+      });
+    }
+    for (auto& t : scrapers) t.join();
+    EXPECT_EQ(answered.load(), 4) << d->name();
+    for (int fd : idle) ::close(fd);
+  }
+  EXPECT_TRUE((*stager)->Stop().ok());
+  EXPECT_TRUE((*packer)->Stop().ok());
+}
+
+TEST_F(Lifecycle, BadUsageExitsTwoNamingTheFlagAndItsRange) {
+  const std::vector<std::string> base = StagerArgv(FreeLoopbackPort(), "cache-usage");
+  struct Case {
+    std::string flag, expect;
+  };
+  for (const Case& c : {
+           Case{"--decode_threads=100000", "--decode_threads 100000 is out of range: use 0..1024"},
+           Case{"--memory_budget=1K", "--memory_budget 1K is out of range: use 16.0 MiB to"},
+           Case{"--cache_capacity=1K", "--cache_capacity 1K is out of range: use 64.0 MiB to"},
+           Case{"--window=0", "--window 0 is out of range: use 1..256"},
+           Case{"--queue_depth=0", "--queue_depth 0 is out of range: use 1..4096"},
+           Case{"--block_size=1000", "--block_size 1000 is out of range"},
+           Case{"--block_size=6K", "is not a multiple of 4K"},
+           Case{"--no_such_flag=1", "unknown flag --no_such_flag"},
+           Case{"--log_level=loud", "--log_level"},
+       }) {
+    std::vector<std::string> argv = base;
+    argv.push_back(c.flag);
+    RunResult r = RunCommand(argv, absl::Seconds(30));
+    EXPECT_EQ(r.status, 2) << c.flag << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.expect)) << c.flag;
+  }
+  RunResult p = RunCommand({Packerd(), "--config=x", "--plan_threads=0"}, absl::Seconds(30));
+  EXPECT_EQ(p.status, 2) << p.output;
+  EXPECT_THAT(p.output, HasSubstr("--plan_threads 0 is out of range: use 1..256"));
+  for (const std::string& binary : {std::string(Packerd()), std::string(Stagerd())}) {
+    RunResult h = RunCommand({binary, "--help"}, absl::Seconds(30));
+    EXPECT_EQ(h.status, 0);
+    EXPECT_THAT(h.output, HasSubstr("Exit status: 0 clean exit, 1 runtime failure, 2 bad usage"));
+    EXPECT_THAT(h.output, HasSubstr("--log_format"));
+    EXPECT_THAT(h.output, HasSubstr("--log_level"));
+  }
+}
+
+TEST_F(Lifecycle, APortInUseIsOneClearLineAndExitOne) {
+  auto packer = Daemon::Start("port-packer", PackerArgv(), Dir());
+  ASSERT_TRUE(packer.ok()) << packer.status();
+  std::vector<std::string> argv = StagerArgv((*packer)->grpc_port(), "cache-port");
+  argv.push_back((*packer)->address().insert(0, "--listen="));
+  RunResult r = RunCommand(argv, absl::Seconds(30));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr((*packer)->address() + ": the port is in use"));
+  // gRPC's own bind failure ("E1201 ... Failed to add :: listener") is not logged.
+  EXPECT_THAT(r.output, Not(::testing::ContainsRegex("(^|\n)E[0-9]{4} ")));
+  EXPECT_THAT(r.output, Not(HasSubstr("ERROR grpc")));
+  EXPECT_TRUE((*packer)->Stop().ok());
+}
+
+}  // namespace
+}  // namespace tutti::e2e
