@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
@@ -19,7 +20,8 @@ namespace {
 class CollectingErrors final : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    if (first_.empty())
+      first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
   }
   const std::string& first() const { return first_; }
 
@@ -35,11 +37,17 @@ absl::StatusOr<v1::JobConfig> ParseJobConfig(const std::string& text, const std:
   CollectingErrors errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job config ", origin, ": ", errors.first(),
-                     " (the file is a text-format tutti.v1.JobConfig; see deploy/examples/job.textproto)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job config ", origin, ": ", errors.first(),
+        " (the file is a text-format tutti.v1.JobConfig; see deploy/examples/job.textproto)"));
   }
   return config;
+}
+
+const std::vector<std::string>& PackingStrategyNames() {
+  static const auto* names = new std::vector<std::string>{
+      "greedy", "seed-v1", "seed-v2", "tutti", "lpt", "kk", "multipack", "sequential"};
+  return *names;
 }
 
 absl::StatusOr<v1::JobConfig> LoadJobConfig(const std::string& path) {
@@ -53,7 +61,8 @@ void ApplyJobDefaults(v1::JobConfig* c) {
   if (c->world_size() == 0) c->set_world_size(1);
   if (c->ranks_per_node() == 0) c->set_ranks_per_node(std::min<uint32_t>(8, c->world_size()));
   if (c->plan_window() == 0) c->set_plan_window(8);
-  if (c->skip_policy() == v1::SKIP_POLICY_UNSPECIFIED) c->set_skip_policy(v1::SKIP_POLICY_SUBSTITUTE);
+  if (c->skip_policy() == v1::SKIP_POLICY_UNSPECIFIED)
+    c->set_skip_policy(v1::SKIP_POLICY_SUBSTITUTE);
   if (c->sample_deadline_ms() == 0) c->set_sample_deadline_ms(2000);
 
   auto* v = c->mutable_vision();
@@ -125,8 +134,9 @@ absl::Status ParseRatio(const std::string& ratio, uint32_t* a, uint32_t* b) {
   std::vector<std::string> parts = absl::StrSplit(ratio, ':');
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], a) || !absl::SimpleAtoi(parts[1], b) ||
       (*a == 0 && *b == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch.text_vl_ratio '", ratio, "' is not of the form 'TEXT:VL' with whole numbers, e.g. '4:1'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch.text_vl_ratio '", ratio,
+                     "' is not of the form 'TEXT:VL' with whole numbers, e.g. '4:1'"));
   }
   return absl::OkStatus();
 }
@@ -165,17 +175,17 @@ absl::StatusOr<MicroBatchSplit> SplitMicroBatches(const v1::BatchConfig& batch) 
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "batch.text_vl_ratio ", batch.text_vl_ratio(), " cannot be met exactly with grad_accum ", g,
-      ", text_micro_batch ", mt, " and vl_micro_batch ", mv,
-      ": no split of the ", g, " micro-batches gives text:VL sequences = ", batch.text_vl_ratio(),
+      ", text_micro_batch ", mt, " and vl_micro_batch ", mv, ": no split of the ", g,
+      " micro-batches gives text:VL sequences = ", batch.text_vl_ratio(),
       ". For 4:1 use e.g. grad_accum 2, text_micro_batch 4, vl_micro_batch 1"));
 }
 
 absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (c.world_size() == 0) return absl::InvalidArgumentError("world_size must be at least 1");
   if (c.ranks_per_node() == 0 || c.world_size() % c.ranks_per_node() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size ", c.world_size(), " is not a multiple of ranks_per_node ", c.ranks_per_node(),
-        "; every node runs the same number of ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", c.world_size(), " is not a multiple of ranks_per_node ",
+                     c.ranks_per_node(), "; every node runs the same number of ranks"));
   }
   const auto& v = c.vision();
   if (v.mean_size() != 3 || v.std_size() != 3) {
@@ -185,7 +195,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     if (s <= 0) return absl::InvalidArgumentError("vision.std values must be positive");
   }
   if (v.output_dtype() != v1::DTYPE_FLOAT32 && v.output_dtype() != v1::DTYPE_BFLOAT16) {
-    return absl::InvalidArgumentError("vision.output_dtype must be DTYPE_FLOAT32 or DTYPE_BFLOAT16");
+    return absl::InvalidArgumentError(
+        "vision.output_dtype must be DTYPE_FLOAT32 or DTYPE_BFLOAT16");
   }
   const double factor = double(v.patch_size()) * v.merge_size();
   uint64_t prev = 0;
@@ -196,31 +207,34 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     }
     if (i > 0 && s.start_step() <= prev) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "curriculum[", i, "].start_step ", s.start_step(), " is not after the previous stage's ", prev,
-          "; list stages in increasing start_step"));
+          "curriculum[", i, "].start_step ", s.start_step(), " is not after the previous stage's ",
+          prev, "; list stages in increasing start_step"));
     }
     prev = s.start_step();
     if (double(s.max_pixels()) < factor * factor) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "curriculum[", i, "].max_pixels ", s.max_pixels(), " is below one merged patch (",
-          factor * factor, " pixels)"));
+      return absl::InvalidArgumentError(absl::StrCat("curriculum[", i, "].max_pixels ",
+                                                     s.max_pixels(), " is below one merged patch (",
+                                                     factor * factor, " pixels)"));
     }
     if (s.max_pixels() < v.min_pixels()) {
-      return absl::InvalidArgumentError(absl::StrCat("curriculum[", i, "].max_pixels ", s.max_pixels(),
-                                                     " is below vision.min_pixels ", v.min_pixels()));
+      return absl::InvalidArgumentError(absl::StrCat("curriculum[", i, "].max_pixels ",
+                                                     s.max_pixels(), " is below vision.min_pixels ",
+                                                     v.min_pixels()));
     }
     if (s.seq_len() < 16) {
-      return absl::InvalidArgumentError(absl::StrCat("curriculum[", i, "].seq_len ", s.seq_len(),
-                                                     " is too small (at least 16)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("curriculum[", i, "].seq_len ", s.seq_len(), " is too small (at least 16)"));
     }
   }
   const auto& b = c.batch();
   if (b.text_samples_per_step() == 0 && b.vl_samples_per_step() == 0) {
     return absl::InvalidArgumentError(
-        "batch.text_samples_per_step and batch.vl_samples_per_step are both 0; a step needs samples");
+        "batch.text_samples_per_step and batch.vl_samples_per_step are both 0; a step needs "
+        "samples");
   }
   if (b.text_micro_batch() == 0 || b.vl_micro_batch() == 0) {
-    return absl::InvalidArgumentError("batch.text_micro_batch and batch.vl_micro_batch must be >= 1");
+    return absl::InvalidArgumentError(
+        "batch.text_micro_batch and batch.vl_micro_batch must be >= 1");
   }
   auto split = SplitMicroBatches(b);
   if (!split.ok()) return split.status();
@@ -233,14 +247,15 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
         "batch.vl_samples_per_step > 0 but the ratio gives no VL micro-batches");
   }
   const std::string& st = c.packing().strategy();
-  if (st != "greedy" && st != "seed-v1" && st != "seed-v2" && st != "tutti") {
+  const std::vector<std::string>& names = PackingStrategyNames();
+  if (std::find(names.begin(), names.end(), st) == names.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "packing.strategy '", st, "' is unknown; choose one of: greedy, seed-v1, seed-v2, tutti"));
+        "packing.strategy '", st, "' is unknown; choose one of: ", absl::StrJoin(names, ", ")));
   }
   const std::string& re = c.post_balancing().rearrangement();
   if (re != "fast" && re != "ilp") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "post_balancing.rearrangement '", re, "' is unknown; choose 'fast' or 'ilp'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("post_balancing.rearrangement '", re, "' is unknown; choose 'fast' or 'ilp'"));
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/cost_model.h"
@@ -16,6 +17,10 @@ namespace tutti {
 // Parses a text-format JobConfig; the error names the file, line and field.
 absl::StatusOr<v1::JobConfig> ParseJobConfig(const std::string& text, const std::string& origin);
 absl::StatusOr<v1::JobConfig> LoadJobConfig(const std::string& path);
+
+// The packing strategies a config may name (packing.strategy): the one table
+// of names; the packer maps each to its implementation (MakeStrategy).
+const std::vector<std::string>& PackingStrategyNames();
 
 // Fills every unset field with its documented default (see job.proto).
 void ApplyJobDefaults(v1::JobConfig* config);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,51 +44,91 @@ double ThreadCpuMs() {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+// Per-step quality numbers of one plan.
+struct StepQuality {
+  double vit = 0, vit_lb = 0, llm = 0, llm_lb = 0, tokens = 0, img_std = 0, img_mean = 0;
+  double vit_drawn = 0, llm_drawn = 0;
+};
+
 struct Cell {
   std::string strategy;
   uint32_t bins = 0;  // open bins (seed strategies)
   uint32_t ranks = 0;
   uint64_t max_pixels = 0;
   packer::SeedStepShape shape;
-  uint32_t steps = 0, failed = 0;
+  uint32_t steps = 0, failed = 0;  // steps averaged over (planned by every strategy), failed
   std::vector<double> plan_ms, build_ms;
-  double vit = 0, vit_lb = 0, llm = 0, llm_lb = 0, tokens = 0, img_std = 0, img_mean = 0;
-  double vit_drawn = 0, llm_drawn = 0;
+  std::vector<std::optional<StepQuality>> per_step;  // unset: the step failed
+  StepQuality mean;
   std::string error;
 };
 
 // Per-step quality numbers from a plan.
-void Measure(const packer::StepPlanData& d, Cell* c) {
+StepQuality Measure(const packer::StepPlanData& d) {
+  StepQuality q;
   const uint32_t W = d.world_size, S = d.seqs_per_rank();
   double tmax = 0, tsum = 0;
   for (const auto& r : d.ranks) {
     tmax = std::max<double>(tmax, r.llm_tokens);
     tsum += r.llm_tokens;
   }
-  c->tokens += tsum > 0 ? tmax / (tsum / W) : 1;
-  c->vit += d.vit.imbalance;
-  c->vit_lb += d.vit.lower_bound > 0 ? d.vit.max / d.vit.lower_bound : 1;
-  c->llm += d.llm.imbalance;
-  c->llm_lb += d.llm.lower_bound > 0 ? d.llm.max / d.llm.lower_bound : 1;
-  c->vit_drawn += d.vit.imbalance_before;
-  c->llm_drawn += d.llm.imbalance_before;
+  q.tokens = tsum > 0 ? tmax / (tsum / W) : 1;
+  q.vit = d.vit.imbalance;
+  q.vit_lb = d.vit.lower_bound > 0 ? d.vit.max / d.vit.lower_bound : 1;
+  q.llm = d.llm.imbalance;
+  q.llm_lb = d.llm.lower_bound > 0 ? d.llm.max / d.llm.lower_bound : 1;
+  q.vit_drawn = d.vit.imbalance_before;
+  q.llm_drawn = d.llm.imbalance_before;
   // Image tokens per VL pack (sequence), over every VL sequence of the step.
   double sum = 0, sq = 0;
   const uint32_t packs = W * d.vl_seqs;
   for (uint32_t r = 0; r < W; ++r) {
-    for (uint32_t q = d.text_seqs; q < S; ++q) {
-      const uint32_t g = r * S + q;
+    for (uint32_t k = d.text_seqs; k < S; ++k) {
+      const uint32_t g = r * S + k;
       double img = 0;
-      for (uint32_t k = d.docs.begin[g]; k < d.docs.begin[g + 1]; ++k) {
-        img += d.samples[d.docs.items[k]].cost.image_tokens;
+      for (uint32_t j = d.docs.begin[g]; j < d.docs.begin[g + 1]; ++j) {
+        img += d.samples[d.docs.items[j]].cost.image_tokens;
       }
       sum += img;
       sq += img * img;
     }
   }
-  const double mean = packs ? sum / packs : 0;
-  c->img_mean += mean;
-  c->img_std += packs ? std::sqrt(std::max(0.0, sq / packs - mean * mean)) : 0;
+  q.img_mean = packs ? sum / packs : 0;
+  q.img_std = packs ? std::sqrt(std::max(0.0, sq / packs - q.img_mean * q.img_mean)) : 0;
+  return q;
+}
+
+// Every cell of one (world size, stage) group averaged over the steps that
+// all of its strategies planned: the same steps for everyone.
+void AverageOverCommonSteps(std::vector<Cell>::iterator begin, std::vector<Cell>::iterator end) {
+  size_t steps = 0;
+  for (auto c = begin; c != end; ++c) steps = std::max(steps, c->per_step.size());
+  std::vector<bool> common(steps, true);
+  for (auto c = begin; c != end; ++c) {
+    for (size_t s = 0; s < steps; ++s) {
+      common[s] = common[s] && s < c->per_step.size() && c->per_step[s].has_value();
+    }
+  }
+  for (auto c = begin; c != end; ++c) {
+    StepQuality m;
+    uint32_t n = 0;
+    for (size_t s = 0; s < steps; ++s) {
+      if (!common[s]) continue;
+      const StepQuality& q = *c->per_step[s];
+      m.vit += q.vit, m.vit_lb += q.vit_lb, m.llm += q.llm, m.llm_lb += q.llm_lb;
+      m.tokens += q.tokens, m.img_std += q.img_std, m.img_mean += q.img_mean;
+      m.vit_drawn += q.vit_drawn, m.llm_drawn += q.llm_drawn;
+      ++n;
+    }
+    if (n > 0) {
+      for (double* v : {&m.vit, &m.vit_lb, &m.llm, &m.llm_lb, &m.tokens, &m.img_std, &m.img_mean,
+                        &m.vit_drawn, &m.llm_drawn}) {
+        *v /= n;
+      }
+    }
+    c->mean = m;
+    c->steps = n;
+  }
 }
 
 std::string Label(const Cell& c);
@@ -126,14 +167,14 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
     const double t0 = ThreadCpuMs();
     absl::Status st = planner.Plan(s, &d);
     const double ms = ThreadCpuMs() - t0;
+    c->per_step.emplace_back();
     if (!st.ok()) {
       ++c->failed;
       if (c->error.empty()) c->error = std::string(st.message());
       continue;
     }
     c->plan_ms.push_back(ms);
-    ++c->steps;
-    Measure(d, c);
+    c->per_step.back() = Measure(d);
     if (s < build_steps || !hash_dir.empty()) {
       const double t1 = ThreadCpuMs();
       (void)packer::BuildStepPlan(**job, d, {}, &plan);
@@ -151,12 +192,6 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
       if (absl::Status w = WriteFileAtomically(path, bytes); !w.ok() && c->error.empty()) {
         c->error = std::string(w.message());
       }
-    }
-  }
-  if (c->steps > 0) {
-    for (double* v : {&c->vit, &c->vit_lb, &c->llm, &c->llm_lb, &c->tokens, &c->img_std,
-                      &c->img_mean, &c->vit_drawn, &c->llm_drawn}) {
-      *v /= c->steps;
     }
   }
 }
@@ -184,14 +219,14 @@ void PrintTable(const std::vector<Cell>& cells) {
                   "p99_ms", "build_ms", "vit", "vit/lb", "llm", "llm/lb", "tokens", "img_std",
                   "vit_drw", "failed");
     }
-    if (c.steps == 0) {
+    if (c.plan_ms.empty()) {
       std::printf("  %-12s  no step planned: %s\n", Label(c).c_str(), c.error.c_str());
       continue;
     }
     std::printf("  %-12s %8.2f %8.2f %8.1f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %8.3f %6u\n",
                 Label(c).c_str(), Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
-                Quantile(c.build_ms, 0.5), c.vit, c.vit_lb, c.llm, c.llm_lb, c.tokens, c.img_std,
-                c.vit_drawn, c.failed);
+                Quantile(c.build_ms, 0.5), c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb,
+                c.mean.tokens, c.mean.img_std, c.mean.vit_drawn, c.failed);
   }
 }
 
@@ -219,7 +254,8 @@ void PrintJson(const std::vector<Cell>& cells) {
         c.strategy.c_str(), c.bins, c.ranks, static_cast<unsigned long long>(c.max_pixels),
         c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples, c.steps,
         c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99), Quantile(c.build_ms, 0.5),
-        c.vit, c.vit_lb, c.llm, c.llm_lb, c.tokens, c.img_std, c.img_mean, c.vit_drawn, c.llm_drawn,
+        c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb, c.mean.tokens, c.mean.img_std,
+        c.mean.img_mean, c.mean.vit_drawn, c.mean.llm_drawn,
         c.error.empty() ? "" : ", \"error\": \"", JsonEscape(c.error).c_str(),
         c.error.empty() ? "" : "\"", i + 1 < cells.size() ? "," : "");
   }
@@ -282,14 +318,18 @@ int RunBenchPacker(int argc, char** argv) {
           "LLM-cost imbalance (max/mean across ranks) and each as a ratio to the lower bound\n"
           "max(mean, largest single item), LLM-token imbalance, the std-dev of image tokens per\n"
           "VL pack, and the drawn (unbalanced) ViT imbalance. Seed strategies run with N = 1, 2,\n"
-          "4, 6, 8 open bins. --index-samples N measures loading an N-sample index instead.");
+          "4, 6, 8 open bins; the peers lpt, kk, multipack and sequential beside them. Quality\n"
+          "numbers are averaged over the steps every strategy of the (world size, stage) planned\n"
+          "(`steps`), and `failed` counts the steps each could not plan. --index-samples N\n"
+          "measures loading an N-sample index instead.");
   cli.Flag("ranks", &ranks_text, "comma-separated world sizes");
   cli.Flag("stages", &stages_text, "comma-separated max_pixels of the curriculum stages");
   cli.Flag("steps", &steps, "steps planned per cell");
   cli.Flag("build-steps", &build_steps, "steps per cell whose full StepPlan is built and timed");
   cli.Flag("fill", &wo.fill, "target fill of every sequence");
   cli.Flag("strategies", &only,
-           "comma-separated subset (greedy,seed-v1,seed-v2,tutti); empty: all");
+           "comma-separated subset (greedy,seed-v1,seed-v2,tutti,lpt,kk,multipack,sequential); "
+           "empty: all");
   cli.Flag("post-balancing", &post,
            "plan with batch post-balancing (the strategy is then not used; see tutti bench "
            "exchange)");
@@ -340,7 +380,9 @@ int RunBenchPacker(int argc, char** argv) {
     if (!wanted(seed)) continue;
     for (uint32_t n : {1u, 2u, 4u, 6u, 8u}) strategies.push_back({seed, n});
   }
-  if (wanted("tutti")) strategies.push_back({"tutti", 0});
+  for (const char* name : {"tutti", "lpt", "kk", "multipack", "sequential"}) {
+    if (wanted(name)) strategies.push_back({name, 0});
+  }
 
   const uint32_t max_w = *std::max_element(ranks.begin(), ranks.end());
   if (samples == 0) {
@@ -373,6 +415,7 @@ int RunBenchPacker(int argc, char** argv) {
                      std::string(shape.status().message()).c_str());
         return 1;
       }
+      const size_t group = cells.size();
       for (const Strategy& s : strategies) {
         Cell c;
         c.strategy = s.name;
@@ -386,6 +429,7 @@ int RunBenchPacker(int argc, char** argv) {
                      static_cast<unsigned long long>(px), Label(c).c_str(), c.steps, Ms(tc) / 1e3);
         cells.push_back(std::move(c));
       }
+      AverageOverCommonSteps(cells.begin() + group, cells.end());
     }
   }
   if (json) {
@@ -397,7 +441,8 @@ int RunBenchPacker(int argc, char** argv) {
         "columns: plan/p99 = planning-core CPU ms per step (one thread); build = StepPlan for "
         "all ranks (CPU ms);\n  vit, llm = max/mean cost across ranks; /lb = max over "
         "max(mean, largest item); tokens = LLM-token max/mean;\n  img_std = std-dev of "
-        "image tokens per VL pack; vit_drw = ViT max/mean of the drawn split\n");
+        "image tokens per VL pack; vit_drw = ViT max/mean of the drawn split;\n  averaged over "
+        "the steps every strategy planned; failed = steps this strategy could not plan\n");
     PrintTable(cells);
   }
   return 0;

@@ -45,6 +45,8 @@ class PlanBuilder {
     plan_->set_step(d_.step);
     plan_->set_seed(cfg.seed());
     plan_->set_epoch(d_.epoch);
+    plan_->set_text_epoch(d_.text_epoch);
+    plan_->set_vl_epoch(d_.vl_epoch);
     plan_->set_world_size(d_.world_size);
     plan_->set_ranks_per_node(d_.ranks_per_node);
     plan_->set_max_pixels(d_.max_pixels);

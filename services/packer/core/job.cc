@@ -86,16 +86,21 @@ absl::Status Job::Init(const JobOptions& options) {
           "batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(), " has no ", c.name,
           " samples; set batch.", c.field, " to 0 or index a dataset that has them"));
     }
-    if (c.n < c.per_step) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(), " has only ", c.n,
-          " ", c.name, " samples, fewer than one step draws; lower batch.", c.field, " to at most ",
-          c.n));
+    if (c.n < 2 * uint64_t{c.per_step}) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(),
+                       " has only ", c.n, " ", c.name,
+                       " samples, fewer than two steps draw (a step that spans an epoch boundary "
+                       "must find its samples without repeats); lower batch.",
+                       c.field, " to at most ", c.n / 2, " or index more ", c.name, " samples"));
     }
   }
   steps_per_epoch_ =
-      StepsPerEpoch(n_text, b.text_samples_per_step(), n_vl, b.vl_samples_per_step());
-  total_steps_ = config_.epochs() == 0 ? 0 : uint64_t{config_.epochs()} * steps_per_epoch_;
+      StepsForEpochs(1, n_text, b.text_samples_per_step(), n_vl, b.vl_samples_per_step());
+  total_steps_ = config_.epochs() == 0
+                     ? 0
+                     : StepsForEpochs(config_.epochs(), n_text, b.text_samples_per_step(), n_vl,
+                                      b.vl_samples_per_step());
 
   costers_.reserve(config_.curriculum_size());
   for (int i = 0; i < config_.curriculum_size(); ++i) {
@@ -210,9 +215,10 @@ absl::Status Job::CheckStep(uint64_t step) const {
   if (total_steps_ > 0 && step >= total_steps_) {
     return absl::OutOfRangeError(
         absl::StrCat("step ", step, " is beyond the dataset's end: the job has ", total_steps_,
-                     " steps (", config_.epochs(), " epochs x ", steps_per_epoch_,
-                     " steps per epoch); ask for a step below ", total_steps_,
-                     ", or raise epochs in the job config (0 = unlimited)"));
+                     " steps (", config_.epochs(),
+                     " epochs of its slower stream, each stream cycling on its own); ask for a "
+                     "step below ",
+                     total_steps_, ", or raise epochs in the job config (0 = unlimited)"));
   }
   return absl::OkStatus();
 }

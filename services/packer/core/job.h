@@ -63,8 +63,11 @@ class Job {
   const MicroBatchSplit& split() const { return split_; }
   uint32_t text_seqs_per_rank() const { return text_seqs_; }
   uint32_t vl_seqs_per_rank() const { return vl_seqs_; }
+  // Steps until every sample of both streams was drawn once (the slower
+  // stream's epoch; the other one cycles on its own meanwhile), and until
+  // `epochs` times (0 = unlimited). sampler.h: StepsForEpochs.
   uint64_t steps_per_epoch() const { return steps_per_epoch_; }
-  uint64_t total_steps() const { return total_steps_; }  // 0 = unlimited
+  uint64_t total_steps() const { return total_steps_; }
 
   // The stage in force at `step` (index into config().curriculum()).
   uint32_t StageIndex(uint64_t step) const;

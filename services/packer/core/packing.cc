@@ -3,13 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/job_config.h"
 
 namespace tutti::packer {
-
-const std::vector<std::string>& StrategyNames() {
-  static const std::vector<std::string> kNames = {"greedy", "seed-v1", "seed-v2", "tutti"};
-  return kNames;
-}
 
 absl::StatusOr<std::unique_ptr<PackingStrategy>> MakeStrategy(const StrategyOptions& o) {
   if (o.name == "greedy") return MakeSeedStrategy("greedy", 1, false);
@@ -21,9 +17,10 @@ absl::StatusOr<std::unique_ptr<PackingStrategy>> MakeStrategy(const StrategyOpti
     return MakeSeedStrategy(o.name, o.open_bins, o.name == "seed-v2");
   }
   if (o.name == "tutti") return MakeTuttiStrategy(o.improvement_rounds);
+  if (auto peer = MakePeerStrategy(o.name)) return peer;
   return absl::InvalidArgumentError(
       absl::StrCat("packing.strategy '", o.name,
-                   "' is unknown; choose one of: ", absl::StrJoin(StrategyNames(), ", ")));
+                   "' is unknown; choose one of: ", absl::StrJoin(PackingStrategyNames(), ", ")));
 }
 
 absl::Status CapacityError(absl::string_view modality, uint64_t tokens, uint32_t ranks,

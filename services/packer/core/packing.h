@@ -12,6 +12,8 @@
 //   seed-v2  as seed-v1, balancing ViT cost p*(1+p/p_ref) instead
 //   tutti    balances ViT cost and LLM cost (and tokens) of every rank at
 //            once: largest-first assignment plus local improvement moves
+//   lpt, kk, multipack, sequential
+//            the balancers users would otherwise pick (peer_strategies.cc)
 // The seed strategies deal emitted packs to sequence slots in order: pack i
 // goes to rank i % W, sequence i / W.
 #ifndef TUTTI_SERVICES_PACKER_CORE_PACKING_H_
@@ -71,7 +73,6 @@ struct StrategyOptions {
 
 // INVALID_ARGUMENT naming the unknown strategy and the known ones.
 absl::StatusOr<std::unique_ptr<PackingStrategy>> MakeStrategy(const StrategyOptions& options);
-const std::vector<std::string>& StrategyNames();
 
 // Shared by the strategies: the error for items that do not fit.
 absl::Status CapacityError(absl::string_view modality, uint64_t tokens, uint32_t ranks,
@@ -81,6 +82,8 @@ absl::Status CapacityError(absl::string_view modality, uint64_t tokens, uint32_t
 std::unique_ptr<PackingStrategy> MakeSeedStrategy(std::string name, uint32_t open_bins,
                                                   bool balance_vit_cost);
 std::unique_ptr<PackingStrategy> MakeTuttiStrategy(uint32_t improvement_rounds);
+// lpt, kk, multipack or sequential (peer_strategies.cc); null for another name.
+std::unique_ptr<PackingStrategy> MakePeerStrategy(const std::string& name);
 
 }  // namespace tutti::packer
 

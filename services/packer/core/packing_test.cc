@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "services/packer/core/dispatcher.h"
 
@@ -83,17 +84,57 @@ TEST(PackingTest, EveryStrategyRespectsTheConstraintsAndIsDeterministic) {
   PackProblem p = Problem(text, vl, 16);
   for (bool balance_vit : {true, false}) {
     p.balance_vit = balance_vit;
-    for (const std::string name : {"greedy", "seed-v1", "seed-v2", "tutti"}) {
+    for (const std::string& name : PackingStrategyNames()) {
       for (uint32_t bins : {1u, 4u}) {
         auto s = MakeStrategy({name, bins, 64});
         ASSERT_TRUE(s.ok()) << s.status();
         PackResult a, b;
-        ASSERT_TRUE((*s)->Pack(p, &a).ok()) << name;
+        absl::Status st = (*s)->Pack(p, &a);
+        ASSERT_TRUE(st.ok()) << name << " " << st;
         ASSERT_TRUE((*s)->Pack(p, &b).ok());
         EXPECT_EQ(a.text_slot, b.text_slot) << name;
         EXPECT_EQ(a.vl_slot, b.vl_slot) << name;
         Check(p, a);
       }
+    }
+  }
+}
+
+// The peers balance what they are meant to: on the same items each is
+// better than no balancing (sequential) on both phases, LPT and multipack
+// by far.
+TEST(PackingTest, PeersBalanceTheirPhases) {
+  const auto text = RandomItems(300, false, 3, 4000);
+  const auto vl = RandomItems(80, true, 4, 5000);
+  const PackProblem p = Problem(text, vl, 16);
+  auto loads = [&](const std::string& name) {
+    auto s = MakeStrategy({name, 6, 64});
+    EXPECT_TRUE(s.ok());
+    PackResult r;
+    EXPECT_TRUE((*s)->Pack(p, &r).ok()) << name;
+    Check(p, r);
+    std::vector<double> vit(16, 0), llm(16, 0);
+    for (size_t i = 0; i < vl.size(); ++i) {
+      vit[r.vl_slot[i] / p.vl_seqs_per_rank] += vl[i].vit;
+      llm[r.vl_slot[i] / p.vl_seqs_per_rank] += vl[i].llm;
+    }
+    for (size_t i = 0; i < text.size(); ++i)
+      llm[r.text_slot[i] / p.text_seqs_per_rank] += text[i].llm;
+    auto ratio = [](const std::vector<double>& v) {
+      double sum = 0, mx = 0;
+      for (double x : v) sum += x, mx = std::max(mx, x);
+      return mx / (sum / v.size());
+    };
+    return std::pair{ratio(vit), ratio(llm)};
+  };
+  const auto none = loads("sequential");
+  for (const char* name : {"lpt", "kk", "multipack"}) {
+    const auto [vit, llm] = loads(name);
+    EXPECT_LT(vit, none.first) << name;
+    EXPECT_LT(llm, none.second) << name;
+    if (std::string(name) != "kk") {  // kk ignores capacity; its repair costs balance
+      EXPECT_LT(vit, 1 + (none.first - 1) / 3) << name;
+      EXPECT_LT(llm, 1.05) << name;
     }
   }
 }

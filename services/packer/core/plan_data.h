@@ -89,7 +89,9 @@ struct Csr {
 // item I + A + k.
 struct StepPlanData {
   uint64_t step = 0;
-  uint64_t epoch = 0;
+  uint64_t epoch = 0;       // text_epoch, or vl_epoch when the step draws no text
+  uint64_t text_epoch = 0;  // each stream's epoch at its first sample of the step
+  uint64_t vl_epoch = 0;
   uint32_t stage = 0;
   uint64_t max_pixels = 0;
   uint32_t seq_len = 0;

@@ -3,6 +3,8 @@
 // three-stage curriculum with a seq_len change, audio, and several world
 // sizes. A refactoring of the planning core must leave every hash as it is;
 // a change that alters planning on purpose re-pins here and says why.
+// Re-pinned once: step 9 of the two W64 jobs spans the VL stream's epoch
+// boundary, and exactly-once sampling (sampler.h) draws it without repeats.
 //
 // TUTTI_PRINT_PLAN_HASHES=1 prints the table as C++ to paste below.
 #include <algorithm>
@@ -13,12 +15,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rng.h"
 #include "gtest/gtest.h"
 #include "services/packer/bench/staging.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/plan_proto.h"
 #include "services/packer/testing/jobs.h"
-#include "common/rng.h"
 
 namespace tutti::packer {
 namespace {
@@ -196,9 +198,9 @@ constexpr Pinned kPinned[] = {
     {"W4 post ilp",
      "69c2b785523d0126 ecd3e674a4891726 2b89e0b29f2f1e64 f1cbdc2b510d4917 c5c54450cbc51dab 9f56ffd167c0fcd3 939d9da1f853d85c"},
     {"W64 tutti",
-     "5b67ba72ae359286 f1e261969642e112 bc40200d94f0ad84 a3878240c3280cb3 93348c7c1e0ea5aa cb53948e10506a25 47e244141b8979d7"},
+     "5b67ba72ae359286 f1e261969642e112 bc40200d94f0ad84 a3878240c3280cb3 93348c7c1e0ea5aa cb53948e10506a25 7550b05b30fc6d5f"},
     {"W64 post fast",
-     "14d54981fbab102f d7815acc5680e88c 7695f112eb203244 87a8b59fc730aa0d 3d8ad0631088cd91 01e35641aaa604dc f63bba724fdca71c"},
+     "14d54981fbab102f d7815acc5680e88c 7695f112eb203244 87a8b59fc730aa0d 3d8ad0631088cd91 01e35641aaa604dc b91d6eb8fb0c0968"},
 };
 // clang-format on
 

@@ -67,7 +67,11 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   out->ranks_per_node = job.ranks_per_node();
   out->text_seqs = job.text_seqs_per_rank();
   out->vl_seqs = job.vl_seqs_per_rank();
-  out->epoch = T > 0 ? step * T / n_text : step * V / n_vl;
+  // Each stream cycles on its own (sampler.h): the epoch of each stream's
+  // first sample of the step.
+  out->text_epoch = T > 0 ? step * T / std::max<uint64_t>(n_text, 1) : 0;
+  out->vl_epoch = V > 0 ? step * V / std::max<uint64_t>(n_vl, 1) : 0;
+  out->epoch = T > 0 ? out->text_epoch : out->vl_epoch;
 
   out->samples.resize(T + V);
   out->images.clear();
@@ -83,8 +87,8 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   // Sample ids first (pure arithmetic), then the index records with
   // prefetching: the draw is random access into a large index, so memory
   // latency, not arithmetic, is what costs here.
-  StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1));
-  StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1));
+  StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1), T);
+  StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1), V);
   thread_local std::vector<uint32_t> ids;
   ids.resize(T + V);
   for (uint32_t k = 0; k < T + V; ++k) {

@@ -80,20 +80,33 @@ TEST(PlannerTest, EpochIsAPermutationAndResumesAnywhere) {
   auto job = MakeJob(kBaseConfig, SmallIndex());
   ASSERT_TRUE(job.ok());
   const Index& ix = *SmallIndex();
-  // One epoch of the VL stream (the shorter one in steps) covers distinct samples.
-  std::set<uint64_t> text, vl;
+  // Each stream cycles on its own: over the job's epoch (the slower stream's)
+  // every epoch of each stream draws each of its samples exactly once, the
+  // remainder included, and no step draws a sample twice.
   const uint64_t spe = (*job)->steps_per_epoch();
   ASSERT_GT(spe, 10u);
   Planner planner(*job);
   StepPlanData d;
+  std::vector<uint32_t> text, vl;  // the streams, in draw order
   for (uint64_t s = 0; s < spe; ++s) {
     ASSERT_TRUE(planner.Plan(s, &d).ok());
+    std::set<uint32_t> in_step;
     for (const auto& ps : d.samples) {
-      EXPECT_TRUE((ps.vl ? vl : text).insert(ps.sample).second) << "sample repeated in epoch";
+      EXPECT_TRUE(in_step.insert(ps.sample).second) << "sample repeated in step " << s;
       EXPECT_EQ(ps.vl, ix.is_vl(ps.sample));
+      (ps.vl ? vl : text).push_back(ps.sample);
+    }
+    EXPECT_EQ(d.text_epoch, s * 24 / ix.text_samples().size());
+    EXPECT_EQ(d.vl_epoch, s * 8 / ix.vl_samples().size());
+  }
+  for (auto [drawn, n] :
+       {std::pair{&text, ix.text_samples().size()}, std::pair{&vl, ix.vl_samples().size()}}) {
+    ASSERT_GE(drawn->size(), n);
+    for (size_t e = 0; (e + 1) * n <= drawn->size(); ++e) {
+      std::set<uint32_t> epoch(drawn->begin() + e * n, drawn->begin() + (e + 1) * n);
+      EXPECT_EQ(epoch.size(), n) << "epoch " << e;
     }
   }
-  EXPECT_EQ(vl.size(), spe * 8);
   // A later step is planned directly, and epochs use different permutations.
   ASSERT_TRUE(planner.Plan(1000000, &d).ok());
   std::vector<uint32_t> e0, e1;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "common/rng.h"
 
@@ -46,26 +47,69 @@ uint64_t FeistelPermutation::operator()(uint64_t i) const {
   return y;
 }
 
-StreamSampler::StreamSampler(uint64_t seed, Stream stream, uint64_t n)
-    : seed_(seed), stream_(stream), n_(n), perm_(std::max<uint64_t>(n, 1), 0) {}
+StreamSampler::StreamSampler(uint64_t seed, Stream stream, uint64_t n, uint64_t per_step)
+    : seed_(seed),
+      stream_(stream),
+      n_(std::max<uint64_t>(n, 1)),
+      per_step_(per_step),
+      perm_(std::max<uint64_t>(n, 1), 0) {}
 
-uint64_t StreamSampler::At(uint64_t p) {
-  const uint64_t epoch = p / n_;
-  if (epoch != epoch_) {
-    epoch_ = epoch;
-    const uint64_t key =
-        Mix(seed_ ^ Mix(uint64_t(stream_) + 1) ^ Mix(epoch * 0xD1B54A32D192ED03ull));
-    perm_ = FeistelPermutation(n_, key);
-  }
-  return perm_(p % n_);
+uint64_t StreamSampler::Key(uint64_t epoch) const {
+  return Mix(seed_ ^ Mix(uint64_t(stream_) + 1) ^ Mix(epoch * 0xD1B54A32D192ED03ull));
 }
 
-uint64_t StepsPerEpoch(uint64_t n_text, uint64_t text_per_step, uint64_t n_vl,
-                       uint64_t vl_per_step) {
-  uint64_t steps = std::numeric_limits<uint64_t>::max();
-  if (text_per_step > 0) steps = std::min(steps, n_text / text_per_step);
-  if (vl_per_step > 0) steps = std::min(steps, n_vl / vl_per_step);
-  return steps == std::numeric_limits<uint64_t>::max() ? 0 : steps;
+uint64_t StreamSampler::Plain(uint64_t epoch, uint64_t i) {
+  if (epoch != epoch_) {
+    epoch_ = epoch;
+    perm_ = FeistelPermutation(n_, Key(epoch));
+  }
+  return perm_(i);
+}
+
+void StreamSampler::PrepareStart(uint64_t epoch) {
+  if (start_epoch_ == epoch) return;
+  start_epoch_ = epoch;
+  start_.clear();
+  // The step that enters `epoch`, and what it took from the previous one
+  // (the old epoch's last `tail` positions, never reordered: n >= 2 * per).
+  const uint64_t first = epoch * n_;
+  const uint64_t step_start = first / per_step_ * per_step_;
+  const uint64_t tail = first - step_start;
+  if (tail == 0) return;
+  std::vector<uint64_t> taken;
+  taken.reserve(tail);
+  for (uint64_t i = n_ - tail; i < n_; ++i) taken.push_back(Plain(epoch - 1, i));
+  std::sort(taken.begin(), taken.end());
+  // The step's share of the new epoch: the first per - tail samples of its
+  // permutation that the step did not already take; the ones it did follow
+  // right behind, in permutation order.
+  const uint64_t share = per_step_ - tail;
+  std::vector<uint64_t> later;
+  for (uint64_t i = 0; start_.size() < share; ++i) {
+    const uint64_t x = Plain(epoch, i);
+    (std::binary_search(taken.begin(), taken.end(), x) ? later : start_).push_back(x);
+  }
+  start_.insert(start_.end(), later.begin(), later.end());
+}
+
+uint64_t StreamSampler::At(uint64_t p) {
+  const uint64_t epoch = p / n_, i = p % n_;
+  if (per_step_ > 0 && epoch > 0 && i < per_step_) {
+    PrepareStart(epoch);
+    if (i < start_.size()) return start_[i];
+  }
+  return Plain(epoch, i);
+}
+
+uint64_t StepsForEpochs(uint64_t epochs, uint64_t n_text, uint64_t text_per_step, uint64_t n_vl,
+                        uint64_t vl_per_step) {
+  uint64_t steps = 0;
+  for (const auto& [n, per] : {std::pair{n_text, text_per_step}, std::pair{n_vl, vl_per_step}}) {
+    if (per == 0) continue;
+    if (n == 0) return 0;
+    steps = std::max(steps, (epochs * n + per - 1) / per);
+  }
+  return steps;
 }
 
 }  // namespace tutti::packer

@@ -1,16 +1,26 @@
 // The sampler: which samples make up the global batch of a step.
 //
-// Each stream (text-only, vision-language) has its own epoch permutation,
-// keyed by (seed, stream, epoch): a Feistel network over the next power of
-// four with cycle walking, so any position can be mapped in O(1) time and
-// memory and any step can be planned directly (resume at step 1,000,000
-// without replaying). Stream position p = step * per_step + j; its epoch is
-// p / n and its place in that epoch's permutation p % n. Nothing depends on
-// the world size: ranks only split the global batch.
+// Each stream (text-only, vision-language) cycles through its own epochs,
+// each epoch a permutation keyed by (seed, stream, epoch): a Feistel network
+// over the next power of four with cycle walking, so any position can be
+// mapped in O(1) time and memory and any step can be planned directly
+// (resume at step 1,000,000 without replaying). Stream position
+// p = step * per_step + j; its epoch is p / n. Nothing depends on the world
+// size: ranks only split the global batch.
+//
+// Exactly once: every epoch of a stream draws each of its n samples once,
+// and no step draws a sample twice. A step that spans an epoch boundary
+// takes the rest of the old epoch's order and the start of the new one; the
+// new epoch's order is its permutation with the samples the step already
+// took from the old epoch moved back, just behind the step's share (so they
+// come in the next step instead): a bijection of the epoch that only the
+// first per_step positions feel, computed in O(per_step) for those two
+// steps. This needs n >= 2 * per_step (the job refuses smaller streams).
 #ifndef TUTTI_SERVICES_PACKER_CORE_SAMPLER_H_
 #define TUTTI_SERVICES_PACKER_CORE_SAMPLER_H_
 
 #include <cstdint>
+#include <vector>
 
 namespace tutti::packer {
 
@@ -33,27 +43,41 @@ class FeistelPermutation {
 enum class Stream : uint32_t { kText = 0, kVl = 1 };
 
 // Maps stream positions to stream-local indices (0..n-1), caching the
-// permutation of the last epoch used. Not thread-safe; cheap to create.
+// permutation of the last epoch used and the reordered start of the last
+// epoch entered mid-step. Not thread-safe; cheap to create.
 class StreamSampler {
  public:
-  StreamSampler(uint64_t seed, Stream stream, uint64_t n);
+  // per_step: the positions one step draws (0: no exactly-once reordering,
+  // plain permutations). Requires n >= 2 * per_step.
+  StreamSampler(uint64_t seed, Stream stream, uint64_t n, uint64_t per_step = 0);
   // Stream-local index at stream position p.
   uint64_t At(uint64_t p);
   uint64_t size() const { return n_; }
+  uint64_t EpochOf(uint64_t p) const { return p / n_; }
 
  private:
+  uint64_t Key(uint64_t epoch) const;
+  uint64_t Plain(uint64_t epoch, uint64_t i);
+  void PrepareStart(uint64_t epoch);
+
   uint64_t seed_;
   Stream stream_;
   uint64_t n_;
+  uint64_t per_step_;
   uint64_t epoch_ = UINT64_MAX;
   FeistelPermutation perm_;
+  // The reordered start of epoch start_epoch_: positions [0, start_.size()).
+  uint64_t start_epoch_ = UINT64_MAX;
+  std::vector<uint64_t> start_;
 };
 
-// Steps per epoch given stream sizes and per-step draws: the minimum over
-// the streams a step draws from of floor(n / per_step). 0 when a stream a
-// step needs is smaller than one step's draw (or empty).
-uint64_t StepsPerEpoch(uint64_t n_text, uint64_t text_per_step, uint64_t n_vl,
-                       uint64_t vl_per_step);
+// Steps after which every sample of every stream a step draws from was
+// drawn `epochs` times: the maximum over the streams of
+// ceil(epochs * n / per_step). Each stream cycles on its own, so the faster
+// one is already into its next epoch then. 0 when a stream a step needs is
+// empty.
+uint64_t StepsForEpochs(uint64_t epochs, uint64_t n_text, uint64_t text_per_step, uint64_t n_vl,
+                        uint64_t vl_per_step);
 
 }  // namespace tutti::packer
 

@@ -48,10 +48,49 @@ TEST(SamplerTest, StreamEpochsAreFullPermutationsAndRandomAccess) {
   EXPECT_LT(same, 20);  // streams use their own keys
 }
 
-TEST(SamplerTest, StepsPerEpoch) {
-  EXPECT_EQ(StepsPerEpoch(1000, 10, 100, 2), 50u);
-  EXPECT_EQ(StepsPerEpoch(1000, 10, 0, 0), 100u);
-  EXPECT_EQ(StepsPerEpoch(5, 10, 100, 2), 0u);
+TEST(SamplerTest, StepsForEpochsLetEachStreamCycleOnItsOwn) {
+  // Text: 1000 / 10 = 100 steps an epoch; VL: 100 / 3 = 33.3.
+  EXPECT_EQ(StepsForEpochs(1, 1000, 10, 100, 3), 100u);
+  EXPECT_EQ(StepsForEpochs(2, 1000, 10, 100, 3), 200u);
+  EXPECT_EQ(StepsForEpochs(1, 100, 3, 0, 0), 34u);  // the remainder is drawn, not dropped
+  EXPECT_EQ(StepsForEpochs(1, 1000, 10, 0, 2), 0u);
+}
+
+// Exactly once: no step draws a sample twice, and every epoch of a stream
+// draws each sample once, for stream sizes the steps do not divide.
+TEST(SamplerTest, EveryStepAndEveryEpochDrawsEachSampleOnce) {
+  for (const auto& [n, per] : {std::pair<uint64_t, uint64_t>{500, 7},
+                               {500, 250},
+                               {97, 13},
+                               {1000, 300},
+                               {64, 32},
+                               {101, 50}}) {
+    StreamSampler s(3, Stream::kText, n, per);
+    const uint64_t steps = 5 * n / per + 3;
+    std::vector<uint32_t> count(n, 0);
+    uint64_t epoch = 0;
+    for (uint64_t step = 0; step < steps; ++step) {
+      std::vector<bool> in_step(n, false);
+      for (uint64_t j = 0; j < per; ++j) {
+        const uint64_t p = step * per + j;
+        if (p / n != epoch) {  // an epoch just ended: each sample once
+          for (uint64_t x = 0; x < n; ++x) ASSERT_EQ(count[x], 1u) << n << "/" << per;
+          count.assign(n, 0);
+          epoch = p / n;
+        }
+        const uint64_t x = s.At(p);
+        ASSERT_LT(x, n);
+        ASSERT_FALSE(in_step[x]) << "n " << n << " per " << per << " step " << step;
+        in_step[x] = true;
+        ++count[x];
+      }
+    }
+    // Random access: a fresh sampler gives the same sample at any position.
+    StreamSampler fresh(3, Stream::kText, n, per);
+    for (uint64_t p : {uint64_t{0}, n - 1, n, n + 1, 3 * n + per / 2, steps * per - 1}) {
+      EXPECT_EQ(fresh.At(p), s.At(p)) << p;
+    }
+  }
 }
 
 }  // namespace

@@ -234,16 +234,7 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
       }
     }
     if (best_d == kUnplaced) break;
-    if (best_e == kUnplaced) {
-      Unplace(best_d);
-      Place(best_d, best_t, best_q);
-    } else {
-      const uint32_t qd = seq_[best_d], qe = seq_[best_e];
-      Unplace(best_d);
-      Unplace(best_e);
-      Place(best_d, best_t, qe);
-      Place(best_e, top, qd);
-    }
+    MoveOrSwap(best_d, best_e, best_t, best_q, top);
   }
   ordered_active_ = false;
 }
@@ -321,17 +312,21 @@ bool Placer::RepairBound(double bound, uint64_t* budget) {
       }
     }
     if (best_d == kUnplaced) return false;
-    if (best_e == kUnplaced) {
-      Unplace(best_d);
-      Place(best_d, best_t, best_q);
-    } else {
-      const uint32_t qd = seq_[best_d], qe = seq_[best_e];
-      Unplace(best_d);
-      Unplace(best_e);
-      Place(best_d, best_t, qe);
-      Place(best_e, top, qd);
-    }
+    MoveOrSwap(best_d, best_e, best_t, best_q, top);
   }
+}
+
+void Placer::MoveOrSwap(uint32_t d, uint32_t e, uint32_t t, uint32_t q, uint32_t top) {
+  if (e == kUnplaced) {
+    Unplace(d);
+    Place(d, t, q);
+    return;
+  }
+  const uint32_t qd = seq_[d], qe = seq_[e];
+  Unplace(d);
+  Unplace(e);
+  Place(d, t, qe);
+  Place(e, top, qd);
 }
 
 void Placer::ImproveLocality(double bound) {

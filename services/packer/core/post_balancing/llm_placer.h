@@ -79,6 +79,10 @@ class Placer {
     rank_[d] = kUnplaced;
     Touch(r);
   }
+  // Moves doc d to sequence q of rank t when e is kUnplaced; otherwise swaps
+  // d (to rank t, e's sequence) with e (to rank top, d's sequence).
+  void MoveOrSwap(uint32_t d, uint32_t e, uint32_t t, uint32_t q, uint32_t top);
+
   bool Best(uint32_t r, uint32_t d, uint32_t* q, double* delta) const {
     return state_.BestSequence(r, p_.docs[d].tokens, p_.docs[d].vl, q, delta);
   }
