@@ -386,8 +386,10 @@ int RunBenchPacker(int argc, char** argv) {
 
   const uint32_t max_w = *std::max_element(ranks.begin(), ranks.end());
   if (samples == 0) {
-    // Two steps of the largest world per epoch, and never fewer than 50k.
-    samples = std::max<uint64_t>(50000, uint64_t{max_w} * wo.seqs_per_rank * wo.seq_len / 1400 * 3);
+    // Every stream holds at least two steps of the largest world (exactly-once
+    // sampling needs them; VL samples are smallest at low max_pixels), and
+    // never fewer than 50k.
+    samples = std::max<uint64_t>(50000, uint64_t{max_w} * wo.seqs_per_rank * wo.seq_len / 1400 * 6);
   }
   auto t0 = Clock::now();
   auto index_bytes = packer::MakeSeedIndexBytes(wo, samples);

@@ -288,7 +288,7 @@ absl::StatusOr<std::vector<ExchangeBenchRow>> RunExchangeBench(const ExchangeBen
   const uint64_t samples =
       o.samples > 0 ? o.samples
                     : std::max<uint64_t>(50000, uint64_t{max_w} * o.workload.seqs_per_rank *
-                                                    o.workload.seq_len / 1400 * 3);
+                                                    o.workload.seq_len / 1400 * 6);
   if (o.progress) o.progress(absl::StrCat("dataset: ", samples, " synthetic samples"));
   ASSIGN_OR_RETURN(std::shared_ptr<const Index> index, MakeSeedIndex(o.workload, samples));
   std::vector<ExchangeBenchRow> rows;
