@@ -59,170 +59,211 @@ void OnSearchEvent(glp_tree* tree, void* info) {
   }
 }
 
-uint64_t Gcd(uint64_t a, uint64_t b) { return std::gcd(a, b); }
+// The integer program of llm_ilp.h for one problem, built in stages:
+// columns and objective, the rows that hold for every placement (each doc
+// once, sequence capacities), the rank cost bound (unpadded: one row per
+// rank; padded: tangent cuts refined at each solution), a start incumbent,
+// and the rounds of LP relaxation + branch and bound.
+class IlpModel {
+ public:
+  IlpModel(const LlmProblem& p, const IlpOptions& o)
+      : p_(p),
+        o_(o),
+        sl_(p.slots),
+        W_(p.cluster.world_size),
+        D_(static_cast<uint32_t>(p.docs.size())),
+        S_(sl_.sequences()),
+        M_(sl_.micro_batches()),
+        model_(p.cost),
+        bound_(p.bound),
+        bounded_(std::isfinite(bound_) && bound_ > 0),
+        scale_(bounded_ ? bound_ : 1.0) {}
 
-}  // namespace
-
-absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) {
-  const Clock::time_point t0 = Clock::now();
-  const SlotLayout& sl = p.slots;
-  const uint32_t W = p.cluster.world_size, D = static_cast<uint32_t>(p.docs.size());
-  const uint32_t S = sl.sequences(), M = sl.micro_batches();
-  const CostModel model(p.cost);
-  IlpResult result;
-
-  // Columns: x for each (doc, rank, sequence of its modality), then z and y.
-  uint64_t binaries = 0;
-  for (const LlmDoc& d : p.docs)
-    binaries += uint64_t{W} * (d.vl ? sl.vl_sequences() : sl.text_sequences());
-  if (binaries > o.max_binaries) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the ILP reference would need ", binaries, " binary variables, above its limit of ",
-        o.max_binaries, "; use it on a smaller instance"));
+  // Binary variables the program needs.
+  uint64_t Binaries() const {
+    uint64_t binaries = 0;
+    for (const LlmDoc& d : p_.docs) binaries += uint64_t{W_} * SeqCount(d);
+    return binaries;
   }
-  std::vector<uint32_t> first_col(D + 1, 1);
-  for (uint32_t d = 0; d < D; ++d) {
-    first_col[d + 1] = first_col[d] + W * (p.docs[d].vl ? sl.vl_sequences() : sl.text_sequences());
-  }
-  auto seq_begin = [&](uint32_t d) { return p.docs[d].vl ? sl.text_sequences() : 0u; };
-  auto seq_count = [&](uint32_t d) {
-    return p.docs[d].vl ? sl.vl_sequences() : sl.text_sequences();
-  };
-  auto col = [&](uint32_t d, uint32_t r, uint32_t q) {
-    return first_col[d] + r * seq_count(d) + (q - seq_begin(d));
-  };
-  const int nx = static_cast<int>(first_col[D] - 1);
-  const int z0 = nx + 1, y0 = nx + 1 + static_cast<int>(W * M);  // padded only
-  const int ncols = p.padded ? nx + 2 * static_cast<int>(W * M) : nx;
 
-  GlpProblem lp;
-  glp_prob* g = lp.get();
-  glp_set_obj_dir(g, GLP_MIN);
-  glp_add_cols(g, ncols);
-  uint64_t unit = 0;
-  for (uint32_t d = 0; d < D; ++d) {
-    for (uint32_t n = 0; n < p.cluster.nodes(); ++n) {
-      unit = Gcd(unit, p.affinity.empty() ? 0 : p.affinity.Bytes(d, n));
+  // Columns: x for each (doc, rank, sequence of its modality), then, padded,
+  // z (longest sequence) and y (cost) per (rank, micro-batch); the objective
+  // is each x's inter-node bytes in units of their common divisor.
+  void AddColumns() {
+    first_col_.assign(D_ + 1, 1);
+    for (uint32_t d = 0; d < D_; ++d) first_col_[d + 1] = first_col_[d] + W_ * SeqCount(p_.docs[d]);
+    const int nx = static_cast<int>(first_col_[D_] - 1);
+    z0_ = nx + 1;
+    y0_ = nx + 1 + static_cast<int>(W_ * M_);
+    ncols_ = p_.padded ? nx + 2 * static_cast<int>(W_ * M_) : nx;
+    glp_prob* g = lp_.get();
+    glp_set_obj_dir(g, GLP_MIN);
+    glp_add_cols(g, ncols_);
+    uint64_t unit = 0;
+    for (uint32_t d = 0; d < D_; ++d) {
+      for (uint32_t n = 0; n < p_.cluster.nodes(); ++n) {
+        unit = std::gcd(unit, p_.affinity.empty() ? 0 : p_.affinity.Bytes(d, n));
+      }
+    }
+    if (unit == 0) unit = 1;
+    for (uint32_t d = 0; d < D_; ++d) {
+      for (uint32_t r = 0; r < W_; ++r) {
+        const double bytes =
+            p_.affinity.empty() ? 0.0 : double(p_.affinity.Bytes(d, p_.cluster.node_of(r)) / unit);
+        for (uint32_t q = SeqBegin(d); q < SeqBegin(d) + SeqCount(p_.docs[d]); ++q) {
+          glp_set_col_kind(g, Col(d, r, q), GLP_BV);
+          glp_set_obj_coef(g, Col(d, r, q), bytes);
+        }
+      }
+    }
+    if (p_.padded) {
+      for (int j = z0_; j <= ncols_; ++j) glp_set_col_bnds(g, j, GLP_LO, 0.0, 0.0);
     }
   }
-  if (unit == 0) unit = 1;
-  for (uint32_t d = 0; d < D; ++d) {
-    for (uint32_t r = 0; r < W; ++r) {
-      const double bytes =
-          p.affinity.empty() ? 0.0 : double(p.affinity.Bytes(d, p.cluster.node_of(r)) / unit);
-      for (uint32_t q = seq_begin(d); q < seq_begin(d) + seq_count(d); ++q) {
-        glp_set_col_kind(g, col(d, r, q), GLP_BV);
-        glp_set_obj_coef(g, col(d, r, q), bytes);
+
+  // Every doc once; every sequence within seq_len (padded: and below its
+  // micro-batch's z).
+  void AddPlacementRows() {
+    for (uint32_t d = 0; d < D_; ++d) {
+      Reset();
+      for (int j = static_cast<int>(first_col_[d]); j < static_cast<int>(first_col_[d + 1]); ++j) {
+        Push(j, 1.0);
+      }
+      AddRow(GLP_FX, 1.0, 1.0);
+    }
+    for (uint32_t r = 0; r < W_; ++r) {
+      for (uint32_t q = 0; q < S_; ++q) {
+        Reset();
+        for (uint32_t d = 0; d < D_; ++d) {
+          if (sl_.is_vl_sequence(q) != p_.docs[d].vl) continue;
+          Push(Col(d, r, q), p_.docs[d].tokens);
+        }
+        if (ind_.size() > 1) AddRow(GLP_UP, 0.0, sl_.seq_len);
+        if (p_.padded) {  // tokens - z <= 0
+          Push(z0_ + r * M_ + sl_.micro_batch_of(q), -1.0);
+          AddRow(GLP_UP, 0.0, 0.0);
+        }
       }
     }
   }
-  if (p.padded) {
-    for (int j = z0; j <= ncols; ++j) glp_set_col_bnds(g, j, GLP_LO, 0.0, 0.0);
-  }
-  const double bound = p.bound;
-  const bool bounded = std::isfinite(bound) && bound > 0;
 
-  std::vector<int> ind;
-  std::vector<double> val;
-  auto add_row = [&](int type, double lo, double hi) {
+  // Every rank's LLM cost within the bound (when there is one).
+  void AddCostRows() {
+    const uint32_t tangents = std::max(2u, o_.tangents);
+    for (uint32_t r = 0; r < W_ && bounded_; ++r) {
+      if (p_.padded) {
+        for (uint32_t mb = 0; mb < M_; ++mb) {
+          for (uint32_t k = 0; k < tangents; ++k) {
+            AddCut(r, mb, static_cast<uint32_t>(uint64_t{sl_.seq_len} * k / (tangents - 1)));
+          }
+        }
+        Reset();
+        for (uint32_t mb = 0; mb < M_; ++mb) Push(y0_ + r * M_ + mb, 1.0);
+        AddRow(GLP_UP, 0.0, 1.0);
+      } else {
+        Reset();
+        for (uint32_t d = 0; d < D_; ++d) {
+          for (uint32_t q = SeqBegin(d); q < SeqBegin(d) + SeqCount(p_.docs[d]); ++q) {
+            Push(Col(d, r, q), model_.Llm(p_.docs[d].tokens) / scale_);
+          }
+        }
+        AddRow(GLP_UP, 0.0, 1.0);
+      }
+    }
+  }
+
+  // The start placement as column values (padded: with its z and y).
+  void SetStart() {
+    search_.max_nodes = o_.max_nodes;
+    if (o_.start == nullptr || o_.start->rank.size() != D_) return;
+    search_.x.assign(ncols_ + 1, 0.0);
+    std::vector<uint32_t> fill(size_t{W_} * S_, 0);
+    for (uint32_t d = 0; d < D_; ++d) {
+      search_.x[Col(d, o_.start->rank[d], o_.start->seq[d])] = 1.0;
+      fill[size_t{o_.start->rank[d]} * S_ + o_.start->seq[d]] += p_.docs[d].tokens;
+    }
+    if (!p_.padded) return;
+    for (uint32_t r = 0; r < W_; ++r) {
+      for (uint32_t q = 0; q < S_; ++q) {
+        double& z = search_.x[z0_ + r * M_ + sl_.micro_batch_of(q)];
+        z = std::max(z, double(fill[size_t{r} * S_ + q]));
+      }
+      for (uint32_t mb = 0; mb < M_; ++mb) {
+        search_.x[y0_ + r * M_ + mb] =
+            sl_.micro_batch_size(mb) * model_.Llm(search_.x[z0_ + r * M_ + mb]) / scale_;
+      }
+    }
+  }
+
+  // Rounds of LP relaxation and branch and bound until the optimum holds
+  // exactly (padded: no rank's true cost above the bound), or a budget ends.
+  void Solve(Clock::time_point t0, IlpResult* result) {
+    glp_term_out(GLP_OFF);
+    auto left_ms = [&] {
+      const double spent = std::chrono::duration<double>(Clock::now() - t0).count();
+      return static_cast<int>(std::max(0.0, (o_.time_limit_s - spent) * 1000.0));
+    };
+    for (uint32_t round = 0;; ++round) {
+      result->cut_rounds = round;
+      if (left_ms() <= 0) {
+        result->detail = "time limit reached";
+        return;
+      }
+      if (!SolveRelaxation(round, left_ms, result) || !SolveInteger(left_ms, result)) return;
+      LlmAssignment sol = Solution();
+      if (p_.padded && bounded_ && Refine(sol)) {
+        if (round + 1 >= o_.max_cut_rounds) {
+          result->detail = "cut refinement did not converge";
+          return;
+        }
+        continue;
+      }
+      result->outcome = IlpOutcome::kOptimal;
+      result->bytes = LlmInterNodeBytes(p_, sol);
+      result->assignment = std::move(sol);
+      return;
+    }
+  }
+
+ private:
+  uint32_t SeqBegin(uint32_t d) const { return p_.docs[d].vl ? sl_.text_sequences() : 0u; }
+  uint32_t SeqCount(const LlmDoc& d) const {
+    return d.vl ? sl_.vl_sequences() : sl_.text_sequences();
+  }
+  int Col(uint32_t d, uint32_t r, uint32_t q) const {
+    return static_cast<int>(first_col_[d] + r * SeqCount(p_.docs[d]) + (q - SeqBegin(d)));
+  }
+  void Reset() {
+    ind_.assign(1, 0);
+    val_.assign(1, 0.0);
+  }
+  void Push(int col, double v) {
+    ind_.push_back(col);
+    val_.push_back(v);
+  }
+  void AddRow(int type, double lo, double hi) {
+    glp_prob* g = lp_.get();
     const int row = glp_add_rows(g, 1);
     glp_set_row_bnds(g, row, type, lo, hi);
-    glp_set_mat_row(g, row, static_cast<int>(ind.size()) - 1, ind.data(), val.data());
-  };
-  auto reset = [&] {
-    ind.assign(1, 0);
-    val.assign(1, 0.0);
-  };
-  for (uint32_t d = 0; d < D; ++d) {  // every doc once
-    reset();
-    for (int j = static_cast<int>(first_col[d]); j < static_cast<int>(first_col[d + 1]); ++j) {
-      ind.push_back(j), val.push_back(1.0);
-    }
-    add_row(GLP_FX, 1.0, 1.0);
+    glp_set_mat_row(g, row, static_cast<int>(ind_.size()) - 1, ind_.data(), val_.data());
   }
-  for (uint32_t r = 0; r < W; ++r) {  // every sequence
-    for (uint32_t q = 0; q < S; ++q) {
-      reset();
-      for (uint32_t d = 0; d < D; ++d) {
-        if (sl.is_vl_sequence(q) != p.docs[d].vl) continue;
-        ind.push_back(col(d, r, q)), val.push_back(p.docs[d].tokens);
-      }
-      if (ind.size() > 1) add_row(GLP_UP, 0.0, sl.seq_len);
-      if (p.padded) {  // tokens - z <= 0
-        ind.push_back(z0 + r * M + sl.micro_batch_of(q)), val.push_back(-1.0);
-        add_row(GLP_UP, 0.0, 0.0);
-      }
-    }
-  }
-  const double a = p.cost.llm_linear, b = p.cost.llm_quadratic;
-  const double scale = bounded ? bound : 1.0;
   // Tangent of size*Llm at L: y/scale >= size*(a + 2bL) z/scale - size*b*L^2/scale.
-  std::set<std::pair<uint32_t, uint32_t>> cut_at;  // (rank*M + mb, L)
-  auto add_cut = [&](uint32_t r, uint32_t mb, uint32_t L) {
-    if (!cut_at.insert({r * M + mb, L}).second) return false;
-    const double n = sl.micro_batch_size(mb);
-    reset();
-    ind.push_back(z0 + r * M + mb), val.push_back(n * (a + 2 * b * L) / scale);
-    ind.push_back(y0 + r * M + mb), val.push_back(-1.0);
-    add_row(GLP_UP, 0.0, n * b * double(L) * L / scale);
+  bool AddCut(uint32_t r, uint32_t mb, uint32_t L) {
+    if (!cut_at_.insert({r * M_ + mb, L}).second) return false;
+    const double a = p_.cost.llm_linear, b = p_.cost.llm_quadratic;
+    const double n = sl_.micro_batch_size(mb);
+    Reset();
+    Push(z0_ + r * M_ + mb, n * (a + 2 * b * L) / scale_);
+    Push(y0_ + r * M_ + mb, -1.0);
+    AddRow(GLP_UP, 0.0, n * b * double(L) * L / scale_);
     return true;
-  };
-  const uint32_t tangents = std::max(2u, o.tangents);
-  for (uint32_t r = 0; r < W && bounded; ++r) {  // every rank's cost
-    if (p.padded) {
-      for (uint32_t mb = 0; mb < M; ++mb) {
-        for (uint32_t k = 0; k < tangents; ++k) {
-          add_cut(r, mb, static_cast<uint32_t>(uint64_t{sl.seq_len} * k / (tangents - 1)));
-        }
-      }
-      reset();
-      for (uint32_t mb = 0; mb < M; ++mb) ind.push_back(y0 + r * M + mb), val.push_back(1.0);
-      add_row(GLP_UP, 0.0, 1.0);
-    } else {
-      reset();
-      for (uint32_t d = 0; d < D; ++d) {
-        for (uint32_t q = seq_begin(d); q < seq_begin(d) + seq_count(d); ++q) {
-          ind.push_back(col(d, r, q)), val.push_back(model.Llm(p.docs[d].tokens) / scale);
-        }
-      }
-      add_row(GLP_UP, 0.0, 1.0);
-    }
   }
 
-  SearchState start;
-  start.max_nodes = o.max_nodes;
-  if (o.start != nullptr && o.start->rank.size() == D) {
-    start.x.assign(ncols + 1, 0.0);
-    std::vector<uint32_t> fill(size_t{W} * S, 0);
-    for (uint32_t d = 0; d < D; ++d) {
-      start.x[col(d, o.start->rank[d], o.start->seq[d])] = 1.0;
-      fill[size_t{o.start->rank[d]} * S + o.start->seq[d]] += p.docs[d].tokens;
-    }
-    if (p.padded) {
-      for (uint32_t r = 0; r < W; ++r) {
-        for (uint32_t q = 0; q < S; ++q) {
-          double& z = start.x[z0 + r * M + sl.micro_batch_of(q)];
-          z = std::max(z, double(fill[size_t{r} * S + q]));
-        }
-        for (uint32_t mb = 0; mb < M; ++mb) {
-          start.x[y0 + r * M + mb] =
-              sl.micro_batch_size(mb) * model.Llm(start.x[z0 + r * M + mb]) / scale;
-        }
-      }
-    }
-  }
-
-  glp_term_out(GLP_OFF);
-  auto left_ms = [&] {
-    const double spent = std::chrono::duration<double>(Clock::now() - t0).count();
-    return static_cast<int>(std::max(0.0, (o.time_limit_s - spent) * 1000.0));
-  };
-  for (uint32_t round = 0;; ++round) {
-    result.cut_rounds = round;
-    if (left_ms() <= 0) {
-      result.detail = "time limit reached";
-      break;
-    }
+  // The LP relaxation (presolved in the first round). False with the
+  // outcome or detail set when it has no solution.
+  template <typename LeftMs>
+  bool SolveRelaxation(uint32_t round, LeftMs left_ms, IlpResult* result) {
+    glp_prob* g = lp_.get();
     glp_smcp sp;
     glp_init_smcp(&sp);
     sp.msg_lev = GLP_MSG_OFF;
@@ -230,75 +271,117 @@ absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) 
     sp.tm_lim = left_ms();
     const int sret = glp_simplex(g, &sp);
     if (sret == GLP_ENOPFS || glp_get_status(g) == GLP_NOFEAS) {
-      result.outcome = IlpOutcome::kInfeasible;
-      break;
+      result->outcome = IlpOutcome::kInfeasible;
+      return false;
     }
     if (sret != 0 || glp_get_status(g) != GLP_OPT) {
       // The presolver may leave no basis; solve again without it.
       sp.presolve = GLP_OFF;
       sp.tm_lim = std::max(1, left_ms());
       if (glp_simplex(g, &sp) != 0 || glp_get_status(g) != GLP_OPT) {
-        result.detail = absl::StrCat("LP relaxation not solved (glp_simplex ", sret, ")");
-        break;
+        result->detail = absl::StrCat("LP relaxation not solved (glp_simplex ", sret, ")");
+        return false;
       }
     }
+    return true;
+  }
+
+  // Branch and bound from the relaxation, offered the start incumbent.
+  template <typename LeftMs>
+  bool SolveInteger(LeftMs left_ms, IlpResult* result) {
+    glp_prob* g = lp_.get();
     glp_iocp ip;
     glp_init_iocp(&ip);
     ip.msg_lev = GLP_MSG_OFF;
     ip.presolve = GLP_OFF;
     ip.tm_lim = std::max(1, left_ms());
     ip.cb_func = OnSearchEvent;
-    ip.cb_info = &start;
-    start.offered = false;
+    ip.cb_info = &search_;
+    search_.offered = false;
     const int iret = glp_intopt(g, &ip);
     const int status = glp_mip_status(g);
     if (status == GLP_NOFEAS) {
-      result.outcome = IlpOutcome::kInfeasible;
-      break;
+      result->outcome = IlpOutcome::kInfeasible;
+      return false;
     }
     if (iret != 0 || status != GLP_OPT) {
-      result.detail = iret == GLP_ETMLIM   ? "time limit reached"
-                      : start.out_of_nodes ? absl::StrCat("node limit (", o.max_nodes, ") reached")
-                                           : absl::StrCat("glp_intopt returned ", iret);
-      break;
+      result->detail = iret == GLP_ETMLIM ? "time limit reached"
+                       : search_.out_of_nodes
+                           ? absl::StrCat("node limit (", o_.max_nodes, ") reached")
+                           : absl::StrCat("glp_intopt returned ", iret);
+      return false;
     }
-    LlmAssignment sol{std::vector<uint32_t>(D, 0), std::vector<uint32_t>(D, 0)};
-    for (uint32_t d = 0; d < D; ++d) {
-      for (uint32_t r = 0; r < W; ++r) {
-        for (uint32_t q = seq_begin(d); q < seq_begin(d) + seq_count(d); ++q) {
-          if (glp_mip_col_val(g, col(d, r, q)) > 0.5) sol.rank[d] = r, sol.seq[d] = q;
-        }
-      }
-    }
-    // Padded: refine the cuts wherever the true cost exceeds the bound.
-    bool refined = false;
-    if (p.padded && bounded) {
-      const auto cost = LlmRankCosts(p, sol);
-      std::vector<uint32_t> fill(size_t{W} * S, 0);
-      for (uint32_t d = 0; d < D; ++d)
-        fill[size_t{sol.rank[d]} * S + sol.seq[d]] += p.docs[d].tokens;
-      for (uint32_t r = 0; r < W; ++r) {
-        if (cost[r] <= bound * (1 + 1e-9)) continue;
-        for (uint32_t mb = 0; mb < M; ++mb) {
-          uint32_t longest = 0;
-          for (uint32_t q = sl.first_sequence(mb);
-               q < sl.first_sequence(mb) + sl.micro_batch_size(mb); ++q) {
-            longest = std::max(longest, fill[size_t{r} * S + q]);
-          }
-          refined |= add_cut(r, mb, longest);
-        }
-      }
-      if (refined && round + 1 >= o.max_cut_rounds) {
-        result.detail = "cut refinement did not converge";
-        break;
-      }
-    }
-    if (refined) continue;
-    result.outcome = IlpOutcome::kOptimal;
-    result.bytes = LlmInterNodeBytes(p, sol);
-    result.assignment = std::move(sol);
-    break;
+    return true;
   }
+
+  LlmAssignment Solution() const {
+    glp_prob* g = lp_.get();
+    LlmAssignment sol{std::vector<uint32_t>(D_, 0), std::vector<uint32_t>(D_, 0)};
+    for (uint32_t d = 0; d < D_; ++d) {
+      for (uint32_t r = 0; r < W_; ++r) {
+        for (uint32_t q = SeqBegin(d); q < SeqBegin(d) + SeqCount(p_.docs[d]); ++q) {
+          if (glp_mip_col_val(g, Col(d, r, q)) > 0.5) sol.rank[d] = r, sol.seq[d] = q;
+        }
+      }
+    }
+    return sol;
+  }
+
+  // Padded: a cut at the solution's longest sequence of every micro-batch of
+  // a rank whose true cost exceeds the bound. True when a cut was added.
+  bool Refine(const LlmAssignment& sol) {
+    const auto cost = LlmRankCosts(p_, sol);
+    std::vector<uint32_t> fill(size_t{W_} * S_, 0);
+    for (uint32_t d = 0; d < D_; ++d)
+      fill[size_t{sol.rank[d]} * S_ + sol.seq[d]] += p_.docs[d].tokens;
+    bool refined = false;
+    for (uint32_t r = 0; r < W_; ++r) {
+      if (cost[r] <= bound_ * (1 + 1e-9)) continue;
+      for (uint32_t mb = 0; mb < M_; ++mb) {
+        uint32_t longest = 0;
+        for (uint32_t q = sl_.first_sequence(mb);
+             q < sl_.first_sequence(mb) + sl_.micro_batch_size(mb); ++q) {
+          longest = std::max(longest, fill[size_t{r} * S_ + q]);
+        }
+        refined |= AddCut(r, mb, longest);
+      }
+    }
+    return refined;
+  }
+
+  const LlmProblem& p_;
+  const IlpOptions& o_;
+  const SlotLayout& sl_;
+  const uint32_t W_, D_, S_, M_;
+  const CostModel model_;
+  const double bound_;
+  const bool bounded_;
+  const double scale_;
+  GlpProblem lp_;
+  std::vector<uint32_t> first_col_;
+  int z0_ = 0, y0_ = 0, ncols_ = 0;  // z and y columns: padded only
+  std::vector<int> ind_;
+  std::vector<double> val_;
+  std::set<std::pair<uint32_t, uint32_t>> cut_at_;  // (rank*M + mb, L)
+  SearchState search_;
+};
+
+}  // namespace
+
+absl::StatusOr<IlpResult> SolveLlmIlp(const LlmProblem& p, const IlpOptions& o) {
+  const Clock::time_point t0 = Clock::now();
+  IlpModel model(p, o);
+  if (const uint64_t binaries = model.Binaries(); binaries > o.max_binaries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ILP reference would need ", binaries, " binary variables, above its limit of ",
+        o.max_binaries, "; use it on a smaller instance"));
+  }
+  model.AddColumns();
+  model.AddPlacementRows();
+  model.AddCostRows();
+  model.SetStart();
+  IlpResult result;
+  model.Solve(t0, &result);
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return result;
 }
