@@ -152,6 +152,7 @@ class PlanBuilder {
     v1::RankPlan* rp = plan_->add_ranks();
     rp->set_rank(r);
     rp->set_node(r / rpn);
+    rp->set_plan_version(kPlanVersion);
     // LLM phase: text micro-batches first, then VL.
     const MicroBatchSplit& split = job_.split();
     const uint32_t tmb = cfg.batch().text_micro_batch(), vmb = cfg.batch().vl_micro_batch();
@@ -170,6 +171,15 @@ class PlanBuilder {
           doc->set_length(ps.cost.llm_tokens);
           doc->set_encoder_tokens(ps.cost.image_tokens + ps.cost.audio_tokens);
           doc->set_remote_load(ps.text_remote);
+          for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
+            const PlannedImage& im = d_.images[i];
+            v1::DocImage* di = doc->add_images();
+            di->set_image_index(im.image_index);
+            di->set_grid_t(1);
+            di->set_grid_h(im.grid_h);
+            di->set_grid_w(im.grid_w);
+            di->set_llm_tokens(im.llm_tokens);
+          }
           offset += ps.cost.llm_tokens;
           image_tokens += ps.cost.image_tokens;
         }

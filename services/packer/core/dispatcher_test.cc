@@ -304,3 +304,59 @@ TEST(PostBalancingTest, StagingForAnotherClusterIsRefused) {
 
 }  // namespace
 }  // namespace tutti::packer
+
+namespace tutti::packer {
+namespace {
+
+// Every document lists its images' grids (what its LLM rank needs for M-RoPE
+// position ids), equal to the ImagePlan of whichever rank encodes the image,
+// with post-balancing off and on.
+TEST(DocImagesTest, EveryDocumentCarriesTheGridsOfItsImages) {
+  for (const std::string& config : {std::string(kBaseConfig), PostConfig()}) {
+    auto job = JobOf(config);
+    ASSERT_NE(job, nullptr);
+    Planner planner(job);
+    for (uint64_t step = 0; step < 3; ++step) {
+      const v1::StepPlan plan = Plan(planner, step);
+      std::map<std::pair<uint64_t, uint32_t>, const v1::ImagePlan*> encoded;
+      for (const auto& rp : plan.ranks()) {
+        EXPECT_EQ(rp.plan_version(), kPlanVersion);
+        for (const auto& enc : rp.encoders()) {
+          for (const auto& ip : enc.images()) encoded[{ip.sample_id(), ip.image_index()}] = &ip;
+        }
+      }
+      std::map<uint64_t, const v1::SampleInfo*> samples;
+      for (const auto& s : plan.samples()) samples[s.sample_id()] = &s;
+      size_t images = 0;
+      for (const auto& rp : plan.ranks()) {
+        for (const auto& mb : rp.micro_batches()) {
+          for (const auto& seq : mb.sequences()) {
+            for (const auto& doc : seq.docs()) {
+              ASSERT_EQ(doc.images_size(), samples.at(doc.sample_id())->images_size());
+              uint32_t tokens = 0;
+              for (int i = 0; i < doc.images_size(); ++i) {
+                const v1::DocImage& di = doc.images(i);
+                EXPECT_EQ(di.image_index(), static_cast<uint32_t>(i));
+                const v1::ImagePlan* ip = encoded.at({doc.sample_id(), di.image_index()});
+                EXPECT_EQ(ip->llm_rank(), rp.rank());
+                EXPECT_EQ(std::make_tuple(di.grid_t(), di.grid_h(), di.grid_w(), di.llm_tokens()),
+                          std::make_tuple(ip->grid_t(), ip->grid_h(), ip->grid_w(),
+                                          ip->llm_tokens()));
+                tokens += di.llm_tokens();
+                ++images;
+              }
+              if (samples.at(doc.sample_id())->audio_size() == 0) {
+                EXPECT_EQ(tokens, doc.encoder_tokens());
+              }
+            }
+          }
+        }
+      }
+      EXPECT_EQ(images, encoded.size()) << config;
+      EXPECT_GT(images, 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tutti::packer
