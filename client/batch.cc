@@ -82,7 +82,7 @@ uint64_t ArrayView::elements() const {
   return n;
 }
 
-absl::StatusOr<Batch> Batch::Map(v1::BatchDescriptor desc, Releaser release) {
+absl::StatusOr<Batch> Batch::Map(v1::BatchDescriptor desc, Releaser release, bool copy_on_write) {
   const std::string where = absl::StrCat(ExchangeWhere(desc.step(), desc.rank()),
                                          ", batch segment '", desc.shm_name(), "'");
   auto corrupt = [&](auto&&... parts) {
@@ -100,7 +100,8 @@ absl::StatusOr<Batch> Batch::Map(v1::BatchDescriptor desc, Releaser release) {
   if (d.shm_name().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": the descriptor names no segment"));
   }
-  auto segment = ShmSegment::Open(d.shm_name(), /*writable=*/false);
+  auto segment = copy_on_write ? ShmSegment::OpenCopyOnWrite(d.shm_name())
+                               : ShmSegment::Open(d.shm_name(), /*writable=*/false);
   if (!segment.ok()) return Annotate(segment.status(), absl::StrCat(where, ": cannot map it"));
   state->segment = std::move(*segment);
   const uint64_t size = state->segment->size();

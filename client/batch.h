@@ -53,8 +53,11 @@ class Batch {
   // their documented dtype and rank, pixel_values rows = the patches of
   // image_grid_thw, cu_seqlens ending at len(input_ids). DATA_LOSS naming
   // step, rank, segment and array otherwise; NOT_FOUND when the segment does
-  // not exist.
-  static absl::StatusOr<Batch> Map(v1::BatchDescriptor desc, Releaser release = nullptr);
+  // not exist. `copy_on_write`: map the segment privately, so that writes
+  // through the views stay in this process (a binding that hands out
+  // writable arrays); otherwise read-only.
+  static absl::StatusOr<Batch> Map(v1::BatchDescriptor desc, Releaser release = nullptr,
+                                   bool copy_on_write = false);
 
   Batch(Batch&&) noexcept;
   Batch& operator=(Batch&&) noexcept;

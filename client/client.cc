@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -42,14 +43,25 @@ absl::Status PositiveDuration(absl::Duration d, const char* name) {
 }  // namespace
 
 absl::StatusOr<ClientOptions> ResolveClientOptions(
-    ClientOptions opts, const std::function<const char*(const char*)>& getenv_fn) {
+    ClientOptions opts, const std::function<const char*(const char*)>& getenv_fn,
+    const std::function<bool(const char*)>& socket_exists_fn) {
   const std::function<const char*(const char*)> getenv =
       getenv_fn ? getenv_fn : [](const char* n) -> const char* { return std::getenv(n); };
+  const std::function<bool(const char*)> socket_exists =
+      socket_exists_fn ? socket_exists_fn : [](const char* path) {
+        struct stat st;
+        return ::stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+      };
   if (opts.stager_address.empty()) opts.stager_address = FirstEnv(getenv, {"TUTTI_STAGER"}).second;
+  if (opts.stager_address.empty() && socket_exists(kDefaultStagerSocket)) {
+    opts.stager_address = absl::StrCat("unix://", kDefaultStagerSocket);
+  }
   if (opts.stager_address.empty()) {
-    return absl::InvalidArgumentError(
-        "no stager address: set TUTTI_STAGER=host:port (this node's tutti-stagerd) or "
-        "ClientOptions.stager_address (Python: stager=...)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no stager address: set TUTTI_STAGER=host:port or unix:///path (this node's "
+        "tutti-stagerd) or ClientOptions.stager_address (Python: stager=...); there is no "
+        "stager socket at the default ",
+        kDefaultStagerSocket));
   }
   if (opts.packer_address.empty()) opts.packer_address = FirstEnv(getenv, {"TUTTI_PACKER"}).second;
   if (opts.packer_address.empty()) {
@@ -69,18 +81,19 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(
   if (opts.rank < 0) {
     int64_t rank = -1;
     RETURN_IF_ERROR(
-        env_int({"TUTTI_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &rank));
+        env_int({"TUTTI_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &rank));
     if (rank < 0) {
       return absl::InvalidArgumentError(
-          "no rank: set TUTTI_RANK (mpirun and srun set OMPI_COMM_WORLD_RANK / SLURM_PROCID, which "
-          "are read too) or ClientOptions.rank (Python: rank=...)");
+          "no rank: set TUTTI_RANK (torchrun, mpirun and srun set RANK / OMPI_COMM_WORLD_RANK / "
+          "SLURM_PROCID, which are read too) or ClientOptions.rank (Python: rank=...)");
     }
     opts.rank = static_cast<int>(rank);
   }
   if (opts.world_size < 0) {
     int64_t world = -1;
     RETURN_IF_ERROR(
-        env_int({"TUTTI_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, &world));
+        env_int({"TUTTI_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"},
+                &world));
     opts.world_size = static_cast<int>(world);
   }
   if (opts.world_size == 0) {
@@ -237,7 +250,8 @@ absl::StatusOr<Batch> Client::Next() {
                               return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
                             });
   };
-  ASSIGN_OR_RETURN(Batch batch, Batch::Map(std::move(desc), std::move(releaser)));
+  ASSIGN_OR_RETURN(Batch batch,
+                   Batch::Map(std::move(desc), std::move(releaser), options_.copy_on_write));
   const double waited = absl::ToDoubleSeconds(absl::Now() - start);
   batch.set_wait_seconds(waited);
   total_wait_seconds_ += waited;

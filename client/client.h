@@ -36,16 +36,16 @@
 namespace tutti {
 
 struct ClientOptions {
-  // This node's tutti-stagerd, "host:port". Empty: $TUTTI_STAGER (required
-  // one way or the other).
+  // This node's tutti-stagerd, "host:port" or "unix:///path". Empty:
+  // $TUTTI_STAGER, else kDefaultStagerSocket when that socket exists.
   std::string stager_address;
   // The job's tutti-packerd, "host:port". Empty: $TUTTI_PACKER (required).
   std::string packer_address;
-  // This process's rank. -1: $TUTTI_RANK, else $OMPI_COMM_WORLD_RANK,
-  // $PMI_RANK, $SLURM_PROCID (required one way or the other).
+  // This process's rank. -1: $TUTTI_RANK, else $RANK (torchrun),
+  // $OMPI_COMM_WORLD_RANK, $PMI_RANK, $SLURM_PROCID (required one way or the other).
   int rank = -1;
-  // Ranks in the job. -1: $TUTTI_WORLD_SIZE, else $OMPI_COMM_WORLD_SIZE,
-  // $PMI_SIZE, $SLURM_NTASKS; when none is set, the job's world size is taken
+  // Ranks in the job. -1: $TUTTI_WORLD_SIZE, else $WORLD_SIZE (torchrun),
+  // $OMPI_COMM_WORLD_SIZE, $PMI_SIZE, $SLURM_NTASKS; when none is set, the job's world size is taken
   // as is. When known, Connect checks it against the job's.
   int world_size = -1;
   // The first step Next() returns (resuming a run). -1: $TUTTI_START_STEP, else 0.
@@ -65,13 +65,21 @@ struct ClientOptions {
   // Backoff between retries: doubles from initial to max. Defaults 100 ms, 5 s.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
+  // Map batches copy-on-write (Batch::Map): views may be written, the writes
+  // staying in this process. Default false: read-only.
+  bool copy_on_write = false;
 };
+
+// The stager address used when neither ClientOptions.stager_address nor
+// $TUTTI_STAGER is set, if that socket exists (the deploy files' default).
+inline constexpr const char* kDefaultStagerSocket = "/var/run/tutti/stager.sock";
 
 // Fills unset fields of `opts` from the environment (see ClientOptions) and
 // checks them; INVALID_ARGUMENT names the missing or bad setting and how to
 // set it. `getenv` is injectable for tests.
 absl::StatusOr<ClientOptions> ResolveClientOptions(
-    ClientOptions opts, const std::function<const char*(const char*)>& getenv = nullptr);
+    ClientOptions opts, const std::function<const char*(const char*)>& getenv = nullptr,
+    const std::function<bool(const char*)>& socket_exists = nullptr);
 
 // Checks a client of `rank` in `world_size` ranks (-1: unknown) against the
 // job; returns the job's world size. FAILED_PRECONDITION naming both sizes

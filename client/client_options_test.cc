@@ -53,6 +53,20 @@ TEST(ResolveClientOptions, ExplicitValuesWinAndTuttiRankComesFirst) {
   EXPECT_EQ(o->start_step, 0);
 }
 
+TEST(ResolveClientOptions, TorchrunsRankAndTheDefaultStagerSocket) {
+  auto no_socket = [](const char*) { return false; };
+  auto socket_there = [](const char* path) { return std::string(path) == kDefaultStagerSocket; };
+  auto env = Env({{"TUTTI_PACKER", "p:2"}, {"RANK", "2"}, {"WORLD_SIZE", "4"},
+                  {"LOCAL_RANK", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
+  auto o = ResolveClientOptions({}, env, socket_there);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->stager_address, "unix:///var/run/tutti/stager.sock");
+  EXPECT_EQ(o->rank, 2);  // torchrun's RANK before Slurm's task id
+  EXPECT_EQ(o->world_size, 4);
+  auto missing = ResolveClientOptions({}, env, no_socket);
+  EXPECT_THAT(Msg(missing.status()), HasSubstr("no stager socket at the default"));
+}
+
 TEST(ResolveClientOptions, NamesWhatIsMissingOrWrong) {
   EXPECT_THAT(Msg(ResolveClientOptions({}, Env({})).status()), HasSubstr("TUTTI_STAGER"));
   EXPECT_THAT(Msg(ResolveClientOptions({}, Env({{"TUTTI_STAGER", "s:1"}})).status()),

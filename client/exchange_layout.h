@@ -33,6 +33,10 @@ const char* ExchangeDirectionName(ExchangeDirection dir);
 struct ExchangeContext {
   uint64_t step = kUnknownStep;  // named in errors and compared across ranks when known
   uint32_t world_size = 0;       // ranks the plan was made for (StepPlan.world_size); 0 = unknown
+  // The caller's own refusal (e.g. "the batch was released"): when not OK
+  // the rank still takes part in the agreement, refusing, so that every rank
+  // fails the exchange with this reason instead of waiting for it.
+  absl::Status refusal;
 };
 
 struct ExchangeLayout {

@@ -31,7 +31,7 @@ absl::Status Transport::Run(ExchangeDirection dir, const v1::RankPlan& plan, con
                             const ExchangeContext& ctx) {
   absl::MutexLock lock(&run_mu_);
   absl::StatusOr<ExchangeLayout> layout = BuildExchangeLayout(plan, dir, rank(), world_size(), ctx);
-  absl::Status local = layout.status();
+  absl::Status local = ctx.refusal.ok() ? layout.status() : ctx.refusal;
   if (local.ok()) local = CheckBufferSizes(*layout, send_bytes, recv_bytes);
   if (local.ok() && ((send == nullptr && send_bytes > 0) || (recv == nullptr && recv_bytes > 0))) {
     local = absl::InvalidArgumentError(

@@ -40,6 +40,16 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
 }
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, bool writable) {
+  return MapExisting(name, writable, /*private_copy=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::OpenCopyOnWrite(const std::string& name) {
+  return MapExisting(name, /*writable=*/false, /*private_copy=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::MapExisting(const std::string& name,
+                                                                    bool writable,
+                                                                    bool private_copy) {
   int fd = ::shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", name));
   struct stat st;
@@ -49,8 +59,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
     return ErrnoStatus(err, absl::StrCat("stat shared memory ", name));
   }
   const size_t size = static_cast<size_t>(st.st_size);
-  void* addr = ::mmap(nullptr, size == 0 ? 1 : size, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                      MAP_SHARED, fd, 0);
+  const int prot = writable || private_copy ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* addr =
+      ::mmap(nullptr, size == 0 ? 1 : size, prot, private_copy ? MAP_PRIVATE : MAP_SHARED, fd, 0);
   int err = errno;
   ::close(fd);
   if (addr == MAP_FAILED) return ErrnoStatus(err, absl::StrCat("map shared memory ", name));

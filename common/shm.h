@@ -18,6 +18,10 @@ class ShmSegment {
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size);
   // Maps an existing segment; size is taken from the segment.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name, bool writable);
+  // Maps an existing segment copy-on-write from a read-only descriptor:
+  // reads see the segment, writes go to pages private to this process (the
+  // segment and other processes never see them).
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> OpenCopyOnWrite(const std::string& name);
   // Removes the name (mappings stay valid until unmapped).
   static void Unlink(const std::string& name);
   // Removes every segment whose name starts with `prefix` ("/name-start");
@@ -33,6 +37,8 @@ class ShmSegment {
   const std::string& name() const { return name_; }
 
  private:
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> MapExisting(const std::string& name,
+                                                                 bool writable, bool private_copy);
   ShmSegment(std::string name, void* addr, size_t size) : name_(std::move(name)), addr_(addr), size_(size) {}
   std::string name_;
   void* addr_;

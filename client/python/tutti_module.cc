@@ -1,18 +1,22 @@
-// The Python binding: `import tutti` (built into <build>/python).
+// The Python binding, `tutti._tutti`; `import tutti` (the package in
+// client/python/tutti, built into <build>/python) re-exports it, and
+// `tutti.torch` builds on it.
 //
 //   client = tutti.Client(stager="127.0.0.1:7071", packer="127.0.0.1:7070",
 //                         rank=0, world_size=4, start_step=0)
 //   for batch in client:                    # or client.next()
 //       px = batch.pixel_values             # numpy view of shared memory (no copy)
 //       ...
-//       client.exchange(send, recv)         # the step's all-to-all (MPI)
+//       client.exchange(send, recv, batch)  # the step's all-to-all (MPI)
 //       batch.release()                     # or `with client.next() as batch:`
 //
-// Arrays are read-only numpy views of the stager's shared memory; each keeps
-// the mapping alive, so a view never dangles, but after release() the stager
-// may overwrite it: copy what must outlive the batch. bfloat16 has no numpy
-// dtype: such arrays are uint16 with batch.dtypes[name] == "bfloat16"
-// (torch.from_numpy(a).view(torch.bfloat16) reinterprets without copying).
+// Arrays are read-only numpy views of the stager's shared memory (mapped
+// copy-on-write: batch.writable_arrays gives writable views whose writes stay
+// in this process); each keeps the mapping alive, so a view never dangles and
+// keeps its contents (the stager writes every batch into a new segment).
+// Fields of a released batch raise. bfloat16 has no numpy dtype: such arrays
+// are uint16 with batch.dtypes[name] == "bfloat16" (tutti.torch gives them
+// as torch.bfloat16).
 //
 // Exchanges use MPI: the module initialises MPI on first use if nothing else
 // has (MPI_THREAD_SERIALIZED) and finalises it at exit. Run ranks under
@@ -34,7 +38,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/mpi_transport.h"
+#include "client/python/buffers.h"
 #include "client/python/proto_dict.h"
+#include "client/python/py_status.h"
 #include "common/dtype.h"
 #include "tutti/v1/packer.pb.h"
 #include "tutti/v1/stager.pb.h"
@@ -46,21 +52,6 @@ namespace tutti::python {
 namespace {
 
 namespace py = pybind11;
-
-// A non-OK Status crossing into Python.
-struct StatusError {
-  absl::Status status;
-};
-
-[[noreturn]] void Throw(const absl::Status& s) { throw StatusError{s}; }
-void Check(const absl::Status& s) {
-  if (!s.ok()) Throw(s);
-}
-template <typename T>
-T Value(absl::StatusOr<T> v) {
-  if (!v.ok()) Throw(v.status());
-  return std::move(*v);
-}
 
 struct Exceptions {
   py::object error, invalid_argument, deadline, unavailable, not_found, out_of_range,
@@ -157,150 +148,24 @@ py::dtype NumpyDType(v1::DType d) {
   }
 }
 
-// A read-only numpy array over `v`, whose base keeps the mapping alive.
-py::array View(const ArrayView& v, std::shared_ptr<const ShmSegment> segment) {
+// A numpy array over `v`, whose base keeps the mapping alive; read-only
+// unless `writable` (a copy-on-write mapping: writes stay in this process).
+py::array View(const ArrayView& v, std::shared_ptr<const ShmSegment> segment, bool writable) {
   auto* held = new std::shared_ptr<const ShmSegment>(std::move(segment));
   py::capsule base(held,
                    [](void* p) { delete static_cast<std::shared_ptr<const ShmSegment>*>(p); });
   std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
   py::array a(NumpyDType(v.dtype), shape, v.data, base);
-  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  if (!writable) py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return a;
-}
-
-// A contiguous buffer handed in from Python, host or device memory.
-struct Buffer {
-  std::optional<py::buffer_info> info;  // holds a buffer-protocol export
-  py::object owner;                     // keeps an __array_interface__ exporter alive
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  bool device = false;  // from __cuda_array_interface__
-};
-
-// Bytes per element of an array-interface typestr ("<f4", "|u1", "<V2"...).
-size_t TypestrBytes(const std::string& typestr, const char* what) {
-  size_t n = 0;
-  if (typestr.size() >= 3) {
-    for (size_t i = 2; i < typestr.size() && std::isdigit(static_cast<unsigned char>(typestr[i]));
-         ++i) {
-      n = n * 10 + (typestr[i] - '0');
-    }
-  }
-  if (n == 0) {
-    Throw(absl::InvalidArgumentError(
-        absl::StrCat("the ", what, " buffer's typestr '", typestr, "' is not understood")));
-  }
-  return n;
-}
-
-// From an __array_interface__ / __cuda_array_interface__ dict: the data
-// pointer (checked contiguous and, for receiving, writable) and its size.
-Buffer FromInterface(const py::dict& iface, bool writable, bool device, const char* what) {
-  Buffer b;
-  b.device = device;
-  const char* name = device ? "__cuda_array_interface__" : "__array_interface__";
-  if (!iface.contains("data") || !iface.contains("shape") || !iface.contains("typestr")) {
-    Throw(absl::InvalidArgumentError(
-        absl::StrCat("the ", what, " buffer's ", name, " lacks data, shape or typestr")));
-  }
-  py::object data = iface["data"];
-  if (!py::isinstance<py::tuple>(data) || py::len(data) != 2) {
-    Throw(absl::InvalidArgumentError(absl::StrCat(
-        "the ", what, " buffer's ", name,
-        " data is not a (pointer, read_only) pair; pass numpy.ascontiguousarray(...)")));
-  }
-  py::tuple pair = data;
-  b.ptr = reinterpret_cast<void*>(pair[0].cast<uintptr_t>());
-  if (writable && pair[1].cast<bool>()) {
-    Throw(absl::InvalidArgumentError(
-        absl::StrCat("the ", what, " buffer must be writable (its ", name, " says read-only)")));
-  }
-  const size_t item = TypestrBytes(iface["typestr"].cast<std::string>(), what);
-  py::tuple shape = iface["shape"];
-  size_t count = 1;
-  for (auto d : shape) count *= d.cast<size_t>();
-  if (iface.contains("strides") && !iface["strides"].is_none()) {
-    py::tuple strides = iface["strides"];
-    size_t expect = item;
-    for (int d = static_cast<int>(py::len(shape)) - 1; d >= 0; --d) {
-      const size_t extent = shape[d].cast<size_t>();
-      if (extent > 1 && strides[d].cast<int64_t>() != static_cast<int64_t>(expect)) {
-        Throw(absl::InvalidArgumentError(absl::StrCat(
-            "the ", what, " buffer is not C-contiguous; pass a contiguous copy (.contiguous())")));
-      }
-      expect *= extent;
-    }
-  }
-  b.bytes = count * item;
-  if (b.ptr == nullptr && b.bytes > 0) {
-    Throw(absl::InvalidArgumentError(absl::StrCat("the ", what, " buffer has a null pointer")));
-  }
-  return b;
-}
-
-// Any Python object holding `what` bytes: the buffer protocol (numpy
-// arrays, bytes, bytearray, memoryview), or __array_interface__, or
-// __cuda_array_interface__ (CUDA tensors: device memory).
-Buffer GetBuffer(const py::object& obj, bool writable, const char* what) {
-  if (py::hasattr(obj, "__cuda_array_interface__")) {
-    return FromInterface(obj.attr("__cuda_array_interface__"), writable, true, what);
-  }
-  if (PyObject_CheckBuffer(obj.ptr())) {
-    Buffer b;
-    try {
-      b.info = py::reinterpret_borrow<py::buffer>(obj).request(writable);
-    } catch (const py::error_already_set& e) {
-      Throw(absl::InvalidArgumentError(absl::StrCat(
-          "the ", what, " buffer must be ", writable ? "writable" : "readable", ": ", e.what())));
-    }
-    const py::buffer_info& info = *b.info;
-    py::ssize_t expect = info.itemsize;
-    for (int d = info.ndim - 1; d >= 0; --d) {
-      if (info.shape[d] > 1 && info.strides[d] != expect) {
-        Throw(absl::InvalidArgumentError(absl::StrCat(
-            "the ", what, " buffer is not C-contiguous; pass numpy.ascontiguousarray(...)")));
-      }
-      expect *= info.shape[d];
-    }
-    b.ptr = info.ptr;
-    b.bytes = static_cast<size_t>(info.size * info.itemsize);
-    return b;
-  }
-  if (py::hasattr(obj, "__array_interface__")) {
-    Buffer b = FromInterface(obj.attr("__array_interface__"), writable, false, what);
-    b.owner = obj;
-    return b;
-  }
-  Throw(absl::InvalidArgumentError(absl::StrCat(
-      "the ", what, " buffer (", std::string(py::str(py::type::of(obj).attr("__name__"))),
-      ") is not a buffer: pass a numpy array or any object with the buffer protocol or "
-      "__array_interface__ (a torch CPU tensor: t.numpy()); CUDA tensors "
-      "(__cuda_array_interface__) go through tutti.NcclTransport")));
-}
-
-// The MPI transport moves host memory only.
-void RequireHost(const Buffer& b, const char* what) {
-  if (!b.device) return;
-#if TUTTI_HAVE_NCCL
-  Throw(absl::InvalidArgumentError(absl::StrCat(
-      "the ", what,
-      " buffer is CUDA device memory (__cuda_array_interface__) but the MPI "
-      "transport exchanges host memory: use tutti.NcclTransport for device buffers, or pass "
-      ".cpu().numpy()")));
-#else
-  Throw(absl::InvalidArgumentError(
-      absl::StrCat("the ", what,
-                   " buffer is CUDA device memory (__cuda_array_interface__), but this build of "
-                   "tutti has no NCCL transport (rebuild where CUDA and NCCL are found, cmake "
-                   "-DTUTTI_WITH_CUDA=ON); or copy to the host with .cpu().numpy()")));
-#endif
 }
 
 // ---- Batch ----------------------------------------------------------------
 
 class PyBatch {
  public:
-  explicit PyBatch(Batch batch) : batch_(std::make_unique<Batch>(std::move(batch))) {}
+  PyBatch(Batch batch, bool copy_on_write)
+      : batch_(std::make_unique<Batch>(std::move(batch))), copy_on_write_(copy_on_write) {}
   PyBatch(PyBatch&&) = default;
   // Releasing may wait on the stager (retries): not while holding the GIL.
   ~PyBatch() {
@@ -320,14 +185,36 @@ class PyBatch {
   uint64_t step_() const { return batch_->step(); }
   uint32_t rank_() const { return batch_->rank(); }
 
+  // Views of a released batch are refused, cached or not: its memory may
+  // hold what the stager wrote before, never what the caller expects next.
   py::dict arrays() {
+    const Batch& b = batch();
     if (!arrays_) {
-      const Batch& b = batch();
       py::dict d;
-      for (const ArrayView& v : b.arrays()) d[py::str(v.name)] = View(v, b.segment());
+      for (const ArrayView& v : b.arrays()) d[py::str(v.name)] = View(v, b.segment(), false);
       arrays_ = d;
     }
     return *arrays_;
+  }
+  // Writable views (new each call) over the copy-on-write mapping.
+  py::dict writable_arrays() {
+    const Batch& b = batch();
+    if (!copy_on_write_) {
+      Throw(absl::FailedPreconditionError(absl::StrCat(
+          ExchangeWhere(step_(), rank_()),
+          ": the batch is mapped read-only; writable views need a copy-on-write mapping "
+          "(map_batch(..., copy_on_write=True); tutti.Client maps every batch so)")));
+    }
+    py::dict d;
+    for (const ArrayView& v : b.arrays()) d[py::str(v.name)] = View(v, b.segment(), true);
+    return d;
+  }
+  // The ArrayDesc of each array (name -> dict), as the stager laid them out.
+  py::list layout() {
+    const Batch& b = batch();
+    py::list l;
+    for (const v1::ArrayDesc& a : b.descriptor().arrays()) l.append(ProtoToDict(a));
+    return l;
   }
   py::object array(const std::string& name) {
     py::dict d = arrays();
@@ -351,6 +238,7 @@ class PyBatch {
 
  private:
   std::unique_ptr<Batch> batch_;
+  bool copy_on_write_ = false;
   std::optional<py::dict> arrays_;
 };
 
@@ -364,24 +252,18 @@ v1::RankPlan PlanFrom(const py::handle& plan) {
 
 // Runs one exchange of `plan` in direction `dir` between Python buffers;
 // `device`: the transport moves device memory (NCCL), else host memory.
+// A buffer this rank cannot use is refused inside the agreement, so that the
+// other ranks fail with the reason rather than wait for this one.
 void RunExchange(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan,
-                 const py::object& send, const py::object& recv, const ExchangeContext& ctx,
+                 const py::object& send, const py::object& recv, ExchangeContext ctx,
                  bool device = false) {
-  Buffer s = GetBuffer(send, false, "send");
-  Buffer r = GetBuffer(recv, true, "receive");
-  if (!device) {
-    RequireHost(s, "send");
-    RequireHost(r, "receive");
-  } else {
-    for (const auto& [b, what] :
-         {std::pair<const Buffer*, const char*>{&s, "send"}, {&r, "receive"}}) {
-      if (!b->device && b->bytes > 0) {
-        Throw(absl::InvalidArgumentError(
-            absl::StrCat("the ", what,
-                         " buffer is host memory but the NCCL transport exchanges CUDA device "
-                         "memory: pass CUDA tensors (objects with __cuda_array_interface__)")));
-      }
-    }
+  Buffer s, r;
+  try {
+    CheckBuffers(send, recv, device, &s, &r);
+  } catch (const StatusError& e) {
+    if (ctx.refusal.ok()) ctx.refusal = e.status;
+    s = Buffer();
+    r = Buffer();
   }
   absl::Status status;
   {
@@ -452,6 +334,15 @@ struct PyNcclTransport {
 #define TUTTI_HAVE_NCCL_PY false
 #endif
 
+// A refusal's status from its code name ("INVALID_ARGUMENT", ...).
+absl::Status RefusalStatus(const std::string& code, const std::string& message) {
+  for (int c = 1; c <= 16; ++c) {
+    const auto sc = static_cast<absl::StatusCode>(c);
+    if (absl::StatusCodeToString(sc) == code) return absl::Status(sc, message);
+  }
+  Throw(absl::InvalidArgumentError(absl::StrCat("refusal_code '", code, "' is not a status code")));
+}
+
 // ---- Client ---------------------------------------------------------------
 
 class PyClient {
@@ -468,6 +359,7 @@ class PyClient {
     if (start_step) o.start_step = *start_step;
     o.connect_timeout = absl::Seconds(connect_timeout);
     o.batch_timeout = absl::Seconds(batch_timeout);
+    o.copy_on_write = true;  // writable views (torch tensors) without touching the segment
     join_timeout_ = join_timeout;
     absl::StatusOr<std::unique_ptr<Client>> c;
     {
@@ -483,10 +375,7 @@ class PyClient {
       py::gil_scoped_release nogil;
       b = client_->Next();
     }
-    Batch batch = Value(std::move(b));
-    last_plan_ = batch.plan();
-    last_step_ = batch.step();
-    return PyBatch(std::move(batch));
+    return PyBatch(Value(std::move(b)), /*copy_on_write=*/true);
   }
   PyBatch iter_next() {
     try {
@@ -497,20 +386,20 @@ class PyClient {
     }
   }
 
-  void exchange(const py::object& send, const py::object& recv, PyBatch* batch,
+  // Exchanges `batch`'s plan. A released batch is refused inside the
+  // agreement (its plan is still known), so every rank fails, none waits.
+  void exchange(const py::object& send, const py::object& recv, PyBatch& batch,
                 ExchangeDirection dir) {
     Transport& t = transport();
-    if (batch != nullptr) {
-      const Batch& b = batch->batch();
-      RunExchange(t, dir, b.plan(), send, recv, ExchangeContext{b.step(), client_->world_size()});
-      return;
+    const Batch& b = batch.raw();
+    ExchangeContext ctx{b.step(), client_->world_size()};
+    if (b.released()) {
+      ctx.refusal = absl::FailedPreconditionError(absl::StrCat(
+          ExchangeWhere(b.step(), b.rank()),
+          ": exchange of a released batch (exchange before release(), or before leaving "
+          "the `with` block)"));
     }
-    if (!last_plan_) {
-      Throw(absl::FailedPreconditionError(
-          "no batch yet: call next() before exchange(), or pass batch="));
-    }
-    RunExchange(t, dir, *last_plan_, send, recv,
-                ExchangeContext{last_step_, client_->world_size()});
+    RunExchange(t, dir, b.plan(), send, recv, ctx);
   }
 
   void report_timing(uint64_t step, const std::map<std::string, double>& phases) {
@@ -535,14 +424,12 @@ class PyClient {
   }
 
   std::unique_ptr<Client> client_;
-  std::optional<v1::RankPlan> last_plan_;
-  uint64_t last_step_ = kUnknownStep;
   double join_timeout_ = 600;
 };
 
 }  // namespace
 
-PYBIND11_MODULE(tutti, m) {
+PYBIND11_MODULE(_tutti, m) {
   m.doc() =
       "tutti client: batches from the node's stager as zero-copy numpy views, and the step\n"
       "plan's all-to-all exchange over MPI. See help(tutti.Client).";
@@ -551,7 +438,9 @@ PYBIND11_MODULE(tutti, m) {
   py::class_<PyBatch>(m, "Batch",
                       "One rank's batch for one step. Arrays are read-only numpy views of shared\n"
                       "memory (no copy); release() (or leaving a `with` block) hands the memory\n"
-                      "back to the stager, which may then overwrite it.")
+                      "back to the stager. Views taken before keep the memory mapped and its\n"
+                      "contents as they were (the stager writes each batch into a new segment);\n"
+                      "fields of a released batch raise FailedPreconditionError.")
       .def_property_readonly("step", &PyBatch::step_)
       .def_property_readonly("rank", &PyBatch::rank_)
       .def_property_readonly("max_pixels", [](PyBatch& b) { return b.raw().max_pixels(); })
@@ -561,6 +450,11 @@ PYBIND11_MODULE(tutti, m) {
           "seconds next() waited for this batch")
       .def_property_readonly("released", [](PyBatch& b) { return b.raw().released(); })
       .def_property_readonly("arrays", &PyBatch::arrays, "name -> numpy array (read-only view)")
+      .def_property_readonly("writable_arrays", &PyBatch::writable_arrays,
+                             "name -> numpy array over the copy-on-write mapping (new views each\n"
+                             "call): writes stay in this process")
+      .def_property_readonly("layout", &PyBatch::layout,
+                             "the stager's ArrayDesc of every array (name, dtype, shape, offset)")
       .def_property_readonly("dtypes", &PyBatch::dtypes,
                              "name -> tutti dtype ('bfloat16' arrays are numpy uint16)")
       .def_property_readonly("pixel_values", [](PyBatch& b) { return b.array("pixel_values"); })
@@ -601,14 +495,14 @@ PYBIND11_MODULE(tutti, m) {
 
   m.def(
       "map_batch",
-      [](const py::handle& descriptor) {
+      [](const py::handle& descriptor, bool copy_on_write) {
         v1::BatchDescriptor d;
         Check(ProtoFromPython(descriptor, &d));
-        return PyBatch(Value(Batch::Map(std::move(d))));
+        return PyBatch(Value(Batch::Map(std::move(d), nullptr, copy_on_write)), copy_on_write);
       },
-      py::arg("descriptor"),
+      py::arg("descriptor"), py::arg("copy_on_write") = false,
       "Maps a batch segment described by a tutti.v1.BatchDescriptor (dict or serialized bytes)\n"
-      "without a stager lease (inspecting a segment, tests).");
+      "without a stager lease (inspecting a segment, tests); copy_on_write as tutti.Client maps.");
 
   // The same three exchanges on every transport class.
   auto exchanges = [](auto& cls, bool device) {
@@ -631,13 +525,20 @@ PYBIND11_MODULE(tutti, m) {
       cls.def(
           name,
           [d, device](T& t, const py::handle& plan, const py::object& send, const py::object& recv,
-                      std::optional<uint64_t> step, std::optional<uint32_t> world_size) {
-            RunExchange(t.transport(), d, PlanFrom(plan), send, recv,
-                        ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)},
-                        device);
+                      std::optional<uint64_t> step, std::optional<uint32_t> world_size,
+                      std::optional<std::string> refusal, const std::string& refusal_code) {
+            ExchangeContext ctx{step.value_or(kUnknownStep), world_size.value_or(0)};
+            if (refusal) ctx.refusal = RefusalStatus(refusal_code, *refusal);
+            RunExchange(t.transport(), d, PlanFrom(plan), send, recv, ctx, device);
           },
           py::arg("plan"), py::arg("send"), py::arg("recv"), py::arg("step") = py::none(),
-          py::arg("world_size") = py::none(), absl::StrCat(doc, where).c_str());
+          py::arg("world_size") = py::none(), py::arg("refusal") = py::none(),
+          py::arg("refusal_code") = "INVALID_ARGUMENT",
+          absl::StrCat(doc, where,
+                       ". refusal: this rank cannot take part (the reason); it still joins the "
+                       "agreement so that every rank fails with it (refusal_code: the status "
+                       "code name)")
+              .c_str());
     }
   };
 
@@ -658,6 +559,34 @@ PYBIND11_MODULE(tutti, m) {
                              [](PyMpiTransport& t) { return t.mpi->large_exchanges(); });
   exchanges(mpi, false);
   m.attr("HAVE_NCCL") = py::bool_(TUTTI_HAVE_NCCL_PY);
+  m.def(
+      "mpi_world",
+      [] {
+        Check(EnsureMpiInitialized());
+        int rank = 0, size = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        return std::make_pair(rank, size);
+      },
+      "(rank, size) in MPI_COMM_WORLD (initialises MPI if needed)");
+  m.def(
+      "mpi_broadcast",
+      [](const py::bytes& data, int root) {
+        Check(EnsureMpiInitialized());
+        std::string buf = data;
+        uint64_t n = buf.size();
+        {
+          py::gil_scoped_release nogil;
+          Check(MpiStatus(MPI_Bcast(&n, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "MPI_Bcast"));
+          buf.resize(n);
+          Check(MpiStatus(MPI_Bcast(buf.data(), static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD),
+                          "MPI_Bcast"));
+        }
+        return py::bytes(buf);
+      },
+      py::arg("data"), py::arg("root") = 0,
+      "`root`'s bytes on every rank of MPI_COMM_WORLD (collective; small messages, e.g. a\n"
+      "rendezvous address)");
 #if TUTTI_HAVE_NCCL
   py::class_<PyNcclTransport> nccl(
       m, "NcclTransport",
@@ -692,24 +621,24 @@ PYBIND11_MODULE(tutti, m) {
       .def("__next__", &PyClient::iter_next)
       .def(
           "exchange",
-          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch* batch) {
+          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch& batch) {
             c.exchange(send, recv, batch, ExchangeDirection::kForward);
           },
-          py::arg("send"), py::arg("recv"), py::arg("batch") = nullptr,
-          "Forward exchange of `batch`'s plan (default: the latest batch from next()). Host\n"
+          py::arg("send"), py::arg("recv"), py::arg("batch"),
+          "Forward exchange of `batch`'s plan (every exchange names its batch). Host\n"
           "buffers: numpy arrays, the buffer protocol or __array_interface__.")
       .def(
           "exchange_backward",
-          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch* batch) {
+          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch& batch) {
             c.exchange(send, recv, batch, ExchangeDirection::kBackward);
           },
-          py::arg("send"), py::arg("recv"), py::arg("batch") = nullptr)
+          py::arg("send"), py::arg("recv"), py::arg("batch"))
       .def(
           "exchange_load",
-          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch* batch) {
+          [](PyClient& c, const py::object& send, const py::object& recv, PyBatch& batch) {
             c.exchange(send, recv, batch, ExchangeDirection::kLoad);
           },
-          py::arg("send"), py::arg("recv"), py::arg("batch") = nullptr,
+          py::arg("send"), py::arg("recv"), py::arg("batch"),
           "The plan's load exchange (inputs whose shard this node does not stage).")
       .def("report_timing", &PyClient::report_timing, py::arg("step"), py::arg("phases"),
            "phases: {'data_wait': s, 'vit': s, 'llm': s, 'exchange': s, 'step': s}")

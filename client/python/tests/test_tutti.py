@@ -132,6 +132,33 @@ class BatchTest(unittest.TestCase):
         self.assertIn("step 3, rank 1: the batch was released", str(ctx.exception))
         self.assertEqual(ctx.exception.code, "FAILED_PRECONDITION")
 
+    def test_fields_of_a_released_batch_raise_views_taken_before_stay(self):
+        batch = tutti.map_batch(standard(self.seg).write())
+        ids = batch.input_ids  # cached view
+        batch.release()
+        for field in ("input_ids", "pixel_values", "plan", "arrays"):
+            with self.assertRaises(tutti.FailedPreconditionError):
+                getattr(batch, field)
+        np.testing.assert_array_equal(ids, [151652, 151655, 151653, 9, 8, 7, 6])
+
+    def test_copy_on_write_views_are_writable_and_private(self):
+        batch = tutti.map_batch(standard(self.seg).write(), copy_on_write=True)
+        px = batch.writable_arrays["pixel_values"]
+        self.assertTrue(px.flags.writeable)
+        px[0, 3] = 99.0
+        self.assertEqual(px[0, 3], 99.0)
+        writer = np.frombuffer(self.seg.shm.buf, dtype=np.float32, count=4)
+        self.assertEqual(writer[3], 1.5)  # the segment never sees the write
+        self.assertEqual(batch.pixel_values[0, 3], 99.0)  # one private mapping per batch
+        del writer
+        with self.assertRaises(tutti.FailedPreconditionError):
+            tutti.map_batch(self.desc_ro()).writable_arrays
+
+    def desc_ro(self):
+        seg = Segment()
+        self.addCleanup(seg.close)
+        return standard(seg).write()
+
     def test_corrupt_descriptors_are_refused(self):
         desc = standard(self.seg).write()
         desc["arrays"][3]["offset"] = desc["shm_size"]
