@@ -560,6 +560,34 @@ PYBIND11_MODULE(_tutti, m) {
   exchanges(mpi, false);
   m.attr("HAVE_NCCL") = py::bool_(TUTTI_HAVE_NCCL_PY);
   m.def(
+      "exchange_layout",
+      [](const py::handle& plan, const std::string& direction, uint32_t rank, uint32_t world_size,
+         std::optional<uint64_t> step, std::optional<uint32_t> plan_world_size) {
+        ExchangeDirection dir = ExchangeDirection::kForward;
+        if (direction == "backward") {
+          dir = ExchangeDirection::kBackward;
+        } else if (direction == "load") {
+          dir = ExchangeDirection::kLoad;
+        } else if (direction != "forward") {
+          Throw(absl::InvalidArgumentError(absl::StrCat(
+              "direction must be forward, backward or load, got '", direction, "'")));
+        }
+        const ExchangeContext ctx{step.value_or(kUnknownStep), plan_world_size.value_or(0)};
+        ExchangeLayout l = Value(BuildExchangeLayout(PlanFrom(plan), dir, rank, world_size, ctx));
+        py::dict d;
+        d["send_counts"] = l.send_counts;
+        d["send_offsets"] = l.send_offsets;
+        d["recv_counts"] = l.recv_counts;
+        d["recv_offsets"] = l.recv_offsets;
+        d["send_bytes"] = l.send_bytes;
+        d["recv_bytes"] = l.recv_bytes;
+        return d;
+      },
+      py::arg("plan"), py::arg("direction"), py::arg("rank"), py::arg("world_size"),
+      py::arg("step") = py::none(), py::arg("plan_world_size") = py::none(),
+      "The byte layout of `plan`'s exchange for `rank` of `world_size` (per-peer counts and\n"
+      "offsets), checked as every transport checks it (INVALID_ARGUMENT / FAILED_PRECONDITION)");
+  m.def(
       "mpi_world",
       [] {
         Check(EnsureMpiInitialized());

@@ -1,0 +1,526 @@
+"""One step's batch as torch tensors, and its micro-batches' model inputs."""
+import dataclasses
+import warnings
+
+import numpy as np
+import torch
+
+import tutti
+from tutti.torch import _rope
+
+_TORCH_DTYPE = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+}
+_PROTO_DTYPE = {"DTYPE_FLOAT32": torch.float32, "DTYPE_BFLOAT16": torch.bfloat16,
+                "DTYPE_FLOAT16": torch.float16}
+_warned_pin = False
+
+
+def _tensor(array, dtype_name):
+    """A torch tensor over a numpy view, no copy (bfloat16 arrays are uint16 in numpy)."""
+    if dtype_name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelOptions:
+    """How `labels` are masked (every masked position holds `ignore_index`).
+
+    ignore_token_ids: token ids never predicted; None: the job's vision and
+        audio markers and pads (vision_start, image_pad, vision_end, ...).
+    mask_document_start: the first token of every document, so that after the
+        model's shift no document is predicted from the one packed before it.
+    mask_skipped: every token of a document whose sample this rank's stager
+        skipped (a placeholder or a substitute stands in for it).
+    """
+
+    ignore_index: int = -100
+    ignore_token_ids: tuple = None
+    mask_document_start: bool = True
+    mask_skipped: bool = True
+
+
+class _Layout:
+    """What the plan and the arrays say, host side (numpy), computed once."""
+
+    def __init__(self, raw, job, arrays):
+        cfg = job["config"]
+        vision = cfg["vision"] or {}
+        self.merge = int(vision.get("merge_size") or 2)
+        self.step, self.rank = raw.step, raw.rank
+        plan = raw.plan
+        self.plan = plan
+        self.world_size = int(cfg["world_size"])
+        post = cfg["post_balancing"] or {}
+        self.hidden_size = int(post.get("hidden_size") or 4096)
+        self.embed_dtype = _PROTO_DTYPE.get(post.get("embedding_dtype") or "DTYPE_BFLOAT16")
+        self.row_bytes = self.hidden_size * torch.empty(0, dtype=self.embed_dtype).element_size()
+        self.special = {k: int(vision.get(k) or d) for k, d in (
+            ("vision_start_id", 151652), ("image_pad_id", 151655), ("vision_end_id", 151653))}
+        audio = cfg["audio"] or {}
+        self.audio_special = [int(audio.get(k) or d) for k, d in (
+            ("audio_start_id", 151647), ("audio_pad_id", 151646), ("audio_end_id", 151648))]
+        self.skipped_samples = {int(s["sample_id"]) for s in raw.skipped}
+
+        # Encoder side: the images this rank encodes, as the batch holds them.
+        grid = arrays["image_grid_thw"].astype(np.int64).reshape(-1, 3)
+        ids = arrays["image_sample_ids"].astype(np.int64)
+        self.grid = grid
+        planned = []
+        for enc in plan["encoders"]:
+            if enc["encoder"] == "ENCODER_VISION":
+                planned += [(int(i["sample_id"]), int(i["image_index"])) for i in enc["images"]]
+        keys, j = [], 0
+        for sid in ids.tolist():  # dropped samples leave whole: a subsequence of the plan's
+            while j < len(planned) and planned[j][0] != sid:
+                j += 1
+            if j == len(planned):
+                raise tutti.DataLossError(f"step {self.step}, rank {self.rank}: image of sample "
+                                          f"{sid} in the batch is not in its plan")
+            keys.append(planned[j])
+            j += 1
+        tokens = (grid.prod(axis=1) // (self.merge * self.merge)) if len(grid) else np.zeros(0, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+        self.enc_rows = {k: (int(offsets[i]), int(tokens[i])) for i, k in enumerate(keys)}
+        self.enc_total = int(offsets[-1])
+        patches = grid[:, 1] * grid[:, 2]
+        self.vit_cu = np.concatenate([[0], np.cumsum(np.repeat(patches, grid[:, 0]))]).astype(np.int32)
+
+        # LLM side: documents in input_ids order and their images.
+        slots = {}
+        for mb in plan["micro_batches"]:
+            for seq in mb["sequences"]:
+                for d in seq["docs"]:
+                    slots[int(d["sample_id"])] = d
+        self.input_ids = arrays["input_ids"]
+        self.cu = arrays["cu_seqlens"].astype(np.int64)
+        self.doc_ids = arrays["doc_sample_ids"].astype(np.int64)
+        self.seq_off = arrays["seq_offsets"].astype(np.int64)
+        self.mb_off = arrays["micro_batch_offsets"].astype(np.int64)
+        self.mb_modality = [mb["modality"] for mb in plan["micro_batches"]]
+        version = int(plan.get("plan_version") or 0)
+        self.llm_images = []  # (sample_id, image_index, (t, h, w), absolute token position)
+        self.doc_images = []  # per doc: [(position within the doc, grid)]
+        pad_positions = []
+        for k, sid in enumerate(self.doc_ids.tolist()):
+            slot = slots.get(sid)
+            if slot is None:
+                raise tutti.DataLossError(f"step {self.step}, rank {self.rank}: document of sample "
+                                          f"{sid} is in the batch but not in its plan")
+            images = slot["images"]
+            if version < 2 and int(slot.get("encoder_tokens") or 0) > 0:
+                raise tutti.FailedPreconditionError(
+                    f"step {self.step}, rank {self.rank}: the plan (plan_version {version}) does "
+                    "not say the image grids of its documents; tutti.torch needs plan_version 2 "
+                    "or later: upgrade tutti-packerd")
+            at, doc = 1, []
+            start = int(self.cu[k])
+            for im in images:
+                g = (int(im["grid_t"] or 1), int(im["grid_h"]), int(im["grid_w"]))
+                n = int(im["llm_tokens"])
+                doc.append((at, g))
+                self.llm_images.append((sid, int(im["image_index"] or 0), g, start + at, n))
+                pad_positions.append(np.arange(start + at, start + at + n))
+                at += n + 2
+            self.doc_images.append(doc)
+        self.image_token_positions = (np.concatenate(pad_positions) if pad_positions
+                                      else np.zeros(0, np.int64))
+        if len(self.image_token_positions) and not np.all(
+                self.input_ids[self.image_token_positions] == self.special["image_pad_id"]):
+            raise tutti.DataLossError(
+                f"step {self.step}, rank {self.rank}: input_ids do not hold image_pad tokens where "
+                "the plan puts its documents' images; the stager and the packer disagree on the "
+                "vision config")
+        self.llm_total = len(self.image_token_positions)
+
+
+class MicroBatch:
+    """One micro-batch's model inputs in the Hugging Face convention, packed
+    into one row: every sequence of the micro-batch back to back, documents
+    separated by `cu_seqlens` for varlen attention. Built on first access."""
+
+    def __init__(self, batch, index):
+        self._batch = batch
+        self.index = index
+        L = batch._layout
+        self.modality = {"MODALITY_TEXT": "text", "MODALITY_VL": "vl"}.get(
+            L.mb_modality[index], "unspecified")
+        s0, s1 = int(L.mb_off[index]), int(L.mb_off[index + 1])
+        self._t0, self._t1 = int(L.seq_off[s0]), int(L.seq_off[s1])
+        d0 = int(np.searchsorted(L.cu, self._t0, side="left"))
+        d1 = int(np.searchsorted(L.cu, self._t1, side="left"))
+        self._docs = (d0, d1)
+        self._seqs = (s0, s1)
+        self._cache = {}
+        img = L.image_token_positions
+        self._rows = (int(np.searchsorted(img, self._t0)), int(np.searchsorted(img, self._t1)))
+
+    def _get(self, name, build):
+        self._batch._check(name)
+        if name not in self._cache:
+            self._cache[name] = self._batch._convert(build())
+        return self._cache[name]
+
+    @property
+    def num_tokens(self):
+        return self._t1 - self._t0
+
+    @property
+    def input_ids(self):
+        """[1, T] int32: token ids (a view of the batch's shared memory)."""
+        return self._get("input_ids", lambda: self._batch._flat("input_ids")[self._t0:self._t1]
+                         .view(1, -1))
+
+    def _doc_bounds(self):
+        L = self._batch._layout
+        d0, d1 = self._docs
+        return L.cu[d0:d1 + 1] - self._t0
+
+    @property
+    def cu_seqlens(self):
+        """[D + 1] int32: document boundaries within the micro-batch (varlen attention)."""
+        return self._get("cu_seqlens", lambda: torch.from_numpy(self._doc_bounds().astype(np.int32)))
+
+    @property
+    def max_seqlen(self):
+        """The longest document's length (an int)."""
+        b = self._doc_bounds()
+        return int(np.diff(b).max()) if len(b) > 1 else 0
+
+    @property
+    def seq_offsets(self):
+        """[S + 1] int32: packed-sequence boundaries within the micro-batch."""
+        L = self._batch._layout
+        s0, s1 = self._seqs
+        return self._get("seq_offsets", lambda: torch.from_numpy(
+            (L.seq_off[s0:s1 + 1] - self._t0).astype(np.int32)))
+
+    @property
+    def doc_sample_ids(self):
+        """[D] int64: the sample of each document."""
+        L = self._batch._layout
+        d0, d1 = self._docs
+        return self._get("doc_sample_ids", lambda: torch.from_numpy(L.doc_ids[d0:d1].copy()))
+
+    @property
+    def position_ids(self):
+        """[1, T] int64: position of each token within its document."""
+        def build():
+            b = self._doc_bounds()
+            return torch.from_numpy(_rope.document_positions(b[:-1], np.diff(b), self.num_tokens)
+                                    ).view(1, -1)
+        return self._get("position_ids", build)
+
+    @property
+    def mrope_position_ids(self):
+        """[3, 1, T] int64: Qwen2-VL M-RoPE (temporal, height, width) ids, per document."""
+        def build():
+            L = self._batch._layout
+            b = self._doc_bounds()
+            out = np.empty((3, self.num_tokens), np.int64)
+            d0 = self._docs[0]
+            for k in range(len(b) - 1):
+                out[:, b[k]:b[k + 1]] = _rope.mrope_positions(int(b[k + 1] - b[k]),
+                                                              L.doc_images[d0 + k], L.merge)
+            return torch.from_numpy(out).view(3, 1, -1)
+        return self._get("mrope_position_ids", build)
+
+    @property
+    def labels(self):
+        """[1, T] int64: input_ids with masked positions set to ignore_index (see LabelOptions);
+        not shifted: logits[:, :-1] predict labels[:, 1:]."""
+        def build():
+            L = self._batch._layout
+            opts = self._batch._labels
+            ids = L.input_ids[self._t0:self._t1].astype(np.int64)
+            ignore = opts.ignore_token_ids
+            if ignore is None:
+                ignore = tuple(L.special.values()) + tuple(L.audio_special)
+            out = ids.copy()
+            out[np.isin(ids, np.asarray(ignore, np.int64))] = opts.ignore_index
+            b = self._doc_bounds()
+            if opts.mask_document_start and len(b) > 1:
+                out[b[:-1]] = opts.ignore_index
+            if opts.mask_skipped and L.skipped_samples:
+                d0 = self._docs[0]
+                for k in range(len(b) - 1):
+                    if int(L.doc_ids[d0 + k]) in L.skipped_samples:
+                        out[b[k]:b[k + 1]] = opts.ignore_index
+            return torch.from_numpy(out).view(1, -1)
+        return self._get("labels", build)
+
+    @property
+    def num_label_tokens(self):
+        """Positions whose label is not ignored (what a token-mean loss divides by)."""
+        return int((self.labels[0, 1:] != self._batch._labels.ignore_index).sum())
+
+    @property
+    def image_grid_thw(self):
+        """[n, 3] int64: grids of the images in this micro-batch's documents."""
+        L = self._batch._layout
+        r0, r1 = self._image_range()
+        return self._get("image_grid_thw", lambda: torch.tensor(
+            [im[2] for im in L.llm_images[r0:r1]], dtype=torch.int64).view(-1, 3))
+
+    def _image_range(self):
+        L = self._batch._layout
+        starts = [im[3] for im in L.llm_images]
+        return (int(np.searchsorted(starts, self._t0)), int(np.searchsorted(starts, self._t1)))
+
+    @property
+    def image_token_positions(self):
+        """[R] int64: positions (in input_ids[0]) of this micro-batch's image tokens, in order."""
+        L = self._batch._layout
+        r0, r1 = self._rows
+        return self._get("image_token_positions", lambda: torch.from_numpy(
+            L.image_token_positions[r0:r1] - self._t0))
+
+    @property
+    def image_embed_rows(self):
+        """(first, end): the rows of the exchange's output this micro-batch's image tokens take."""
+        return self._rows
+
+    def scatter_image_embeds(self, inputs_embeds, image_embeds):
+        """inputs_embeds ([1, T, H] or [T, H]) with every image token replaced by its row of
+        `image_embeds` (the output of tutti.torch.exchange for this batch, or of a local
+        encoder when nothing is exchanged). Autograd-aware; call it for every micro-batch, text
+        ones too, so that the backward exchange runs once all micro-batches' gradients are in."""
+        batch = self._batch
+        batch._check("scatter_image_embeds")
+        if image_embeds.shape[0] != batch._layout.llm_total:
+            raise tutti.InvalidArgumentError(
+                f"step {batch.step}, rank {batch.rank}: image_embeds has {image_embeds.shape[0]} "
+                f"rows but this rank's documents hold {batch._layout.llm_total} image tokens "
+                "(pass the output of tutti.torch.exchange(x, batch))")
+        squeeze = inputs_embeds.dim() == 2
+        x = inputs_embeds.unsqueeze(0) if squeeze else inputs_embeds
+        if x.shape[0] != 1 or x.shape[1] != self.num_tokens:
+            raise tutti.InvalidArgumentError(
+                f"step {batch.step}, rank {batch.rank}, micro-batch {self.index}: inputs_embeds "
+                f"has shape {tuple(inputs_embeds.shape)}, expected [1, {self.num_tokens}, H]")
+        pos = self.image_token_positions.to(x.device)
+        state = batch._exchange_state()
+        if state is not None:
+            state.scattered.add(self.index)
+        out = _Scatter.apply(x, image_embeds, pos, self._rows, state, self.index)
+        return out.squeeze(0) if squeeze else out
+
+
+class _Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, rows_src, positions, rows, state, index):
+        ctx.positions, ctx.rows, ctx.state, ctx.index = positions, rows, state, index
+        ctx.src_shape = rows_src.shape
+        out = x.clone()
+        out[0, positions] = rows_src[rows[0]:rows[1]].to(out.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.clone()
+        g[0, ctx.positions] = 0
+        g_src = grad.new_zeros(ctx.src_shape)
+        g_src[ctx.rows[0]:ctx.rows[1]] = grad[0, ctx.positions]
+        if ctx.state is not None:
+            ctx.state.delivered.add(ctx.index)
+        return g, g_src, None, None, None, None
+
+
+class Batch:
+    """One step's batch as torch tensors over the stager's shared memory (no copy; writable:
+    the mapping is copy-on-write, writes stay in this process). Valid until release() (the
+    loader releases it when the next batch is taken): after that every field raises, while
+    tensors taken before keep their memory and contents."""
+
+    def __init__(self, raw, job, labels=None, convert=None, layout=None, tensors=None):
+        self._raw = raw
+        self._job = job
+        self._labels = labels or LabelOptions()
+        self._convert = convert or (lambda t: t)
+        if tensors is None:
+            arrays = raw.writable_arrays
+            dtypes = raw.dtypes
+            tensors = {k: _tensor(a, dtypes[k]) for k, a in arrays.items()}
+            layout = _Layout(raw, job, arrays)
+        self._tensors = tensors
+        self._layout = layout
+        self.step = raw.step
+        self.rank = raw.rank
+        self.world_size = layout.world_size
+        spe = int(job.get("steps_per_epoch") or 0)
+        self.epoch = self.step // spe if spe else 0
+        self._released = False
+        self._states = []
+        self._layout_tables = None
+        self._transport = None
+        self.micro_batches = [MicroBatch(self, m) for m in range(len(layout.mb_off) - 1)]
+
+    # ---- lifetime ----
+    def _check(self, what):
+        if self._released or self._raw.released:
+            raise tutti.FailedPreconditionError(
+                f"step {self.step}, rank {self.rank}: {what} of a released batch (the loader "
+                "releases a batch when the next one is taken; tensors taken before stay valid)")
+
+    @property
+    def released(self):
+        return self._released or self._raw.released
+
+    def release(self):
+        """Hands the batch back to the stager (once). Tensors taken before stay valid."""
+        if not self._released:
+            self._released = True
+            if not self._raw.released:
+                self._raw.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return (f"<tutti.torch.Batch step={self.step} rank={self.rank} "
+                f"micro_batches={len(self.micro_batches)}{' released' if self.released else ''}>")
+
+    # ---- device placement ----
+    def _with(self, convert):
+        out = Batch.__new__(Batch)
+        out.__dict__.update(self.__dict__)
+        out._convert = convert
+        out._states = self._states
+        out.micro_batches = [MicroBatch(out, m) for m in range(len(self.micro_batches))]
+        return out
+
+    def to(self, device, non_blocking=False):
+        """The same batch with every tensor field on `device` (copies, made on access)."""
+        base = self._convert
+        return self._with(lambda t: base(t).to(device, non_blocking=non_blocking))
+
+    def pin_memory(self):
+        """The same batch with tensor fields in page-locked memory (copies), for fast
+        .to("cuda", non_blocking=True); without CUDA, the batch itself (one warning)."""
+        global _warned_pin
+        if not torch.cuda.is_available():
+            if not _warned_pin:
+                warnings.warn("pin_memory: CUDA is not available, tensors stay in pageable memory")
+                _warned_pin = True
+            return self
+        base = self._convert
+        return self._with(lambda t: base(t).pin_memory())
+
+    # ---- fields ----
+    def _flat(self, name):
+        return self._tensors[name]
+
+    def _field(self, name):
+        self._check(name)
+        return self._convert(self._tensors[name])
+
+    @property
+    def pixel_values(self):
+        """[patches, C*temporal_patch*patch*patch] float32 or bfloat16: this rank's encoder
+        images, each 2x2 merge group of patches contiguous (Qwen2-VL order)."""
+        return self._field("pixel_values")
+
+    @property
+    def image_grid_thw(self):
+        """[images, 3] int64: (t, h, w) in patches of each image in pixel_values."""
+        self._check("image_grid_thw")
+        return self._convert(torch.from_numpy(self._layout.grid))
+
+    @property
+    def image_sample_ids(self):
+        """[images] int64: the sample of each image in pixel_values."""
+        return self._field("image_sample_ids")
+
+    @property
+    def vit_cu_seqlens(self):
+        """[frames + 1] int32: patch boundaries of each image (frame) for varlen ViT attention."""
+        self._check("vit_cu_seqlens")
+        return self._convert(torch.from_numpy(self._layout.vit_cu))
+
+    @property
+    def vit_max_seqlen(self):
+        """Patches of the largest image (an int)."""
+        cu = self._layout.vit_cu
+        return int(np.diff(cu).max()) if len(cu) > 1 else 0
+
+    @property
+    def num_encoder_rows(self):
+        """Rows the encoder output x of exchange(x, batch) has: image tokens after the merge."""
+        return self._layout.enc_total
+
+    @property
+    def num_image_embeds(self):
+        """Rows exchange(x, batch) returns: image tokens of this rank's documents."""
+        return self._layout.llm_total
+
+    @property
+    def llm_image_grid_thw(self):
+        """[n, 3] int64: grids of the images in this rank's documents, in exchange-output order."""
+        self._check("llm_image_grid_thw")
+        return self._convert(torch.tensor([im[2] for im in self._layout.llm_images],
+                                          dtype=torch.int64).view(-1, 3))
+
+    @property
+    def input_ids(self):
+        """[tokens] int32: every sequence of the rank, micro-batch then sequence order."""
+        return self._field("input_ids")
+
+    @property
+    def cu_seqlens(self):
+        """[docs + 1] int32: document boundaries in input_ids."""
+        return self._field("cu_seqlens")
+
+    @property
+    def doc_sample_ids(self):
+        return self._field("doc_sample_ids")
+
+    @property
+    def num_label_tokens(self):
+        """Label positions (after the shift) over all micro-batches of this rank."""
+        return sum(mb.num_label_tokens for mb in self.micro_batches)
+
+    @property
+    def plan(self):
+        """This rank's plan (tutti.v1.RankPlan) as a dict."""
+        self._check("plan")
+        return self._layout.plan
+
+    @property
+    def samples(self):
+        self._check("samples")
+        return self._raw.samples
+
+    @property
+    def skipped(self):
+        self._check("skipped")
+        return self._raw.skipped
+
+    def _exchange_state(self):
+        return self._states[-1] if self._states else None
+
+    def _tables(self):
+        if self._layout_tables is None:
+            from tutti.torch._exchange import _Tables
+
+            self._layout_tables = _Tables(self)
+        return self._layout_tables
+
+    def _pending_backward(self):
+        """Why a backward exchange of this batch never ran, or None."""
+        for st in self._states:
+            if not st.done and st.grad is not None:
+                missing = sorted(set(range(len(self.micro_batches))) - st.delivered)
+                return (f"step {self.step}, rank {self.rank}: the backward exchange never ran: "
+                        f"gradients arrived from micro-batches {sorted(st.delivered)} but not from "
+                        f"{missing}; call mb.scatter_image_embeds for every micro-batch (text ones "
+                        "too) and backward each micro-batch's loss")
+        return None

@@ -1,0 +1,361 @@
+"""tutti.torch.exchange: the step plan's all-to-all as an autograd function.
+
+Forward moves each encoder output row from the rank that encoded the image
+to the rank whose LLM documents hold it, and returns the rows in the order
+the image tokens appear in that rank's input_ids (so HF-style code can
+masked_scatter them, or MicroBatch.scatter_image_embeds places them); the
+backward pass runs the inverse exchange. Transports: the trainer's own
+torch.distributed group (gloo: batch_isend_irecv, NCCL: all_to_all_single),
+tutti's MPI transport, tutti's NCCL transport (mpirun), or none (one rank)."""
+import datetime
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import tutti
+from tutti.torch._agree import Agreement, _error
+
+
+class _Tables:
+    """Row maps of one batch's exchange: send-buffer row -> x row (-1: a dropped
+    image, zeros), receive-buffer row -> output row, rows per peer."""
+
+    def __init__(self, batch):
+        L = batch._layout
+        ex = L.plan.get("exchange") or {}
+        where = f"step {batch.step}, rank {batch.rank}"
+        self.layout = tutti.exchange_layout(L.plan, "forward", batch.rank, L.world_size,
+                                            step=batch.step, plan_world_size=L.world_size)
+        rb = L.row_bytes
+
+        def rows_of(item):
+            if item.get("encoder") != "ENCODER_VISION":
+                raise _error("FAILED_PRECONDITION", (
+                    f"{where}: the plan exchanges {item.get('encoder')} encoder outputs; "
+                    "tutti.torch.exchange carries image embeddings only (use tutti.MpiTransport "
+                    "with the plan for other encoders)"))
+            n = int(item["bytes"])
+            if n % rb:
+                raise _error("DATA_LOSS", f"{where}: an exchange item of {n} bytes is not a whole "
+                                          f"number of {rb}-byte rows")
+            return n // rb
+
+        send_index, self.send_rows = [], [0] * L.world_size
+        for t in ex.get("sends") or []:
+            for item in t["items"]:
+                n = rows_of(item)
+                key = (int(item["sample_id"]), int(item.get("index") or 0))
+                at = L.enc_rows.get(key)
+                if at is not None and at[1] != n:
+                    raise _error("DATA_LOSS", f"{where}: image {key} has {at[1]} rows in the batch "
+                                              f"but {n} in the plan's exchange")
+                send_index.append(np.arange(at[0], at[0] + n) if at else np.full(n, -1))
+                self.send_rows[int(t["peer"])] += n
+        recv_at, self.recv_rows, offset = {}, [0] * L.world_size, 0
+        for t in ex.get("recvs") or []:
+            for item in t["items"]:
+                n = rows_of(item)
+                recv_at[(int(item["sample_id"]), int(item.get("index") or 0))] = (offset, n)
+                offset += n
+                self.recv_rows[int(t["peer"])] += n
+        self.recv_total = offset
+        out = []
+        for sid, index, _, _, n in L.llm_images:
+            at = recv_at.get((sid, index))
+            if at is None or at[1] != n:
+                raise _error("DATA_LOSS", f"{where}: image {index} of sample {sid} is in this rank's "
+                                          "documents but the plan's exchange does not bring it")
+            out.append(np.arange(at[0], at[0] + n))
+        idx = np.concatenate(send_index) if send_index else np.zeros(0, np.int64)
+        self.send_total = len(idx)
+        self.send_identity = len(idx) == L.enc_total and np.array_equal(idx, np.arange(len(idx)))
+        self.send_valid = idx >= 0
+        self.send_all_valid = bool(self.send_valid.all())
+        self.send_index = torch.from_numpy(idx.astype(np.int64))
+        oi = np.concatenate(out) if out else np.zeros(0, np.int64)
+        self.out_identity = len(oi) == offset and np.array_equal(oi, np.arange(offset))
+        self.out_index = torch.from_numpy(oi.astype(np.int64))
+        self.enc_total = L.enc_total
+        self.row_bytes = rb
+
+
+class _State:
+    """One forward exchange of one batch and the gradients flowing back to it."""
+
+    def __init__(self, batch, transport, tables, x):
+        self.batch, self.transport, self.tables = batch, transport, tables
+        self.step = batch.step
+        self.micro_batches = len(batch.micro_batches)
+        self.scattered = set()  # micro-batches that placed rows through scatter_image_embeds
+        self.delivered = set()
+        self.grad = None
+        self.done = False
+        self.x_shape, self.x_dtype, self.x_device = x.shape, x.dtype, x.device
+
+    def complete(self):
+        return not self.scattered or len(self.delivered) >= self.micro_batches
+
+
+def _check_input(x, batch, tables, transport):
+    """(code, message) when this rank cannot exchange x, else None."""
+    L = batch._layout
+    where = f"step {batch.step}, rank {batch.rank}"
+    if not isinstance(x, torch.Tensor):
+        return "INVALID_ARGUMENT", f"{where}: x is a {type(x).__name__}, not a torch.Tensor"
+    if x.dim() != 2 or x.shape[0] != tables.enc_total or x.shape[1] != L.hidden_size:
+        return "INVALID_ARGUMENT", (
+            f"{where}: x has shape {list(x.shape)} but this rank's encoder output is "
+            f"[{tables.enc_total}, {L.hidden_size}]: one row per image token after the merge "
+            f"(batch.num_encoder_rows) of post_balancing.hidden_size {L.hidden_size} (the job "
+            "config's, which must be the model's)")
+    if x.dtype != L.embed_dtype:
+        return "INVALID_ARGUMENT", (
+            f"{where}: x is {x.dtype} but the job plans encoder outputs as {L.embed_dtype} "
+            "(post_balancing.embedding_dtype): pass x.to(that dtype) or change the job config")
+    return transport.check_device(x, where)
+
+
+class _ExchangeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, state):
+        ctx.state = state
+        return state.transport.forward(state, x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        # The encoder's graph hangs off a detached leaf: a micro-batch's backward that is
+        # not the last stops here (it would otherwise free the encoder's graph), and the
+        # last one continues into the encoder with the whole gradient.
+        state = ctx.state
+        if state.done:
+            raise _error("FAILED_PRECONDITION", (
+                f"step {state.step}: a backward pass reached the exchange after its backward "
+                "exchange ran (retain_graph across steps, or one micro-batch's loss backward twice)"))
+        if grad_out is not None:
+            state.grad = grad_out.clone() if state.grad is None else state.grad + grad_out
+        if not state.complete():
+            return None, None
+        state.done = True
+        grad = state.grad if state.grad is not None else torch.zeros(
+            (state.tables.out_index.numel(), state.x_shape[1]), dtype=state.x_dtype,
+            device=state.x_device)
+        state.grad = None
+        grad_x = state.transport.backward(state, grad)
+        if state.x is not None:
+            torch.autograd.backward(state.x, grad_x)
+            state.x = None
+        return None, None
+
+
+def exchange(x, batch):
+    """Moves this rank's encoder outputs `x` ([batch.num_encoder_rows, hidden] rows of the
+    images in batch.pixel_values, in order) to the ranks whose documents hold them, and
+    returns [batch.num_image_embeds, hidden]: the image embeddings of this rank's documents
+    in input_ids order. Every rank calls it for every batch (also with no images). The
+    backward exchange runs by itself: once every micro-batch's gradient has arrived when the
+    rows are placed with MicroBatch.scatter_image_embeds, else at the first backward pass."""
+    transport = getattr(batch, "_transport", None)
+    if transport is None:
+        raise tutti.FailedPreconditionError("exchange(x, batch) takes a batch from a "
+                                            "tutti.torch.Loader")
+    refusal = None
+    tables = None
+    try:
+        if batch.released:
+            refusal = ("FAILED_PRECONDITION",
+                       f"step {batch.step}, rank {batch.rank}: exchange of a released batch "
+                       "(exchange before taking the next batch from the loader)")
+        else:
+            tables = batch._tables()
+            refusal = _check_input(x, batch, tables, transport)
+    except tutti.Error as e:
+        refusal = (getattr(e, "code", "INVALID_ARGUMENT"), str(e))
+    if refusal is not None:
+        transport.refuse(batch, refusal)  # fails on every rank, raises
+    state = _State(batch, transport, tables, x)
+    # Every rank runs the backward exchange, also one whose encoder output needs no gradient.
+    leaf = x.detach().requires_grad_(torch.is_grad_enabled())
+    state.x = x if x.requires_grad and torch.is_grad_enabled() else None
+    batch._states.append(state)
+    return _ExchangeFn.apply(leaf, state)
+
+
+# ---- transports -------------------------------------------------------------
+
+class _Transport:
+    """Moves rows per peer; subclasses say how."""
+
+    rank = 0
+    world = 1
+
+    def check_device(self, x, where):
+        if x.device.type != "cpu":
+            return "INVALID_ARGUMENT", (f"{where}: x is on {x.device} but this transport moves "
+                                        "host memory (CPU tensors)")
+        return None
+
+    def _buffers(self, state, x):
+        t = state.tables
+        if t.send_identity:
+            send = x.contiguous()
+        elif t.send_all_valid:
+            send = x.index_select(0, t.send_index.to(x.device))
+        else:
+            send = x.new_zeros((t.send_total, x.shape[1]))
+            valid = torch.from_numpy(t.send_valid).to(x.device)
+            send[valid] = x.index_select(0, t.send_index[t.send_valid].to(x.device))
+        recv = x.new_empty((t.recv_total, x.shape[1]))
+        return send, recv
+
+    def forward(self, state, x):
+        t = state.tables
+        send, recv = self._buffers(state, x)
+        self.move(state.batch, "forward", send, recv, t.send_rows, t.recv_rows)
+        if t.out_identity:
+            return recv
+        return recv.index_select(0, t.out_index.to(recv.device))
+
+    def backward(self, state, grad_out):
+        t = state.tables
+        grad_out = grad_out.contiguous()
+        if t.out_identity:
+            g_recv = grad_out
+        else:
+            g_recv = grad_out.new_zeros((t.recv_total, grad_out.shape[1]))
+            g_recv.index_copy_(0, t.out_index.to(grad_out.device), grad_out)
+        g_send = grad_out.new_empty((t.send_total, grad_out.shape[1]))
+        self.move(state.batch, "backward", g_recv, g_send, t.recv_rows, t.send_rows)
+        if t.send_identity:
+            return g_send
+        grad_x = g_send.new_zeros(state.x_shape)
+        valid = torch.from_numpy(t.send_valid).to(g_send.device)
+        grad_x.index_add_(0, t.send_index[t.send_valid].to(g_send.device), g_send[valid])
+        return grad_x
+
+
+class LocalTransport(_Transport):
+    """A world of one rank: every row stays here."""
+
+    def refuse(self, batch, refusal):
+        raise _error(refusal[0], refusal[1])
+
+    def move(self, batch, direction, send, recv, send_rows, recv_rows):
+        recv.copy_(send)
+
+
+class TorchTransport(_Transport):
+    """The trainer's torch.distributed group: gloo (CPU tensors, batch_isend_irecv; gloo's
+    all_to_all_single takes equal splits only) or NCCL (CUDA tensors, all_to_all_single).
+    The agreement runs first over a gloo group of the same ranks with `timeout_s`."""
+
+    def __init__(self, group=None, timeout_s=600.0):
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+        self.backend = str(dist.get_backend(self.group))
+        self.timeout_s = timeout_s
+        ranks = list(range(dist.get_world_size()))
+        control = dist.new_group(ranks=ranks, backend="gloo",
+                                 timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError):
+            store = None
+        self.agreement = Agreement(control, self.rank, self.world, timeout_s, store)
+        if self.backend == "nccl":
+            warm = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(warm, group=self.group)  # NCCL's communicator, made by every rank
+
+    def check_device(self, x, where):
+        want = "cuda" if self.backend == "nccl" else "cpu"
+        if x.device.type != want:
+            return "INVALID_ARGUMENT", (f"{where}: x is on {x.device} but the process group's "
+                                        f"backend ({self.backend}) moves {want} tensors")
+        return None
+
+    def refuse(self, batch, refusal):
+        self.agreement.agree(batch.step, "forward", [0] * self.world, [0] * self.world, refusal)
+
+    def move(self, batch, direction, send, recv, send_rows, recv_rows):
+        rb = send.shape[1] * send.element_size() if send.dim() == 2 else 0
+        self.agreement.agree(batch.step, direction, [n * rb for n in send_rows],
+                             [n * rb for n in recv_rows])
+        if self.backend == "nccl":
+            dist.all_to_all_single(recv, send, output_split_sizes=list(recv_rows),
+                                   input_split_sizes=list(send_rows), group=self.group)
+            return
+        s_off = np.concatenate([[0], np.cumsum(send_rows)])
+        r_off = np.concatenate([[0], np.cumsum(recv_rows)])
+        ops = []
+        for k in range(1, self.world):  # receives first, each rank from a different peer
+            p = (self.rank - k) % self.world
+            if recv_rows[p]:
+                ops.append(dist.P2POp(dist.irecv, recv[r_off[p]:r_off[p + 1]], p, self.group))
+        for k in range(1, self.world):
+            p = (self.rank + k) % self.world
+            if send_rows[p]:
+                ops.append(dist.P2POp(dist.isend, send[s_off[p]:s_off[p + 1]], p, self.group))
+        me = self.rank
+        if send_rows[me]:
+            recv[r_off[me]:r_off[me + 1]].copy_(send[s_off[me]:s_off[me + 1]])
+        if not ops:
+            return
+        try:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as e:
+            self.agreement.broken = ("an earlier exchange timed out while moving data; this "
+                                     "transport refuses further exchanges: stop the job")
+            raise _error("DEADLINE_EXCEEDED", (
+                f"{self.agreement.where(batch.step, direction)}: the other ranks did not complete "
+                f"the exchange within {self.timeout_s:g} s (a rank crashed or arrived too late); "
+                "the received rows are incomplete; stop the job")) from e
+
+
+class MpiTransport(_Transport):
+    """tutti's MPI transport (mpirun): the C++ client's agreement and byte checks."""
+
+    def __init__(self, timeout_s=600.0, device=None):
+        self.impl = tutti.MpiTransport(join_timeout=timeout_s)
+        self.rank, self.world = self.impl.rank, self.impl.world_size
+
+    def refuse(self, batch, refusal):
+        empty = np.zeros(0, np.uint8)
+        self.impl.exchange(batch._layout.plan, empty, empty, step=batch.step,
+                           world_size=batch.world_size, refusal=refusal[1], refusal_code=refusal[0])
+
+    @staticmethod
+    def _bytes(t):
+        return t.detach().view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+
+    def move(self, batch, direction, send, recv, send_rows, recv_rows):
+        f = self.impl.exchange if direction == "forward" else self.impl.exchange_backward
+        f(batch._layout.plan, self._bytes(send), self._bytes(recv), step=batch.step,
+          world_size=batch.world_size)
+
+
+class NcclTransport(MpiTransport):
+    """tutti's NCCL transport on CUDA tensors (mpirun; one rank per GPU)."""
+
+    def __init__(self, timeout_s=600.0, device=0):
+        if not tutti.HAVE_NCCL:
+            raise tutti.FailedPreconditionError(
+                "transport='nccl' needs tutti built with CUDA and NCCL (cmake -DTUTTI_WITH_CUDA=ON)"
+                "; or use the trainer's NCCL process group (transport='torch')")
+        self.impl = tutti.NcclTransport(device=device, join_timeout=timeout_s)
+        self.rank, self.world = self.impl.rank, self.impl.world_size
+
+    def check_device(self, x, where):
+        if x.device.type != "cuda":
+            return "INVALID_ARGUMENT", f"{where}: x is on {x.device}; the NCCL transport moves CUDA tensors"
+        return None
+
+    def refuse(self, batch, refusal):
+        empty = torch.zeros(0, dtype=torch.uint8, device="cuda")
+        self.impl.exchange(batch._layout.plan, empty, empty, step=batch.step,
+                           world_size=batch.world_size, refusal=refusal[1], refusal_code=refusal[0])
+
+    @staticmethod
+    def _bytes(t):
+        return t.detach().reshape(-1).view(torch.uint8)

@@ -1,0 +1,199 @@
+"""tutti.torch.Loader: iterates a rank's batches like a DataLoader."""
+import hashlib
+
+import torch.distributed as dist
+
+import tutti
+from tutti.torch import _exchange
+from tutti.torch._batch import Batch, LabelOptions
+from tutti.torch._env import launch_env
+
+STATE_VERSION = 1
+
+
+def _sampling_identity(job):
+    """What decides which samples make up each step's global batch: the same on
+    every world size (ranks only split the global batch)."""
+    cfg = job["config"]
+    batch = cfg["batch"] or {}
+    shards = hashlib.sha256("\n".join(job["shards"]).encode()).hexdigest()[:16]
+    return {
+        "seed": int(cfg["seed"] or 0),
+        "text_samples_per_step": int(batch.get("text_samples_per_step") or 0),
+        "vl_samples_per_step": int(batch.get("vl_samples_per_step") or 0),
+        "epochs": int(cfg["epochs"] or 0),
+        "dataset": {"samples": int(job["samples"] or 0), "bytes": int(job["dataset_bytes"] or 0),
+                    "shards": shards},
+    }
+
+
+class Loader:
+    """A rank's batches, one per step, as tutti.torch.Batch (torch tensors over the stager's
+    shared memory). Iterate it like a DataLoader:
+
+        loader = tutti.torch.Loader()
+        for batch in loader:
+            ...
+
+    Addresses come from TUTTI_PACKER and TUTTI_STAGER (else the node's default stager socket
+    /var/run/tutti/stager.sock); rank and world size from torch.distributed when it is
+    initialised, else the launcher (torchrun, mpirun, srun). transport: how exchange() moves
+    rows: "auto" (the torch.distributed group when initialised, else tutti's MPI transport
+    under mpirun, else none for a world of one), "torch", "mpi", "nccl" (tutti's, under
+    mpirun) or "local". group: the torch.distributed group (default: the world).
+
+    The iteration ends after the job's last step (epochs x steps per epoch; never with
+    epochs: 0) or after max_steps batches. Taking the next batch releases the previous one.
+    state_dict() / load_state_dict() resume at the step after the last batch taken."""
+
+    def __init__(self, *, stager=None, packer=None, transport="auto", group=None,
+                 labels=None, pin_memory=False, device=None, max_steps=None,
+                 connect_timeout=60.0, batch_timeout=600.0, join_timeout=600.0):
+        env = launch_env()
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            if env.launcher != "single" and (env.rank, env.world_size) != (rank, world):
+                raise tutti.FailedPreconditionError(
+                    f"torch.distributed says rank {rank} of {world} but {env.launcher}'s "
+                    f"environment says rank {env.rank} of {env.world_size}")
+        else:
+            rank, world = env.rank, env.world_size
+        self.rank, self.world_size, self.local_rank = rank, world, env.local_rank
+        self._args = dict(stager=stager, packer=packer, rank=rank, world_size=world,
+                          connect_timeout=connect_timeout, batch_timeout=batch_timeout,
+                          join_timeout=join_timeout)
+        self._client = tutti.Client(start_step=0, **self._args)
+        self.job = self._client.job
+        self._labels = labels or LabelOptions()
+        self._pin = pin_memory
+        self._device = device
+        self.max_steps = max_steps
+        self._taken = 0
+        self._current = None
+        self.next_step = self._client.next_step
+        self.transport = self._make_transport(transport, group, join_timeout, env)
+
+    def _make_transport(self, kind, group, timeout, env):
+        initialised = dist.is_available() and dist.is_initialized()
+        if kind == "auto":
+            if initialised:
+                kind = "torch"
+            elif env.launcher == "mpirun":
+                kind = "mpi"
+            elif self.world_size == 1:
+                kind = "local"
+            else:
+                raise tutti.FailedPreconditionError(
+                    f"rank {self.rank} of {self.world_size} has no way to exchange: initialise "
+                    "torch.distributed first (tutti.torch.init_process_group()), or run under "
+                    "mpirun, or pass transport=")
+        if kind == "torch":
+            if not initialised:
+                raise tutti.FailedPreconditionError(
+                    "transport='torch' needs torch.distributed initialised first")
+            return _exchange.TorchTransport(group, timeout)
+        if kind == "mpi":
+            t = _exchange.MpiTransport(timeout)
+        elif kind == "nccl":
+            t = _exchange.NcclTransport(timeout, device=env.local_rank)
+        elif kind == "local":
+            if self.world_size != 1:
+                raise tutti.FailedPreconditionError(
+                    f"transport='local' is for a world of one rank, not {self.world_size}")
+            return _exchange.LocalTransport()
+        else:
+            raise tutti.InvalidArgumentError(
+                f"transport={kind!r}: use 'auto', 'torch', 'mpi', 'nccl' or 'local'")
+        if (t.rank, t.world) != (self.rank, self.world_size):
+            raise tutti.FailedPreconditionError(
+                f"the {kind} transport sees rank {t.rank} of {t.world} but this loader is rank "
+                f"{self.rank} of {self.world_size}: launch the ranks with mpirun for it")
+        return t
+
+    # ---- iteration ----
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._current is not None:
+            pending = self._current._pending_backward()
+            self._current.release()
+            self._current = None
+            if pending:
+                raise tutti.FailedPreconditionError(pending)
+        if self.max_steps is not None and self._taken >= self.max_steps:
+            raise StopIteration
+        try:
+            raw = self._client.next()
+        except tutti.OutOfRangeError:
+            raise StopIteration from None
+        batch = Batch(raw, self.job, labels=self._labels)
+        batch._transport = self.transport
+        if self._pin:
+            batch = batch.pin_memory()
+        if self._device is not None:
+            batch = batch.to(self._device, non_blocking=True)
+        self._current = batch
+        self._taken += 1
+        self.next_step = self._client.next_step
+        return batch
+
+    def __len__(self):
+        total = int(self.job["total_steps"] or 0)
+        if total == 0:
+            if self.max_steps is None:
+                raise TypeError("this job has no end (epochs: 0): pass max_steps to have a length")
+            return self.max_steps - self._taken
+        left = max(0, total - self.next_step)
+        return left if self.max_steps is None else min(left, self.max_steps - self._taken)
+
+    @property
+    def steps_per_epoch(self):
+        return int(self.job["steps_per_epoch"] or 0)
+
+    @property
+    def epoch(self):
+        """The epoch of the next batch (step // steps_per_epoch)."""
+        spe = self.steps_per_epoch
+        return self.next_step // spe if spe else 0
+
+    def report_timing(self, step, phases):
+        """Phase timings for the packer's cost model: {'vit': s, 'llm': s, ...}."""
+        self._client.report_timing(step, phases)
+
+    # ---- resumption ----
+    def state_dict(self):
+        """Where this loader stands: save it with the model checkpoint after the optimizer
+        step of the last batch taken. The same on every rank."""
+        return {"version": STATE_VERSION, "next_step": int(self.next_step),
+                "world_size": self.world_size, "job_id": self.job["config"]["job_id"],
+                "config_fingerprint": self.job["config_fingerprint"],
+                "sampling": _sampling_identity(self.job)}
+
+    def load_state_dict(self, state):
+        """Continues at state["next_step"]: the batches of an uninterrupted run, on fresh
+        daemons too. A different world size is fine (the global batch of a step does not
+        depend on it); a different seed, batch composition or dataset is refused."""
+        if self._taken:
+            raise tutti.FailedPreconditionError(
+                "load_state_dict() after batches were taken: restore before iterating")
+        version = state.get("version")
+        if version != STATE_VERSION:
+            raise tutti.InvalidArgumentError(
+                f"loader state version {version!r}; this tutti reads version {STATE_VERSION}")
+        mine, theirs = _sampling_identity(self.job), state.get("sampling") or {}
+        diffs = [f"{k}: checkpoint {theirs.get(k)!r}, this job {mine[k]!r}"
+                 for k in mine if theirs.get(k) != mine[k]]
+        if diffs:
+            raise tutti.FailedPreconditionError(
+                "cannot resume: the checkpoint's steps drew their samples differently ("
+                + "; ".join(diffs) + "); resume with the job config and dataset it was "
+                "saved with (world_size and ranks_per_node may change)")
+        step = int(state["next_step"])
+        self._client = tutti.Client(start_step=step, **self._args)
+        self.next_step = self._client.next_step
+
+    def close(self):
+        if self._current is not None:
+            self._current.release()
+            self._current = None
