@@ -42,6 +42,9 @@ class _Tables:
             return n // rb
 
         send_index, self.send_rows = [], [0] * L.world_size
+        # Per peer, each item's rows: (first row in x or in the output, rows); -1 = none here.
+        self.send_items = [[] for _ in range(L.world_size)]
+        self.recv_items = [[] for _ in range(L.world_size)]
         for t in ex.get("sends") or []:
             for item in t["items"]:
                 n = rows_of(item)
@@ -52,6 +55,7 @@ class _Tables:
                                               f"but {n} in the plan's exchange")
                 send_index.append(np.arange(at[0], at[0] + n) if at else np.full(n, -1))
                 self.send_rows[int(t["peer"])] += n
+                self.send_items[int(t["peer"])].append((at[0] if at else -1, n))
         recv_at, self.recv_rows, offset = {}, [0] * L.world_size, 0
         for t in ex.get("recvs") or []:
             for item in t["items"]:
@@ -59,14 +63,24 @@ class _Tables:
                 recv_at[(int(item["sample_id"]), int(item.get("index") or 0))] = (offset, n)
                 offset += n
                 self.recv_rows[int(t["peer"])] += n
+                self.recv_items[int(t["peer"])].append(
+                    (int(item["sample_id"]), int(item.get("index") or 0), n))
         self.recv_total = offset
-        out = []
+        out, out_at, row = [], {}, 0
         for sid, index, _, _, n in L.llm_images:
+            out_at[(sid, index)] = row
+            row += n
             at = recv_at.get((sid, index))
             if at is None or at[1] != n:
                 raise _error("DATA_LOSS", f"{where}: image {index} of sample {sid} is in this rank's "
                                           "documents but the plan's exchange does not bring it")
             out.append(np.arange(at[0], at[0] + n))
+        self.recv_items = [[(out_at.get((sid, index), -1), n) for sid, index, n in items]
+                           for items in self.recv_items]
+        self.out_total = row
+        self.send_covers_x = sorted(a for items in self.send_items for a, n in items
+                                    if a >= 0) == sorted(a for a, _ in L.enc_rows.values()) and \
+            all(a >= 0 for items in self.send_items for a, _ in items)
         idx = np.concatenate(send_index) if send_index else np.zeros(0, np.int64)
         self.send_total = len(idx)
         self.send_identity = len(idx) == L.enc_total and np.array_equal(idx, np.arange(len(idx)))
@@ -92,6 +106,7 @@ class _State:
         self.grad = None
         self.done = False
         self.x_shape, self.x_dtype, self.x_device = x.shape, x.dtype, x.device
+        self.x = None  # the encoder output with a graph behind it, entered by the last backward
 
     def complete(self):
         return not self.scattered or len(self.delivered) >= self.micro_batches
@@ -133,7 +148,7 @@ class _ExchangeFn(torch.autograd.Function):
                 f"step {state.step}: a backward pass reached the exchange after its backward "
                 "exchange ran (retain_graph across steps, or one micro-batch's loss backward twice)"))
         if grad_out is not None:
-            state.grad = grad_out.clone() if state.grad is None else state.grad + grad_out
+            state.grad = grad_out if state.grad is None else state.grad + grad_out
         if not state.complete():
             return None, None
         state.done = True
@@ -141,10 +156,10 @@ class _ExchangeFn(torch.autograd.Function):
             (state.tables.out_index.numel(), state.x_shape[1]), dtype=state.x_dtype,
             device=state.x_device)
         state.grad = None
-        grad_x = state.transport.backward(state, grad)
-        if state.x is not None:
-            torch.autograd.backward(state.x, grad_x)
-            state.x = None
+        if state.x is None:  # x itself went in (a leaf, or no gradient wanted)
+            return state.transport.backward(state, grad), None
+        x, state.x = state.x, None
+        torch.autograd.backward(x, state.transport.backward(state, grad))
         return None, None
 
 
@@ -174,9 +189,13 @@ def exchange(x, batch):
     if refusal is not None:
         transport.refuse(batch, refusal)  # fails on every rank, raises
     state = _State(batch, transport, tables, x)
-    # Every rank runs the backward exchange, also one whose encoder output needs no gradient.
-    leaf = x.detach().requires_grad_(torch.is_grad_enabled())
-    state.x = x if x.requires_grad and torch.is_grad_enabled() else None
+    if x.requires_grad and x.grad_fn is None:
+        leaf = x  # nothing behind it to keep for the last micro-batch's backward
+    else:
+        # Every rank runs the backward exchange, also one whose encoder output needs no
+        # gradient; a graph behind x is entered once, by the last backward (see below).
+        leaf = x.detach().requires_grad_(torch.is_grad_enabled())
+        state.x = x if x.requires_grad and torch.is_grad_enabled() else None
     batch._states.append(state)
     return _ExchangeFn.apply(leaf, state)
 
@@ -267,6 +286,78 @@ class TorchTransport(_Transport):
             warm = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
             dist.all_reduce(warm, group=self.group)  # NCCL's communicator, made by every rank
 
+    def forward(self, state, x):
+        if self.backend == "nccl":
+            return super().forward(state, x)
+        t = state.tables
+        x = x.contiguous()
+        out = x.new_empty((t.out_total, x.shape[1]))
+        self.move_items(state.batch, "forward", x, out, t.send_items, t.recv_items,
+                        [n * self.row_bytes(x) for n in t.send_rows],
+                        [n * self.row_bytes(x) for n in t.recv_rows])
+        return out
+
+    def backward(self, state, grad_out):
+        if self.backend == "nccl":
+            return super().backward(state, grad_out)
+        t = state.tables
+        grad_out = grad_out.contiguous()
+        make = grad_out.new_empty if t.send_covers_x else grad_out.new_zeros
+        grad_x = make(state.x_shape)
+        self.move_items(state.batch, "backward", grad_out, grad_x, t.recv_items, t.send_items,
+                        [n * self.row_bytes(grad_out) for n in t.recv_rows],
+                        [n * self.row_bytes(grad_out) for n in t.send_rows])
+        return grad_x
+
+    @staticmethod
+    def row_bytes(x):
+        return x.shape[1] * x.element_size()
+
+    def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
+                   recv_bytes):
+        """One message per item, straight from `src` rows into `dst` rows (no staging
+        copies): the k-th item between two ranks goes with tag k, and both ends list a
+        pair's items in the same order (plan.proto)."""
+        self.agreement.agree(batch.step, direction, send_bytes, recv_bytes)
+        width = src.shape[1]
+        scratch = {}
+
+        def rows(t, at, n, zero):
+            if at >= 0:
+                return t[at:at + n]
+            if n not in scratch:
+                scratch[n] = src.new_zeros((n, width))
+            return scratch[n] if zero else src.new_empty((n, width))
+
+        ops = []
+        me = self.rank
+        for k in range(1, self.world):
+            p = (me - k) % self.world
+            for tag, (at, n) in enumerate(recv_items[p]):
+                ops.append(dist.P2POp(dist.irecv, rows(dst, at, n, False), p, self.group, tag))
+        for k in range(1, self.world):
+            p = (me + k) % self.world
+            for tag, (at, n) in enumerate(send_items[p]):
+                ops.append(dist.P2POp(dist.isend, rows(src, at, n, True), p, self.group, tag))
+        for (sa, n), (da, _) in zip(send_items[me], recv_items[me]):
+            if da >= 0:
+                dst[da:da + n].copy_(rows(src, sa, n, True))
+        self._wait(batch, direction, ops)
+
+    def _wait(self, batch, direction, ops):
+        if not ops:
+            return
+        try:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as e:
+            self.agreement.broken = ("an earlier exchange timed out while moving data; this "
+                                     "transport refuses further exchanges: stop the job")
+            raise _error("DEADLINE_EXCEEDED", (
+                f"{self.agreement.where(batch.step, direction)}: the other ranks did not complete "
+                f"the exchange within {self.timeout_s:g} s (a rank crashed or arrived too late); "
+                "the received rows are incomplete; stop the job")) from e
+
     def check_device(self, x, where):
         want = "cuda" if self.backend == "nccl" else "cpu"
         if x.device.type != want:
@@ -299,18 +390,7 @@ class TorchTransport(_Transport):
         me = self.rank
         if send_rows[me]:
             recv[r_off[me]:r_off[me + 1]].copy_(send[s_off[me]:s_off[me + 1]])
-        if not ops:
-            return
-        try:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait(datetime.timedelta(seconds=self.timeout_s))
-        except RuntimeError as e:
-            self.agreement.broken = ("an earlier exchange timed out while moving data; this "
-                                     "transport refuses further exchanges: stop the job")
-            raise _error("DEADLINE_EXCEEDED", (
-                f"{self.agreement.where(batch.step, direction)}: the other ranks did not complete "
-                f"the exchange within {self.timeout_s:g} s (a rank crashed or arrived too late); "
-                "the received rows are incomplete; stop the job")) from e
+        self._wait(batch, direction, ops)
 
 
 class MpiTransport(_Transport):

@@ -40,7 +40,7 @@ class Loader:
     initialised, else the launcher (torchrun, mpirun, srun). transport: how exchange() moves
     rows: "auto" (the torch.distributed group when initialised, else tutti's MPI transport
     under mpirun, else none for a world of one), "torch", "mpi", "nccl" (tutti's, under
-    mpirun) or "local". group: the torch.distributed group (default: the world).
+    mpirun), "local" (one rank) or None (no exchanges: reading batches only). group: the torch.distributed group (default: the world).
 
     The iteration ends after the job's last step (epochs x steps per epoch; never with
     epochs: 0) or after max_steps batches. Taking the next batch releases the previous one.
@@ -74,6 +74,8 @@ class Loader:
         self.transport = self._make_transport(transport, group, join_timeout, env)
 
     def _make_transport(self, kind, group, timeout, env):
+        if kind is None:
+            return None  # batches only: exchange() refuses
         initialised = dist.is_available() and dist.is_initialized()
         if kind == "auto":
             if initialised:

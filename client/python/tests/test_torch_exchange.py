@@ -1,0 +1,80 @@
+"""The torch.distributed exchange between real ranks (torchrun, gloo) and the MPI
+transport (mpirun) on random plans, every value checked forward and backward; and
+bad input, which fails every rank alike within a bounded time."""
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import cluster
+
+RANKS = os.path.join(cluster.HERE, "torch_ranks.py")
+
+
+def run(launcher, args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), cluster.HERE]),
+               OMP_NUM_THREADS="1")
+    if launcher == "torchrun":
+        maps = "0:1,1:1,2:1,3:1"
+        argv = [cluster.PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "4",
+                "--master_port", str(cluster._free_port()), "--redirects", maps, "--tee", maps,
+                RANKS, *args]
+    else:
+        argv = ["mpirun", "-np", "4", "--oversubscribe", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+                cluster.PYTHON, RANKS, *args, "--transport", "mpi"]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+class ExchangeTest(unittest.TestCase):
+    def test_gloo_100_random_steps(self):
+        rc, out = run("torchrun", ["random", "--steps", "100"])
+        self.assertEqual(rc, 0, out[-3000:])
+        self.assertEqual(len(re.findall(r"OK rank \d: 100 random steps", out)), 4, out[-3000:])
+
+    def test_mpi_transport_random_steps(self):
+        rc, out = run("mpirun", ["random", "--steps", "30"])
+        self.assertEqual(rc, 0, out[-3000:])
+        self.assertEqual(len(re.findall(r"OK rank \d: 30 random steps", out)), 4, out[-3000:])
+
+    def results(self, launcher, case, timeout_s=10):
+        rc, out = run(launcher, ["bad", "--case", case, "--timeout", str(timeout_s)], timeout=300)
+        rows = re.findall(r"RESULT " + case + r" (\S+) ([\d.]+)s (.*)", out)
+        return rc, out, rows
+
+    def test_bad_input_fails_every_rank_alike(self):
+        want = {"shape": ("InvalidArgumentError", "x has shape"),
+                "dtype": ("InvalidArgumentError", "x is torch.float64 but the job plans"),
+                "device": ("InvalidArgumentError", "x is on meta but the process group's backend"),
+                "released": ("FailedPreconditionError", "exchange of a released batch"),
+                "skip": ("FailedPreconditionError", "rank 0 is at step 1 but rank 1 at step 2")}
+        for case, (cls, text) in want.items():
+            with self.subTest(case=case):
+                rc, out, rows = self.results("torchrun", case)
+                self.assertEqual(len(rows), 4, out[-3000:])
+                self.assertEqual(len({(r[0], r[2]) for r in rows}), 1, rows)  # the same everywhere
+                self.assertEqual(rows[0][0], cls)
+                self.assertIn(text, rows[0][2])
+                self.assertTrue(all(float(r[1]) < 5 for r in rows), rows)
+
+    def test_a_rank_that_never_arrives_is_named(self):
+        rc, out, rows = self.results("torchrun", "absent", timeout_s=8)
+        self.assertEqual(len(rows), 3, out[-3000:])
+        for cls, seconds, msg in rows:
+            self.assertEqual(cls, "DeadlineExceededError")
+            self.assertIn("rank(s) 1 did not join the exchange within 8 s", msg)
+            self.assertLess(float(seconds), 30)
+
+    def test_non_contiguous_encoder_output_is_exchanged(self):
+        rc, out, _ = self.results("torchrun", "noncontiguous")
+        self.assertEqual(out.count("RESULT noncontiguous none"), 4, out[-3000:])
+
+    def test_mpi_transport_bad_input(self):
+        rc, out, rows = self.results("mpirun", "shape")
+        self.assertEqual(len(rows), 4, out[-3000:])
+        self.assertTrue(all("x has shape" in r[2] and r[0] == "InvalidArgumentError" for r in rows))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,181 @@
+"""tutti.torch without daemons: launcher environments, position ids, labels, the
+batch's tensors and their lifetime, the agreement's verdicts (PYTHONPATH=<build>/python)."""
+import unittest
+import warnings
+
+import numpy as np
+import torch
+
+from tutti.torch import _synthetic as synthetic
+import tutti
+import tutti.torch
+from tutti.torch import _agree, _exchange, _rope
+
+
+def hf_style_rope(tokens, grids, merge, image_token):
+    """Qwen2-VL get_rope_index for one unpadded row of images, written as its loop reads:
+    find each image's first token, text before it counts on, then the grid indices."""
+    pos, st, image = [], 0, 0
+    while image < len(grids):
+        ed = tokens.index(image_token, st)
+        t, h, w = grids[image]
+        lt, lh, lw = t, h // merge, w // merge
+        start = (max(max(p) for p in pos) + 1) if pos else 0
+        text = ed - st
+        pos += [[start + i] * 3 for i in range(text)]
+        for a in range(lt):
+            for b in range(lh):
+                for c in range(lw):
+                    pos.append([start + text + a, start + text + b, start + text + c])
+        st = ed + lt * lh * lw
+        image += 1
+    start = (max(max(p) for p in pos) + 1) if pos else 0
+    pos += [[start + i] * 3 for i in range(len(tokens) - st)]
+    return np.array(pos, np.int64).T
+
+
+class LaunchEnvTest(unittest.TestCase):
+    def test_launchers(self):
+        env = tutti.torch.launch_env
+        self.assertEqual(env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                              "LOCAL_WORLD_SIZE": "2"}),
+                         tutti.torch.LaunchEnv("torchrun", 3, 4, 1, 2))
+        self.assertEqual(env({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "8",
+                              "OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}),
+                         tutti.torch.LaunchEnv("mpirun", 2, 8, 2, 4))
+        self.assertEqual(env({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "2",
+                              "SLURM_TASKS_PER_NODE": "3(x2)"}),
+                         tutti.torch.LaunchEnv("slurm", 5, 6, 2, 3))
+        # torchrun inside a Slurm allocation: torchrun's ranks win.
+        self.assertEqual(env({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0",
+                              "SLURM_NTASKS": "1"}).launcher, "torchrun")
+        self.assertEqual(env({}), tutti.torch.LaunchEnv("single", 0, 1, 0, 1))
+        with self.assertRaisesRegex(ValueError, "RANK=4 is outside WORLD_SIZE=4"):
+            env({"RANK": "4", "WORLD_SIZE": "4"})
+        with self.assertRaisesRegex(ValueError, "WORLD_SIZE is not"):
+            env({"RANK": "0"})
+
+
+class RopeTest(unittest.TestCase):
+    def test_mrope_matches_get_rope_index(self):
+        rng = np.random.default_rng(3)
+        for _ in range(200):
+            tokens, images, grids = [], [], []
+            for _ in range(int(rng.integers(0, 4))):
+                tokens += [1] * int(rng.integers(0, 3)) + [synthetic.START]
+                g = (1, 2 * int(rng.integers(1, 5)), 2 * int(rng.integers(1, 5)))
+                images.append((len(tokens), g))
+                grids.append(g)
+                tokens += [synthetic.PAD] * (g[1] * g[2] // 4) + [synthetic.END]
+            tokens += [2] * int(rng.integers(1, 6))
+            want = hf_style_rope(tokens, grids, 2, synthetic.PAD)
+            np.testing.assert_array_equal(_rope.mrope_positions(len(tokens), images, 2), want)
+
+    def test_document_positions(self):
+        np.testing.assert_array_equal(_rope.document_positions([0, 3], [3, 2], 5), [0, 1, 2, 0, 1])
+
+
+class BatchTest(unittest.TestCase):
+    def make(self, hidden=4):
+        rng = np.random.default_rng(5)
+        images, llm_of = synthetic.random_step(1, 0, rng)
+        while not images:
+            images, llm_of = synthetic.random_step(1, 1, rng)
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, hidden, _exchange.LocalTransport())
+        self.addCleanup(seg.close)
+        return b
+
+    def test_fields_are_zero_copy_tensors_and_die_loudly(self):
+        b = self.make()
+        px = b.pixel_values
+        self.assertEqual(px.dtype, torch.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no writability warning
+            ids = b.input_ids
+        self.assertEqual(ids.dtype, torch.int32)
+        self.assertEqual(b.image_grid_thw.dtype, torch.int64)
+        px[0, 0] = -1.0  # writable: copy-on-write, private to this process
+        self.assertEqual(b.pixel_values[0, 0].item(), -1.0)
+        b.release()
+        for field in ("pixel_values", "input_ids", "plan"):
+            with self.assertRaises(tutti.FailedPreconditionError):
+                getattr(b, field)
+        with self.assertRaises(tutti.FailedPreconditionError):
+            b.micro_batches[0].labels
+        self.assertEqual(px[0, 0].item(), -1.0)  # taken before: still valid
+        self.assertEqual(int(ids[0]), synthetic.START)
+
+    def test_model_inputs(self):
+        b = self.make()
+        total = 0
+        for mb in b.micro_batches:
+            ids, labels = mb.input_ids[0].long(), mb.labels[0]
+            cu = mb.cu_seqlens.long()
+            self.assertEqual(labels.dtype, torch.int64)
+            special = (ids == synthetic.START) | (ids == synthetic.PAD) | (ids == synthetic.END)
+            self.assertTrue(bool((labels[special] == -100).all()))
+            self.assertTrue(bool((labels[cu[:-1]] == -100).all()))
+            keep = ~special
+            keep[cu[:-1]] = False
+            self.assertTrue(torch.equal(labels[keep], ids[keep]))
+            pos = mb.position_ids[0]
+            for k in range(len(cu) - 1):
+                self.assertTrue(torch.equal(pos[cu[k]:cu[k + 1]], torch.arange(int(cu[k + 1] - cu[k]))))
+            self.assertEqual(tuple(mb.mrope_position_ids.shape), (3, 1, mb.num_tokens))
+            self.assertTrue(bool((ids[mb.image_token_positions] == synthetic.PAD).all()))
+            total += len(mb.image_token_positions)
+        self.assertEqual(total, b.num_image_embeds)
+
+    def test_local_exchange_and_scatter_with_gradient_accumulation(self):
+        b = self.make()
+        x = torch.randn(b.num_encoder_rows, 4, requires_grad=True)
+        emb = tutti.torch.exchange(x * 1.0, b)
+        g_direct = torch.zeros_like(x)
+        for mb in b.micro_batches:
+            base = torch.zeros(1, mb.num_tokens, 4, requires_grad=True)
+            (mb.scatter_image_embeds(base, emb) ** 2).sum().backward()
+        # d/dx sum(x^2) = 2x for every row placed once
+        placed = torch.zeros(b.num_encoder_rows, dtype=torch.bool)
+        placed[:] = True
+        g_direct[placed] = 2 * x.detach()[placed]
+        self.assertTrue(torch.allclose(x.grad, g_direct))
+
+    def test_bfloat16_pixels_are_torch_bfloat16_without_a_copy(self):
+        rng = np.random.default_rng(5)
+        images, llm_of = synthetic.random_step(1, 0, rng)
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _exchange.LocalTransport(), bf16=True)
+        self.addCleanup(seg.close)
+        px = b.pixel_values
+        self.assertEqual(px.dtype, torch.bfloat16)
+        want = torch.from_numpy(np.concatenate(
+            [np.full((gh * gw, synthetic.ROW), s % 251, np.float32) for s, _, gh, gw, _, _ in images]))
+        self.assertTrue(torch.equal(px.float(), want))
+        self.assertEqual(px.data_ptr(), b.pixel_values.data_ptr())  # one mapping, no copies
+
+    def test_pin_memory_without_cuda_warns_once(self):
+        b = self.make()
+        if torch.cuda.is_available():
+            self.skipTest("CUDA present")
+        with self.assertWarnsRegex(UserWarning, "CUDA is not available"):
+            self.assertIs(b.pin_memory(), b)
+
+
+class VerdictTest(unittest.TestCase):
+    def view(self, rank, seq=1, step=3, send=(0, 0), recv=(0, 0), refusal=None):
+        return {"rank": rank, "seq": seq, "step": step, "direction": "forward", "world": 2,
+                "refusal": refusal, "send": list(send), "recv": list(recv)}
+
+    def test_everyone_gets_the_same_reason(self):
+        v = _agree.verdict
+        self.assertEqual(v([self.view(0), self.view(1)]), (None, None))
+        code, msg = v([self.view(0), self.view(1, refusal=("INVALID_ARGUMENT", "bad x"))])
+        self.assertEqual((code, msg), ("INVALID_ARGUMENT",
+                                       "step 3, forward exchange #1: rank 1 refused the exchange: bad x"))
+        _, msg = v([self.view(0, seq=2), self.view(1, seq=3)])
+        self.assertIn("rank 0 is at exchange #2 but rank 1 at exchange #3", msg)
+        _, msg = v([self.view(0, send=(0, 8)), self.view(1, recv=(4, 0))])
+        self.assertIn("rank 0 sends 8 bytes to rank 1 but rank 1's plan expects 4", msg)
+
+
+if __name__ == "__main__":
+    unittest.main()

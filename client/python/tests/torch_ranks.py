@@ -1,0 +1,133 @@
+"""One rank of the tutti.torch exchange tests, under torchrun (the gloo group) or
+mpirun (--transport mpi), on synthetic batches (no daemons):
+
+  random N    N steps of random plans, forward and backward, every value checked
+              (odd steps place rows with scatter_image_embeds and backward per micro-batch)
+  bad CASE    one rank gives bad input at step 1; every rank prints what it got
+
+Prints "OK ..." or "RESULT <case> <error class> <message>" per rank."""
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+
+from tutti.torch import _synthetic as synthetic
+import tutti
+import tutti.torch
+from tutti.torch import _exchange
+
+HIDDEN = 16
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL {what}", flush=True)
+        sys.exit(1)
+
+
+def step_batch(args, transport, rank, world, step):
+    rng = np.random.default_rng(1000 + step)
+    images, llm_of = synthetic.random_step(world, step, rng)
+    return synthetic.batch(world, rank, step, images, llm_of, HIDDEN, transport)
+
+
+def encoder_keys(batch):
+    L = batch._layout
+    keys = sorted(L.enc_rows.items(), key=lambda kv: kv[1][0])
+    return [(k, n) for k, (_, n) in keys]
+
+
+def llm_keys(batch):
+    return [((s, i), n) for s, i, _, _, n in batch._layout.llm_images]
+
+
+def run_random(args, transport, rank, world):
+    bytes_checked = 0
+    for step in range(args.steps):
+        batch, seg = step_batch(args, transport, rank, world, step)
+        try:
+            x = torch.from_numpy(synthetic.pattern(encoder_keys(batch), HIDDEN, 0)).requires_grad_()
+            emb = tutti.torch.exchange(x, batch)
+            want = synthetic.pattern(llm_keys(batch), HIDDEN, 0)
+            check(np.array_equal(emb.detach().numpy(), want), f"step {step}: forward rows")
+            grad = torch.from_numpy(synthetic.pattern(llm_keys(batch), HIDDEN, 5))
+            if step % 2 == 0:
+                emb.backward(grad)
+            else:
+                for mb in batch.micro_batches:
+                    base = torch.zeros(1, mb.num_tokens, HIDDEN, requires_grad=True)
+                    out = mb.scatter_image_embeds(base, emb)
+                    a, b = mb.image_embed_rows
+                    pos = mb.image_token_positions
+                    check(torch.equal(out[0, pos], emb[a:b]), f"step {step}: placed rows")
+                    weight = torch.zeros(1, mb.num_tokens, HIDDEN)
+                    weight[0, pos] = grad[a:b]
+                    (out * weight).sum().backward()
+            want_g = synthetic.pattern(encoder_keys(batch), HIDDEN, 5)
+            check(x.grad is not None or want_g.size == 0, f"step {step}: no gradient")
+            if want_g.size:
+                check(np.array_equal(x.grad.numpy(), want_g), f"step {step}: backward rows")
+            bytes_checked += 4 * (want.size + want_g.size)
+        finally:
+            batch.release()
+            seg.close()
+    print(f"OK rank {rank}: {args.steps} random steps, {bytes_checked} bytes checked", flush=True)
+
+
+def run_bad(args, transport, rank, world):
+    for step in range(3):
+        batch, seg = step_batch(args, transport, rank, world, step)
+        x = torch.from_numpy(synthetic.pattern(encoder_keys(batch), HIDDEN, 0))
+        culprit = step == 1 and rank == 1
+        try:
+            if culprit and args.case == "skip":
+                continue  # this rank goes on to the next step's exchange
+            if culprit and args.case == "shape":
+                x = torch.zeros(x.shape[0] + 1, HIDDEN)
+            if culprit and args.case == "dtype":
+                x = x.double()
+            if culprit and args.case == "device":
+                x = x.to("meta")
+            if culprit and args.case == "released":
+                batch.release()
+            if culprit and args.case == "absent":
+                time.sleep(args.timeout + 20)  # stuck elsewhere past every deadline
+                print("RESULT absent culprit", flush=True)
+                return
+            if step == 1 and args.case == "noncontiguous":
+                x = x.t().contiguous().t()  # same values, other strides: accepted
+            t0 = time.time()
+            emb = tutti.torch.exchange(x, batch)
+            if step == 1 and args.case == "noncontiguous":
+                want = synthetic.pattern(llm_keys(batch), HIDDEN, 0)
+                check(np.array_equal(emb.detach().numpy(), want), "non-contiguous x: rows")
+        except tutti.Error as e:
+            msg = str(e).replace("\n", " ")
+            print(f"RESULT {args.case} {type(e).__name__} {time.time() - t0:.1f}s {msg}", flush=True)
+            return
+        finally:
+            batch.release()
+            seg.close()
+    print(f"RESULT {args.case} none", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["random", "bad"])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--case", default="")
+    ap.add_argument("--transport", default="torch")
+    ap.add_argument("--timeout", type=float, default=30)
+    args = ap.parse_args()
+    env = tutti.torch.init_process_group()
+    if args.transport == "torch":
+        transport = _exchange.TorchTransport(None, args.timeout)
+    else:
+        transport = _exchange.MpiTransport(args.timeout)
+    (run_random if args.mode == "random" else run_bad)(args, transport, env.rank, env.world_size)
+
+
+if __name__ == "__main__":
+    main()

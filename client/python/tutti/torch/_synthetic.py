@@ -1,0 +1,146 @@
+"""Batches without daemons: a random, consistent plan for a whole job of W ranks
+(each image encoded on one rank, its document on another), and each rank's
+batch laid out in a real shared-memory segment as tutti-stagerd lays it out,
+mapped with tutti.map_batch and wrapped as a tutti.torch.Batch."""
+import os
+from multiprocessing import shared_memory
+
+import numpy as np
+
+import tutti
+from tutti.torch._batch import Batch
+
+ROW = 3 * 2 * 14 * 14
+START, PAD, END = 151652, 151655, 151653
+
+
+def job(world, hidden, dtype="DTYPE_FLOAT32"):
+    return {"config": {"world_size": world, "job_id": "synthetic", "seed": 1, "epochs": 0,
+                       "vision": {"merge_size": 2}, "audio": {}, "batch": {},
+                       "post_balancing": {"hidden_size": hidden, "embedding_dtype": dtype}},
+            "steps_per_epoch": 0, "total_steps": 0, "shards": [], "samples": 0,
+            "dataset_bytes": 0, "config_fingerprint": "synthetic"}
+
+
+def random_step(world, step, rng, max_images=6):
+    """Per rank: (encoded images, documents) and the plan dict, consistent across ranks."""
+    images = []  # (sample, index, grid_h, grid_w, enc_rank, llm_rank)
+    samples = int(rng.integers(world, 3 * world + 1))
+    llm_of = {}
+    for s in range(samples):
+        sid = step * 1000 + s + 1
+        llm_of[sid] = int(rng.integers(0, world))
+        for i in range(int(rng.integers(0, 3))):
+            if len(images) >= max_images * world:
+                break
+            gh, gw = 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4))
+            images.append((sid, i, gh, gw, int(rng.integers(0, world)), llm_of[sid]))
+    return images, llm_of
+
+
+def rank_plan(world, rank, images, llm_of, hidden, elem=4):
+    tokens = {(s, i): gh * gw // 4 for s, i, gh, gw, _, _ in images}
+
+    def transfers(pairs, peer_of):
+        out = {}
+        for s, i, gh, gw, e, l in pairs:
+            out.setdefault(peer_of(e, l), []).append(
+                {"sample_id": s, "encoder": "ENCODER_VISION", "index": i,
+                 "bytes": tokens[(s, i)] * hidden * elem})
+        return [{"peer": p, "bytes": sum(it["bytes"] for it in its), "items": its}
+                for p, its in sorted(out.items())]
+
+    sends = transfers([im for im in images if im[4] == rank], lambda e, l: l)
+    recvs = transfers([im for im in images if im[5] == rank], lambda e, l: e)
+    docs = []
+    for sid in sorted(s for s, l in llm_of.items() if l == rank):
+        ims = [im for im in images if im[0] == sid]
+        n = sum(tokens[(im[0], im[1])] + 2 for im in ims) + 3
+        docs.append({"sample_id": sid, "offset": 0, "length": n,
+                     "encoder_tokens": sum(tokens[(im[0], im[1])] for im in ims),
+                     "images": [{"image_index": im[1], "grid_t": 1, "grid_h": im[2],
+                                 "grid_w": im[3], "llm_tokens": tokens[(im[0], im[1])]}
+                                for im in ims]})
+    half = len(docs) // 2
+    mbs = [{"modality": "MODALITY_VL", "sequences": [{"docs": docs[:half]}]},
+           {"modality": "MODALITY_VL", "sequences": [{"docs": docs[half:]}]}]
+    enc = [{"encoder": "ENCODER_VISION",
+            "images": [{"sample_id": s, "image_index": i, "grid_t": 1, "grid_h": gh,
+                        "grid_w": gw} for s, i, gh, gw, e, _ in images if e == rank]}]
+    return {"rank": rank, "plan_version": 2, "micro_batches": mbs, "encoders": enc,
+            "exchange": {"sends": sends, "recvs": recvs,
+                         "send_bytes": sum(t["bytes"] for t in sends),
+                         "recv_bytes": sum(t["bytes"] for t in recvs)}}
+
+
+class Segment:
+    count = 0
+
+    def __init__(self, step, rank, plan, images, bf16=False):
+        mine = [im for im in images if im[4] == rank]
+        px = np.concatenate([np.full((gh * gw, ROW), s % 251, np.float32)
+                             for s, i, gh, gw, _, _ in mine]) if mine else np.zeros((0, ROW), np.float32)
+        grid = np.array([[1, gh, gw] for _, _, gh, gw, _, _ in mine], np.int32).reshape(-1, 3)
+        sids = np.array([im[0] for im in mine], np.int64)
+        ids, cu, doc_ids, seq_off, mb_off = [], [0], [], [0], [0]
+        for mb in plan["micro_batches"]:
+            for seq in mb["sequences"]:
+                for d in seq["docs"]:
+                    for im in d["images"]:
+                        ids += [START] + [PAD] * im["llm_tokens"] + [END]
+                    ids += [7, 8, 9]
+                    cu.append(len(ids))
+                    doc_ids.append(d["sample_id"])
+                seq_off.append(len(ids))
+            mb_off.append(mb_off[-1] + len(mb["sequences"]))
+        px_dtype = "DTYPE_FLOAT32"
+        if bf16:
+            import torch
+
+            px = torch.from_numpy(px).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            px_dtype = "DTYPE_BFLOAT16"
+        arrays = [("pixel_values", px, px_dtype), ("image_grid_thw", grid, "DTYPE_INT32"),
+                  ("image_sample_ids", sids, "DTYPE_INT64"),
+                  ("input_ids", np.array(ids, np.int32), "DTYPE_INT32"),
+                  ("cu_seqlens", np.array(cu, np.int32), "DTYPE_INT32"),
+                  ("seq_offsets", np.array(seq_off, np.int32), "DTYPE_INT32"),
+                  ("micro_batch_offsets", np.array(mb_off, np.int32), "DTYPE_INT32"),
+                  ("doc_sample_ids", np.array(doc_ids, np.int64), "DTYPE_INT64")]
+        offset, layout = 0, []
+        for name, a, td in arrays:
+            layout.append((name, a, td, offset))
+            offset = (offset + a.nbytes + 63) // 64 * 64
+        Segment.count += 1
+        self.name = f"tutti-torchtest-{os.getpid()}-{Segment.count}"
+        self.shm = shared_memory.SharedMemory(name=self.name, create=True, size=max(offset, 64))
+        descs = []
+        for name, a, td, off in layout:
+            if a.nbytes:
+                np.frombuffer(self.shm.buf, dtype=a.dtype, count=a.size, offset=off)[:] = a.ravel()
+            descs.append({"name": name, "dtype": td, "shape": list(a.shape), "offset": off,
+                          "nbytes": a.nbytes})
+        self.desc = {"step": step, "rank": rank, "shm_name": "/" + self.name,
+                     "shm_size": self.shm.size, "arrays": descs, "plan": plan, "seq_len": 4096}
+
+    def close(self):
+        self.shm.close()
+        self.shm.unlink()
+
+
+def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False):
+    plan = rank_plan(world, rank, images, llm_of, hidden)
+    seg = Segment(step, rank, plan, images, bf16=bf16)
+    raw = tutti.map_batch(seg.desc, copy_on_write=True)
+    b = Batch(raw, job(world, hidden))
+    b._transport = transport
+    return b, seg
+
+
+def pattern(keys_rows, hidden, salt):
+    """Rows whose values say (sample, image, row, column): every byte checkable."""
+    parts = []
+    for (sid, index), n in keys_rows:
+        r = np.arange(n, dtype=np.float64)[:, None]
+        c = np.arange(hidden, dtype=np.float64)[None, :]
+        parts.append(((sid * 7 + index * 131 + r * 17 + c * 3 + salt) % 9973).astype(np.float32))
+    return np.concatenate(parts) if parts else np.zeros((0, hidden), np.float32)
