@@ -250,10 +250,9 @@ absl::Status MpiTransport::Round(int tag, const std::vector<Header>& out, std::v
     if (p == rank_) continue;
     reqs.emplace_back();
     peer.push_back(-1);
-    RETURN_IF_ERROR(MpiStatus(
-        MPI_Isend(&(*sent)[p], sizeof(Header), MPI_BYTE, static_cast<int>(p), tag, comm_,
-                  &reqs.back()),
-        "MPI_Isend"));
+    RETURN_IF_ERROR(MpiStatus(MPI_Isend(&(*sent)[p], sizeof(Header), MPI_BYTE, static_cast<int>(p),
+                                        tag, comm_, &reqs.back()),
+                              "MPI_Isend"));
   }
   std::vector<int> done(reqs.size());
   const absl::Time start = absl::Now();
@@ -341,10 +340,10 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   }
   mine[kRefused] = local.ok() ? 0 : 1;
   const SummaryOp& op = GetSummaryOp();
-  RETURN_IF_ERROR(Annotate(MpiStatus(MPI_Iallreduce(mine, summary->all, 1, op.type, op.op, comm_,
-                                                    &summary->req),
-                                     "MPI_Iallreduce"),
-                           where));
+  RETURN_IF_ERROR(Annotate(
+      MpiStatus(MPI_Iallreduce(mine, summary->all, 1, op.type, op.op, comm_, &summary->req),
+                "MPI_Iallreduce"),
+      where));
   absl::Status waited = WaitAll(1, &summary->req, deadline);
   if (absl::IsDeadlineExceeded(waited)) {
     Abandon(summary);
@@ -462,6 +461,104 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
 absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, void* recv) {
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
+  std::vector<Piece> pieces;
+  // Receives first, then sends, each rank starting with a different peer.
+  for (uint32_t k = 1; k < size_; ++k) {
+    const uint32_t p = (rank_ + size_ - k) % size_;
+    if (layout.recv_counts[p] > 0) {
+      pieces.push_back(
+          {true, p, out + layout.recv_offsets[p], layout.recv_counts[p], MPI_DATATYPE_NULL});
+    }
+  }
+  for (uint32_t k = 1; k < size_; ++k) {
+    const uint32_t p = (rank_ + k) % size_;
+    if (layout.send_counts[p] > 0) {
+      pieces.push_back({false, p, const_cast<char*>(in) + layout.send_offsets[p],
+                        layout.send_counts[p], MPI_DATATYPE_NULL});
+    }
+  }
+  if (layout.send_counts[rank_] > 0) {
+    std::memcpy(out + layout.recv_offsets[rank_], in + layout.send_offsets[rank_],
+                layout.send_counts[rank_]);
+  }
+  return MovePieces(layout, pieces);
+}
+
+absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
+                                     const std::vector<std::vector<ItemBuffer>>& send,
+                                     const std::vector<std::vector<ItemBuffer>>& recv) {
+  // Items without memory send zeros or receive into scratch of their own,
+  // kept past a failure (a late peer may still complete those messages).
+  uint64_t zero_bytes = 0, scratch_bytes = 0;
+  for (uint32_t p = 0; p < size_; ++p) {
+    for (const ItemBuffer& b : send[p]) {
+      if (b.data == nullptr) zero_bytes = std::max(zero_bytes, b.bytes);
+    }
+    for (const ItemBuffer& b : recv[p]) {
+      if (b.data == nullptr && p != rank_) scratch_bytes += b.bytes;
+    }
+  }
+  auto spare = std::make_shared<std::vector<char>>(zero_bytes + scratch_bytes);
+  char* zeros = spare->data();
+  char* scratch = zeros + zero_bytes;
+  // One message per peer whose datatype lists that peer's items where they
+  // lie (MPI reads and writes them in place); an item above max_count bytes
+  // goes as messages of its own, in order.
+  std::vector<Piece> pieces;
+  std::vector<MPI_Datatype> types;
+  auto add = [&](bool receive, uint32_t p, const std::vector<ItemBuffer>& items) {
+    std::vector<int> lengths;
+    std::vector<MPI_Aint> where;
+    bool small = true;
+    for (const ItemBuffer& b : items) small &= b.bytes <= opts_.max_count;
+    for (const ItemBuffer& b : items) {
+      if (b.bytes == 0) continue;
+      char* data = static_cast<char*>(b.data);
+      if (data == nullptr) {
+        data = receive ? scratch : zeros;
+        if (receive) scratch += b.bytes;
+      }
+      if (!small) {
+        pieces.push_back({receive, p, data, b.bytes, MPI_DATATYPE_NULL});
+        continue;
+      }
+      MPI_Aint a = 0;
+      MPI_Get_address(data, &a);
+      lengths.push_back(static_cast<int>(b.bytes));
+      where.push_back(a);
+    }
+    if (lengths.empty()) return;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), where.data(),
+                             MPI_BYTE, &type);
+    MPI_Type_commit(&type);
+    types.push_back(type);
+    pieces.push_back({receive, p, static_cast<char*>(MPI_BOTTOM), 1, type});
+  };
+  for (uint32_t k = 1; k < size_; ++k)
+    add(true, (rank_ + size_ - k) % size_, recv[(rank_ + size_ - k) % size_]);
+  for (uint32_t k = 1; k < size_; ++k) add(false, (rank_ + k) % size_, send[(rank_ + k) % size_]);
+  const auto& to_self = send[rank_];
+  const auto& from_self = recv[rank_];
+  for (size_t k = 0; k < std::min(to_self.size(), from_self.size()); ++k) {
+    if (from_self[k].data == nullptr) continue;
+    if (to_self[k].data == nullptr) {
+      std::memset(from_self[k].data, 0, from_self[k].bytes);
+    } else {
+      std::memcpy(from_self[k].data, to_self[k].data, from_self[k].bytes);
+    }
+  }
+  absl::Status s = MovePieces(layout, pieces);
+  if (s.ok()) {
+    for (MPI_Datatype& t : types) MPI_Type_free(&t);
+  } else {
+    Abandon(spare);  // pending messages may still use them; the types stay too
+  }
+  return s;
+}
+
+absl::Status MpiTransport::MovePieces(const ExchangeLayout& layout,
+                                      const std::vector<Piece>& pieces) {
   const uint64_t chunk = opts_.max_count;
   // Messages of this exchange only: a late rank's data never matches another.
   const int tag = kDataTagBase + static_cast<int>(seq_ % kDataTags);
@@ -471,32 +568,34 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
   absl::Status posted;
   // Chunks of at most max_count bytes (an int), in order: messages between
   // two ranks with one tag do not overtake each other.
-  auto post = [&](bool receive, uint32_t peer, uint64_t offset, uint64_t count) {
-    large |= count > chunk;
-    for (uint64_t done = 0; done < count && posted.ok(); done += chunk) {
-      const int n = static_cast<int>(std::min(chunk, count - done));
+  for (const Piece& piece : pieces) {
+    if (piece.type != MPI_DATATYPE_NULL) {  // one message of a datatype: in place
       reqs.emplace_back();
-      is_recv.push_back(receive);
-      posted = receive ? MpiStatus(MPI_Irecv(out + offset + done, n, MPI_BYTE,
-                                             static_cast<int>(peer), tag, comm_, &reqs.back()),
-                                   "MPI_Irecv")
-                       : MpiStatus(MPI_Isend(in + offset + done, n, MPI_BYTE,
-                                             static_cast<int>(peer), tag, comm_, &reqs.back()),
-                                   "MPI_Isend");
+      is_recv.push_back(piece.receive);
+      posted = piece.receive
+                   ? MpiStatus(MPI_Irecv(MPI_BOTTOM, 1, piece.type, static_cast<int>(piece.peer),
+                                         tag, comm_, &reqs.back()),
+                               "MPI_Irecv")
+                   : MpiStatus(MPI_Isend(MPI_BOTTOM, 1, piece.type, static_cast<int>(piece.peer),
+                                         tag, comm_, &reqs.back()),
+                               "MPI_Isend");
+      if (!posted.ok()) break;
+      continue;
     }
-  };
-  // Receives first, then sends, each rank starting with a different peer.
-  for (uint32_t k = 1; k < size_ && posted.ok(); ++k) {
-    const uint32_t p = (rank_ + size_ - k) % size_;
-    if (layout.recv_counts[p] > 0) post(true, p, layout.recv_offsets[p], layout.recv_counts[p]);
-  }
-  for (uint32_t k = 1; k < size_ && posted.ok(); ++k) {
-    const uint32_t p = (rank_ + k) % size_;
-    if (layout.send_counts[p] > 0) post(false, p, layout.send_offsets[p], layout.send_counts[p]);
-  }
-  if (posted.ok() && layout.send_counts[rank_] > 0) {
-    std::memcpy(out + layout.recv_offsets[rank_], in + layout.send_offsets[rank_],
-                layout.send_counts[rank_]);
+    large |= piece.count > chunk;
+    for (uint64_t done = 0; done < piece.count && posted.ok(); done += chunk) {
+      const int n = static_cast<int>(std::min(chunk, piece.count - done));
+      reqs.emplace_back();
+      is_recv.push_back(piece.receive);
+      posted = piece.receive
+                   ? MpiStatus(MPI_Irecv(piece.data + done, n, MPI_BYTE,
+                                         static_cast<int>(piece.peer), tag, comm_, &reqs.back()),
+                               "MPI_Irecv")
+                   : MpiStatus(MPI_Isend(piece.data + done, n, MPI_BYTE,
+                                         static_cast<int>(piece.peer), tag, comm_, &reqs.back()),
+                               "MPI_Isend");
+    }
+    if (!posted.ok()) break;
   }
   if (large) ++large_exchanges_;
   absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
@@ -516,8 +615,8 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
-  Break(where, absl::IsDeadlineExceeded(s) ? "timed out while moving data"
-                                           : "failed while moving data");
+  Break(where,
+        absl::IsDeadlineExceeded(s) ? "timed out while moving data" : "failed while moving data");
   if (absl::IsDeadlineExceeded(s)) {
     return absl::DeadlineExceededError(absl::StrCat(
         where, ": the other ranks did not complete the exchange within ",

@@ -92,9 +92,24 @@ class MpiTransport final : public Transport {
 
  protected:
   absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) override;
+  absl::Status MoveItems(const ExchangeLayout& layout,
+                         const std::vector<std::vector<ItemBuffer>>& send,
+                         const std::vector<std::vector<ItemBuffer>>& recv) override;
 
  private:
   struct Header;  // the agreement messages
+  // A message to or from one peer: `count` bytes at `data`, or (type set)
+  // one element of `type` at MPI_BOTTOM (absolute addresses).
+  struct Piece {
+    bool receive;
+    uint32_t peer;
+    char* data;
+    uint64_t count;
+    MPI_Datatype type;
+  };
+  // Posts every piece (in order, in chunks of at most max_count bytes) and
+  // waits for them until join_timeout.
+  absl::Status MovePieces(const ExchangeLayout& layout, const std::vector<Piece>& pieces);
   MpiTransport(MPI_Comm comm, int rank, int size, const MpiTransportOptions& opts)
       : comm_(comm), rank_(rank), size_(size), opts_(opts) {}
 

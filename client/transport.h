@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -28,6 +29,14 @@
 #include "client/proto_fwd.h"
 
 namespace tutti {
+
+// One exchange item's own memory (Transport::ExchangeItems): `bytes` at
+// `data`. data == nullptr: zeros are sent for the item, or what arrives for it
+// is dropped.
+struct ItemBuffer {
+  void* data = nullptr;
+  uint64_t bytes = 0;
+};
 
 class Transport {
  public:
@@ -58,6 +67,17 @@ class Transport {
   absl::Status ExchangeLoad(const v1::RankPlan& plan, const void* send, size_t send_bytes,
                             void* recv, size_t recv_bytes, const ExchangeContext& ctx = {});
 
+  // The item-wise form of the three above: instead of one contiguous buffer
+  // per side, each item of the direction's send list (the sends' items in
+  // order across transfers; backward: the forward recvs') and of its receive
+  // list has its own buffer, whose size must be the item's. Same layout,
+  // checks and agreement; the items move without staging copies where the
+  // transport can (MPI: a message per item), else UNIMPLEMENTED.
+  absl::Status ExchangeItems(const v1::RankPlan& plan, ExchangeDirection dir,
+                             const std::vector<ItemBuffer>& send,
+                             const std::vector<ItemBuffer>& recv, const ExchangeContext& ctx = {})
+      ABSL_LOCKS_EXCLUDED(run_mu_);
+
   // Collective agreement before data moves. `local` is this rank's own
   // verdict on its input (OK, or why it refuses); the result is OK on every
   // rank only if every rank is OK and the ranks' byte counts agree pairwise.
@@ -67,6 +87,11 @@ class Transport {
  protected:
   // Moves the bytes of an agreed layout. Called only after Agree() succeeded.
   virtual absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) = 0;
+  // Moves an agreed layout's items: send[p] / recv[p] are peer p's items in
+  // order. Default: UNIMPLEMENTED (the transport takes contiguous buffers).
+  virtual absl::Status MoveItems(const ExchangeLayout& layout,
+                                 const std::vector<std::vector<ItemBuffer>>& send,
+                                 const std::vector<std::vector<ItemBuffer>>& recv);
 
  private:
   absl::Status Run(ExchangeDirection dir, const v1::RankPlan& plan, const void* send,

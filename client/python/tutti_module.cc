@@ -156,7 +156,8 @@ py::array View(const ArrayView& v, std::shared_ptr<const ShmSegment> segment, bo
                    [](void* p) { delete static_cast<std::shared_ptr<const ShmSegment>*>(p); });
   std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
   py::array a(NumpyDType(v.dtype), shape, v.data, base);
-  if (!writable) py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  if (!writable)
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return a;
 }
 
@@ -279,6 +280,58 @@ void RunExchange(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan,
         status = t.ExchangeLoad(plan, s.ptr, s.bytes, r.ptr, r.bytes, ctx);
         break;
     }
+  }
+  Check(status);
+}
+
+// The item-wise exchange: each item of the direction's send (receive) list at
+// a byte offset of `src` (`dst`); -1: no memory (zeros sent, arrivals dropped).
+void RunItems(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan, const py::object& src,
+              const std::vector<int64_t>& send_offsets, const py::object& dst,
+              const std::vector<int64_t>& recv_offsets, ExchangeContext ctx, bool device) {
+  Buffer s, r;
+  try {
+    CheckBuffers(src, dst, device, &s, &r);
+  } catch (const StatusError& e) {
+    if (ctx.refusal.ok()) ctx.refusal = e.status;
+  }
+  const v1::Exchange& ex = dir == ExchangeDirection::kLoad ? plan.load_exchange() : plan.exchange();
+  const auto& send_list = dir == ExchangeDirection::kBackward ? ex.recvs() : ex.sends();
+  const auto& recv_list = dir == ExchangeDirection::kBackward ? ex.sends() : ex.recvs();
+  auto items = [&](const google::protobuf::RepeatedPtrField<v1::Transfer>& list,
+                   const std::vector<int64_t>& offsets, const Buffer& b, const char* what) {
+    std::vector<ItemBuffer> out;
+    size_t k = 0;
+    for (const v1::Transfer& tr : list) {
+      for (const v1::TransferItem& item : tr.items()) {
+        ItemBuffer ib;
+        ib.bytes = item.bytes();
+        const int64_t off = k < offsets.size() ? offsets[k] : -1;
+        if (k >= offsets.size() && ctx.refusal.ok()) {
+          ctx.refusal = absl::InvalidArgumentError(
+              absl::StrCat(ExchangeWhere(ctx.step, t.rank()), ": ", offsets.size(), " ", what,
+                           " item offsets but the plan lists more items"));
+        } else if (off >= 0 && static_cast<uint64_t>(off) + ib.bytes > b.bytes) {
+          if (ctx.refusal.ok()) {
+            ctx.refusal = absl::InvalidArgumentError(absl::StrCat(
+                ExchangeWhere(ctx.step, t.rank()), ": ", what, " item ", k, " at byte ", off,
+                " of ", ib.bytes, " bytes ends past its ", b.bytes, "-byte buffer"));
+          }
+        } else if (off >= 0) {
+          ib.data = static_cast<char*>(b.ptr) + off;
+        }
+        out.push_back(ib);
+        ++k;
+      }
+    }
+    return out;
+  };
+  const std::vector<ItemBuffer> send = items(send_list, send_offsets, s, "send");
+  const std::vector<ItemBuffer> recv = items(recv_list, recv_offsets, r, "receive");
+  absl::Status status;
+  {
+    py::gil_scoped_release nogil;
+    status = t.ExchangeItems(plan, dir, send, recv, ctx);
   }
   Check(status);
 }
@@ -542,6 +595,33 @@ PYBIND11_MODULE(_tutti, m) {
     }
   };
 
+  auto item_exchange = [](auto& cls, bool device) {
+    using T = typename std::remove_reference_t<decltype(cls)>::type;
+    cls.def(
+        "exchange_items",
+        [device](T& t, const py::handle& plan, const std::string& direction, const py::object& src,
+                 const std::vector<int64_t>& send_offsets, const py::object& dst,
+                 const std::vector<int64_t>& recv_offsets, std::optional<uint64_t> step,
+                 std::optional<uint32_t> world_size) {
+          ExchangeDirection d = ExchangeDirection::kForward;
+          if (direction == "backward")
+            d = ExchangeDirection::kBackward;
+          else if (direction == "load")
+            d = ExchangeDirection::kLoad;
+          else if (direction != "forward") {
+            Throw(absl::InvalidArgumentError("direction must be forward, backward or load"));
+          }
+          RunItems(t.transport(), d, PlanFrom(plan), src, send_offsets, dst, recv_offsets,
+                   ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)}, device);
+        },
+        py::arg("plan"), py::arg("direction"), py::arg("src"), py::arg("send_offsets"),
+        py::arg("dst"), py::arg("recv_offsets"), py::arg("step") = py::none(),
+        py::arg("world_size") = py::none(),
+        "The exchange item by item, without staging copies: item k of the direction's send list\n"
+        "is read at byte send_offsets[k] of `src`, receive item k written at recv_offsets[k]\n"
+        "of `dst` (-1: zeros sent / arrival dropped); sizes from the plan, checked.");
+  };
+
   py::class_<PyMpiTransport> mpi(
       m, "MpiTransport",
       "The plan's all-to-all over MPI on host memory (initialises MPI if needed). Collective:\n"
@@ -558,6 +638,7 @@ PYBIND11_MODULE(_tutti, m) {
       .def_property_readonly("large_exchanges",
                              [](PyMpiTransport& t) { return t.mpi->large_exchanges(); });
   exchanges(mpi, false);
+  item_exchange(mpi, false);
   m.attr("HAVE_NCCL") = py::bool_(TUTTI_HAVE_NCCL_PY);
   m.def(
       "exchange_layout",
@@ -569,8 +650,8 @@ PYBIND11_MODULE(_tutti, m) {
         } else if (direction == "load") {
           dir = ExchangeDirection::kLoad;
         } else if (direction != "forward") {
-          Throw(absl::InvalidArgumentError(absl::StrCat(
-              "direction must be forward, backward or load, got '", direction, "'")));
+          Throw(absl::InvalidArgumentError(
+              absl::StrCat("direction must be forward, backward or load, got '", direction, "'")));
         }
         const ExchangeContext ctx{step.value_or(kUnknownStep), plan_world_size.value_or(0)};
         ExchangeLayout l = Value(BuildExchangeLayout(PlanFrom(plan), dir, rank, world_size, ctx));
@@ -607,8 +688,9 @@ PYBIND11_MODULE(_tutti, m) {
           py::gil_scoped_release nogil;
           Check(MpiStatus(MPI_Bcast(&n, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "MPI_Bcast"));
           buf.resize(n);
-          Check(MpiStatus(MPI_Bcast(buf.data(), static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD),
-                          "MPI_Bcast"));
+          Check(
+              MpiStatus(MPI_Bcast(buf.data(), static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD),
+                        "MPI_Bcast"));
         }
         return py::bytes(buf);
       },

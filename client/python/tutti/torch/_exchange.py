@@ -409,6 +409,33 @@ class MpiTransport(_Transport):
     def _bytes(t):
         return t.detach().view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
 
+    @staticmethod
+    def _offsets(items, row_bytes):
+        return [a * row_bytes if a >= 0 else -1 for per_peer in items for a, _ in per_peer]
+
+    def forward(self, state, x):
+        # Item by item: the C++ transport reads and writes every item in place.
+        t = state.tables
+        x = x.contiguous()
+        out = x.new_empty((t.out_total, x.shape[1]))
+        rb = x.shape[1] * x.element_size()
+        self.impl.exchange_items(state.batch._layout.plan, "forward", self._bytes(x),
+                                 self._offsets(t.send_items, rb), self._bytes(out),
+                                 self._offsets(t.recv_items, rb), step=state.step,
+                                 world_size=state.batch.world_size)
+        return out
+
+    def backward(self, state, grad_out):
+        t = state.tables
+        grad_out = grad_out.contiguous()
+        grad_x = (grad_out.new_empty if t.send_covers_x else grad_out.new_zeros)(state.x_shape)
+        rb = grad_out.shape[1] * grad_out.element_size()
+        self.impl.exchange_items(state.batch._layout.plan, "backward", self._bytes(grad_out),
+                                 self._offsets(t.recv_items, rb), self._bytes(grad_x),
+                                 self._offsets(t.send_items, rb), step=state.step,
+                                 world_size=state.batch.world_size)
+        return grad_x
+
     def move(self, batch, direction, send, recv, send_rows, recv_rows):
         f = self.impl.exchange if direction == "forward" else self.impl.exchange_backward
         f(batch._layout.plan, self._bytes(send), self._bytes(recv), step=batch.step,
@@ -430,6 +457,10 @@ class NcclTransport(MpiTransport):
         if x.device.type != "cuda":
             return "INVALID_ARGUMENT", f"{where}: x is on {x.device}; the NCCL transport moves CUDA tensors"
         return None
+
+    # Contiguous buffers: NCCL moves one per peer.
+    forward = _Transport.forward
+    backward = _Transport.backward
 
     def refuse(self, batch, refusal):
         empty = torch.zeros(0, dtype=torch.uint8, device="cuda")
