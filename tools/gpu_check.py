@@ -1,6 +1,10 @@
 """GPU part of tools/gpu_check.sh (run under `mpirun -np 1`, PYTHONPATH=<build>/python):
 tutti.NcclTransport with torch CUDA tensors, its errors, its throughput, and a ViT forward
-timing fitted to the cost model. Exits non-zero on any failed check."""
+timing fitted to the cost model. With --example (TUTTI_BUILD_DIR=<build>): the example
+trainer under torchrun with NCCL, one rank per GPU, against daemons started here; the loss
+must fall over 10 steps. Exits non-zero on any failed check."""
+import argparse
+import os
 import sys
 import time
 
@@ -126,6 +130,32 @@ def main():
     check("ViT timing grows with patches", ts[-1] > ts[0])
 
 
+def example(ranks):
+    """The example trainer with NCCL against a packer and a stager started here."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    tests = os.path.join(here, "..", "client", "python", "tests")
+    sys.path.insert(0, tests)
+    import cluster  # the torch tests' job on this machine
+
+    with cluster.cluster(post=True, nodes=1, per_node=ranks) as c:
+        rc, out = cluster.torchrun(c, os.path.join(cluster.EXAMPLES, "train_vlm.py"),
+                                   ["--steps", "10"], timeout=100)
+    losses = [float(x.split('"loss": ')[1].split(",")[0]) for x in out.splitlines() if '"loss": ' in x]
+    print("\n".join(line for line in out.splitlines() if '"step"' in line))
+    check("example trainer with NCCL ran 10 steps", rc == 0 and len(losses) == 10,
+          out[-1500:] if rc else "")
+    if len(losses) == 10:
+        check("its loss falls", sum(losses[-3:]) / 3 < sum(losses[:3]) / 3,
+              f"first {losses[0]:.4f}, last {losses[-1]:.4f}")
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--example", action="store_true")
+    ap.add_argument("--ranks", type=int, default=1)
+    a = ap.parse_args()
+    if a.example:
+        example(a.ranks)
+    else:
+        main()
     sys.exit(1 if failures else 0)

@@ -10,7 +10,11 @@
 #      test must fail at once saying so, not hang;
 #   4. tools/gpu_check.py: tutti.NcclTransport with torch CUDA tensors (and
 #      the errors for host buffers and wrong sizes), NCCL throughput, and a
-#      ViT forward timing fitted to the cost model a*p + b*p^2.
+#      ViT forward timing fitted to the cost model a*p + b*p^2;
+#   5. the example trainer (client/python/examples/train_vlm.py) on one rank
+#      per GPU under torchrun with NCCL (batches moved to the GPU, the exchange
+#      over the trainer's NCCL group), against a packer and a stager started
+#      here on a generated dataset: 10 steps, the loss must fall.
 # The output goes to the terminal and, dated, to tools/gpu_check.out (kept in
 # the repository beside this script). CI does not run it. Needs what
 # tools/setup.sh installs, plus the CUDA toolkit with NCCL (CUDAToolkit_ROOT,
@@ -47,9 +51,9 @@ if [ $rc -ne 0 ] || ! grep -q "tutti: NCCL transport ON" "$BUILD/gpu_check.confi
   tail -20 "$BUILD/gpu_check.configure.log"; echo "FAIL configure: no NCCL transport"; exit 1
 fi
 
-step "build (post_exchange_mpi_test, tutti_python) with $JOBS jobs"
-timeout 180 cmake --build "$BUILD" -j "$JOBS" --target post_exchange_mpi_test tutti_python \
-  > "$BUILD/gpu_check.build.log" 2>&1
+step "build (post_exchange_mpi_test, tutti_python, the daemons, tutti) with $JOBS jobs"
+timeout 200 cmake --build "$BUILD" -j "$JOBS" --target post_exchange_mpi_test tutti_python \
+  tutti-packerd tutti-stagerd tutti > "$BUILD/gpu_check.build.log" 2>&1
 rc=$?
 tail -3 "$BUILD/gpu_check.build.log"
 result build $rc
@@ -72,6 +76,11 @@ fi
 step "Python: CUDA tensors through tutti.NcclTransport, ViT timing"
 PYTHONPATH="$BUILD/python" timeout 100 mpirun -np 1 python3 tools/gpu_check.py
 result python_nccl $?
+
+step "the example trainer with NCCL: $GPUS rank(s), one per GPU, 10 steps"
+PYTHONPATH="$BUILD/python" TUTTI_BUILD_DIR="$BUILD" timeout 120 python3 tools/gpu_check.py \
+  --example --ranks "$GPUS"
+result example_nccl $?
 
 step "done in $(($(date +%s) - START)) s: $failures failure(s)"
 exit $((failures > 0))

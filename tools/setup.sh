@@ -26,7 +26,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   pybind11-dev python3-dev python3-numpy
   prometheus libglpk-dev glpk-utils libfuse3-dev fuse3 fio curl
-  python3-torch python3-pil clang libclang-rt-14-dev openssl
+  python3-torch python3-pil python3-mpi4py clang libclang-rt-14-dev openssl
   slurm-wlm python3-yaml python3-kubernetes python3-seccomp
 )
 # kubectl (for the deploy tests' `kubectl kustomize`): Debian's kubernetes-client,

@@ -70,8 +70,9 @@ def rotate(x, cos, sin):
 def mrope(position_ids, head_dim, sections=(2, 3, 3), theta=10000.0):
     """cos, sin [T, 1, head_dim/2] for 3-D position ids [3, T]: frequency i rotates by the
     temporal, height or width id as `sections` assign it (Qwen2-VL M-RoPE)."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    axis = torch.repeat_interleave(torch.arange(3), torch.tensor(sections))
+    dev = position_ids.device
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=dev) / head_dim)
+    axis = torch.repeat_interleave(torch.arange(3, device=dev), torch.tensor(sections, device=dev))
     ang = position_ids[axis].float().T * inv  # [T, head_dim/2]
     return ang.cos()[:, None, :], ang.sin()[:, None, :]
 
