@@ -227,6 +227,25 @@ class _Transport:
         recv = x.new_empty((t.recv_total, x.shape[1]))
         return send, recv
 
+    def items_forward(self, state, x):
+        """Item by item, straight between x's rows and the output's: no staging copies."""
+        t = state.tables
+        x = x.contiguous()
+        out = x.new_empty((t.out_total, x.shape[1]))
+        rb = x.shape[1] * x.element_size()
+        self.move_items(state.batch, "forward", x, out, t.send_items, t.recv_items,
+                        [n * rb for n in t.send_rows], [n * rb for n in t.recv_rows])
+        return out
+
+    def items_backward(self, state, grad_out):
+        t = state.tables
+        grad_out = grad_out.contiguous()
+        grad_x = (grad_out.new_empty if t.send_covers_x else grad_out.new_zeros)(state.x_shape)
+        rb = grad_out.shape[1] * grad_out.element_size()
+        self.move_items(state.batch, "backward", grad_out, grad_x, t.recv_items, t.send_items,
+                        [n * rb for n in t.recv_rows], [n * rb for n in t.send_rows])
+        return grad_x
+
     def forward(self, state, x):
         t = state.tables
         send, recv = self._buffers(state, x)
@@ -286,32 +305,12 @@ class TorchTransport(_Transport):
             warm = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
             dist.all_reduce(warm, group=self.group)  # NCCL's communicator, made by every rank
 
-    def forward(self, state, x):
-        if self.backend == "nccl":
-            return super().forward(state, x)
-        t = state.tables
-        x = x.contiguous()
-        out = x.new_empty((t.out_total, x.shape[1]))
-        self.move_items(state.batch, "forward", x, out, t.send_items, t.recv_items,
-                        [n * self.row_bytes(x) for n in t.send_rows],
-                        [n * self.row_bytes(x) for n in t.recv_rows])
-        return out
+    def forward(self, state, x):  # NCCL: one contiguous buffer per peer
+        return (super().forward if self.backend == "nccl" else self.items_forward)(state, x)
 
     def backward(self, state, grad_out):
-        if self.backend == "nccl":
-            return super().backward(state, grad_out)
-        t = state.tables
-        grad_out = grad_out.contiguous()
-        make = grad_out.new_empty if t.send_covers_x else grad_out.new_zeros
-        grad_x = make(state.x_shape)
-        self.move_items(state.batch, "backward", grad_out, grad_x, t.recv_items, t.send_items,
-                        [n * self.row_bytes(grad_out) for n in t.recv_rows],
-                        [n * self.row_bytes(grad_out) for n in t.send_rows])
-        return grad_x
-
-    @staticmethod
-    def row_bytes(x):
-        return x.shape[1] * x.element_size()
+        return (super().backward if self.backend == "nccl" else self.items_backward)(
+            state, grad_out)
 
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
                    recv_bytes):
@@ -414,27 +413,19 @@ class MpiTransport(_Transport):
         return [a * row_bytes if a >= 0 else -1 for per_peer in items for a, _ in per_peer]
 
     def forward(self, state, x):
-        # Item by item: the C++ transport reads and writes every item in place.
-        t = state.tables
-        x = x.contiguous()
-        out = x.new_empty((t.out_total, x.shape[1]))
-        rb = x.shape[1] * x.element_size()
-        self.impl.exchange_items(state.batch._layout.plan, "forward", self._bytes(x),
-                                 self._offsets(t.send_items, rb), self._bytes(out),
-                                 self._offsets(t.recv_items, rb), step=state.step,
-                                 world_size=state.batch.world_size)
-        return out
+        return self.items_forward(state, x)
 
     def backward(self, state, grad_out):
-        t = state.tables
-        grad_out = grad_out.contiguous()
-        grad_x = (grad_out.new_empty if t.send_covers_x else grad_out.new_zeros)(state.x_shape)
-        rb = grad_out.shape[1] * grad_out.element_size()
-        self.impl.exchange_items(state.batch._layout.plan, "backward", self._bytes(grad_out),
-                                 self._offsets(t.recv_items, rb), self._bytes(grad_x),
-                                 self._offsets(t.send_items, rb), step=state.step,
-                                 world_size=state.batch.world_size)
-        return grad_x
+        return self.items_backward(state, grad_out)
+
+    def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
+                   recv_bytes):
+        # The C++ transport reads and writes every item in place (its own agreement).
+        rb = src.shape[1] * src.element_size()
+        self.impl.exchange_items(batch._layout.plan, direction, self._bytes(src),
+                                 self._offsets(send_items, rb), self._bytes(dst),
+                                 self._offsets(recv_items, rb), step=batch.step,
+                                 world_size=batch.world_size)
 
     def move(self, batch, direction, send, recv, send_rows, recv_rows):
         f = self.impl.exchange if direction == "forward" else self.impl.exchange_backward
