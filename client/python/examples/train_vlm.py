@@ -110,6 +110,17 @@ class CausalLM(nn.Module):
         return self.head(self.norm(h))[None]
 
 
+def swap_first_and_last(emb):
+    """The negative control of the gradient test: two embedding rows placed wrongly. (An op
+    on the exchange's output runs per micro-batch: a micro-batch's backward frees what it
+    saved, so a node shared by several micro-batches could not be backed through twice.)"""
+    if emb.shape[0] < 2:
+        return emb
+    n = emb.shape[0]
+    perm = torch.cat([torch.tensor([n - 1]), torch.arange(1, n - 1), torch.tensor([0])])
+    return emb[perm.to(emb.device)]
+
+
 def all_reduce_grads(params):
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -155,14 +166,12 @@ def main():
         opt.zero_grad(set_to_none=True)
         x = vit(batch.pixel_values, batch.vit_cu_seqlens)                           # tutti
         emb = tutti.torch.exchange(x, batch)                                        # tutti
-        if args.swap_rows and emb.shape[0] >= 2:
-            emb = emb[torch.cat([torch.tensor([emb.shape[0] - 1]), torch.arange(1, emb.shape[0] - 1),
-                                 torch.tensor([0])]).to(emb.device)]
         tokens = torch.tensor(float(batch.num_label_tokens), device=device)         # tutti
         dist.all_reduce(tokens)
         loss_sum = torch.zeros((), device=device)
         for mb in batch.micro_batches:                                              # tutti
-            h = mb.scatter_image_embeds(lm.embed(fold_ids(mb.input_ids)), emb)       # tutti
+            rows = swap_first_and_last(emb) if args.swap_rows else emb  # per micro-batch
+            h = mb.scatter_image_embeds(lm.embed(fold_ids(mb.input_ids)), rows)      # tutti
             logits = lm(h, mb.mrope_position_ids, mb.cu_seqlens)                    # tutti
             labels = mb.labels[:, 1:]                                               # tutti
             target = torch.where(labels >= 0, fold_ids(labels.clamp(min=0)), labels)
