@@ -466,15 +466,14 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
   for (uint32_t k = 1; k < size_; ++k) {
     const uint32_t p = (rank_ + size_ - k) % size_;
     if (layout.recv_counts[p] > 0) {
-      pieces.push_back(
-          {true, p, out + layout.recv_offsets[p], layout.recv_counts[p], MPI_DATATYPE_NULL});
+      pieces.push_back({true, p, out + layout.recv_offsets[p], layout.recv_counts[p]});
     }
   }
   for (uint32_t k = 1; k < size_; ++k) {
     const uint32_t p = (rank_ + k) % size_;
     if (layout.send_counts[p] > 0) {
-      pieces.push_back({false, p, const_cast<char*>(in) + layout.send_offsets[p],
-                        layout.send_counts[p], MPI_DATATYPE_NULL});
+      pieces.push_back(
+          {false, p, const_cast<char*>(in) + layout.send_offsets[p], layout.send_counts[p]});
     }
   }
   if (layout.send_counts[rank_] > 0) {
@@ -487,53 +486,28 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
 absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
                                      const std::vector<std::vector<ItemBuffer>>& send,
                                      const std::vector<std::vector<ItemBuffer>>& recv) {
-  // Items without memory send zeros or receive into scratch of their own,
-  // kept past a failure (a late peer may still complete those messages).
-  uint64_t zero_bytes = 0, scratch_bytes = 0;
-  for (uint32_t p = 0; p < size_; ++p) {
-    for (const ItemBuffer& b : send[p]) {
-      if (b.data == nullptr) zero_bytes = std::max(zero_bytes, b.bytes);
-    }
-    for (const ItemBuffer& b : recv[p]) {
-      if (b.data == nullptr && p != rank_) scratch_bytes += b.bytes;
+  // Items without memory send zeros or receive into scratch, kept past a
+  // failure (a late peer may still complete those messages).
+  uint64_t largest = 0;
+  for (const auto* side : {&send, &recv}) {
+    for (const auto& items : *side) {
+      for (const ItemBuffer& b : items) {
+        if (b.data == nullptr) largest = std::max(largest, b.bytes);
+      }
     }
   }
-  auto spare = std::make_shared<std::vector<char>>(zero_bytes + scratch_bytes);
+  auto spare = std::make_shared<std::vector<char>>(largest);
   char* zeros = spare->data();
-  char* scratch = zeros + zero_bytes;
-  // One message per peer whose datatype lists that peer's items where they
-  // lie (MPI reads and writes them in place); an item above max_count bytes
-  // goes as messages of its own, in order.
+  // A message per item, read and written in place; a pair's items go in plan
+  // order on both ends, and messages with one tag between two ranks do not
+  // overtake each other.
   std::vector<Piece> pieces;
-  std::vector<MPI_Datatype> types;
   auto add = [&](bool receive, uint32_t p, const std::vector<ItemBuffer>& items) {
-    std::vector<int> lengths;
-    std::vector<MPI_Aint> where;
-    bool small = true;
-    for (const ItemBuffer& b : items) small &= b.bytes <= opts_.max_count;
     for (const ItemBuffer& b : items) {
-      if (b.bytes == 0) continue;
-      char* data = static_cast<char*>(b.data);
-      if (data == nullptr) {
-        data = receive ? scratch : zeros;
-        if (receive) scratch += b.bytes;
+      if (b.bytes > 0) {
+        pieces.push_back({receive, p, b.data ? static_cast<char*>(b.data) : zeros, b.bytes});
       }
-      if (!small) {
-        pieces.push_back({receive, p, data, b.bytes, MPI_DATATYPE_NULL});
-        continue;
-      }
-      MPI_Aint a = 0;
-      MPI_Get_address(data, &a);
-      lengths.push_back(static_cast<int>(b.bytes));
-      where.push_back(a);
     }
-    if (lengths.empty()) return;
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), where.data(),
-                             MPI_BYTE, &type);
-    MPI_Type_commit(&type);
-    types.push_back(type);
-    pieces.push_back({receive, p, static_cast<char*>(MPI_BOTTOM), 1, type});
   };
   for (uint32_t k = 1; k < size_; ++k)
     add(true, (rank_ + size_ - k) % size_, recv[(rank_ + size_ - k) % size_]);
@@ -549,11 +523,7 @@ absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
     }
   }
   absl::Status s = MovePieces(layout, pieces);
-  if (s.ok()) {
-    for (MPI_Datatype& t : types) MPI_Type_free(&t);
-  } else {
-    Abandon(spare);  // pending messages may still use them; the types stay too
-  }
+  if (!s.ok()) Abandon(spare);
   return s;
 }
 
@@ -569,19 +539,6 @@ absl::Status MpiTransport::MovePieces(const ExchangeLayout& layout,
   // Chunks of at most max_count bytes (an int), in order: messages between
   // two ranks with one tag do not overtake each other.
   for (const Piece& piece : pieces) {
-    if (piece.type != MPI_DATATYPE_NULL) {  // one message of a datatype: in place
-      reqs.emplace_back();
-      is_recv.push_back(piece.receive);
-      posted = piece.receive
-                   ? MpiStatus(MPI_Irecv(MPI_BOTTOM, 1, piece.type, static_cast<int>(piece.peer),
-                                         tag, comm_, &reqs.back()),
-                               "MPI_Irecv")
-                   : MpiStatus(MPI_Isend(MPI_BOTTOM, 1, piece.type, static_cast<int>(piece.peer),
-                                         tag, comm_, &reqs.back()),
-                               "MPI_Isend");
-      if (!posted.ok()) break;
-      continue;
-    }
     large |= piece.count > chunk;
     for (uint64_t done = 0; done < piece.count && posted.ok(); done += chunk) {
       const int n = static_cast<int>(std::min(chunk, piece.count - done));

@@ -98,14 +98,12 @@ class MpiTransport final : public Transport {
 
  private:
   struct Header;  // the agreement messages
-  // A message to or from one peer: `count` bytes at `data`, or (type set)
-  // one element of `type` at MPI_BOTTOM (absolute addresses).
+  // A contiguous message to or from one peer.
   struct Piece {
     bool receive;
     uint32_t peer;
     char* data;
     uint64_t count;
-    MPI_Datatype type;
   };
   // Posts every piece (in order, in chunks of at most max_count bytes) and
   // waits for them until join_timeout.
