@@ -237,8 +237,10 @@ absl::StatusOr<Batch> Client::Next() {
     return absl::DataLossError(absl::StrCat(where, ": the stager answered with step ", desc.step(),
                                             ", rank ", desc.rank()));
   }
+  // The wait as this rank saw it, sent with the release for the stager's metrics.
+  auto waited = std::make_shared<double>(-1);
   auto releaser = [stub = impl_->stager, step, rank = rank_, policy = Policy(options_.retry_budget),
-                   rpc_timeout = options_.rpc_timeout, address = options_.stager_address] {
+                   rpc_timeout = options_.rpc_timeout, address = options_.stager_address, waited] {
     return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
                             [&] {
                               grpc::ClientContext ctx;
@@ -246,15 +248,16 @@ absl::StatusOr<Batch> Client::Next() {
                               v1::ReleaseBatchRequest req;
                               req.set_step(step);
                               req.set_rank(rank);
+                              if (*waited >= 0) req.set_wait_seconds(*waited);
                               v1::ReleaseBatchResponse resp;
                               return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
                             });
   };
   ASSIGN_OR_RETURN(Batch batch,
                    Batch::Map(std::move(desc), std::move(releaser), options_.copy_on_write));
-  const double waited = absl::ToDoubleSeconds(absl::Now() - start);
-  batch.set_wait_seconds(waited);
-  total_wait_seconds_ += waited;
+  *waited = absl::ToDoubleSeconds(absl::Now() - start);
+  batch.set_wait_seconds(*waited);
+  total_wait_seconds_ += *waited;
   ++next_step_;
   return batch;
 }

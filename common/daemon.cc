@@ -54,7 +54,9 @@ int RunDaemon(int argc, char** argv, const DaemonMain& main) {
       "\nSIGTERM or SIGINT stops it within ", absl::FormatDuration(kStopBound),
       " at any moment (also while starting), exit 0."
       "\nExit status: 0 clean exit, 1 runtime failure, 2 bad usage (an unknown flag, a bad or "
-      "out-of-range value).");
+      "out-of-range value)."
+      "\n    --help (this text; --helpfull: every flag, those of the libraries too)"
+      "\n    --version (the version and the source commit)");
   std::vector<std::string> files = main.flag_files;
   files.push_back("common/daemon.cc");
   ParseDaemonFlags(argc, argv, usage, files);

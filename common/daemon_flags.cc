@@ -1,5 +1,7 @@
 #include "common/daemon_flags.h"
 
+#include <grp.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <iostream>
@@ -11,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/byte_size.h"
@@ -153,6 +156,22 @@ absl::StatusOr<uint64_t> ByteSizeFlag(absl::string_view flag, absl::string_view 
         absl::StrCat("--", flag, " ", text, " is out of range: use ", range));
   }
   return v;
+}
+
+absl::StatusOr<int> GroupFlag(absl::string_view flag, const std::string& text) {
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(text, &gid)) {
+    if (gid > 0x7fffffff) return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", text, " is out of range"));
+    return static_cast<int>(gid);  // a number need not be in /etc/group (a container's GID)
+  }
+  std::vector<char> buf(16384);
+  group g;
+  group* found = nullptr;
+  if (::getgrnam_r(text.c_str(), &g, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " '", text, "' is no group on this host; give a group name or a numeric GID"));
+  }
+  return static_cast<int>(found->gr_gid);
 }
 
 }  // namespace tutti

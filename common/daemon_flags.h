@@ -44,6 +44,10 @@ absl::StatusOr<uint64_t> ByteSizeFlag(absl::string_view flag, absl::string_view 
                                       uint64_t lo, uint64_t hi,
                                       absl::string_view zero_means = "");
 
+// A group given by name or number ("tutti", "10001"); INVALID_ARGUMENT
+// naming the flag when no such group exists.
+absl::StatusOr<int> GroupFlag(absl::string_view flag, const std::string& text);
+
 }  // namespace tutti
 
 #endif  // TUTTI_COMMON_DAEMON_FLAGS_H_

@@ -15,13 +15,25 @@
 
 namespace tutti {
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name, size_t size) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name, size_t size,
+                                                               const ShmAccess& access) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0 && errno == EEXIST) {
     return absl::AlreadyExistsError(absl::StrCat("shared memory segment ", name,
                                                  " exists already (another process's); not replaced"));
   }
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", name));
+  // Created private, then opened to the group: no moment with wider access.
+  if ((access.gid >= 0 &&
+       ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(access.gid)) != 0) ||
+      ::fchmod(fd, access.mode) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return ErrnoStatus(err, absl::StrCat("give shared memory ", name, " to group ", access.gid,
+                                         " (the daemon must belong to the group given with "
+                                         "--socket_group)"));
+  }
   const size_t mapped = size == 0 ? 1 : size;
   if (::ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
     int err = errno;

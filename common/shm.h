@@ -11,11 +11,19 @@
 
 namespace tutti {
 
+// Who may map a new segment besides its creator.
+struct ShmAccess {
+  unsigned mode = 0640;  // owner writes, the group reads
+  int gid = -1;          // the segment's group; -1 = the creator's own
+};
+
 class ShmSegment {
  public:
-  // Creates a new segment of `size` bytes, mapped read-write. A name that
-  // exists already is never replaced: ALREADY_EXISTS (pick another name).
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size);
+  // Creates a new segment of `size` bytes, mapped read-write, with `access`
+  // (whatever the umask). A name that exists already is never replaced:
+  // ALREADY_EXISTS (pick another name).
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t size,
+                                                            const ShmAccess& access = {});
   // Maps an existing segment; size is taken from the segment.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name, bool writable);
   // Maps an existing segment copy-on-write from a read-only descriptor:

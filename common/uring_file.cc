@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace tutti {
@@ -267,6 +268,31 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringBackend(unsigned depth, unsi
 
 std::unique_ptr<IoBackend> MakePreadBackend(unsigned threads) {
   return std::make_unique<PreadBackend>(threads);
+}
+
+absl::StatusOr<IoBackendChoice> ParseIoBackendChoice(absl::string_view name) {
+  if (name == "auto") return IoBackendChoice::kAuto;
+  if (name == "uring") return IoBackendChoice::kUring;
+  if (name == "pread") return IoBackendChoice::kPread;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--io_backend '", name, "' is unknown: use auto (io_uring, or pread where io_uring is "
+      "refused), uring or pread"));
+}
+
+absl::StatusOr<bool> ResolveIoBackend(IoBackendChoice choice) {
+  if (choice == IoBackendChoice::kPread) return false;
+  absl::StatusOr<std::unique_ptr<IoBackend>> probe = MakeUringBackend(1);
+  if (probe.ok()) return true;
+  if (choice == IoBackendChoice::kUring) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "io_uring is refused here (", probe.status().message(),
+        "), and --io_backend=uring requires it: allow io_uring_setup, io_uring_enter and "
+        "io_uring_register in the seccomp profile, or use --io_backend=auto"));
+  }
+  static const Logger kLog("io");
+  kLog.Warning("io_uring is refused here; staging and member reads use pread on a thread pool",
+               {{"reason", probe.status().message()}, {"io_backend", "auto"}});
+  return false;
 }
 
 // ---------------------------------------------------------------- faults

@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -76,6 +77,17 @@ class IoBackend {
 absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringBackend(unsigned depth, unsigned max_workers = 0);
 // open/pread/pwrite/fsync on `threads` threads.
 std::unique_ptr<IoBackend> MakePreadBackend(unsigned threads);
+
+// Which backend a daemon uses: io_uring, the thread pool, or io_uring when
+// the kernel lets this process set up a ring (a container's seccomp profile
+// may refuse it: containerd 2 and Docker 25 do by default), else the pool.
+enum class IoBackendChoice { kAuto, kUring, kPread };
+// "auto" | "uring" | "pread"; INVALID_ARGUMENT naming the value otherwise.
+absl::StatusOr<IoBackendChoice> ParseIoBackendChoice(absl::string_view name);
+// True for io_uring. kAuto probes once (a ring of one entry) and, when
+// io_uring is refused, logs one line saying so and that pread is used. kUring
+// when refused: FAILED_PRECONDITION with the kernel's reason and the fix.
+absl::StatusOr<bool> ResolveIoBackend(IoBackendChoice choice);
 
 // Faults for tests, matched by a substring of the path an fd was opened with.
 struct IoFault {

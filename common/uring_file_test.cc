@@ -157,3 +157,25 @@ TEST(FaultInjectingTest, WriteLimitGivesEnospc) {
 
 }  // namespace
 }  // namespace tutti
+
+namespace tutti {
+namespace {
+
+TEST(IoBackendChoiceTest, NamesParseAndPreadNeedsNoRing) {
+  EXPECT_EQ(*ParseIoBackendChoice("auto"), IoBackendChoice::kAuto);
+  EXPECT_EQ(*ParseIoBackendChoice("uring"), IoBackendChoice::kUring);
+  EXPECT_EQ(*ParseIoBackendChoice("pread"), IoBackendChoice::kPread);
+  absl::StatusOr<IoBackendChoice> bad = ParseIoBackendChoice("aio");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--io_backend 'aio'"), std::string::npos);
+  EXPECT_FALSE(*ResolveIoBackend(IoBackendChoice::kPread));
+  // Where this kernel lets the process set up a ring, auto and uring take it
+  // (the refused case runs under a seccomp profile: tests/deploy/test_seccomp.py).
+  if (MakeUringBackend(1).ok()) {
+    EXPECT_TRUE(*ResolveIoBackend(IoBackendChoice::kAuto));
+    EXPECT_TRUE(*ResolveIoBackend(IoBackendChoice::kUring));
+  }
+}
+
+}  // namespace
+}  // namespace tutti

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/grpc_status.h"
 #include "common/shm.h"
@@ -546,6 +548,63 @@ TEST(StagerDaemonTest, DaemonShutsDownCleanlyOnSigterm) {
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_FALSE(fs::exists(shm));
+}
+
+// Runs the unprivileged client helper as `uid` with primary group `gid` and
+// supplementary `groups`; its exit status and output.
+std::pair<int, std::string> RunClientAs(uint32_t uid, uint32_t gid, const std::string& groups,
+                                        const std::string& stager, int packer_port) {
+  const std::string out = ::testing::TempDir() + "/unprivileged_" + std::to_string(::getpid()) +
+                          "_" + std::to_string(uid) + "_" + groups;
+  const std::string cmd = absl::StrCat(
+      TUTTI_UNPRIVILEGED_CLIENT, " --uid=", uid, " --gid=", gid, " --groups=", groups,
+      " --stager=", stager, " --packer=127.0.0.1:", packer_port, " --rank=0 --world_size=4 >",
+      out, " 2>&1");
+  const int status = std::system(cmd.c_str());
+  auto text = ReadFileToString(out);
+  fs::remove(out);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.ok() ? *text : ""};
+}
+
+TEST(StagerDaemonTest, AnUnprivilegedClientInTheSocketGroupReadsBatches) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "this test creates an unprivileged user and group, which needs root; "
+                    "run it as root to check --socket_group";
+  }
+  // A user and a group of their own (numeric, as in a container: no
+  // /etc/passwd entry is needed), nothing else of the daemon's.
+  const uint32_t group = 40000 + static_cast<uint32_t>(::getpid() % 20000);
+  const uint32_t user = group, other_group = group + 1;
+  Env env("group");
+  env.StartPacker();
+  const std::string dir = env.root + "/sock";
+  fs::create_directories(dir);
+  for (const std::string& d : {::testing::TempDir(), env.root, dir}) ::chmod(d.c_str(), 0755);
+  const std::string sock = dir + "/stager.sock";
+  std::string ports;
+  const pid_t pid = StartStagerd(
+      env, {"--listen=unix://" + sock, "--socket_group=" + std::to_string(group)}, &ports);
+  ASSERT_GT(pid, 0);
+  struct stat st{};
+  ASSERT_EQ(::stat(sock.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, group);
+  // In the group (as a supplementary group, like a pod's supplementalGroups):
+  // connects, takes a batch, reads every byte of its segment.
+  auto [code, out] = RunClientAs(user, other_group, std::to_string(group), "unix://" + sock,
+                                 env.packer_port);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("ok step=0"), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat("segment_mode=640 segment_gid=", group)), std::string::npos)
+      << out;
+  // Not in the group: refused at the socket.
+  auto [refused, why] = RunClientAs(user, other_group, "", "unix://" + sock, env.packer_port);
+  EXPECT_NE(refused, 0) << why;
+  EXPECT_NE(why.find("ermission denied"), std::string::npos) << why;
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 }  // namespace

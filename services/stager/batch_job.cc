@@ -11,10 +11,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "services/stager/skip.h"
 
 namespace tutti::stager {
+namespace {
+const Logger kLog("stager.batch");
+}  // namespace
 
 // ------------------------------------------------------------ substitutes
 void SubstitutePool::OfferImage(uint64_t id, const cv::Mat& bgr) {
@@ -100,13 +104,13 @@ absl::Status BatchJob::Plan() {
 
 absl::Status BatchJob::Start() {
   started_ = absl::Now();
-  auto seg = ShmSegment::Create(shm_name_, layout_.total_bytes());
+  auto seg = ShmSegment::Create(shm_name_, layout_.total_bytes(), ctx_.segment_access);
   // The daemon's names are its own (pid and nonce); should one be taken
   // anyway, another is picked rather than replacing someone's segment.
   const std::string base = shm_name_;
   for (int attempt = 1; absl::IsAlreadyExists(seg.status()) && attempt <= 3; ++attempt) {
     shm_name_ = absl::StrCat(base, "-", attempt, absl::Hex(std::random_device()() & 0xffff));
-    seg = ShmSegment::Create(shm_name_, layout_.total_bytes());
+    seg = ShmSegment::Create(shm_name_, layout_.total_bytes(), ctx_.segment_access);
   }
   if (!seg.ok()) {
     return Annotate(seg.status(), absl::StrCat("cannot create the batch segment (", layout_.total_bytes(),
@@ -297,7 +301,9 @@ class BatchJob::Outcome {
   bool Dropped(uint64_t sample) const {
     return drop_ && failures_.failed.count(sample) && !failures_.crossing.count(sample);
   }
-  void Skip(uint64_t sample, Item& item, uint64_t substitute, absl::string_view what) {
+  // Records a failed member of `shard` (and logs it, rate-limited).
+  void Skip(uint64_t sample, Item& item, uint64_t substitute, absl::string_view what,
+            const std::string& shard, const std::string& member) {
     absl::MutexLock l(&item.mu);
     v1::SkippedSample* s = descriptor_->add_skipped();
     s->set_sample_id(sample);
@@ -305,6 +311,13 @@ class BatchJob::Outcome {
     s->set_detail(absl::StrCat(item.detail, what));
     s->set_substitute_id(substitute);
     if (metrics_) metrics_->SkippedSamples(item.reason).Increment();
+    static LogRateLimit limit(absl::Seconds(10), 10);
+    if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
+      kLog.Warning("skipped a sample member",
+                   {{"reason", item.reason}, {"shard", shard}, {"member", member},
+                    {"sample", sample}, {"substitute", substitute}, {"detail", s->detail()},
+                    {"suppressed", suppressed}});
+    }
   }
   enum Kind { kDropped, kSubstituted, kPlaceholder };
   void Count(uint64_t sample, Kind kind) {
@@ -361,7 +374,7 @@ void BatchJob::SettleImages(Outcome& out, std::vector<bool>* dropped) {
     out.named().insert(im.sample_id);
     if (out.Dropped(im.sample_id)) {
       (*dropped)[i] = true;
-      if (!item.done()) out.Skip(im.sample_id, item, 0, " (sample dropped)");
+      if (!item.done()) out.Skip(im.sample_id, item, 0, " (sample dropped)", im.shard.name(), im.member.name());
       out.Count(im.sample_id, Outcome::kDropped);
       continue;
     }
@@ -371,13 +384,14 @@ void BatchJob::SettleImages(Outcome& out, std::vector<bool>* dropped) {
     char* dst = shm_->data() + im.offset;
     if (ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id)) {
       ResizePatchifyInto(sub, im.height, im.width, ctx_.params, dst);
-      out.Skip(im.sample_id, item, sub_id, "");
+      out.Skip(im.sample_id, item, sub_id, "", im.shard.name(), im.member.name());
       out.Count(im.sample_id, Outcome::kSubstituted);
     } else {
       // Nothing decoded yet to substitute: the mean colour (all zeros once
       // normalised) keeps the planned shape.
       std::memset(dst, 0, im.bytes);
-      out.Skip(im.sample_id, item, 0, " (no substitute yet: placeholder of the mean colour)");
+      out.Skip(im.sample_id, item, 0, " (no substitute yet: placeholder of the mean colour)",
+               im.shard.name(), im.member.name());
       out.Count(im.sample_id, Outcome::kPlaceholder);
     }
   }
@@ -391,7 +405,8 @@ void BatchJob::SettleDocs(Outcome& out, std::vector<bool>* dropped) {
     out.named().insert(doc.sample_id);
     if (out.Dropped(doc.sample_id)) {
       (*dropped)[d] = true;
-      if (!item.done()) out.Skip(doc.sample_id, item, 0, " (sample dropped)");
+      if (!item.done()) out.Skip(doc.sample_id, item, 0, " (sample dropped)", doc.shard.name(),
+                               doc.info->text().name());
       out.Count(doc.sample_id, Outcome::kDropped);
       continue;
     }
@@ -399,10 +414,11 @@ void BatchJob::SettleDocs(Outcome& out, std::vector<bool>* dropped) {
     std::vector<int32_t> tokens;
     uint64_t sub_id = 0;
     if (ctx_.substitutes->TakeTokens(doc.sample_id, &tokens, &sub_id)) {
-      out.Skip(doc.sample_id, item, sub_id, "");
+      out.Skip(doc.sample_id, item, sub_id, "", doc.shard.name(), doc.info->text().name());
       out.Count(doc.sample_id, Outcome::kSubstituted);
     } else {
-      out.Skip(doc.sample_id, item, 0, " (no substitute yet: placeholder tokens 0)");
+      out.Skip(doc.sample_id, item, 0, " (no substitute yet: placeholder tokens 0)",
+               doc.shard.name(), doc.info->text().name());
       out.Count(doc.sample_id, Outcome::kPlaceholder);
     }
     layout_.WriteText(shm_->data(), d, tokens);
@@ -417,13 +433,13 @@ void BatchJob::SettleAudio(Outcome& out, std::vector<bool>* dropped) {
     out.named().insert(au.sample_id);
     if (out.Dropped(au.sample_id)) {
       (*dropped)[a] = true;
-      if (!item.done()) out.Skip(au.sample_id, item, 0, " (sample dropped)");
+      if (!item.done()) out.Skip(au.sample_id, item, 0, " (sample dropped)", au.shard.name(), au.member.name());
       out.Count(au.sample_id, Outcome::kDropped);
       continue;
     }
     if (item.done()) continue;
     std::memset(shm_->data() + au.offset, 0, au.samples * 4);  // silence keeps the shape
-    out.Skip(au.sample_id, item, 0, " (placeholder: silence)");
+    out.Skip(au.sample_id, item, 0, " (placeholder: silence)", au.shard.name(), au.member.name());
     out.Count(au.sample_id, Outcome::kPlaceholder);
   }
 }

@@ -63,6 +63,7 @@ struct BuildContext {
   const v1::JobConfig* config = nullptr;
   v1::SkipPolicy policy = v1::SKIP_POLICY_SUBSTITUTE;
   absl::Duration deadline = absl::Seconds(2);  // per read + decode
+  ShmAccess segment_access;                    // who may map the batch segments
 };
 
 class BatchJob final : public WindowBatch, public std::enable_shared_from_this<BatchJob> {

@@ -72,7 +72,7 @@ void BatchWindow::Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms, abs
   Slot& slot = StepAt(step).slots[rank];
   if (slot.state == SlotState::kReady) {
     slot.handed_out = true;
-    if (metrics_) metrics_->client_wait_seconds.Observe(0);
+    if (metrics_) metrics_->acquire_wait_seconds.Observe(0);
     cbs->push_back([d = std::move(done), r = slot.batch->descriptor()]() mutable { d(std::move(r)); });
   } else if (slot.state == SlotState::kFailed) {
     cbs->push_back([d = std::move(done), e = slot.error] { d(e); });
@@ -265,7 +265,7 @@ void BatchWindow::Finish(Slot& slot, absl::Time now, Callbacks* cbs) {
         slot.state == SlotState::kReady
             ? absl::StatusOr<v1::BatchDescriptor>(slot.batch->descriptor())
             : absl::StatusOr<v1::BatchDescriptor>(slot.error);
-    if (metrics_) metrics_->client_wait_seconds.Observe(absl::ToDoubleSeconds(now - w.since));
+    if (metrics_) metrics_->acquire_wait_seconds.Observe(absl::ToDoubleSeconds(now - w.since));
     slot.handed_out |= r.ok();
     cbs->push_back([d = std::move(w.done), r = std::move(r)]() mutable { d(std::move(r)); });
   }
@@ -314,7 +314,7 @@ void BatchWindow::TimeOutWaiters(uint64_t step, uint32_t rank, Slot& slot, absl:
         "the batch for step ", step, " rank ", rank, " was not ready within ",
         absl::FormatDuration(w->deadline - w->since), ": ",
         Pending(step, slot, intake, shard_state)));
-    if (metrics_) metrics_->client_wait_seconds.Observe(absl::ToDoubleSeconds(now - w->since));
+    if (metrics_) metrics_->acquire_wait_seconds.Observe(absl::ToDoubleSeconds(now - w->since));
     cbs->push_back([d = std::move(w->done), err] { d(err); });
     w = slot.waiters.erase(w);
   }
@@ -322,10 +322,12 @@ void BatchWindow::TimeOutWaiters(uint64_t step, uint32_t rank, Slot& slot, absl:
 
 void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStateOf& shard_state,
                        Callbacks* cbs) {
-  int ready = 0, building = 0;
+  std::map<uint32_t, int> ahead;  // per local rank: ready, not handed out
+  for (uint32_t r : ranks_->ranks()) ahead[r] = 0;
+  int building = 0;
   for (auto& [step, s] : steps_) {
     for (auto& [rank, slot] : s.slots) {
-      ready += slot.state == SlotState::kReady;
+      ahead[rank] += slot.state == SlotState::kReady && !slot.handed_out;
       building += slot.state == SlotState::kBuilding;
       if (slot.state == SlotState::kBuilding && now > slot.batch->deadline() + absl::Seconds(1)) {
         slot.batch->Expire();
@@ -339,7 +341,7 @@ void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStat
     }
   }
   if (metrics_) {
-    metrics_->window_batches.Set(ready);
+    for (const auto& [rank, n] : ahead) metrics_->WindowBatches(rank).Set(n);
     metrics_->window_building.Set(building);
     metrics_->batch_memory.Set(static_cast<double>(memory_));
   }

@@ -65,8 +65,6 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       remote_load_images(Counter(*registry, "tutti_stager_remote_load_images_total",
                                  "Images the plan marks remote_load (their shard is not staged "
                                  "on this node), read from the source directly")),
-      window_batches(Gauge(*registry, "tutti_stager_window_batches",
-                           "Batches ready in shared memory and not yet released")),
       window_building(Gauge(*registry, "tutti_stager_window_building_batches",
                             "Batches being read and decoded")),
       batch_memory(Gauge(*registry, "tutti_stager_batch_memory_bytes",
@@ -75,7 +73,11 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       batch_build_seconds(Latency(*registry, "tutti_stager_batch_build_seconds",
                                   "Time from starting a batch to it being ready")),
       client_wait_seconds(Latency(*registry, "tutti_stager_client_wait_seconds",
-                                  "Time a client waited in AcquireBatch")),
+                                  "Time a rank waited for its batch, as the rank measured it "
+                                  "(reported with ReleaseBatch)")),
+      acquire_wait_seconds(Latency(*registry, "tutti_stager_acquire_wait_seconds",
+                                   "Time AcquireBatch waited in the stager for the batch to be "
+                                   "ready (0 when it was ready ahead)")),
       plans_received(Counter(*registry, "tutti_stager_plans_received_total",
                              "Step plans received from the packer")),
       packer_reconnects(Counter(*registry, "tutti_stager_packer_reconnects_total",
@@ -85,8 +87,17 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                           .Name("tutti_stager_skipped_samples_total")
                           .Help("Sample members skipped, by reason: corrupt, truncated, "
                                 "deadline, too_large, missing")
-                          .Register(*registry)) {
+                          .Register(*registry)),
+      window_family_(prometheus::BuildGauge()
+                         .Name("tutti_stager_window_batches")
+                         .Help("Batches of a local rank ready ahead of it: built, not yet "
+                               "handed out (the prefetch window's occupancy)")
+                         .Register(*registry)) {
   for (const char* reason : kSkipReasons) SkippedSamples(reason);
+}
+
+prometheus::Gauge& StagerMetrics::WindowBatches(uint32_t rank) {
+  return window_family_.Add({{"rank", std::to_string(rank)}});
 }
 
 prometheus::Counter& StagerMetrics::SkippedSamples(const std::string& reason) {

@@ -3,6 +3,7 @@
 #ifndef TUTTI_SERVICES_STAGER_METRICS_H_
 #define TUTTI_SERVICES_STAGER_METRICS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -43,18 +44,26 @@ class StagerMetrics {
   prometheus::Counter& dropped_samples;      // tutti_stager_dropped_samples_total
   prometheus::Counter& remote_load_images;   // tutti_stager_remote_load_images_total
   // Window and clients.
-  prometheus::Gauge& window_batches;         // tutti_stager_window_batches (ready, not released)
+  // tutti_stager_window_batches{rank}: the local rank's batches ready ahead
+  // of it (built, not yet handed out); one series per local rank.
+  prometheus::Gauge& WindowBatches(uint32_t rank);
   prometheus::Gauge& window_building;        // tutti_stager_window_building_batches
   prometheus::Gauge& batch_memory;           // tutti_stager_batch_memory_bytes
   prometheus::Counter& batches_built;        // tutti_stager_batches_built_total
   prometheus::Histogram& batch_build_seconds;  // tutti_stager_batch_build_seconds
-  prometheus::Histogram& client_wait_seconds;  // tutti_stager_client_wait_seconds
+  // How long a rank waited for its batch, measured by the rank (libtutti's
+  // Next(), reported with ReleaseBatch): tutti_stager_client_wait_seconds.
+  prometheus::Histogram& client_wait_seconds;
+  // How long AcquireBatch waited inside the stager for the batch to be ready:
+  // tutti_stager_acquire_wait_seconds (0 when it was ready ahead).
+  prometheus::Histogram& acquire_wait_seconds;
   prometheus::Counter& plans_received;       // tutti_stager_plans_received_total
   prometheus::Counter& packer_reconnects;    // tutti_stager_packer_reconnects_total
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;  // keeps the families alive
   prometheus::Family<prometheus::Counter>& skipped_family_;
+  prometheus::Family<prometheus::Gauge>& window_family_;
 };
 
 }  // namespace tutti::stager

@@ -91,6 +91,10 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   ASSIGN_OR_RETURN(v1::SkipPolicy policy, SkipPolicyOf(opts_.skip_policy, config_.skip_policy()));
   if (opts_.window == 0) return absl::InvalidArgumentError("--window must be at least 1");
   if (opts_.cache_dir.empty()) return absl::InvalidArgumentError("--cache is required");
+  if (!staging_backend_ || !read_backend_) {
+    ASSIGN_OR_RETURN(const bool uring, ResolveIoBackend(opts_.io_backend));
+    opts_.staging.use_io_uring = uring;
+  }
   RETURN_IF_ERROR(StartParts(job));
   ctx_.reader = reader_.get();
   ctx_.pool = pool_.get();
@@ -100,6 +104,7 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   ctx_.config = &config_;
   ctx_.policy = policy;
   ctx_.deadline = deadline;
+  ctx_.segment_access.gid = opts_.share_gid;
   BatchWindowOptions wo;
   wo.window = opts_.window;
   wo.memory_budget_bytes = opts_.memory_budget_bytes;
@@ -147,7 +152,7 @@ absl::Status StagerCore::StartParts(const v1::JobInfo& job) {
 
 absl::Status StagerCore::StartReader() {
   std::unique_ptr<IoBackend> backend = std::move(read_backend_);
-  if (!backend && opts_.use_io_uring) {
+  if (!backend && opts_.staging.use_io_uring) {
     auto b = MakeUringBackend(opts_.read_queue_depth, opts_.read_queue_depth);
     if (!b.ok()) return Annotate(b.status(), "cannot set up io_uring for member reads");
     backend = std::move(*b);
@@ -293,7 +298,8 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
   return std::move(*result);
 }
 
-absl::Status StagerCore::Release(uint64_t step, uint32_t rank) {
+absl::Status StagerCore::Release(uint64_t step, uint32_t rank, std::optional<double> waited) {
+  if (waited && metrics_ && *waited >= 0) metrics_->client_wait_seconds.Observe(*waited);
   Callbacks cbs;
   {
     absl::MutexLock l(&mu_);

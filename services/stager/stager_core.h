@@ -59,7 +59,12 @@ struct StagerOptions {
   uint32_t stage_wait_ms = 0;           // how long a batch waits for its shards to be staged
                                         // before reading them from the source (0 = sample deadline)
   uint32_t default_acquire_timeout_ms = 120000;  // AcquireBatch with timeout_ms 0
-  bool use_io_uring = true;             // member reads through io_uring (else threads)
+  int share_gid = -1;                   // group that may map the batch segments (0640) and, in
+                                        // the server, connect to the Unix socket (0660);
+                                        // -1 = the daemon's own
+  IoBackendChoice io_backend = IoBackendChoice::kAuto;  // staging and member reads: io_uring,
+                                        // pread threads, or io_uring unless refused (auto);
+                                        // decides staging.use_io_uring at Start
   unsigned read_queue_depth = 128;      // member reads in flight
 };
 
@@ -113,7 +118,8 @@ class StagerCore {
   // ---- clients
   void AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done);
   absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms);
-  absl::Status Release(uint64_t step, uint32_t rank);
+  // waited: how long the rank waited for this batch, as it measured it.
+  absl::Status Release(uint64_t step, uint32_t rank, std::optional<double> waited = std::nullopt);
 
   // ---- staging status
   v1::StageStatus GetStageStatus() const;

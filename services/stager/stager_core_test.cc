@@ -361,6 +361,47 @@ TEST(StagerCoreTest, CorruptImageIsSubstitutedAndCounted) {
   }
 }
 
+TEST(StagerCoreTest, SkippedMembersAreLoggedNamingShardAndMember) {
+  ::testing::internal::CaptureStderr();
+  {
+    Core c("skiplog", {.shards = 1, .samples_per_shard = 12}, {}, {}, {}, Corrupt(7));
+    c.Plans(0, 2);
+    for (uint64_t s = 0; s < 2; ++s) {
+      for (uint32_t r : {2u, 3u}) ASSERT_TRUE(c.core->Acquire(s, r, 20000).ok());
+    }
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const size_t at = log.find("skipped a sample member");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  EXPECT_NE(line.find("reason=corrupt"), std::string::npos) << line;
+  EXPECT_NE(line.find("shard=train/shard-00000.tar"), std::string::npos) << line;
+  EXPECT_NE(line.find("member=000007.jpg"), std::string::npos) << line;
+  EXPECT_NE(line.find("sample=7"), std::string::npos) << line;
+}
+
+TEST(StagerCoreTest, WindowOccupancyIsPerLocalRankAndCountsBatchesReadyAhead) {
+  Core c("occupancy", {.shards = 2, .samples_per_shard = 6});
+  c.Plans(0, 2);
+  // Rank 2 takes step 0; its step 1 and rank 3's steps 0 and 1 stay ahead.
+  ASSERT_TRUE(c.core->Acquire(0, 2, 20000).ok());
+  ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // gives up rank 3's step 0, takes step 1
+  auto ahead = [&](uint32_t rank) { return c.metrics->WindowBatches(rank).Value(); };
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while ((ahead(2) != 1 || ahead(3) != 0) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(ahead(2), 1);  // step 1, built, not taken yet
+  EXPECT_EQ(ahead(3), 0);
+  // The wait a rank reports with its release is what tutti_stager_client_wait_seconds shows.
+  ASSERT_TRUE(c.core->Release(0, 2, 0.25).ok());
+  ASSERT_TRUE(c.core->Release(1, 3).ok());  // an older client: nothing reported
+  prometheus::ClientMetric m = c.metrics->client_wait_seconds.Collect();
+  EXPECT_EQ(m.histogram.sample_count, 1u);
+  EXPECT_DOUBLE_EQ(m.histogram.sample_sum, 0.25);
+  EXPECT_EQ(c.metrics->acquire_wait_seconds.Collect().histogram.sample_count, 2u);
+}
+
 // Image tokens in input_ids, and what the kept images need.
 void ExpectConsistent(const v1::BatchDescriptor& d, const ShmSegment& seg) {
   const auto& grid = Array(d, "image_grid_thw");

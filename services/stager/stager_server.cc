@@ -43,7 +43,9 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   // Bind the gRPC port before talking to the packer, so a port in use fails at once.
   core_ = std::make_unique<StagerCore>(opts_.core, metrics_);
   service_ = std::make_unique<StagerService>(core_.get());
-  RETURN_IF_ERROR(host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager"));
+  GrpcServerOptions grpc;
+  grpc.socket_gid = opts_.core.share_gid;
+  RETURN_IF_ERROR(host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager", grpc));
   plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get());
   probe_io_ = std::make_unique<IoService>(MakePreadBackend(1));
   prober_ = std::thread([this] { Probe(); });

@@ -29,7 +29,9 @@ grpc::ServerUnaryReactor* StagerService::ReleaseBatch(grpc::CallbackServerContex
                                                       const v1::ReleaseBatchRequest* req,
                                                       v1::ReleaseBatchResponse*) {
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->Release(req->step(), req->rank())));
+  reactor->Finish(ToGrpcStatus(core_->Release(
+      req->step(), req->rank(),
+      req->has_wait_seconds() ? std::optional<double>(req->wait_seconds()) : std::nullopt)));
   return reactor;
 }
 

@@ -23,6 +23,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7071",
           "Unix-domain socket, e.g. on a hostPath shared with the training pods)");
 ABSL_FLAG(std::string, metrics, "127.0.0.1:9471",
           "HOST:PORT serving /metrics, /healthz and /readyz (port 0 = any free port)");
+ABSL_FLAG(std::string, socket_group, "",
+          "group (name or GID) that may use this daemon: a Unix socket (--listen unix:) is "
+          "created 0660 and the batch segments in /dev/shm 0640 with that group, so training "
+          "processes in it need not run as the daemon's user (empty = the daemon's own group)");
 ABSL_FLAG(std::string, port_file, "",
           "write 'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' here once serving (PORT 0 "
           "for a Unix socket)");
@@ -34,7 +38,10 @@ ABSL_FLAG(std::string, block_size, "1M", "staging block size, 4K to 64M, a multi
 ABSL_FLAG(uint32_t, max_files, 32, "shards copied at the same time, 1..4096");
 ABSL_FLAG(bool, o_direct, true, "write the cache with O_DIRECT (falls back where refused)");
 ABSL_FLAG(bool, o_direct_source, false, "read the source with O_DIRECT");
-ABSL_FLAG(bool, io_uring, true, "use io_uring (false: a thread pool doing pread/pwrite)");
+ABSL_FLAG(std::string, io_backend, "auto",
+          "file I/O for staging and member reads: 'uring' (io_uring), 'pread' (a thread pool "
+          "doing pread/pwrite) or 'auto' (io_uring, or pread with one log line where io_uring "
+          "is refused, e.g. by a container's seccomp profile)");
 ABSL_FLAG(uint32_t, decode_threads, 0,
           "decode threads, 0..1024 (0 = one per CPU this process may use: its affinity and its "
           "cgroup's cpu.max)");
@@ -77,6 +84,9 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   } else if (!absl::SimpleAtoi(node, &c.node)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--node '", node, "' is neither a node index nor 'auto'"));
+  }
+  if (const std::string group = absl::GetFlag(FLAGS_socket_group); !group.empty()) {
+    ASSIGN_OR_RETURN(c.share_gid, GroupFlag("socket_group", group));
   }
   c.cache_dir = absl::GetFlag(FLAGS_cache);
   c.staging.source_dir = absl::GetFlag(FLAGS_source);
@@ -122,7 +132,7 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   c.staging.max_files = absl::GetFlag(FLAGS_max_files);
   c.staging.o_direct = absl::GetFlag(FLAGS_o_direct);
   c.staging.o_direct_source = absl::GetFlag(FLAGS_o_direct_source);
-  c.staging.use_io_uring = c.use_io_uring = absl::GetFlag(FLAGS_io_uring);
+  ASSIGN_OR_RETURN(c.io_backend, ParseIoBackendChoice(absl::GetFlag(FLAGS_io_backend)));
   c.staging.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_staging_timeout_ms));
   c.decode_threads = absl::GetFlag(FLAGS_decode_threads);
   c.window = absl::GetFlag(FLAGS_window);

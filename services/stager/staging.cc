@@ -77,7 +77,7 @@ absl::Status StagingEngine::Start() {
   if (!backend) {
     if (opts_.use_io_uring) {
       auto b = MakeUringBackend(opts_.queue_depth + opts_.max_files * 2, opts_.queue_depth);
-      if (!b.ok()) return Annotate(b.status(), "cannot set up io_uring (use --noio_uring to copy with threads)");
+      if (!b.ok()) return Annotate(b.status(), "cannot set up io_uring for staging (--io_backend=pread copies with threads)");
       backend = std::move(*b);
     } else {
       backend = MakePreadBackend(std::max(4u, opts_.max_files));
