@@ -34,7 +34,10 @@ const v1::ArrayDesc& Array(const v1::BatchDescriptor& d, const std::string& name
   return none;
 }
 
-int ShmSegmentsOf(const std::string& prefix) {
+// Segments of this process only: the same test may run in another build's
+// suite on the same machine at the same time.
+int ShmSegmentsOf(const std::string& job_prefix) {
+  const std::string prefix = job_prefix + "-" + std::to_string(::getpid()) + "-";
   int n = 0;
   for (const auto& e : fs::directory_iterator("/dev/shm")) {
     n += e.path().filename().string().rfind(prefix, 0) == 0;
