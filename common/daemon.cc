@@ -28,6 +28,11 @@ const Logger kLog("daemon");
 enum class Phase : int { kStarting, kServing, kStopping };
 
 constexpr absl::Duration kStartupGrace = absl::Seconds(5);
+// Signals this soon after the first are the same request arriving twice
+// (a terminal's Ctrl-C reaches the whole process group, and the script that
+// started the daemon passes it on; srun signals each task, then scancel
+// does): they are ignored. A later one is someone who will not wait.
+constexpr absl::Duration kRepeatWindow = absl::Seconds(3);
 
 sigset_t TerminationSignals() {
   sigset_t set;
@@ -94,10 +99,14 @@ int RunDaemon(int argc, char** argv, const DaemonMain& main) {
                                                            : kStopBound - absl::Seconds(1));
     };
     while (!finished.HasBeenNotified() && absl::Now() < give_up()) {
-      if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
-        kLog.Error("second signal: exiting at once");
-        std::_Exit(kExitFailure);
+      const int again = sigtimedwait(&sigs, nullptr, &tick);
+      if (again <= 0) continue;
+      if (absl::Now() - signalled < kRepeatWindow) {
+        kLog.Info("signal received again; already stopping", {{"signal", again}});
+        continue;
       }
+      kLog.Error("second signal: exiting at once", {{"signal", again}});
+      std::_Exit(kExitFailure);
     }
     if (finished.HasBeenNotified()) return;
     const Phase p = phase.load();

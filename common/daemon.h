@@ -12,7 +12,9 @@
 // kStopBound with exit 0: the daemon's waits watch the StopSignal, and a
 // start-up step that cannot be interrupted (a hung file system) is
 // abandoned when the bound runs out, since nothing is held yet. A shutdown
-// that itself overruns the bound exits 1 naming that; a second signal ends
+// that itself overruns the bound exits 1 naming that. The same signal
+// arriving again within 3 s (a process group's Ctrl-C passed on by the
+// script that started the daemon) changes nothing; a signal after that ends
 // the process at once (exit 1).
 //
 // Exit status: 0 clean exit (also after SIGTERM/SIGINT), 1 runtime failure,

@@ -23,6 +23,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_support.h"
+#include "tutti/v1/stager.grpc.pb.h"
 
 namespace tutti::e2e {
 namespace {
@@ -189,8 +190,10 @@ TEST_F(Lifecycle, StagerIsReadyOnlyWhileThePackerAnswersAndStopsDuringItsWait) {
                               Dir());
   ASSERT_TRUE(packer.ok()) << packer.status();
   ASSERT_TRUE(AwaitReadiness(metrics2, true).ok()) << t.process->log();
+  // Ready means serving: the port file names the gRPC port by then.
   const std::string ports = ReadFileOrEmpty(t.port_file);
-  const int grpc = std::atoi(ports.c_str() + ports.find("grpc=") + 5);
+  ASSERT_EQ(ports.rfind("grpc=", 0), 0u) << ports;
+  const int grpc = std::atoi(ports.c_str() + 5);
   EXPECT_EQ(Health(grpc, "tutti.v1.Stager"), HealthResponse::SERVING);
   // The packer goes away: the stager stops being ready, and is again once it is back.
   ASSERT_TRUE((*packer)->Stop().ok());
@@ -204,6 +207,39 @@ TEST_F(Lifecycle, StagerIsReadyOnlyWhileThePackerAnswersAndStopsDuringItsWait) {
   ASSERT_TRUE(end.has_value()) << t.process->log();
   EXPECT_EQ(*end, 0) << t.process->log();
   EXPECT_TRUE((*again)->Stop().ok());
+}
+
+TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
+  // Ctrl-C in a terminal reaches the whole process group, and the script
+  // that started the daemons passes it on as SIGTERM a moment later; srun
+  // and scancel do the same. One stop, exit 0, segments removed.
+  auto packer = Daemon::Start("twice-packer", PackerArgv(), Dir());
+  ASSERT_TRUE(packer.ok()) << packer.status();
+  auto stager = Daemon::Start("twice-stager", StagerArgv((*packer)->grpc_port(), "cache-twice"),
+                              Dir());
+  ASSERT_TRUE(stager.ok()) << stager.status();
+  auto stub = v1::Stager::NewStub(MakeChannel((*stager)->address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::AcquireBatchRequest req;
+  req.set_step(0);
+  req.set_rank(0);
+  req.set_timeout_ms(50000);
+  v1::BatchDescriptor batch;
+  const grpc::Status acquired = stub->AcquireBatch(&ctx, req, &batch);
+  ASSERT_TRUE(acquired.ok()) << acquired.error_message();
+  const std::string segment = "/dev/shm" + batch.shm_name();
+  ASSERT_TRUE(fs::exists(segment)) << segment;
+  for (Daemon* d : {stager->get(), packer->get()}) {
+    d->process().Signal(SIGINT);
+    d->process().Signal(SIGTERM);
+    const std::optional<int> status = d->process().Wait(kStopBound);
+    ASSERT_TRUE(status.has_value()) << d->name() << " still running "
+                                    << absl::FormatDuration(kStopBound) << " after the signals\n"
+                                    << d->log();
+    EXPECT_EQ(*status, 0) << d->name() << "\n" << d->log();
+  }
+  EXPECT_FALSE(fs::exists(segment)) << segment;
 }
 
 TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
