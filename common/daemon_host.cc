@@ -9,6 +9,11 @@
 #include "common/status.h"
 
 namespace tutti {
+namespace {
+
+constexpr char kServing[] = "serving";
+
+}  // namespace
 
 std::string WithPort(const std::string& address, int port) {
   if (absl::StartsWith(address, "unix:")) return address;
@@ -56,6 +61,7 @@ absl::Status DaemonHost::ServeGrpc(const std::string& address,
   if (!server.ok()) return server.status();
   grpc_ = std::move(*server);
   grpc_listen_ = address;
+  readiness_.Require(kServing, "starting to serve");
   grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
   if (health != nullptr) {
     readiness_.Watch([health, health_name](bool ready) {
@@ -76,6 +82,13 @@ absl::Status DaemonHost::WritePortFile() const {
   return WriteFileAtomically(
       options_.port_file, absl::StrCat("grpc=", grpc_port_, "\nmetrics=", metrics_port(),
                                        "\ngrpc_address=", grpc_address(), "\n"));
+}
+
+absl::Status DaemonHost::Serving() {
+  if (!grpc_) return absl::FailedPreconditionError("Serving() before ServeGrpc()");
+  RETURN_IF_ERROR(WritePortFile());
+  readiness_.Set(kServing, absl::OkStatus());
+  return absl::OkStatus();
 }
 
 void DaemonHost::StopGrpc(absl::Duration grace) {

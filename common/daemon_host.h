@@ -35,8 +35,8 @@ namespace tutti {
 struct DaemonHostOptions {
   std::string name;                     // "tutti-stagerd": in logs
   std::string metrics = "127.0.0.1:0";  // HOST:PORT of /metrics, /healthz, /readyz (port 0 = any)
-  std::string port_file;                // if set: "metrics=PORT\n" at once, then WritePortFile
-                                        // adds grpc= and grpc_address= once serving
+  std::string port_file;                // if set: "metrics=PORT\n" at once, then Serving()
+                                        // adds grpc= and grpc_address=
 };
 
 class DaemonHost {
@@ -54,15 +54,18 @@ class DaemonHost {
 
   // Starts the gRPC server on `address` (see StartGrpcServer) with `services`
   // and the health service, which reports SERVING for "" and `health_name`
-  // exactly while the daemon is ready.
+  // exactly while the daemon is ready. Readiness gains a last condition,
+  // "serving", met by Serving(): the daemon is never ready before its port
+  // file names the gRPC port.
   absl::Status ServeGrpc(const std::string& address, const std::vector<grpc::Service*>& services,
                          const std::string& health_name, const GrpcServerOptions& options = {});
   int grpc_port() const { return grpc_port_; }  // 0 for a Unix socket
   // Where clients connect: HOST:PORT with the bound port, or the unix: address.
   std::string grpc_address() const;
-  // "grpc=PORT\nmetrics=PORT\ngrpc_address=ADDRESS\n" to the port file, if set
-  // (only "metrics=PORT\n" before ServeGrpc). Written atomically (rename).
-  absl::Status WritePortFile() const;
+  // The daemon has started: "grpc=PORT\nmetrics=PORT\ngrpc_address=ADDRESS\n"
+  // goes to the port file, if set (written atomically: rename), and then the
+  // "serving" condition is met. Call after ServeGrpc.
+  absl::Status Serving();
 
   // Health turns NOT_SERVING, then the server stops accepting calls, gives
   // those in flight `grace` and cancels the rest. Idempotent.
@@ -73,6 +76,8 @@ class DaemonHost {
  private:
   explicit DaemonHost(DaemonHostOptions options);
   absl::Status Live() const;
+  // The port file, if set: only "metrics=PORT\n" before ServeGrpc.
+  absl::Status WritePortFile() const;
 
   const DaemonHostOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;

@@ -41,7 +41,7 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
                                                absl::StrCat("step 0 cannot be planned: ",
                                                             plan.status().message())));
   });
-  return host_->WritePortFile();
+  return host_->Serving();
 }
 
 void PackerServer::Shutdown() {

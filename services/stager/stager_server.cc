@@ -57,7 +57,7 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   ready.Set(kCache, absl::OkStatus());
   host_->SetLiveness([core = core_.get()] { return core->Live(); });
   plans_->Start(core_.get());
-  return host_->WritePortFile();
+  return host_->Serving();
 }
 
 absl::Status StagerServer::CheckSource() {
