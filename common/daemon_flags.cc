@@ -158,6 +158,43 @@ absl::StatusOr<uint64_t> ByteSizeFlag(absl::string_view flag, absl::string_view 
   return v;
 }
 
+absl::Status CheckAddressFlag(absl::string_view flag, absl::string_view text, AddressUse use,
+                              bool unix_socket) {
+  const uint32_t lo = use == AddressUse::kServe ? 0 : 1;
+  const std::string forms = absl::StrCat(
+      "use HOST:PORT or [IPV6]:PORT with PORT ", lo, "..65535",
+      use == AddressUse::kServe ? " (0 = any free port)" : "",
+      unix_socket ? ", or unix:///PATH" : "");
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", text, "' ", why, ": ", forms));
+  };
+  if (absl::StartsWith(text, "unix:")) {
+    if (!unix_socket) return bad("cannot be a Unix socket");
+    absl::string_view path = text.substr(5);
+    absl::ConsumePrefix(&path, "//");
+    if (path.empty() || path == "/") return bad("names no socket path");
+    return absl::OkStatus();
+  }
+  const size_t colon = text.rfind(':');
+  if (colon == absl::string_view::npos) return bad("has no port");
+  absl::string_view host = text.substr(0, colon);
+  const absl::string_view port = text.substr(colon + 1);
+  if (absl::ConsumePrefix(&host, "[") && !absl::ConsumeSuffix(&host, "]")) {
+    return bad("has an unclosed [");
+  }
+  if (host.empty()) return bad("has no host (0.0.0.0 or [::] serve on every address)");
+  if (host.find(':') != absl::string_view::npos && text.front() != '[') {
+    return bad("needs brackets around an IPv6 host");
+  }
+  uint32_t value = 0;
+  if (port.empty() || port.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(port, &value)) {
+    return bad("has no numeric port");
+  }
+  if (value < lo || value > 65535) return bad("has a port out of range");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> GroupFlag(absl::string_view flag, const std::string& text) {
   uint32_t gid = 0;
   if (absl::SimpleAtoi(text, &gid)) {

@@ -44,6 +44,15 @@ absl::StatusOr<uint64_t> ByteSizeFlag(absl::string_view flag, absl::string_view 
                                       uint64_t lo, uint64_t hi,
                                       absl::string_view zero_means = "");
 
+// What an address flag names: one to serve on (port 0 = any free port) or
+// one to connect to (port 1..65535).
+enum class AddressUse { kServe, kConnect };
+// OK for HOST:PORT or [V6]:PORT with a non-empty HOST and a decimal PORT in
+// range, or, when `unix_socket`, unix:PATH / unix:///PATH with a path; else
+// INVALID_ARGUMENT naming the flag and the forms it takes.
+absl::Status CheckAddressFlag(absl::string_view flag, absl::string_view text, AddressUse use,
+                              bool unix_socket);
+
 // A group given by name or number ("tutti", "10001"); INVALID_ARGUMENT
 // naming the flag when no such group exists.
 absl::StatusOr<int> GroupFlag(absl::string_view flag, const std::string& text);

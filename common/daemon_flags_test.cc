@@ -65,5 +65,41 @@ TEST(DaemonFlagsTest, RangesAreCheckedNamingTheFlagAndTheRange) {
   EXPECT_NE(junk.status().message().find("is not a size like 64K"), std::string::npos);
 }
 
+TEST(DaemonFlagsTest, AddressesAreCheckedNamingTheFlagAndTheForms) {
+  for (const char* ok : {"127.0.0.1:0", "0.0.0.0:9470", "[::]:7070", "[::1]:1", "node-3:65535",
+                         "unix:///run/tutti/stager.sock", "unix:relative.sock"}) {
+    EXPECT_TRUE(CheckAddressFlag("listen", ok, AddressUse::kServe, true).ok()) << ok;
+  }
+  struct Bad {
+    const char* text;
+    AddressUse use;
+    bool unix_socket;
+    const char* why;
+  };
+  for (const Bad& b : {
+           Bad{"nonsense", AddressUse::kServe, false, "'nonsense' has no port"},
+           Bad{"127.0.0.1:99999", AddressUse::kServe, false, "has a port out of range"},
+           Bad{"127.0.0.1:0", AddressUse::kConnect, true, "has a port out of range"},
+           Bad{"127.0.0.1:http", AddressUse::kServe, false, "has no numeric port"},
+           Bad{"127.0.0.1:", AddressUse::kServe, false, "has no numeric port"},
+           Bad{":9470", AddressUse::kServe, false, "has no host"},
+           Bad{"", AddressUse::kConnect, true, "has no port"},
+           Bad{"::1:80", AddressUse::kServe, false, "needs brackets"},
+           Bad{"[::1:80", AddressUse::kServe, false, "unclosed ["},
+           Bad{"unix:", AddressUse::kServe, true, "names no socket path"},
+           Bad{"unix:///", AddressUse::kServe, true, "names no socket path"},
+           Bad{"unix:///x.sock", AddressUse::kServe, false, "cannot be a Unix socket"},
+       }) {
+    const absl::Status s = CheckAddressFlag("metrics", b.text, b.use, b.unix_socket);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << b.text;
+    EXPECT_NE(s.message().find(b.why), std::string::npos) << b.text << ": " << s.message();
+    EXPECT_EQ(s.message().rfind("--metrics '", 0), 0u) << s.message();
+    EXPECT_NE(s.message().find(b.use == AddressUse::kServe ? "PORT 0..65535 (0 = any free port)"
+                                                           : "PORT 1..65535"),
+              std::string::npos)
+        << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace tutti

@@ -294,6 +294,13 @@ TEST_F(Lifecycle, BadUsageExitsTwoNamingTheFlagAndItsRange) {
            Case{"--block_size=6K", "is not a multiple of 4K"},
            Case{"--no_such_flag=1", "unknown flag --no_such_flag"},
            Case{"--log_level=loud", "--log_level"},
+           Case{"--metrics=nonsense", "--metrics 'nonsense' has no port"},
+           Case{"--metrics=127.0.0.1:99999", "--metrics '127.0.0.1:99999' has a port out of range"},
+           Case{"--listen=bogus", "--listen 'bogus' has no port"},
+           Case{"--listen=unix:", "--listen 'unix:' names no socket path"},
+           Case{"--packer=", "--packer '' has no port"},
+           Case{"--packer=127.0.0.1:0", "--packer '127.0.0.1:0' has a port out of range: use "
+                                        "HOST:PORT or [IPV6]:PORT with PORT 1..65535"},
        }) {
     std::vector<std::string> argv = base;
     argv.push_back(c.flag);
@@ -304,6 +311,13 @@ TEST_F(Lifecycle, BadUsageExitsTwoNamingTheFlagAndItsRange) {
   RunResult p = RunCommand({Packerd(), "--config=x", "--plan_threads=0"}, absl::Seconds(30));
   EXPECT_EQ(p.status, 2) << p.output;
   EXPECT_THAT(p.output, HasSubstr("--plan_threads 0 is out of range: use 1..256"));
+  for (const Case& c : {Case{"--metrics=127.0.0.1:70000", "--metrics '127.0.0.1:70000' has a "
+                                                          "port out of range"},
+                        Case{"--listen=localhost", "--listen 'localhost' has no port"}}) {
+    RunResult r = RunCommand({Packerd(), "--config=x", c.flag}, absl::Seconds(30));
+    EXPECT_EQ(r.status, 2) << c.flag << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.expect)) << c.flag;
+  }
   for (const std::string& binary : {std::string(Packerd()), std::string(Stagerd())}) {
     RunResult h = RunCommand({binary, "--help"}, absl::Seconds(30));
     EXPECT_EQ(h.status, 0);

@@ -33,6 +33,8 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics = absl::GetFlag(FLAGS_metrics);
   o.port_file = absl::GetFlag(FLAGS_port_file);
+  RETURN_IF_ERROR(CheckAddressFlag("listen", o.listen, AddressUse::kServe, true));
+  RETURN_IF_ERROR(CheckAddressFlag("metrics", o.metrics, AddressUse::kServe, false));
   o.plan_threads = absl::GetFlag(FLAGS_plan_threads);
   RETURN_IF_ERROR(CheckFlagRange("plan_threads", o.plan_threads, 1, 256));
   return o;

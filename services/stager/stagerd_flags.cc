@@ -77,6 +77,9 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics = absl::GetFlag(FLAGS_metrics);
   o.port_file = absl::GetFlag(FLAGS_port_file);
+  RETURN_IF_ERROR(CheckAddressFlag("packer", o.packer, AddressUse::kConnect, true));
+  RETURN_IF_ERROR(CheckAddressFlag("listen", o.listen, AddressUse::kServe, true));
+  RETURN_IF_ERROR(CheckAddressFlag("metrics", o.metrics, AddressUse::kServe, false));
   StagerOptions& c = o.core;
   const std::string node = absl::GetFlag(FLAGS_node);
   if (node == "auto") {
