@@ -20,7 +20,7 @@ namespace {
 
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr uint64_t kCancelTag = ~uint64_t{0} - 1;
-constexpr unsigned kStatxMask = STATX_SIZE | STATX_MTIME | STATX_TYPE;
+constexpr unsigned kStatxMask = STATX_SIZE | STATX_MTIME | STATX_TYPE | STATX_INO;
 
 // Performs one operation with plain system calls.
 int64_t RunSync(const IoOp& op) {

@@ -209,6 +209,43 @@ TEST_F(Lifecycle, StagerIsReadyOnlyWhileThePackerAnswersAndStopsDuringItsWait) {
   EXPECT_TRUE((*again)->Stop().ok());
 }
 
+TEST_F(Lifecycle, StagerIsNotReadyWhileItsSourceOrItsCacheIsGone) {
+  auto packer = Daemon::Start("gone-packer", PackerArgv(), Dir());
+  ASSERT_TRUE(packer.ok()) << packer.status();
+  // The source through a link that can vanish (an NFS mount going away).
+  const std::string source = Dir() + "/src-link";
+  fs::create_directory_symlink(Dir() + "/src", source);
+  std::vector<std::string> argv = StagerArgv((*packer)->grpc_port(), "cache-gone");
+  for (auto& a : argv) {
+    if (a.rfind("--source=", 0) == 0) a = "--source=" + source;
+  }
+  auto stager = Daemon::Start("gone-stager", argv, Dir());
+  ASSERT_TRUE(stager.ok()) << stager.status();
+  const int metrics = (*stager)->metrics_port();
+  ASSERT_TRUE(AwaitReadiness(metrics, true).ok()) << (*stager)->log();
+
+  fs::remove(source);
+  EXPECT_TRUE(AwaitReadiness(metrics, false, "source: --source " + source + " is not reachable")
+                  .ok());
+  EXPECT_EQ(Health((*stager)->grpc_port(), "tutti.v1.Stager"), HealthResponse::NOT_SERVING);
+  fs::create_directory_symlink(Dir() + "/src", source);
+  EXPECT_TRUE(AwaitReadiness(metrics, true).ok());
+
+  // The cache directory moved away, then another one put in its place.
+  const std::string cache = Dir() + "/cache-gone", moved = cache + ".moved";
+  fs::rename(cache, moved);
+  EXPECT_TRUE(AwaitReadiness(metrics, false, "cache: --cache " + cache + " is not reachable").ok());
+  fs::create_directory(cache);
+  EXPECT_TRUE(AwaitReadiness(metrics, false, "is another directory than the one this daemon opened")
+                  .ok());
+  fs::remove(cache);
+  fs::rename(moved, cache);
+  EXPECT_TRUE(AwaitReadiness(metrics, true).ok());
+  EXPECT_EQ(Health((*stager)->grpc_port(), "tutti.v1.Stager"), HealthResponse::SERVING);
+  EXPECT_TRUE((*stager)->Stop().ok());
+  EXPECT_TRUE((*packer)->Stop().ok());
+}
+
 TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
   // Ctrl-C in a terminal reaches the whole process group, and the script
   // that started the daemons passes it on as SIGTERM a moment later; srun

@@ -53,6 +53,9 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   ready.Set(kPacker, absl::OkStatus());
   if (stop.requested()) return absl::CancelledError("stopped while starting");
   RETURN_IF_ERROR(core_->Start(job));
+  // The cache directory as the core opened (and locked) it: the prober
+  // checks that it is still there.
+  ASSIGN_OR_RETURN(cache_id_, StatDir("cache", opts_.core.cache_dir));
   core_started_ = true;
   ready.Set(kCache, absl::OkStatus());
   host_->SetLiveness([core = core_.get()] { return core->Live(); });
@@ -60,8 +63,8 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   return host_->Serving();
 }
 
-absl::Status StagerServer::CheckSource() {
-  const std::string& dir = opts_.core.staging.source_dir;
+absl::StatusOr<StagerServer::DirId> StagerServer::StatDir(const std::string& flag,
+                                                          const std::string& dir) {
   auto stx = std::make_shared<struct statx>();
   IoOp op;
   op.kind = IoOp::Kind::kStat;
@@ -69,16 +72,31 @@ absl::Status StagerServer::CheckSource() {
   op.stx = stx.get();
   const int64_t r = probe_io_->Run(op, absl::Now() + opts_.probe_interval, stx);
   if (r == -ETIMEDOUT) {
-    return absl::UnavailableError(absl::StrCat("--source ", dir, " does not answer within ",
+    return absl::UnavailableError(absl::StrCat("--", flag, " ", dir, " does not answer within ",
                                                absl::FormatDuration(opts_.probe_interval),
                                                " (the file system stalls)"));
   }
   if (r < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--source ", dir, " is not reachable: ", std::strerror(static_cast<int>(-r))));
+    return absl::UnavailableError(absl::StrCat("--", flag, " ", dir, " is not reachable: ",
+                                               std::strerror(static_cast<int>(-r))));
   }
   if (!S_ISDIR(stx->stx_mode)) {
-    return absl::UnavailableError(absl::StrCat("--source ", dir, " is not a directory"));
+    return absl::UnavailableError(absl::StrCat("--", flag, " ", dir, " is not a directory"));
+  }
+  return DirId{stx->stx_dev_major, stx->stx_dev_minor, stx->stx_ino};
+}
+
+absl::Status StagerServer::CheckSource() {
+  return StatDir("source", opts_.core.staging.source_dir).status();
+}
+
+absl::Status StagerServer::CheckCache() {
+  ASSIGN_OR_RETURN(const DirId now, StatDir("cache", opts_.core.cache_dir));
+  if (!(now == cache_id_)) {
+    return absl::UnavailableError(absl::StrCat(
+        "--cache ", opts_.core.cache_dir,
+        " is another directory than the one this daemon opened (removed or replaced); restart "
+        "the daemon to use it"));
   }
   return absl::OkStatus();
 }
@@ -87,7 +105,10 @@ void StagerServer::Probe() {
   Readiness& ready = host_->readiness();
   do {
     ready.Set(kSource, CheckSource());
-    if (core_started_) ready.Set(kPacker, plans_->CheckPacker(opts_.probe_interval));
+    if (core_started_) {
+      ready.Set(kCache, CheckCache());
+      ready.Set(kPacker, plans_->CheckPacker(opts_.probe_interval));
+    }
   } while (!stop_probe_.WaitForNotificationWithTimeout(opts_.probe_interval));
 }
 

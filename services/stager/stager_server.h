@@ -1,16 +1,19 @@
 // tutti-stagerd's lifecycle: serves the operational endpoints (daemon_host.h),
 // binds the gRPC service, fetches the job from the packer, starts the core
-// and the plan stream, keeps readiness current (cache usable, source
-// reachable, packer answering), and shuts them down in order.
+// and the plan stream, keeps readiness current (every probe interval: the
+// cache directory still the one it opened, the source answering a stat,
+// the packer answering its health check), and shuts them down in order.
 #ifndef TUTTI_SERVICES_STAGER_STAGER_SERVER_H_
 #define TUTTI_SERVICES_STAGER_STAGER_SERVER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
@@ -56,8 +59,18 @@ class StagerServer final : public Daemon {
 
  private:
   absl::Status StartServing(const StopSignal& stop);
+  // A directory's identity, to tell it from another one put in its place.
+  struct DirId {
+    uint32_t dev_major = 0, dev_minor = 0;
+    uint64_t ino = 0;
+    bool operator==(const DirId&) const = default;
+  };
   void Probe();  // the readiness prober's loop
+  // Stats `dir` (given with --`flag`) within the probe interval: UNAVAILABLE
+  // saying why when it does not answer, is gone or is not a directory.
+  absl::StatusOr<DirId> StatDir(const std::string& flag, const std::string& dir);
   absl::Status CheckSource();
+  absl::Status CheckCache();  // still the directory the core opened
 
   const StagerServerOptions opts_;
   StopSignal never_;  // for Start() without a signal
@@ -70,6 +83,7 @@ class StagerServer final : public Daemon {
   absl::Notification stop_probe_;
   std::thread prober_;
   std::atomic<bool> core_started_{false};  // read by the prober
+  DirId cache_id_;                         // set before core_started_
   bool shut_down_ = false;
 };
 
