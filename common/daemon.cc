@@ -150,7 +150,9 @@ int RunDaemon(int argc, char** argv, const DaemonMain& main) {
     return finish(kExitFailure);
   }
   phase = Phase::kServing;
-  std::cout << (*daemon)->Banner() << std::endl;
+  // The banner line for people and scripts reading stdout; with JSON logs
+  // every line of output is an object, and the "serving" line carries it.
+  if (log.format == LogFormat::kText) std::cout << (*daemon)->Banner() << std::endl;
   kLog.Info("serving", {{"banner", (*daemon)->Banner()}});
   stop.Wait();
   phase = Phase::kStopping;

@@ -16,7 +16,9 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "gmock/gmock.h"
@@ -244,6 +246,44 @@ TEST_F(Lifecycle, StagerIsNotReadyWhileItsSourceOrItsCacheIsGone) {
   EXPECT_EQ(Health((*stager)->grpc_port(), "tutti.v1.Stager"), HealthResponse::SERVING);
   EXPECT_TRUE((*stager)->Stop().ok());
   EXPECT_TRUE((*packer)->Stop().ok());
+}
+
+TEST_F(Lifecycle, JsonLogsAreOneObjectPerLineGrpcsOwnIncluded) {
+  // gRPC as talkative as it gets: its lines must come through common/log.h too.
+  const std::vector<std::string> env = {"GRPC_VERBOSITY=DEBUG", "GRPC_TRACE=api"};
+  for (const bool stager : {false, true}) {
+    const std::string name = stager ? "json-stager" : "json-packer";
+    const std::string port_file = Dir() + "/" + name + ".ports";
+    std::vector<std::string> argv =
+        stager ? StagerArgv(FreeLoopbackPort(), "cache-json") : PackerArgv();
+    argv.push_back("--log_format=json");
+    argv.push_back("--port_file=" + port_file);
+    auto p = Process::Start(argv, Dir() + "/" + name + ".log", env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    // The packer serves; the stager waits for a packer that is not there.
+    const std::string want = stager ? "metrics=" : "grpc=";
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up && ReadFileOrEmpty(port_file).find(want) == std::string::npos) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    absl::SleepFor(absl::Milliseconds(300));
+    const std::optional<int> status = Terminate(**p);
+    ASSERT_TRUE(status.has_value()) << (*p)->log();
+    EXPECT_EQ(*status, 0) << (*p)->log();
+    const std::string log = (*p)->log();
+    int lines = 0, grpc = 0;
+    for (absl::string_view line : absl::StrSplit(log, '\n', absl::SkipEmpty())) {
+      ++lines;
+      EXPECT_THAT(std::string(line),
+                  ::testing::MatchesRegex("\\{\"ts\":\"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{15}Z\","
+                                          "\"level\":\"(debug|info|warning|error)\","
+                                          "\"component\":\"[a-z.]+\",\"msg\":\".*\\}"))
+          << name;
+      grpc += absl::StrContains(line, "\"component\":\"grpc\"");
+    }
+    EXPECT_GT(lines, 3) << log;
+    EXPECT_GT(grpc, 0) << name << ": no line of gRPC's own\n" << log;
+  }
 }
 
 TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
