@@ -342,14 +342,23 @@ TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
     // idle connections time out (10 s).
     std::atomic<int> answered{0};
     std::vector<std::thread> scrapers;
+    std::vector<std::string> pages(4);
     for (int t = 0; t < 4; ++t) {
-      scrapers.emplace_back([&] {
+      scrapers.emplace_back([&, t] {
         auto m = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+        if (m.ok()) pages[t] = *m;
         answered += m.ok() && m->find("process_cpu_seconds_total") != std::string::npos;
       });
     }
     for (auto& t : scrapers) t.join();
     EXPECT_EQ(answered.load(), 4) << d->name();
+    // Both daemons export the build and the process metrics.
+    for (const char* name :
+         {"tutti_build_info{commit=", "process_cpu_seconds_total ", "process_resident_memory_bytes ",
+          "process_virtual_memory_bytes ", "process_open_fds ", "process_max_fds ",
+          "process_start_time_seconds "}) {
+      EXPECT_THAT(pages[0], HasSubstr(name)) << d->name();
+    }
     for (int fd : idle) ::close(fd);
   }
   EXPECT_TRUE((*stager)->Stop().ok());
