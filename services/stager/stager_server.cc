@@ -129,7 +129,11 @@ void StagerServer::Shutdown() {
   }
   if (core_) core_->Stop();  // answers waiting clients with UNAVAILABLE, wakes the plan stream
   if (plans_) plans_->Stop();
-  if (host_) host_->StopGrpc(absl::Seconds(2));
+  // Every call waiting in the core has been answered by now, and the others
+  // (ReleaseBatch, GetStageStatus) take microseconds: what is still open
+  // after a moment is a connected client's idle channel, which gRPC would
+  // otherwise wait on for the whole grace.
+  if (host_) host_->StopGrpc(absl::Milliseconds(300));
   plans_.reset();
   probe_io_.reset();
   if (host_) host_->Stop();
