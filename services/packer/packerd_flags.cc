@@ -16,8 +16,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
 ABSL_FLAG(std::string, metrics, "127.0.0.1:9470",
           "HOST:PORT serving /metrics, /healthz and /readyz; port 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "",
-          "if set, write the bound ports here as 'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' "
-          "once serving");
+          "if set, write 'metrics=PORT\\n' here at once (probes may start), then "
+          "'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' once serving, before /readyz "
+          "first says ready");
 ABSL_FLAG(uint32_t, plan_threads, 2, "threads planning steps ahead of the clients, 1..256");
 
 namespace tutti::packer {

@@ -8,7 +8,8 @@
 #include "common/daemon_flags.h"
 #include "common/status.h"
 
-ABSL_FLAG(std::string, packer, "127.0.0.1:7070", "tutti-packerd address (host:port)");
+ABSL_FLAG(std::string, packer, "127.0.0.1:7070",
+          "tutti-packerd address: HOST:PORT or unix:///PATH/TO.sock");
 ABSL_FLAG(
     std::string, node, "0",
     "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
@@ -28,8 +29,9 @@ ABSL_FLAG(std::string, socket_group, "",
           "created 0660 and the batch segments in /dev/shm 0640 with that group, so training "
           "processes in it need not run as the daemon's user (empty = the daemon's own group)");
 ABSL_FLAG(std::string, port_file, "",
-          "write 'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' here once serving (PORT 0 "
-          "for a Unix socket)");
+          "write 'metrics=PORT\\n' here at once (probes may start), then "
+          "'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' once serving (PORT 0 for a Unix "
+          "socket), before /readyz first says ready");
 ABSL_FLAG(std::string, cache_capacity, "0",
           "cache byte capacity, 64M to 1P, e.g. 500G (0 = unlimited)");
 ABSL_FLAG(uint32_t, queue_depth, 64,
