@@ -106,6 +106,11 @@ absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, Exc
         "; launch ", ctx.world_size, " ranks (e.g. mpirun -np ", ctx.world_size,
         ") or restart the packer with world_size: ", comm_size));
   }
+  if (comm_rank >= comm_size) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": rank ", comm_rank,
+                                                   " is outside a communicator of ", comm_size,
+                                                   " ranks"));
+  }
   if (plan.rank() != comm_rank) {
     return absl::FailedPreconditionError(absl::StrCat(
         where, ": this process is rank ", comm_rank, " of the communicator but was given rank ",

@@ -96,6 +96,14 @@ TEST(ExchangeLayout, AnotherRanksPlan) {
               HasSubstr("this process is rank 0 of the communicator but was given rank 1's plan"));
 }
 
+TEST(ExchangeLayout, RankOutsideTheCommunicatorIsRefused) {
+  // Rank 3 of a communicator of 3 (a plan of rank 3 given to it): the
+  // layout indexed its counts past their end (found by fuzz/plan_fuzzer).
+  auto l = BuildExchangeLayout(Plan(3), ExchangeDirection::kForward, 3, 3);
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << l.status();
+  EXPECT_THAT(Msg(l.status()), HasSubstr("rank 3 is outside a communicator of 3"));
+}
+
 TEST(ExchangeLayout, RefusesCorruptPlans) {
   struct Case {
     std::function<void(v1::RankPlan&)> mutate;

@@ -147,7 +147,7 @@ struct MpiTransport::Header {
   void SetStatus(const absl::Status& s) {
     code = static_cast<int32_t>(s.code());
     const size_t n = std::min(s.message().size(), sizeof(reason) - 1);
-    std::memcpy(reason, s.message().data(), n);
+    if (n > 0) std::memcpy(reason, s.message().data(), n);  // an OK status has no message
     reason[n] = '\0';
   }
 };

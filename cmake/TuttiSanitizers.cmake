@@ -22,7 +22,44 @@ if(TUTTI_SANITIZER_FLAGS)
   add_compile_options(${TUTTI_SANITIZER_FLAGS})
   add_link_options(${TUTTI_SANITIZER_FLAGS})
   message(STATUS "tutti: sanitizer build (${TUTTI_SANITIZE}): ${TUTTI_SANITIZER_FLAGS}")
+  # The interpreter is not instrumented: a sanitized extension module cannot
+  # be loaded into it. The binding's tests run in the regular build.
+  if(TUTTI_WITH_PYTHON)
+    message(STATUS "tutti: Python binding not built in a sanitizer build")
+    set(TUTTI_WITH_PYTHON OFF)
+  endif()
 endif()
+# What every program of a sanitizer build links first (tutti_sanitize_programs
+# below): the ASan/UBSan runtime options and leak suppressions.
+set(TUTTI_SANITIZER_SUPPORT)
+if(TUTTI_SANITIZE STREQUAL "address")
+  add_library(tutti_sanitizer_defaults OBJECT
+    ${CMAKE_CURRENT_LIST_DIR}/sanitizers/sanitizer_defaults.cc)
+  list(APPEND TUTTI_SANITIZER_SUPPORT tutti_sanitizer_defaults)
+endif()
+
+# Links TUTTI_SANITIZER_SUPPORT ahead of everything else into every
+# executable defined under `dir` (call it once, after all subdirectories).
+function(tutti_sanitize_programs dir)
+  if(NOT TUTTI_SANITIZER_SUPPORT)
+    return()
+  endif()
+  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(t IN LISTS targets)
+    get_target_property(type ${t} TYPE)
+    if(type STREQUAL "EXECUTABLE")
+      get_target_property(libs ${t} LINK_LIBRARIES)
+      if(NOT libs)
+        set(libs)
+      endif()
+      set_property(TARGET ${t} PROPERTY LINK_LIBRARIES ${TUTTI_SANITIZER_SUPPORT} ${libs})
+    endif()
+  endforeach()
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(d IN LISTS subdirs)
+    tutti_sanitize_programs(${d})
+  endforeach()
+endfunction()
 if(TUTTI_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
     message(FATAL_ERROR "TUTTI_FUZZ needs clang (libFuzzer): configure with "

@@ -1,5 +1,7 @@
 #include "common/media_header.h"
 
+#include <webp/decode.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
@@ -87,6 +89,20 @@ absl::StatusOr<ImageHeader> ReadWebp(const unsigned char* p, size_t n) {
     return absl::DataLossError(absl::StrCat("WebP has unknown first chunk '", fourcc, "'"));
   }
   if (h.width == 0 || h.height == 0) return absl::DataLossError("WebP declares an empty image");
+  // The decoder (OpenCV through libwebp) takes the bytes for WebP only if
+  // libwebp reads their bitstream header; otherwise cv::imdecode tries its
+  // other decoders on them (the DICOM reader looks for "DICM" at byte 128).
+  // So what libwebp refuses is corrupt here already.
+  WebPBitstreamFeatures features;
+  if (WebPGetFeatures(p, n, &features) != VP8_STATUS_OK) {
+    return absl::DataLossError("WebP bitstream header is corrupt (libwebp refuses it)");
+  }
+  if (static_cast<uint32_t>(features.width) != h.width ||
+      static_cast<uint32_t>(features.height) != h.height) {
+    return absl::DataLossError(absl::StrCat("WebP container says ", h.width, "x", h.height,
+                                            " but its bitstream ", features.width, "x",
+                                            features.height));
+  }
   return h;
 }
 

@@ -61,5 +61,24 @@ TEST(MediaHeaderTest, WavDuration) {
   EXPECT_FALSE(ReadWavHeader("RIFF____WAVEjunk").ok());
 }
 
+TEST(MediaHeaderTest, WebpWhoseBitstreamLibwebpRefusesIsCorrupt) {
+  // A RIFF/WEBP container with a corrupt VP8 frame and "DICM" at byte 128:
+  // OpenCV's WebP decoder refuses it, so cv::imdecode tried its other
+  // decoders and handed it to the DICOM reader, which allocated gigabytes
+  // (found by fuzz/image_decode_fuzzer). The header reader refuses it first.
+  cv::Mat img(40, 60, CV_8UC3, cv::Scalar(10, 120, 200));
+  std::vector<uint8_t> buf;
+  ASSERT_TRUE(cv::imencode(".webp", img, buf, {cv::IMWRITE_WEBP_QUALITY, 75}));
+  std::string webp(buf.begin(), buf.end());
+  ASSERT_TRUE(ReadImageHeader(webp).ok());
+  webp.resize(std::max<size_t>(webp.size(), 140), '\0');
+  webp.replace(128, 4, "DICM");
+  // The VP8 frame tag: a shown key frame whose first partition (0x7ffff
+  // bytes) runs past the chunk.
+  webp.replace(20, 3, "\xf0\xff\xff");
+  auto h = ReadImageHeader(webp);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kDataLoss) << h.status();
+}
+
 }  // namespace
 }  // namespace tutti

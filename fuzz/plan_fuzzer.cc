@@ -10,6 +10,7 @@
 #include "client/exchange_layout.h"
 #include "common/job_config.h"
 #include "fuzz/fuzz_job.h"
+#include "google/protobuf/stubs/logging.h"
 #include "services/stager/batch_layout.h"
 #include "tutti/v1/plan.pb.h"
 
@@ -33,6 +34,12 @@ const tutti::v1::JobConfig& Config() {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // Invalid UTF-8 in string fields is logged by protobuf for every input.
+  static const bool quiet = [] {
+    google::protobuf::SetLogHandler(nullptr);
+    return true;
+  }();
+  (void)quiet;
   tutti::v1::StepPlan plan;
   if (!plan.ParseFromArray(data, static_cast<int>(size))) return 0;
   const auto params = tutti::stager::PatchifyParams::FromConfig(Config().vision());

@@ -1,5 +1,7 @@
 #include "tools/bench_load.h"
 
+#include <grpcpp/alarm.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -65,14 +67,41 @@ class StreamCall final : public grpc::ClientReadReactor<v1::StepPlan> {
 class Client {
  public:
   Client(std::shared_ptr<grpc::Channel> channel, const LoadOptions& o, uint32_t index,
-         RoundState* round)
-      : stub_(v1::Packer::NewStub(channel)), o_(o), index_(index), round_(round) {}
+         RoundState* round, Clock::time_point round_start)
+      : stub_(v1::Packer::NewStub(channel)), o_(o), index_(index), round_(round) {
+    const auto interval = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(o.interval));
+    first_due_ = round_start + interval * index / o.clients;
+  }
 
-  // Starts the next call, or reports this client done. The call is set up
-  // under the lock and started after it (its callbacks take the lock).
+  // Starts the next call when it is due (after an alarm if it is not yet),
+  // or reports this client done.
   void Next() {
     mu_.Lock();
     if (cancelled_ || call_ == o_.calls) {
+      mu_.Unlock();
+      round_->ClientDone();
+      return;
+    }
+    const auto interval = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(o_.interval));
+    const Clock::time_point now = Clock::now();
+    const Clock::time_point due = interval.count() > 0 ? first_due_ + interval * call_ : now;
+    if (due > now) {
+      auto alarm = std::make_unique<grpc::Alarm>();
+      grpc::Alarm* a = alarm.get();
+      alarms_.push_back(std::move(alarm));
+      mu_.Unlock();
+      a->Set(std::chrono::system_clock::now() + (due - now), [this, due](bool) { Issue(due); });
+      return;
+    }
+    mu_.Unlock();
+    Issue(due);
+  }
+
+  // Starts the next call, due at `start`. The call is set up under the lock
+  // and started after it (its callbacks take the lock).
+  void Issue(Clock::time_point start) {
+    mu_.Lock();
+    if (cancelled_) {
       mu_.Unlock();
       round_->ClientDone();
       return;
@@ -82,7 +111,6 @@ class Client {
     const uint32_t rank = index_ % o_.world_size;
     const auto deadline = std::chrono::system_clock::now() +
                           std::chrono::milliseconds(absl::ToInt64Milliseconds(o_.call_timeout));
-    const Clock::time_point start = Clock::now();
     if (call_++ % 2 == 0) {
       auto call = std::make_unique<StreamCall>(this, start);
       call->ctx.set_deadline(deadline);
@@ -107,7 +135,8 @@ class Client {
     current_ = &u->ctx;
     unaries_.push_back(std::move(unary));
     mu_.Unlock();
-    stub_->async()->GetPlan(&u->ctx, &u->req, &u->resp, [this, start](grpc::Status s) {
+    stub_->async()->GetPlan(&u->ctx, &u->req, &u->resp, [this, u, start](grpc::Status s) {
+      u->resp.Clear();  // only its arrival is measured
       if (s.ok()) {
         RecordUnary(Ms(start, Clock::now()));
         round_->unary.fetch_add(1);
@@ -123,6 +152,7 @@ class Client {
     absl::MutexLock l(&mu_);
     cancelled_ = true;
     if (current_ != nullptr) current_->TryCancel();
+    for (auto& a : alarms_) a->Cancel();
   }
 
   void RecordUnary(double ms) {
@@ -151,12 +181,14 @@ class Client {
   const uint32_t index_;
   RoundState* const round_;
   absl::Mutex mu_;
+  Clock::time_point first_due_;
   uint32_t call_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* current_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Calls are kept until the round ends: a reactor outlives its OnDone.
   std::vector<std::unique_ptr<StreamCall>> streams_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Unary>> unaries_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<grpc::Alarm>> alarms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> unary_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> stream_ms_ ABSL_GUARDED_BY(mu_);
 };
@@ -221,14 +253,14 @@ LoadRound LoadDriver::RunRound(uint32_t round) {
   RoundState state;
   std::vector<std::unique_ptr<Client>> clients;
   clients.reserve(options_.clients);
+  const Clock::time_point start = Clock::now();
   for (uint32_t i = 0; i < options_.clients; ++i) {
-    clients.push_back(std::make_unique<Client>(channels_[i], options_, i, &state));
+    clients.push_back(std::make_unique<Client>(channels_[i], options_, i, &state, start));
   }
   {
     absl::MutexLock l(&state.mu);
     state.running = options_.clients;
   }
-  const Clock::time_point start = Clock::now();
   for (auto& c : clients) c->Next();
   auto all_done = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) { return state.running == 0; };
   state.mu.Lock();

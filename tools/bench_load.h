@@ -30,6 +30,11 @@ struct LoadOptions {
   uint64_t last_step = 7;      // (the precomputed ones)
   uint32_t calls = 6;          // calls per client per round, streams and GetPlans alternating
   uint32_t stream_plans = 4;   // plans per StreamPlans call
+  // Open loop: client i starts its calls at i * interval / clients + k *
+  // interval into the round (a step's cadence), and a call's latency counts
+  // from when it was due. Zero: closed loop, each call as soon as the
+  // previous one ends (the packer's throughput under a burst).
+  absl::Duration interval = absl::Seconds(1);
   absl::Duration call_timeout = absl::Seconds(60);    // deadline of one call
   absl::Duration round_timeout = absl::Seconds(300);  // a round ends here, calls cancelled
 };
@@ -42,8 +47,9 @@ struct LoadRound {
   uint64_t errors = 0;       // calls that failed or were cancelled
   std::string first_error;   // the first failure, for the report
   double seconds = 0;        // wall time of the round
-  // Latency of each plan: a GetPlan from call to answer; a streamed plan from
-  // the call (first plan) or the previous plan to its arrival. Milliseconds.
+  // Latency of each plan: a GetPlan from when the call was due to the
+  // answer; a streamed plan from when the call was due (first plan) or from
+  // the previous plan to its arrival. Milliseconds.
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
   double unary_p50_ms = 0, unary_p99_ms = 0;
   double stream_p50_ms = 0, stream_p99_ms = 0;

@@ -207,7 +207,7 @@ absl::Status WriteJob(const std::string& dir, uint32_t world, uint32_t seq_len, 
 
 int RunBenchLoad(int argc, char** argv) {
   uint32_t clients = 2560, rounds = 3, calls = 6, stream_plans = 4, steps = 8, seq_len = 8192;
-  uint32_t timeout_s = 300;
+  uint32_t timeout_s = 300, interval_ms = 1000;
   std::string dir, packerd;
   bool json = false;
   tutti::tools::Cli cli(
@@ -215,12 +215,16 @@ int RunBenchLoad(int argc, char** argv) {
       "Starts tutti-packerd on loopback with the seed workload for --clients ranks, plans "
       "--steps steps, then holds --clients concurrent clients (one connection each) that "
       "alternate StreamPlans (--stream_plans plans) and GetPlan, --calls calls per client per "
-      "round. Reports per round the latency of every plan received (p50, p99, max) and the "
-      "packer's CPU (cores) and resident memory. Exits 1 if any call failed.");
+      "round, one every --interval_ms per client (spread evenly; 0: back to back). Reports per "
+      "round the latency of every plan received (p50, p99, max; counted from when the call "
+      "was due) and the packer's CPU (cores) and resident memory. Exits 1 if any call "
+      "failed.");
   cli.Flag("clients", &clients, "concurrent clients; also the job's world size");
   cli.Flag("rounds", &rounds, "rounds of load (memory is compared across them)");
   cli.Flag("calls", &calls, "calls per client per round (streams and GetPlans alternating)");
   cli.Flag("stream_plans", &stream_plans, "plans per StreamPlans call");
+  cli.Flag("interval_ms", &interval_ms,
+           "each client starts a call this often (a step's cadence); 0: back to back");
   cli.Flag("steps", &steps, "steps planned before the load; the clients ask only for these");
   cli.Flag("seq_len", &seq_len, "the job's sequence length (tokens)");
   cli.Flag("timeout_s", &timeout_s, "a round ends after this, its unfinished calls failed");
@@ -279,6 +283,7 @@ int RunBenchLoad(int argc, char** argv) {
   o.last_step = steps - 1;
   o.calls = calls;
   o.stream_plans = stream_plans;
+  o.interval = absl::Milliseconds(interval_ms);
   o.round_timeout = absl::Seconds(timeout_s);
   auto driver = tutti::tools::LoadDriver::Connect(o, absl::Seconds(120));
   if (!driver.ok()) {
@@ -300,12 +305,13 @@ int RunBenchLoad(int argc, char** argv) {
     errors += lr.errors;
     if (json) {
       std::printf(
-          "{\"round\":%u,\"clients\":%u,\"calls_per_client\":%u,\"get_plan_calls\":%llu,"
+          "{\"round\":%u,\"clients\":%u,\"calls_per_client\":%u,\"interval_ms\":%u,"
+          "\"get_plan_calls\":%llu,"
           "\"streams\":%llu,\"plans\":%llu,\"errors\":%llu,\"seconds\":%.3f,\"p50_ms\":%.3f,"
           "\"p99_ms\":%.3f,\"max_ms\":%.3f,\"get_plan_p50_ms\":%.3f,\"get_plan_p99_ms\":%.3f,"
           "\"stream_p50_ms\":%.3f,\"stream_p99_ms\":%.3f,\"packer_cpu_cores\":%.3f,"
           "\"packer_rss_bytes\":%llu,\"packer_rss_growth_bytes\":%lld}\n",
-          r, lr.clients, calls, static_cast<unsigned long long>(lr.unary_calls),
+          r, lr.clients, calls, interval_ms, static_cast<unsigned long long>(lr.unary_calls),
           static_cast<unsigned long long>(lr.streams), static_cast<unsigned long long>(lr.plans),
           static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms, lr.max_ms,
           lr.unary_p50_ms, lr.unary_p99_ms, lr.stream_p50_ms, lr.stream_p99_ms, cores,

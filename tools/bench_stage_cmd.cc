@@ -54,7 +54,7 @@ std::string ShOut(const std::string& cmd) {
 // already there) and returns their refs with CRC-32C, as an index has them,
 // so staging verifies every byte as it does in production.
 std::vector<tutti::v1::ShardRef> MakeFiles(const std::string& dir, int count, uint64_t bytes,
-                                           const char* pattern) {
+                                           const absl::FormatSpec<int>& pattern) {
   fs::create_directories(dir);
   std::vector<tutti::v1::ShardRef> refs;
   std::string block(1 << 20, '\0');

@@ -154,9 +154,17 @@ absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v
         uint64_t sum = 0;
         for (const auto& e : enc) sum += e.first;
         if (!enc.empty() && slot.encoder_tokens() != 0 && sum != slot.encoder_tokens()) {
-          // The plan is authoritative: put the difference on the last item.
+          // The plan is authoritative: put the difference on the last item,
+          // which cannot go below zero tokens.
           const int64_t diff = int64_t{slot.encoder_tokens()} - static_cast<int64_t>(sum);
-          enc.back().first = static_cast<uint32_t>(std::max<int64_t>(0, enc.back().first + diff));
+          if (int64_t{enc.back().first} + diff < 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, ": document of sample ", slot.sample_id(), " is planned with ",
+                slot.encoder_tokens(), " encoder tokens but its images/audio need at least ",
+                sum - enc.back().first,
+                "; the packer and this stager disagree on the vision or audio config"));
+          }
+          enc.back().first = static_cast<uint32_t>(enc.back().first + diff);
           sum = slot.encoder_tokens();
         }
         const uint64_t prefix = sum + 2 * enc.size();
@@ -417,7 +425,7 @@ absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate,
   const size_t frames = data.size() / (bytes * channels);
   std::vector<float> mono(frames, 0.0f);
   for (size_t f = 0; f < frames; ++f) {
-    float sum = 0;
+    double sum = 0;  // channels near the float limit still average to a float
     for (uint32_t c = 0; c < channels; ++c) {
       const char* p = data.data() + (f * channels + c) * bytes;
       float v;
@@ -436,9 +444,13 @@ absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate,
         std::memcpy(&x, p, 4);
         v = x / 2147483648.0f;
       }
+      if (!std::isfinite(v)) {
+        return absl::DataLossError(absl::StrCat("WAV sample ", f, " of channel ", c,
+                                                " is not a finite number (corrupt float data)"));
+      }
       sum += v;
     }
-    mono[f] = sum / channels;
+    mono[f] = static_cast<float>(sum / channels);
   }
   std::vector<float> out(samples, 0.0f);
   const double step = static_cast<double>(src_rate) / rate;

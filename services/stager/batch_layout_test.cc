@@ -1,5 +1,9 @@
 #include "services/stager/batch_layout.h"
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "common/job_config.h"
@@ -69,6 +73,63 @@ TEST(BatchLayoutTest, ParsesInputIds) {
   EXPECT_EQ(ParseInputIds(R"({"tokens": 5})").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, 2)").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(BatchLayoutTest, EncoderTokensBelowWhatTheItemsNeedAreRefused) {
+  // An image and an audio clip per document: the plan's encoder_tokens can
+  // only move the last item's tokens, never below zero. A plan asking for
+  // fewer was laid out with the text starting where the encoder tokens are
+  // still written, past the document's end (a heap overflow found by
+  // fuzz/plan_fuzzer).
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds3",
+                                    {.shards = 1, .samples_per_shard = 2, .audio_ms = 500});
+  v1::JobInfo job = testing::MakeJob(data, 1, 1);
+  v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 2);
+  const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+  ASSERT_TRUE(BatchLayout::Build(plan, plan.ranks(0), job.config(), p).ok());
+  v1::DocSlot* slot =
+      plan.mutable_ranks(0)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  slot->set_encoder_tokens(1);
+  auto layout = BatchLayout::Build(plan, plan.ranks(0), job.config(), p);
+  EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument) << layout.status();
+  EXPECT_NE(layout.status().message().find("encoder tokens"), std::string::npos)
+      << layout.status();
+}
+
+// A RIFF/WAVE file of 32-bit float samples.
+std::string FloatWav(const std::vector<float>& samples, uint16_t channels) {
+  auto le = [](std::string* out, uint32_t v, int n) {
+    for (int i = 0; i < n; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+  };
+  std::string data(samples.size() * 4, '\0');
+  std::memcpy(data.data(), samples.data(), data.size());
+  std::string w = "RIFF";
+  le(&w, static_cast<uint32_t>(36 + data.size()), 4);
+  w += "WAVEfmt ";
+  le(&w, 16, 4);
+  le(&w, 3, 2);
+  le(&w, channels, 2);
+  le(&w, 8000, 4);
+  le(&w, 8000 * 4 * channels, 4);
+  le(&w, 4 * channels, 2);
+  le(&w, 32, 2);
+  w += "data";
+  le(&w, static_cast<uint32_t>(data.size()), 4);
+  return w + data;
+}
+
+TEST(BatchLayoutTest, WavWithNonFiniteSamplesIsRefusedAndLoudStereoStaysFinite) {
+  // A NaN or infinite sample would reach the batch and the loss (found by
+  // fuzz/wav_decode_fuzzer).
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    auto pcm = DecodeWav(FloatWav({0.5f, bad, 0.25f, 0.f}, 1), 8000, 4);
+    EXPECT_EQ(pcm.status().code(), absl::StatusCode::kDataLoss) << pcm.status();
+  }
+  // Two channels near the float limit average to a finite value.
+  const float big = std::numeric_limits<float>::max();
+  auto pcm = DecodeWav(FloatWav({big, big, -big, -big}, 2), 8000, 2);
+  ASSERT_TRUE(pcm.ok()) << pcm.status();
+  for (float v : *pcm) EXPECT_TRUE(std::isfinite(v)) << v;
 }
 
 }  // namespace

@@ -24,7 +24,10 @@ def losses(out):
 
 
 def digests(out):
-    rows = [json.loads(line.split("DIGEST ", 1)[1]) for line in out.splitlines() if "DIGEST " in line]
+    # Ranks share the output stream: another process's text may follow a
+    # digest on its line, so each is decoded where it starts and no further.
+    decoder = json.JSONDecoder()
+    rows = [decoder.raw_decode(out, m.end())[0] for m in re.finditer(r"DIGEST ", out)]
     return {(r["step"], r["rank"]): r for r in rows}
 
 
