@@ -131,6 +131,27 @@ class Lifecycle : public ::testing::Test {
             "--packer_wait_s=600"};
   }
 
+  // A packer and a stager of node 0 serving it, both named after `name`;
+  // `source` replaces the stager's --source when set. Null when one did not start.
+  struct Both {
+    std::unique_ptr<Daemon> packer, stager;
+  };
+  Both StartBoth(const std::string& name, const std::string& source = "") {
+    Both b;
+    auto packer = Daemon::Start(name + "-packer", PackerArgv(), Dir());
+    EXPECT_TRUE(packer.ok()) << packer.status();
+    if (!packer.ok()) return b;
+    b.packer = std::move(*packer);
+    std::vector<std::string> argv = StagerArgv(b.packer->grpc_port(), "cache-" + name);
+    for (auto& a : argv) {
+      if (!source.empty() && a.rfind("--source=", 0) == 0) a = "--source=" + source;
+    }
+    auto stager = Daemon::Start(name + "-stager", argv, Dir());
+    EXPECT_TRUE(stager.ok()) << stager.status();
+    if (stager.ok()) b.stager = std::move(*stager);
+    return b;
+  }
+
   static std::string* dir_;
 };
 std::string* Lifecycle::dir_ = nullptr;
@@ -212,24 +233,19 @@ TEST_F(Lifecycle, StagerIsReadyOnlyWhileThePackerAnswersAndStopsDuringItsWait) {
 }
 
 TEST_F(Lifecycle, StagerIsNotReadyWhileItsSourceOrItsCacheIsGone) {
-  auto packer = Daemon::Start("gone-packer", PackerArgv(), Dir());
-  ASSERT_TRUE(packer.ok()) << packer.status();
   // The source through a link that can vanish (an NFS mount going away).
   const std::string source = Dir() + "/src-link";
   fs::create_directory_symlink(Dir() + "/src", source);
-  std::vector<std::string> argv = StagerArgv((*packer)->grpc_port(), "cache-gone");
-  for (auto& a : argv) {
-    if (a.rfind("--source=", 0) == 0) a = "--source=" + source;
-  }
-  auto stager = Daemon::Start("gone-stager", argv, Dir());
-  ASSERT_TRUE(stager.ok()) << stager.status();
-  const int metrics = (*stager)->metrics_port();
-  ASSERT_TRUE(AwaitReadiness(metrics, true).ok()) << (*stager)->log();
+  Both d = StartBoth("gone", source);
+  ASSERT_TRUE(d.stager != nullptr);
+  Daemon* stager = d.stager.get();
+  const int metrics = stager->metrics_port();
+  ASSERT_TRUE(AwaitReadiness(metrics, true).ok()) << stager->log();
 
   fs::remove(source);
   EXPECT_TRUE(AwaitReadiness(metrics, false, "source: --source " + source + " is not reachable")
                   .ok());
-  EXPECT_EQ(Health((*stager)->grpc_port(), "tutti.v1.Stager"), HealthResponse::NOT_SERVING);
+  EXPECT_EQ(Health(stager->grpc_port(), "tutti.v1.Stager"), HealthResponse::NOT_SERVING);
   fs::create_directory_symlink(Dir() + "/src", source);
   EXPECT_TRUE(AwaitReadiness(metrics, true).ok());
 
@@ -243,9 +259,9 @@ TEST_F(Lifecycle, StagerIsNotReadyWhileItsSourceOrItsCacheIsGone) {
   fs::remove(cache);
   fs::rename(moved, cache);
   EXPECT_TRUE(AwaitReadiness(metrics, true).ok());
-  EXPECT_EQ(Health((*stager)->grpc_port(), "tutti.v1.Stager"), HealthResponse::SERVING);
-  EXPECT_TRUE((*stager)->Stop().ok());
-  EXPECT_TRUE((*packer)->Stop().ok());
+  EXPECT_EQ(Health(stager->grpc_port(), "tutti.v1.Stager"), HealthResponse::SERVING);
+  EXPECT_TRUE(stager->Stop().ok());
+  EXPECT_TRUE(d.packer->Stop().ok());
 }
 
 TEST_F(Lifecycle, JsonLogsAreOneObjectPerLineGrpcsOwnIncluded) {
@@ -290,12 +306,9 @@ TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
   // Ctrl-C in a terminal reaches the whole process group, and the script
   // that started the daemons passes it on as SIGTERM a moment later; srun
   // and scancel do the same. One stop, exit 0, segments removed.
-  auto packer = Daemon::Start("twice-packer", PackerArgv(), Dir());
-  ASSERT_TRUE(packer.ok()) << packer.status();
-  auto stager = Daemon::Start("twice-stager", StagerArgv((*packer)->grpc_port(), "cache-twice"),
-                              Dir());
-  ASSERT_TRUE(stager.ok()) << stager.status();
-  auto stub = v1::Stager::NewStub(MakeChannel((*stager)->address()));
+  Both both = StartBoth("twice");
+  ASSERT_TRUE(both.stager != nullptr);
+  auto stub = v1::Stager::NewStub(MakeChannel(both.stager->address()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::AcquireBatchRequest req;
@@ -307,7 +320,7 @@ TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
   ASSERT_TRUE(acquired.ok()) << acquired.error_message();
   const std::string segment = "/dev/shm" + batch.shm_name();
   ASSERT_TRUE(fs::exists(segment)) << segment;
-  for (Daemon* d : {stager->get(), packer->get()}) {
+  for (Daemon* d : {both.stager.get(), both.packer.get()}) {
     d->process().Signal(SIGINT);
     d->process().Signal(SIGTERM);
     const std::optional<int> status = d->process().Wait(kStopBound);
@@ -320,12 +333,9 @@ TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
 }
 
 TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
-  auto packer = Daemon::Start("idle-packer", PackerArgv(), Dir());
-  ASSERT_TRUE(packer.ok()) << packer.status();
-  auto stager = Daemon::Start("idle-stager", StagerArgv((*packer)->grpc_port(), "cache-idle"),
-                              Dir());
-  ASSERT_TRUE(stager.ok()) << stager.status();
-  for (Daemon* d : {packer->get(), stager->get()}) {
+  Both both = StartBoth("idle");
+  ASSERT_TRUE(both.stager != nullptr);
+  for (Daemon* d : {both.packer.get(), both.stager.get()}) {
     // Connections that send nothing (and one that stops mid-request) stay open.
     std::vector<int> idle;
     for (int i = 0; i < 8; ++i) {
@@ -361,8 +371,8 @@ TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
     }
     for (int fd : idle) ::close(fd);
   }
-  EXPECT_TRUE((*stager)->Stop().ok());
-  EXPECT_TRUE((*packer)->Stop().ok());
+  EXPECT_TRUE(both.stager->Stop().ok());
+  EXPECT_TRUE(both.packer->Stop().ok());
 }
 
 TEST_F(Lifecycle, BadUsageExitsTwoNamingTheFlagAndItsRange) {
