@@ -5,55 +5,19 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/log.h"
+#include "services/stager/codecs.h"
 #include "services/stager/resample.h"
 #include "services/stager/skip.h"
 
 namespace tutti::stager {
 
-PatchifyParams PatchifyParams::FromConfig(const v1::VisionConfig& v) {
-  PatchifyParams p;
-  if (v.patch_size()) p.patch = v.patch_size();
-  if (v.merge_size()) p.merge = v.merge_size();
-  if (v.temporal_patch()) p.temporal = v.temporal_patch();
-  for (int c = 0; c < 3; ++c) {
-    if (v.mean_size() == 3) p.mean[c] = v.mean(c);
-    if (v.std_size() == 3) p.std[c] = v.std(c);
-  }
-  p.bf16 = v.output_dtype() == v1::DTYPE_BFLOAT16;
-  if (v.max_source_pixels()) p.max_source_pixels = v.max_source_pixels();
-  if (v.max_source_side()) p.max_source_side = v.max_source_side();
-  p.resize = v.resize() == v1::RESIZE_FAST ? ResizeMode::kFast : ResizeMode::kHfBicubic;
-  return p;
-}
-
-size_t PatchifyParams::ImageBytes(uint32_t height, uint32_t width) const {
-  const size_t patches = size_t{height / patch} * (width / patch);
-  return patches * row_values() * value_bytes();
-}
-
-uint16_t FloatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7FFFu + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float Bf16ToFloat(uint16_t b) {
-  uint32_t u = uint32_t{b} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+static const Logger kLog("stager.decode");
 
 namespace {
 
@@ -179,8 +143,9 @@ int ChooseReduce(const ImageHeader& h, uint32_t height, uint32_t width, const Pa
   return 1;
 }
 
-absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, int reduce,
-                               const ImageHeader& header) {
+// OpenCV's decoders: for what the direct codecs leave (CMYK JPEGs).
+absl::StatusOr<cv::Mat> DecodeWithOpenCv(absl::string_view bytes, absl::string_view name,
+                                         int reduce, const ImageHeader& header) {
   ASSIGN_OR_RETURN(cv::Mat img, Imdecode(bytes, ReducedFlag(reduce), name));
   if (img.empty()) {
     return absl::DataLossError(absl::StrCat(name, ": ", ImageKindName(header.kind), " data of ",
@@ -206,93 +171,43 @@ absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, 
   return img;
 }
 
-// Per-channel tables from an 8-bit value to its normalised output value,
-// built once per (mean, std, dtype).
-template <typename T>
-struct Lut {
-  T v[3][256];
-};
-
-template <typename T>
-T ToOut(float f);
-template <>
-inline float ToOut<float>(float f) {
-  return f;
-}
-template <>
-inline uint16_t ToOut<uint16_t>(float f) {
-  return FloatToBf16(f);
-}
-
-template <typename T>
-const Lut<T>& LutFor(const PatchifyParams& p) {
-  // One table per thread, rebuilt only when the normalisation changes.
-  thread_local Lut<T> lut;
-  thread_local float key[6];
-  thread_local bool built = false;
-  if (!built || std::memcmp(key, p.mean, sizeof(p.mean)) != 0 ||
-      std::memcmp(key + 3, p.std, sizeof(p.std)) != 0) {
-    built = true;
-    for (int c = 0; c < 3; ++c) {
-      // As HF's processor: rescaled in float64, cast to float32, normalised in float32.
-      for (int i = 0; i < 256; ++i) {
-        const float scaled = static_cast<float>(i * (1.0 / 255.0));
-        lut.v[c][i] = ToOut<T>((scaled - p.mean[c]) / p.std[c]);
-      }
-    }
-    std::memcpy(key, p.mean, sizeof(p.mean));
-    std::memcpy(key + 3, p.std, sizeof(p.std));
+// Decodes with the codec libraries directly (codecs.h); their warnings are
+// logged with the image's name (rate-limited) and counted in `info`. The
+// image lives in a per-thread buffer that the next decode on this thread
+// reuses, unless `keep` asks for a copy of its own.
+absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, int reduce,
+                               const ImageHeader& header, bool keep, DecodeInfo* info) {
+  thread_local ImageBuffer reused;
+  ImageBuffer* out = &reused;
+  CodecWarnings warnings;
+  absl::Status s;
+  switch (header.kind) {
+    case ImageKind::kJpeg:
+      s = DecodeJpeg(bytes, name, reduce, out, &warnings);
+      break;
+    case ImageKind::kPng:
+      s = DecodePng(bytes, name, out, &warnings);
+      break;
+    case ImageKind::kWebp:
+      s = DecodeWebp(bytes, name, out);
+      break;
+    default:
+      s = absl::UnimplementedError("no direct codec");
+      break;
   }
-  return lut;
-}
-
-// Copies whole 16-byte units with non-temporal stores when the destination
-// is aligned: the output is read next by the trainer, not by this core, so
-// it should not evict the decoder's working set (nor be read for ownership).
-inline void StreamCopy(void* dst, const void* src, size_t bytes) {
-#if defined(__SSE2__)
-  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0 && (bytes & 15) == 0) {
-    auto* d = static_cast<__m128i*>(dst);
-    const auto* s = static_cast<const __m128i*>(src);
-    for (size_t i = 0; i < bytes / 16; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
-    return;
-  }
-#endif
-  std::memcpy(dst, src, bytes);
-}
-
-// Normalises an 8-bit BGR image of exactly (H, W) through the tables and
-// writes it in patch order, sequentially: each (channel, frame) block of a
-// patch row is built once in a small buffer and stored `temporal` times.
-template <typename T>
-void PatchifyT(const cv::Mat& src, const PatchifyParams& p, T* out) {
-  const Lut<T>& lut = LutFor<T>(p);
-  const uint32_t P = p.patch, M = p.merge, Tt = p.temporal;
-  const uint32_t gh = static_cast<uint32_t>(src.rows) / P, gw = static_cast<uint32_t>(src.cols) / P;
-  const size_t plane = size_t{P} * P;  // one (channel, frame) block of a patch row
-  std::vector<T> block(plane);
-  T* d = out;
-  for (uint32_t gy = 0; gy < gh / M; ++gy) {
-    for (uint32_t gx = 0; gx < gw / M; ++gx) {
-      for (uint32_t mh = 0; mh < M; ++mh) {
-        for (uint32_t mw = 0; mw < M; ++mw) {
-          const uint32_t y0 = (gy * M + mh) * P, x0 = (gx * M + mw) * P;
-          for (uint32_t c = 0; c < 3; ++c) {
-            const T* table = lut.v[c];
-            for (uint32_t py = 0; py < P; ++py) {
-              const uint8_t* s = src.ptr<uint8_t>(static_cast<int>(y0 + py)) + size_t{x0} * 3 + (2 - c);
-              T* b = block.data() + size_t{py} * P;
-              for (uint32_t x = 0; x < P; ++x) b[x] = table[s[3 * x]];  // BGR -> RGB
-            }
-            for (uint32_t t = 0; t < Tt; ++t, d += plane) StreamCopy(d, block.data(), plane * sizeof(T));
-          }
-        }
-      }
+  if (warnings.count > 0) {
+    if (info != nullptr) info->warnings += warnings.count;
+    static LogRateLimit limit(absl::Seconds(10), 5);
+    if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
+      kLog.Warning("image decoder warning", {{"image", name},
+                                             {"warning", warnings.first},
+                                             {"count", warnings.count},
+                                             {"suppressed", suppressed}});
     }
   }
-#if defined(__SSE2__)
-  _mm_sfence();
-#endif
+  if (absl::IsUnimplemented(s)) return DecodeWithOpenCv(bytes, name, reduce, header);
+  RETURN_IF_ERROR(s);
+  return keep ? out->image().clone() : out->image();
 }
 
 // The fast resize to exactly (H, W): an integer area shrink first when more
@@ -318,12 +233,13 @@ void FastResizeTo(const cv::Mat& src_in, uint32_t H, uint32_t W, cv::Mat* out) {
 absl::Status ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t width,
                                 const PatchifyParams& params, char* out) {
   RETURN_IF_ERROR(CheckTarget(height, width, params));
-  thread_local cv::Mat tile;
+  thread_local ImageBuffer tile_buffer;
   cv::Mat sized;
   try {
     if (bgr.cols == static_cast<int>(width) && bgr.rows == static_cast<int>(height)) {
       sized = bgr;
     } else {
+      cv::Mat tile = tile_buffer.Allocate(static_cast<int>(height), static_cast<int>(width));
       if (params.resize == ResizeMode::kHfBicubic) {
         ResampleBicubic(bgr, static_cast<int>(height), static_cast<int>(width), &tile);
       } else {
@@ -334,11 +250,7 @@ absl::Status ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t wi
   } catch (const cv::Exception& e) {
     return FromCvException(e, "image", "resizing");
   }
-  if (params.bf16) {
-    PatchifyT<uint16_t>(sized, params, reinterpret_cast<uint16_t*>(out));
-  } else {
-    PatchifyT<float>(sized, params, reinterpret_cast<float*>(out));
-  }
+  Patchify(sized, params, out);
   return absl::OkStatus();
 }
 
@@ -347,7 +259,7 @@ namespace {
 absl::StatusOr<cv::Mat> DecodeForTargetUnchecked(absl::string_view bytes, absl::string_view name,
                                                  ImageKind declared, uint32_t height,
                                                  uint32_t width, const PatchifyParams& params,
-                                                 DecodeInfo* info) {
+                                                 bool keep, DecodeInfo* info) {
   RETURN_IF_ERROR(CheckTarget(height, width, params));
   ASSIGN_OR_RETURN(ImageHeader header, CheckHeader(bytes, name, params));
   info->kind = header.kind;
@@ -355,7 +267,7 @@ absl::StatusOr<cv::Mat> DecodeForTargetUnchecked(absl::string_view bytes, absl::
   info->source_height = header.height;
   info->mislabelled = declared != ImageKind::kUnknown && declared != header.kind;
   info->reduce = ChooseReduce(header, height, width, params);
-  return Decode(bytes, name, info->reduce, header);
+  return Decode(bytes, name, info->reduce, header, keep, info);
 }
 
 absl::StatusOr<DecodeInfo> DecodeImageIntoUnchecked(absl::string_view bytes,
@@ -365,7 +277,8 @@ absl::StatusOr<DecodeInfo> DecodeImageIntoUnchecked(absl::string_view bytes,
                                                     cv::Mat* decoded) {
   DecodeInfo info;
   ASSIGN_OR_RETURN(cv::Mat img,
-                   DecodeForTargetUnchecked(bytes, name, declared, height, width, params, &info));
+                   DecodeForTargetUnchecked(bytes, name, declared, height, width, params,
+                                            /*keep=*/decoded != nullptr, &info));
   RETURN_IF_ERROR(Annotate(ResizePatchifyInto(img, height, width, params, out), name));
   if (decoded) *decoded = img;
   return info;
@@ -384,7 +297,7 @@ absl::StatusOr<cv::Mat> DecodeImageSmallUnchecked(absl::string_view bytes,
       }
     }
   }
-  ASSIGN_OR_RETURN(cv::Mat img, Decode(bytes, name, reduce, header));
+  ASSIGN_OR_RETURN(cv::Mat img, Decode(bytes, name, reduce, header, /*keep=*/true, nullptr));
   const int longest = std::max(img.cols, img.rows);
   if (longest > static_cast<int>(max_side)) {
     const double f = static_cast<double>(max_side) / longest;
@@ -414,7 +327,8 @@ absl::StatusOr<cv::Mat> DecodeForTarget(absl::string_view bytes, absl::string_vi
                                         ImageKind declared, uint32_t height, uint32_t width,
                                         const PatchifyParams& params, DecodeInfo* info) {
   try {
-    return DecodeForTargetUnchecked(bytes, name, declared, height, width, params, info);
+    return DecodeForTargetUnchecked(bytes, name, declared, height, width, params, /*keep=*/false,
+                                    info);
   } catch (const cv::Exception& e) {
     return FromCvException(e, name, "decoding");
   }

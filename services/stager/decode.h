@@ -24,36 +24,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/media_header.h"
-#include "tutti/v1/job.pb.h"
+#include "services/stager/patchify.h"
 
 namespace tutti::stager {
-
-// How an image is resized to its planned size (vision.resize).
-enum class ResizeMode {
-  kHfBicubic,  // HF's Qwen2-VL processor: PIL's antialiased bicubic (default)
-  kFast,       // deeper DCT scaling, integer area shrink, then bilinear
-};
-
-struct PatchifyParams {
-  uint32_t patch = 14;
-  uint32_t merge = 2;
-  uint32_t temporal = 2;
-  float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
-  float std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
-  bool bf16 = false;  // else float32
-  // Headers larger than these are refused before decoding (decompression bombs).
-  uint64_t max_source_pixels = 178956970;
-  uint32_t max_source_side = 65500;
-  // Use DCT-domain reduced JPEG decoding (1/2, 1/4, 1/8) when the target allows.
-  bool reduced_jpeg = true;
-  ResizeMode resize = ResizeMode::kHfBicubic;
-
-  static PatchifyParams FromConfig(const v1::VisionConfig& vision);
-  size_t row_values() const { return size_t{3} * temporal * patch * patch; }
-  size_t value_bytes() const { return bf16 ? 2 : 4; }
-  // Bytes of pixel_values for an image resized to (height, width).
-  size_t ImageBytes(uint32_t height, uint32_t width) const;
-};
 
 struct DecodeInfo {
   ImageKind kind = ImageKind::kUnknown;  // from the magic bytes
@@ -61,6 +34,7 @@ struct DecodeInfo {
   uint32_t source_height = 0;
   int reduce = 1;            // 1, 2, 4 or 8 (JPEG DCT scaling used)
   bool mislabelled = false;  // the declared format differs from the content
+  int warnings = 0;          // the codec's warnings (logged with the image's name)
 };
 
 // Decodes `bytes` (named `name` in messages), resizes to (height, width),
@@ -79,7 +53,8 @@ absl::StatusOr<DecodeInfo> DecodeImageInto(absl::string_view bytes, absl::string
 
 // Only the decode step of DecodeImageInto for a (height, width) target: the
 // 8-bit BGR image at the DCT scale it would choose, `info` filled in. Same
-// errors as DecodeImageInto.
+// errors as DecodeImageInto. The image lives in a per-thread buffer: valid
+// until the next decode on this thread.
 absl::StatusOr<cv::Mat> DecodeForTarget(absl::string_view bytes, absl::string_view name,
                                         ImageKind declared, uint32_t height, uint32_t width,
                                         const PatchifyParams& params, DecodeInfo* info);
@@ -96,11 +71,6 @@ absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_v
 // a multiple of patch*merge; OpenCV's errors as in DecodeImageInto.
 absl::Status ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t width,
                                 const PatchifyParams& params, char* out);
-
-// float -> bfloat16, round to nearest even.
-uint16_t FloatToBf16(float f);
-float Bf16ToFloat(uint16_t b);
-
 }  // namespace tutti::stager
 
 #endif  // TUTTI_SERVICES_STAGER_DECODE_H_

@@ -153,7 +153,7 @@ TEST_F(DecodeParityTest, PhotographsMatchHfInEveryShrinkBand) {
   const std::string dir = PhotoDir();
   if (dir.empty()) GTEST_SKIP() << "no photographs (tools/fetch_photos.sh could not fetch them)";
   std::vector<Photo> photos;
-  for (auto [sub, n] : {std::pair{"jpeg", 5}, {"png", 3}, {"webp", 2}}) {
+  for (auto [sub, n] : {std::pair{"jpeg", 5}, {"png", 3}, {"webp", 2}}) {  // the first, by name
     for (Photo& p : Photos(dir + "/" + sub, n)) photos.push_back(std::move(p));
   }
   ASSERT_GE(photos.size(), 5u);
@@ -161,6 +161,9 @@ TEST_F(DecodeParityTest, PhotographsMatchHfInEveryShrinkBand) {
   for (const Photo& ph : photos) {
     const uint32_t w = ph.header.width, h = ph.header.height;
     for (double s : {1.0, 1.6, 2.5, 3.5, 5.0, 8.0}) {
+      // Unshrunk only for the smaller photographs: at 15 MP the Python path
+      // alone takes seconds per case.
+      if (s == 1.0 && uint64_t{w} * h > 4'000'000) continue;
       const uint32_t tw = std::max<uint32_t>(28, std::lround(w / s / 28) * 28);
       const uint32_t th = std::max<uint32_t>(28, std::lround(h / s / 28) * 28);
       const double shrink = std::sqrt(double(w) * h / (double(tw) * th));

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "services/stager/image_buffer.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define TUTTI_RESAMPLE_AVX2 1
@@ -357,13 +359,14 @@ void ResampleBicubic(const cv::Mat& src, int out_height, int out_width, cv::Mat*
     order = v_first < 0.8 * h_first ? ResampleOrder::kVerticalFirst
                                     : ResampleOrder::kHorizontalFirst;
   }
-  thread_local cv::Mat between;
+  thread_local ImageBuffer buffer;
+  cv::Mat between;
   if (order == ResampleOrder::kHorizontalFirst) {
-    between.create(row1 - row0, out_width, CV_8UC3);
+    between = buffer.Allocate(row1 - row0, out_width);
     HorizontalPass(src, row0, fh, options.simd, &between);
     VerticalPass(between, row0, fv, options.simd, out);
   } else {
-    between.create(out_height, src.cols, CV_8UC3);
+    between = buffer.Allocate(out_height, src.cols);
     VerticalPass(src, 0, fv, options.simd, &between);
     HorizontalPass(between, 0, fh, options.simd, out);
   }
