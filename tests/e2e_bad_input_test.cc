@@ -11,11 +11,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/tar.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "gmock/gmock.h"
@@ -421,6 +424,44 @@ TEST(BadInputData, ShardTruncatedAfterIndexingIsReportedPerSample) {
   absl::Status s = (*cluster)->Stop();
   EXPECT_TRUE(s.ok()) << s;
   RemoveTree(d.dir);
+}
+
+// `tutti index` over only bad shards: a tar whose GNU base-256 size is
+// 2^64 - 512 (its checksum valid; the offset arithmetic used to wrap and loop
+// forever) and a 0-byte shard. It must end promptly, print every shard's
+// reason, and fail; given a good shard it writes into a directory it creates.
+TEST(BadInputData, IndexOfOnlyBadShardsEndsAndSaysWhyForEach) {
+  const std::string dir = MakeTempDir("index_bad");
+  TarWriter w;
+  w.Add("a.json", "{\"input_ids\": [1, 2]}");
+  std::string tar = w.Finish();
+  char* h = tar.data();
+  std::memset(h + 124, 0, 12);
+  h[124] = static_cast<char>(0x80);
+  for (int i = 4; i < 10; ++i) h[124 + i] = static_cast<char>(0xFF);
+  h[124 + 10] = static_cast<char>(0xFE);
+  std::memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(h[i]);
+  std::snprintf(h + 148, 8, "%06o", sum);
+  fs::create_directories(dir + "/src");
+  std::ofstream(dir + "/src/wrap.tar", std::ios::binary) << tar;
+  std::ofstream(dir + "/src/empty.tar", std::ios::binary);
+  std::string out;
+  absl::Status s = BuildIndex(dir + "/src", dir + "/new/sub/index.tutti", {}, &out);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(out, HasSubstr("wrap.tar: truncated tar"));
+  EXPECT_THAT(out, HasSubstr("empty.tar: empty file (0 bytes)"));
+  EXPECT_THAT(out, HasSubstr("no usable sample"));
+
+  TarWriter good;
+  good.Add("b.json", "{\"input_ids\": [1, 2]}");
+  std::ofstream(dir + "/src/good.tar", std::ios::binary) << good.Finish();
+  s = BuildIndex(dir + "/src", dir + "/new/sub/index.tutti", {}, &out);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(fs::exists(dir + "/new/sub/index.tutti")) << out;
+  EXPECT_THAT(out, HasSubstr("left out 2 bad shards"));
+  RemoveTree(dir);
 }
 
 }  // namespace

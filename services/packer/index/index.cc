@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/status.h"
+#include "common/tar.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the index format is little-endian");
 
@@ -237,6 +238,7 @@ absl::Status Index::Parse() {
   for (uint32_t i = 0; i < num_exts; ++i) {
     const auto rec = Get<StringRecord>(exts + i * sizeof(StringRecord));
     RETURN_IF_ERROR(string_at(rec.off, rec.len, &exts_[i]));
+    if (!IsValidUtf8(exts_[i])) return Damaged(origin_, "a member extension is not UTF-8");
   }
   const uint64_t meta_bytes = sections[kMeta].second;
   for (absl::string_view line :
@@ -261,6 +263,11 @@ absl::Status Index::Validate() {
   }
   uint64_t expect_first = 0;
   for (const IndexShard& s : shards_) {
+    // A shard name is opened under the source directory: it must stay inside
+    // it, and travel in plans (protobuf strings, UTF-8).
+    if (absl::Status bad = CheckRelativeName(s.name, "shard"); !bad.ok()) {
+      return Damaged(origin_, bad.message());
+    }
     if (s.first_sample != expect_first) return Damaged(origin_, "shard table is not contiguous");
     expect_first += s.num_samples;
   }
@@ -270,6 +277,9 @@ absl::Status Index::Validate() {
     while (shard + 1 < shards_.size() && shards_[shard + 1].first_sample <= s) ++shard;
     if (key_off_[s + 1] < key_off_[s] || media_begin_[s + 1] < media_begin_[s]) {
       return Damaged(origin_, absl::StrCat("sample ", s, " has a bad key or media range"));
+    }
+    if (!IsValidUtf8(key(s))) {
+      return Damaged(origin_, absl::StrCat("sample ", s, " has a key that is not UTF-8"));
     }
     const uint64_t shard_size = shards_.empty() ? 0 : shards_[shard].size;
     const MemberKind tk = text_kind(s);
@@ -381,6 +391,7 @@ void IndexWriter::Reserve(uint64_t samples, uint64_t media, uint64_t key_bytes) 
 }
 
 absl::Status IndexWriter::AddShard(const std::string& name, uint64_t size, uint32_t crc32c) {
+  RETURN_IF_ERROR(CheckRelativeName(name, "shard"));
   IndexShard s;
   s.name = name;
   s.size = size;
@@ -407,6 +418,10 @@ absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
   if (shards_.empty()) return absl::FailedPreconditionError("AddSample before AddShard");
   if (text == nullptr && media.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("sample '", key, "' has no members"));
+  }
+  if (!IsValidUtf8(key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample key '", absl::CHexEscape(key), "' is not valid UTF-8"));
   }
   if (text_tokens_.size() >= UINT32_MAX - 1 || media_.size() + media.size() >= UINT32_MAX ||
       keys_.size() + key.size() >= UINT32_MAX) {
