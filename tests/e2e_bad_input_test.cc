@@ -233,14 +233,26 @@ TEST_F(BadInput, StepPastTheEndIsOutOfRangeForClientsAndRanks) {
     EXPECT_THAT(Message(batch.status()), HasSubstr(absl::StrCat("step ", step)));
     EXPECT_THAT(Message(batch.status()), HasSubstr(absl::StrCat("end (", end, " steps)")));
   }
-  // Ranks that run past the end stop together with the reason.
+  // Ranks asked for more steps than the job has stop together at its end,
+  // with the summary of the steps there were, and exit 0.
   RunResult r = RunCommand(MpirunArgv(4, {RankDemo(), "--stager=" + cluster_->StagerList(),
                                           "--packer=" + packer(), absl::StrCat("--steps=", end + 1),
                                           "--batch_timeout_s=30", "--join_timeout_s=30"}),
                            absl::Seconds(120), MpiEnv());
   EXPECT_FALSE(r.timed_out) << r.output;
-  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr(absl::StrCat("step ", end, " is past the job's end")));
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat("stopping after ", end, " of the ", end + 1)));
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat(end, " steps x 4 ranks: mean wait")));
+
+  // `tutti plan` asked past the end prints the steps there are and says where it ends.
+  RunResult p = RunCommand({TuttiCli(), "plan", "--config=" + data_.job,
+                            absl::StrCat("--step=", end - 1), "--steps=3", "--format=hash"},
+                           absl::Seconds(60));
+  EXPECT_EQ(p.status, 0) << p.output;
+  EXPECT_THAT(p.output, HasSubstr(absl::StrCat("step ", end - 1, " ")));
+  EXPECT_THAT(p.output, HasSubstr(absl::StrCat("the job ends after step ", end - 1, " (", end,
+                                               " steps); planned 1 of the 3 steps")));
 }
 
 // Rank 1 never shows up: node 0's window cannot move past step 0, so rank

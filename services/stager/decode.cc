@@ -80,9 +80,7 @@ absl::StatusOr<ImageHeader> CheckHeader(absl::string_view bytes, absl::string_vi
                                             header.status().message(), "); re-export the sample"));
   }
   RETURN_IF_ERROR(CheckComplete(bytes, name, header->kind));
-  const uint64_t pixels = uint64_t{header->width} * header->height;
-  if (header->width > p.max_source_side || header->height > p.max_source_side ||
-      pixels > p.max_source_pixels) {
+  if (!WithinSourceLimits(header->width, header->height, p.max_source_pixels, p.max_source_side)) {
     return absl::OutOfRangeError(absl::StrCat(
         name, ": header declares ", header->width, "x", header->height,
         " pixels, over the limit (vision.max_source_pixels ", p.max_source_pixels,
