@@ -149,9 +149,11 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   auto gone = c.core->Acquire(2, 2, 300);
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_NE(gone.status().message().find("packer cannot serve step 2"), std::string::npos);
-  EXPECT_GT(ShmSegmentsOf("tutti-coretest-e2e"), 0);
+  // This process's segments only (a killed earlier run may have left its own).
+  const std::string mine = absl::StrCat("tutti-coretest-e2e-", ::getpid(), "-");
+  EXPECT_GT(ShmSegmentsOf(mine), 0);
   c.core->Stop();
-  EXPECT_EQ(ShmSegmentsOf("tutti-coretest-e2e"), 0);
+  EXPECT_EQ(ShmSegmentsOf(mine), 0);
 }
 
 TEST(StagerCoreTest, SourceWithoutTheJobsShardsIsRefusedAtStart) {
