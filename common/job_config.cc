@@ -5,7 +5,10 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,13 +22,35 @@ namespace {
 
 class CollectingErrors final : public google::protobuf::io::ErrorCollector {
  public:
+  explicit CollectingErrors(const std::string& text) : lines_(absl::StrSplit(text, '\n')) {}
+
   void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty())
-      first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    if (!first_.empty()) return;
+    first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", Explain(line, message));
   }
   const std::string& first() const { return first_; }
 
  private:
+  // The parser's "Expected integer, got: -" for a negative number in an
+  // unsigned field, said as what it is, naming the field.
+  std::string Explain(int line, const std::string& message) const {
+    if (message.rfind("Expected integer, got: -", 0) != 0) return message;
+    std::string field = "the field";
+    if (line >= 0 && static_cast<size_t>(line) < lines_.size()) {
+      absl::string_view l = lines_[line];
+      const size_t colon = l.rfind(':', l.find('-'));
+      if (colon != absl::string_view::npos) {
+        absl::string_view name = absl::StripAsciiWhitespace(l.substr(0, colon));
+        const size_t space = name.find_last_of(" \t{");
+        if (space != absl::string_view::npos) name.remove_prefix(space + 1);
+        if (!name.empty()) field = absl::StrCat("'", name, "'");
+      }
+    }
+    return absl::StrCat("a negative number for ", field,
+                        ", which takes a non-negative integer (a count, size or id)");
+  }
+
+  std::vector<std::string> lines_;
   std::string first_;
 };
 
@@ -34,7 +59,7 @@ class CollectingErrors final : public google::protobuf::io::ErrorCollector {
 absl::StatusOr<v1::JobConfig> ParseJobConfig(const std::string& text, const std::string& origin) {
   v1::JobConfig config;
   google::protobuf::TextFormat::Parser parser;
-  CollectingErrors errors;
+  CollectingErrors errors(text);
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -58,8 +83,11 @@ absl::StatusOr<v1::JobConfig> LoadJobConfig(const std::string& path) {
 
 void ApplyJobDefaults(v1::JobConfig* c) {
   if (c->job_id().empty()) c->set_job_id("tutti");
-  if (c->world_size() == 0) c->set_world_size(1);
-  if (c->ranks_per_node() == 0) c->set_ranks_per_node(std::min<uint32_t>(8, c->world_size()));
+  // Only what was not given: an explicit 0 stays, for validation to name.
+  if (!c->has_world_size()) c->set_world_size(1);
+  if (!c->has_ranks_per_node()) {
+    c->set_ranks_per_node(std::max<uint32_t>(1, std::min<uint32_t>(8, c->world_size())));
+  }
   if (c->plan_window() == 0) c->set_plan_window(8);
   if (c->skip_policy() == v1::SKIP_POLICY_UNSPECIFIED)
     c->set_skip_policy(v1::SKIP_POLICY_SUBSTITUTE);
@@ -181,11 +209,17 @@ absl::StatusOr<MicroBatchSplit> SplitMicroBatches(const v1::BatchConfig& batch) 
 }
 
 absl::Status ValidateJobConfig(const v1::JobConfig& c) {
-  if (c.world_size() == 0) return absl::InvalidArgumentError("world_size must be at least 1");
-  if (c.ranks_per_node() == 0 || c.world_size() % c.ranks_per_node() != 0) {
+  if (c.world_size() == 0) {
+    return absl::InvalidArgumentError("world_size is 0; it must be at least 1 (the number of ranks)");
+  }
+  if (c.ranks_per_node() == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("world_size ", c.world_size(), " is not a multiple of ranks_per_node ",
-                     c.ranks_per_node(), "; every node runs the same number of ranks"));
+        "ranks_per_node is 0; it must be at least 1 (the ranks on each node)");
+  }
+  if (c.world_size() % c.ranks_per_node() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size ", c.world_size(), " is not a multiple of ranks_per_node ", c.ranks_per_node(),
+        "; every node runs the same number of ranks"));
   }
   const auto& v = c.vision();
   if (v.mean_size() != 3 || v.std_size() != 3) {

@@ -39,6 +39,31 @@ TEST(JobConfigTest, ParseErrorNamesLine) {
   EXPECT_NE(c.status().message().find("line 2"), std::string::npos);
 }
 
+TEST(JobConfigTest, ZeroWorldSizeIsReportedAsItself) {
+  auto c = Parse(R"pb(world_size: 0 ranks_per_node: 2
+                      batch { text_samples_per_step: 4 })pb");
+  const absl::Status s = ValidateJobConfig(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("world_size is 0"), std::string::npos) << s;
+  auto r = Parse(R"pb(world_size: 4 ranks_per_node: 0
+                      batch { text_samples_per_step: 4 })pb");
+  EXPECT_NE(ValidateJobConfig(r).message().find("ranks_per_node is 0"), std::string::npos);
+  // Not given at all: the defaults (1 rank on 1 node).
+  auto d = Parse("batch { text_samples_per_step: 4 }");
+  EXPECT_EQ(d.world_size(), 1u);
+  EXPECT_EQ(d.ranks_per_node(), 1u);
+  EXPECT_TRUE(ValidateJobConfig(d).ok()) << ValidateJobConfig(d);
+}
+
+TEST(JobConfigTest, NegativeNumberIsNamedNotAParserToken) {
+  auto c = ParseJobConfig("seed: 1\nbatch {\n  vl_samples_per_step: -4\n}\n", "job.textproto");
+  ASSERT_FALSE(c.ok());
+  const std::string m(c.status().message());
+  EXPECT_NE(m.find("line 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("negative number for 'vl_samples_per_step'"), std::string::npos) << m;
+  EXPECT_EQ(m.find("Expected integer"), std::string::npos) << m;
+}
+
 TEST(JobConfigTest, SeedRatioExample) {
   v1::BatchConfig b;
   b.set_grad_accum(2);

@@ -24,6 +24,14 @@ absl::StatusOr<ImageHeader> ReadImageHeader(absl::string_view bytes);
 
 // The format a member name's extension claims ("jpg", "jpeg", "png", "webp").
 ImageKind ImageKindFromExtension(absl::string_view ext);
+
+// Whether an image of width x height passes the decoder's size limits
+// (vision.max_source_pixels, vision.max_source_side): the stager refuses a
+// larger header without decoding it, so the packer never plans one.
+inline bool WithinSourceLimits(uint64_t width, uint64_t height, uint64_t max_pixels,
+                               uint64_t max_side) {
+  return width <= max_side && height <= max_side && width * height <= max_pixels;
+}
 absl::string_view ImageKindName(ImageKind kind);
 
 struct AudioHeader {

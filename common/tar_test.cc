@@ -1,5 +1,10 @@
 #include "common/tar.h"
 
+#include <cstdio>
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tutti {
@@ -63,6 +68,75 @@ TEST(TarTest, EscapingMemberNamesAreRefused) {
     EXPECT_EQ(members.status().code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_NE(members.status().message().find(name), std::string::npos);
   }
+}
+
+// Rewrites the header at `offset` with `patch` applied and a valid checksum.
+void PatchHeader(std::string* tar, size_t offset, const std::function<void(char*)>& patch) {
+  char* h = tar->data() + offset;
+  patch(h);
+  std::memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(h[i]);
+  std::snprintf(h + 148, 8, "%06o", sum);
+}
+
+TEST(TarTest, Base256SizeThatWrapsIsRefusedNotLooped) {
+  // 2^64 - 512 in GNU base-256: data + RoundUp(size) would wrap back onto
+  // this very header and loop forever.
+  TarWriter w;
+  w.Add("a.json", "abc");
+  w.Add("b.json", "def");
+  std::string tar = w.Finish();
+  PatchHeader(&tar, 512 * 2, [](char* h) {
+    std::memset(h + 124, 0, 12);
+    h[124] = static_cast<char>(0x80);
+    for (int i = 4; i < 12; ++i) h[124 + i] = static_cast<char>(0xFF);
+    h[124 + 10] = static_cast<char>(0xFE);
+    h[124 + 11] = 0;
+  });
+  auto members = ListTarMembers(*MakeMemoryFile("wrap.tar", tar));
+  ASSERT_EQ(members.status().code(), absl::StatusCode::kDataLoss) << members.status();
+  EXPECT_NE(members.status().message().find("wrap.tar"), std::string::npos);
+  EXPECT_NE(members.status().message().find("1024"), std::string::npos) << members.status();
+  // A negative base-256 number, and one wider than 64 bits, are not sizes either.
+  for (auto fill : {std::pair{0, 0xFF}, {1, 0x01}}) {
+    std::string t = tar;
+    PatchHeader(&t, 512 * 2, [&](char* h) {
+      std::memset(h + 124, 0, 12);
+      h[124] = static_cast<char>(fill.first == 0 ? 0xFF : 0x80);
+      h[125] = static_cast<char>(fill.second);  // 0x01 followed by 10 more bytes: 2^80
+    });
+    EXPECT_EQ(ListTarMembers(*MakeMemoryFile("neg.tar", t)).status().code(),
+              absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST(TarTest, LinksAreReportedNotRead) {
+  TarWriter w;
+  w.Add("a.json", "abc");
+  w.Add("b.jpg", "");
+  w.Add("c.jpg", "");
+  std::string tar = w.Finish();
+  PatchHeader(&tar, 512 * 2, [](char* h) {
+    h[156] = '2';
+    std::strcpy(h + 157, "a.json");
+  });
+  PatchHeader(&tar, 512 * 3, [](char* h) { h[156] = '1'; });
+  std::vector<std::string> files, skipped;
+  auto s = ForEachTarMember(
+      *MakeMemoryFile("links.tar", tar),
+      [&](const TarMember& m) {
+        files.push_back(m.name);
+        return absl::OkStatus();
+      },
+      [&](const TarMember& m, absl::string_view why) {
+        skipped.push_back(absl::StrCat(m.name, ": ", why));
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(files, std::vector<std::string>{"a.json"});
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find("b.jpg: a symbolic link to 'a.json'"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find("c.jpg: a hard link"), std::string::npos) << skipped[1];
 }
 
 TEST(TarTest, SplitsWebDatasetNames) {

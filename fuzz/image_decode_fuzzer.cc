@@ -1,5 +1,5 @@
-// The full image decoders (OpenCV's JPEG, PNG and WebP behind tutti's
-// checks, DCT-reduced JPEG, resize, normalise, patchify) over arbitrary
+// The full image decoders (libjpeg-turbo, libpng and libwebp behind tutti's
+// checks, DCT-reduced JPEG, both resizes, normalise, patchify) over arbitrary
 // bytes. The first byte picks the declared format and the target size; the
 // decoder must refuse or fill exactly the bytes it was given.
 #include <cstddef>
@@ -21,6 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   params.max_source_side = 8192;
   params.bf16 = (sel & 0x10) != 0;
   params.reduced_jpeg = (sel & 0x20) == 0;
+  params.resize = (sel & 0x40) ? tutti::stager::ResizeMode::kFast : tutti::stager::ResizeMode::kHfBicubic;
   static constexpr tutti::ImageKind kDeclared[4] = {tutti::ImageKind::kJpeg, tutti::ImageKind::kPng,
                                                     tutti::ImageKind::kWebp,
                                                     tutti::ImageKind::kUnknown};

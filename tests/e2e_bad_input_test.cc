@@ -11,11 +11,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/tar.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "gmock/gmock.h"
@@ -230,14 +233,26 @@ TEST_F(BadInput, StepPastTheEndIsOutOfRangeForClientsAndRanks) {
     EXPECT_THAT(Message(batch.status()), HasSubstr(absl::StrCat("step ", step)));
     EXPECT_THAT(Message(batch.status()), HasSubstr(absl::StrCat("end (", end, " steps)")));
   }
-  // Ranks that run past the end stop together with the reason.
+  // Ranks asked for more steps than the job has stop together at its end,
+  // with the summary of the steps there were, and exit 0.
   RunResult r = RunCommand(MpirunArgv(4, {RankDemo(), "--stager=" + cluster_->StagerList(),
                                           "--packer=" + packer(), absl::StrCat("--steps=", end + 1),
                                           "--batch_timeout_s=30", "--join_timeout_s=30"}),
                            absl::Seconds(120), MpiEnv());
   EXPECT_FALSE(r.timed_out) << r.output;
-  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr(absl::StrCat("step ", end, " is past the job's end")));
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat("stopping after ", end, " of the ", end + 1)));
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat(end, " steps x 4 ranks: mean wait")));
+
+  // `tutti plan` asked past the end prints the steps there are and says where it ends.
+  RunResult p = RunCommand({TuttiCli(), "plan", "--config=" + data_.job,
+                            absl::StrCat("--step=", end - 1), "--steps=3", "--format=hash"},
+                           absl::Seconds(60));
+  EXPECT_EQ(p.status, 0) << p.output;
+  EXPECT_THAT(p.output, HasSubstr(absl::StrCat("step ", end - 1, " ")));
+  EXPECT_THAT(p.output, HasSubstr(absl::StrCat("the job ends after step ", end - 1, " (", end,
+                                               " steps); planned 1 of the 3 steps")));
 }
 
 // Rank 1 never shows up: node 0's window cannot move past step 0, so rank
@@ -421,6 +436,44 @@ TEST(BadInputData, ShardTruncatedAfterIndexingIsReportedPerSample) {
   absl::Status s = (*cluster)->Stop();
   EXPECT_TRUE(s.ok()) << s;
   RemoveTree(d.dir);
+}
+
+// `tutti index` over only bad shards: a tar whose GNU base-256 size is
+// 2^64 - 512 (its checksum valid; the offset arithmetic used to wrap and loop
+// forever) and a 0-byte shard. It must end promptly, print every shard's
+// reason, and fail; given a good shard it writes into a directory it creates.
+TEST(BadInputData, IndexOfOnlyBadShardsEndsAndSaysWhyForEach) {
+  const std::string dir = MakeTempDir("index_bad");
+  TarWriter w;
+  w.Add("a.json", "{\"input_ids\": [1, 2]}");
+  std::string tar = w.Finish();
+  char* h = tar.data();
+  std::memset(h + 124, 0, 12);
+  h[124] = static_cast<char>(0x80);
+  for (int i = 4; i < 10; ++i) h[124 + i] = static_cast<char>(0xFF);
+  h[124 + 10] = static_cast<char>(0xFE);
+  std::memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(h[i]);
+  std::snprintf(h + 148, 8, "%06o", sum);
+  fs::create_directories(dir + "/src");
+  std::ofstream(dir + "/src/wrap.tar", std::ios::binary) << tar;
+  std::ofstream(dir + "/src/empty.tar", std::ios::binary);
+  std::string out;
+  absl::Status s = BuildIndex(dir + "/src", dir + "/new/sub/index.tutti", {}, &out);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(out, HasSubstr("wrap.tar: truncated tar"));
+  EXPECT_THAT(out, HasSubstr("empty.tar: empty file (0 bytes)"));
+  EXPECT_THAT(out, HasSubstr("no usable sample"));
+
+  TarWriter good;
+  good.Add("b.json", "{\"input_ids\": [1, 2]}");
+  std::ofstream(dir + "/src/good.tar", std::ios::binary) << good.Finish();
+  s = BuildIndex(dir + "/src", dir + "/new/sub/index.tutti", {}, &out);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(fs::exists(dir + "/new/sub/index.tutti")) << out;
+  EXPECT_THAT(out, HasSubstr("left out 2 bad shards"));
+  RemoveTree(dir);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,14 @@ std::string Duration(double s) {
 }
 
 int WriteIndex(const std::string& out, const std::string& bytes, uint64_t samples) {
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(out).parent_path();
+  if (!dir.empty() && !std::filesystem::exists(dir, ec) &&
+      !std::filesystem::create_directories(dir, ec)) {
+    std::fprintf(stderr, "tutti index: cannot create %s for the index: %s\n", dir.c_str(),
+                 ec.message().c_str());
+    return 1;
+  }
   if (absl::Status s = WriteFileAtomically(out, bytes); !s.ok()) {
     std::fprintf(stderr, "tutti index: cannot write %s: %s\n", out.c_str(),
                  std::string(s.message()).c_str());
@@ -39,6 +48,47 @@ int WriteIndex(const std::string& out, const std::string& bytes, uint64_t sample
               static_cast<unsigned long long>(bytes.size()),
               samples ? double(bytes.size()) / samples : 0.0);
   return 0;
+}
+
+// What the build found: shards and samples indexed, what was skipped and
+// why, bad shards. Printed whether or not an index could be written.
+void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
+  const double s = std::max(1e-6, seconds);
+  if (built) {
+    std::fprintf(stderr,
+                 "indexed %u of %u shards in %.1f s (%.1f MB/s): %llu samples (%llu text-only, %llu "
+                 "vision-language; %llu images, %llu audio clips)\n",
+                 report.shards_indexed, report.shards_total, s, report.bytes / s / 1e6,
+                 static_cast<unsigned long long>(report.samples),
+                 static_cast<unsigned long long>(report.text_samples),
+                 static_cast<unsigned long long>(report.vl_samples),
+                 static_cast<unsigned long long>(report.images),
+                 static_cast<unsigned long long>(report.audio));
+  }
+  if (!report.skipped.empty()) {
+    uint64_t total = 0;
+    std::string reasons;
+    for (const auto& [reason, n] : report.skipped) {
+      total += n;
+      absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
+    }
+    std::fprintf(stderr, "skipped %llu corrupt or unusable sample%s: %s\n",
+                 static_cast<unsigned long long>(total), total == 1 ? "" : "s", reasons.c_str());
+  }
+  for (const auto& [reason, n] : report.skipped_members) {
+    std::fprintf(stderr, "skipped %llu tar member%s (%s): not regular files\n",
+                 static_cast<unsigned long long>(n), n == 1 ? "" : "s", reason.c_str());
+  }
+  for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
+  if (report.ignored_members > 0) {
+    std::fprintf(stderr, "ignored %llu members with extensions the index does not use\n",
+                 static_cast<unsigned long long>(report.ignored_members));
+  }
+  if (!report.bad_shards.empty()) {
+    std::fprintf(stderr, "left out %zu bad shard%s (re-copy or rebuild, then re-index):\n",
+                 report.bad_shards.size(), report.bad_shards.size() == 1 ? "" : "s");
+    for (const auto& b : report.bad_shards) std::fprintf(stderr, "  %s\n", b.c_str());
+  }
 }
 
 int RunSynthetic(const std::string& out, uint64_t n, uint64_t seed) {
@@ -67,9 +117,11 @@ int RunIndex(int argc, char** argv) {
       "audio durations from WAV headers, text token counts from the length of input_ids in\n"
       "k.json (or its num_tokens/token_count field, or its \"text\" length / bytes-per-token),\n"
       "or for k.txt from its byte length / bytes-per-token. Every shard is recorded with its\n"
-      "size and crc32c. Corrupt samples are skipped and counted by reason; a truncated or\n"
-      "corrupt shard is left out and reported (or fails the command with\n"
-      "--noskip-bad-shards).");
+      "size and crc32c. Corrupt samples are skipped and counted by reason (a member name that\n"
+      "is not UTF-8, input_ids that are not token ids, unreadable or oversized images), links\n"
+      "inside a shard are counted and not followed; a truncated, corrupt, empty or\n"
+      "non-UTF-8-named shard is left out and reported (or fails the command with\n"
+      "--noskip-bad-shards). --out's directory is created if missing.");
   cli.Flag("source", &o.source_dir, "directory holding the .tar shards");
   cli.Flag("out", &out, "index file to write (replaced atomically)");
   cli.Flag("threads", &o.threads, "shards read in parallel");
@@ -77,6 +129,9 @@ int RunIndex(int argc, char** argv) {
            "leave out truncated/corrupt shards and report them (--noskip-bad-shards: fail)");
   cli.Flag("bytes-per-token", &o.bytes_per_token,
            "bytes per token when estimating from k.txt or a JSON \"text\" field");
+  cli.Flag("vocab-size", &o.vocab_size,
+           "token ids in k.json's input_ids must be below this (the tokenizer's vocabulary); "
+           "0 = any non-negative int32");
   cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
            "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
   cli.Flag("synthetic", &synthetic,
@@ -117,39 +172,10 @@ int RunIndex(int argc, char** argv) {
   IndexBuildReport report;
   auto bytes = packer::BuildIndex(o, &report, progress);
   if (tty) std::fprintf(stderr, "\n");
+  PrintReport(report, bytes.ok(), SecondsSince(t0));
   if (!bytes.ok()) {
     std::fprintf(stderr, "tutti index: %s\n", std::string(bytes.status().message()).c_str());
     return 1;
-  }
-  const double s = std::max(1e-6, SecondsSince(t0));
-  std::fprintf(stderr,
-               "indexed %u of %u shards in %.1f s (%.1f MB/s): %llu samples (%llu text-only, %llu "
-               "vision-language; %llu images, %llu audio clips)\n",
-               report.shards_indexed, report.shards_total, s, report.bytes / s / 1e6,
-               static_cast<unsigned long long>(report.samples),
-               static_cast<unsigned long long>(report.text_samples),
-               static_cast<unsigned long long>(report.vl_samples),
-               static_cast<unsigned long long>(report.images),
-               static_cast<unsigned long long>(report.audio));
-  if (!report.skipped.empty()) {
-    uint64_t total = 0;
-    std::string reasons;
-    for (const auto& [reason, n] : report.skipped) {
-      total += n;
-      absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
-    }
-    std::fprintf(stderr, "skipped %llu corrupt or unusable sample%s: %s\n",
-                 static_cast<unsigned long long>(total), total == 1 ? "" : "s", reasons.c_str());
-    for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
-  }
-  if (report.ignored_members > 0) {
-    std::fprintf(stderr, "ignored %llu members with extensions the index does not use\n",
-                 static_cast<unsigned long long>(report.ignored_members));
-  }
-  if (!report.bad_shards.empty()) {
-    std::fprintf(stderr, "left out %zu bad shard%s (re-copy or rebuild, then re-index):\n",
-                 report.bad_shards.size(), report.bad_shards.size() == 1 ? "" : "s");
-    for (const auto& b : report.bad_shards) std::fprintf(stderr, "  %s\n", b.c_str());
   }
   return WriteIndex(out, *bytes, report.samples);
 }

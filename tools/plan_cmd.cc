@@ -93,7 +93,16 @@ int RunPlan(int argc, char** argv) {
   packer::Planner planner(*job);
   packer::StepPlanData data;
   v1::StepPlan plan;
+  const uint64_t end = (*job)->total_steps();  // 0: no end
   for (uint64_t s = step; s < step + steps; ++s) {
+    if (end > 0 && s >= end && s > step) {
+      // Asked past the job's end: the steps there are were printed.
+      std::fprintf(stderr, "tutti plan: the job ends after step %llu (%llu steps); planned %llu of "
+                   "the %llu steps asked for\n",
+                   static_cast<unsigned long long>(end - 1), static_cast<unsigned long long>(end),
+                   static_cast<unsigned long long>(s - step), static_cast<unsigned long long>(steps));
+      break;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status status = planner.Plan(s, &data);
     const double ms =

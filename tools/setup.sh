@@ -21,7 +21,7 @@ done
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libopencv-dev libwebp-dev liburing-dev prometheus-cpp-dev
+  libabsl-dev libopencv-dev libjpeg62-turbo-dev libpng-dev libwebp-dev liburing-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   pybind11-dev python3-dev python3-numpy

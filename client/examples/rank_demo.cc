@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -79,10 +80,24 @@ int Run() {
   std::vector<tutti::StepRow> rows(world);
   double wait_total = 0, exchange_total = 0;
   uint64_t bytes_total = 0;
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
-  for (int64_t i = 0; i < steps; ++i) {
+  const int64_t want = absl::GetFlag(FLAGS_steps);
+  int64_t steps = 0;  // run
+  for (; steps < want; ++steps) {
     const auto step_start = std::chrono::steady_clock::now();
     auto batch = client->Next();
+    // The job's end (every rank past its last step) ends the run, with the
+    // summary of the steps there were; one rank alone there is an error.
+    const int past_end = !batch.ok() && absl::IsOutOfRange(batch.status()) ? 1 : 0;
+    int ranks_past_end = 0;
+    MPI_Allreduce(&past_end, &ranks_past_end, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (ranks_past_end == static_cast<int>(world)) {
+      if (rank == 0) {
+        std::printf("the job ends here: %s; stopping after %lld of the %lld steps asked for\n",
+                    std::string(batch.status().message()).c_str(), static_cast<long long>(steps),
+                    static_cast<long long>(want));
+      }
+      break;
+    }
     if (!batch.ok()) {
       std::fprintf(stderr, "tutti-rank-demo rank %u: %s\n", rank,
                    std::string(batch.status().message()).c_str());

@@ -2,10 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "services/packer/index/index.h"
 
 namespace tutti::packer {
+
+static const Logger kLog("packer.job");
 
 absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
                                                    const std::string& index_override,
@@ -27,6 +30,15 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
   ASSIGN_OR_RETURN(std::shared_ptr<const Index> index, LoadIndex(config.index_path()));
   auto job = Job::Create(std::move(config), std::move(index), options);
   if (!job.ok()) return Annotate(job.status(), absl::StrCat("job config ", config_path));
+  for (const auto& [why, n] : (*job)->unservable()) {
+    kLog.Warning("samples left out of the plans: the stager would refuse them",
+                 {{"reason", why},
+                  {"samples", n},
+                  {"first", (*job)->unservable_examples().at(why)},
+                  {"fix", why == "image_too_large"
+                              ? "raise vision.max_source_pixels / max_source_side"
+                              : "pre-tokenise the text into k.json input_ids"}});
+  }
   return job;
 }
 

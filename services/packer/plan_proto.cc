@@ -389,8 +389,8 @@ void BuildJobInfo(const Job& job, v1::JobInfo* info) {
   *info->mutable_config() = job.config();
   info->set_config_fingerprint(job.fingerprint());
   info->set_samples(ix.num_samples());
-  info->set_text_samples(ix.text_samples().size());
-  info->set_vl_samples(ix.vl_samples().size());
+  info->set_text_samples(job.text_samples().size());  // what the streams draw from
+  info->set_vl_samples(job.vl_samples().size());
   info->set_steps_per_epoch(job.steps_per_epoch());
   info->set_total_steps(job.total_steps());
   for (const IndexShard& s : ix.shards()) info->add_shards(s.name);

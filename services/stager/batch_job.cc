@@ -382,8 +382,8 @@ void BatchJob::SettleImages(Outcome& out, std::vector<bool>* dropped) {
     cv::Mat sub;
     uint64_t sub_id = 0;
     char* dst = shm_->data() + im.offset;
-    if (ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id)) {
-      ResizePatchifyInto(sub, im.height, im.width, ctx_.params, dst);
+    if (ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id) &&
+        ResizePatchifyInto(sub, im.height, im.width, ctx_.params, dst).ok()) {
       out.Skip(im.sample_id, item, sub_id, "", im.shard.name(), im.member.name());
       out.Count(im.sample_id, Outcome::kSubstituted);
     } else {

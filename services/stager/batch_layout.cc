@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
@@ -354,6 +355,13 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
+  const size_t first = json.find_first_not_of(" \t\r\n");
+  if (first == absl::string_view::npos || json[first] != '{') {
+    return absl::DataLossError(absl::StrCat(
+        "is not a JSON object (", json.size(), " bytes starting with '",
+        absl::CHexEscape(json.substr(first == absl::string_view::npos ? 0 : first, 8)),
+        "'); the member changed after indexing, re-index the dataset"));
+  }
   const size_t key = json.find("\"input_ids\"");
   if (key == absl::string_view::npos) {
     return absl::NotFoundError("has no \"input_ids\" (pre-tokenise the dataset)");

@@ -73,6 +73,11 @@ TEST(BatchLayoutTest, ParsesInputIds) {
   EXPECT_EQ(ParseInputIds(R"({"tokens": 5})").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, 2)").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(), absl::StatusCode::kDataLoss);
+  // Not JSON at all (a member swapped after indexing): said as such.
+  auto binary = ParseInputIds(std::string("\x89PNG\r\n\x1a\n....", 12));
+  ASSERT_EQ(binary.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(binary.status().message().find("is not a JSON object"), std::string::npos)
+      << binary.status();
 }
 
 TEST(BatchLayoutTest, EncoderTokensBelowWhatTheItemsNeedAreRefused) {

@@ -5,53 +5,19 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/log.h"
+#include "services/stager/codecs.h"
+#include "services/stager/resample.h"
 #include "services/stager/skip.h"
 
 namespace tutti::stager {
 
-PatchifyParams PatchifyParams::FromConfig(const v1::VisionConfig& v) {
-  PatchifyParams p;
-  if (v.patch_size()) p.patch = v.patch_size();
-  if (v.merge_size()) p.merge = v.merge_size();
-  if (v.temporal_patch()) p.temporal = v.temporal_patch();
-  for (int c = 0; c < 3; ++c) {
-    if (v.mean_size() == 3) p.mean[c] = v.mean(c);
-    if (v.std_size() == 3) p.std[c] = v.std(c);
-  }
-  p.bf16 = v.output_dtype() == v1::DTYPE_BFLOAT16;
-  if (v.max_source_pixels()) p.max_source_pixels = v.max_source_pixels();
-  if (v.max_source_side()) p.max_source_side = v.max_source_side();
-  return p;
-}
-
-size_t PatchifyParams::ImageBytes(uint32_t height, uint32_t width) const {
-  const size_t patches = size_t{height / patch} * (width / patch);
-  return patches * row_values() * value_bytes();
-}
-
-uint16_t FloatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7FFFu + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float Bf16ToFloat(uint16_t b) {
-  uint32_t u = uint32_t{b} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+static const Logger kLog("stager.decode");
 
 namespace {
 
@@ -114,9 +80,7 @@ absl::StatusOr<ImageHeader> CheckHeader(absl::string_view bytes, absl::string_vi
                                             header.status().message(), "); re-export the sample"));
   }
   RETURN_IF_ERROR(CheckComplete(bytes, name, header->kind));
-  const uint64_t pixels = uint64_t{header->width} * header->height;
-  if (header->width > p.max_source_side || header->height > p.max_source_side ||
-      pixels > p.max_source_pixels) {
+  if (!WithinSourceLimits(header->width, header->height, p.max_source_pixels, p.max_source_side)) {
     return absl::OutOfRangeError(absl::StrCat(
         name, ": header declares ", header->width, "x", header->height,
         " pixels, over the limit (vision.max_source_pixels ", p.max_source_pixels,
@@ -125,12 +89,22 @@ absl::StatusOr<ImageHeader> CheckHeader(absl::string_view bytes, absl::string_vi
   return *header;
 }
 
-cv::Mat Imdecode(absl::string_view bytes, int flags) {
+// An OpenCV error as a Status naming the image: out of memory is
+// RESOURCE_EXHAUSTED, anything else DATA_LOSS (the image is what failed).
+absl::Status FromCvException(const cv::Exception& e, absl::string_view name, absl::string_view what) {
+  const std::string why = absl::StrCat(name, ": ", what, " failed in OpenCV: ", e.what());
+  if (e.code == cv::Error::StsNoMem) return absl::ResourceExhaustedError(why);
+  return absl::DataLossError(absl::StrCat(why, "; re-export the sample"));
+}
+
+// cv::imdecode, its exceptions as a Status (an empty image means the
+// decoder refused the data without throwing).
+absl::StatusOr<cv::Mat> Imdecode(absl::string_view bytes, int flags, absl::string_view name) {
   cv::Mat buf(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data()));
   try {
     return cv::imdecode(buf, flags | cv::IMREAD_IGNORE_ORIENTATION);
   } catch (const cv::Exception& e) {
-    return cv::Mat();
+    return FromCvException(e, name, "decoding");
   }
 }
 
@@ -143,22 +117,34 @@ int ReducedFlag(int reduce) {
   }
 }
 
-// Largest DCT scale (8, 4, 2) whose decoded image is at least 90% of the
-// target on both sides (a few percent of upsampling after the DCT's own
-// area averaging costs nothing visible and saves most of the decode).
+// How much shrink the bicubic filter must still have after a DCT scaling
+// for HF parity: the scaled decode keeps frequencies the bicubic kernel
+// would have damped, and only a kernel stretched this far damps them again
+// (measured on Debian's wallpaper photographs: median PSNR against PIL's
+// full decode and resize 53-57 dB at this margin, falling towards 40 dB as
+// the margin goes to 1).
+constexpr double kHfReduceMargin = 1.75;
+
+// Largest DCT scale (8, 4, 2) the target allows. HF mode: the decoded image
+// stays kHfReduceMargin times the target on both sides. Fast mode: at least
+// 90% of the target (a few percent of upsampling after the DCT's own area
+// averaging costs nothing visible and saves most of the decode).
 int ChooseReduce(const ImageHeader& h, uint32_t height, uint32_t width, const PatchifyParams& p) {
   if (!p.reduced_jpeg || h.kind != ImageKind::kJpeg) return 1;
   for (int s : {8, 4, 2}) {
-    if (10 * ((h.width + s - 1) / s) >= 9 * width && 10 * ((h.height + s - 1) / s) >= 9 * height) {
-      return s;
-    }
+    const double w = (h.width + s - 1) / s, hh = (h.height + s - 1) / s;
+    const bool fits = p.resize == ResizeMode::kHfBicubic
+                          ? w >= kHfReduceMargin * width && hh >= kHfReduceMargin * height
+                          : 10 * w >= 9.0 * width && 10 * hh >= 9.0 * height;
+    if (fits) return s;
   }
   return 1;
 }
 
-absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, int reduce,
-                               const ImageHeader& header) {
-  cv::Mat img = Imdecode(bytes, ReducedFlag(reduce));
+// OpenCV's decoders: for what the direct codecs leave (CMYK JPEGs).
+absl::StatusOr<cv::Mat> DecodeWithOpenCv(absl::string_view bytes, absl::string_view name,
+                                         int reduce, const ImageHeader& header) {
+  ASSIGN_OR_RETURN(cv::Mat img, Imdecode(bytes, ReducedFlag(reduce), name));
   if (img.empty()) {
     return absl::DataLossError(absl::StrCat(name, ": ", ImageKindName(header.kind), " data of ",
                                             bytes.size(), " bytes (", header.width, "x",
@@ -167,106 +153,64 @@ absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, 
   }
   if (img.type() != CV_8UC3) {
     cv::Mat conv;
-    if (img.channels() == 1) {
-      cv::cvtColor(img, conv, cv::COLOR_GRAY2BGR);
-    } else if (img.channels() == 4) {
-      cv::cvtColor(img, conv, cv::COLOR_BGRA2BGR);
-    } else {
-      img.convertTo(conv, CV_8UC3);
+    try {
+      if (img.channels() == 1) {
+        cv::cvtColor(img, conv, cv::COLOR_GRAY2BGR);
+      } else if (img.channels() == 4) {
+        cv::cvtColor(img, conv, cv::COLOR_BGRA2BGR);
+      } else {
+        img.convertTo(conv, CV_8UC3);
+      }
+    } catch (const cv::Exception& e) {
+      return FromCvException(e, name, "colour conversion");
     }
     img = conv;
   }
   return img;
 }
 
-// Per-channel tables from an 8-bit value to its normalised output value,
-// built once per (mean, std, dtype).
-template <typename T>
-struct Lut {
-  T v[3][256];
-};
-
-template <typename T>
-T ToOut(float f);
-template <>
-inline float ToOut<float>(float f) {
-  return f;
-}
-template <>
-inline uint16_t ToOut<uint16_t>(float f) {
-  return FloatToBf16(f);
-}
-
-template <typename T>
-const Lut<T>& LutFor(const PatchifyParams& p) {
-  // One table per thread, rebuilt only when the normalisation changes.
-  thread_local Lut<T> lut;
-  thread_local float key[6];
-  thread_local bool built = false;
-  if (!built || std::memcmp(key, p.mean, sizeof(p.mean)) != 0 ||
-      std::memcmp(key + 3, p.std, sizeof(p.std)) != 0) {
-    built = true;
-    for (int c = 0; c < 3; ++c) {
-      for (int i = 0; i < 256; ++i) lut.v[c][i] = ToOut<T>((i / 255.0f - p.mean[c]) / p.std[c]);
-    }
-    std::memcpy(key, p.mean, sizeof(p.mean));
-    std::memcpy(key + 3, p.std, sizeof(p.std));
+// Decodes with the codec libraries directly (codecs.h); their warnings are
+// logged with the image's name (rate-limited) and counted in `info`. The
+// image lives in a per-thread buffer that the next decode on this thread
+// reuses, unless `keep` asks for a copy of its own.
+absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, int reduce,
+                               const ImageHeader& header, bool keep, DecodeInfo* info) {
+  thread_local ImageBuffer reused;
+  ImageBuffer* out = &reused;
+  CodecWarnings warnings;
+  absl::Status s;
+  switch (header.kind) {
+    case ImageKind::kJpeg:
+      s = DecodeJpeg(bytes, name, reduce, out, &warnings);
+      break;
+    case ImageKind::kPng:
+      s = DecodePng(bytes, name, out, &warnings);
+      break;
+    case ImageKind::kWebp:
+      s = DecodeWebp(bytes, name, out);
+      break;
+    default:
+      s = absl::UnimplementedError("no direct codec");
+      break;
   }
-  return lut;
-}
-
-// Copies whole 16-byte units with non-temporal stores when the destination
-// is aligned: the output is read next by the trainer, not by this core, so
-// it should not evict the decoder's working set (nor be read for ownership).
-inline void StreamCopy(void* dst, const void* src, size_t bytes) {
-#if defined(__SSE2__)
-  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0 && (bytes & 15) == 0) {
-    auto* d = static_cast<__m128i*>(dst);
-    const auto* s = static_cast<const __m128i*>(src);
-    for (size_t i = 0; i < bytes / 16; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
-    return;
-  }
-#endif
-  std::memcpy(dst, src, bytes);
-}
-
-// Normalises an 8-bit BGR image of exactly (H, W) through the tables and
-// writes it in patch order, sequentially: each (channel, frame) block of a
-// patch row is built once in a small buffer and stored `temporal` times.
-template <typename T>
-void PatchifyT(const cv::Mat& src, const PatchifyParams& p, T* out) {
-  const Lut<T>& lut = LutFor<T>(p);
-  const uint32_t P = p.patch, M = p.merge, Tt = p.temporal;
-  const uint32_t gh = static_cast<uint32_t>(src.rows) / P, gw = static_cast<uint32_t>(src.cols) / P;
-  const size_t plane = size_t{P} * P;  // one (channel, frame) block of a patch row
-  std::vector<T> block(plane);
-  T* d = out;
-  for (uint32_t gy = 0; gy < gh / M; ++gy) {
-    for (uint32_t gx = 0; gx < gw / M; ++gx) {
-      for (uint32_t mh = 0; mh < M; ++mh) {
-        for (uint32_t mw = 0; mw < M; ++mw) {
-          const uint32_t y0 = (gy * M + mh) * P, x0 = (gx * M + mw) * P;
-          for (uint32_t c = 0; c < 3; ++c) {
-            const T* table = lut.v[c];
-            for (uint32_t py = 0; py < P; ++py) {
-              const uint8_t* s = src.ptr<uint8_t>(static_cast<int>(y0 + py)) + size_t{x0} * 3 + (2 - c);
-              T* b = block.data() + size_t{py} * P;
-              for (uint32_t x = 0; x < P; ++x) b[x] = table[s[3 * x]];  // BGR -> RGB
-            }
-            for (uint32_t t = 0; t < Tt; ++t, d += plane) StreamCopy(d, block.data(), plane * sizeof(T));
-          }
-        }
-      }
+  if (warnings.count > 0) {
+    if (info != nullptr) info->warnings += warnings.count;
+    static LogRateLimit limit(absl::Seconds(10), 5);
+    if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
+      kLog.Warning("image decoder warning", {{"image", name},
+                                             {"warning", warnings.first},
+                                             {"count", warnings.count},
+                                             {"suppressed", suppressed}});
     }
   }
-#if defined(__SSE2__)
-  _mm_sfence();
-#endif
+  if (absl::IsUnimplemented(s)) return DecodeWithOpenCv(bytes, name, reduce, header);
+  RETURN_IF_ERROR(s);
+  return keep ? out->image().clone() : out->image();
 }
 
-// Resizes to exactly (H, W): an integer area shrink first when more than 2x
-// remains (so bilinear sampling does not alias), then bilinear.
-void ResizeTo(const cv::Mat& src_in, uint32_t H, uint32_t W, cv::Mat* out) {
+// The fast resize to exactly (H, W): an integer area shrink first when more
+// than 2x remains (so bilinear sampling does not alias), then bilinear.
+void FastResizeTo(const cv::Mat& src_in, uint32_t H, uint32_t W, cv::Mat* out) {
   cv::Mat src = src_in;
   const int k = static_cast<int>(std::min(src.cols / (2.0 * W), src.rows / (2.0 * H)));
   thread_local cv::Mat shrunk;
@@ -284,43 +228,63 @@ void ResizeTo(const cv::Mat& src_in, uint32_t H, uint32_t W, cv::Mat* out) {
 
 }  // namespace
 
-void ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t width,
-                        const PatchifyParams& params, char* out) {
-  thread_local cv::Mat tile;
+absl::Status ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t width,
+                                const PatchifyParams& params, char* out) {
+  RETURN_IF_ERROR(CheckTarget(height, width, params));
+  thread_local ImageBuffer tile_buffer;
   cv::Mat sized;
-  if (bgr.cols == static_cast<int>(width) && bgr.rows == static_cast<int>(height)) {
-    sized = bgr;
-  } else {
-    ResizeTo(bgr, height, width, &tile);
-    sized = tile;
+  try {
+    if (bgr.cols == static_cast<int>(width) && bgr.rows == static_cast<int>(height)) {
+      sized = bgr;
+    } else {
+      cv::Mat tile = tile_buffer.Allocate(static_cast<int>(height), static_cast<int>(width));
+      if (params.resize == ResizeMode::kHfBicubic) {
+        ResampleBicubic(bgr, static_cast<int>(height), static_cast<int>(width), &tile);
+      } else {
+        FastResizeTo(bgr, height, width, &tile);
+      }
+      sized = tile;
+    }
+  } catch (const cv::Exception& e) {
+    return FromCvException(e, "image", "resizing");
   }
-  if (params.bf16) {
-    PatchifyT<uint16_t>(sized, params, reinterpret_cast<uint16_t*>(out));
-  } else {
-    PatchifyT<float>(sized, params, reinterpret_cast<float*>(out));
-  }
+  Patchify(sized, params, out);
+  return absl::OkStatus();
 }
 
-absl::StatusOr<DecodeInfo> DecodeImageInto(absl::string_view bytes, absl::string_view name,
-                                           ImageKind declared, uint32_t height, uint32_t width,
-                                           const PatchifyParams& params, char* out,
-                                           cv::Mat* decoded) {
+namespace {
+
+absl::StatusOr<cv::Mat> DecodeForTargetUnchecked(absl::string_view bytes, absl::string_view name,
+                                                 ImageKind declared, uint32_t height,
+                                                 uint32_t width, const PatchifyParams& params,
+                                                 bool keep, DecodeInfo* info) {
   RETURN_IF_ERROR(CheckTarget(height, width, params));
   ASSIGN_OR_RETURN(ImageHeader header, CheckHeader(bytes, name, params));
+  info->kind = header.kind;
+  info->source_width = header.width;
+  info->source_height = header.height;
+  info->mislabelled = declared != ImageKind::kUnknown && declared != header.kind;
+  info->reduce = ChooseReduce(header, height, width, params);
+  return Decode(bytes, name, info->reduce, header, keep, info);
+}
+
+absl::StatusOr<DecodeInfo> DecodeImageIntoUnchecked(absl::string_view bytes,
+                                                    absl::string_view name, ImageKind declared,
+                                                    uint32_t height, uint32_t width,
+                                                    const PatchifyParams& params, char* out,
+                                                    cv::Mat* decoded) {
   DecodeInfo info;
-  info.kind = header.kind;
-  info.source_width = header.width;
-  info.source_height = header.height;
-  info.mislabelled = declared != ImageKind::kUnknown && declared != header.kind;
-  info.reduce = ChooseReduce(header, height, width, params);
-  ASSIGN_OR_RETURN(cv::Mat img, Decode(bytes, name, info.reduce, header));
-  ResizePatchifyInto(img, height, width, params, out);
+  ASSIGN_OR_RETURN(cv::Mat img,
+                   DecodeForTargetUnchecked(bytes, name, declared, height, width, params,
+                                            /*keep=*/decoded != nullptr, &info));
+  RETURN_IF_ERROR(Annotate(ResizePatchifyInto(img, height, width, params, out), name));
   if (decoded) *decoded = img;
   return info;
 }
 
-absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_view name,
-                                         const PatchifyParams& params, uint32_t max_side) {
+absl::StatusOr<cv::Mat> DecodeImageSmallUnchecked(absl::string_view bytes,
+                                                  absl::string_view name,
+                                                  const PatchifyParams& params, uint32_t max_side) {
   ASSIGN_OR_RETURN(ImageHeader header, CheckHeader(bytes, name, params));
   int reduce = 1;
   if (params.reduced_jpeg && header.kind == ImageKind::kJpeg) {
@@ -331,7 +295,7 @@ absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_v
       }
     }
   }
-  ASSIGN_OR_RETURN(cv::Mat img, Decode(bytes, name, reduce, header));
+  ASSIGN_OR_RETURN(cv::Mat img, Decode(bytes, name, reduce, header, /*keep=*/true, nullptr));
   const int longest = std::max(img.cols, img.rows);
   if (longest > static_cast<int>(max_side)) {
     const double f = static_cast<double>(max_side) / longest;
@@ -344,44 +308,38 @@ absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_v
   return img;
 }
 
-absl::Status NaiveDecodeInto(absl::string_view bytes, uint32_t height, uint32_t width,
-                             const PatchifyParams& p, char* out) {
-  RETURN_IF_ERROR(CheckTarget(height, width, p));
-  cv::Mat bgr = Imdecode(bytes, cv::IMREAD_COLOR);
-  if (bgr.empty()) return absl::DataLossError("image does not decode");
-  cv::Mat rgb, resized, f32;
-  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
-  cv::resize(rgb, resized, cv::Size(static_cast<int>(width), static_cast<int>(height)));
-  resized.convertTo(f32, CV_32FC3, 1.0 / 255.0);
-  f32 -= cv::Scalar(p.mean[0], p.mean[1], p.mean[2]);
-  f32 /= cv::Scalar(p.std[0], p.std[1], p.std[2]);
-  const uint32_t P = p.patch, M = p.merge, T = p.temporal;
-  const uint32_t gh = height / P, gw = width / P;
-  size_t i = 0;
-  for (uint32_t bh = 0; bh < gh / M; ++bh) {
-    for (uint32_t bw = 0; bw < gw / M; ++bw) {
-      for (uint32_t mh = 0; mh < M; ++mh) {
-        for (uint32_t mw = 0; mw < M; ++mw) {
-          for (uint32_t c = 0; c < 3; ++c) {
-            for (uint32_t t = 0; t < T; ++t) {
-              for (uint32_t py = 0; py < P; ++py) {
-                const float* src = f32.ptr<float>((bh * M + mh) * P + py);
-                for (uint32_t px = 0; px < P; ++px, ++i) {
-                  const float v = src[((bw * M + mw) * P + px) * 3 + c];
-                  if (p.bf16) {
-                    reinterpret_cast<uint16_t*>(out)[i] = FloatToBf16(v);
-                  } else {
-                    reinterpret_cast<float*>(out)[i] = v;
-                  }
-                }
-              }
-            }
-          }
-        }
-      }
-    }
+}  // namespace
+
+absl::StatusOr<DecodeInfo> DecodeImageInto(absl::string_view bytes, absl::string_view name,
+                                           ImageKind declared, uint32_t height, uint32_t width,
+                                           const PatchifyParams& params, char* out,
+                                           cv::Mat* decoded) {
+  try {
+    return DecodeImageIntoUnchecked(bytes, name, declared, height, width, params, out, decoded);
+  } catch (const cv::Exception& e) {
+    return FromCvException(e, name, "decoding");
   }
-  return absl::OkStatus();
 }
+
+absl::StatusOr<cv::Mat> DecodeForTarget(absl::string_view bytes, absl::string_view name,
+                                        ImageKind declared, uint32_t height, uint32_t width,
+                                        const PatchifyParams& params, DecodeInfo* info) {
+  try {
+    return DecodeForTargetUnchecked(bytes, name, declared, height, width, params, /*keep=*/false,
+                                    info);
+  } catch (const cv::Exception& e) {
+    return FromCvException(e, name, "decoding");
+  }
+}
+
+absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_view name,
+                                         const PatchifyParams& params, uint32_t max_side) {
+  try {
+    return DecodeImageSmallUnchecked(bytes, name, params, max_side);
+  } catch (const cv::Exception& e) {
+    return FromCvException(e, name, "shrinking");
+  }
+}
+
 
 }  // namespace tutti::stager

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/dtype.h"
+#include "common/media_header.h"
 #include "common/status.h"
 #include "services/packer/core/sampler.h"
 
@@ -70,7 +72,8 @@ absl::Status Job::Init(const JobOptions& options) {
       pb.enabled() ? MakePostBalancingDispatcher(d) : MakeColocatedDispatcher(strategy_.get(), d);
 
   const Index& ix = *index_;
-  const uint64_t n_text = ix.text_samples().size(), n_vl = ix.vl_samples().size();
+  FilterStreams();
+  const uint64_t n_text = text_samples().size(), n_vl = vl_samples().size();
   struct StreamCheck {
     const char* name;
     const char* field;
@@ -84,13 +87,14 @@ absl::Status Job::Init(const JobOptions& options) {
     if (c.n == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(), " has no ", c.name,
-          " samples; set batch.", c.field, " to 0 or index a dataset that has them"));
+          " samples", UnservableNote(), "; set batch.", c.field,
+          " to 0 or index a dataset that has them"));
     }
     if (c.n < 2 * uint64_t{c.per_step}) {
       return absl::FailedPreconditionError(
           absl::StrCat("batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(),
-                       " has only ", c.n, " ", c.name,
-                       " samples, fewer than two steps draw (a step that spans an epoch boundary "
+                       " has only ", c.n, " ", c.name, " samples", UnservableNote(),
+                       ", fewer than two steps draw (a step that spans an epoch boundary "
                        "must find its samples without repeats); lower batch.",
                        c.field, " to at most ", c.n / 2, " or index more ", c.name, " samples"));
     }
@@ -112,6 +116,51 @@ absl::Status Job::Init(const JobOptions& options) {
   return absl::OkStatus();
 }
 
+const char* Job::UnservableReason(uint32_t s) const {
+  const Index& ix = *index_;
+  const v1::VisionConfig& v = config_.vision();
+  const uint64_t max_pixels = v.max_source_pixels() ? v.max_source_pixels() : 178956970;
+  const uint64_t max_side = v.max_source_side() ? v.max_source_side() : 65500;
+  for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
+    if (ix.media_is_image(j) &&
+        !WithinSourceLimits(ix.media_width(j), ix.media_height(j), max_pixels, max_side)) {
+      return "image_too_large";
+    }
+  }
+  if (ix.text_kind(s) == MemberKind::kTxt && ix.text_tokens(s) > 0) return "no_token_ids";
+  return "";
+}
+
+void Job::FilterStreams() {
+  const Index& ix = *index_;
+  text_samples_ = &ix.text_samples();
+  vl_samples_ = &ix.vl_samples();
+  for (auto [all, kept, out] : {std::tuple{&ix.text_samples(), &text_kept_, &text_samples_},
+                                std::tuple{&ix.vl_samples(), &vl_kept_, &vl_samples_}}) {
+    size_t i = 0;
+    while (i < all->size() && *UnservableReason((*all)[i]) == '\0') ++i;
+    if (i == all->size()) continue;  // all servable: draw from the index's stream
+    kept->assign(all->begin(), all->begin() + static_cast<std::ptrdiff_t>(i));
+    for (; i < all->size(); ++i) {
+      const uint32_t s = (*all)[i];
+      const char* why = UnservableReason(s);
+      if (*why == '\0') {
+        kept->push_back(s);
+        continue;
+      }
+      if (unservable_[why]++ == 0) unservable_examples_[why] = DescribeSample(s);
+    }
+    *out = kept;
+  }
+}
+
+std::string Job::UnservableNote() const {
+  if (unservable_.empty()) return "";
+  std::string note = " that the stager can serve (left out:";
+  for (const auto& [why, n] : unservable_) absl::StrAppend(&note, " ", why, " ", n);
+  return note + ")";
+}
+
 absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
   const v1::CurriculumStage& stage = config_.curriculum(i);
   const Index& ix = *index_;
@@ -126,23 +175,26 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
   int64_t first_long = -1, first_cap = -1;
   uint32_t first_long_tokens = 0, first_cap_tokens = 0;
   double sum_text = 0, sum_vl = 0;
-  for (uint32_t s = 0; s < ix.num_samples(); ++s) {
-    auto c = coster.Cost(s);
-    if (!c.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sample ", DescribeSample(s), " cannot be resized at curriculum[", i, "]: ",
-          c.status().message(), "; raise vision.max_aspect_ratio or rebuild the index without it"));
-    }
-    st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
-    (ix.is_vl(s) ? sum_vl : sum_text) += c->llm_tokens;
-    if (c->llm_tokens > seq_len) {
-      if (first_long < 0) first_long = s, first_long_tokens = c->llm_tokens;
-      ++too_long;
-    }
-    if (img_cap > 0 && c->image_tokens > img_cap) {
-      if (first_cap < 0) first_cap = s, first_cap_tokens = c->image_tokens;
-      max_cap_tokens = std::max<uint64_t>(max_cap_tokens, c->image_tokens);
-      ++over_cap;
+  // Only what the streams draw from: a sample left out is never planned.
+  for (const std::vector<uint32_t>* stream : {&text_samples(), &vl_samples()}) {
+    for (const uint32_t s : *stream) {
+      auto c = coster.Cost(s);
+      if (!c.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sample ", DescribeSample(s), " cannot be resized at curriculum[", i, "]: ",
+            c.status().message(), "; raise vision.max_aspect_ratio or rebuild the index without it"));
+      }
+      st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
+      (ix.is_vl(s) ? sum_vl : sum_text) += c->llm_tokens;
+      if (c->llm_tokens > seq_len) {
+        if (first_long < 0) first_long = s, first_long_tokens = c->llm_tokens;
+        ++too_long;
+      }
+      if (img_cap > 0 && c->image_tokens > img_cap) {
+        if (first_cap < 0) first_cap = s, first_cap_tokens = c->image_tokens;
+        max_cap_tokens = std::max<uint64_t>(max_cap_tokens, c->image_tokens);
+        ++over_cap;
+      }
     }
   }
   const std::string where =
@@ -163,7 +215,7 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
         max_cap_tokens, " or lower max_pixels"));
   }
   const auto& b = config_.batch();
-  const uint64_t n_text = ix.text_samples().size(), n_vl = ix.vl_samples().size();
+  const uint64_t n_text = text_samples().size(), n_vl = vl_samples().size();
   st.mean_text_tokens = n_text ? sum_text / n_text : 0;
   st.mean_vl_tokens = n_vl ? sum_vl / n_vl : 0;
   const double W = world_size();

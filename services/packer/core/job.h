@@ -7,6 +7,7 @@
 #define TUTTI_SERVICES_PACKER_CORE_JOB_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,20 @@ class Job {
   // Bytes of one pixel_values row: 3 x temporal_patch x patch_size^2 x dtype.
   uint64_t pixel_row_bytes() const { return pixel_row_bytes_; }
 
+  // The samples each stream draws from: the index's streams less what the
+  // stager would refuse, so a sample it cannot serve is never planned: an
+  // image over vision.max_source_pixels / max_source_side, or text with a
+  // token count but no token ids (a k.txt member; the stager does not
+  // tokenise).
+  const std::vector<uint32_t>& text_samples() const { return *text_samples_; }
+  const std::vector<uint32_t>& vl_samples() const { return *vl_samples_; }
+  // Samples left out of the streams, by reason ("image_too_large",
+  // "no_token_ids"), and the first one of each, described.
+  const std::map<std::string, uint64_t>& unservable() const { return unservable_; }
+  const std::map<std::string, std::string>& unservable_examples() const {
+    return unservable_examples_;
+  }
+
   // OK when `step` lies within the dataset; OUT_OF_RANGE naming it otherwise.
   absl::Status CheckStep(uint64_t step) const;
   // Human-readable description of a sample: "shard/key".
@@ -94,6 +109,12 @@ class Job {
   Job() = default;
   absl::Status Init(const JobOptions& options);
   absl::Status CheckStage(uint32_t i, const JobOptions& options);
+  // Fills the streams and unservable_ from the index and the config.
+  void FilterStreams();
+  // Why the stager would refuse sample s; empty when it would serve it.
+  const char* UnservableReason(uint32_t s) const;
+  // " that the stager can serve (left out: ...)" when samples were left out.
+  std::string UnservableNote() const;
 
   v1::JobConfig config_;
   std::shared_ptr<const Index> index_;
@@ -109,6 +130,13 @@ class Job {
   std::unique_ptr<PackingStrategy> strategy_;
   DispatcherOptions dispatcher_options_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  // The index's own streams, or the filtered copies below when some sample
+  // is left out.
+  const std::vector<uint32_t>* text_samples_ = nullptr;
+  const std::vector<uint32_t>* vl_samples_ = nullptr;
+  std::vector<uint32_t> text_kept_, vl_kept_;
+  std::map<std::string, uint64_t> unservable_;
+  std::map<std::string, std::string> unservable_examples_;
 };
 
 }  // namespace tutti::packer

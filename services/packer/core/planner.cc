@@ -57,7 +57,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   const CostModel& model = coster.model();
   const uint32_t T = cfg.batch().text_samples_per_step(), V = cfg.batch().vl_samples_per_step();
   const uint32_t W = job.world_size();
-  const uint64_t n_text = ix.text_samples().size(), n_vl = ix.vl_samples().size();
+  const uint64_t n_text = job.text_samples().size(), n_vl = job.vl_samples().size();
 
   out->step = step;
   out->stage = stage;
@@ -96,8 +96,8 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
                                          : vl_sampler.At(step * V + (k - T)));
   }
   constexpr uint32_t kAhead = 16;
-  const uint32_t* text_ids = ix.text_samples().data();
-  const uint32_t* vl_ids = ix.vl_samples().data();
+  const uint32_t* text_ids = job.text_samples().data();
+  const uint32_t* vl_ids = job.vl_samples().data();
   for (uint32_t k = 0; k < T + V; ++k) {
     if (k + kAhead < T + V)
       __builtin_prefetch((k + kAhead < T ? text_ids : vl_ids) + ids[k + kAhead]);

@@ -165,6 +165,43 @@ TEST(PlannerTest, ModalitySegregationAndTheSeedsRatioExample) {
   EXPECT_EQ(docs, 48u);  // every sample of the global batch exactly once
 }
 
+TEST(PlannerTest, SamplesTheStagerWouldRefuseAreNeverPlanned) {
+  // The stager refuses an image over vision.max_source_pixels without
+  // decoding it: such a sample must never be planned, or its caption would
+  // be trained against a substitute.
+  const std::string config = std::string(kBaseConfig) + "vision { max_source_pixels: 2000000 }";
+  auto job = MakeJob(config, SmallIndex());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const Index& ix = *SmallIndex();
+  const uint64_t left_out = (*job)->unservable().count("image_too_large")
+                                ? (*job)->unservable().at("image_too_large")
+                                : 0;
+  ASSERT_GT(left_out, 0u);
+  EXPECT_EQ((*job)->vl_samples().size() + left_out, ix.vl_samples().size());
+  EXPECT_EQ((*job)->text_samples().size(), ix.text_samples().size());
+  EXPECT_FALSE((*job)->unservable_examples().at("image_too_large").empty());
+  // A whole epoch of VL samples: none over the limit, every servable one once.
+  const uint64_t steps = (*job)->vl_samples().size() / 8;
+  std::set<uint64_t> seen;
+  Planner planner(*job);
+  StepPlanData d;
+  for (uint64_t step = 0; step < steps; ++step) {
+    ASSERT_TRUE(planner.Plan(step, &d).ok());
+    for (const auto& ps : d.samples) {
+      for (uint32_t j = ix.media_begin(ps.sample); j < ix.media_end(ps.sample); ++j) {
+        ASSERT_LE(uint64_t{ix.media_width(j)} * ix.media_height(j), 2000000u) << ps.sample;
+      }
+      if (ix.is_vl(ps.sample)) seen.insert(ps.sample);
+    }
+  }
+  EXPECT_EQ(seen.size(), steps * 8);
+  // Without the limit nothing is left out.
+  auto all = MakeJob(kBaseConfig, SmallIndex());
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE((*all)->unservable().empty());
+  EXPECT_EQ(&(*all)->vl_samples(), &ix.vl_samples());
+}
+
 TEST(PlannerTest, CurriculumFollowsSmartResize) {
   auto job = MakeJob(kBaseConfig, SmallIndex());
   ASSERT_TRUE(job.ok());

@@ -8,11 +8,13 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/status.h"
+#include "common/tar.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the index format is little-endian");
 
@@ -113,7 +115,28 @@ absl::StatusOr<std::shared_ptr<const Index>> Index::FromString(const std::string
   return FromBuffer(std::move(data), bytes.size(), std::move(origin));
 }
 
+// Where the file's parts lie, found by ParseHeader and ReadSections.
+struct Index::Layout {
+  uint32_t num_sections = 0;
+  size_t table_end = 0;  // header and section table
+  uint64_t samples = 0;
+  uint64_t media = 0;
+  uint32_t num_shards = 0;
+  uint32_t num_exts = 0;
+  absl::flat_hash_map<uint32_t, std::pair<const char*, uint64_t>> sections;  // tag -> bytes
+};
+
 absl::Status Index::Parse() {
+  Layout layout;
+  RETURN_IF_ERROR(ParseHeader(&layout));
+  RETURN_IF_ERROR(ReadSections(&layout));
+  RETURN_IF_ERROR(CheckPadding(layout));
+  RETURN_IF_ERROR(BindSections(layout));
+  return ReadTables(layout);
+}
+
+// The magic, version, size and header checksum, and the counts.
+absl::Status Index::ParseHeader(Layout* layout) {
   const char* p = data_.get();
   if (size_ < kHeaderBytes || std::memcmp(p, kMagic, 8) != 0) {
     return absl::InvalidArgumentError(
@@ -128,48 +151,62 @@ absl::Status Index::Parse() {
         "index ", origin_, " has format version ", version, " but this tutti reads version ",
         kIndexVersion, "; rebuild it with `tutti index`"));
   }
-  const uint32_t num_sections = Get<uint32_t>(p + 12);
+  layout->num_sections = Get<uint32_t>(p + 12);
   const uint64_t file_bytes = Get<uint64_t>(p + 16);
   if (file_bytes != size_) {
     return Damaged(origin_, absl::StrCat("it should be ", file_bytes, " bytes but is ", size_,
                                          " (truncated or appended to)"));
   }
-  const size_t table_end = kHeaderBytes + size_t{num_sections} * kSectionEntryBytes;
-  if (num_sections > 64 || table_end > size_) return Damaged(origin_, "bad section table");
+  layout->table_end = kHeaderBytes + size_t{layout->num_sections} * kSectionEntryBytes;
+  if (layout->num_sections > 64 || layout->table_end > size_) {
+    return Damaged(origin_, "bad section table");
+  }
   uint32_t crc = Crc32cExtend(0, p, 60);
-  crc = Crc32cExtend(crc, p + kHeaderBytes, table_end - kHeaderBytes);
+  crc = Crc32cExtend(crc, p + kHeaderBytes, layout->table_end - kHeaderBytes);
   if (crc != Get<uint32_t>(p + 60)) return Damaged(origin_, "header checksum mismatch");
-  const uint64_t n = Get<uint64_t>(p + 24);
-  const uint64_t m = Get<uint64_t>(p + 32);
-  const uint32_t num_shards = Get<uint32_t>(p + 40);
-  const uint32_t num_exts = Get<uint32_t>(p + 44);
-  if (n >= UINT32_MAX || m >= UINT32_MAX) return Damaged(origin_, "sample count out of range");
-  num_samples_ = static_cast<uint32_t>(n);
-  num_media_ = static_cast<uint32_t>(m);
+  layout->samples = Get<uint64_t>(p + 24);
+  layout->media = Get<uint64_t>(p + 32);
+  layout->num_shards = Get<uint32_t>(p + 40);
+  layout->num_exts = Get<uint32_t>(p + 44);
+  if (layout->samples >= UINT32_MAX || layout->media >= UINT32_MAX) {
+    return Damaged(origin_, "sample count out of range");
+  }
+  num_samples_ = static_cast<uint32_t>(layout->samples);
+  num_media_ = static_cast<uint32_t>(layout->media);
+  return absl::OkStatus();
+}
 
-  absl::flat_hash_map<uint32_t, std::pair<const char*, uint64_t>> sections;
-  for (uint32_t i = 0; i < num_sections; ++i) {
+// Each section inside the file, aligned, with its checksum.
+absl::Status Index::ReadSections(Layout* layout) {
+  const char* p = data_.get();
+  for (uint32_t i = 0; i < layout->num_sections; ++i) {
     const char* e = p + kHeaderBytes + i * kSectionEntryBytes;
     const uint32_t tag = Get<uint32_t>(e);
     const uint32_t scrc = Get<uint32_t>(e + 4);
     const uint64_t off = Get<uint64_t>(e + 8);
     const uint64_t bytes = Get<uint64_t>(e + 16);
-    if (off % 8 != 0 || off < table_end || off > size_ || bytes > size_ - off) {
+    if (off % 8 != 0 || off < layout->table_end || off > size_ || bytes > size_ - off) {
       return Damaged(origin_, absl::StrCat("section ", TagName(tag), " lies outside the file"));
     }
     if (Crc32cExtend(0, p + off, bytes) != scrc) {
       return Damaged(origin_, absl::StrCat("section ", TagName(tag), " checksum mismatch"));
     }
-    sections[tag] = {p + off, bytes};
+    layout->sections[tag] = {p + off, bytes};
   }
-  // Every byte outside the header, the table and the sections is padding and
-  // must be zero, so that no byte of the file goes unchecked.
-  std::vector<std::pair<uint64_t, uint64_t>> spans = {{0, table_end}};
-  for (const auto& [tag, s] : sections) {
+  return absl::OkStatus();
+}
+
+// Every byte outside the header, the table and the sections is padding and
+// must be zero, so that no byte of the file goes unchecked.
+absl::Status Index::CheckPadding(const Layout& layout) const {
+  const char* p = data_.get();
+  std::vector<std::pair<uint64_t, uint64_t>> spans = {{0, layout.table_end}};
+  for (const auto& [tag, s] : layout.sections) {
     spans.emplace_back(s.first - p, s.first - p + s.second);
   }
   std::sort(spans.begin(), spans.end());
   uint64_t covered = 0;
+  spans.emplace_back(size_, size_);  // the tail after the last section
   for (const auto& [begin, end] : spans) {
     if (begin < covered) return Damaged(origin_, "sections overlap");
     for (uint64_t i = covered; i < begin; ++i) {
@@ -177,12 +214,14 @@ absl::Status Index::Parse() {
     }
     covered = end;
   }
-  for (uint64_t i = covered; i < size_; ++i) {
-    if (p[i] != 0) return Damaged(origin_, absl::StrCat("stray byte at offset ", i));
-  }
+  return absl::OkStatus();
+}
+
+// The per-sample arrays, each section of the size the counts require.
+absl::Status Index::BindSections(const Layout& layout) {
   auto section = [&](uint32_t tag, uint64_t want, const char** out) -> absl::Status {
-    auto it = sections.find(tag);
-    if (it == sections.end()) {
+    auto it = layout.sections.find(tag);
+    if (it == layout.sections.end()) {
       return Damaged(origin_, absl::StrCat("section ", TagName(tag), " is missing"));
     }
     if (want != UINT64_MAX && it->second.second != want) {
@@ -192,11 +231,11 @@ absl::Status Index::Parse() {
     *out = it->second.first;
     return absl::OkStatus();
   };
+  const uint64_t n = layout.samples;
   const char *strs, *shrd, *exts, *meta, *tref, *tsiz, *ttok, *koff, *mbeg, *keys, *medi;
   RETURN_IF_ERROR(section(kStrs, UINT64_MAX, &strs));
-  const uint64_t strs_bytes = sections[kStrs].second;
-  RETURN_IF_ERROR(section(kShrd, uint64_t{num_shards} * sizeof(ShardRecord), &shrd));
-  RETURN_IF_ERROR(section(kExts, uint64_t{num_exts} * sizeof(StringRecord), &exts));
+  RETURN_IF_ERROR(section(kShrd, uint64_t{layout.num_shards} * sizeof(ShardRecord), &shrd));
+  RETURN_IF_ERROR(section(kExts, uint64_t{layout.num_exts} * sizeof(StringRecord), &exts));
   RETURN_IF_ERROR(section(kMeta, UINT64_MAX, &meta));
   RETURN_IF_ERROR(section(kTref, n * 8, &tref));
   RETURN_IF_ERROR(section(kTsiz, n * 4, &tsiz));
@@ -204,9 +243,8 @@ absl::Status Index::Parse() {
   RETURN_IF_ERROR(section(kKoff, (n + 1) * 4, &koff));
   RETURN_IF_ERROR(section(kMbeg, (n + 1) * 4, &mbeg));
   RETURN_IF_ERROR(section(kKeys, UINT64_MAX, &keys));
-  RETURN_IF_ERROR(section(kMedi, m * sizeof(MediaRecord), &medi));
-  keys_bytes_ = sections[kKeys].second;
-
+  RETURN_IF_ERROR(section(kMedi, layout.media * sizeof(MediaRecord), &medi));
+  keys_bytes_ = layout.sections.at(kKeys).second;
   text_ref_ = reinterpret_cast<const uint64_t*>(tref);
   text_size_ = reinterpret_cast<const uint32_t*>(tsiz);
   text_tokens_ = reinterpret_cast<const uint32_t*>(ttok);
@@ -214,15 +252,23 @@ absl::Status Index::Parse() {
   media_begin_ = reinterpret_cast<const uint32_t*>(mbeg);
   keys_ = keys;
   media_ = reinterpret_cast<const MediaRecord*>(medi);
+  return absl::OkStatus();
+}
 
-  auto string_at = [&](uint32_t off, uint32_t len, std::string* out) -> absl::Status {
+// The shard and extension tables (names from the string table) and the
+// metadata lines.
+absl::Status Index::ReadTables(const Layout& layout) {
+  const auto& [strs, strs_bytes] = layout.sections.at(kStrs);
+  auto string_at = [&, strs = strs, strs_bytes = strs_bytes](uint32_t off, uint32_t len,
+                                                             std::string* out) -> absl::Status {
     if (uint64_t{off} + len > strs_bytes) return Damaged(origin_, "string table out of range");
     out->assign(strs + off, len);
     return absl::OkStatus();
   };
-  shards_.resize(num_shards);
-  shard_starts_.resize(num_shards);
-  for (uint32_t i = 0; i < num_shards; ++i) {
+  const char* shrd = layout.sections.at(kShrd).first;
+  shards_.resize(layout.num_shards);
+  shard_starts_.resize(layout.num_shards);
+  for (uint32_t i = 0; i < layout.num_shards; ++i) {
     const auto rec = Get<ShardRecord>(shrd + i * sizeof(ShardRecord));
     IndexShard& s = shards_[i];
     RETURN_IF_ERROR(string_at(rec.name_off, rec.name_len, &s.name));
@@ -233,12 +279,14 @@ absl::Status Index::Parse() {
     shard_starts_[i] = rec.first_sample;
     dataset_bytes_ += rec.size;
   }
-  exts_.resize(num_exts);
-  for (uint32_t i = 0; i < num_exts; ++i) {
+  const char* exts = layout.sections.at(kExts).first;
+  exts_.resize(layout.num_exts);
+  for (uint32_t i = 0; i < layout.num_exts; ++i) {
     const auto rec = Get<StringRecord>(exts + i * sizeof(StringRecord));
     RETURN_IF_ERROR(string_at(rec.off, rec.len, &exts_[i]));
+    if (!IsValidUtf8(exts_[i])) return Damaged(origin_, "a member extension is not UTF-8");
   }
-  const uint64_t meta_bytes = sections[kMeta].second;
+  const auto& [meta, meta_bytes] = layout.sections.at(kMeta);
   for (absl::string_view line :
        absl::StrSplit(absl::string_view(meta, meta_bytes), '\n', absl::SkipEmpty())) {
     const size_t eq = line.find('=');
@@ -261,6 +309,11 @@ absl::Status Index::Validate() {
   }
   uint64_t expect_first = 0;
   for (const IndexShard& s : shards_) {
+    // A shard name is opened under the source directory: it must stay inside
+    // it, and travel in plans (protobuf strings, UTF-8).
+    if (absl::Status bad = CheckRelativeName(s.name, "shard"); !bad.ok()) {
+      return Damaged(origin_, bad.message());
+    }
     if (s.first_sample != expect_first) return Damaged(origin_, "shard table is not contiguous");
     expect_first += s.num_samples;
   }
@@ -270,6 +323,9 @@ absl::Status Index::Validate() {
     while (shard + 1 < shards_.size() && shards_[shard + 1].first_sample <= s) ++shard;
     if (key_off_[s + 1] < key_off_[s] || media_begin_[s + 1] < media_begin_[s]) {
       return Damaged(origin_, absl::StrCat("sample ", s, " has a bad key or media range"));
+    }
+    if (!IsValidUtf8(key(s))) {
+      return Damaged(origin_, absl::StrCat("sample ", s, " has a key that is not UTF-8"));
     }
     const uint64_t shard_size = shards_.empty() ? 0 : shards_[shard].size;
     const MemberKind tk = text_kind(s);
@@ -381,6 +437,7 @@ void IndexWriter::Reserve(uint64_t samples, uint64_t media, uint64_t key_bytes) 
 }
 
 absl::Status IndexWriter::AddShard(const std::string& name, uint64_t size, uint32_t crc32c) {
+  RETURN_IF_ERROR(CheckRelativeName(name, "shard"));
   IndexShard s;
   s.name = name;
   s.size = size;
@@ -407,6 +464,10 @@ absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
   if (shards_.empty()) return absl::FailedPreconditionError("AddSample before AddShard");
   if (text == nullptr && media.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("sample '", key, "' has no members"));
+  }
+  if (!IsValidUtf8(key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample key '", absl::CHexEscape(key), "' is not valid UTF-8"));
   }
   if (text_tokens_.size() >= UINT32_MAX - 1 || media_.size() + media.size() >= UINT32_MAX ||
       keys_.size() + key.size() >= UINT32_MAX) {

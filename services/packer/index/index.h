@@ -154,8 +154,15 @@ class Index {
   static_assert(sizeof(MediaRecord) == 16);
 
  private:
+  struct Layout;
   Index() = default;
+  // Parse's stages, in order.
   absl::Status Parse();
+  absl::Status ParseHeader(Layout* layout);
+  absl::Status ReadSections(Layout* layout);
+  absl::Status CheckPadding(const Layout& layout) const;
+  absl::Status BindSections(const Layout& layout);
+  absl::Status ReadTables(const Layout& layout);
   absl::Status Validate();
 
   std::unique_ptr<char[]> data_;

@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
@@ -37,6 +38,7 @@ struct ShardResult {
   uint32_t crc32c = 0;
   std::vector<SampleOut> samples;
   std::map<std::string, uint64_t> skipped;
+  std::map<std::string, uint64_t> skipped_members;
   std::vector<std::string> examples;
   uint64_t ignored = 0;
 };
@@ -50,6 +52,7 @@ struct RawMember {
 struct Group {
   std::string key;
   std::vector<RawMember> members;
+  std::string bad_name;  // a member whose name is not UTF-8 (escaped), if any
 };
 
 // Sort key for image/audio extensions: "jpg" < "0.jpg" < "1.png" < "10.webp".
@@ -66,12 +69,19 @@ class ShardScanner {
 
   ShardResult Scan(const std::string& path) {
     ShardResult r;
+    // Its name travels in every plan: a relative UTF-8 path under --source.
+    r.status = CheckRelativeName(rel_, "shard");
+    if (!r.status.ok()) return r;
     auto file = OpenLocalFile(path);
     if (!file.ok()) {
       r.status = file.status();
       return r;
     }
     r.size = (*file)->size();
+    if (r.size == 0) {
+      r.status = absl::DataLossError("empty file (0 bytes); re-copy the shard from its source");
+      return r;
+    }
     // crc32c of the whole shard (the stager verifies staged copies with it).
     std::string buf(std::min<uint64_t>(r.size, 4 << 20), '\0');
     uint32_t crc = 0;
@@ -86,18 +96,35 @@ class ShardScanner {
 
     std::vector<Group> groups;
     absl::flat_hash_map<std::string, size_t> by_key;
-    r.status = ForEachTarMember(**file, [&](const TarMember& m) {
-      auto [key, ext] = SplitWebDatasetName(m.name);
-      if (ext.empty() || key.empty()) {
-        ++r.ignored;
-        return absl::OkStatus();
-      }
-      auto [it, inserted] = by_key.try_emplace(std::string(key), groups.size());
-      if (inserted) groups.push_back(Group{std::string(key), {}});
-      groups[it->second].members.push_back(RawMember{std::string(ext), m.data_offset, m.size});
-      return absl::OkStatus();
-    });
+    uint64_t members = 0;
+    r.status = ForEachTarMember(
+        **file,
+        [&](const TarMember& m) {
+          ++members;
+          auto [key, ext] = SplitWebDatasetName(m.name);
+          if (ext.empty() || key.empty()) {
+            ++r.ignored;
+            return absl::OkStatus();
+          }
+          auto [it, inserted] = by_key.try_emplace(std::string(key), groups.size());
+          if (inserted) groups.push_back(Group{std::string(key), {}, {}});
+          Group& g = groups[it->second];
+          if (!IsValidUtf8(m.name) && g.bad_name.empty()) g.bad_name = absl::CHexEscape(m.name);
+          g.members.push_back(RawMember{std::string(ext), m.data_offset, m.size});
+          return absl::OkStatus();
+        },
+        [&](const TarMember& m, absl::string_view why) {
+          ++members;
+          ++r.skipped_members["link"];
+          if (r.examples.size() < 8) {
+            r.examples.push_back(absl::StrCat(rel_, ": member ", absl::CHexEscape(m.name), " is ", why));
+          }
+        });
     if (!r.status.ok()) return r;
+    if (members == 0) {
+      r.status = absl::DataLossError("a tar archive with no members");
+      return r;
+    }
     for (Group& g : groups) ScanSample(**file, &g, &r);
     return r;
   }
@@ -106,7 +133,9 @@ class ShardScanner {
   void Skip(ShardResult* r, const std::string& key, const std::string& reason,
             const std::string& detail) {
     ++r->skipped[reason];
-    if (r->examples.size() < 8) r->examples.push_back(absl::StrCat(rel_, ":", key, ": ", detail));
+    if (r->examples.size() < 8) {
+      r->examples.push_back(absl::StrCat(rel_, ":", absl::CHexEscape(key), ": ", detail));
+    }
   }
 
   // Reads enough of a member to parse its header (growing for JPEGs whose
@@ -125,6 +154,11 @@ class ShardScanner {
   }
 
   void ScanSample(const RandomAccessFile& f, Group* g, ShardResult* r) {
+    if (!g->bad_name.empty()) {
+      return Skip(r, g->key, "bad_name",
+                  absl::StrCat("member name '", g->bad_name,
+                               "' is not valid UTF-8 (names travel in protobuf strings); rename it"));
+    }
     SampleOut s;
     s.key = g->key;
     const RawMember* json = nullptr;
@@ -199,7 +233,7 @@ class ShardScanner {
       }
       auto bytes = f.ReadString(json->offset, json->size);
       if (!bytes.ok()) return Skip(r, g->key, "read_error", std::string(bytes.status().message()));
-      auto tokens = JsonTokenCount(*bytes, o_.bytes_per_token);
+      auto tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size);
       if (tokens.ok()) {
         s.text_tokens = *tokens;
         have_tokens = true;
@@ -249,14 +283,18 @@ absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir) {
         absl::StrCat(dir, " is not a directory; --source takes the directory holding the shards"));
   }
   std::vector<std::string> out;
+  fs::path base = fs::path(dir).lexically_normal();
+  if (base.filename().empty()) base = base.parent_path();  // "data/" -> "data"
   fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
   for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (ec)
       return absl::PermissionDeniedError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
     const fs::path& p = it->path();
+    // The name as found under `dir`, symbolic links not resolved: the
+    // stager opens the same path under its --source.
     if (p.extension() == ".tar" && it->is_regular_file(ec)) {
-      out.push_back(fs::relative(p, dir, ec).generic_string());
+      out.push_back(p.lexically_normal().lexically_relative(base).generic_string());
     }
   }
   std::sort(out.begin(), out.end());
@@ -308,13 +346,13 @@ absl::StatusOr<std::string> BuildIndex(
         const std::string why = std::string(r.status.message());
         if (!options.skip_bad_shards) {
           failure = absl::Status(r.status.code(),
-                                 absl::StrCat("shard ", rel, " is unusable: ", why,
+                                 absl::StrCat("shard ", absl::CHexEscape(rel), " is unusable: ", why,
                                               " (re-copy or rebuild it, or pass --skip-bad-shards "
                                               "to index the other shards)"));
           stop = true;
           return;
         }
-        rep.bad_shards.push_back(absl::StrCat(rel, ": ", why));
+        rep.bad_shards.push_back(absl::StrCat(absl::CHexEscape(rel), ": ", why));
         continue;
       }
       absl::Status s = writer.AddShard(rel, r.size, r.crc32c);
@@ -337,6 +375,7 @@ absl::StatusOr<std::string> BuildIndex(
       rep.bytes += r.size;
       rep.ignored_members += r.ignored;
       for (const auto& [k, v] : r.skipped) rep.skipped[k] += v;
+      for (const auto& [k, v] : r.skipped_members) rep.skipped_members[k] += v;
       for (auto& e : r.examples) {
         if (rep.skipped_examples.size() < 16) rep.skipped_examples.push_back(std::move(e));
       }

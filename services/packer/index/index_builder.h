@@ -33,6 +33,9 @@ struct IndexBuildOptions {
   // Largest text member read whole (bigger: skipped as "text_too_large").
   // Default 64 MiB.
   uint64_t max_text_bytes = 64ull << 20;
+  // Token ids in k.json's input_ids must lie in [0, vocab_size) (else the
+  // sample is skipped as "bad_json", named). 0 (default): [0, 2^31).
+  uint64_t vocab_size = 0;
 };
 
 struct IndexBuildProgress {
@@ -54,16 +57,21 @@ struct IndexBuildReport {
   uint64_t bytes = 0;
   uint64_t ignored_members = 0;               // extensions the index does not use
   std::map<std::string, uint64_t> skipped;    // reason -> samples
-  std::vector<std::string> skipped_examples;  // first few "shard:key: why"
-  std::vector<std::string> bad_shards;        // "name: why"
+  std::map<std::string, uint64_t> skipped_members;  // reason -> tar members not read ("link")
+  std::vector<std::string> skipped_examples;  // first few "shard:key: why" (names escaped)
+  std::vector<std::string> bad_shards;        // "name: why": unreadable, truncated, corrupt,
+                                              // empty, no members, a name that is not UTF-8
 };
 
-// Lists the .tar shards under dir, relative paths sorted. NOT_FOUND when the
-// directory does not exist, FAILED_PRECONDITION when it holds no shard.
+// Lists the .tar shards under dir, relative paths sorted, each as found
+// under dir (a symbolic link keeps its own name, not its target's). NOT_FOUND
+// when the directory does not exist, FAILED_PRECONDITION when it holds no
+// shard.
 absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir);
 
 // Builds the serialized index. `progress` (may be empty) is called from the
-// worker threads, serialized, after every shard.
+// worker threads, serialized, after every shard. The report is filled in
+// even when the build fails (e.g. every shard bad), so the reasons can be shown.
 absl::StatusOr<std::string> BuildIndex(
     const IndexBuildOptions& options, IndexBuildReport* report,
     const std::function<void(const IndexBuildProgress&)>& progress);

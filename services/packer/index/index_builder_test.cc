@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <opencv2/core.hpp>
@@ -193,6 +195,113 @@ TEST_F(IndexBuilderTest, BadShardsAreSkippedOrFail) {
   ASSERT_FALSE(strict.ok());
   EXPECT_NE(strict.status().message().find("1-truncated.tar"), std::string::npos);
   EXPECT_NE(strict.status().message().find("--skip-bad-shards"), std::string::npos);
+}
+
+TEST_F(IndexBuilderTest, ZeroByteShardAndLinkMembersAreCountedWithAReason) {
+  TarWriter good;
+  good.Add("a.json", Ids(4));
+  good.Add("b.json", Ids(4));
+  std::string tar = good.Finish();
+  // Make b.json a symbolic link (valid checksum): it is not read, but counted.
+  char* h = tar.data() + 1024;
+  h[156] = '2';
+  std::strcpy(h + 157, "a.json");
+  std::memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(h[i]);
+  std::snprintf(h + 148, 8, "%06o", sum);
+  Write("0-links.tar", tar);
+  Write("1-empty.tar", "");
+  IndexBuildReport report;
+  auto index = Build(&report);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ((*index)->num_samples(), 1u);
+  EXPECT_EQ(report.skipped_members["link"], 1u);
+  bool named = false;
+  for (const auto& e : report.skipped_examples) {
+    named |= e.find("0-links.tar: member b.json is a symbolic link") != std::string::npos;
+  }
+  EXPECT_TRUE(named);
+  ASSERT_EQ(report.bad_shards.size(), 1u);
+  EXPECT_NE(report.bad_shards[0].find("1-empty.tar: empty file (0 bytes)"), std::string::npos)
+      << report.bad_shards[0];
+  EXPECT_EQ(report.shards_indexed, 1u);
+}
+
+TEST_F(IndexBuilderTest, NonUtf8NamesAreRefusedWithTheNameEscaped) {
+  TarWriter t;
+  t.Add("good.json", Ids(3));
+  t.Add(std::string("caf\xE9.json"), Ids(3));  // Latin-1, not UTF-8
+  Write("s.tar", t.Finish());
+  TarWriter u;
+  u.Add("other.json", Ids(3));
+  Write(std::string("bad\xFFname.tar"), u.Finish());
+  IndexBuildReport report;
+  auto index = Build(&report);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ((*index)->num_samples(), 1u);
+  EXPECT_EQ((*index)->key(0), "good");
+  EXPECT_EQ(report.skipped["bad_name"], 1u);
+  ASSERT_FALSE(report.skipped_examples.empty());
+  EXPECT_NE(report.skipped_examples[0].find("caf\\xe9"), std::string::npos)
+      << report.skipped_examples[0];
+  ASSERT_EQ(report.bad_shards.size(), 1u);
+  EXPECT_NE(report.bad_shards[0].find("bad\\xffname.tar"), std::string::npos) << report.bad_shards[0];
+  EXPECT_NE(report.bad_shards[0].find("UTF-8"), std::string::npos);
+}
+
+TEST_F(IndexBuilderTest, SymlinkedShardsKeepTheNameFoundUnderSource) {
+  TarWriter t;
+  t.Add("a.json", Ids(3));
+  const fs::path real = fs::path(dir_).parent_path() / (fs::path(dir_).filename().string() + "-real");
+  fs::create_directories(real);
+  std::ofstream(real / "shard-000001.tar", std::ios::binary) << t.Finish();
+  fs::create_directories(dir_ + "/data");
+  fs::create_symlink(real / "shard-000001.tar", dir_ + "/data/shard-000001.tar");
+  IndexBuildReport report;
+  IndexBuildOptions o;
+  o.source_dir = dir_ + "/";  // a trailing slash changes nothing
+  auto bytes = BuildIndex(o, &report, nullptr);
+  fs::remove_all(real);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto index = Index::FromString(*bytes, "l.idx");
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ((*index)->shards().size(), 1u);
+  EXPECT_EQ((*index)->shards()[0].name, "data/shard-000001.tar");
+}
+
+TEST_F(IndexBuilderTest, BadInputIdsSkipTheSampleNamingIt) {
+  TarWriter t;
+  t.Add("ok.json", Ids(3));
+  t.Add("str.json", R"({"input_ids": "abc"})");
+  t.Add("str.jpg", Encode(".jpg", 64, 64));  // a VL sample: its caption must not vanish
+  t.Add("mixed.json", R"({"input_ids": [-5, 99999999999999, 3.5]})");
+  t.Add("big.json", R"({"input_ids": [1, 200000]})");
+  Write("s.tar", t.Finish());
+  IndexBuildReport report;
+  IndexBuildOptions o;
+  o.source_dir = dir_;
+  o.vocab_size = 151936;
+  auto bytes = BuildIndex(o, &report, nullptr);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(report.samples, 1u);
+  EXPECT_EQ(report.skipped["bad_json"], 3u);
+  std::string all;
+  for (const auto& e : report.skipped_examples) all += e + "\n";
+  EXPECT_NE(all.find("s.tar:str: str.json: \"input_ids\" is not a list"), std::string::npos) << all;
+  EXPECT_NE(all.find("s.tar:mixed: mixed.json: input_ids[0] is -5"), std::string::npos) << all;
+  EXPECT_NE(all.find("s.tar:big: big.json: input_ids[1] is 200000, outside the vocabulary [0, 151936)"),
+            std::string::npos)
+      << all;
+}
+
+TEST_F(IndexBuilderTest, OnlyBadShardsStillReportEveryReason) {
+  Write("a.tar", std::string(2048, 'j'));
+  Write("b.tar", "");
+  IndexBuildReport report;
+  auto index = Build(&report);
+  ASSERT_FALSE(index.ok());
+  EXPECT_EQ(report.bad_shards.size(), 2u);  // what `tutti index` prints above the error
 }
 
 TEST_F(IndexBuilderTest, MissingOrEmptySource) {

@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <cstring>
+
+#include "common/crc32c.h"
+
 #include "gtest/gtest.h"
 #include "services/packer/bench/synthetic.h"
 
@@ -74,6 +78,45 @@ TEST(IndexTest, EveryFlippedByteIsRefused) {
       EXPECT_NE(index.status().message().find("bad.idx"), std::string::npos) << index.status();
     }
   }
+}
+
+// Rewrites every copy of `from` with `to` (same length) and fixes every
+// checksum, as a tool writing a damaged index on purpose would.
+std::string ResealedWith(std::string bytes, const std::string& from, const std::string& to) {
+  for (size_t at; (at = bytes.find(from)) != std::string::npos;) bytes.replace(at, from.size(), to);
+  char* p = bytes.data();
+  uint32_t sections;
+  std::memcpy(&sections, p + 12, 4);
+  for (uint32_t i = 0; i < sections; ++i) {
+    char* e = p + 64 + i * 24;
+    uint64_t off, n;
+    std::memcpy(&off, e + 8, 8);
+    std::memcpy(&n, e + 16, 8);
+    const uint32_t crc = Crc32cExtend(0, p + off, n);
+    std::memcpy(e + 4, &crc, 4);
+  }
+  uint32_t crc = Crc32cExtend(0, p, 60);
+  crc = Crc32cExtend(crc, p + 64, size_t{sections} * 24);
+  std::memcpy(p + 60, &crc, 4);
+  return bytes;
+}
+
+TEST(IndexTest, ShardNamesThatLeaveTheSourceAreRefusedAtLoad) {
+  const std::string good = SmallIndex();
+  ASSERT_TRUE(Index::FromString(ResealedWith(good, "a/000.tar", "b/000.tar"), "ok.idx").ok());
+  for (const char* bad : {"../00.tar", "/a/000.ta", "a//00.tar", "a/./0.tar"}) {  // same length
+    auto index = Index::FromString(ResealedWith(good, "a/000.tar", bad), "evil.idx");
+    ASSERT_FALSE(index.ok()) << bad;
+    EXPECT_EQ(index.status().code(), absl::StatusCode::kDataLoss) << bad;
+    EXPECT_NE(index.status().message().find("shard name"), std::string::npos) << bad << ": " << index.status();
+    EXPECT_NE(index.status().message().find("evil.idx"), std::string::npos) << index.status();
+  }
+  auto latin1 = Index::FromString(ResealedWith(good, "a/000.tar", "a/\xE9\xE9\xE9.tar"), "l.idx");
+  ASSERT_FALSE(latin1.ok());
+  EXPECT_NE(latin1.status().message().find("UTF-8"), std::string::npos) << latin1.status();
+  auto key = Index::FromString(ResealedWith(good, "longer/key-2", "longer/key\xFF\xFE"), "k.idx");
+  ASSERT_FALSE(key.ok());
+  EXPECT_NE(key.status().message().find("not UTF-8"), std::string::npos) << key.status();
 }
 
 TEST(IndexTest, WrongFilesAreRefusedWithAFix) {

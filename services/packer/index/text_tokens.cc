@@ -1,7 +1,9 @@
 #include "services/packer/index/text_tokens.h"
 
 #include <cctype>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -132,6 +134,42 @@ class JsonReader {
     return Consume(']');
   }
 
+  // Reads an array of token ids, each an integer literal in [0, limit).
+  // False with *why set (and the JSON still readable) for a bad id; false
+  // with error() set for broken JSON.
+  bool TokenIds(uint64_t limit, uint64_t* count, std::string* why) {
+    if (!Consume('[')) return false;
+    *count = 0;
+    if (Peek(']')) return Consume(']');
+    do {
+      SkipSpace();
+      const size_t start = i_;
+      bool negative = false;
+      if (i_ < s_.size() && s_[i_] == '-') negative = true, ++i_;
+      uint64_t v = 0;
+      size_t digits = 0;
+      bool overflow = false;
+      for (; i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_])); ++i_, ++digits) {
+        overflow |= v > (UINT64_MAX - 9) / 10;
+        v = v * 10 + static_cast<uint64_t>(s_[i_] - '0');
+      }
+      const bool integer = digits > 0 && !(i_ < s_.size() && (s_[i_] == '.' || s_[i_] == 'e' ||
+                                                              s_[i_] == 'E'));
+      if (!integer || negative || overflow || v >= limit) {
+        i_ = start;
+        if (!Skip(1)) return false;
+        const std::string value(s_.substr(start, std::min<size_t>(i_ - start, 40)));
+        *why = !integer ? absl::StrCat("input_ids[", *count, "] is ", value,
+                                       ", not an integer token id")
+                        : absl::StrCat("input_ids[", *count, "] is ", value,
+                                       ", outside the vocabulary [0, ", limit, ")");
+        return false;
+      }
+      ++*count;
+    } while (Peek(',') && Consume(','));
+    return Consume(']');
+  }
+
   bool Fail(absl::string_view what) {
     if (error_.empty()) error_ = absl::StrCat(what, " at byte ", i_);
     return false;
@@ -151,7 +189,9 @@ uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token) {
   return t > 4e9 ? 4000000000u : static_cast<uint32_t>(t);
 }
 
-absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token) {
+absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token,
+                                        uint64_t vocab_size) {
+  const uint64_t limit = vocab_size == 0 ? uint64_t{INT32_MAX} + 1 : vocab_size;
   JsonReader r(json);
   if (!r.Consume('{')) return absl::DataLossError("not a JSON object");
   bool have_ids = false, have_count = false, have_text = false;
@@ -161,8 +201,16 @@ absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per
     do {
       std::string key;
       if (!r.String(&key, nullptr) || !r.Consume(':')) break;
-      if (key == "input_ids" && r.Peek('[')) {
-        if (!r.Array(0, &ids)) break;
+      if (key == "input_ids") {
+        if (!r.Peek('[')) {
+          return absl::DataLossError(
+              "\"input_ids\" is not a list of token ids (pre-tokenise the dataset)");
+        }
+        std::string why;
+        if (!r.TokenIds(limit, &ids, &why)) {
+          if (!why.empty()) return absl::DataLossError(why);
+          break;
+        }
         have_ids = true;
       } else if ((key == "num_tokens" || key == "token_count") && !have_count && !r.Peek('"') &&
                  !r.Peek('{') && !r.Peek('[')) {

@@ -1,6 +1,7 @@
 // Text token counts of WebDataset text members, without a tokenizer.
 //
-//   k.json: the length of its top-level "input_ids" array (pre-tokenised), or
+//   k.json: the length of its top-level "input_ids" array (pre-tokenised,
+//           every element checked to be a token id), or
 //           else its integer "num_tokens" or "token_count" field, or else an
 //           estimate from the byte length of its "text" string.
 //   k.txt:  an estimate from the byte length: ceil(bytes / bytes_per_token).
@@ -23,8 +24,11 @@ inline constexpr double kDefaultBytesPerToken = 4.0;
 uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token);
 
 // Parses a JSON document (the whole k.json member). DATA_LOSS when it is not
-// valid JSON or not an object; NOT_FOUND when it has none of the fields above.
-absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token);
+// valid JSON or not an object, or when "input_ids" is not a list of integer
+// token ids in [0, vocab_size) (0: [0, 2^31), what an int32 batch holds),
+// naming the first bad element; NOT_FOUND when it has none of the fields above.
+absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token,
+                                        uint64_t vocab_size = 0);
 
 }  // namespace tutti::packer
 

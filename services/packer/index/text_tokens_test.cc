@@ -23,6 +23,28 @@ TEST(TextTokensTest, CountFieldsAndTextEstimate) {
   EXPECT_EQ(EstimateTextTokens(4001, 4), 1001u);
 }
 
+TEST(TextTokensTest, InputIdsMustBeTokenIds) {
+  // Not a list: refused, not counted as 0 tokens (the caption would vanish).
+  auto text = JsonTokenCount(R"({"input_ids": "abc"})", 4);
+  ASSERT_EQ(text.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(text.status().message().find("not a list"), std::string::npos);
+  // Each element an integer in [0, vocab): the first bad one named.
+  for (auto [json, what] :
+       {std::pair{R"({"input_ids": [-5, 1]})", "input_ids[0] is -5, outside"},
+        {R"({"input_ids": [1, 99999999999999]})", "input_ids[1] is 99999999999999, outside"},
+        {R"({"input_ids": [1, 2, 3.5]})", "input_ids[2] is 3.5, not an integer"},
+        {R"({"input_ids": [1, "7"]})", "input_ids[1] is \"7\", not an integer"},
+        {R"({"input_ids": [1, 2e3]})", "input_ids[1] is 2e3, not an integer"}}) {
+    auto n = JsonTokenCount(json, 4);
+    ASSERT_EQ(n.status().code(), absl::StatusCode::kDataLoss) << json;
+    EXPECT_NE(n.status().message().find(what), std::string::npos) << n.status();
+  }
+  EXPECT_EQ(*JsonTokenCount(R"({"input_ids": [0, 151935]})", 4, 151936), 2u);
+  auto past = JsonTokenCount(R"({"input_ids": [0, 151936]})", 4, 151936);
+  ASSERT_EQ(past.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(past.status().message().find("[0, 151936)"), std::string::npos) << past.status();
+}
+
 TEST(TextTokensTest, BadJson) {
   for (const char* bad :
        {"", "[1,2]", "{", R"({"input_ids": [1, 2)", R"({"a": tru})", R"({"num_tokens": -3})",

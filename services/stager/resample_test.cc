@@ -1,0 +1,105 @@
+#include "services/stager/resample.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace tutti::stager {
+namespace {
+
+cv::Mat Noise(int h, int w, uint32_t seed) {
+  cv::Mat img(h, w, CV_8UC3);
+  std::mt19937 rng(seed);
+  for (int y = 0; y < h; ++y) {
+    uint8_t* p = img.ptr<uint8_t>(y);
+    for (int i = 0; i < 3 * w; ++i) p[i] = static_cast<uint8_t>(rng());
+  }
+  return img;
+}
+
+cv::Mat Checkerboard(int h, int w) {
+  cv::Mat img(h, w, CV_8UC3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      const uint8_t v = (x + y) % 2 ? 255 : 0;
+      img.at<cv::Vec3b>(y, x) = cv::Vec3b(v, v, v);
+    }
+  }
+  return img;
+}
+
+TEST(ResampleTest, FilterWeightsSumToOneAndWidenWhenShrinking) {
+  for (auto [in, out] : {std::pair{100, 100}, {100, 37}, {37, 100}, {5120, 1316}, {2880, 2884}}) {
+    const AxisFilter f = MakeBicubicFilter(in, out);
+    ASSERT_EQ(f.out_size, out);
+    for (int x = 0; x < out; ++x) {
+      int sum = 0;
+      for (int t = 0; t < f.taps; ++t) sum += f.weights[x * f.taps + t];
+      EXPECT_EQ(sum, 1 << f.precision) << in << "->" << out << " at " << x;
+      EXPECT_GE(f.first[x], 0);
+      EXPECT_LE(f.first[x] + f.count[x], in);
+    }
+    // Shrinking, the kernel covers 4 input samples times the shrink factor;
+    // otherwise at most 4 (1 where input and output samples coincide).
+    const double stretch = double(in) / out;
+    if (stretch > 1) {
+      EXPECT_LE(f.count[out / 2], static_cast<int>(std::ceil(4 * stretch)) + 1);
+      EXPECT_GE(f.count[out / 2], static_cast<int>(std::floor(4 * stretch)) - 1);
+    } else {
+      EXPECT_LE(f.count[out / 2], 4);
+    }
+  }
+}
+
+TEST(ResampleTest, SimdAndPortableLoopsGiveTheSameBytes) {
+  uint32_t seed = 1;
+  for (auto [h, w, oh, ow] : {std::array{57, 91, 28, 56}, {300, 200, 84, 56}, {64, 64, 140, 168},
+                              {97, 131, 96, 132}, {480, 270, 112, 224}, {29, 500, 56, 28},
+                              {1000, 17, 28, 28}}) {
+    const cv::Mat src = Noise(h, w, seed++);
+    for (ResampleOrder order : {ResampleOrder::kHorizontalFirst, ResampleOrder::kVerticalFirst,
+                                ResampleOrder::kCheapest}) {
+      cv::Mat fast, slow;
+      ResampleBicubic(src, oh, ow, &fast, {order, true});
+      ResampleBicubic(src, oh, ow, &slow, {order, false});
+      ASSERT_EQ(fast.rows, oh);
+      ASSERT_EQ(fast.cols, ow);
+      EXPECT_EQ(cv::norm(fast, slow, cv::NORM_INF), 0)
+          << w << "x" << h << " -> " << ow << "x" << oh << " order " << static_cast<int>(order);
+    }
+  }
+}
+
+TEST(ResampleTest, FlatStaysFlatAndSameSizeIsUntouched) {
+  cv::Mat flat(123, 77, CV_8UC3, cv::Scalar(13, 200, 255));
+  for (auto [oh, ow] : {std::pair{28, 28}, {300, 140}, {123, 56}}) {
+    cv::Mat out;
+    ResampleBicubic(flat, oh, ow, &out);
+    cv::Mat expect(oh, ow, CV_8UC3, cv::Scalar(13, 200, 255));
+    EXPECT_EQ(cv::norm(out, expect, cv::NORM_INF), 0) << ow << "x" << oh;
+  }
+  const cv::Mat noise = Noise(56, 84, 7);
+  cv::Mat same;
+  ResampleBicubic(noise, 56, 84, &same);
+  EXPECT_EQ(cv::norm(noise, same, cv::NORM_INF), 0);
+}
+
+TEST(ResampleTest, OnePixelCheckerboardShrunkComesOutGrey) {
+  // The filter widens with the shrink factor, so the finest texture there
+  // is averages out instead of aliasing into a moire.
+  const cv::Mat board = Checkerboard(840, 1120);
+  for (double shrink : {2.0, 2.5, 3.0, 3.5, 4.0}) {
+    const int oh = static_cast<int>(840 / shrink) / 28 * 28, ow = static_cast<int>(1120 / shrink) / 28 * 28;
+    cv::Mat out;
+    ResampleBicubic(board, oh, ow, &out);
+    double lo, hi;
+    cv::minMaxLoc(out.reshape(1), &lo, &hi);
+    EXPECT_GE(lo, 127.5 - 8) << shrink;
+    EXPECT_LE(hi, 127.5 + 8) << shrink;
+  }
+}
+
+}  // namespace
+}  // namespace tutti::stager
