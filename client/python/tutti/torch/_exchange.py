@@ -422,14 +422,14 @@ class MpiTransport(_Transport):
                    recv_bytes):
         # The C++ transport reads and writes every item in place (its own agreement).
         rb = src.shape[1] * src.element_size()
-        self.impl.exchange_items(batch._layout.plan, direction, self._bytes(src),
+        self.impl.exchange_items(batch._layout.plan_bytes, direction, self._bytes(src),
                                  self._offsets(send_items, rb), self._bytes(dst),
                                  self._offsets(recv_items, rb), step=batch.step,
                                  world_size=batch.world_size)
 
     def move(self, batch, direction, send, recv, send_rows, recv_rows):
         f = self.impl.exchange if direction == "forward" else self.impl.exchange_backward
-        f(batch._layout.plan, self._bytes(send), self._bytes(recv), step=batch.step,
+        f(batch._layout.plan_bytes, self._bytes(send), self._bytes(recv), step=batch.step,
           world_size=batch.world_size)
 
 
