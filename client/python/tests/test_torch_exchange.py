@@ -38,6 +38,16 @@ class ExchangeTest(unittest.TestCase):
         self.assertEqual(rc, 0, out[-3000:])
         self.assertEqual(len(re.findall(r"OK rank \d: 30 random steps", out)), 4, out[-3000:])
 
+    def test_images_skipped_on_their_encoding_rank_are_masked_where_they_land(self):
+        for launcher in ("torchrun", "mpirun"):
+            with self.subTest(launcher=launcher):
+                rc, out = run(launcher, ["skipped", "--steps", "12"])
+                self.assertEqual(rc, 0, out[-3000:])
+                self.assertEqual(len(re.findall(r"OK rank \d: 12 steps with skipped images", out)),
+                                 4, out[-3000:])
+                masked = [int(n) for n in re.findall(r"skipped images, (\d+) documents", out)]
+                self.assertGreater(sum(masked), 0, out[-3000:])  # the case occurred
+
     def results(self, launcher, case, timeout_s=10):
         rc, out = run(launcher, ["bad", "--case", case, "--timeout", str(timeout_s)], timeout=300)
         rows = re.findall(r"RESULT " + case + r" (\S+) ([\d.]+)s (.*)", out)

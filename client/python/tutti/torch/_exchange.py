@@ -200,6 +200,48 @@ def exchange(x, batch):
     return _ExchangeFn.apply(leaf, state)
 
 
+def share_skipped_images(batch):
+    """Tells every LLM rank which images it receives stand in for a skipped one.
+
+    Under post-balancing an image is often encoded on another rank than the one whose
+    documents hold it; when that rank's stager skipped its sample (a substitute or a
+    placeholder fills the planned shape), only that rank's batch says so. Every rank sends
+    each peer one byte per exchange item it sends it (1: skipped), so that the LLM rank masks
+    those documents' labels as the encoding rank would (LabelOptions.mask_skipped): the same
+    labels with post-balancing on as off. Collective: every rank calls it for every batch
+    (tutti.torch.Loader does, before yielding it). A no-op without post-balancing."""
+    transport = batch._transport
+    L = batch._layout
+    if transport is None or L.world_size == 1 or not L.post_balancing:
+        return
+    me = batch.rank
+    ex = L.plan.get("exchange") or {}
+
+    def by_peer(transfers):
+        out = {}
+        for t in transfers or []:
+            p = int(t["peer"])
+            if p != me:
+                out.setdefault(p, []).extend(t["items"])
+        return out
+
+    sends, recvs = by_peer(ex.get("sends")), by_peer(ex.get("recvs"))
+
+    def skipped(item):
+        key = (int(item["sample_id"]), int(item.get("index") or 0))
+        return key[0] in L.skipped_samples or (
+            item.get("encoder") == "ENCODER_VISION" and key not in L.enc_rows)
+
+    flags = {p: np.array([skipped(it) for it in items], np.uint8) for p, items in sends.items()}
+    if not transport.share_flags(batch, flags, {p: len(v) for p, v in recvs.items()}, None):
+        return
+    arrived = transport.share_flags(batch, flags, {p: len(v) for p, v in recvs.items()}, True)
+    for p, items in recvs.items():
+        for item, flag in zip(items, arrived[p]):
+            if flag:
+                L.skipped_elsewhere.add((int(item["sample_id"]), int(item.get("index") or 0)))
+
+
 # ---- transports -------------------------------------------------------------
 
 class _Transport:
@@ -270,6 +312,17 @@ class _Transport:
         valid = torch.from_numpy(t.send_valid).to(g_send.device)
         grad_x.index_add_(0, t.send_index[t.send_valid].to(g_send.device), g_send[valid])
         return grad_x
+
+
+    def share_flags(self, batch, flags, recv_counts, move):
+        """move None: whether any rank has a flag set (collective). move True: peer p's
+        flags for this rank, given this rank's flags[p] for p (uint8 arrays)."""
+        if move is None:
+            return True  # no cheap "any" here: always move
+        return self._move_flags(batch, flags, recv_counts)
+
+    def _move_flags(self, batch, flags, recv_counts):
+        raise NotImplementedError
 
 
 class LocalTransport(_Transport):
@@ -357,6 +410,21 @@ class TorchTransport(_Transport):
                 f"the exchange within {self.timeout_s:g} s (a rank crashed or arrived too late); "
                 "the received rows are incomplete; stop the job")) from e
 
+    def share_flags(self, batch, flags, recv_counts, move):
+        if move is None:  # one small all-reduce when (as usual) no rank skipped an image
+            return self.agreement.any(batch.step, "skipped-images",
+                                      any(f.any() for f in flags.values()))
+        send_counts = [len(flags.get(p, ())) for p in range(self.world)]
+        recv = {p: torch.zeros(n, dtype=torch.uint8) for p, n in recv_counts.items() if n}
+        self.agreement.agree(batch.step, "skipped-images", send_counts,
+                             [recv_counts.get(p, 0) for p in range(self.world)])
+        group = self.agreement.group  # gloo, CPU tensors, whatever the data's backend
+        ops = [dist.P2POp(dist.irecv, t, p, group) for p, t in recv.items()]
+        ops += [dist.P2POp(dist.isend, torch.from_numpy(f), p, group)
+                for p, f in flags.items() if len(f)]
+        self._wait(batch, "skipped-images", ops)
+        return {p: recv[p].numpy() if p in recv else np.zeros(0, np.uint8) for p in recv_counts}
+
     def check_device(self, x, where):
         want = "cuda" if self.backend == "nccl" else "cpu"
         if x.device.type != want:
@@ -418,6 +486,33 @@ class MpiTransport(_Transport):
     def backward(self, state, grad_out):
         return self.items_backward(state, grad_out)
 
+    def _move_flags(self, batch, flags, recv_counts):
+        # An exchange of its own: a plan of one item per peer, the flags' bytes.
+        def transfers(counts):
+            return [{"peer": p, "bytes": n, "items": [{"sample_id": 0, "bytes": n}]}
+                    for p, n in sorted(counts.items()) if n]
+
+        sends = transfers({p: len(f) for p, f in flags.items()})
+        recvs = transfers(recv_counts)
+        plan = {"rank": batch.rank, "exchange": {
+            "sends": sends, "recvs": recvs, "send_bytes": sum(t["bytes"] for t in sends),
+            "recv_bytes": sum(t["bytes"] for t in recvs)}}
+        send = [flags[t["peer"]] for t in sends]
+        send = self._host(np.concatenate(send) if send else np.zeros(0, np.uint8))
+        recv = self._host(np.zeros(plan["exchange"]["recv_bytes"], np.uint8))
+        self.impl.exchange(plan, self._bytes(send), self._bytes(recv), step=batch.step,
+                           world_size=batch.world_size)
+        got, at = {}, 0
+        recv = recv.cpu().numpy()
+        for p, n in sorted(recv_counts.items()):
+            got[p] = recv[at:at + n]
+            at += n
+        return got
+
+    @staticmethod
+    def _host(a):
+        return torch.from_numpy(a)
+
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
                    recv_bytes):
         # The C++ transport reads and writes every item in place (its own agreement).
@@ -461,3 +556,7 @@ class NcclTransport(MpiTransport):
     @staticmethod
     def _bytes(t):
         return t.detach().reshape(-1).view(torch.uint8)
+
+    @staticmethod
+    def _host(a):  # the NCCL transport moves device memory only
+        return torch.from_numpy(a).cuda()
