@@ -92,6 +92,8 @@ def run_bad(args, transport, rank, world):
                 x = x.double()
             if culprit and args.case == "device":
                 x = x.to("meta")
+            if culprit and args.case == "corrupt":
+                batch._layout.llm_images = [(1, 0)]  # a layout this rank cannot read
             if culprit and args.case == "released":
                 batch.release()
             if culprit and args.case == "absent":

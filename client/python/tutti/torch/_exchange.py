@@ -14,7 +14,23 @@ import torch
 import torch.distributed as dist
 
 import tutti
-from tutti.torch._agree import Agreement, _error
+from tutti.torch._agree import _DIRECTIONS, Agreement, _error
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x):
+    """splitmix64 of a Python int."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _tag(pair, index, nbytes):
+    """A message's tag (31 bits): 19 of its pair's hash and its size, then its place in the
+    pair's list (12 bits; beyond 4096 items, equal tags are matched in posting order)."""
+    return (_mix64(pair ^ nbytes) & 0x7FFFF) << 12 | (index & 0xFFF)
 
 
 class _Tables:
@@ -186,6 +202,9 @@ def exchange(x, batch):
             refusal = _check_input(x, batch, tables, transport)
     except tutti.Error as e:
         refusal = (getattr(e, "code", "INVALID_ARGUMENT"), str(e))
+    except Exception as e:  # noqa: BLE001 - whatever stops this rank, the others learn it
+        refusal = ("DATA_LOSS", f"step {batch.step}, rank {batch.rank}: this rank cannot lay "
+                                f"out the exchange ({type(e).__name__}: {e})")
     if refusal is not None:
         transport.refuse(batch, refusal)  # fails on every rank, raises
     state = _State(batch, transport, tables, x)
@@ -354,6 +373,7 @@ class TorchTransport(_Transport):
         except (AttributeError, RuntimeError):
             store = None
         self.agreement = Agreement(control, self.rank, self.world, timeout_s, store)
+        self._abandoned = []  # messages of exchanges that failed, kept with their memory
         if self.backend == "nccl":
             warm = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
             dist.all_reduce(warm, group=self.group)  # NCCL's communicator, made by every rank
@@ -368,10 +388,15 @@ class TorchTransport(_Transport):
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
                    recv_bytes):
         """One message per item, straight from `src` rows into `dst` rows (no staging
-        copies): the k-th item between two ranks goes with tag k, and both ends list a
-        pair's items in the same order (plan.proto)."""
-        self.agreement.agree(batch.step, direction, send_bytes, recv_bytes)
+        copies); both ends list a pair's items in the same order (plan.proto). The messages
+        are posted before the agreement and waited for only once it holds, so that the
+        agreement overlaps the transfer instead of preceding it. Each message's tag hashes
+        the exchange number, step, direction, the pair, the item's place in the pair's list
+        and its size: a message of another exchange, or of an item the two ends size
+        differently, matches nothing (no wrong rows, no size error) and stays pending, while
+        the agreement fails every rank with the reason."""
         width = src.shape[1]
+        row_bytes = width * src.element_size()
         scratch = {}
 
         def rows(t, at, n, zero):
@@ -381,26 +406,41 @@ class TorchTransport(_Transport):
                 scratch[n] = src.new_zeros((n, width))
             return scratch[n] if zero else src.new_empty((n, width))
 
-        ops = []
+        seq = self.agreement.seq + 1  # the number agree() gives this exchange
+        base = _mix64(_mix64(seq) ^ _mix64(batch.step) ^ _DIRECTIONS[direction])
         me = self.rank
+        ops = []
         for k in range(1, self.world):
             p = (me - k) % self.world
-            for tag, (at, n) in enumerate(recv_items[p]):
-                ops.append(dist.P2POp(dist.irecv, rows(dst, at, n, False), p, self.group, tag))
+            pair = _mix64(base ^ (p << 32 | me))
+            for i, (at, n) in enumerate(recv_items[p]):
+                ops.append(dist.P2POp(dist.irecv, rows(dst, at, n, False), p, self.group,
+                                      _tag(pair, i, n * row_bytes)))
         for k in range(1, self.world):
             p = (me + k) % self.world
-            for tag, (at, n) in enumerate(send_items[p]):
-                ops.append(dist.P2POp(dist.isend, rows(src, at, n, True), p, self.group, tag))
+            pair = _mix64(base ^ (me << 32 | p))
+            for i, (at, n) in enumerate(send_items[p]):
+                ops.append(dist.P2POp(dist.isend, rows(src, at, n, True), p, self.group,
+                                      _tag(pair, i, n * row_bytes)))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        try:
+            self.agreement.agree(batch.step, direction, send_bytes, recv_bytes)
+        except tutti.Error:
+            # Messages with a rank that refused or disagrees never complete; their memory is
+            # kept (a late peer could still read or write it), their tags are never reused.
+            self._abandoned.append((works, src, dst, scratch))
+            raise
         for (sa, n), (da, _) in zip(send_items[me], recv_items[me]):
             if da >= 0:
                 dst[da:da + n].copy_(rows(src, sa, n, True))
-        self._wait(batch, direction, ops)
+        self._wait_works(batch, direction, works)
 
     def _wait(self, batch, direction, ops):
-        if not ops:
-            return
+        self._wait_works(batch, direction, dist.batch_isend_irecv(ops) if ops else [])
+
+    def _wait_works(self, batch, direction, works):
         try:
-            for work in dist.batch_isend_irecv(ops):
+            for work in works:
                 work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as e:
             self.agreement.broken = ("an earlier exchange timed out while moving data; this "
