@@ -42,13 +42,21 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   metrics_ = std::make_shared<StagerMetrics>(host_->registry());
   // Bind the gRPC port before talking to the packer, so a port in use fails at once.
   core_ = std::make_unique<StagerCore>(opts_.core, metrics_);
-  service_ = std::make_unique<StagerService>(core_.get());
-  RETURN_IF_ERROR(host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager"));
-  plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get());
+  gate_ = std::make_unique<RpcGate>(opts_.rpc, "tutti.v1.Stager", host_->registry().get());
+  ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
+  service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get());
+  GrpcServerOptions grpc_options;
+  ASSIGN_OR_RETURN(grpc_options.credentials,
+                   MakeServerCredentials(opts_.rpc.security, opts_.listen,
+                                         [](const std::string& w) { kLog.Warning(w); }));
+  RETURN_IF_ERROR(
+      host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager", grpc_options));
+  plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get(), opts_.rpc.security);
   probe_io_ = std::make_unique<IoService>(MakePreadBackend(1));
   prober_ = std::thread([this] { Probe(); });
   ASSIGN_OR_RETURN(v1::JobInfo job, plans_->FetchJob(absl::Now() + opts_.packer_wait, &stop));
   ready.Set(kPacker, absl::OkStatus());
+  ranks_->SetJob(job.config().job_id());
   if (stop.requested()) return absl::CancelledError("stopped while starting");
   RETURN_IF_ERROR(core_->Start(job));
   core_started_ = true;
