@@ -75,14 +75,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
         listen, ": it is not a loopback address or a Unix socket, and ",
         o.tls_server() ? "no token or mutual TLS" : "no TLS",
         " is configured: anyone who can reach it could read the job and take its batches");
-    if (!o.allow_insecure) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "refusing to serve ", why,
-          ". Give a certificate and key (--tls_cert, --tls_key) and the job's token "
-          "(--token_file or TUTTI_TOKEN), or mutual TLS (--tls_mutual --tls_ca); or, on a "
-          "private network only, --allow_insecure"));
-    }
-    warn(absl::StrCat("serving insecurely (--allow_insecure): ", why));
+    warn(absl::StrCat("serving insecurely on ", why,
+                      ". Give a certificate and key (--tls_cert, --tls_key) and the job's token "
+                      "(--token_file, TUTTI_TOKEN_FILE or TUTTI_TOKEN), or mutual TLS "
+                      "(--tls_mutual --tls_ca)"));
   }
   // On a Unix socket the kernel says who connects (peer credentials and the
   // socket's mode and group); TLS adds nothing there.

@@ -4,9 +4,9 @@
 // environment variables, as Kubernetes Secrets (mounted files, or env from
 // secretKeyRef) and a Slurm job's environment provide them.
 //
-// Off by default only where no one else can listen in: a daemon serving a
-// TCP address that is not loopback refuses to start without TLS and a token
-// (or mutual TLS), unless told --allow_insecure, which it warns about.
+// Off by default (the deploy files and a first try must work without a PKI);
+// a daemon serving a TCP address that is not loopback without TLS and a
+// token (or mutual TLS) says so in a warning at start, naming the flags.
 //
 // Thread-safety: the options are values; CallAuthenticator::Check and the
 // channel's interceptor may be called from any thread.
@@ -27,8 +27,8 @@ namespace tutti {
 
 // What a daemon serving `listen` uses: TLS credentials (mutual when asked)
 // or, without TLS, insecure ones. A non-local address without TLS and a
-// token (or mutual TLS) is FAILED_PRECONDITION naming the flags, unless
-// allow_insecure (then `warn` is told why it is unsafe).
+// token (or mutual TLS) is served, and `warn` is told why it is unsafe and
+// which flags fix it. An unreadable certificate or key is INVALID_ARGUMENT.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityOptions& options, const std::string& listen,
     const std::function<void(const std::string&)>& warn);

@@ -104,18 +104,20 @@ TEST(SecurityOptionsTest, OnlyLoopbackAndUnixSocketsAreLocal) {
   }
 }
 
-TEST(SecurityOptionsTest, NonLocalAddressNeedsTlsAndATokenOrMutualTls) {
+TEST(SecurityOptionsTest, NonLocalAddressWithoutTlsAndATokenOrMutualTlsIsWarnedAbout) {
   SecurityOptions o;
-  auto creds = MakeServerCredentials(o, "0.0.0.0:0", [](const std::string&) {});
-  EXPECT_EQ(creds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(creds.status().message()), HasSubstr("--allow_insecure"));
-  EXPECT_TRUE(MakeServerCredentials(o, "127.0.0.1:0", [](const std::string&) {}).ok());
-
   std::string warned;
-  o.allow_insecure = true;
-  EXPECT_TRUE(
-      MakeServerCredentials(o, "0.0.0.0:0", [&](const std::string& w) { warned = w; }).ok());
-  EXPECT_THAT(warned, HasSubstr("0.0.0.0:0"));
+  auto warn = [&](const std::string& w) { warned = w; };
+  EXPECT_TRUE(MakeServerCredentials(o, "127.0.0.1:0", warn).ok());
+  EXPECT_TRUE(MakeServerCredentials(o, "unix:/tmp/x.sock", warn).ok());
+  EXPECT_EQ(warned, "");
+  EXPECT_TRUE(MakeServerCredentials(o, "0.0.0.0:0", warn).ok());
+  EXPECT_THAT(warned, HasSubstr("serving insecurely on 0.0.0.0:0"));
+  EXPECT_THAT(warned, HasSubstr("--tls_cert"));
+  o.token = "t";  // a token without TLS travels in the clear
+  warned.clear();
+  EXPECT_TRUE(MakeServerCredentials(o, "0.0.0.0:0", warn).ok());
+  EXPECT_THAT(warned, HasSubstr("no TLS"));
 }
 
 TEST(RankIdentitiesTest, ACallerActsOnlyAsItsOwnRankOfItsOwnJob) {

@@ -21,9 +21,6 @@ ABSL_FLAG(std::string, tls_client_name, "",
 ABSL_FLAG(std::string, token_file, "",
           "file holding the job's token, required on every call (e.g. a mounted Kubernetes "
           "Secret); env TUTTI_TOKEN_FILE, or the token itself in TUTTI_TOKEN");
-ABSL_FLAG(bool, allow_insecure, false,
-          "serve an address that is not loopback or a Unix socket without TLS and a token "
-          "(a warning is logged); without it such a daemon does not start");
 ABSL_FLAG(uint64_t, max_request_bytes, 64 << 10,
           "largest request accepted, 1K..64M; a larger one is refused RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint32_t, max_calls, 16384,
@@ -45,10 +42,9 @@ absl::StatusOr<RpcGateOptions> RpcGateOptionsFromFlags(const std::string& listen
   s.tls_mutual = absl::GetFlag(FLAGS_tls_mutual);
   s.tls_client_name = absl::GetFlag(FLAGS_tls_client_name);
   s.token_file = absl::GetFlag(FLAGS_token_file);
-  s.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
   ASSIGN_OR_RETURN(o.security, ResolveSecurityOptions(s));
-  // Refused here, before anything starts, as bad usage; the warning for
-  // --allow_insecure is the server's to log when it starts serving.
+  // Certificates gRPC cannot use are refused here, before anything starts, as
+  // bad usage; the warning for an unprotected address is the server's to log.
   auto creds = MakeServerCredentials(o.security, listen, [](const std::string&) {});
   if (!creds.ok()) return absl::InvalidArgumentError(creds.status().message());
   return o;

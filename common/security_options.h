@@ -44,9 +44,6 @@ struct SecurityOptions {
   // (env TUTTI_TOKEN; a Slurm job's environment). Empty: no token.
   std::string token_file;
   std::string token;
-  // Daemon: serve a TCP address that is not loopback without TLS and a
-  // token (logged as a warning). Default off: such a daemon does not start.
-  bool allow_insecure = false;
 
   bool tls_server() const { return !tls_cert_file.empty(); }
   bool tls_client() const { return !tls_ca_file.empty(); }

@@ -1,5 +1,7 @@
 #include "services/packer/packer_server.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -40,6 +42,9 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   ranks_->SetJob(job_->config().job_id());
   service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get());
   GrpcServerOptions grpc_options;
+  // gRPC's own limit stays above the gate's, so that the gate answers with its message.
+  grpc_options.max_receive_bytes = static_cast<int>(
+      std::max<uint64_t>(grpc_options.max_receive_bytes, 2 * options_.rpc.max_request_bytes));
   ASSIGN_OR_RETURN(grpc_options.credentials,
                    MakeServerCredentials(options_.rpc.security, options_.listen,
                                          [](const std::string& w) { kLog.Warning(w); }));

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -46,6 +47,9 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
   service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get());
   GrpcServerOptions grpc_options;
+  // gRPC's own limit stays above the gate's, so that the gate answers with its message.
+  grpc_options.max_receive_bytes = static_cast<int>(
+      std::max<uint64_t>(grpc_options.max_receive_bytes, 2 * opts_.rpc.max_request_bytes));
   ASSIGN_OR_RETURN(grpc_options.credentials,
                    MakeServerCredentials(opts_.rpc.security, opts_.listen,
                                          [](const std::string& w) { kLog.Warning(w); }));
