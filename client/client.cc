@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/rpc_security.h"
 #include "common/status.h"
 #include "tutti/v1/packer.grpc.pb.h"
 #include "tutti/v1/stager.grpc.pb.h"
@@ -116,6 +117,7 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(
   RETURN_IF_ERROR(PositiveDuration(opts.report_timeout, "report_timeout"));
   RETURN_IF_ERROR(PositiveDuration(opts.initial_backoff, "initial_backoff"));
   RETURN_IF_ERROR(PositiveDuration(opts.max_backoff, "max_backoff"));
+  ASSIGN_OR_RETURN(opts.security, ResolveSecurityOptions(opts.security, getenv));
   return opts;
 }
 
@@ -161,10 +163,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ASSIGN_OR_RETURN(ClientOptions opts, ResolveClientOptions(options));
   std::unique_ptr<Client> c(new Client());
   c->options_ = opts;
-  c->impl_->stager =
-      std::shared_ptr<v1::Stager::Stub>(v1::Stager::NewStub(MakeChannel(opts.stager_address)));
-  c->impl_->packer =
-      std::shared_ptr<v1::Packer::Stub>(v1::Packer::NewStub(MakeChannel(opts.packer_address)));
+  ClientIdentity me{opts.rank, ""};
+  c->impl_->packer = std::shared_ptr<v1::Packer::Stub>(
+      v1::Packer::NewStub(MakeSecureChannel(opts.packer_address, opts.security, me)));
 
   const std::string at_packer = absl::StrCat("GetJob from tutti-packerd at ", opts.packer_address);
   absl::Status s = RetryUnavailable(c->Policy(opts.connect_timeout), at_packer, [&] {
@@ -180,6 +181,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   RETURN_IF_ERROR(Annotate(s, at_packer));
   ASSIGN_OR_RETURN(c->world_size_, CheckJobWorldSize(c->impl_->job, opts.rank, opts.world_size));
   c->rank_ = static_cast<uint32_t>(opts.rank);
+  // The stager checks that this client acts only as its own rank, of this job.
+  me.job_id = c->impl_->job.config().job_id();
+  c->impl_->stager = std::shared_ptr<v1::Stager::Stub>(
+      v1::Stager::NewStub(MakeSecureChannel(opts.stager_address, opts.security, me)));
 
   const std::string at_stager =
       absl::StrCat("GetStageStatus from tutti-stagerd at ", opts.stager_address);

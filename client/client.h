@@ -32,6 +32,7 @@
 #include "client/proto_fwd.h"
 #include "client/retry.h"
 #include "client/transport.h"
+#include "common/security_options.h"
 
 namespace tutti {
 
@@ -68,6 +69,11 @@ struct ClientOptions {
   // Map batches copy-on-write (Batch::Map): views may be written, the writes
   // staying in this process. Default false: read-only.
   bool copy_on_write = false;
+  // TLS (a CA to verify the daemons, a certificate for mutual TLS) and the
+  // job's token. Unset fields come from TUTTI_TLS_CA, TUTTI_TLS_CERT,
+  // TUTTI_TLS_KEY, TUTTI_TLS_SERVER_NAME, TUTTI_TOKEN_FILE / TUTTI_TOKEN
+  // (common/security_options.h). Default: none (loopback daemons).
+  SecurityOptions security;
 };
 
 // The stager address used when neither ClientOptions.stager_address nor

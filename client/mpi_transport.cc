@@ -95,10 +95,18 @@ void Abandon(std::shared_ptr<void> buffers) {
   held->push_back(std::move(buffers));
 }
 
-// Waits for `n` requests until `deadline`: polling, as a timed MPI wait does
-// not exist. Yields while waits are short (ranks may share cores), then
-// sleeps in short steps. DEADLINE_EXCEEDED leaves the requests pending.
-absl::Status WaitAll(int n, MPI_Request* reqs, absl::Time deadline) {
+// How WaitAll polls. kPolite: a wait for ranks that may not have arrived yet
+// (the agreement): yields while waits are short, as ranks may share cores,
+// then sleeps in short steps. kBusy: moving data once every rank agreed to
+// (all are there): MPI progresses a message only while this process polls
+// (the receiver copies large messages fragment by fragment), so a sleep
+// between polls stalls the transfer; it yields between polls, as the
+// library's own blocking waits do when ranks share cores.
+enum class Polling { kPolite, kBusy };
+
+// Waits for `n` requests until `deadline`, polling: a timed MPI wait does
+// not exist. DEADLINE_EXCEEDED leaves the requests pending.
+absl::Status WaitAll(int n, MPI_Request* reqs, absl::Time deadline, Polling polling) {
   const absl::Time start = absl::Now();
   for (uint64_t spin = 0;; ++spin) {
     int done = 0;
@@ -107,7 +115,7 @@ absl::Status WaitAll(int n, MPI_Request* reqs, absl::Time deadline) {
     if ((spin & 63) == 0) {
       const absl::Time now = absl::Now();
       if (now > deadline) return absl::DeadlineExceededError("timed out");
-      if (now - start > absl::Milliseconds(20)) {
+      if (polling == Polling::kPolite && now - start > absl::Milliseconds(20)) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
       }
@@ -344,7 +352,7 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
       MpiStatus(MPI_Iallreduce(mine, summary->all, 1, op.type, op.op, comm_, &summary->req),
                 "MPI_Iallreduce"),
       where));
-  absl::Status waited = WaitAll(1, &summary->req, deadline);
+  absl::Status waited = WaitAll(1, &summary->req, deadline, Polling::kPolite);
   if (absl::IsDeadlineExceeded(waited)) {
     Abandon(summary);
     Break(where, "timed out");
@@ -556,7 +564,7 @@ absl::Status MpiTransport::MovePieces(const ExchangeLayout& layout,
   }
   if (large) ++large_exchanges_;
   absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
-                                         absl::Now() + opts_.join_timeout)
+                                         absl::Now() + opts_.join_timeout, Polling::kBusy)
                                : posted;
   if (s.ok()) return s;
   // Withdraw what is still pending: receives are cancelled, sends released.

@@ -101,8 +101,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   int port = 0;
   // SO_REUSEPORT would let two daemons share a port silently; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.AddListeningPort(
+      address, options.credentials ? options.credentials : grpc::InsecureServerCredentials(),
+      &port);
+  builder.SetMaxReceiveMessageSize(options.max_receive_bytes);
   builder.SetMaxSendMessageSize(256 << 20);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -131,13 +133,18 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   return server;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+grpc::ChannelArguments DefaultChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   DefaultChannelArguments());
 }
 
 }  // namespace tutti

@@ -22,6 +22,12 @@ struct GrpcServerOptions {
   // own), so that clients of that group may connect.
   unsigned socket_mode = 0660;
   int socket_gid = -1;
+  // TLS or insecure (null: insecure); see rpc_security.h.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Largest request gRPC reads; a larger one fails with RESOURCE_EXHAUSTED
+  // before any handler runs. Handlers bound their requests below this
+  // (RpcGate) with their own message and metric. Default 4 MiB.
+  int max_receive_bytes = 4 << 20;
 };
 
 // Builds and starts a server listening on `address`: "host:port" (port 0
@@ -34,7 +40,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port,
     const GrpcServerOptions& options = {});
 
-// A channel with the keepalive and message-size settings tutti uses.
+// The keepalive and message-size settings of tutti's channels.
+grpc::ChannelArguments DefaultChannelArguments();
+// An insecure channel with them (rpc_security.h MakeSecureChannel: TLS,
+// token, identity).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 }  // namespace tutti

@@ -22,6 +22,8 @@
 #include "services/packer/core/planner.h"
 #include "services/packer/index/index.h"
 #include "services/packer/plan_proto.h"
+#include "tutti/v1/packer.pb.h"
+#include "tutti/v1/stager.pb.h"
 
 namespace {
 
@@ -186,6 +188,42 @@ void PlanSeeds(const fs::path& dir) {
   }
 }
 
+// One request of each method (the first byte picks it, rpc_request_fuzzer.cc).
+void RequestSeeds(const fs::path& dir) {
+  auto seed = [&](const char* name, char method, const google::protobuf::Message& m) {
+    Write(dir, name, std::string(1, method) + m.SerializeAsString());
+  };
+  seed("get_job", 0, tutti::v1::GetJobRequest());
+  tutti::v1::GetPlanRequest plan;
+  plan.set_step(12);
+  for (uint32_t r : {0u, 3u, 7u}) plan.add_ranks(r);
+  plan.set_world_size(8);
+  plan.set_config_fingerprint("0123456789abcdef");
+  seed("get_plan", 1, plan);
+  tutti::v1::StreamPlansRequest stream;
+  stream.set_start_step(4);
+  stream.set_end_step(8);
+  stream.add_ranks(1);
+  seed("stream_plans", 2, stream);
+  tutti::v1::StepTimingReport report;
+  report.set_step(3);
+  report.set_rank(2);
+  auto* phase = report.add_phases();
+  phase->set_phase("vit");
+  phase->set_seconds(0.25);
+  seed("report_timing", 3, report);
+  seed("get_stage_status", 4, tutti::v1::GetStageStatusRequest());
+  tutti::v1::AcquireBatchRequest acquire;
+  acquire.set_step(5);
+  acquire.set_rank(1);
+  acquire.set_timeout_ms(1000);
+  seed("acquire_batch", 5, acquire);
+  tutti::v1::ReleaseBatchRequest release;
+  release.set_step(5);
+  release.set_rank(1);
+  seed("release_batch", 6, release);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -245,5 +283,6 @@ int main(int argc, char** argv) {
     packing { strategy: "seed-v2" open_bins: 4 }
   )pb");
   PlanSeeds(out / "plan_fuzzer");
+  RequestSeeds(out / "rpc_request_fuzzer");
   return failed ? 1 : 0;
 }

@@ -413,10 +413,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
     if (!out) return absl::InternalError("cannot write " + job);
   }
   std::unique_ptr<Cluster> c(new Cluster());
-  ASSIGN_OR_RETURN(c->packer_, Daemon::Start("packer",
-                                             {Packerd(), "--config=" + job, "--listen=127.0.0.1:0",
-                                              "--metrics=127.0.0.1:0"},
-                                             o.dir));
+  std::vector<std::string> packer = {Packerd(), "--config=" + job, "--listen=127.0.0.1:0",
+                                     "--metrics=127.0.0.1:0"};
+  packer.insert(packer.end(), o.packer_flags.begin(), o.packer_flags.end());
+  ASSIGN_OR_RETURN(c->packer_, Daemon::Start("packer", packer, o.dir));
   for (int node = 0; node < o.nodes; ++node) {
     std::vector<std::string> argv = {Stagerd(),
                                      "--packer=" + c->packer_->address(),

@@ -140,6 +140,7 @@ struct ClusterOptions {
   std::string source;      // dataset directory the stagers read
   int nodes = 2;
   std::vector<std::string> stager_flags;  // extra tutti-stagerd flags
+  std::vector<std::string> packer_flags;  // extra tutti-packerd flags
 };
 
 // One tutti-packerd and `nodes` tutti-stagerd.

@@ -1,11 +1,16 @@
 #include "services/packer/packer_server.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "services/packer/load_job.h"
 
 namespace tutti::packer {
 namespace {
+
+const Logger kLog("packer");
 
 constexpr char kIndex[] = "index";
 constexpr char kPlans[] = "plans";
@@ -32,8 +37,19 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   wo.threads = options_.plan_threads;
   window_ = std::make_unique<PlanWindow>(std::make_shared<Planner>(job_), wo, metrics_.get());
   packer_ = std::make_unique<Packer>(job_, window_.get(), metrics_.get());
-  service_ = std::make_unique<PackerService>(packer_.get());
-  RETURN_IF_ERROR(host_->ServeGrpc(options_.listen, {service_.get()}, "tutti.v1.Packer"));
+  gate_ = std::make_unique<RpcGate>(options_.rpc, "tutti.v1.Packer", host_->registry().get());
+  ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
+  ranks_->SetJob(job_->config().job_id());
+  service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get());
+  GrpcServerOptions grpc_options;
+  // gRPC's own limit stays above the gate's, so that the gate answers with its message.
+  grpc_options.max_receive_bytes = static_cast<int>(
+      std::max<uint64_t>(grpc_options.max_receive_bytes, 2 * options_.rpc.max_request_bytes));
+  ASSIGN_OR_RETURN(grpc_options.credentials,
+                   MakeServerCredentials(options_.rpc.security, options_.listen,
+                                         [](const std::string& w) { kLog.Warning(w); }));
+  RETURN_IF_ERROR(
+      host_->ServeGrpc(options_.listen, {service_.get()}, "tutti.v1.Packer", grpc_options));
   // Ready once the window has planned its first step (or says why it cannot).
   window_->Get(0, [&ready](absl::StatusOr<PlanPtr> plan) {
     ready.Set(kPlans, plan.ok() ? absl::OkStatus()

@@ -12,6 +12,8 @@
 #include "absl/status/status.h"
 #include "common/daemon.h"
 #include "common/daemon_host.h"
+#include "common/rank_identity.h"
+#include "common/rpc_gate.h"
 #include "services/packer/metrics.h"
 #include "services/packer/packer.h"
 #include "services/packer/packer_service.h"
@@ -26,6 +28,7 @@ struct PackerServerOptions {
   std::string metrics = "127.0.0.1:9470";  // /metrics, /healthz, /readyz; port 0 picks a free port
   std::string port_file;                   // when set: "grpc=PORT\nmetrics=PORT\n..." after start
   uint32_t plan_threads = 2;               // plan-window worker threads
+  RpcGateOptions rpc;                      // TLS, token, request bounds (rpc_gate.h)
 };
 
 class PackerServer final : public Daemon {
@@ -50,6 +53,8 @@ class PackerServer final : public Daemon {
   std::shared_ptr<const Job> job_;
   std::unique_ptr<PlanWindow> window_;
   std::unique_ptr<Packer> packer_;
+  std::unique_ptr<RpcGate> gate_;
+  std::unique_ptr<RankIdentities> ranks_;
   std::unique_ptr<PackerService> service_;
   bool shut_down_ = false;
 };

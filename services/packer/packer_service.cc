@@ -1,5 +1,6 @@
 #include "services/packer/packer_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
 namespace tutti::packer {
@@ -19,10 +20,14 @@ ClientView ViewOf(const Request& req) {
 // is buffered (flow control), not when the client has read it, so only a
 // bounded range (end_step) keeps the plan window near the client: an
 // open-ended stream runs as far ahead as the buffers allow.
-class PlanStream final : public grpc::ServerWriteReactor<v1::StepPlan> {
+class PlanStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PlanStream(Packer* packer, ClientView client, uint64_t start, uint64_t end)
-      : packer_(packer), client_(std::move(client)), next_(start), end_(end) {
+  PlanStream(Packer* packer, ClientView client, uint64_t start, uint64_t end, CallTicket ticket)
+      : packer_(packer),
+        client_(std::move(client)),
+        next_(start),
+        end_(end),
+        ticket_(std::move(ticket)) {
     Next();
   }
 
@@ -44,11 +49,15 @@ class PlanStream final : public grpc::ServerWriteReactor<v1::StepPlan> {
     }
     packer_->GetPlan(next_, client_, &plan_, [this](absl::Status s) {
       packer_->CountServed(true, s);
+      if (s.ok()) {
+        bytes_.Clear();
+        s = SerializeTo(plan_, &bytes_);
+      }
       if (!s.ok()) {
         Finish(ToGrpcStatus(s));
         return;
       }
-      StartWrite(&plan_);
+      StartWrite(&bytes_);
     });
   }
 
@@ -56,58 +65,82 @@ class PlanStream final : public grpc::ServerWriteReactor<v1::StepPlan> {
   const ClientView client_;
   uint64_t next_;
   const uint64_t end_;
+  const CallTicket ticket_;
   v1::StepPlan plan_;
+  grpc::ByteBuffer bytes_;
 };
 
 }  // namespace
 
+absl::Status PackerService::CheckRankList(int ranks) {
+  const uint32_t world = packer_->job().world_size();
+  if (static_cast<uint32_t>(ranks) <= world) return absl::OkStatus();
+  return gate_->Refuse("too_many_items",
+                       absl::InvalidArgumentError(
+                           absl::StrCat("the request names ", ranks, " ranks but the job has ",
+                                        world, "; name each rank at most once (none: all ranks)")));
+}
+
 grpc::ServerUnaryReactor* PackerService::GetJob(grpc::CallbackServerContext* ctx,
-                                                const v1::GetJobRequest*, v1::JobInfo* resp) {
-  *resp = packer_->job_info();
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return ServeUnary<v1::GetJobRequest, v1::JobInfo>(
+      gate_, ctx, in, out, [this](const v1::GetJobRequest&, v1::JobInfo* resp, auto done) {
+        *resp = packer_->job_info();
+        done(absl::OkStatus());
+      });
 }
 
 grpc::ServerUnaryReactor* PackerService::GetPlan(grpc::CallbackServerContext* ctx,
-                                                 const v1::GetPlanRequest* req,
-                                                 v1::StepPlan* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  packer_->GetPlan(req->step(), ViewOf(*req), resp, [this, reactor](absl::Status s) {
-    packer_->CountServed(false, s);
-    reactor->Finish(ToGrpcStatus(s));
-  });
-  return reactor;
+                                                 const grpc::ByteBuffer* in,
+                                                 grpc::ByteBuffer* out) {
+  return ServeUnary<v1::GetPlanRequest, v1::StepPlan>(
+      gate_, ctx, in, out, [this](const v1::GetPlanRequest& req, v1::StepPlan* resp, auto done) {
+        if (absl::Status s = CheckRankList(req.ranks_size()); !s.ok()) return done(s);
+        packer_->GetPlan(req.step(), ViewOf(req), resp, [this, done](absl::Status s) {
+          packer_->CountServed(false, s);
+          done(s);
+        });
+      });
 }
 
-grpc::ServerWriteReactor<v1::StepPlan>* PackerService::StreamPlans(
-    grpc::CallbackServerContext* ctx, const v1::StreamPlansRequest* req) {
-  ClientView client = ViewOf(*req);
-  absl::Status s = packer_->CheckClient(client);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PackerService::StreamPlans(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) {
+  v1::StreamPlansRequest req;
+  absl::StatusOr<CallTicket> ticket = gate_->Admit(*ctx, *in, &req);
+  if (!ticket.ok()) return new RefusedStream(ticket.status());
+  ClientView client = ViewOf(req);
+  absl::Status s = CheckRankList(req.ranks_size());
+  if (s.ok()) s = packer_->CheckClient(client);
   absl::StatusOr<uint64_t> end =
-      s.ok() ? packer_->StreamEnd(req->start_step(), req->end_step()) : absl::StatusOr<uint64_t>(s);
+      s.ok() ? packer_->StreamEnd(req.start_step(), req.end_step()) : absl::StatusOr<uint64_t>(s);
   if (!end.ok()) {
     packer_->CountServed(true, end.status());
-    class Refused final : public grpc::ServerWriteReactor<v1::StepPlan> {
-     public:
-      explicit Refused(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(end.status());
+    return new RefusedStream(end.status());
   }
-  return new PlanStream(packer_, std::move(client), req->start_step(), *end);
+  return new PlanStream(packer_, std::move(client), req.start_step(), *end, *std::move(ticket));
 }
 
 grpc::ServerUnaryReactor* PackerService::ReportTiming(grpc::CallbackServerContext* ctx,
-                                                      const v1::StepTimingReport* req,
-                                                      v1::ReportTimingResponse*) {
-  StepTiming t;
-  t.step = req->step();
-  t.rank = req->rank();
-  for (const auto& p : req->phases()) t.phases.emplace_back(p.phase(), p.seconds());
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(packer_->ReportTiming(t)));
-  return reactor;
+                                                      const grpc::ByteBuffer* in,
+                                                      grpc::ByteBuffer* out) {
+  return ServeUnary<v1::StepTimingReport, v1::ReportTimingResponse>(
+      gate_, ctx, in, out,
+      [this, ctx](const v1::StepTimingReport& req, v1::ReportTimingResponse*, auto done) {
+        if (req.phases_size() > kMaxReportPhases) {
+          return done(gate_->Refuse(
+              "too_many_items",
+              absl::InvalidArgumentError(absl::StrCat("a timing report carries ", req.phases_size(),
+                                                      " phases, more than ", kMaxReportPhases))));
+        }
+        absl::StatusOr<ClientIdentity> caller = CallIdentity(*ctx);
+        absl::Status s = caller.ok() ? ranks_->Admit(*caller, req.rank()) : caller.status();
+        if (!s.ok()) return done(gate_->Refuse("permission_denied", s));
+        StepTiming t;
+        t.step = req.step();
+        t.rank = req.rank();
+        for (const auto& p : req.phases()) t.phases.emplace_back(p.phase(), p.seconds());
+        done(packer_->ReportTiming(t));
+      });
 }
 
 }  // namespace tutti::packer

@@ -1,32 +1,51 @@
-// The gRPC face of tutti-packerd (tutti.v1.Packer, callback API): turns
-// requests into calls on the Packer logic class and absl::Status into
+// The gRPC face of tutti-packerd (tutti.v1.Packer, callback API over raw
+// request bytes): the gate (common/rpc_gate.h) bounds, parses and
+// authenticates each request; the handler checks its repeated fields and,
+// for reports by a rank, that the caller is that rank (rank_identity.h),
+// then calls the Packer logic class and turns absl::Status into
 // grpc::Status, nothing else.
 #ifndef TUTTI_SERVICES_PACKER_PACKER_SERVICE_H_
 #define TUTTI_SERVICES_PACKER_PACKER_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/rank_identity.h"
+#include "common/rpc_gate.h"
 #include "services/packer/packer.h"
 #include "tutti/v1/packer.grpc.pb.h"
 
 namespace tutti::packer {
 
-class PackerService final : public v1::Packer::CallbackService {
- public:
-  explicit PackerService(Packer* packer) : packer_(packer) {}
+// Most phases one timing report may carry.
+inline constexpr int kMaxReportPhases = 32;
 
-  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
-                                   v1::JobInfo* resp) override;
-  grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* ctx, const v1::GetPlanRequest* req,
-                                    v1::StepPlan* resp) override;
-  grpc::ServerWriteReactor<v1::StepPlan>* StreamPlans(grpc::CallbackServerContext* ctx,
-                                                      const v1::StreamPlansRequest* req) override;
+using RawPackerService = v1::Packer::WithRawCallbackMethod_GetJob<
+    v1::Packer::WithRawCallbackMethod_GetPlan<v1::Packer::WithRawCallbackMethod_StreamPlans<
+        v1::Packer::WithRawCallbackMethod_ReportTiming<v1::Packer::Service>>>>;
+
+class PackerService final : public RawPackerService {
+ public:
+  // All must outlive the service.
+  PackerService(Packer* packer, RpcGate* gate, RankIdentities* ranks)
+      : packer_(packer), gate_(gate), ranks_(ranks) {}
+
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                    grpc::ByteBuffer* out) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* StreamPlans(grpc::CallbackServerContext* ctx,
+                                                          const grpc::ByteBuffer* in) override;
   grpc::ServerUnaryReactor* ReportTiming(grpc::CallbackServerContext* ctx,
-                                         const v1::StepTimingReport* req,
-                                         v1::ReportTimingResponse* resp) override;
+                                         const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override;
 
  private:
+  // INVALID_ARGUMENT (counted) when a request names more ranks than the job has.
+  absl::Status CheckRankList(int ranks);
+
   Packer* packer_;
+  RpcGate* gate_;
+  RankIdentities* ranks_;
 };
 
 }  // namespace tutti::packer

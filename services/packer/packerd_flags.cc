@@ -4,6 +4,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/daemon_flags.h"
+#include "common/security_flags.h"
 #include "common/status.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -38,6 +39,7 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   RETURN_IF_ERROR(CheckAddressFlag("metrics", o.metrics, AddressUse::kServe, false));
   o.plan_threads = absl::GetFlag(FLAGS_plan_threads);
   RETURN_IF_ERROR(CheckFlagRange("plan_threads", o.plan_threads, 1, 256));
+  ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   return o;
 }
 
@@ -48,7 +50,7 @@ DaemonMain PackerdMain() {
       "serves per-step plans for one training job.\n"
       "usage: tutti-packerd --config JOB.textproto [--index FILE] [--listen HOST:PORT]\n"
       "Ready (/readyz, gRPC health) once the index is loaded and the first plan computed.";
-  m.flag_files = {"services/packer/packerd_flags.cc"};
+  m.flag_files = {"services/packer/packerd_flags.cc", "common/security_flags.cc"};
   m.make = []() -> absl::StatusOr<std::unique_ptr<Daemon>> {
     ASSIGN_OR_RETURN(PackerServerOptions o, PackerOptionsFromFlags());
     return std::unique_ptr<Daemon>(std::make_unique<PackerServer>(std::move(o)));

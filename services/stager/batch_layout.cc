@@ -49,6 +49,35 @@ const BatchLayout::Array& BatchLayout::Get(const std::string& name) const {
   return kNone;
 }
 
+// The step's samples by id, each checked against the step's shard list.
+class BatchLayout::PlanSamples {
+ public:
+  PlanSamples(const v1::StepPlan& step, const v1::RankPlan& rank)
+      : step_(step), where_(absl::StrCat("plan of step ", step.step(), " rank ", rank.rank())) {
+    for (const auto& s : step.samples()) samples_[s.sample_id()] = &s;
+  }
+  const std::string& where() const { return where_; }
+  absl::StatusOr<const v1::SampleInfo*> Get(uint64_t id) const {
+    auto it = samples_.find(id);
+    if (it == samples_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where_, " names sample ", id, " but carries no SampleInfo for it; the packer sent an "
+          "incomplete plan (ask it with this node's ranks)"));
+    }
+    if (it->second->shard() >= static_cast<uint32_t>(step_.shards_size())) {
+      return absl::InvalidArgumentError(absl::StrCat(where_, ": sample ", id, " names shard ",
+                                                     it->second->shard(), " of ", step_.shards_size()));
+    }
+    return it->second;
+  }
+  const v1::ShardRef& ShardOf(const v1::SampleInfo& s) const { return step_.shards(s.shard()); }
+
+ private:
+  const v1::StepPlan& step_;
+  const std::string where_;
+  std::map<uint64_t, const v1::SampleInfo*> samples_;
+};
+
 absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v1::RankPlan& rank,
                                                const v1::JobConfig& config,
                                                const PatchifyParams& params) {
@@ -56,81 +85,18 @@ absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v
   L.vision_ = config.vision();
   L.audio_cfg_ = config.audio();
   L.params_ = params;
-  const std::string where = absl::StrCat("plan of step ", step.step(), " rank ", rank.rank());
-  std::map<uint64_t, const v1::SampleInfo*> samples;
-  for (const auto& s : step.samples()) samples[s.sample_id()] = &s;
-  auto sample = [&](uint64_t id) -> absl::StatusOr<const v1::SampleInfo*> {
-    auto it = samples.find(id);
-    if (it == samples.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " names sample ", id, " but carries no SampleInfo for it; the packer sent an "
-          "incomplete plan (ask it with this node's ranks)"));
-    }
-    if (it->second->shard() >= static_cast<uint32_t>(step.shards_size())) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": sample ", id, " names shard ",
-                                                     it->second->shard(), " of ", step.shards_size()));
-    }
-    return it->second;
-  };
-  const uint32_t factor = params.patch * params.merge;
-  uint64_t rows = 0;
+  const PlanSamples samples(step, rank);
   for (const auto& enc : rank.encoders()) {
     if (enc.encoder() == v1::ENCODER_VISION) {
-      for (const auto& ip : enc.images()) {
-        ASSIGN_OR_RETURN(const v1::SampleInfo* s, sample(ip.sample_id()));
-        if (ip.image_index() >= static_cast<uint32_t>(s->images_size())) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": sample ", ip.sample_id(),
-                                                         " has no image ", ip.image_index()));
-        }
-        ImageItem it;
-        it.sample_id = ip.sample_id();
-        it.image_index = ip.image_index();
-        it.member = s->images(ip.image_index());
-        it.shard = step.shards(s->shard());
-        it.height = ip.resized_height();
-        it.width = ip.resized_width();
-        if (it.height == 0 || it.width == 0 || it.height % factor || it.width % factor) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": image ", ip.image_index(), " of sample ", ip.sample_id(), " is planned at ",
-              it.width, "x", it.height, ", not a multiple of patch*merge = ", factor,
-              "; the packer and this stager disagree on vision.patch_size/merge_size"));
-        }
-        it.grid_t = 1;
-        it.grid_h = it.height / params.patch;
-        it.grid_w = it.width / params.patch;
-        it.rows = uint64_t{it.grid_h} * it.grid_w;
-        it.bytes = it.rows * params.row_values() * params.value_bytes();
-        it.llm_rank = ip.llm_rank();
-        it.remote_load = ip.remote_load();
-        rows += it.rows;
-        L.images_.push_back(std::move(it));
-      }
+      for (const auto& ip : enc.images()) RETURN_IF_ERROR(L.AddImage(ip, samples));
     } else if (enc.encoder() == v1::ENCODER_AUDIO) {
-      for (const auto& ap : enc.audio()) {
-        ASSIGN_OR_RETURN(const v1::SampleInfo* s, sample(ap.sample_id()));
-        if (ap.audio_index() >= static_cast<uint32_t>(s->audio_size())) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": sample ", ap.sample_id(),
-                                                         " has no audio clip ", ap.audio_index()));
-        }
-        AudioItem a;
-        a.sample_id = ap.sample_id();
-        a.audio_index = ap.audio_index();
-        a.member = s->audio(ap.audio_index());
-        a.shard = step.shards(s->shard());
-        const uint64_t rate = L.audio_cfg_.sample_rate();
-        a.samples = std::min<uint64_t>(a.member.audio_ms() * rate / 1000,
-                                       uint64_t{L.audio_cfg_.max_seconds()} * rate);
-        L.audio_.push_back(std::move(a));
-      }
+      for (const auto& ap : enc.audio()) RETURN_IF_ERROR(L.AddAudio(ap, samples));
     }
   }
   // Documents, in micro-batch then sequence order.
-  const VisionGeometryOptions geo = [&] {
-    VisionGeometryOptions g = GeometryOptions(config, step.max_pixels() ? step.max_pixels()
-                                                                        : config.vision().max_pixels());
-    if (step.min_pixels()) g.min_pixels = step.min_pixels();
-    return g;
-  }();
+  VisionGeometryOptions geo = GeometryOptions(config, step.max_pixels() ? step.max_pixels()
+                                                                       : config.vision().max_pixels());
+  if (step.min_pixels()) geo.min_pixels = step.min_pixels();
   uint64_t tokens = 0;
   uint32_t seq_index = 0;
   for (const auto& mb : rank.micro_batches()) {
@@ -138,79 +104,143 @@ absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v
     for (const auto& seq : mb.sequences()) {
       L.seq_docs_.push_back(static_cast<uint32_t>(seq.docs_size()));
       for (const auto& slot : seq.docs()) {
-        ASSIGN_OR_RETURN(const v1::SampleInfo* s, sample(slot.sample_id()));
-        DocItem d;
-        d.sample_id = slot.sample_id();
-        d.info = s;
-        d.shard = step.shards(s->shard());
-        d.sequence = seq_index;
-        d.token_offset = tokens;
-        d.length = slot.length();
-        std::vector<std::pair<uint32_t, bool>> enc;
-        for (const auto& m : s->images()) {
-          auto g = SmartResize(m.height(), m.width(), geo);
-          enc.emplace_back(g.ok() ? g->llm_tokens : 0, false);
-        }
-        for (const auto& m : s->audio()) enc.emplace_back(AudioTokens(m, L.audio_cfg_), true);
-        uint64_t sum = 0;
-        for (const auto& e : enc) sum += e.first;
-        if (!enc.empty() && slot.encoder_tokens() != 0 && sum != slot.encoder_tokens()) {
-          // The plan is authoritative: put the difference on the last item,
-          // which cannot go below zero tokens.
-          const int64_t diff = int64_t{slot.encoder_tokens()} - static_cast<int64_t>(sum);
-          if (int64_t{enc.back().first} + diff < 0) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                where, ": document of sample ", slot.sample_id(), " is planned with ",
-                slot.encoder_tokens(), " encoder tokens but its images/audio need at least ",
-                sum - enc.back().first,
-                "; the packer and this stager disagree on the vision or audio config"));
-          }
-          enc.back().first = static_cast<uint32_t>(enc.back().first + diff);
-          sum = slot.encoder_tokens();
-        }
-        const uint64_t prefix = sum + 2 * enc.size();
-        if (prefix > d.length) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": document of sample ", slot.sample_id(), " is planned with ", d.length,
-              " tokens but its images/audio alone need ", prefix,
-              "; the packer and this stager disagree on the vision or audio config"));
-        }
-        d.text_offset = static_cast<uint32_t>(prefix);
-        d.text_length = static_cast<uint32_t>(d.length - prefix);
-        tokens += d.length;
-        L.docs_.push_back(d);
-        L.doc_encoders_.push_back(std::move(enc));
+        RETURN_IF_ERROR(L.AddDocument(slot, seq_index, geo, samples, &tokens));
       }
       ++seq_index;
     }
   }
-  const uint64_t vb = params.value_bytes();
-  const v1::DType pix = params.bf16 ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32;
-  const uint64_t pix_off = L.Add("pixel_values", pix, {rows, params.row_values()}, vb).offset;
-  uint64_t off = pix_off;
-  for (auto& im : L.images_) {
+  L.PlaceArrays(tokens);
+  return L;
+}
+
+absl::Status BatchLayout::AddImage(const v1::ImagePlan& ip, const PlanSamples& samples) {
+  ASSIGN_OR_RETURN(const v1::SampleInfo* s, samples.Get(ip.sample_id()));
+  if (ip.image_index() >= static_cast<uint32_t>(s->images_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ", ip.sample_id(),
+                                                   " has no image ", ip.image_index()));
+  }
+  const uint32_t factor = params_.patch * params_.merge;
+  ImageItem it;
+  it.sample_id = ip.sample_id();
+  it.image_index = ip.image_index();
+  it.member = s->images(ip.image_index());
+  it.shard = samples.ShardOf(*s);
+  it.height = ip.resized_height();
+  it.width = ip.resized_width();
+  if (it.height == 0 || it.width == 0 || it.height % factor || it.width % factor) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        samples.where(), ": image ", ip.image_index(), " of sample ", ip.sample_id(),
+        " is planned at ", it.width, "x", it.height, ", not a multiple of patch*merge = ", factor,
+        "; the packer and this stager disagree on vision.patch_size/merge_size"));
+  }
+  it.grid_t = 1;
+  it.grid_h = it.height / params_.patch;
+  it.grid_w = it.width / params_.patch;
+  it.rows = uint64_t{it.grid_h} * it.grid_w;
+  it.bytes = it.rows * params_.row_values() * params_.value_bytes();
+  it.llm_rank = ip.llm_rank();
+  it.remote_load = ip.remote_load();
+  images_.push_back(std::move(it));
+  return absl::OkStatus();
+}
+
+absl::Status BatchLayout::AddAudio(const v1::AudioPlan& ap, const PlanSamples& samples) {
+  ASSIGN_OR_RETURN(const v1::SampleInfo* s, samples.Get(ap.sample_id()));
+  if (ap.audio_index() >= static_cast<uint32_t>(s->audio_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ", ap.sample_id(),
+                                                   " has no audio clip ", ap.audio_index()));
+  }
+  AudioItem a;
+  a.sample_id = ap.sample_id();
+  a.audio_index = ap.audio_index();
+  a.member = s->audio(ap.audio_index());
+  a.shard = samples.ShardOf(*s);
+  const uint64_t rate = audio_cfg_.sample_rate();
+  a.samples = std::min<uint64_t>(a.member.audio_ms() * rate / 1000,
+                                 uint64_t{audio_cfg_.max_seconds()} * rate);
+  audio_.push_back(std::move(a));
+  return absl::OkStatus();
+}
+
+// A document's encoder items (their LLM tokens as this stager computes them,
+// reconciled with the plan's total) and where its text goes.
+absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence,
+                                      const VisionGeometryOptions& geo, const PlanSamples& samples,
+                                      uint64_t* tokens) {
+  ASSIGN_OR_RETURN(const v1::SampleInfo* s, samples.Get(slot.sample_id()));
+  DocItem d;
+  d.sample_id = slot.sample_id();
+  d.info = s;
+  d.shard = samples.ShardOf(*s);
+  d.sequence = sequence;
+  d.token_offset = *tokens;
+  d.length = slot.length();
+  std::vector<std::pair<uint32_t, bool>> enc;
+  for (const auto& m : s->images()) {
+    auto g = SmartResize(m.height(), m.width(), geo);
+    enc.emplace_back(g.ok() ? g->llm_tokens : 0, false);
+  }
+  for (const auto& m : s->audio()) enc.emplace_back(AudioTokens(m, audio_cfg_), true);
+  uint64_t sum = 0;
+  for (const auto& e : enc) sum += e.first;
+  if (!enc.empty() && slot.encoder_tokens() != 0 && sum != slot.encoder_tokens()) {
+    // The plan is authoritative: put the difference on the last item,
+    // which cannot go below zero tokens.
+    const int64_t diff = int64_t{slot.encoder_tokens()} - static_cast<int64_t>(sum);
+    if (int64_t{enc.back().first} + diff < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          samples.where(), ": document of sample ", slot.sample_id(), " is planned with ",
+          slot.encoder_tokens(), " encoder tokens but its images/audio need at least ",
+          sum - enc.back().first,
+          "; the packer and this stager disagree on the vision or audio config"));
+    }
+    enc.back().first = static_cast<uint32_t>(enc.back().first + diff);
+    sum = slot.encoder_tokens();
+  }
+  const uint64_t prefix = sum + 2 * enc.size();
+  if (prefix > d.length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        samples.where(), ": document of sample ", slot.sample_id(), " is planned with ", d.length,
+        " tokens but its images/audio alone need ", prefix,
+        "; the packer and this stager disagree on the vision or audio config"));
+  }
+  d.text_offset = static_cast<uint32_t>(prefix);
+  d.text_length = static_cast<uint32_t>(d.length - prefix);
+  *tokens += d.length;
+  docs_.push_back(d);
+  doc_encoders_.push_back(std::move(enc));
+  return absl::OkStatus();
+}
+
+// The segment's arrays, in order, and each image's and clip's place in them.
+void BatchLayout::PlaceArrays(uint64_t tokens) {
+  uint64_t rows = 0;
+  for (const auto& im : images_) rows += im.rows;
+  const uint64_t vb = params_.value_bytes();
+  const v1::DType pix = params_.bf16 ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32;
+  uint64_t off = Add("pixel_values", pix, {rows, params_.row_values()}, vb).offset;
+  for (auto& im : images_) {
     im.offset = off;
     off += im.bytes;
   }
-  const uint64_t n_img = L.images_.size(), n_doc = L.docs_.size();
-  L.Add("image_grid_thw", v1::DTYPE_INT32, {n_img, 3}, 4);
-  L.Add("image_sample_ids", v1::DTYPE_INT64, {n_img}, 8);
-  L.Add("input_ids", v1::DTYPE_INT32, {tokens}, 4);
-  L.Add("cu_seqlens", v1::DTYPE_INT32, {n_doc + 1}, 4);
-  L.Add("seq_offsets", v1::DTYPE_INT32, {L.seq_docs_.size() + 1}, 4);
-  L.Add("micro_batch_offsets", v1::DTYPE_INT32, {L.mb_seqs_.size() + 1}, 4);
-  L.Add("doc_sample_ids", v1::DTYPE_INT64, {n_doc}, 8);
-  if (!L.audio_.empty()) {
+  const uint64_t n_img = images_.size(), n_doc = docs_.size();
+  Add("image_grid_thw", v1::DTYPE_INT32, {n_img, 3}, 4);
+  Add("image_sample_ids", v1::DTYPE_INT64, {n_img}, 8);
+  Add("input_ids", v1::DTYPE_INT32, {tokens}, 4);
+  Add("cu_seqlens", v1::DTYPE_INT32, {n_doc + 1}, 4);
+  Add("seq_offsets", v1::DTYPE_INT32, {seq_docs_.size() + 1}, 4);
+  Add("micro_batch_offsets", v1::DTYPE_INT32, {mb_seqs_.size() + 1}, 4);
+  Add("doc_sample_ids", v1::DTYPE_INT64, {n_doc}, 8);
+  if (!audio_.empty()) {
     uint64_t total = 0;
-    for (const auto& a : L.audio_) total += a.samples;
-    uint64_t aoff = L.Add("audio_values", v1::DTYPE_FLOAT32, {total}, 4).offset;
-    for (auto& a : L.audio_) {
+    for (const auto& a : audio_) total += a.samples;
+    uint64_t aoff = Add("audio_values", v1::DTYPE_FLOAT32, {total}, 4).offset;
+    for (auto& a : audio_) {
       a.offset = aoff;
       aoff += a.samples * 4;
     }
-    L.Add("audio_lengths", v1::DTYPE_INT32, {L.audio_.size()}, 4);
+    Add("audio_lengths", v1::DTYPE_INT32, {audio_.size()}, 4);
   }
-  return L;
 }
 
 void BatchLayout::WriteFixed(char* base) const {

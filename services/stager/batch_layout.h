@@ -19,6 +19,10 @@
 #include "tutti/v1/plan.pb.h"
 #include "tutti/v1/stager.pb.h"
 
+namespace tutti {
+struct VisionGeometryOptions;
+}  // namespace tutti
+
 namespace tutti::stager {
 
 struct ImageItem {
@@ -87,6 +91,14 @@ class BatchLayout {
     uint64_t offset = 0;
     uint64_t nbytes = 0;
   };
+  class PlanSamples;
+  // Build's stages.
+  absl::Status AddImage(const v1::ImagePlan& ip, const PlanSamples& samples);
+  absl::Status AddAudio(const v1::AudioPlan& ap, const PlanSamples& samples);
+  absl::Status AddDocument(const v1::DocSlot& slot, uint32_t sequence,
+                           const VisionGeometryOptions& geo, const PlanSamples& samples,
+                           uint64_t* tokens);
+  void PlaceArrays(uint64_t tokens);
   Array& Add(const std::string& name, v1::DType dtype, std::vector<uint64_t> shape, uint64_t elem);
   const Array& Get(const std::string& name) const;
 

@@ -35,7 +35,7 @@ absl::Status ShardCache::Open() {
                                                     ec.message(), "; pick another with --cache"));
   }
   const std::string lock = absl::StrCat(dir_, "/.tutti-lock");
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) return ErrnoStatus(errno, absl::StrCat("open ", lock));
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -1,5 +1,7 @@
 #include "services/stager/plan_client.h"
 
+#include "common/rpc_security.h"
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -17,8 +19,11 @@ bool Retryable(grpc::StatusCode code) {
 
 }  // namespace
 
-PlanClient::PlanClient(std::string packer_address, StagerMetrics* metrics)
-    : address_(std::move(packer_address)), metrics_(metrics), channel_(MakeChannel(address_)),
+PlanClient::PlanClient(std::string packer_address, StagerMetrics* metrics,
+                       const SecurityOptions& security)
+    : address_(std::move(packer_address)),
+      metrics_(metrics),
+      channel_(MakeSecureChannel(address_, security)),
       stub_(v1::Packer::NewStub(channel_)), health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
 PlanClient::~PlanClient() { Stop(); }

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/security_options.h"
 #include "common/stop_signal.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/stager/metrics.h"
@@ -35,7 +36,9 @@ namespace tutti::stager {
 
 class PlanClient {
  public:
-  PlanClient(std::string packer_address, StagerMetrics* metrics);
+  // `security`: the TLS settings and token to reach the packer with.
+  PlanClient(std::string packer_address, StagerMetrics* metrics,
+             const SecurityOptions& security = {});
   ~PlanClient();
 
   // Calls GetJob until it answers, retrying UNAVAILABLE with backoff (and a

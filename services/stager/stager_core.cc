@@ -309,6 +309,15 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, std::optional<dou
           "learns the node from the first AcquireBatch)"));
     }
     RETURN_IF_ERROR(ranks_->CheckLocal(rank));
+    // Batches are handed out only inside [base, base + 2 * window) (see
+    // BatchWindow::Admit); a release beyond that names nothing held and would
+    // only add empty steps to the window.
+    const uint64_t far = window_->base() + 2 * uint64_t{window_->options().window};
+    if (step >= far) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "release of step ", step, " rank ", rank, ": no batch that far ahead was handed out "
+          "(batches are handed out for steps ", window_->base(), "..", far - 1, " now)"));
+    }
     window_->Release(step, rank, &cbs);
     ApplyShardSets();
   }

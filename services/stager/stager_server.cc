@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -42,15 +43,25 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   metrics_ = std::make_shared<StagerMetrics>(host_->registry());
   // Bind the gRPC port before talking to the packer, so a port in use fails at once.
   core_ = std::make_unique<StagerCore>(opts_.core, metrics_);
-  service_ = std::make_unique<StagerService>(core_.get());
-  GrpcServerOptions grpc;
-  grpc.socket_gid = opts_.core.share_gid;
-  RETURN_IF_ERROR(host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager", grpc));
-  plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get());
+  gate_ = std::make_unique<RpcGate>(opts_.rpc, "tutti.v1.Stager", host_->registry().get());
+  ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
+  service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get());
+  GrpcServerOptions grpc_options;
+  grpc_options.socket_gid = opts_.core.share_gid;
+  // gRPC's own limit stays above the gate's, so that the gate answers with its message.
+  grpc_options.max_receive_bytes = static_cast<int>(
+      std::max<uint64_t>(grpc_options.max_receive_bytes, 2 * opts_.rpc.max_request_bytes));
+  ASSIGN_OR_RETURN(grpc_options.credentials,
+                   MakeServerCredentials(opts_.rpc.security, opts_.listen,
+                                         [](const std::string& w) { kLog.Warning(w); }));
+  RETURN_IF_ERROR(
+      host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager", grpc_options));
+  plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get(), opts_.rpc.security);
   probe_io_ = std::make_unique<IoService>(MakePreadBackend(1));
   prober_ = std::thread([this] { Probe(); });
   ASSIGN_OR_RETURN(v1::JobInfo job, plans_->FetchJob(absl::Now() + opts_.packer_wait, &stop));
   ready.Set(kPacker, absl::OkStatus());
+  ranks_->SetJob(job.config().job_id());
   if (stop.requested()) return absl::CancelledError("stopped while starting");
   RETURN_IF_ERROR(core_->Start(job));
   // The cache directory as the core opened (and locked) it: the prober

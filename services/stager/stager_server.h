@@ -18,6 +18,8 @@
 #include "absl/time/time.h"
 #include "common/daemon.h"
 #include "common/daemon_host.h"
+#include "common/rank_identity.h"
+#include "common/rpc_gate.h"
 #include "common/uring_file.h"
 #include "services/stager/plan_client.h"
 #include "services/stager/stager_core.h"
@@ -36,6 +38,8 @@ struct StagerServerOptions {
   absl::Duration probe_interval = absl::Seconds(2);  // how often readiness checks the
                                                      // source and the packer
   StagerOptions core;
+  RpcGateOptions rpc;  // TLS, token, request bounds (rpc_gate.h); its TLS and
+                       // token also reach the packer
 };
 
 class StagerServer final : public Daemon {
@@ -77,6 +81,8 @@ class StagerServer final : public Daemon {
   std::unique_ptr<DaemonHost> host_;
   std::shared_ptr<StagerMetrics> metrics_;
   std::unique_ptr<StagerCore> core_;
+  std::unique_ptr<RpcGate> gate_;
+  std::unique_ptr<RankIdentities> ranks_;
   std::unique_ptr<StagerService> service_;
   std::unique_ptr<PlanClient> plans_;
   std::unique_ptr<IoService> probe_io_;  // stats the source with a deadline (it may hang)

@@ -4,35 +4,51 @@
 
 namespace tutti::stager {
 
+absl::Status StagerService::AdmitRank(const grpc::CallbackServerContext& ctx, uint32_t rank) {
+  absl::StatusOr<ClientIdentity> caller = CallIdentity(ctx);
+  absl::Status s = caller.ok() ? ranks_->Admit(*caller, rank) : caller.status();
+  if (s.ok() || absl::IsUnavailable(s)) return s;
+  return gate_->Refuse("permission_denied", s);
+}
+
 grpc::ServerUnaryReactor* StagerService::GetStageStatus(grpc::CallbackServerContext* ctx,
-                                                        const v1::GetStageStatusRequest*,
-                                                        v1::StageStatus* resp) {
-  *resp = core_->GetStageStatus();
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                        const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out) {
+  return ServeUnary<v1::GetStageStatusRequest, v1::StageStatus>(
+      gate_, ctx, in, out,
+      [this](const v1::GetStageStatusRequest&, v1::StageStatus* resp, auto done) {
+        *resp = core_->GetStageStatus();
+        done(absl::OkStatus());
+      });
 }
 
 grpc::ServerUnaryReactor* StagerService::AcquireBatch(grpc::CallbackServerContext* ctx,
-                                                      const v1::AcquireBatchRequest* req,
-                                                      v1::BatchDescriptor* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  core_->AcquireAsync(req->step(), req->rank(), req->timeout_ms(),
-                      [reactor, resp](absl::StatusOr<v1::BatchDescriptor> r) {
-                        if (r.ok()) *resp = std::move(*r);
-                        reactor->Finish(ToGrpcStatus(r.status()));
-                      });
-  return reactor;
+                                                      const grpc::ByteBuffer* in,
+                                                      grpc::ByteBuffer* out) {
+  return ServeUnary<v1::AcquireBatchRequest, v1::BatchDescriptor>(
+      gate_, ctx, in, out,
+      [this, ctx](const v1::AcquireBatchRequest& req, v1::BatchDescriptor* resp, auto done) {
+        if (absl::Status s = AdmitRank(*ctx, req.rank()); !s.ok()) return done(s);
+        core_->AcquireAsync(req.step(), req.rank(), req.timeout_ms(),
+                            [resp, done](absl::StatusOr<v1::BatchDescriptor> r) {
+                              if (r.ok()) *resp = *std::move(r);
+                              done(r.status());
+                            });
+      });
 }
 
 grpc::ServerUnaryReactor* StagerService::ReleaseBatch(grpc::CallbackServerContext* ctx,
-                                                      const v1::ReleaseBatchRequest* req,
-                                                      v1::ReleaseBatchResponse*) {
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->Release(
-      req->step(), req->rank(),
-      req->has_wait_seconds() ? std::optional<double>(req->wait_seconds()) : std::nullopt)));
-  return reactor;
+                                                      const grpc::ByteBuffer* in,
+                                                      grpc::ByteBuffer* out) {
+  return ServeUnary<v1::ReleaseBatchRequest, v1::ReleaseBatchResponse>(
+      gate_, ctx, in, out,
+      [this, ctx](const v1::ReleaseBatchRequest& req, v1::ReleaseBatchResponse*, auto done) {
+        if (absl::Status s = AdmitRank(*ctx, req.rank()); !s.ok()) return done(s);
+        absl::Status s = core_->Release(
+            req.step(), req.rank(),
+            req.has_wait_seconds() ? std::optional<double>(req.wait_seconds()) : std::nullopt);
+        done(s.ok() ? s : gate_->Refuse("release_refused", s));
+      });
 }
 
 }  // namespace tutti::stager

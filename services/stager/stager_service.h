@@ -1,30 +1,46 @@
-// gRPC handler for tutti.v1.Stager: translates proto <-> StagerCore calls and
-// absl::Status <-> grpc::Status, nothing else. Callback API; AcquireBatch
-// completes when the core answers (no gRPC thread blocks while waiting).
+// gRPC handler for tutti.v1.Stager (callback API over raw request bytes):
+// the gate (common/rpc_gate.h) bounds, parses and authenticates each
+// request; a call for a rank's batch must come from that rank
+// (rank_identity.h); then it translates proto <-> StagerCore calls and
+// absl::Status <-> grpc::Status, nothing else. AcquireBatch completes when
+// the core answers (no gRPC thread blocks while waiting).
 #ifndef TUTTI_SERVICES_STAGER_STAGER_SERVICE_H_
 #define TUTTI_SERVICES_STAGER_STAGER_SERVICE_H_
 
+#include "common/rank_identity.h"
+#include "common/rpc_gate.h"
 #include "services/stager/stager_core.h"
 #include "tutti/v1/stager.grpc.pb.h"
 
 namespace tutti::stager {
 
-class StagerService final : public v1::Stager::CallbackService {
+using RawStagerService =
+    v1::Stager::WithRawCallbackMethod_GetStageStatus<v1::Stager::WithRawCallbackMethod_AcquireBatch<
+        v1::Stager::WithRawCallbackMethod_ReleaseBatch<v1::Stager::Service>>>;
+
+class StagerService final : public RawStagerService {
  public:
-  explicit StagerService(StagerCore* core) : core_(core) {}
+  // All must outlive the service.
+  StagerService(StagerCore* core, RpcGate* gate, RankIdentities* ranks)
+      : core_(core), gate_(gate), ranks_(ranks) {}
 
   grpc::ServerUnaryReactor* GetStageStatus(grpc::CallbackServerContext* ctx,
-                                           const v1::GetStageStatusRequest* req,
-                                           v1::StageStatus* resp) override;
+                                           const grpc::ByteBuffer* in,
+                                           grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* AcquireBatch(grpc::CallbackServerContext* ctx,
-                                         const v1::AcquireBatchRequest* req,
-                                         v1::BatchDescriptor* resp) override;
+                                         const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* ReleaseBatch(grpc::CallbackServerContext* ctx,
-                                         const v1::ReleaseBatchRequest* req,
-                                         v1::ReleaseBatchResponse* resp) override;
+                                         const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override;
 
  private:
+  // OK when the caller may act as `rank`; else the refusal (counted).
+  absl::Status AdmitRank(const grpc::CallbackServerContext& ctx, uint32_t rank);
+
   StagerCore* core_;
+  RpcGate* gate_;
+  RankIdentities* ranks_;
 };
 
 }  // namespace tutti::stager

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/daemon_flags.h"
+#include "common/security_flags.h"
 #include "common/status.h"
 
 ABSL_FLAG(std::string, packer, "127.0.0.1:7070",
@@ -151,6 +152,7 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
         "empty for the job's)"));
   }
   o.packer_wait = absl::Seconds(absl::GetFlag(FLAGS_packer_wait_s));
+  ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   return o;
 }
 
@@ -163,7 +165,7 @@ DaemonMain StagerdMain() {
       "Stages the job's shards into the node-local cache, decodes what this node's ranks' plans\n"
       "name and hands ready batches to local clients through shared memory. Ready (/readyz,\n"
       "gRPC health) while its cache is usable, its source reachable and the packer answering.";
-  m.flag_files = {"services/stager/stagerd_flags.cc"};
+  m.flag_files = {"services/stager/stagerd_flags.cc", "common/security_flags.cc"};
   m.make = []() -> absl::StatusOr<std::unique_ptr<Daemon>> {
     ASSIGN_OR_RETURN(StagerServerOptions o, StagerOptionsFromFlags());
     return std::unique_ptr<Daemon>(std::make_unique<StagerServer>(std::move(o)));

@@ -32,6 +32,9 @@ const char* ShardStateName(ShardState s) {
 namespace {
 const Logger kLog("stager.staging");
 constexpr size_t kAlign = 4096;
+// Cache files: the daemon's user writes them, the job's group reads them, no
+// one else (a shard may come from a source other users cannot read).
+constexpr unsigned kCacheFileMode = 0640;
 size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
@@ -293,6 +296,7 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
     op.kind = IoOp::Kind::kOpen;
     op.path = path.c_str();
     op.flags = source ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC);
+    op.mode = kCacheFileMode;
     io_->Submit(op, OpDeadline(), [this, f, source](int64_t r2) { OnOpened(f, source, r2); });
     return;
   }
@@ -368,6 +372,7 @@ void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
   op.kind = IoOp::Kind::kOpen;
   op.path = f->tmp_path.c_str();
   op.flags = O_WRONLY | O_CREAT | O_TRUNC | (f->dst_direct ? O_DIRECT : 0);
+  op.mode = kCacheFileMode;
   io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnOpened(f, false, r2); });
 }
 

@@ -80,6 +80,11 @@ TEST_P(StagingBackends, CopiesVerifiesAndRenames) {
     EXPECT_EQ(copy->size(), ref.size());
     EXPECT_EQ(Crc32c(*copy), ref.crc32c());
     EXPECT_EQ(rig.engine->Status(ref.name()).state, ShardState::kStaged);
+    // The job's group may read the cache (the access model); no one else.
+    const fs::perms p = fs::status(rig.cache->PathOf(ref.name())).permissions();
+    EXPECT_EQ(p & (fs::perms::others_all | fs::perms::group_write | fs::perms::group_exec),
+              fs::perms::none)
+        << ref.name();
   }
   EXPECT_FALSE(HasPartial(rig.cache->dir()));
   EXPECT_EQ(rig.cache->cached_files(), 3u);

@@ -38,9 +38,20 @@ class ExchangeTest(unittest.TestCase):
         self.assertEqual(rc, 0, out[-3000:])
         self.assertEqual(len(re.findall(r"OK rank \d: 30 random steps", out)), 4, out[-3000:])
 
+    def test_images_skipped_on_their_encoding_rank_are_masked_where_they_land(self):
+        for launcher in ("torchrun", "mpirun"):
+            with self.subTest(launcher=launcher):
+                rc, out = run(launcher, ["skipped", "--steps", "12"])
+                self.assertEqual(rc, 0, out[-3000:])
+                self.assertEqual(len(re.findall(r"OK rank \d: 12 steps with skipped images", out)),
+                                 4, out[-3000:])
+                masked = [int(n) for n in re.findall(r"skipped images, (\d+) documents", out)]
+                self.assertGreater(sum(masked), 0, out[-3000:])  # the case occurred
+
     def results(self, launcher, case, timeout_s=10):
         rc, out = run(launcher, ["bad", "--case", case, "--timeout", str(timeout_s)], timeout=300)
-        rows = re.findall(r"RESULT " + case + r" (\S+) ([\d.]+)s (.*)", out)
+        # Ranks share mpirun's output stream: another rank's line may follow one on its line.
+        rows = re.findall(r"RESULT " + case + r" (\S+) ([\d.]+)s (.*?)(?=RESULT |\n|$)", out)
         return rc, out, rows
 
     def test_bad_input_fails_every_rank_alike(self):
@@ -48,6 +59,7 @@ class ExchangeTest(unittest.TestCase):
                 "dtype": ("InvalidArgumentError", "x is torch.float64 but the job plans"),
                 "device": ("InvalidArgumentError", "x is on meta but the process group's backend"),
                 "released": ("FailedPreconditionError", "exchange of a released batch"),
+                "corrupt": ("DataLossError", "rank 1: this rank cannot lay out the exchange"),
                 "skip": ("FailedPreconditionError", "rank 0 is at step 1 but rank 1 at step 2")}
         for case, (cls, text) in want.items():
             with self.subTest(case=case):
@@ -74,6 +86,8 @@ class ExchangeTest(unittest.TestCase):
         rc, out, rows = self.results("mpirun", "shape")
         self.assertEqual(len(rows), 4, out[-3000:])
         self.assertTrue(all("x has shape" in r[2] and r[0] == "InvalidArgumentError" for r in rows))
+        rc, out, _ = self.results("mpirun", "noncontiguous")
+        self.assertEqual(out.count("RESULT noncontiguous none"), 4, out[-3000:])
 
 
 if __name__ == "__main__":

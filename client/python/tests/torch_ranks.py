@@ -4,6 +4,8 @@ mpirun (--transport mpi), on synthetic batches (no daemons):
   random N    N steps of random plans, forward and backward, every value checked
               (odd steps place rows with scatter_image_embeds and backward per micro-batch)
   bad CASE    one rank gives bad input at step 1; every rank prints what it got
+  skipped N   N steps where the stagers skip some images' samples: every LLM rank masks
+              the documents whose images another rank skipped, as that rank would
 
 Prints "OK ..." or "RESULT <case> <error class> <message>" per rank."""
 import argparse
@@ -90,6 +92,8 @@ def run_bad(args, transport, rank, world):
                 x = x.double()
             if culprit and args.case == "device":
                 x = x.to("meta")
+            if culprit and args.case == "corrupt":
+                batch._layout.llm_images = [(1, 0)]  # a layout this rank cannot read
             if culprit and args.case == "released":
                 batch.release()
             if culprit and args.case == "absent":
@@ -113,9 +117,41 @@ def run_bad(args, transport, rank, world):
     print(f"RESULT {args.case} none", flush=True)
 
 
+def run_skipped(args, transport, rank, world):
+    masked = 0
+    for step in range(args.steps):
+        rng = np.random.default_rng(2000 + step)
+        images, llm_of = synthetic.random_step(world, step, rng)
+        bad = {s for s in llm_of if rng.random() < 0.3}  # samples whose image fails to decode
+        mine = sorted({im[0] for im in images if im[4] == rank and im[0] in bad})
+        batch, seg = synthetic.batch(world, rank, step, images, llm_of, HIDDEN, transport,
+                                     skipped=mine)
+        try:
+            tutti.torch.share_skipped_images(batch)
+            want = sorted((im[0], im[1]) for im in images
+                          if im[0] in bad and im[5] == rank and im[4] != rank)
+            check(batch.skipped_images == want, f"step {step}: skipped_images "
+                                                f"{batch.skipped_images} != {want}")
+            with_images = {im[0] for im in images}
+            for mb in batch.micro_batches:
+                b = mb.cu_seqlens.tolist()
+                for k, sid in enumerate(mb.doc_sample_ids.tolist()):
+                    lab = mb.labels[0, b[k]:b[k + 1]]
+                    all_masked = bool((lab == -100).all())
+                    should = sid in bad and sid in with_images
+                    check(all_masked == should, f"step {step}: document of sample {sid} "
+                                                f"masked {all_masked}, expected {should}")
+                    masked += should
+        finally:
+            batch.release()
+            seg.close()
+    print(f"OK rank {rank}: {args.steps} steps with skipped images, {masked} documents masked",
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["random", "bad"])
+    ap.add_argument("mode", choices=["random", "bad", "skipped"])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--case", default="")
     ap.add_argument("--transport", default="torch")
@@ -126,7 +162,8 @@ def main():
         transport = _exchange.TorchTransport(None, args.timeout)
     else:
         transport = _exchange.MpiTransport(args.timeout)
-    (run_random if args.mode == "random" else run_bad)(args, transport, env.rank, env.world_size)
+    run = {"random": run_random, "bad": run_bad, "skipped": run_skipped}[args.mode]
+    run(args, transport, env.rank, env.world_size)
 
 
 if __name__ == "__main__":

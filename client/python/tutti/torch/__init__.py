@@ -16,8 +16,8 @@ See client/README.md for every field, its shape, dtype and meaning.
 """
 from tutti.torch._batch import Batch, LabelOptions, MicroBatch
 from tutti.torch._env import LaunchEnv, init_process_group, launch_env
-from tutti.torch._exchange import exchange
+from tutti.torch._exchange import exchange, share_skipped_images
 from tutti.torch._loader import Loader
 
 __all__ = ["Batch", "LabelOptions", "LaunchEnv", "Loader", "MicroBatch", "exchange",
-           "init_process_group", "launch_env"]
+           "init_process_group", "launch_env", "share_skipped_images"]

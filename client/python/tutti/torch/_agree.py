@@ -13,7 +13,7 @@ import torch.distributed as dist
 import tutti
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-_DIRECTIONS = {"forward": 0, "backward": 1}
+_DIRECTIONS = {"forward": 0, "backward": 1, "skipped-images": 2}
 _REFUSED = np.uint64(0x5455545449524653)  # "TUTTIRFS"
 
 
@@ -91,6 +91,19 @@ class Agreement:
                 raise _error(refusal[0], f"{self.where(step, direction)}: {refusal[1]}")
             return
         self._detail(step, direction, send_counts, recv_counts, refusal)
+
+    def any(self, step, what, flag):
+        """Whether any rank's flag is set (a MAX all-reduce within the deadline)."""
+        value = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        if self.world > 1:
+            if self.broken is not None:
+                raise _error("FAILED_PRECONDITION", self.broken)
+            try:
+                dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
+            except RuntimeError as e:
+                self.seq += 1  # the roll call's key: one no other exchange uses
+                self._timed_out(step, what, "take the same step's batch", e)
+        return bool(value[0])
 
     def _detail(self, step, direction, send_counts, recv_counts, refusal):
         mine = {"rank": self.rank, "seq": self.seq, "step": step, "direction": direction,

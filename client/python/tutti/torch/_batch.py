@@ -37,7 +37,9 @@ class LabelOptions:
     mask_document_start: the first token of every document, so that after the
         model's shift no document is predicted from the one packed before it.
     mask_skipped: every token of a document whose sample this rank's stager
-        skipped (a placeholder or a substitute stands in for it).
+        skipped (a placeholder or a substitute stands in for it), or one of
+        whose images the rank that encodes it skipped (post-balancing:
+        Batch.skipped_images).
     """
 
     ignore_index: int = -100
@@ -56,6 +58,9 @@ class _Layout:
         self.step, self.rank = raw.step, raw.rank
         plan = raw.plan
         self.plan = plan
+        # The plan as the stager sent it: what tutti's transports take per exchange
+        # (parsing it is ~200x cheaper than converting the dict).
+        self.plan_bytes = raw.plan_bytes
         self.world_size = int(cfg["world_size"])
         post = cfg["post_balancing"] or {}
         self.hidden_size = int(post.get("hidden_size") or 4096)
@@ -67,6 +72,10 @@ class _Layout:
         self.audio_special = [int(audio.get(k) or d) for k, d in (
             ("audio_start_id", 151647), ("audio_pad_id", 151646), ("audio_end_id", 151648))]
         self.skipped_samples = {int(s["sample_id"]) for s in raw.skipped}
+        # (sample_id, image_index) of images in this rank's documents whose encoding rank
+        # skipped them (filled by share_skipped_images before the batch is handed out).
+        self.skipped_elsewhere = set()
+        self.post_balancing = bool(post.get("enabled"))
 
         # Encoder side: the images this rank encodes, as the batch holds them.
         grid = arrays["image_grid_thw"].astype(np.int64).reshape(-1, 3)
@@ -247,10 +256,11 @@ class MicroBatch:
             b = self._doc_bounds()
             if opts.mask_document_start and len(b) > 1:
                 out[b[:-1]] = opts.ignore_index
-            if opts.mask_skipped and L.skipped_samples:
+            skipped = L.skipped_samples | {sid for sid, _ in L.skipped_elsewhere}
+            if opts.mask_skipped and skipped:
                 d0 = self._docs[0]
                 for k in range(len(b) - 1):
-                    if int(L.doc_ids[d0 + k]) in L.skipped_samples:
+                    if int(L.doc_ids[d0 + k]) in skipped:
                         out[b[k]:b[k + 1]] = opts.ignore_index
             return torch.from_numpy(out).view(1, -1)
         return self._get("labels", build)
@@ -503,6 +513,14 @@ class Batch:
     def skipped(self):
         self._check("skipped")
         return self._raw.skipped
+
+    @property
+    def skipped_images(self):
+        """[(sample_id, image_index)]: images in this rank's documents that the rank encoding
+        them skipped (post-balancing; a substitute or placeholder stands in for each). Their
+        documents' labels are masked like those of the samples in `skipped`."""
+        self._check("skipped_images")
+        return sorted(self._layout.skipped_elsewhere)
 
     def _exchange_state(self):
         return self._states[-1] if self._states else None

@@ -14,7 +14,23 @@ import torch
 import torch.distributed as dist
 
 import tutti
-from tutti.torch._agree import Agreement, _error
+from tutti.torch._agree import _DIRECTIONS, Agreement, _error
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x):
+    """splitmix64 of a Python int."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _tag(pair, index, nbytes):
+    """A message's tag (31 bits): 19 of its pair's hash and its size, then its place in the
+    pair's list (12 bits; beyond 4096 items, equal tags are matched in posting order)."""
+    return (_mix64(pair ^ nbytes) & 0x7FFFF) << 12 | (index & 0xFFF)
 
 
 class _Tables:
@@ -186,6 +202,9 @@ def exchange(x, batch):
             refusal = _check_input(x, batch, tables, transport)
     except tutti.Error as e:
         refusal = (getattr(e, "code", "INVALID_ARGUMENT"), str(e))
+    except Exception as e:  # noqa: BLE001 - whatever stops this rank, the others learn it
+        refusal = ("DATA_LOSS", f"step {batch.step}, rank {batch.rank}: this rank cannot lay "
+                                f"out the exchange ({type(e).__name__}: {e})")
     if refusal is not None:
         transport.refuse(batch, refusal)  # fails on every rank, raises
     state = _State(batch, transport, tables, x)
@@ -198,6 +217,48 @@ def exchange(x, batch):
         state.x = x if x.requires_grad and torch.is_grad_enabled() else None
     batch._states.append(state)
     return _ExchangeFn.apply(leaf, state)
+
+
+def share_skipped_images(batch):
+    """Tells every LLM rank which images it receives stand in for a skipped one.
+
+    Under post-balancing an image is often encoded on another rank than the one whose
+    documents hold it; when that rank's stager skipped its sample (a substitute or a
+    placeholder fills the planned shape), only that rank's batch says so. Every rank sends
+    each peer one byte per exchange item it sends it (1: skipped), so that the LLM rank masks
+    those documents' labels as the encoding rank would (LabelOptions.mask_skipped): the same
+    labels with post-balancing on as off. Collective: every rank calls it for every batch
+    (tutti.torch.Loader does, before yielding it). A no-op without post-balancing."""
+    transport = batch._transport
+    L = batch._layout
+    if transport is None or L.world_size == 1 or not L.post_balancing:
+        return
+    me = batch.rank
+    ex = L.plan.get("exchange") or {}
+
+    def by_peer(transfers):
+        out = {}
+        for t in transfers or []:
+            p = int(t["peer"])
+            if p != me:
+                out.setdefault(p, []).extend(t["items"])
+        return out
+
+    sends, recvs = by_peer(ex.get("sends")), by_peer(ex.get("recvs"))
+
+    def skipped(item):
+        key = (int(item["sample_id"]), int(item.get("index") or 0))
+        return key[0] in L.skipped_samples or (
+            item.get("encoder") == "ENCODER_VISION" and key not in L.enc_rows)
+
+    flags = {p: np.array([skipped(it) for it in items], np.uint8) for p, items in sends.items()}
+    if not transport.share_flags(batch, flags, {p: len(v) for p, v in recvs.items()}, None):
+        return
+    arrived = transport.share_flags(batch, flags, {p: len(v) for p, v in recvs.items()}, True)
+    for p, items in recvs.items():
+        for item, flag in zip(items, arrived[p]):
+            if flag:
+                L.skipped_elsewhere.add((int(item["sample_id"]), int(item.get("index") or 0)))
 
 
 # ---- transports -------------------------------------------------------------
@@ -272,6 +333,17 @@ class _Transport:
         return grad_x
 
 
+    def share_flags(self, batch, flags, recv_counts, move):
+        """move None: whether any rank has a flag set (collective). move True: peer p's
+        flags for this rank, given this rank's flags[p] for p (uint8 arrays)."""
+        if move is None:
+            return True  # no cheap "any" here: always move
+        return self._move_flags(batch, flags, recv_counts)
+
+    def _move_flags(self, batch, flags, recv_counts):
+        raise NotImplementedError
+
+
 class LocalTransport(_Transport):
     """A world of one rank: every row stays here."""
 
@@ -301,6 +373,7 @@ class TorchTransport(_Transport):
         except (AttributeError, RuntimeError):
             store = None
         self.agreement = Agreement(control, self.rank, self.world, timeout_s, store)
+        self._abandoned = []  # messages of exchanges that failed, kept with their memory
         if self.backend == "nccl":
             warm = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
             dist.all_reduce(warm, group=self.group)  # NCCL's communicator, made by every rank
@@ -315,10 +388,15 @@ class TorchTransport(_Transport):
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
                    recv_bytes):
         """One message per item, straight from `src` rows into `dst` rows (no staging
-        copies): the k-th item between two ranks goes with tag k, and both ends list a
-        pair's items in the same order (plan.proto)."""
-        self.agreement.agree(batch.step, direction, send_bytes, recv_bytes)
+        copies); both ends list a pair's items in the same order (plan.proto). The messages
+        are posted before the agreement and waited for only once it holds, so that the
+        agreement overlaps the transfer instead of preceding it. Each message's tag hashes
+        the exchange number, step, direction, the pair, the item's place in the pair's list
+        and its size: a message of another exchange, or of an item the two ends size
+        differently, matches nothing (no wrong rows, no size error) and stays pending, while
+        the agreement fails every rank with the reason."""
         width = src.shape[1]
+        row_bytes = width * src.element_size()
         scratch = {}
 
         def rows(t, at, n, zero):
@@ -328,26 +406,41 @@ class TorchTransport(_Transport):
                 scratch[n] = src.new_zeros((n, width))
             return scratch[n] if zero else src.new_empty((n, width))
 
-        ops = []
+        seq = self.agreement.seq + 1  # the number agree() gives this exchange
+        base = _mix64(_mix64(seq) ^ _mix64(batch.step) ^ _DIRECTIONS[direction])
         me = self.rank
+        ops = []
         for k in range(1, self.world):
             p = (me - k) % self.world
-            for tag, (at, n) in enumerate(recv_items[p]):
-                ops.append(dist.P2POp(dist.irecv, rows(dst, at, n, False), p, self.group, tag))
+            pair = _mix64(base ^ (p << 32 | me))
+            for i, (at, n) in enumerate(recv_items[p]):
+                ops.append(dist.P2POp(dist.irecv, rows(dst, at, n, False), p, self.group,
+                                      _tag(pair, i, n * row_bytes)))
         for k in range(1, self.world):
             p = (me + k) % self.world
-            for tag, (at, n) in enumerate(send_items[p]):
-                ops.append(dist.P2POp(dist.isend, rows(src, at, n, True), p, self.group, tag))
+            pair = _mix64(base ^ (me << 32 | p))
+            for i, (at, n) in enumerate(send_items[p]):
+                ops.append(dist.P2POp(dist.isend, rows(src, at, n, True), p, self.group,
+                                      _tag(pair, i, n * row_bytes)))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        try:
+            self.agreement.agree(batch.step, direction, send_bytes, recv_bytes)
+        except tutti.Error:
+            # Messages with a rank that refused or disagrees never complete; their memory is
+            # kept (a late peer could still read or write it), their tags are never reused.
+            self._abandoned.append((works, src, dst, scratch))
+            raise
         for (sa, n), (da, _) in zip(send_items[me], recv_items[me]):
             if da >= 0:
                 dst[da:da + n].copy_(rows(src, sa, n, True))
-        self._wait(batch, direction, ops)
+        self._wait_works(batch, direction, works)
 
     def _wait(self, batch, direction, ops):
-        if not ops:
-            return
+        self._wait_works(batch, direction, dist.batch_isend_irecv(ops) if ops else [])
+
+    def _wait_works(self, batch, direction, works):
         try:
-            for work in dist.batch_isend_irecv(ops):
+            for work in works:
                 work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as e:
             self.agreement.broken = ("an earlier exchange timed out while moving data; this "
@@ -356,6 +449,21 @@ class TorchTransport(_Transport):
                 f"{self.agreement.where(batch.step, direction)}: the other ranks did not complete "
                 f"the exchange within {self.timeout_s:g} s (a rank crashed or arrived too late); "
                 "the received rows are incomplete; stop the job")) from e
+
+    def share_flags(self, batch, flags, recv_counts, move):
+        if move is None:  # one small all-reduce when (as usual) no rank skipped an image
+            return self.agreement.any(batch.step, "skipped-images",
+                                      any(f.any() for f in flags.values()))
+        send_counts = [len(flags.get(p, ())) for p in range(self.world)]
+        recv = {p: torch.zeros(n, dtype=torch.uint8) for p, n in recv_counts.items() if n}
+        self.agreement.agree(batch.step, "skipped-images", send_counts,
+                             [recv_counts.get(p, 0) for p in range(self.world)])
+        group = self.agreement.group  # gloo, CPU tensors, whatever the data's backend
+        ops = [dist.P2POp(dist.irecv, t, p, group) for p, t in recv.items()]
+        ops += [dist.P2POp(dist.isend, torch.from_numpy(f), p, group)
+                for p, f in flags.items() if len(f)]
+        self._wait(batch, "skipped-images", ops)
+        return {p: recv[p].numpy() if p in recv else np.zeros(0, np.uint8) for p in recv_counts}
 
     def check_device(self, x, where):
         want = "cuda" if self.backend == "nccl" else "cpu"
@@ -418,18 +526,45 @@ class MpiTransport(_Transport):
     def backward(self, state, grad_out):
         return self.items_backward(state, grad_out)
 
+    def _move_flags(self, batch, flags, recv_counts):
+        # An exchange of its own: a plan of one item per peer, the flags' bytes.
+        def transfers(counts):
+            return [{"peer": p, "bytes": n, "items": [{"sample_id": 0, "bytes": n}]}
+                    for p, n in sorted(counts.items()) if n]
+
+        sends = transfers({p: len(f) for p, f in flags.items()})
+        recvs = transfers(recv_counts)
+        plan = {"rank": batch.rank, "exchange": {
+            "sends": sends, "recvs": recvs, "send_bytes": sum(t["bytes"] for t in sends),
+            "recv_bytes": sum(t["bytes"] for t in recvs)}}
+        send = [flags[t["peer"]] for t in sends]
+        send = self._host(np.concatenate(send) if send else np.zeros(0, np.uint8))
+        recv = self._host(np.zeros(plan["exchange"]["recv_bytes"], np.uint8))
+        self.impl.exchange(plan, self._bytes(send), self._bytes(recv), step=batch.step,
+                           world_size=batch.world_size)
+        got, at = {}, 0
+        recv = recv.cpu().numpy()
+        for p, n in sorted(recv_counts.items()):
+            got[p] = recv[at:at + n]
+            at += n
+        return got
+
+    @staticmethod
+    def _host(a):
+        return torch.from_numpy(a)
+
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
                    recv_bytes):
         # The C++ transport reads and writes every item in place (its own agreement).
         rb = src.shape[1] * src.element_size()
-        self.impl.exchange_items(batch._layout.plan, direction, self._bytes(src),
+        self.impl.exchange_items(batch._layout.plan_bytes, direction, self._bytes(src),
                                  self._offsets(send_items, rb), self._bytes(dst),
                                  self._offsets(recv_items, rb), step=batch.step,
                                  world_size=batch.world_size)
 
     def move(self, batch, direction, send, recv, send_rows, recv_rows):
         f = self.impl.exchange if direction == "forward" else self.impl.exchange_backward
-        f(batch._layout.plan, self._bytes(send), self._bytes(recv), step=batch.step,
+        f(batch._layout.plan_bytes, self._bytes(send), self._bytes(recv), step=batch.step,
           world_size=batch.world_size)
 
 
@@ -461,3 +596,7 @@ class NcclTransport(MpiTransport):
     @staticmethod
     def _bytes(t):
         return t.detach().reshape(-1).view(torch.uint8)
+
+    @staticmethod
+    def _host(a):  # the NCCL transport moves device memory only
+        return torch.from_numpy(a).cuda()

@@ -131,6 +131,11 @@ class Loader:
             raise StopIteration from None
         batch = Batch(raw, self.job, labels=self._labels)
         batch._transport = self.transport
+        try:
+            _exchange.share_skipped_images(batch)  # collective, before any label is built
+        except BaseException:
+            batch.release()
+            raise
         if self._pin:
             batch = batch.pin_memory()
         if self._device is not None:

@@ -17,7 +17,8 @@ START, PAD, END = 151652, 151655, 151653
 def job(world, hidden, dtype="DTYPE_FLOAT32"):
     return {"config": {"world_size": world, "job_id": "synthetic", "seed": 1, "epochs": 0,
                        "vision": {"merge_size": 2}, "audio": {}, "batch": {},
-                       "post_balancing": {"hidden_size": hidden, "embedding_dtype": dtype}},
+                       "post_balancing": {"enabled": True, "hidden_size": hidden,
+                                          "embedding_dtype": dtype}},
             "steps_per_epoch": 0, "total_steps": 0, "shards": [], "samples": 0,
             "dataset_bytes": 0, "config_fingerprint": "synthetic"}
 
@@ -76,7 +77,7 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4):
 class Segment:
     count = 0
 
-    def __init__(self, step, rank, plan, images, bf16=False):
+    def __init__(self, step, rank, plan, images, bf16=False, skipped=()):
         mine = [im for im in images if im[4] == rank]
         px = np.concatenate([np.full((gh * gw, ROW), s % 251, np.float32)
                              for s, i, gh, gw, _, _ in mine]) if mine else np.zeros((0, ROW), np.float32)
@@ -120,16 +121,18 @@ class Segment:
             descs.append({"name": name, "dtype": td, "shape": list(a.shape), "offset": off,
                           "nbytes": a.nbytes})
         self.desc = {"step": step, "rank": rank, "shm_name": "/" + self.name,
-                     "shm_size": self.shm.size, "arrays": descs, "plan": plan, "seq_len": 4096}
+                     "shm_size": self.shm.size, "arrays": descs, "plan": plan, "seq_len": 4096,
+                     "skipped": [{"sample_id": sid, "reason": "corrupt"} for sid in skipped]}
 
     def close(self):
         self.shm.close()
         self.shm.unlink()
 
 
-def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False):
+def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=()):
+    """skipped: sample ids this rank's stager lists as skipped."""
     plan = rank_plan(world, rank, images, llm_of, hidden)
-    seg = Segment(step, rank, plan, images, bf16=bf16)
+    seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped)
     raw = tutti.map_batch(seg.desc, copy_on_write=True)
     b = Batch(raw, job(world, hidden))
     b._transport = transport
