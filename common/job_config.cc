@@ -150,7 +150,7 @@ void ApplyJobDefaults(v1::JobConfig* c) {
   auto* p = c->mutable_packing();
   if (p->strategy().empty()) p->set_strategy("tutti");
   if (p->open_bins() == 0) p->set_open_bins(6);
-  if (p->improvement_rounds() == 0) p->set_improvement_rounds(64);
+  if (p->improvement_rounds() == 0) p->set_improvement_rounds(256);
 
   auto* pb = c->mutable_post_balancing();
   if (pb->rearrangement().empty()) pb->set_rearrangement("fast");

@@ -103,6 +103,7 @@ dispatch::DispatchOptions PostBalancingOptions(const DispatcherOptions& o) {
   d.slots.text_micro_batch = o.text_micro_batch;
   d.slots.vl_micro_batches = o.vl_micro_batches;
   d.slots.vl_micro_batch = o.vl_micro_batch;
+  d.slots.img_cap = o.img_cap;
   d.padded = o.padded;
   d.rearrangement = o.rearrangement;
   d.hidden_size = o.hidden_size;

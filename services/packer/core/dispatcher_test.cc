@@ -291,6 +291,81 @@ TEST(PostBalancingTest, AStepAcrossAnEpochBoundaryDrawsNoSampleTwice) {
   EXPECT_GT(spanning, 10u) << "no step spans an epoch; the test needs another dataset size";
 }
 
+// The most image tokens any one sequence of the step holds.
+uint64_t FullestImageSequence(const StepPlanData& d) {
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> images;
+  uint64_t most = 0;
+  for (const auto& ps : d.samples) {
+    most = std::max(most, images[{ps.rank, ps.seq}] += ps.cost.image_tokens);
+  }
+  return most;
+}
+
+// img_cap_tokens holds in every sequence under post-balancing (fast, padded,
+// ilp) as under colocated packing. The cap is the median over the steps of
+// the fullest sequence's image tokens without a cap (at least the largest
+// sample's), so that it binds in about half the steps; a step that cannot
+// keep it is refused naming the image tokens, and most steps can.
+TEST(PostBalancingTest, ImageCapHoldsInEveryMode) {
+  const std::string base = kBaseConfig;
+  auto probe = JobOf(base);
+  ASSERT_TRUE(probe);
+  uint64_t largest = 0;
+  for (uint32_t stage = 0; stage < 2; ++stage) {
+    for (uint32_t s : probe->vl_samples()) {
+      auto c = probe->coster(stage).Cost(s);
+      ASSERT_TRUE(c.ok());
+      largest = std::max<uint64_t>(largest, c->image_tokens);
+    }
+  }
+  constexpr uint64_t kSteps = 30;
+  std::vector<uint64_t> fullest;
+  {
+    Planner planner(probe);
+    StepPlanData d;
+    for (uint64_t step = 0; step < kSteps; ++step) {
+      ASSERT_TRUE(planner.Plan(step, &d).ok());
+      fullest.push_back(FullestImageSequence(d));
+    }
+  }
+  std::sort(fullest.begin(), fullest.end());
+  const uint64_t cap = std::max(largest, fullest[kSteps / 2]);
+  std::string capped = base;
+  capped.replace(capped.find("max_patches_per_chunk: 8192"), 27,
+                 absl::StrCat("max_patches_per_chunk: 8192 img_cap_tokens: ", cap));
+  PlanCheckOptions check;
+  check.img_cap = static_cast<uint32_t>(cap);
+  for (const char* mode : {"post", "post padded: true", "post rearrangement: 'ilp'", "tutti"}) {
+    const bool post = std::string(mode).rfind("post", 0) == 0;
+    const std::string extra = post ? std::string(mode).substr(4) : "";
+    auto config = [&](const std::string& c) {
+      return post ? absl::StrCat(c, " post_balancing { enabled: true ", extra, " }") : c;
+    };
+    auto job = JobOf(config(capped)), uncapped = JobOf(config(base));
+    ASSERT_TRUE(job && uncapped);
+    Planner planner(job), free_planner(uncapped);
+    StepPlanData d;
+    uint64_t planned = 0, over_without_cap = 0;
+    for (uint64_t step = 0; step < kSteps; ++step) {
+      absl::Status s = planner.Plan(step, &d);
+      if (s.ok()) {
+        ++planned;
+        EXPECT_LE(FullestImageSequence(d), cap) << mode << " step " << step;
+        EXPECT_TRUE(CheckPlannedStep(d, check).ok())
+            << mode << " step " << step << ": " << CheckPlannedStep(d, check);
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << mode << ": " << s;
+      }
+      ASSERT_TRUE(free_planner.Plan(step, &d).ok()) << mode << " step " << step;
+      over_without_cap += FullestImageSequence(d) > cap;
+    }
+    EXPECT_GE(planned, kSteps * 2 / 3) << mode;
+    // Post-balancing breaks it without the cap (colocated tutti spreads VL
+    // image tokens evenly enough to stay under it here).
+    if (post) EXPECT_GT(over_without_cap, 0u) << mode << ": the cap does not bind";
+  }
+}
+
 TEST(PostBalancingTest, StagingForAnotherClusterIsRefused) {
   auto job = JobOf(PostConfig());
   ASSERT_TRUE(job);
@@ -339,9 +414,9 @@ TEST(DocImagesTest, EveryDocumentCarriesTheGridsOfItsImages) {
                 EXPECT_EQ(di.image_index(), static_cast<uint32_t>(i));
                 const v1::ImagePlan* ip = encoded.at({doc.sample_id(), di.image_index()});
                 EXPECT_EQ(ip->llm_rank(), rp.rank());
-                EXPECT_EQ(std::make_tuple(di.grid_t(), di.grid_h(), di.grid_w(), di.llm_tokens()),
-                          std::make_tuple(ip->grid_t(), ip->grid_h(), ip->grid_w(),
-                                          ip->llm_tokens()));
+                EXPECT_EQ(
+                    std::make_tuple(di.grid_t(), di.grid_h(), di.grid_w(), di.llm_tokens()),
+                    std::make_tuple(ip->grid_t(), ip->grid_h(), ip->grid_w(), ip->llm_tokens()));
                 tokens += di.llm_tokens();
                 ++images;
               }

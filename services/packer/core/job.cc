@@ -174,7 +174,7 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
   uint64_t too_long = 0, over_cap = 0, max_cap_tokens = 0;
   int64_t first_long = -1, first_cap = -1;
   uint32_t first_long_tokens = 0, first_cap_tokens = 0;
-  double sum_text = 0, sum_vl = 0;
+  double sum_text = 0, sum_vl = 0, sum_images = 0;
   // Only what the streams draw from: a sample left out is never planned.
   for (const std::vector<uint32_t>* stream : {&text_samples(), &vl_samples()}) {
     for (const uint32_t s : *stream) {
@@ -186,6 +186,7 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
       }
       st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
       (ix.is_vl(s) ? sum_vl : sum_text) += c->llm_tokens;
+      sum_images += c->image_tokens;
       if (c->llm_tokens > seq_len) {
         if (first_long < 0) first_long = s, first_long_tokens = c->llm_tokens;
         ++too_long;
@@ -245,6 +246,27 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
         "at most %u, raise seq_len, or give %s more micro-batches or sequences",
         where, f.name, f.fill, f.per_step, f.name, f.mean, world_size(), f.seqs, seq_len,
         options.max_expected_fill, f.field, max_ok, f.name));
+  }
+  if (img_cap > 0 && n_vl > 0 && vl_seqs_ > 0) {
+    // Image tokens against the cap, as tokens against seq_len above: a step
+    // of average samples must leave its VL sequences room under the cap.
+    const double mean_images = sum_images / n_vl;
+    const double image_cap = W * vl_seqs_ * img_cap;
+    const double image_fill = b.vl_samples_per_step() * mean_images / image_cap;
+    if (image_fill > options.max_expected_fill) {
+      const uint64_t max_ok =
+          static_cast<uint64_t>(std::floor(options.max_expected_fill * image_cap / mean_images));
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "at %s the VL sequences' image tokens would be %.2f of batch.img_cap_tokens on average "
+          "(%u VL samples per step x %.0f mean image tokens / (%u ranks x %u sequences x %u)), "
+          "above the limit %.2f: no plan can keep the cap; lower batch.vl_samples_per_step to at "
+          "most %u, raise batch.img_cap_tokens to at least %.0f, or give VL more micro-batches or "
+          "sequences",
+          where, image_fill, b.vl_samples_per_step(), mean_images, world_size(), vl_seqs_, img_cap,
+          options.max_expected_fill, max_ok,
+          std::ceil(b.vl_samples_per_step() * mean_images / (W * vl_seqs_) /
+                    options.max_expected_fill)));
+    }
   }
   stats_.push_back(st);
   return absl::OkStatus();

@@ -10,8 +10,10 @@
 //            fewest image tokens, a text sample to the one with the fewest
 //            tokens; when none fits, the fullest bin is emitted as a pack
 //   seed-v2  as seed-v1, balancing ViT cost p*(1+p/p_ref) instead
-//   tutti    balances ViT cost and LLM cost (and tokens) of every rank at
-//            once: largest-first assignment plus local improvement moves
+//   tutti    minimises the slowest rank's ViT cost and LLM cost (tokens
+//            only fill sequences): largest-first assignment, large text
+//            documents first, plus local moves and swaps off the slowest
+//            rank that never worsen either phase
 //   lpt, kk, multipack, sequential
 //            the balancers users would otherwise pick (peer_strategies.cc)
 // The seed strategies deal emitted packs to sequence slots in order: pack i
@@ -66,9 +68,10 @@ class PackingStrategy {
 };
 
 struct StrategyOptions {
-  std::string name = "tutti";        // greedy, seed-v1, seed-v2, tutti
-  uint32_t open_bins = 6;            // N for seed-v1/v2
-  uint32_t improvement_rounds = 64;  // local-search rounds for tutti
+  std::string name = "tutti";         // PackingStrategyNames()
+  uint32_t open_bins = 6;             // N for seed-v1/v2
+  uint32_t improvement_rounds = 256;  // tutti's local-search rounds per phase, times
+                                      // sqrt(ceil(ranks / 64))
 };
 
 // INVALID_ARGUMENT naming the unknown strategy and the known ones.

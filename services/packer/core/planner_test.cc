@@ -1,12 +1,15 @@
 #include "services/packer/core/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/smart_resize.h"
 #include "gtest/gtest.h"
+#include "services/packer/core/plan_audit.h"
+#include "services/packer/core/plan_check.h"
 #include "services/packer/plan_proto.h"
 #include "services/packer/testing/jobs.h"
 
@@ -359,6 +362,44 @@ void ExpectRefused(const absl::Status& s, absl::StatusCode code, std::vector<std
   for (const auto& n : needles) EXPECT_NE(s.message().find(n), std::string::npos) << n << ": " << s;
 }
 
+// Hundreds of steps at several world sizes, colocated (tutti and a peer)
+// and post-balanced: every plan agrees with what its job alone says
+// (AuditPlanAgainstJob) and with itself (CheckPlannedStep).
+TEST(PlannerTest, AnIndependentAuditAgreesWithEveryPlan) {
+  for (uint32_t world : {4u, 16u}) {
+    for (const char* mode : {"packing { strategy: 'tutti' }", "packing { strategy: 'lpt' }",
+                             "post_balancing { enabled: true }"}) {
+      std::string c = absl::StrCat(kBaseConfig, " ", mode);
+      c.replace(c.find("world_size: 4"), 13, absl::StrCat("world_size: ", world));
+      c.replace(c.find("text_samples_per_step: 24"), 25,
+                absl::StrCat("text_samples_per_step: ", 6 * world));
+      c.replace(c.find("vl_samples_per_step: 8"), 22,
+                absl::StrCat("vl_samples_per_step: ", 2 * world));
+      auto job = MakeJob(c, SmallIndex());
+      ASSERT_TRUE(job.ok()) << job.status();
+      Planner planner(*job);
+      StepPlanData d;
+      for (uint64_t step = 0; step < 120; ++step) {
+        ASSERT_TRUE(planner.Plan(step, &d).ok()) << mode << " W=" << world << " step " << step;
+        absl::Status audit = AuditPlanAgainstJob(**job, d);
+        EXPECT_TRUE(audit.ok()) << mode << " W=" << world << ": " << audit;
+        absl::Status check = CheckPlannedStep(d);
+        EXPECT_TRUE(check.ok()) << mode << " W=" << world << ": " << check;
+        if (!audit.ok() || !check.ok()) break;
+      }
+      // The audit is not blind: a plan that moves one sample to a rank's
+      // other modality, or reports another maximum, is caught.
+      ASSERT_TRUE(planner.Plan(3, &d).ok());
+      StepPlanData moved = d;
+      moved.samples[0].seq = d.text_seqs;  // a text sample into a VL sequence
+      EXPECT_FALSE(AuditPlanAgainstJob(**job, moved).ok()) << mode;
+      StepPlanData wrong = d;
+      wrong.llm.max *= 1.01;
+      if (!d.phases_from_dispatcher) EXPECT_FALSE(AuditPlanAgainstJob(**job, wrong).ok()) << mode;
+    }
+  }
+}
+
 TEST(PlannerBadInputTest, RatioThatCannotBeMet) {
   auto job = MakeJob(R"pb(
                        world_size: 4
@@ -381,6 +422,34 @@ TEST(PlannerBadInputTest, ImageCapSmallerThanOneImage) {
   auto job = Job::Create(config, SmallIndex());
   ExpectRefused(job.status(), absl::StatusCode::kFailedPrecondition,
                 {"img_cap_tokens 100", "raise batch.img_cap_tokens to at least", "of shard"});
+}
+
+// Every sample fits the cap on its own, but a step's image tokens cannot fit
+// the world's VL sequences under it: refused at load, not at some step.
+TEST(PlannerBadInputTest, ImageCapThatNoStepCanKeep) {
+  auto probe = Job::Create(Config(kBaseConfig), SmallIndex());
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  uint32_t cap = 0;
+  double sum = 0;
+  const auto& vl = (*probe)->vl_samples();
+  for (uint32_t s : vl) {
+    auto c = (*probe)->coster(0).Cost(s);
+    ASSERT_TRUE(c.ok());
+    cap = std::max(cap, c->image_tokens);
+    sum += c->image_tokens;
+  }
+  for (uint32_t s : vl) cap = std::max(cap, (*probe)->coster(1).Cost(s)->image_tokens);
+  // 4 ranks x 1 VL sequence x cap image tokens, filled past the limit.
+  const uint32_t per_step = static_cast<uint32_t>(std::ceil(4.0 * cap / (sum / vl.size())));
+  ASSERT_LT(2 * per_step, vl.size());
+  v1::JobConfig config = Config(kBaseConfig);
+  config.mutable_batch()->set_img_cap_tokens(cap);
+  ASSERT_TRUE(Job::Create(config, SmallIndex()).ok());  // the cap alone is fine
+  config.mutable_batch()->set_vl_samples_per_step(per_step);
+  auto job = Job::Create(config, SmallIndex());
+  ExpectRefused(job.status(), absl::StatusCode::kFailedPrecondition,
+                {"image tokens would be", "of batch.img_cap_tokens", "no plan can keep the cap",
+                 "raise batch.img_cap_tokens to at least", "curriculum[0]"});
 }
 
 TEST(PlannerBadInputTest, SampleLargerThanSeqLen) {

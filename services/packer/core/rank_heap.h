@@ -4,6 +4,7 @@
 #ifndef TUTTI_SERVICES_PACKER_CORE_RANK_HEAP_H_
 #define TUTTI_SERVICES_PACKER_CORE_RANK_HEAP_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +27,33 @@ class RankHeap {
   }
   uint32_t Top() const { return heap_[0]; }
   uint32_t size() const { return static_cast<uint32_t>(heap_.size()); }
+
+  // The first rank in key order (ties: lower rank) for which take(r) is
+  // true, or -1: ranks are visited best first through a frontier of the
+  // heap, so the cost is about the number of ranks visited, times log.
+  template <typename Take>
+  int64_t FirstWhere(Take take) const {
+    if (heap_.empty()) return -1;
+    if (take(heap_[0])) return heap_[0];
+    thread_local std::vector<uint32_t> frontier;  // heap positions, a min-heap by Less
+    frontier.clear();
+    auto later = [&](uint32_t a, uint32_t b) { return Less(heap_[b], heap_[a]); };
+    for (uint32_t c = 1; c <= 2 && c < heap_.size(); ++c) {
+      frontier.push_back(c);
+      std::push_heap(frontier.begin(), frontier.end(), later);
+    }
+    while (!frontier.empty()) {
+      std::pop_heap(frontier.begin(), frontier.end(), later);
+      const uint32_t i = frontier.back();
+      frontier.pop_back();
+      if (take(heap_[i])) return heap_[i];
+      for (uint32_t c = 2 * i + 1; c <= 2 * i + 2 && c < heap_.size(); ++c) {
+        frontier.push_back(c);
+        std::push_heap(frontier.begin(), frontier.end(), later);
+      }
+    }
+    return -1;
+  }
 
   // Writes the k smallest ranks (k <= 16) in key order; returns how many.
   uint32_t Smallest(uint32_t k, uint32_t* out) const {

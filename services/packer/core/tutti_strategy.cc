@@ -1,164 +1,172 @@
-// The "tutti" strategy: balances, across ranks, the ViT cost (pre-balancing)
-// and the LLM tokens and LLM cost, all at once.
+// The "tutti" strategy: minimises the slowest rank's cost in each phase,
+// the ViT cost (pre-balancing) and the LLM cost, with tokens only as the
+// constraint of every sequence (seq_len, and img_cap for image tokens).
 //
-// Loads are normalised by their means over ranks (V*, T*, C*); a rank's LLM
-// load is max(tokens / T*, w * cost / C*). Samples are placed largest first
-// in three groups, each onto the best of a few candidate ranks taken from
-// indexed heaps (O(log W) per sample, O(n log n) per step):
-//   1. large text documents (at least kLargeText of a rank's mean LLM load),
-//      onto the ranks with the lowest LLM load: they claim a rank's LLM
-//      budget before anything else;
-//   2. VL samples (pre-balancing), largest by their share of the mean ViT
-//      load or of the mean VL tokens, onto the rank minimising
-//      max(ViT / V*, w * VL tokens / VLT*): ViT leads, VL tokens keep every
-//      rank's VL sequences filling alike. A rank whose LLM budget is (nearly)
-//      spent by large documents is closed to VL samples, and a sample that
-//      would push a rank over its budget goes there only as a last resort.
-//      With post-balancing the encoders are dealt separately and VL samples
-//      are placed like text;
-//      then local improvement of the ViT load (moves and swaps of VL samples
-//      from the most loaded rank to the least loaded ones, never pushing a
-//      rank's LLM load over its budget);
-//   3. the other text documents, in batches onto the ranks with the lowest
-//      LLM load: they fill every rank up to the mean, around what VL left;
-//      then local improvement of the LLM load (moves and swaps of text and
-//      VL samples from the most loaded rank, never raising the ViT maximum).
-// Within a rank a text sample goes to the sequence with the most room (worst
-// fit evens out micro-batches), a VL sample to the fullest sequence it fits
-// (best fit keeps room for large samples); both respect seq_len and img_cap.
-// Deterministic: ties go to the lower index.
+//   1. Large text documents (LLM cost at least kGiant of the LLM lower
+//      bound max(mean, largest item)) first, longest processing time (LPT):
+//      by decreasing LLM cost onto the rank with the least LLM cost that has
+//      a text sequence with room. Only with VL samples to balance: they then
+//      keep off these ranks beyond the bound (plus kGiantSlack), so that a
+//      large document never shares its rank with a full VL share.
+//   2. VL samples, LPT by ViT cost (by LLM cost when the encoders are dealt
+//      elsewhere, balance_vit false) onto the allowed rank with the least
+//      load and a VL sequence with room; then the ViT local search (below)
+//      with the LLM budget of step 1 as the cap.
+//   3. The other text documents, LPT by LLM cost on top of the VL samples'
+//      LLM cost; documents under kSmall of a rank's mean load go in batches
+//      (the B largest onto the B least loaded ranks), which is LPT up to the
+//      order within a batch without a heap operation per document.
+//   4. Local search, bounded: from the slowest rank of a phase, the best
+//      move of one of its samples, or swap with a sample of one of the
+//      least loaded ranks, that brings both ranks below the slowest one's
+//      cost and raises no rank of the other phase above that phase's
+//      maximum (a ViT change may take a text document along to keep the
+//      LLM maximum). So neither phase ever gets worse. Rounds alternate
+//      between the phases (LLM, then ViT) until neither can improve, the
+//      maximum sits within kDone of its lower bound, or the budget
+//      (Budget()) is spent.
+// Within a rank a sample goes to the sequence of its modality with the fewest
+// tokens that has room for its tokens and image tokens. Ranks without room
+// for the next sample sleep until the samples get small enough (the choice
+// is unchanged, the scan shorter). Deterministic: orders break ties by
+// position, heaps by rank.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "services/packer/core/packing.h"
 #include "services/packer/core/rank_heap.h"
 
 namespace tutti::packer {
 namespace {
 
-constexpr double kEps = 1e-12;
-// A rank's LLM load is max(tokens / T*, kCostWeight * cost / C*). Tokens
-// and cost cannot both be balanced when a few documents are far more
-// cost-dense than the rest (a 32k-token document costs 5x per token at
-// beta = 1/8192): ranks holding them run short of tokens and the others must
-// take the surplus. The weight below settles that trade-off in favour of
-// tokens (activation memory and the linear part of the cost follow tokens):
-// cost is treated as balanced within 3% of its mean.
-constexpr double kCostWeight = 0.97;
-constexpr double kLargeText = 0.1;
-// Weight of the VL-token dimension while placing VL samples: below 1 so the
-// ViT cost leads and VL tokens only steer among ranks of similar ViT load.
-constexpr double kVlTokenWeight = 0.8;
-// Weight of the LLM load in a VL sample's placement: small, so it decides
-// among ranks of equal ViT load.
-constexpr double kLlmTieWeight = 0.02;
-// Added to the score of a rank that a VL sample would push over its LLM
-// budget: such ranks are used only when no other has room.
-constexpr double kPenalty = 10;
-// Receivers considered per heap by an improvement move.
-constexpr uint32_t kReceivers = 4;
-// Improvement stops once the maximum is within this of its lower bound:
-// ViT, and LLM (where the last per-mille cost many small moves).
-constexpr double kVitTolerance = 0.003;
-constexpr double kLlmTolerance = 0.01;
+// Least loaded ranks a local-search round tries as partners.
+constexpr uint32_t kReceivers = 6;
+// Ranks visited (least loaded first) to find receivers with room.
+constexpr uint32_t kRoomScan = 64;
+// A phase is done once its maximum is within this of its lower bound.
+constexpr double kDone = 1e-4;
+// A move must lower the slowest rank by more than this (relative), so that
+// rounding noise never counts as progress.
+constexpr double kGain = 1e-12;
+// Swaps try every pair of two ranks' items up to this many pairs.
+constexpr size_t kAllPairs = 400;
+// A text document costing at least this share of the LLM lower bound is a
+// large one, and a rank holding one takes VL samples only up to the bound
+// plus kGiantSlack.
+constexpr double kGiant = 0.5;
+constexpr double kGiantSlack = 0.005;
+// Items worth less than this share of a rank's mean load are placed in
+// batches of W / kBatchDivisor (LptBatches).
+constexpr double kSmall = 0.05;
+constexpr uint32_t kBatchDivisor = 4;
 
-// Token (and image-token) room of every sequence of one modality.
-struct SeqRooms {
-  uint32_t per_rank = 0;
-  bool capped = false;
-  bool best_fit = false;
-  std::vector<uint32_t> room;
-  std::vector<uint32_t> img_room;
-
-  void Init(uint32_t ranks, uint32_t per, uint32_t seq_len, uint32_t img_cap, bool best) {
-    per_rank = per;
-    best_fit = best;
-    capped = img_cap > 0;
-    room.assign(size_t{ranks} * per, seq_len);
-    img_room.assign(capped ? size_t{ranks} * per : 0, img_cap);
+// Token and image-token use of every sequence of one modality.
+class Rooms {
+ public:
+  void Init(uint32_t ranks, uint32_t per, uint32_t seq_len, uint32_t img_cap) {
+    per_ = per;
+    seq_len_ = seq_len;
+    img_cap_ = img_cap;
+    used_.assign(size_t{ranks} * per, 0);
+    img_.assign(img_cap > 0 ? size_t{ranks} * per : 0, 0);
   }
-  // The sequence of rank r the item goes to, -1 when none fits.
-  int Pick(uint32_t r, uint32_t tokens, uint32_t img) const {
+  uint32_t per() const { return per_; }
+  // The sequence of rank r with the fewest tokens that takes `it` once
+  // `out` (an item in sequence out_slot of rank r, or none) has left it;
+  // ties go to the lower sequence. -1 when none does.
+  int Fit(uint32_t r, const PackItem& it, const PackItem* out = nullptr,
+          uint32_t out_slot = UINT32_MAX) const {
     int best = -1;
-    const size_t base = size_t{r} * per_rank;
-    for (uint32_t s = 0; s < per_rank; ++s) {
-      if (room[base + s] < tokens || (capped && img_room[base + s] < img)) continue;
-      if (best < 0 ||
-          (best_fit ? room[base + s] < room[base + best] : room[base + s] > room[base + best])) {
-        best = static_cast<int>(s);
+    uint32_t best_used = 0;
+    const size_t base = size_t{r} * per_;
+    for (uint32_t q = 0; q < per_; ++q) {
+      const bool freed = out != nullptr && base + q == out_slot;
+      const uint32_t used = used_[base + q] - (freed ? out->tokens : 0);
+      if (used + it.tokens > seq_len_) continue;
+      if (img_cap_ > 0 &&
+          img_[base + q] - (freed ? out->image_tokens : 0) + it.image_tokens > img_cap_) {
+        continue;
       }
+      if (best < 0 || used < best_used) best = static_cast<int>(q), best_used = used;
     }
     return best;
   }
-  void Take(uint32_t slot, const PackItem& it) {
-    room[slot] -= it.tokens;
-    if (capped) img_room[slot] -= it.image_tokens;
+  uint32_t MaxRoom(uint32_t r) const {
+    uint32_t room = 0;
+    for (uint32_t q = 0; q < per_; ++q) room = std::max(room, seq_len_ - used_[r * per_ + q]);
+    return room;
   }
-  void Give(uint32_t slot, const PackItem& it) {
-    room[slot] += it.tokens;
-    if (capped) img_room[slot] += it.image_tokens;
+  void Add(uint32_t slot, const PackItem& it) {
+    used_[slot] += it.tokens;
+    if (img_cap_ > 0) img_[slot] += it.image_tokens;
   }
+  void Remove(uint32_t slot, const PackItem& it) {
+    used_[slot] -= it.tokens;
+    if (img_cap_ > 0) img_[slot] -= it.image_tokens;
+  }
+
+ private:
+  uint32_t per_ = 1, seq_len_ = 0, img_cap_ = 0;
+  std::vector<uint32_t> used_, img_;
 };
 
-using Lists = std::vector<std::vector<uint32_t>>;
+// One modality's samples: their sequences, slots and per-rank lists.
+struct Side {
+  absl::Span<const PackItem> items;
+  std::vector<uint32_t>* slot = nullptr;
+  Rooms rooms;
+  bool vl = false;
+  std::vector<std::vector<uint32_t>> lists;  // per rank, the items it holds
+  std::vector<uint32_t> pos;                 // item -> index in its rank's list
+
+  uint32_t RankOf(uint32_t i) const { return (*slot)[i] / rooms.per(); }
+  void BuildLists(uint32_t W) {
+    lists.resize(W);
+    for (auto& l : lists) l.clear();
+    pos.resize(items.size());
+    for (uint32_t i = 0; i < items.size(); ++i) {
+      std::vector<uint32_t>& l = lists[RankOf(i)];
+      pos[i] = static_cast<uint32_t>(l.size());
+      l.push_back(i);
+    }
+  }
+  void Unlist(uint32_t i) {
+    std::vector<uint32_t>& l = lists[RankOf(i)];
+    const uint32_t last = l.back();
+    l[pos[i]] = last;
+    pos[last] = pos[i];
+    l.pop_back();
+  }
+  void Relist(uint32_t i) {
+    std::vector<uint32_t>& l = lists[RankOf(i)];
+    pos[i] = static_cast<uint32_t>(l.size());
+    l.push_back(i);
+  }
+};
 
 struct State {
-  // Per-rank loads.
-  std::vector<double> vit, tokens, cost, vl_tokens, llm_key;
-  // Heap keys: ViT load and VL tokens, +inf for a rank closed to VL samples
-  // (so closed ranks never crowd the heads of the heaps); negated loads for
-  // the max-heaps of the improvement phases.
-  std::vector<double> vit_key, vt_key, neg_llm, neg_vit;
-  RankHeap vit_heap, vt_heap, llm_heap, llm_max, vit_max;
-  bool max_heaps = false;
-  bool llm_heap_stale = false;  // llm_heap not maintained (rebuilt before use)
-  SeqRooms text, vl;
-  // (size << 32 | item) in placement order; VL items are n_text + i.
-  std::vector<uint64_t> large, small, vl_order, tmp;
-  Lists text_items, vl_items;  // per rank, for improvement moves
-  std::vector<uint32_t> rank_order;
-  std::vector<uint64_t> ranked;
+  std::vector<double> vit, llm, key, neg_vit, neg_llm;
+  RankHeap vit_min, llm_min, vit_max, llm_max, lpt;
+  Side text, vl;
+  std::vector<uint64_t> order, tmp;  // (~key bits << 32 | item), largest key first
+  std::vector<std::pair<uint32_t, uint32_t>> sleeping;  // (max room, rank), a max-heap
+  std::vector<uint32_t> fell_asleep;
+  std::vector<double> scratch;
+  std::vector<uint8_t> holds_giant;
+  double vit_lb = 0, llm_lb = 0;  // lower bounds: max(mean, largest item)
+  double llm_budget = 0;          // LLM cost allowed on a rank holding a large document
+  double llm_cap = -1;            // the ViT search's LLM cap; -1: the LLM maximum
+  bool text_placed = false;
+  std::vector<std::pair<double, uint32_t>> partners;
 };
 
-// Stable LSD radix sort of 64-bit values by their upper 32 bits, descending.
-void SortLargestFirst(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp) {
-  tmp->resize(v->size());
-  uint32_t count[2048];
-  for (int shift = 32; shift < 64; shift += 11) {
-    std::fill(count, count + 2048, 0);
-    for (uint64_t x : *v) ++count[2047 - ((x >> shift) & 2047)];
-    uint32_t sum = 0;
-    for (uint32_t& c : count) {
-      const uint32_t n = c;
-      c = sum;
-      sum += n;
-    }
-    for (uint64_t x : *v) (*tmp)[count[2047 - ((x >> shift) & 2047)]++] = x;
-    v->swap(*tmp);
-  }
-}
-
-uint64_t Entry(double size, uint32_t i) {
-  const double q = std::min(size * (1 << 20), 4294967295.0);  // 32-bit fixed point
-  return (uint64_t(q) << 32) | i;
-}
-
-void BuildLists(uint32_t W, const std::vector<uint32_t>& slots, uint32_t per_rank, Lists* lists) {
-  if (lists->size() < W) lists->resize(W);
-  for (uint32_t r = 0; r < W; ++r) (*lists)[r].clear();
-  for (uint32_t i = 0; i < slots.size(); ++i) (*lists)[slots[i] / per_rank].push_back(i);
-}
-
-void Erase(std::vector<uint32_t>* v, uint32_t x) {
-  auto it = std::find(v->begin(), v->end(), x);
-  if (it != v->end()) {
-    *it = v->back();
-    v->pop_back();
-  }
-}
+double VitOf(const PackItem& it) { return it.vit; }
+double LlmOf(const PackItem& it) { return it.llm; }
+double TokensOf(const PackItem& it) { return it.tokens; }
 
 class TuttiStrategy final : public PackingStrategy {
  public:
@@ -167,531 +175,530 @@ class TuttiStrategy final : public PackingStrategy {
 
   absl::Status Pack(const PackProblem& p, PackResult* out) const override {
     thread_local State st;
-    Means m;
-    for (const PackItem& it : p.text) m.Add(it, false);
-    for (const PackItem& it : p.vl) m.Add(it, p.balance_vit);
-    m.Finish(p.ranks);
-    Init(p, &st, out);
-    return Run(p, m, &st, out);
+    const uint32_t W = p.ranks;
+    for (auto* v : {&st.vit, &st.llm, &st.key, &st.neg_vit, &st.neg_llm}) v->assign(W, 0.0);
+    out->text_slot.assign(p.text.size(), 0);
+    out->vl_slot.assign(p.vl.size(), 0);
+    Side& text = st.text;
+    Side& vl = st.vl;
+    text.items = p.text;
+    text.slot = &out->text_slot;
+    text.vl = false;
+    text.rooms.Init(W, p.text_seqs_per_rank, p.seq_len, 0);
+    vl.items = p.vl;
+    vl.slot = &out->vl_slot;
+    vl.vl = true;
+    vl.rooms.Init(W, p.vl_seqs_per_rank, p.seq_len, p.img_cap);
+    st.text_placed = false;
+    Bounds(p, &st);
+    const uint64_t budget = Budget(W);
+    uint64_t vit_rounds = 0, llm_rounds = 0;
+    auto anywhere = [](uint32_t, const PackItem&) { return true; };
+    auto nothing = [](uint32_t, const PackItem&) {};
+
+    // 1. Text documents large against the LLM lower bound claim their
+    // ranks first (pre-balancing: VL samples then avoid those ranks).
+    const bool giants = p.balance_vit && !p.vl.empty();
+    const double giant = giants ? kGiant * st.llm_lb : HUGE_VAL;
+    std::vector<uint8_t>& holds_giant = st.holds_giant;
+    holds_giant.assign(W, 0);
+    if (giants) {
+      Order(
+          text, LlmOf, [&](const PackItem& it) { return it.llm >= giant; }, &st);
+      RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf, &st.llm, anywhere,
+                          [&](uint32_t r, const PackItem&) { holds_giant[r] = 1; }));
+    }
+    // 2. VL samples by ViT cost (by LLM cost when the encoders are dealt
+    // elsewhere), onto ranks whose large documents leave them LLM room,
+    // then the ViT search among VL samples alone.
+    if (!p.vl.empty()) {
+      auto key = p.balance_vit ? VitOf : LlmOf;
+      Order(
+          vl, key, [](const PackItem&) { return true; }, &st);
+      std::vector<double>& vl_load = st.scratch;
+      vl_load.assign(W, 0.0);
+      const double room = st.llm_budget;
+      auto allowed = [&](uint32_t r, const PackItem& it) {
+        return !holds_giant[r] || st.llm[r] + it.llm <= room;
+      };
+      auto placed = [&](uint32_t r, const PackItem& it) {
+        st.llm[r] += it.llm;
+        st.vit[r] += it.vit;
+      };
+      absl::Status s = Lpt(p, &st, &vl, key, &vl_load, allowed, placed);
+      if (absl::IsFailedPrecondition(s)) {
+        // VL sequences too tight for cost order (it strands room a large
+        // sample needs): again by tokens, largest first onto the rank with
+        // the fewest VL tokens, which packs what fits; the ViT search below
+        // then evens out the cost.
+        vl.rooms.Init(W, p.vl_seqs_per_rank, p.seq_len, p.img_cap);
+        vl_load.assign(W, 0.0);
+        st.vit.assign(W, 0.0);
+        st.llm.assign(W, 0.0);
+        for (uint32_t i = 0; i < p.text.size(); ++i) {
+          if (p.text[i].llm >= giant) st.llm[text.RankOf(i)] += p.text[i].llm;
+        }
+        Order(
+            vl, TokensOf, [](const PackItem&) { return true; }, &st);
+        s = Lpt(p, &st, &vl, TokensOf, &vl_load, allowed, placed);
+      }
+      RETURN_IF_ERROR(s);
+      if (p.balance_vit && W > 1) {
+        StartSearch(p, &st);
+        st.llm_cap = st.llm_budget;
+        while (vit_rounds < budget && Round(p, &st, true)) ++vit_rounds;
+      }
+    }
+    // 3. The other text documents, on top.
+    Order(
+        text, LlmOf, [&](const PackItem& it) { return it.llm < giant; }, &st);
+    RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf, &st.llm, anywhere, nothing));
+    st.text_placed = true;
+    // 4. Both phases, alternating.
+    if (W > 1) {
+      StartSearch(p, &st);
+      st.llm_cap = -1;
+      const bool vit_open = p.balance_vit && !p.vl.empty();
+      while (true) {
+        bool moved = false;
+        while (llm_rounds < budget && Round(p, &st, false)) ++llm_rounds, moved = true;
+        while (vit_open && vit_rounds < budget && Round(p, &st, true)) ++vit_rounds, moved = true;
+        if (!moved) break;
+      }
+    }
+    return absl::OkStatus();
   }
 
  private:
-  struct Means {
-    double vit = 0, tokens = 0, cost = 0, max_vit = 0, vl_tokens = 0, vl_llm = 0, vl_items = 0;
-    // A rank within this of its LLM budget is closed to VL samples: twice
-    // the mean VL sample's share of a rank's LLM load.
-    double vl_margin = 0;
-    void Add(const PackItem& it, bool with_vit) {
-      tokens += it.tokens;
-      cost += it.llm;
-      if (!with_vit) return;
-      vit += it.vit;
-      vl_tokens += it.tokens;
-      vl_llm += it.llm;
-      vl_items += 1;
-      max_vit = std::max(max_vit, it.vit);
+  // Lower bounds max(mean, largest item) of both phases, and the LLM
+  // budget of ranks holding a large document.
+  static void Bounds(const PackProblem& p, State* st) {
+    double vit_lb = 0, llm_lb = 0, vit_sum = 0, llm_sum = 0;
+    for (const PackItem& it : p.text) {
+      llm_sum += it.llm;
+      llm_lb = std::max(llm_lb, it.llm);
     }
-    void Finish(uint32_t W) {
-      vit = std::max(vit / W, kEps);
-      vl_tokens = std::max(vl_tokens / W, kEps);
-      tokens = std::max(tokens / W, kEps);
-      cost = std::max(cost / W, kEps);
-      vl_margin = vl_items > 0 ? 2 * vl_llm / vl_items / cost : 0;
-      inv_tokens = 1 / tokens;
-      inv_cost = 1 / cost;
-      inv_vit = 1 / vit;
-      inv_vl_tokens = 1 / vl_tokens;
+    for (const PackItem& it : p.vl) {
+      llm_sum += it.llm;
+      llm_lb = std::max(llm_lb, it.llm);
+      vit_sum += it.vit;
+      vit_lb = std::max(vit_lb, it.vit);
     }
-    double inv_tokens = 1, inv_cost = 1, inv_vit = 1, inv_vl_tokens = 1;
-    double Llm(double t, double c) const {
-      return std::max(t * inv_tokens, c * inv_cost * kCostWeight);
-    }
-  };
-
-  void Init(const PackProblem& p, State* st, PackResult* out) const {
-    const uint32_t W = p.ranks;
-    for (auto* v : {&st->vit, &st->tokens, &st->cost, &st->vl_tokens, &st->llm_key, &st->vit_key,
-                    &st->vt_key, &st->neg_llm, &st->neg_vit}) {
-      v->assign(W, 0.0);
-    }
-    st->text.Init(W, p.text_seqs_per_rank, p.seq_len, 0, /*best=*/false);
-    st->vl.Init(W, p.vl_seqs_per_rank, p.seq_len, p.img_cap, /*best=*/true);
-    st->vit_heap.Init(W, st->vit_key.data());
-    st->vt_heap.Init(W, st->vt_key.data());
-    st->llm_heap.Init(W, st->llm_key.data());
-    st->max_heaps = false;
-    out->text_slot.assign(p.text.size(), 0);
-    out->vl_slot.assign(p.vl.size(), 0);
+    st->vit_lb = std::max(vit_lb, vit_sum / p.ranks);
+    st->llm_lb = std::max(llm_lb, llm_sum / p.ranks);
+    st->llm_budget = st->llm_lb * (1 + kGiantSlack);
   }
 
-  absl::Status Run(const PackProblem& p, const Means& m, State* st, PackResult* out) const {
-    const uint32_t n_text = static_cast<uint32_t>(p.text.size());
-    auto llm_size = [&](const PackItem& it) { return m.Llm(it.tokens, it.llm); };
-    st->large.clear();
-    st->small.clear();
-    for (uint32_t i = 0; i < n_text; ++i) {
-      const double size = llm_size(p.text[i]);
-      (size >= kLargeText ? st->large : st->small).push_back(Entry(size, i));
+  // The items of `side` by decreasing key (ties: lower item) into
+  // st->order, optionally only those with select(item). Keys are compared
+  // as floats (a relative 6e-8; closer keys count as equal).
+  template <typename Select>
+  static void Order(const Side& side, double (*key)(const PackItem&), Select select, State* st) {
+    std::vector<uint64_t>& order = st->order;
+    order.clear();
+    for (uint32_t i = 0; i < side.items.size(); ++i) {
+      if (!select(side.items[i])) continue;
+      const float k = static_cast<float>(key(side.items[i]));
+      uint32_t bits;
+      std::memcpy(&bits, &k, 4);  // non-negative floats order like their bits
+      order.push_back(uint64_t{~bits} << 32 | i);
     }
-    st->vl_order.clear();
-    for (uint32_t i = 0; i < p.vl.size(); ++i) {
-      const PackItem& it = p.vl[i];
-      const double size =
-          p.balance_vit ? std::max(it.vit / m.vit, it.tokens / m.vl_tokens) : llm_size(it);
-      st->vl_order.push_back(Entry(size, n_text + i));
-    }
-    for (auto* order : {&st->large, &st->small, &st->vl_order}) SortLargestFirst(order, &st->tmp);
-
-    auto llm_candidates = [&](uint32_t width, uint32_t* cand) {
-      return st->llm_heap.Smallest(width, cand);
-    };
-    auto llm_score = [&](uint32_t r, const PackItem& it) {
-      return m.Llm(st->tokens[r] + it.tokens, st->cost[r] + it.llm);
-    };
-    // 1. Large text documents.
-    absl::Status s = PlaceAll(p, m, st, out, st->large, false, 3, llm_candidates, llm_score);
-    if (!s.ok()) return s;
-    // 2. VL samples.
-    if (p.balance_vit) {
-      auto candidates = [&](uint32_t width, uint32_t* cand) {
-        const uint32_t nc = st->vit_heap.Smallest(width, cand);
-        return nc + st->vt_heap.Smallest(std::max(2u, width / 2), cand + nc);
-      };
-      auto score = [&](uint32_t r, const PackItem& it) {
-        const double llm = llm_score(r, it);
-        return std::max((st->vit[r] + it.vit) * m.inv_vit,
-                        kVlTokenWeight * (st->vl_tokens[r] + it.tokens) * m.inv_vl_tokens) +
-               kLlmTieWeight * llm + (llm > 1 ? kPenalty + llm : 0.0);
-      };
-      // The LLM heap is not consulted while VL samples are placed: rebuilt
-      // once afterwards instead of updated per sample.
-      st->llm_heap_stale = true;
-      s = PlaceAll(p, m, st, out, st->vl_order, true, 3, candidates, score);
-      st->llm_heap_stale = false;
-      if (!s.ok()) return s;
-      st->llm_heap.Init(p.ranks, st->llm_key.data());
-      ImproveVit(p, m, st, out);
-    } else {
-      // Post-balancing: VL samples balance the LLM load only; the ranks with
-      // the most VL room are candidates too, so VL sequences fill alike.
-      auto candidates = [&](uint32_t width, uint32_t* cand) {
-        const uint32_t nc = st->llm_heap.Smallest(width, cand);
-        return nc + st->vt_heap.Smallest(std::max(2u, width / 2), cand + nc);
-      };
-      s = PlaceAll(p, m, st, out, st->vl_order, true, 3, candidates, llm_score);
-      if (!s.ok()) return s;
-    }
-    // 3. The other text documents.
-    s = PlaceSmall(p, m, st, out);
-    if (!s.ok()) return s;
-    ImproveLlm(p, m, st, out);
-    return absl::OkStatus();
-  }
-
-  // Recomputes rank r's derived keys and repositions it in the heaps
-  // (`vl`: its ViT load or VL tokens may have changed).
-  static void Touch(const PackProblem& p, const Means& m, State* st, uint32_t r, bool vl) {
-    st->llm_key[r] = m.Llm(st->tokens[r], st->cost[r]);
-    if (!st->llm_heap_stale) st->llm_heap.Update(r);
-    if (p.balance_vit) {
-      const bool closed = st->llm_key[r] >= 1 - m.vl_margin;
-      const double vit_key = closed ? HUGE_VAL : st->vit[r];
-      if (vl || vit_key != st->vit_key[r]) {
-        st->vit_key[r] = vit_key;
-        st->vt_key[r] = closed ? HUGE_VAL : st->vl_tokens[r];
-        st->vit_heap.Update(r);
-        st->vt_heap.Update(r);
+    // Stable LSD radix sort on the upper 32 bits (11 bits a pass).
+    std::vector<uint64_t>& tmp = st->tmp;
+    tmp.resize(order.size());
+    uint32_t count[2048];
+    for (int shift = 32; shift < 64; shift += 11) {
+      std::fill(count, count + 2048, 0);
+      for (uint64_t x : order) ++count[(x >> shift) & 2047];
+      uint32_t sum = 0;
+      for (uint32_t& c : count) {
+        const uint32_t n = c;
+        c = sum;
+        sum += n;
       }
-    } else if (vl) {
-      st->vt_key[r] = st->vl_tokens[r];
-      st->vt_heap.Update(r);
-    }
-    if (st->max_heaps) {
-      st->neg_llm[r] = -st->llm_key[r];
-      st->neg_vit[r] = -st->vit[r];
-      st->llm_max.Update(r);
-      st->vit_max.Update(r);
+      for (uint64_t x : order) tmp[count[(x >> shift) & 2047]++] = x;
+      order.swap(tmp);
     }
   }
 
-  static void Apply(const PackProblem& p, State* st, uint32_t r, const PackItem& it, int sign,
-                    bool vl) {
-    st->tokens[r] += sign * double(it.tokens);
-    st->cost[r] += sign * it.llm;
-    if (vl) st->vl_tokens[r] += sign * double(it.tokens);
-    if (vl && p.balance_vit) st->vit[r] += sign * it.vit;
-  }
-
-  void StartMaxHeaps(uint32_t W, State* st) const {
-    for (uint32_t r = 0; r < W; ++r) {
-      st->neg_llm[r] = -st->llm_key[r];
-      st->neg_vit[r] = -st->vit[r];
-    }
-    st->llm_max.Init(W, st->neg_llm.data());
-    st->vit_max.Init(W, st->neg_vit.data());
-    st->max_heaps = true;
-  }
-
-  // Places the items of `order` one by one. `candidates(width, cand)` lists
-  // about `width` ranks per heap (first `first_width`, then 16);
-  // `score(r, item)` rates a rank, lower is better, kPenalty or more meaning
-  // last resort. Falls back to every rank when no candidate has room.
-  template <typename Candidates, typename Score>
-  absl::Status PlaceAll(const PackProblem& p, const Means& m, State* st, PackResult* out,
-                        const std::vector<uint64_t>& order, bool vl, uint32_t first_width,
-                        Candidates candidates, Score score) const {
+  // Places the items of st->order, in order, each onto the rank with the
+  // least load that has room for it (ties: lower rank), adding key(item) to
+  // the load and calling placed(rank, item). Ranks where allowed(rank,
+  // item) is false are passed over unless no allowed rank has room.
+  template <typename Allowed, typename Placed>
+  absl::Status Lpt(const PackProblem& p, State* st, Side* side, double (*key)(const PackItem&),
+                   std::vector<double>* load, Allowed allowed, Placed placed) const {
     const uint32_t W = p.ranks;
-    SeqRooms& rooms = vl ? st->vl : st->text;
-    const uint32_t offset = vl ? static_cast<uint32_t>(p.text.size()) : 0;
-    const PackItem* base = vl ? p.vl.data() : p.text.data();
-    uint32_t* slots = vl ? out->vl_slot.data() : out->text_slot.data();
-    uint32_t cand[64];
-    for (size_t k = 0; k < order.size(); ++k) {
-      // Items come in size order, i.e. from random places: fetch ahead.
-      if (k + 8 < order.size()) __builtin_prefetch(base + (uint32_t(order[k + 8]) - offset));
-      const uint32_t i = static_cast<uint32_t>(order[k]) - offset;
-      const PackItem& it = base[i];
-      int best_r = -1, best_s = -1;
-      double best = 0;
-      auto consider = [&](uint32_t r) {
-        const int s = rooms.Pick(r, it.tokens, it.image_tokens);
-        if (s < 0) return;
-        const double v = score(r, it);
-        if (best_r < 0 || v < best || (v == best && static_cast<int>(r) < best_r)) {
-          best = v;
-          best_r = static_cast<int>(r);
-          best_s = s;
+    const absl::Span<const PackItem> items = side->items;
+    std::vector<double>& k = st->key;
+    for (uint32_t r = 0; r < W; ++r) k[r] = (*load)[r];
+    st->lpt.Init(W, k.data());
+    // Ranks without room for the current item sleep (key +inf) until an
+    // item small enough comes; their max room orders them.
+    std::vector<std::pair<uint32_t, uint32_t>>& sleeping = st->sleeping;
+    sleeping.clear();
+    std::vector<uint32_t>& fell_asleep = st->fell_asleep;
+    Rooms& rooms = side->rooms;
+    const uint32_t per = rooms.per();
+    // Items worth less than kSmall of a rank's mean load go in batches.
+    double total = 0;
+    for (const uint64_t entry : st->order) total += key(items[static_cast<uint32_t>(entry)]);
+    for (uint32_t r = 0; r < W; ++r) total += (*load)[r];
+    const double small = side->vl ? -1.0 : kSmall * total / W;
+    for (size_t n = 0; n < st->order.size(); ++n) {
+      const uint32_t i = static_cast<uint32_t>(st->order[n]);
+      const PackItem& it = items[i];
+      if (key(it) < small) return LptBatches(p, st, side, key, load, allowed, placed, n);
+      while (!sleeping.empty() && sleeping.front().first >= it.tokens) {
+        const uint32_t r = sleeping.front().second;
+        std::pop_heap(sleeping.begin(), sleeping.end());
+        sleeping.pop_back();
+        k[r] = (*load)[r];
+        st->lpt.Update(r);
+      }
+      int q = -1;
+      bool passed_over = false;
+      fell_asleep.clear();
+      auto take = [&](uint32_t c, bool check_allowed) {
+        if (std::isinf(k[c])) return false;
+        q = rooms.Fit(c, it);
+        if (q >= 0) {
+          if (!check_allowed || allowed(c, it)) return true;
+          passed_over = true;
+          return false;
         }
+        const uint32_t room = rooms.MaxRoom(c);
+        if (room < it.tokens) {  // asleep until an item of at most `room` tokens
+          sleeping.emplace_back(room, c);
+          std::push_heap(sleeping.begin(), sleeping.end());
+          fell_asleep.push_back(c);
+          k[c] = HUGE_VAL;
+        }
+        return false;
       };
-      for (uint32_t width : {first_width, 16u}) {
-        const uint32_t nc = candidates(width, cand);
-        for (uint32_t c = 0; c < nc; ++c) consider(cand[c]);
-        if (best_r >= 0 && best < kPenalty) break;
-      }
-      if (best_r < 0 || best >= kPenalty) {
-        for (uint32_t r = 0; r < W; ++r) consider(r);
-      }
-      if (best_r < 0) {
-        uint64_t total = 0;
-        for (const PackItem& x : vl ? p.vl : p.text) total += x.tokens;
-        return CapacityError(
-            vl ? "VL" : "text", total, W, rooms.per_rank, p.seq_len,
-            absl::StrCat("no sequence has room left for a sample of ", it.tokens, " tokens"));
-      }
-      const uint32_t r = static_cast<uint32_t>(best_r);
-      slots[i] = r * rooms.per_rank + static_cast<uint32_t>(best_s);
-      rooms.Take(slots[i], it);
-      Apply(p, st, r, it, +1, vl);
-      Touch(p, m, st, r, vl);
+      int64_t r = st->lpt.FirstWhere([&](uint32_t c) { return take(c, true); });
+      if (r < 0 && passed_over) r = st->lpt.FirstWhere([&](uint32_t c) { return take(c, false); });
+      // Ranks put to sleep during the search are repositioned now.
+      for (uint32_t c : fell_asleep) st->lpt.Update(c);
+      if (r < 0) return NoRoom(p, *side, it);
+      const uint32_t slot = static_cast<uint32_t>(r) * per + static_cast<uint32_t>(q);
+      (*side->slot)[i] = slot;
+      rooms.Add(slot, it);
+      (*load)[r] += key(it);
+      k[r] = (*load)[r];
+      st->lpt.Update(static_cast<uint32_t>(r));
+      placed(static_cast<uint32_t>(r), it);
     }
     return absl::OkStatus();
   }
 
-  // Places the small text documents, largest first, in batches: the B
-  // largest go to the B ranks with the lowest LLM load (largest to lowest),
-  // then loads are re-ranked. The same result as one-at-a-time
-  // least-loaded placement up to the order within a batch, without a heap
-  // operation per document (small documents are most of a step).
-  absl::Status PlaceSmall(const PackProblem& p, const Means& m, State* st, PackResult* out) const {
+  // A candidate change: item i of `from` to `to`, and item j (or none) of
+  // `to` back to `from`.
+  static absl::Status NoRoom(const PackProblem& p, const Side& side, const PackItem& it) {
+    uint64_t tokens = 0;
+    for (const PackItem& x : side.items) tokens += x.tokens;
+    const bool cap = side.vl && p.img_cap > 0;
+    return CapacityError(
+        side.vl ? "VL" : "text", tokens, p.ranks, side.rooms.per(), p.seq_len,
+        absl::StrCat("no sequence has room left for a sample of ", it.tokens, " tokens",
+                     cap ? absl::StrCat(" and ", it.image_tokens, " image tokens") : ""));
+  }
+
+  // The items st->order[from...] (small ones) in batches: the B largest go
+  // to the B least loaded ranks, largest to least loaded, then the ranks
+  // are ranked again. LPT up to the order within a batch, without a heap
+  // operation per item. An item its rank has no room for (or is not
+  // allowed on) goes to the least loaded rank that takes it.
+  template <typename Allowed, typename Placed>
+  absl::Status LptBatches(const PackProblem& p, State* st, Side* side,
+                          double (*key)(const PackItem&), std::vector<double>* load,
+                          Allowed allowed, Placed placed, size_t from) const {
     const uint32_t W = p.ranks;
-    const uint32_t B = std::max(1u, W / 4);
-    std::vector<uint32_t>& ranks = st->rank_order;
-    ranks.resize(W);
-    const std::vector<uint64_t>& order = st->small;
-    for (size_t k0 = 0; k0 < order.size(); k0 += B) {
+    const uint32_t B = std::max(1u, W / kBatchDivisor);
+    const absl::Span<const PackItem> items = side->items;
+    const std::vector<uint64_t>& order = st->order;
+    Rooms& rooms = side->rooms;
+    const uint32_t per = rooms.per();
+    std::vector<uint64_t>& ranked = st->tmp;
+    auto place = [&](uint32_t r, int q, uint32_t i) {
+      const uint32_t slot = r * per + static_cast<uint32_t>(q);
+      (*side->slot)[i] = slot;
+      rooms.Add(slot, items[i]);
+      (*load)[r] += key(items[i]);
+      placed(r, items[i]);
+    };
+    for (size_t k0 = from; k0 < order.size(); k0 += B) {
       const size_t n = std::min<size_t>(B, order.size() - k0);
-      // Ranks are ranked by the LLM load they would have after taking the
-      // batch's mean document: a batch of long (cost-dense) documents goes
-      // to ranks with cost to spare, one of short documents to ranks with
-      // tokens to spare, so the two budgets fill together.
-      double t_mean = 0, c_mean = 0;
+      // A rank without room for the batch's smallest item ranks last.
+      uint32_t smallest = UINT32_MAX;
       for (size_t k = 0; k < n; ++k) {
-        const PackItem& it = p.text[uint32_t(order[k0 + k])];
-        t_mean += it.tokens;
-        c_mean += it.llm;
+        smallest = std::min(smallest, items[static_cast<uint32_t>(order[k0 + k])].tokens);
       }
-      t_mean /= n;
-      c_mean /= n;
-      // A rank whose text sequences cannot take even the batch's smallest
-      // document is out of the running.
-      const uint32_t t_min = p.text[uint32_t(order[k0 + n - 1])].tokens;
-      // (load after the mean document as float bits << 32 | rank): ordered
-      // by load, ties by rank, compared without indirection.
-      std::vector<uint64_t>& ranked = st->ranked;
       ranked.resize(W);
-      const uint32_t per = st->text.per_rank;
       for (uint32_t r = 0; r < W; ++r) {
-        uint32_t room = 0;
-        for (uint32_t q = 0; q < per; ++q) room = std::max(room, st->text.room[r * per + q]);
-        const float after =
-            room < t_min ? HUGE_VALF
-                         : static_cast<float>(m.Llm(st->tokens[r] + t_mean, st->cost[r] + c_mean));
+        const float f = rooms.MaxRoom(r) < smallest ? HUGE_VALF : static_cast<float>((*load)[r]);
         uint32_t bits;
-        std::memcpy(&bits, &after, 4);  // non-negative floats order like their bits
-        ranked[r] = (uint64_t{bits} << 32) | r;
+        std::memcpy(&bits, &f, 4);  // non-negative floats order like their bits
+        ranked[r] = uint64_t{bits} << 32 | r;
       }
       if (n < W) std::nth_element(ranked.begin(), ranked.begin() + n, ranked.end());
       std::sort(ranked.begin(), ranked.begin() + n);
-      for (size_t k = 0; k < n; ++k) ranks[k] = static_cast<uint32_t>(ranked[k]);
       for (size_t k = 0; k < n; ++k) {
-        if (k + 8 < n) __builtin_prefetch(p.text.data() + uint32_t(order[k0 + k + 8]));
         const uint32_t i = static_cast<uint32_t>(order[k0 + k]);
-        const PackItem& it = p.text[i];
-        uint32_t r = ranks[k];
-        int seq = st->text.Pick(r, it.tokens, 0);
-        if (seq < 0) {  // full: the least-loaded rank with room
-          double best = 0;
-          for (uint32_t q = 0; q < W; ++q) {
-            const int sq = st->text.Pick(q, it.tokens, 0);
-            if (sq >= 0 && (seq < 0 || st->llm_key[q] < best))
-              seq = sq, r = q, best = st->llm_key[q];
-          }
-          if (seq < 0) {
-            uint64_t total = 0;
-            for (const PackItem& x : p.text) total += x.tokens;
-            return CapacityError(
-                "text", total, W, st->text.per_rank, p.seq_len,
-                absl::StrCat("no sequence has room left for a sample of ", it.tokens, " tokens"));
-          }
+        const PackItem& it = items[i];
+        uint32_t r = static_cast<uint32_t>(ranked[k]);
+        int q = allowed(r, it) ? rooms.Fit(r, it) : -1;
+        // Else the next ranks of the batch's ranking, then the least loaded
+        // rank that takes it (allowed ones first).
+        for (size_t next = k + 1; q < 0 && next < n; ++next) {
+          r = static_cast<uint32_t>(ranked[next]);
+          q = allowed(r, it) ? rooms.Fit(r, it) : -1;
         }
-        out->text_slot[i] = r * st->text.per_rank + static_cast<uint32_t>(seq);
-        st->text.Take(out->text_slot[i], it);
-        Apply(p, st, r, it, +1, false);
-        st->llm_key[r] = m.Llm(st->tokens[r], st->cost[r]);
+        if (q < 0) {
+          int64_t best = -1;
+          for (int pass = 0; pass < 2 && best < 0; ++pass) {
+            for (uint32_t c = 0; c < W; ++c) {
+              if (best >= 0 && (*load)[c] >= (*load)[best]) continue;
+              if (pass == 0 && !allowed(c, it)) continue;
+              const int qc = rooms.Fit(c, it);
+              if (qc >= 0) best = c, q = qc;
+            }
+          }
+          if (best < 0) return NoRoom(p, *side, it);
+          r = static_cast<uint32_t>(best);
+        }
+        place(r, q, i);
       }
     }
-    // Heaps and keys as if placed one by one.
-    for (uint32_t r = 0; r < W; ++r) {
-      if (p.balance_vit && st->llm_key[r] >= 1 - m.vl_margin)
-        st->vit_key[r] = st->vt_key[r] = HUGE_VAL;
-    }
-    st->llm_heap.Init(W, st->llm_key.data());
-    st->vit_heap.Init(W, st->vit_key.data());
-    st->vt_heap.Init(W, st->vt_key.data());
     return absl::OkStatus();
   }
 
-  // Moves item i from rank `from` to `to`, or swaps it with item j of `to`,
-  // when the sequences have room. Updates loads, lists and heaps.
-  bool Exchange(const PackProblem& p, const Means& m, State* st, PackResult* out, bool vl,
-                uint32_t from, uint32_t to, int i, int j) const {
-    SeqRooms& rooms = vl ? st->vl : st->text;
-    std::vector<uint32_t>& slots = vl ? out->vl_slot : out->text_slot;
-    const absl::Span<const PackItem> items = vl ? p.vl : p.text;
-    Lists& lists = vl ? st->vl_items : st->text_items;
-    const PackItem& a = items[i];
-    const uint32_t per = rooms.per_rank;
-    if (j < 0) {
-      const int s = rooms.Pick(to, a.tokens, a.image_tokens);
-      if (s < 0) return false;
-      rooms.Give(slots[i], a);
-      slots[i] = to * per + static_cast<uint32_t>(s);
-      rooms.Take(slots[i], a);
-    } else {
-      const PackItem& b = items[j];
-      rooms.Give(slots[i], a);
-      rooms.Give(slots[j], b);
-      const int sb = rooms.Pick(from, b.tokens, b.image_tokens);
-      if (sb >= 0) rooms.Take(from * per + sb, b);
-      const int sa = sb >= 0 ? rooms.Pick(to, a.tokens, a.image_tokens) : -1;
-      if (sa < 0) {
-        if (sb >= 0) rooms.Give(from * per + sb, b);
-        rooms.Take(slots[i], a);
-        rooms.Take(slots[j], b);
-        return false;
-      }
-      slots[j] = from * per + static_cast<uint32_t>(sb);
-      slots[i] = to * per + static_cast<uint32_t>(sa);
-      rooms.Take(slots[i], a);
-      Apply(p, st, to, b, -1, vl);
-      Apply(p, st, from, b, +1, vl);
-      Erase(&lists[to], j);
-      lists[from].push_back(j);
+  // A candidate change: item i of `from` to `to`, and item j (or none) of
+  // `to` back to `from`; in the ViT phase, possibly with a text document
+  // moved between the two ranks to keep the LLM maximum (comp).
+  struct Change {
+    double value;  // the larger of the two ranks' new loads (lower is better)
+    Side* side = nullptr;
+    uint32_t i = 0;
+    int64_t j = -1;
+    uint32_t to = 0;
+    int64_t comp = -1;     // text item
+    uint32_t comp_to = 0;  // its new rank
+  };
+
+  // The text document of rank `src` with the least LLM cost in [need, room]
+  // that a text sequence of `dst` takes, or -1.
+  static int64_t Compensation(const Side& text, uint32_t src, uint32_t dst, double need,
+                              double room) {
+    int64_t best = -1;
+    for (uint32_t t : text.lists[src]) {
+      const double c = text.items[t].llm;
+      if (c < need || c > room || (best >= 0 && c >= text.items[best].llm)) continue;
+      if (text.rooms.Fit(dst, text.items[t]) >= 0) best = t;
     }
-    Apply(p, st, from, a, -1, vl);
-    Apply(p, st, to, a, +1, vl);
-    Erase(&lists[from], i);
-    lists[to].push_back(i);
-    Touch(p, m, st, from, vl);
-    Touch(p, m, st, to, vl);
+    return best;
+  }
+
+  // The best change of `side` between `hi` and `lo` in the phase `load`
+  // (key = the item's cost in that phase), keeping the other phase's loads
+  // (`other`, costs `okey`) at most `cap`; with `comp` (the ViT phase), a
+  // VL change that would raise one rank's LLM cost above `cap` may take a
+  // text document of that rank to the other.
+  static void Best(Side& side, uint32_t hi, uint32_t lo, const std::vector<double>& load,
+                   double (*key)(const PackItem&), const std::vector<double>& other,
+                   double (*okey)(const PackItem&), double cap, bool bind_other, const Side* comp,
+                   std::vector<std::pair<double, uint32_t>>* partners, Change* best) {
+    const std::vector<uint32_t>& from = side.lists[hi];
+    const std::vector<uint32_t>& to = side.lists[lo];
+    const double h = load[hi], l = load[lo], gap = h - l;
+    const absl::Span<const PackItem> items = side.items;
+    auto consider = [&](uint32_t i, int64_t j) {
+      const PackItem& a = items[i];
+      const PackItem* b = j >= 0 ? &items[j] : nullptr;
+      const double d = key(a) - (b ? key(*b) : 0.0);
+      if (d <= 0 || d >= gap) return;
+      const double value = std::max(h - d, l + d);
+      if (value >= best->value) return;
+      const uint32_t slot_b = j >= 0 ? (*side.slot)[j] : UINT32_MAX;
+      if (side.rooms.Fit(lo, a, b, slot_b) < 0) return;
+      if (b != nullptr && side.rooms.Fit(hi, *b, &a, (*side.slot)[i]) < 0) return;
+      int64_t t = -1;
+      uint32_t t_to = 0;
+      if (bind_other) {
+        const double od = okey(a) - (b ? okey(*b) : 0.0);
+        const double new_lo = other[lo] + od, new_hi = other[hi] - od;
+        if (new_lo > cap || new_hi > cap) {
+          if (comp == nullptr || (new_lo > cap && new_hi > cap)) return;
+          const bool from_lo = new_lo > cap;
+          t_to = from_lo ? hi : lo;
+          t = Compensation(*comp, from_lo ? lo : hi, t_to, (from_lo ? new_lo : new_hi) - cap,
+                           cap - (from_lo ? new_hi : new_lo));
+          if (t < 0) return;
+        }
+      }
+      *best = Change{value, &side, i, j, lo, t, t_to};
+    };
+    for (uint32_t i : from) consider(i, -1);
+    if (to.empty()) return;
+    // Few items (a VL side, or small ranks): every pair, so that partners
+    // are found by both phases' costs at once.
+    if (from.size() * to.size() <= kAllPairs) {
+      for (uint32_t i : from) {
+        for (uint32_t j : to) consider(i, j);
+      }
+      return;
+    }
+    // Swaps: the best partner b of a moves about half the gap, key(b) near
+    // key(a) - gap / 2; the partners around that key are tried.
+    partners->clear();
+    for (uint32_t j : to) partners->emplace_back(key(items[j]), j);
+    std::sort(partners->begin(), partners->end());
+    for (uint32_t i : from) {
+      const double want = key(items[i]) - gap / 2;
+      const size_t at =
+          std::lower_bound(partners->begin(), partners->end(), std::make_pair(want, 0u)) -
+          partners->begin();
+      for (size_t q = at > 2 ? at - 2 : 0; q < std::min(partners->size(), at + 2); ++q) {
+        consider(i, (*partners)[q].second);
+      }
+    }
+  }
+
+  // Applies a change found by Best and updates loads and heaps.
+  static void Apply(const Change& c, uint32_t from, State* st) {
+    Side& s = *c.side;
+    const PackItem& a = s.items[c.i];
+    const PackItem* b = c.j >= 0 ? &s.items[c.j] : nullptr;
+    const uint32_t slot_a = (*s.slot)[c.i];
+    const uint32_t slot_b = b ? (*s.slot)[c.j] : UINT32_MAX;
+    const uint32_t per = s.rooms.per();
+    s.Unlist(c.i);
+    s.rooms.Remove(slot_a, a);
+    if (b) {
+      s.Unlist(static_cast<uint32_t>(c.j));
+      s.rooms.Remove(slot_b, *b);
+      const int qb = s.rooms.Fit(from, *b);
+      (*s.slot)[c.j] = from * per + static_cast<uint32_t>(qb);
+      s.rooms.Add((*s.slot)[c.j], *b);
+      s.Relist(static_cast<uint32_t>(c.j));
+    }
+    const int qa = s.rooms.Fit(c.to, a);
+    (*s.slot)[c.i] = c.to * per + static_cast<uint32_t>(qa);
+    s.rooms.Add((*s.slot)[c.i], a);
+    s.Relist(c.i);
+    const double dl = a.llm - (b ? b->llm : 0.0);
+    st->llm[from] -= dl;
+    st->llm[c.to] += dl;
+    if (c.comp >= 0) {  // a text document between the same two ranks
+      Side& text = st->text;
+      const uint32_t t = static_cast<uint32_t>(c.comp);
+      const PackItem& doc = text.items[t];
+      const uint32_t src = text.RankOf(t);
+      text.Unlist(t);
+      text.rooms.Remove((*text.slot)[t], doc);
+      (*text.slot)[t] =
+          c.comp_to * text.rooms.per() + static_cast<uint32_t>(text.rooms.Fit(c.comp_to, doc));
+      text.rooms.Add((*text.slot)[t], doc);
+      text.Relist(t);
+      st->llm[src] -= doc.llm;
+      st->llm[c.comp_to] += doc.llm;
+    }
+    if (s.vl) {
+      const double dv = a.vit - (b ? b->vit : 0.0);
+      st->vit[from] -= dv;
+      st->vit[c.to] += dv;
+    }
+    for (uint32_t r : {from, c.to}) {
+      st->neg_llm[r] = -st->llm[r];
+      st->llm_min.Update(r);
+      st->llm_max.Update(r);
+      if (s.vl) {
+        st->neg_vit[r] = -st->vit[r];
+        st->vit_min.Update(r);
+        st->vit_max.Update(r);
+      }
+    }
+  }
+
+  // One round of a phase: the best change off its slowest rank. False when
+  // there is none (or the phase sits on its lower bound).
+  bool Round(const PackProblem& p, State* st, bool vit_phase) const {
+    const double lower_bound = vit_phase ? st->vit_lb : st->llm_lb;
+    std::vector<double>& load = vit_phase ? st->vit : st->llm;
+    std::vector<double>& other = vit_phase ? st->llm : st->vit;
+    const uint32_t hi = vit_phase ? st->vit_max.Top() : st->llm_max.Top();
+    const double h = load[hi];
+    if (h <= lower_bound * (1 + kDone)) return false;
+    // The other phase may not rise above its maximum (or, before the text
+    // documents are placed, above the LLM budget), nor above the point
+    // where its own search would stop (kDone over its bound).
+    const double cap =
+        vit_phase
+            ? (st->llm_cap >= 0 ? st->llm_cap
+                                : std::max(st->llm[st->llm_max.Top()], st->llm_lb * (1 + kDone)))
+            : std::max(st->vit[st->vit_max.Top()], st->vit_lb * (1 + kDone));
+    const bool with_text = st->text_placed;
+    // Receivers: the least loaded ranks, the least loaded ones with room
+    // for the smallest of hi's items (a full rank takes only swaps), and in
+    // the LLM phase the ranks with the least ViT cost (for VL samples).
+    uint32_t receivers[3 * kReceivers];
+    const RankHeap& heap = vit_phase ? st->vit_min : st->llm_min;
+    uint32_t n = heap.Smallest(kReceivers, receivers);
+    const Side& movable = vit_phase || !with_text ? st->vl : st->text;
+    uint32_t smallest = UINT32_MAX;
+    for (uint32_t i : movable.lists[hi]) smallest = std::min(smallest, movable.items[i].tokens);
+    const uint32_t n_least = n;
+    if (smallest != UINT32_MAX) {
+      uint32_t visited = 0;
+      heap.FirstWhere([&](uint32_t r) {
+        if (++visited > kRoomScan) return true;
+        if (movable.rooms.MaxRoom(r) < smallest) return false;
+        if (std::find(receivers, receivers + n_least, r) == receivers + n_least) receivers[n++] = r;
+        return n >= n_least + kReceivers;
+      });
+    }
+    const uint32_t n_own = n;
+    if (!vit_phase && p.balance_vit) n += st->vit_min.Smallest(kReceivers, receivers + n);
+    Change best{h * (1 - kGain)};
+    auto key = vit_phase ? VitOf : LlmOf;
+    auto okey = vit_phase ? LlmOf : VitOf;
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t lo = receivers[k];
+      if (lo == hi || load[lo] >= h) continue;
+      // VL samples carry both phases; text samples only the LLM phase.
+      Best(st->vl, hi, lo, load, key, other, okey, cap, vit_phase || p.balance_vit,
+           vit_phase && with_text ? &st->text : nullptr, &st->partners, &best);
+      if (!vit_phase && k < n_own && with_text) {
+        Best(st->text, hi, lo, load, key, other, okey, cap, false, nullptr, &st->partners, &best);
+      }
+    }
+    if (best.side == nullptr) return false;
+    Apply(best, hi, st);
     return true;
   }
 
-  // The best move (j < 0) or swap of an item of `hi` with `lo`, by `gain`
-  // (the resulting maximum, lower is better; NaN when not allowed).
-  struct Move {
-    double value;
-    int i = -1, j = -1;
-    uint32_t to = 0;
-    bool vl = false;
-  };
-  template <typename Value>
-  static void BestMove(const std::vector<uint32_t>& from_items, absl::Span<const PackItem> items,
-                       const SeqRooms& rooms, uint32_t lo, bool vl, Value value, Move* best) {
-    for (uint32_t i : from_items) {
-      const PackItem& a = items[i];
-      const double v = value(a, nullptr);
-      if (v < best->value && rooms.Pick(lo, a.tokens, a.image_tokens) >= 0) {
-        *best = Move{v, static_cast<int>(i), -1, lo, vl};
-      }
-    }
-  }
-
-  // The best swap of an item a of `hi` with an item b of `lo`. The best
-  // partner moves about half the gap between the two ranks, so instead of
-  // every pair only the partners around key(b) = key(a) - gap / 2 are tried,
-  // for each of up to two keys that order the items alike (tokens and cost
-  // are both increasing in a document's length): O(n log n), not O(n^2).
-  template <typename Key1, typename Key2, typename Value>
-  static void BestSwap(const std::vector<uint32_t>& from_items,
-                       const std::vector<uint32_t>& to_items, absl::Span<const PackItem> items,
-                       uint32_t lo, bool vl, Key1 key1, double gap1, Key2 key2, double gap2,
-                       Value value, Move* best) {
-    thread_local std::vector<std::pair<double, uint32_t>> sorted;
-    sorted.clear();
-    for (uint32_t j : to_items) sorted.emplace_back(key1(items[j]), j);
-    std::sort(sorted.begin(), sorted.end());
-    auto try_around = [&](const PackItem& a, uint32_t i, size_t pos) {
-      for (size_t q = pos > 1 ? pos - 2 : 0; q < std::min(sorted.size(), pos + 2); ++q) {
-        const uint32_t j = sorted[q].second;
-        const double v = value(a, &items[j]);
-        if (v < best->value) *best = Move{v, static_cast<int>(i), static_cast<int>(j), lo, vl};
-      }
-    };
-    for (uint32_t i : from_items) {
-      const PackItem& a = items[i];
-      const double want1 = key1(a) - gap1 / 2;
-      try_around(a, i,
-                 std::lower_bound(sorted.begin(), sorted.end(), std::make_pair(want1, 0u)) -
-                     sorted.begin());
-      if (gap2 > 0) {
-        const double want2 = key2(a) - gap2 / 2;
-        const size_t pos =
-            std::partition_point(sorted.begin(), sorted.end(),
-                                 [&](const auto& e) { return key2(items[e.second]) < want2; }) -
-            sorted.begin();
-        try_around(a, i, pos);
-      }
-    }
-  }
-
-  // Lowers the largest ViT load: moves and swaps of VL samples from the
-  // most loaded rank to the least loaded ones (by ViT and by LLM), never
-  // pushing a rank's LLM load (large documents + VL) over its budget.
-  void ImproveVit(const PackProblem& p, const Means& m, State* st, PackResult* out) const {
+  // Per-rank lists of the placed samples and the four heaps of the search.
+  static void StartSearch(const PackProblem& p, State* st) {
     const uint32_t W = p.ranks;
-    if (p.vl.empty() || W < 2) return;
-    BuildLists(W, out->vl_slot, p.vl_seqs_per_rank, &st->vl_items);
-    StartMaxHeaps(W, st);
-    const double lb = std::max(m.vit, m.max_vit);
-    uint32_t receivers[2 * kReceivers];
-    for (uint32_t round = 0; round < Rounds(W); ++round) {
-      const uint32_t hi = st->vit_max.Top();
-      if (st->vit[hi] <= lb * (1 + kVitTolerance)) break;
-      uint32_t nr = st->vit_heap.Smallest(kReceivers, receivers);
-      nr += st->llm_heap.Smallest(kReceivers, receivers + nr);
-      Move best{st->vit[hi] * (1 - 1e-9)};
-      for (bool swaps : {false, true}) {
-        for (uint32_t k = 0; k < nr; ++k) {
-          const uint32_t lo = receivers[k];
-          if (lo == hi) continue;
-          auto llm_ok = [&](uint32_t r, double dt, double dc) {
-            return m.Llm(st->tokens[r] + dt, st->cost[r] + dc) <= std::max(1.0, st->llm_key[r]);
-          };
-          auto value = [&](const PackItem& a, const PackItem* b) {
-            const double dv = a.vit - (b ? b->vit : 0);
-            const double dt = double(a.tokens) - (b ? b->tokens : 0);
-            const double dc = a.llm - (b ? b->llm : 0);
-            if (dv <= 0 || !llm_ok(lo, dt, dc) || !llm_ok(hi, -dt, -dc)) return HUGE_VAL;
-            return std::max(st->vit[hi] - dv, st->vit[lo] + dv);
-          };
-          if (!swaps) {
-            BestMove(st->vl_items[hi], p.vl, st->vl, lo, true, value, &best);
-          } else {
-            auto vit_of = [](const PackItem& x) { return x.vit; };
-            BestSwap(st->vl_items[hi], st->vl_items[lo], p.vl, lo, true, vit_of,
-                     st->vit[hi] - st->vit[lo], vit_of, 0.0, value, &best);
-          }
-        }
-        if (best.i >= 0) break;
-      }
-      if (best.i < 0 || !Exchange(p, m, st, out, true, hi, best.to, best.i, best.j)) break;
+    st->vl.BuildLists(W);
+    if (st->text_placed) st->text.BuildLists(W);
+    for (uint32_t r = 0; r < W; ++r) {
+      st->neg_llm[r] = -st->llm[r];
+      st->neg_vit[r] = -st->vit[r];
     }
-    st->max_heaps = false;
+    st->llm_min.Init(W, st->llm.data());
+    st->vit_min.Init(W, st->vit.data());
+    st->llm_max.Init(W, st->neg_llm.data());
+    st->vit_max.Init(W, st->neg_vit.data());
   }
 
-  // Lowers the largest LLM load: moves and swaps of text samples (and of
-  // VL samples, when no ViT load rises above the current maximum) from the
-  // most loaded rank to the least loaded ones.
-  void ImproveLlm(const PackProblem& p, const Means& m, State* st, PackResult* out) const {
-    const uint32_t W = p.ranks;
-    if (W < 2) return;
-    BuildLists(W, out->text_slot, std::max(1u, p.text_seqs_per_rank), &st->text_items);
-    BuildLists(W, out->vl_slot, std::max(1u, p.vl_seqs_per_rank), &st->vl_items);
-    StartMaxHeaps(W, st);
-    double vit_max = 0;
-    for (uint32_t r = 0; r < W; ++r) vit_max = std::max(vit_max, st->vit[r]);
-    double lb = 1;  // max(mean, largest single item), in units of the mean
-    for (const PackItem& it : p.text) lb = std::max(lb, m.Llm(it.tokens, it.llm));
-    for (const PackItem& it : p.vl) lb = std::max(lb, m.Llm(it.tokens, it.llm));
-    uint32_t receivers[2 * kReceivers];
-    for (uint32_t round = 0; round < Rounds(W); ++round) {
-      const uint32_t hi = st->llm_max.Top();
-      if (st->llm_key[hi] <= lb * (1 + kLlmTolerance)) break;
-      uint32_t nr = st->llm_heap.Smallest(kReceivers, receivers);
-      const uint32_t n_llm = nr;
-      if (p.balance_vit) nr += st->vit_heap.Smallest(kReceivers, receivers + nr);
-      Move best{st->llm_key[hi] * (1 - 1e-9)};
-      for (bool swaps : {false, true}) {
-        for (uint32_t k = 0; k < nr; ++k) {
-          const uint32_t lo = receivers[k];
-          if (lo == hi) continue;
-          auto value_for = [&](bool vl) {
-            return [&, vl](const PackItem& a, const PackItem* b) {
-              const double dt = double(a.tokens) - (b ? b->tokens : 0);
-              const double dc = a.llm - (b ? b->llm : 0);
-              const double dv = a.vit - (b ? b->vit : 0);
-              if (dt <= 0 && dc <= 0) return HUGE_VAL;
-              if (vl && p.balance_vit &&
-                  (st->vit[lo] + dv > vit_max || st->vit[hi] - dv > vit_max)) {
-                return HUGE_VAL;
-              }
-              return std::max(m.Llm(st->tokens[hi] - dt, st->cost[hi] - dc),
-                              m.Llm(st->tokens[lo] + dt, st->cost[lo] + dc));
-            };
-          };
-          // Text with the LLM receivers (swaps with the least loaded only),
-          // VL with all receivers.
-          auto tokens_of = [](const PackItem& x) { return double(x.tokens); };
-          auto cost_of = [](const PackItem& x) { return x.llm; };
-          const double gap_t = st->tokens[hi] - st->tokens[lo];
-          const double gap_c = st->cost[hi] - st->cost[lo];
-          if (k < n_llm && (!swaps || k == 0)) {
-            if (!swaps) {
-              BestMove(st->text_items[hi], p.text, st->text, lo, false, value_for(false), &best);
-            } else {
-              BestSwap(st->text_items[hi], st->text_items[lo], p.text, lo, false, tokens_of, gap_t,
-                       cost_of, gap_c, value_for(false), &best);
-            }
-          }
-          if (!swaps || k == 0 || k == n_llm) {
-            if (!swaps) {
-              BestMove(st->vl_items[hi], p.vl, st->vl, lo, true, value_for(true), &best);
-            } else {
-              BestSwap(st->vl_items[hi], st->vl_items[lo], p.vl, lo, true, tokens_of, gap_t,
-                       cost_of, gap_c, value_for(true), &best);
-            }
-          }
-        }
-        if (best.i >= 0) break;
-      }
-      if (best.i < 0 || !Exchange(p, m, st, out, best.vl, hi, best.to, best.i, best.j)) break;
-    }
-    st->max_heaps = false;
+  // Local-search rounds per phase: improvement_rounds, times the square
+  // root of the number of 64-rank groups (a round moves one sample off the
+  // slowest rank, and larger worlds have more slowest ranks to even out).
+  uint64_t Budget(uint32_t W) const {
+    const double groups = std::ceil(W / 64.0);
+    return static_cast<uint64_t>(rounds_ * std::ceil(std::sqrt(groups)));
   }
-
-  // Improvement moves allowed: `improvement_rounds` per 64 ranks.
-  uint32_t Rounds(uint32_t W) const { return rounds_ * std::max(1u, (W + 63) / 64); }
 
   const std::string name_ = "tutti";
   uint32_t rounds_;

@@ -57,6 +57,7 @@ struct SlotLayout {
   uint32_t text_micro_batch = 1;    // sequences per text micro-batch
   uint32_t vl_micro_batches = 1;    // VL micro-batches per rank per step
   uint32_t vl_micro_batch = 1;      // sequences per VL micro-batch
+  uint32_t img_cap = 0;             // image tokens per VL sequence; 0 = no cap
 
   uint32_t text_sequences() const { return text_micro_batches * text_micro_batch; }
   uint32_t vl_sequences() const { return vl_micro_batches * vl_micro_batch; }

@@ -122,7 +122,7 @@ class IlpModel {
   }
 
   // Every doc once; every sequence within seq_len (padded: and below its
-  // micro-batch's z).
+  // micro-batch's z); every VL sequence's image tokens within img_cap.
   void AddPlacementRows() {
     for (uint32_t d = 0; d < D_; ++d) {
       Reset();
@@ -142,6 +142,15 @@ class IlpModel {
         if (p_.padded) {  // tokens - z <= 0
           Push(z0_ + r * M_ + sl_.micro_batch_of(q), -1.0);
           AddRow(GLP_UP, 0.0, 0.0);
+        }
+        if (sl_.img_cap > 0 && sl_.is_vl_sequence(q)) {  // image tokens within img_cap
+          Reset();
+          for (uint32_t d = 0; d < D_; ++d) {
+            if (p_.docs[d].vl && p_.docs[d].image_tokens > 0) {
+              Push(Col(d, r, q), p_.docs[d].image_tokens);
+            }
+          }
+          if (ind_.size() > 1) AddRow(GLP_UP, 0.0, sl_.img_cap);
         }
       }
     }

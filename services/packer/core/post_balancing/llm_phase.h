@@ -29,6 +29,7 @@ namespace tutti::dispatch {
 struct LlmDoc {
   uint32_t tokens = 0;
   bool vl = false;
+  uint32_t image_tokens = 0;  // held to SlotLayout::img_cap per VL sequence
 };
 
 // Per doc, the bytes that cross nodes for each node its LLM rank may be on,

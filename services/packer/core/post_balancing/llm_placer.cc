@@ -118,7 +118,7 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
         if (r == kUnplaced || fill > best_fill) r = rr, q = rq, delta = rd, best_fill = fill;
       }
     }
-    if (r == kUnplaced) r = LeastLoadedWithRoom(x.tokens, x.vl, &q, &delta);
+    if (r == kUnplaced) r = LeastLoadedWithRoom(d, &q, &delta);
     if (r == kUnplaced) {
       *unplaceable = d;
       return false;
@@ -223,9 +223,11 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
           }
           double dt, dtop;
           if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens,
-                                   cost_[d], &dt) ||
+                                   cost_[d], &dt, p_.docs[e].image_tokens,
+                                   p_.docs[d].image_tokens) ||
               !state_.ReplaceDelta(top, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[e].tokens,
-                                   cost_[e], &dtop)) {
+                                   cost_[e], &dtop, p_.docs[d].image_tokens,
+                                   p_.docs[e].image_tokens)) {
             continue;
           }
           const double v = std::max(peak + dtop, cost(t) + dt);
@@ -301,9 +303,11 @@ bool Placer::RepairBound(double bound, uint64_t* budget) {
           if (d_there + Bytes(e, node(top)) > d_here + Bytes(e, node(t))) continue;
           double dt, dtop;
           if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens,
-                                   cost_[d], &dt) ||
+                                   cost_[d], &dt, p_.docs[e].image_tokens,
+                                   p_.docs[d].image_tokens) ||
               !state_.ReplaceDelta(top, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[e].tokens,
-                                   cost_[e], &dtop) ||
+                                   cost_[e], &dtop, p_.docs[d].image_tokens,
+                                   p_.docs[e].image_tokens) ||
               !Within(cost(t) + dt, bound)) {
             continue;
           }

@@ -62,7 +62,7 @@ class Placer {
   // The same, with the doc's tokens and cost at hand.
   void Place(uint32_t d, uint32_t r, uint32_t q, uint32_t tokens, double doc_cost) {
     if (logging_) undo_.push_back({d, kUnplaced, 0});
-    state_.Add(r, q, tokens, doc_cost);
+    state_.Add(r, q, tokens, doc_cost, p_.docs[d].image_tokens);
     rank_[d] = r, seq_[d] = q, pos_[d] = static_cast<uint32_t>(members_[r].size());
     members_[r].push_back(d);
     Touch(r);
@@ -70,7 +70,7 @@ class Placer {
   void Unplace(uint32_t d) {
     const uint32_t r = rank_[d];
     if (logging_) undo_.push_back({d, r, seq_[d]});
-    state_.Remove(r, seq_[d], p_.docs[d].tokens, cost_[d]);
+    state_.Remove(r, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[d].image_tokens);
     auto& m = members_[r];
     const uint32_t last = m.back();
     m[pos_[d]] = last;
@@ -84,7 +84,8 @@ class Placer {
   void MoveOrSwap(uint32_t d, uint32_t e, uint32_t t, uint32_t q, uint32_t top);
 
   bool Best(uint32_t r, uint32_t d, uint32_t* q, double* delta) const {
-    return state_.BestSequence(r, p_.docs[d].tokens, p_.docs[d].vl, q, delta);
+    return state_.BestSequence(r, p_.docs[d].tokens, p_.docs[d].vl, q, delta,
+                               p_.docs[d].image_tokens);
   }
   uint64_t Bytes(uint32_t d, uint32_t node) const {
     return p_.affinity.empty() ? 0 : p_.affinity.Bytes(d, node);
@@ -117,10 +118,9 @@ class Placer {
   // returns once the length drops to its room (a rank without room even for
   // the modality's smallest doc stays out).
   uint32_t LeastLoadedWithRoom(uint32_t d, uint32_t* q, double* delta) {
-    return LeastLoadedWithRoom(p_.docs[d].tokens, p_.docs[d].vl, q, delta);
-  }
-  // The same for a doc of `t` tokens and modality `vl`.
-  uint32_t LeastLoadedWithRoom(uint32_t t, bool vl, uint32_t* q, double* delta) {
+    const LlmDoc& doc = p_.docs[d];
+    const uint32_t t = doc.tokens;
+    const bool vl = doc.vl;
     Flush(vl);
     MinTree& tree = trees_[vl];
     auto& parked = parked_[vl];
@@ -135,7 +135,7 @@ class Placer {
       }
     }
     for (uint32_t r = tree.Min(); r != MinTree::kNone; r = tree.Min()) {
-      if (state_.BestSequence(r, t, vl, q, delta)) return r;
+      if (state_.BestSequence(r, t, vl, q, delta, doc.image_tokens)) return r;
       tree.Mask(r, true);
       const uint32_t room = state_.room(r, vl);
       if (room >= smallest_[vl]) parked.push({room, r});

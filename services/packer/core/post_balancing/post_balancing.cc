@@ -61,7 +61,7 @@ LlmProblem MakeLlmProblem(const StepPlanData& step, const DispatchOptions& o) {
   p.padded = o.padded;
   p.docs.reserve(step.samples.size());
   for (const packer::PlannedSample& s : step.samples) {
-    p.docs.push_back(LlmDoc{s.cost.llm_tokens, s.vl});
+    p.docs.push_back(LlmDoc{s.cost.llm_tokens, s.vl, s.cost.image_tokens});
   }
   return p;
 }
@@ -118,8 +118,8 @@ std::vector<double> SplitLlmCosts(const LlmProblem& p, const std::vector<uint32_
     const uint32_t r = split[d], t = p.docs[d].tokens;
     uint32_t q;
     double delta;
-    if (state.BestSequence(r, t, p.docs[d].vl, &q, &delta)) {
-      state.Add(r, q, t, model.Llm(t));
+    if (state.BestSequence(r, t, p.docs[d].vl, &q, &delta, p.docs[d].image_tokens)) {
+      state.Add(r, q, t, model.Llm(t), p.docs[d].image_tokens);
       continue;
     }
     auto& fills = extra_fill[r];

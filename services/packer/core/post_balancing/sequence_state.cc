@@ -11,6 +11,7 @@ SequenceState::SequenceState(const ClusterShape& cluster, const SlotLayout& slot
       padded_(padded),
       seqs_(slots.sequences()),
       tokens_(size_t{cluster.world_size} * slots.sequences(), 0),
+      images_(slots.img_cap > 0 ? size_t{cluster.world_size} * slots.sequences() : 0, 0),
       longest_(size_t{cluster.world_size} * slots.micro_batches(), 0),
       cost_(cluster.world_size, 0.0) {}
 
@@ -31,7 +32,7 @@ uint32_t SequenceState::Longest(uint32_t rank, uint32_t mb, uint32_t except_seq,
 }
 
 bool SequenceState::BestSequence(uint32_t rank, uint32_t tokens, bool vl, uint32_t* seq,
-                                 double* delta) const {
+                                 double* delta, uint32_t images) const {
   const uint32_t begin = vl ? slots_.text_sequences() : 0;
   const uint32_t end = vl ? slots_.sequences() : slots_.text_sequences();
   const uint32_t* fill = &tokens_[rank * seqs_];
@@ -40,6 +41,7 @@ bool SequenceState::BestSequence(uint32_t rank, uint32_t tokens, bool vl, uint32
   uint32_t best_fill = 0, best_seq = 0;
   for (uint32_t q = begin; q < end; ++q) {
     if (fill[q] + tokens > slots_.seq_len) continue;
+    if (slots_.img_cap > 0 && images_[rank * seqs_ + q] + images > slots_.img_cap) continue;
     double d = 0;
     if (padded_) {
       const uint32_t mb = slots_.micro_batch_of(q);
@@ -67,9 +69,13 @@ double SequenceState::RemoveDelta(uint32_t rank, uint32_t seq, uint32_t tokens,
 }
 
 bool SequenceState::ReplaceDelta(uint32_t rank, uint32_t seq, uint32_t out_tokens, double out_cost,
-                                 uint32_t in_tokens, double in_cost, double* delta) const {
+                                 uint32_t in_tokens, double in_cost, double* delta,
+                                 uint32_t out_images, uint32_t in_images) const {
   const uint32_t fill = tokens_[rank * seqs_ + seq] - out_tokens + in_tokens;
   if (fill > slots_.seq_len) return false;
+  if (slots_.img_cap > 0 && images_[rank * seqs_ + seq] - out_images + in_images > slots_.img_cap) {
+    return false;
+  }
   if (!padded_) {
     *delta = in_cost - out_cost;
     return true;
@@ -81,7 +87,9 @@ bool SequenceState::ReplaceDelta(uint32_t rank, uint32_t seq, uint32_t out_token
   return true;
 }
 
-void SequenceState::Add(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost) {
+void SequenceState::Add(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost,
+                        uint32_t images) {
+  if (slots_.img_cap > 0) images_[rank * seqs_ + seq] += images;
   uint32_t& fill = tokens_[rank * seqs_ + seq];
   fill += tokens;
   if (!padded_) {
@@ -96,7 +104,9 @@ void SequenceState::Add(uint32_t rank, uint32_t seq, uint32_t tokens, double doc
   }
 }
 
-void SequenceState::Remove(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost) {
+void SequenceState::Remove(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost,
+                           uint32_t images) {
+  if (slots_.img_cap > 0) images_[rank * seqs_ + seq] -= images;
   if (!padded_) {
     tokens_[rank * seqs_ + seq] -= tokens;
     cost_[rank] -= doc_cost;

@@ -17,22 +17,26 @@ class SequenceState {
   SequenceState(const ClusterShape& cluster, const SlotLayout& slots, const CostModel& cost,
                 bool padded);
 
-  // The sequence of `rank` that a document of `tokens` tokens and modality
-  // `vl` goes to, and the rank's cost increase. Unpadded: the sequence with
-  // the most room (with tight_fit: the least room that fits, which packs
-  // better). Padded: the smallest cost increase, then room as above.
-  // False when no sequence of that modality has room.
-  bool BestSequence(uint32_t rank, uint32_t tokens, bool vl, uint32_t* seq, double* delta) const;
+  // The sequence of `rank` that a document of `tokens` tokens (`images` of
+  // them image tokens) and modality `vl` goes to, and the rank's cost
+  // increase. Unpadded: the sequence with the most room (with tight_fit: the
+  // least room that fits, which packs better). Padded: the smallest cost
+  // increase, then room as above. False when no sequence of that modality has
+  // room for its tokens and, under slots.img_cap, its image tokens.
+  bool BestSequence(uint32_t rank, uint32_t tokens, bool vl, uint32_t* seq, double* delta,
+                    uint32_t images = 0) const;
   // Cost decrease of `rank` if a document leaves sequence `seq`.
   double RemoveDelta(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost) const;
 
   // Cost change of `rank` if a document of out_tokens in sequence `seq` is
   // replaced by one of in_tokens (a swap's half). False if it does not fit.
+  // Image tokens are held to slots.img_cap like tokens to seq_len.
   bool ReplaceDelta(uint32_t rank, uint32_t seq, uint32_t out_tokens, double out_cost,
-                    uint32_t in_tokens, double in_cost, double* delta) const;
+                    uint32_t in_tokens, double in_cost, double* delta, uint32_t out_images = 0,
+                    uint32_t in_images = 0) const;
 
-  void Add(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost);
-  void Remove(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost);
+  void Add(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost, uint32_t images = 0);
+  void Remove(uint32_t rank, uint32_t seq, uint32_t tokens, double doc_cost, uint32_t images = 0);
 
   double cost(uint32_t rank) const { return cost_[rank]; }
   const std::vector<double>& costs() const { return cost_; }
@@ -53,6 +57,7 @@ class SequenceState {
   bool tight_fit_ = false;
   uint32_t seqs_;
   std::vector<uint32_t> tokens_;   // rank-major, per sequence slot
+  std::vector<uint32_t> images_;   // rank-major, per sequence slot (under img_cap)
   std::vector<uint32_t> longest_;  // rank-major, per micro-batch (padded)
   std::vector<double> cost_;       // per rank
 };
