@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "client/examples/rank_step.h"
 #include "client/exchange_pattern.h"
@@ -53,6 +54,9 @@ int main(int argc, char** argv) {
       absl::IsDeadlineExceeded(s) && s.message().find(needle) != absl::string_view::npos;
   // The job cannot go on without the dead rank: FinishMpi aborts it (code 3
   // when the dead rank was named) instead of finalising, which would wait.
+  // The first abort ends every survivor: give the others' lines (they time
+  // out together, give or take a loaded machine) time to reach mpirun first.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
   tutti::FinishMpi(named ? 3 : 1);
   return 1;
 }

@@ -71,12 +71,14 @@ class ExchangeTest(unittest.TestCase):
                 self.assertTrue(all(float(r[1]) < 5 for r in rows), rows)
 
     def test_a_rank_that_never_arrives_is_named(self):
-        rc, out, rows = self.results("torchrun", "absent", timeout_s=8)
+        # With a 20 s join timeout the roll call gives ranks that are merely
+        # slow (a loaded machine) 5 s to give up too: only the absent one is named.
+        rc, out, rows = self.results("torchrun", "absent", timeout_s=20)
         self.assertEqual(len(rows), 3, out[-3000:])
         for cls, seconds, msg in rows:
             self.assertEqual(cls, "DeadlineExceededError")
-            self.assertIn("rank(s) 1 did not join the exchange within 8 s", msg)
-            self.assertLess(float(seconds), 30)
+            self.assertIn("rank(s) 1 did not join the exchange within 20 s", msg)
+            self.assertLess(float(seconds), 40)
 
     def test_non_contiguous_encoder_output_is_exchanged(self):
         rc, out, _ = self.results("torchrun", "noncontiguous")
