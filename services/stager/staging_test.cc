@@ -49,7 +49,9 @@ struct Rig {
     o.source_dir = data.dir;
     o.queue_depth = 8;
     o.block_size = 16384;
-    o.op_timeout = absl::Milliseconds(500);
+    // Stalls are injected with a fault list and must time out quickly; without
+    // one, a loaded machine must not turn slow reads into failures.
+    o.op_timeout = faults.empty() ? absl::Seconds(30) : absl::Milliseconds(500);
     o.use_io_uring = uring;
     std::unique_ptr<IoBackend> backend;
     if (!faults.empty() || write_limit) {
