@@ -1,11 +1,23 @@
 #include "common/rpc_gate.h"
 
+#include <algorithm>
+
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace tutti {
+
+absl::Status ApplyRpcGateOptions(const RpcGateOptions& rpc, const std::string& listen,
+                                 const std::function<void(const std::string&)>& warn,
+                                 GrpcServerOptions* out) {
+  out->max_receive_bytes = static_cast<int>(
+      std::max<uint64_t>(out->max_receive_bytes, 2 * rpc.max_request_bytes));
+  ASSIGN_OR_RETURN(out->credentials, MakeServerCredentials(rpc.security, listen, warn));
+  return absl::OkStatus();
+}
 
 RpcGate::RpcGate(const RpcGateOptions& options, std::string service, prometheus::Registry* registry)
     : options_(options), service_(std::move(service)), auth_(options.security) {

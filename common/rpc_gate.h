@@ -50,6 +50,15 @@ struct RpcGateOptions {
   SecurityOptions security;
 };
 
+// The gRPC server options a daemon serving `listen` under `rpc` needs: its
+// credentials (see MakeServerCredentials; `warn` hears why an address is
+// unsafe) and a receive limit above the gate's, so that the gate answers an
+// oversized request with its own message. Fields of `out` not named here are
+// kept.
+absl::Status ApplyRpcGateOptions(const RpcGateOptions& rpc, const std::string& listen,
+                                 const std::function<void(const std::string&)>& warn,
+                                 GrpcServerOptions* out);
+
 // Holds one of the gate's in-flight calls until destroyed.
 using CallTicket = std::shared_ptr<void>;
 

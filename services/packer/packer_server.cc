@@ -1,7 +1,5 @@
 #include "services/packer/packer_server.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -42,12 +40,9 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   ranks_->SetJob(job_->config().job_id());
   service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get());
   GrpcServerOptions grpc_options;
-  // gRPC's own limit stays above the gate's, so that the gate answers with its message.
-  grpc_options.max_receive_bytes = static_cast<int>(
-      std::max<uint64_t>(grpc_options.max_receive_bytes, 2 * options_.rpc.max_request_bytes));
-  ASSIGN_OR_RETURN(grpc_options.credentials,
-                   MakeServerCredentials(options_.rpc.security, options_.listen,
-                                         [](const std::string& w) { kLog.Warning(w); }));
+  RETURN_IF_ERROR(ApplyRpcGateOptions(options_.rpc, options_.listen,
+                                      [](const std::string& w) { kLog.Warning(w); },
+                                      &grpc_options));
   RETURN_IF_ERROR(
       host_->ServeGrpc(options_.listen, {service_.get()}, "tutti.v1.Packer", grpc_options));
   // Ready once the window has planned its first step (or says why it cannot).

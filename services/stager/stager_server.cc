@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -48,12 +47,9 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get());
   GrpcServerOptions grpc_options;
   grpc_options.socket_gid = opts_.core.share_gid;
-  // gRPC's own limit stays above the gate's, so that the gate answers with its message.
-  grpc_options.max_receive_bytes = static_cast<int>(
-      std::max<uint64_t>(grpc_options.max_receive_bytes, 2 * opts_.rpc.max_request_bytes));
-  ASSIGN_OR_RETURN(grpc_options.credentials,
-                   MakeServerCredentials(opts_.rpc.security, opts_.listen,
-                                         [](const std::string& w) { kLog.Warning(w); }));
+  RETURN_IF_ERROR(ApplyRpcGateOptions(opts_.rpc, opts_.listen,
+                                      [](const std::string& w) { kLog.Warning(w); },
+                                      &grpc_options));
   RETURN_IF_ERROR(
       host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager", grpc_options));
   plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get(), opts_.rpc.security);
