@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -147,6 +148,9 @@ absl::StatusOr<uint32_t> CheckJobWorldSize(const v1::JobInfo& job, int rank, int
 
 struct Client::Impl {
   v1::JobInfo job;
+  // Names this client to the stager (AcquireBatchRequest.incarnation): a new
+  // client for a rank reclaims what an earlier, gone one of it held.
+  uint64_t incarnation = 0;
   std::shared_ptr<v1::Stager::Stub> stager;
   std::shared_ptr<v1::Packer::Stub> packer;
 };
@@ -163,6 +167,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ASSIGN_OR_RETURN(ClientOptions opts, ResolveClientOptions(options));
   std::unique_ptr<Client> c(new Client());
   c->options_ = opts;
+  {
+    std::random_device rd;
+    std::mt19937_64 rng((uint64_t{rd()} << 32) ^ rd() ^
+                        static_cast<uint64_t>(absl::GetCurrentTimeNanos()));
+    do c->impl_->incarnation = rng(); while (c->impl_->incarnation == 0);
+  }
   ClientIdentity me{opts.rank, ""};
   c->impl_->packer = std::shared_ptr<v1::Packer::Stub>(
       v1::Packer::NewStub(MakeSecureChannel(opts.packer_address, opts.security, me)));
@@ -223,6 +233,7 @@ absl::StatusOr<Batch> Client::Next() {
     v1::AcquireBatchRequest req;
     req.set_step(step);
     req.set_rank(rank_);
+    req.set_incarnation(impl_->incarnation);
     req.set_timeout_ms(static_cast<uint32_t>(
         std::min<int64_t>(absl::ToInt64Milliseconds(left), std::numeric_limits<uint32_t>::max())));
     return FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
@@ -244,8 +255,9 @@ absl::StatusOr<Batch> Client::Next() {
   }
   // The wait as this rank saw it, sent with the release for the stager's metrics.
   auto waited = std::make_shared<double>(-1);
-  auto releaser = [stub = impl_->stager, step, rank = rank_, policy = Policy(options_.retry_budget),
-                   rpc_timeout = options_.rpc_timeout, address = options_.stager_address, waited] {
+  auto releaser = [stub = impl_->stager, step, rank = rank_, incarnation = impl_->incarnation,
+                   policy = Policy(options_.retry_budget), rpc_timeout = options_.rpc_timeout,
+                   address = options_.stager_address, waited] {
     return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
                             [&] {
                               grpc::ClientContext ctx;
@@ -253,6 +265,7 @@ absl::StatusOr<Batch> Client::Next() {
                               v1::ReleaseBatchRequest req;
                               req.set_step(step);
                               req.set_rank(rank);
+                              req.set_incarnation(incarnation);
                               if (*waited >= 0) req.set_wait_seconds(*waited);
                               v1::ReleaseBatchResponse resp;
                               return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));

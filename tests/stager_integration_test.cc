@@ -138,13 +138,25 @@ std::unique_ptr<v1::Stager::Stub> Client(int port) {
 }
 
 grpc::Status Acquire(v1::Stager::Stub& stub, uint64_t step, uint32_t rank, uint32_t timeout_ms,
-                     v1::BatchDescriptor* out) {
+                     v1::BatchDescriptor* out, uint64_t incarnation = 0) {
   grpc::ClientContext ctx;
   v1::AcquireBatchRequest req;
   req.set_step(step);
   req.set_rank(rank);
   req.set_timeout_ms(timeout_ms);
+  req.set_incarnation(incarnation);
   return stub.AcquireBatch(&ctx, req, out);
+}
+
+grpc::Status Release(v1::Stager::Stub& stub, uint64_t step, uint32_t rank,
+                     uint64_t incarnation = 0) {
+  grpc::ClientContext ctx;
+  v1::ReleaseBatchRequest req;
+  req.set_step(step);
+  req.set_rank(rank);
+  req.set_incarnation(incarnation);
+  v1::ReleaseBatchResponse resp;
+  return stub.ReleaseBatch(&ctx, req, &resp);
 }
 
 std::string HttpGet(int port, const std::string& path) {
@@ -343,6 +355,56 @@ TEST(StagerDaemonTest, TwoDaemonsWithTheSameJobIdKeepTheirOwnSegments) {
   EXPECT_TRUE(ShmSegment::Open(again.shm_name(), false).ok());
   b.Shutdown();
   EXPECT_FALSE(fs::exists("/dev/shm" + db.shm_name()));
+}
+
+// Rank processes that die holding a batch, over the daemon's gRPC service:
+// each process names itself with an incarnation and a dead one simply stops
+// calling. (1) Both ranks die holding step 3 and the job restarts from its
+// checkpoint at step 2, one rank after the other; (2) rank 0 alone dies
+// holding step 3 and comes back at step 4. The daemon is never restarted.
+TEST(StagerDaemonTest, RanksThatDieHoldingABatchAreServedAgainWhenTheyRestart) {
+  Env env("incarnations", 40);
+  env.StartPacker();
+  StagerServer server(env.Options());
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = Client(server.grpc_port());
+  auto step_of = [&](uint64_t step, uint32_t rank, uint64_t incarnation, bool release) {
+    v1::BatchDescriptor d;
+    grpc::Status s = Acquire(*stub, step, rank, 30000, &d, incarnation);
+    EXPECT_TRUE(s.ok()) << "step " << step << " rank " << rank << ": " << s.error_message();
+    EXPECT_EQ(d.step(), step);
+    if (release && s.ok()) {
+      grpc::Status r = Release(*stub, step, rank, incarnation);
+      EXPECT_TRUE(r.ok()) << r.error_message();
+    }
+    return s.ok();
+  };
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(step, rank, 0xA0 + rank, true));
+  }
+  for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(3, rank, 0xA0 + rank, false));  // both die
+
+  // (1) Resumed at step 2: rank 0's new process starts first and waits while
+  // rank 1's dead one still holds step 3; rank 1's new process reclaims it.
+  v1::BatchDescriptor first;
+  grpc::Status first_status;
+  std::thread rank0([&] { first_status = Acquire(*stub, 2, 0, 30000, &first, 0xB0); });
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(step_of(2, 1, 0xB1, true));
+  rank0.join();
+  ASSERT_TRUE(first_status.ok()) << first_status.error_message();
+  EXPECT_EQ(first.step(), 2u);
+  // The dead processes' calls are refused, and cannot release what the new ones hold.
+  EXPECT_EQ(Release(*stub, 2, 0, 0xA0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(Release(*stub, 2, 0, 0xB0).ok());
+  for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(3, rank, 0xB0 + rank, rank == 1));
+
+  // (2) Rank 0 dies holding step 3 and restarts alone at step 4; both go on
+  // well past where the window used to stall.
+  for (uint64_t step = 4; step < 12; ++step) {
+    for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(step, rank, rank == 0 ? 0xC0 : 0xB1, true));
+  }
+  server.Shutdown();
 }
 
 TEST(StagerDaemonTest, StepThePackerCannotServeIsPassedThrough) {

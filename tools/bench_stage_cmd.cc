@@ -243,7 +243,7 @@ bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchO
   auto metrics = std::make_shared<st::StagerMetrics>(std::make_shared<prometheus::Registry>());
   const uint64_t steps = data.samples.size() / (ranks * po.per_rank);
   std::vector<double> waits;
-  int lost = 0, skipped = 0, substituted = 0;
+  int lost = 0, skipped = 0, placeholders = 0;
   std::string first_error;
   {
     st::StagerCore core(o, metrics);
@@ -269,12 +269,12 @@ bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchO
         }
         for (const auto& sk : d->skipped()) {
           ++skipped;
-          substituted += sk.substitute_id() != 0;
+          placeholders += sk.action() == "placeholder";
           if (po.verbose) {
-            std::fprintf(stderr, "step %llu rank %u skipped sample %llu (%s, substitute %llu): %s\n",
+            std::fprintf(stderr, "step %llu rank %u skipped sample %llu (%s, %s): %s\n",
                          static_cast<unsigned long long>(s), r,
                          static_cast<unsigned long long>(sk.sample_id()), sk.reason().c_str(),
-                         static_cast<unsigned long long>(sk.substitute_id()), sk.detail().c_str());
+                         sk.action().c_str(), sk.detail().c_str());
           }
         }
         (void)core.Release(s, r);
@@ -298,9 +298,9 @@ bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchO
   row->tutti = po.deadline_ms - worst;
   row->extra = absl::StrFormat(
       ", \"worst_wait_ms\": %.3f, \"mean_wait_ms\": %.3f, \"batches\": %d, \"lost_steps\": %d, "
-      "\"stalled_images\": %d, \"skipped\": %d, \"substituted\": %d, \"interval_ms\": %u",
+      "\"stalled_images\": %d, \"skipped\": %d, \"placeholders\": %d, \"interval_ms\": %u",
       worst, waits.empty() ? 0 : sum / waits.size(), static_cast<int>(waits.size()), lost,
-      static_cast<int>(stalled_ids.size()), skipped, substituted, po.interval_ms);
+      static_cast<int>(stalled_ids.size()), skipped, placeholders, po.interval_ms);
   return true;
 }
 

@@ -122,6 +122,7 @@ class PlanBuilder {
       t->set_name(ix_.MemberName(s, ix_.text_ext(s)));
       t->set_offset(ix_.text_offset(s));
       t->set_size(ix_.text_size(s));
+      if (ix_.has_member_crc32c()) t->set_crc32c(ix_.text_crc32c(s));
     }
     for (uint32_t j = ix_.media_begin(s); j < ix_.media_end(s); ++j) {
       const MediaView m = ix_.media(j);
@@ -129,6 +130,7 @@ class PlanBuilder {
       ref->set_name(ix_.MemberName(s, m.ext));
       ref->set_offset(m.offset);
       ref->set_size(m.size);
+      if (ix_.has_member_crc32c()) ref->set_crc32c(ix_.media_crc32c(j));
       if (IsImage(m.kind)) {
         ref->set_format(FormatOf(m.kind));
         ref->set_width(m.width);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "services/stager/skip.h"
@@ -19,59 +20,6 @@ namespace tutti::stager {
 namespace {
 const Logger kLog("stager.batch");
 }  // namespace
-
-// ------------------------------------------------------------ substitutes
-void SubstitutePool::OfferImage(uint64_t id, const cv::Mat& bgr) {
-  absl::MutexLock l(&mu_);
-  // Keep a handful, refreshed now and then; small copies so resizing is cheap.
-  if (images_.size() >= 8 && (++offered_ % 64) != 0) return;
-  constexpr int kSide = 448;
-  cv::Mat small;
-  const int longest = std::max(bgr.cols, bgr.rows);
-  if (longest > kSide) {
-    const double f = double(kSide) / longest;
-    cv::resize(bgr, small, cv::Size(std::max(1, int(bgr.cols * f)), std::max(1, int(bgr.rows * f))), 0,
-               0, cv::INTER_AREA);
-  } else {
-    small = bgr.clone();
-  }
-  images_.emplace_back(id, std::move(small));
-  if (images_.size() > 8) images_.pop_front();
-}
-
-void SubstitutePool::OfferTokens(uint64_t id, const std::vector<int32_t>& tokens) {
-  if (tokens.empty()) return;
-  absl::MutexLock l(&mu_);
-  if (tokens_.size() >= 32 && (++offered_ % 16) != 0) return;
-  tokens_.emplace_back(id, tokens);
-  if (tokens_.size() > 32) tokens_.pop_front();
-}
-
-bool SubstitutePool::TakeImage(uint64_t not_id, cv::Mat* out, uint64_t* id) {
-  absl::MutexLock l(&mu_);
-  for (size_t k = 0; k < images_.size(); ++k) {
-    const auto& e = images_[(taken_ + k) % images_.size()];
-    if (e.first == not_id) continue;
-    ++taken_;
-    *out = e.second;
-    *id = e.first;
-    return true;
-  }
-  return false;
-}
-
-bool SubstitutePool::TakeTokens(uint64_t not_id, std::vector<int32_t>* out, uint64_t* id) {
-  absl::MutexLock l(&mu_);
-  for (size_t k = 0; k < tokens_.size(); ++k) {
-    const auto& e = tokens_[(taken_ + k) % tokens_.size()];
-    if (e.first == not_id) continue;
-    ++taken_;
-    *out = e.second;
-    *id = e.first;
-    return true;
-  }
-  return false;
-}
 
 // ------------------------------------------------------------ batch job
 BatchJob::BatchJob(BuildContext ctx, std::shared_ptr<const v1::StepPlan> step, int rank_index,
@@ -139,6 +87,53 @@ void BatchJob::Fail(Item& item, const absl::Status& s) {
   Settle();
 }
 
+// Reads a member and checks it against the index's checksum when the plan
+// carries one: bytes that do not match, from the cache or the source, are
+// read once more from the source; still wrong, the member fails with reason
+// "checksum" (logged once per member, rate-limited) and is never decoded.
+void BatchJob::ReadChecked(const v1::ShardRef& shard, const v1::MemberRef& member,
+                           MemberReader::Done done) {
+  auto self = shared_from_this();
+  // Both live in the plan or the layout, which the batch keeps.
+  const v1::ShardRef* s = &shard;
+  const v1::MemberRef* m = &member;
+  ctx_.reader->Read(
+      shard, member.name(), member.offset(), member.size(), deadline(),
+      [self, s, m, done = std::move(done)](absl::StatusOr<MemberReader::Bytes> bytes,
+                                           bool from_cache) mutable {
+        if (!bytes.ok() || !m->has_crc32c()) return done(std::move(bytes), from_cache);
+        const uint32_t first = Crc32c(**bytes);
+        if (first == m->crc32c()) return done(std::move(bytes), from_cache);
+        if (StagerMetrics* metrics = self->ctx_.metrics) metrics->checksum_rereads.Increment();
+        self->ctx_.reader->Read(
+            *s, m->name(), m->offset(), m->size(), self->deadline(),
+            [self, s, m, done = std::move(done), first, from_cache](
+                absl::StatusOr<MemberReader::Bytes> again, bool) mutable {
+              if (!again.ok()) return done(std::move(again), false);
+              const uint32_t second = Crc32c(**again);
+              if (second == m->crc32c()) return done(std::move(again), false);
+              static LogRateLimit limit(absl::Seconds(10), 10);
+              if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
+                kLog.Warning("a member fails its checksum at the source: skipped, never decoded",
+                             {{"shard", s->name()},
+                              {"member", m->name()},
+                              {"index_crc32c", absl::Hex(m->crc32c(), absl::kZeroPad8)},
+                              {"first_read", from_cache ? "cache" : "source"},
+                              {"first_crc32c", absl::Hex(first, absl::kZeroPad8)},
+                              {"source_crc32c", absl::Hex(second, absl::kZeroPad8)},
+                              {"suppressed", suppressed}});
+              }
+              done(ChecksumError(absl::StrCat(
+                       s->name(), ":", m->name(), ": its bytes have CRC-32C ",
+                       absl::Hex(second, absl::kZeroPad8), " but the index says ",
+                       absl::Hex(m->crc32c(), absl::kZeroPad8),
+                       "; it changed after indexing: re-copy the shard or re-index")),
+                   false);
+            },
+            /*source_only=*/true);
+      });
+}
+
 void BatchJob::ReadImage(size_t i) {
   const ImageItem& im = layout_.images()[i];
   // A remote_load image (its shard is staged on another node, not here) is
@@ -146,8 +141,8 @@ void BatchJob::ReadImage(size_t i) {
   // in this node's cache.
   if (im.remote_load && ctx_.metrics) ctx_.metrics->remote_load_images.Increment();
   auto self = shared_from_this();
-  ctx_.reader->Read(
-      im.shard, im.member.name(), im.member.offset(), im.member.size(), deadline(),
+  ReadChecked(
+      im.shard, im.member,
       [self, i](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
         Item& it = *self->images_[i];
         int expect = kReading;
@@ -172,10 +167,9 @@ void BatchJob::DecodeImage(size_t i, const std::string& data) {
   }
   const ImageItem& im = layout_.images()[i];
   const absl::Time t0 = absl::Now();
-  cv::Mat decoded;
   auto info = DecodeImageInto(data, Name(im.member, im.shard),
                               static_cast<ImageKind>(im.member.format()), im.height, im.width,
-                              ctx_.params, shm_->data() + im.offset, &decoded);
+                              ctx_.params, shm_->data() + im.offset);
   if (StagerMetrics* m = ctx_.metrics) {
     m->decode_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
     if (info.ok()) {
@@ -185,7 +179,6 @@ void BatchJob::DecodeImage(size_t i, const std::string& data) {
     }
   }
   if (!info.ok()) return Fail(it, info.status());
-  ctx_.substitutes->OfferImage(im.sample_id, decoded);
   it.state.store(kDone);
   Settle();
 }
@@ -206,7 +199,7 @@ void BatchJob::ReadDoc(size_t d) {
                           text.name(), text.name().empty() ? "" : ")", "; pre-tokenise the dataset")));
   }
   auto self = shared_from_this();
-  ctx_.reader->Read(doc.shard, text.name(), text.offset(), text.size(), deadline(),
+  ReadChecked(doc.shard, text,
                     [self, d](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
                       Item& it = *self->docs_[d];
                       int expect = kReading;
@@ -220,7 +213,6 @@ void BatchJob::ReadDoc(size_t d) {
                                                   ids.status().message())));
                       }
                       self->layout_.WriteText(self->shm_->data(), d, *ids);
-                      self->ctx_.substitutes->OfferTokens(doc2.sample_id, *ids);
                       it.state.store(kDone);
                       self->Settle();
                     });
@@ -229,7 +221,7 @@ void BatchJob::ReadDoc(size_t d) {
 void BatchJob::ReadAudio(size_t a) {
   const AudioItem& au = layout_.audio()[a];
   auto self = shared_from_this();
-  ctx_.reader->Read(au.shard, au.member.name(), au.member.offset(), au.member.size(), deadline(),
+  ReadChecked(au.shard, au.member,
                     [self, a](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
                       Item& it = *self->audio_[a];
                       int expect = kReading;
@@ -290,7 +282,9 @@ std::string BatchJob::PendingSummary() const {
 }
 
 // What happened to each failed sample: one SkippedSample per failed member,
-// and each sample counted once as dropped, substituted or placeholder.
+// and each sample counted once as dropped or placeholder. No sample's content
+// ever stands in for another's: a caption is never paired with a foreign
+// image (nor an image with a foreign caption).
 class BatchJob::Outcome {
  public:
   Outcome(v1::BatchDescriptor* descriptor, StagerMetrics* metrics, bool drop, Failures failures)
@@ -301,31 +295,29 @@ class BatchJob::Outcome {
   bool Dropped(uint64_t sample) const {
     return drop_ && failures_.failed.count(sample) && !failures_.crossing.count(sample);
   }
-  // Records a failed member of `shard` (and logs it, rate-limited).
-  void Skip(uint64_t sample, Item& item, uint64_t substitute, absl::string_view what,
+  enum Kind { kDropped, kPlaceholder };
+  // A failed member `member` of `shard` in `sample`, and what became of the
+  // sample (logged, rate-limited).
+  void Skip(uint64_t sample, Item& item, Kind kind, absl::string_view what,
             const std::string& shard, const std::string& member) {
     absl::MutexLock l(&item.mu);
     v1::SkippedSample* s = descriptor_->add_skipped();
     s->set_sample_id(sample);
     s->set_reason(item.reason);
     s->set_detail(absl::StrCat(item.detail, what));
-    s->set_substitute_id(substitute);
+    s->set_action(kind == kDropped ? "dropped" : "placeholder");
     if (metrics_) metrics_->SkippedSamples(item.reason).Increment();
     static LogRateLimit limit(absl::Seconds(10), 10);
     if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
       kLog.Warning("skipped a sample member",
                    {{"reason", item.reason}, {"shard", shard}, {"member", member},
-                    {"sample", sample}, {"substitute", substitute}, {"detail", s->detail()},
+                    {"sample", sample}, {"action", s->action()}, {"detail", s->detail()},
                     {"suppressed", suppressed}});
     }
   }
-  enum Kind { kDropped, kSubstituted, kPlaceholder };
   void Count(uint64_t sample, Kind kind) {
     if (metrics_ == nullptr || !counted_.insert(sample).second) return;
-    (kind == kDropped       ? metrics_->dropped_samples
-     : kind == kSubstituted ? metrics_->substituted_samples
-                            : metrics_->placeholder_samples)
-        .Increment();
+    (kind == kDropped ? metrics_->dropped_samples : metrics_->placeholder_samples).Increment();
   }
   // The samples the batch names (kept or not), for its SampleInfo list.
   std::set<uint64_t>& named() { return named_; }
@@ -374,26 +366,21 @@ void BatchJob::SettleImages(Outcome& out, std::vector<bool>* dropped) {
     out.named().insert(im.sample_id);
     if (out.Dropped(im.sample_id)) {
       (*dropped)[i] = true;
-      if (!item.done()) out.Skip(im.sample_id, item, 0, " (sample dropped)", im.shard.name(), im.member.name());
+      if (!item.done()) {
+        out.Skip(im.sample_id, item, Outcome::kDropped, " (sample dropped)", im.shard.name(),
+                 im.member.name());
+      }
       out.Count(im.sample_id, Outcome::kDropped);
       continue;
     }
     if (item.done()) continue;
-    cv::Mat sub;
-    uint64_t sub_id = 0;
-    char* dst = shm_->data() + im.offset;
-    if (ctx_.substitutes->TakeImage(im.sample_id, &sub, &sub_id) &&
-        ResizePatchifyInto(sub, im.height, im.width, ctx_.params, dst).ok()) {
-      out.Skip(im.sample_id, item, sub_id, "", im.shard.name(), im.member.name());
-      out.Count(im.sample_id, Outcome::kSubstituted);
-    } else {
-      // Nothing decoded yet to substitute: the mean colour (all zeros once
-      // normalised) keeps the planned shape.
-      std::memset(dst, 0, im.bytes);
-      out.Skip(im.sample_id, item, 0, " (no substitute yet: placeholder of the mean colour)",
-               im.shard.name(), im.member.name());
-      out.Count(im.sample_id, Outcome::kPlaceholder);
-    }
+    // The mean colour (all zeros once normalised) keeps the planned shape;
+    // the sample's documents must carry no training signal (skipped says so).
+    std::memset(shm_->data() + im.offset, 0, im.bytes);
+    out.Skip(im.sample_id, item, Outcome::kPlaceholder,
+             " (placeholder of the mean colour; mask the sample's tokens out of the loss)",
+             im.shard.name(), im.member.name());
+    out.Count(im.sample_id, Outcome::kPlaceholder);
   }
 }
 
@@ -405,23 +392,19 @@ void BatchJob::SettleDocs(Outcome& out, std::vector<bool>* dropped) {
     out.named().insert(doc.sample_id);
     if (out.Dropped(doc.sample_id)) {
       (*dropped)[d] = true;
-      if (!item.done()) out.Skip(doc.sample_id, item, 0, " (sample dropped)", doc.shard.name(),
-                               doc.info->text().name());
+      if (!item.done()) {
+        out.Skip(doc.sample_id, item, Outcome::kDropped, " (sample dropped)", doc.shard.name(),
+                 doc.info->text().name());
+      }
       out.Count(doc.sample_id, Outcome::kDropped);
       continue;
     }
     if (item.done()) continue;
-    std::vector<int32_t> tokens;
-    uint64_t sub_id = 0;
-    if (ctx_.substitutes->TakeTokens(doc.sample_id, &tokens, &sub_id)) {
-      out.Skip(doc.sample_id, item, sub_id, "", doc.shard.name(), doc.info->text().name());
-      out.Count(doc.sample_id, Outcome::kSubstituted);
-    } else {
-      out.Skip(doc.sample_id, item, 0, " (no substitute yet: placeholder tokens 0)",
-               doc.shard.name(), doc.info->text().name());
-      out.Count(doc.sample_id, Outcome::kPlaceholder);
-    }
-    layout_.WriteText(shm_->data(), d, tokens);
+    out.Skip(doc.sample_id, item, Outcome::kPlaceholder,
+             " (placeholder tokens 0; mask the document out of the loss)", doc.shard.name(),
+             doc.info->text().name());
+    out.Count(doc.sample_id, Outcome::kPlaceholder);
+    layout_.WriteText(shm_->data(), d, {});
   }
 }
 
@@ -433,13 +416,18 @@ void BatchJob::SettleAudio(Outcome& out, std::vector<bool>* dropped) {
     out.named().insert(au.sample_id);
     if (out.Dropped(au.sample_id)) {
       (*dropped)[a] = true;
-      if (!item.done()) out.Skip(au.sample_id, item, 0, " (sample dropped)", au.shard.name(), au.member.name());
+      if (!item.done()) {
+        out.Skip(au.sample_id, item, Outcome::kDropped, " (sample dropped)", au.shard.name(),
+                 au.member.name());
+      }
       out.Count(au.sample_id, Outcome::kDropped);
       continue;
     }
     if (item.done()) continue;
     std::memset(shm_->data() + au.offset, 0, au.samples * 4);  // silence keeps the shape
-    out.Skip(au.sample_id, item, 0, " (placeholder: silence)", au.shard.name(), au.member.name());
+    out.Skip(au.sample_id, item, Outcome::kPlaceholder,
+             " (placeholder: silence; mask the sample's tokens out of the loss)", au.shard.name(),
+             au.member.name());
     out.Count(au.sample_id, Outcome::kPlaceholder);
   }
 }

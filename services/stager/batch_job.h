@@ -36,28 +36,9 @@
 
 namespace tutti::stager {
 
-// Recently decoded images and token lists, used as same-modality
-// substitutes for samples that fail. Thread-safe.
-class SubstitutePool {
- public:
-  void OfferImage(uint64_t sample_id, const cv::Mat& bgr);
-  void OfferTokens(uint64_t sample_id, const std::vector<int32_t>& tokens);
-  // False when nothing is available yet.
-  bool TakeImage(uint64_t not_id, cv::Mat* out, uint64_t* id);
-  bool TakeTokens(uint64_t not_id, std::vector<int32_t>* out, uint64_t* id);
-
- private:
-  absl::Mutex mu_;
-  std::deque<std::pair<uint64_t, cv::Mat>> images_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::pair<uint64_t, std::vector<int32_t>>> tokens_ ABSL_GUARDED_BY(mu_);
-  uint64_t offered_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 struct BuildContext {
   MemberReader* reader = nullptr;
   ThreadPool* pool = nullptr;
-  SubstitutePool* substitutes = nullptr;
   StagerMetrics* metrics = nullptr;  // may be null
   PatchifyParams params;
   const v1::JobConfig* config = nullptr;
@@ -112,6 +93,9 @@ class BatchJob final : public WindowBatch, public std::enable_shared_from_this<B
   };
   class Outcome;  // records skipped members and counts each sample once
 
+  // Reads a member for this batch, checked against its checksum (see .cc).
+  void ReadChecked(const v1::ShardRef& shard, const v1::MemberRef& member,
+                   MemberReader::Done done);
   void ReadImage(size_t i);
   void DecodeImage(size_t i, const std::string& data);
   void ReadDoc(size_t d);

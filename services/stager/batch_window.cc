@@ -36,23 +36,14 @@ absl::Status BatchWindow::Admit(uint64_t step, uint32_t rank, bool* moved) {
   // A step before the window, or far beyond it, moves the window there when
   // nothing is in use (a job resuming from a checkpoint, before or after
   // where this daemon had got to); otherwise it is refused.
-  const uint64_t far = base_ + 2 * uint64_t{opts_.window};
-  if (step < base_ || step >= far) {
-    const std::string busy = InUse();
-    if (busy.empty()) {
+  // While something is in use, Acquire waits for the window to be free to
+  // move (the holder releases, or its rank restarts and reclaims it).
+  if (!InWindow(step)) {
+    if (InUse().empty()) {
       Seek(step, rank);
       *moved = true;
-      return absl::OkStatus();
     }
-    if (step < base_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "step ", step, " was already released by every rank of node ", ranks_->node(),
-          "; the window starts at step ", base_, " and cannot move back while ", busy));
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step, " is far ahead of the prefetch window (steps ", base_, "..",
-        base_ + opts_.window - 1, " are being prepared) and the window cannot move while ", busy,
-        "; release earlier steps first (or raise --window)"));
+    return absl::OkStatus();
   }
   if (auto it = steps_.find(step); it != steps_.end()) {
     auto s = it->second.slots.find(rank);
@@ -68,18 +59,107 @@ absl::Status BatchWindow::Admit(uint64_t step, uint32_t rank, bool* moved) {
 
 void BatchWindow::Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms, absl::Time now,
                           Answer done, Callbacks* cbs) {
+  const uint32_t t = timeout_ms ? timeout_ms : opts_.default_acquire_timeout_ms;
+  Waiter w{now + absl::Milliseconds(t), now, std::move(done)};
+  if (!InWindow(step)) {
+    seeks_.push_back(SeekWaiter{step, rank, std::move(w)});
+    return;
+  }
+  AcquireSlot(step, rank, std::move(w), cbs);
+}
+
+void BatchWindow::AcquireSlot(uint64_t step, uint32_t rank, Waiter waiter, Callbacks* cbs) {
   SkipEarlier(step, rank);
   Slot& slot = StepAt(step).slots[rank];
   if (slot.state == SlotState::kReady) {
     slot.handed_out = true;
     if (metrics_) metrics_->acquire_wait_seconds.Observe(0);
-    cbs->push_back([d = std::move(done), r = slot.batch->descriptor()]() mutable { d(std::move(r)); });
+    cbs->push_back([d = std::move(waiter.done), r = slot.batch->descriptor()]() mutable {
+      d(std::move(r));
+    });
   } else if (slot.state == SlotState::kFailed) {
-    cbs->push_back([d = std::move(done), e = slot.error] { d(e); });
+    cbs->push_back([d = std::move(waiter.done), e = slot.error] { d(e); });
   } else {
-    const uint32_t t = timeout_ms ? timeout_ms : opts_.default_acquire_timeout_ms;
-    slot.waiters.push_back(Waiter{now + absl::Milliseconds(t), now, std::move(done)});
+    slot.waiters.push_back(std::move(waiter));
   }
+}
+
+void BatchWindow::TrySeek(Callbacks* cbs) {
+  if (seeks_.empty() || !InUse().empty()) return;
+  uint64_t to = seeks_.front().step;
+  for (const SeekWaiter& s : seeks_) to = std::min(to, s.step);
+  if (!InWindow(to)) {
+    Seek(to, seeks_.front().rank);
+    moved_ = true;
+  }
+  std::vector<SeekWaiter> waiting = std::move(seeks_);
+  seeks_.clear();
+  for (SeekWaiter& s : waiting) {
+    if (InWindow(s.step)) {
+      AcquireSlot(s.step, s.rank, std::move(s.waiter), cbs);
+    } else {
+      seeks_.push_back(std::move(s));  // far beyond the others: after them
+    }
+  }
+}
+
+bool BatchWindow::TakeMoved(uint64_t* step) {
+  if (!moved_) return false;
+  moved_ = false;
+  *step = base_;
+  return true;
+}
+
+absl::Status BatchWindow::Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs) {
+  if (incarnation == 0) return absl::OkStatus();
+  uint64_t& current = incarnation_[rank];
+  if (current == incarnation) return absl::OkStatus();
+  std::vector<uint64_t>& replaced = replaced_[rank];
+  if (std::find(replaced.begin(), replaced.end(), incarnation) != replaced.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " is now served to a newer process (incarnation ", absl::Hex(current),
+        "); this one (", absl::Hex(incarnation), ") was replaced and must stop"));
+  }
+  if (current != 0) {
+    kLog.Info("a new process for the rank: what the old one held or waited for is reclaimed",
+              {{"rank", rank},
+               {"old_incarnation", absl::Hex(current)},
+               {"incarnation", absl::Hex(incarnation)}});
+    replaced.push_back(current);
+    if (replaced.size() > 4) replaced.erase(replaced.begin());
+    Reclaim(rank, cbs);
+  }
+  current = incarnation;
+  TrySeek(cbs);
+  return absl::OkStatus();
+}
+
+void BatchWindow::Reclaim(uint32_t rank, Callbacks* cbs) {
+  const absl::Status gone = absl::AbortedError(absl::StrCat(
+      "rank ", rank, " restarted (a new process asked for it): this call of the old one is void"));
+  for (auto& [step, s] : steps_) {
+    auto it = s.slots.find(rank);
+    if (it == s.slots.end()) continue;
+    Slot& slot = it->second;
+    for (auto& w : slot.waiters) cbs->push_back([d = std::move(w.done), gone] { d(gone); });
+    slot.waiters.clear();
+    // Held by the old process, or released by it: the new one may ask for
+    // the step again (a job resumed at an earlier step), so it is built anew.
+    if ((slot.handed_out && slot.state != SlotState::kFailed) || slot.state == SlotState::kReleased) {
+      Free(slot);
+      slot.state = s.plan ? SlotState::kWaitShards : SlotState::kWaitPlan;
+    }
+    slot.handed_out = false;
+  }
+  for (auto seek = seeks_.begin(); seek != seeks_.end();) {
+    if (seek->rank != rank) {
+      ++seek;
+      continue;
+    }
+    cbs->push_back([d = std::move(seek->waiter.done), gone] { d(gone); });
+    seek = seeks_.erase(seek);
+  }
+  shards_changed_ = true;
 }
 
 void BatchWindow::Release(uint64_t step, uint32_t rank, Callbacks* cbs) {
@@ -95,6 +175,7 @@ void BatchWindow::Release(uint64_t step, uint32_t rank, Callbacks* cbs) {
   }
   slot.waiters.clear();
   Advance();
+  TrySeek(cbs);
 }
 
 std::string BatchWindow::InUse() const {
@@ -340,6 +421,22 @@ void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStat
       TimeOutWaiters(step, rank, slot, now, intake, shard_state, cbs);
     }
   }
+  TrySeek(cbs);
+  for (auto seek = seeks_.begin(); seek != seeks_.end();) {
+    if (seek->waiter.deadline > now) {
+      ++seek;
+      continue;
+    }
+    absl::Status err = absl::DeadlineExceededError(absl::StrCat(
+        "step ", seek->step, " of rank ", seek->rank, " lies outside the window (steps ", base_,
+        "..", base_ + opts_.window - 1, "), which moves there once nothing is in use, but ",
+        InUse(), " (a rank whose process died is reclaimed when it restarts)"));
+    if (metrics_) {
+      metrics_->acquire_wait_seconds.Observe(absl::ToDoubleSeconds(now - seek->waiter.since));
+    }
+    cbs->push_back([d = std::move(seek->waiter.done), err] { d(err); });
+    seek = seeks_.erase(seek);
+  }
   if (metrics_) {
     for (const auto& [rank, n] : ahead) metrics_->WindowBatches(rank).Set(n);
     metrics_->window_building.Set(building);
@@ -349,6 +446,8 @@ void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStat
 
 // ------------------------------------------------------------ shutdown
 void BatchWindow::FailWaiters(const absl::Status& status, Callbacks* cbs) {
+  for (SeekWaiter& seek : seeks_) cbs->push_back([d = std::move(seek.waiter.done), status] { d(status); });
+  seeks_.clear();
   for (auto& [step, s] : steps_) {
     for (auto& [rank, slot] : s.slots) {
       for (auto& w : slot.waiters) cbs->push_back([d = std::move(w.done), status] { d(status); });

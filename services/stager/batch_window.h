@@ -9,6 +9,16 @@
 // resumed job's step when nothing is in use, and advances it as every local
 // rank releases its first step.
 //
+// Ranks that come and go. Every client process names itself with an
+// incarnation (a random id fixed for the process). A new incarnation of a
+// rank means its old process is gone (it died and was restarted, or the job
+// was restarted from a checkpoint): everything the old one held or waited for
+// is reclaimed (batches freed, built again if asked for; waiting calls
+// answered ABORTED), never anything another rank holds. A step before the
+// window or far beyond it moves the window there once nothing is in use; a
+// request for it meanwhile waits (up to its timeout) instead of being
+// refused, so ranks restarting one after another all get their step.
+//
 // Pure logic: no threads, no I/O, the clock passed in. Answers to clients
 // are returned as callbacks for the caller to run outside its lock.
 // Not thread-safe: StagerCore keeps it under its lock.
@@ -80,14 +90,20 @@ class BatchWindow {
   const BatchWindowOptions& options() const { return opts_; }
 
   // ---- clients (the rank is local)
+  // Records which process serves `rank` (incarnation 0: a client that names
+  // none, nothing recorded). A new incarnation reclaims the old one's holds
+  // and waits. FAILED_PRECONDITION for an incarnation already replaced (a
+  // process that outlived its successor's start: it must stop).
+  absl::Status Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs);
   // Whether `rank` may ask for `step` now. A step before the window, or far
   // beyond it, moves the window there when nothing is in use (*moved = true:
-  // the caller restarts plan intake there); otherwise it is refused. Also
-  // refuses a step past the job's end and one already released.
+  // the caller restarts plan intake there); otherwise Acquire waits for that.
+  // Refuses a step past the job's end and one already released.
   absl::Status Admit(uint64_t step, uint32_t rank, bool* moved);
   // After Admit: gives up the rank's earlier steps it never took, then answers
   // at once (ready or failed) or keeps `done` until the batch is ready or
-  // `timeout_ms` (0 = the default) passes.
+  // `timeout_ms` (0 = the default) passes. A step outside the window waits
+  // for the window to move there.
   void Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms, absl::Time now, Answer done,
                Callbacks* cbs);
   // The rank is done with the batch: its segment goes; waiters for it get
@@ -95,6 +111,9 @@ class BatchWindow {
   void Release(uint64_t step, uint32_t rank, Callbacks* cbs);
   // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
   std::string InUse() const;
+  // The window moved by itself to let waiting requests in: true once per
+  // move, with the step it moved to (the caller restarts plan intake there).
+  bool TakeMoved(uint64_t* step);
 
   // ---- plans
   // The plan of a step: each local rank's slot waits for its shards, or
@@ -144,6 +163,11 @@ class BatchWindow {
     std::vector<Waiter> waiters;
     bool handed_out = false;  // a client got the batch (and holds it until it releases)
   };
+  struct SeekWaiter {  // a request for a step outside the window, waiting for it to move
+    uint64_t step;
+    uint32_t rank;
+    Waiter waiter;
+  };
   struct Step {
     std::shared_ptr<const v1::StepPlan> plan;
     std::vector<const v1::ShardRef*> stage;  // shards this node stages for it (into *plan)
@@ -155,6 +179,12 @@ class BatchWindow {
   void Free(Slot& slot);  // discards its batch and returns its memory
   void Finish(Slot& slot, absl::Time now, Callbacks* cbs);  // answers its waiters
   void Seek(uint64_t step, uint32_t rank);
+  // Hands `done` the slot's batch now, or keeps it as a waiter.
+  void AcquireSlot(uint64_t step, uint32_t rank, Waiter waiter, Callbacks* cbs);
+  // Moves the window for waiting seeks once nothing is in use.
+  void TrySeek(Callbacks* cbs);
+  void Reclaim(uint32_t rank, Callbacks* cbs);
+  bool InWindow(uint64_t step) const { return step >= base_ && step < base_ + 2 * uint64_t{opts_.window}; }
   void SkipEarlier(uint64_t step, uint32_t rank);
   void Advance();  // moves base past released steps; marks the shard sets changed
   bool ShardsReady(const Step& s, absl::Time now, const ShardStateOf& shard_state) const;
@@ -173,6 +203,10 @@ class BatchWindow {
   uint64_t memory_ = 0;  // bytes of live segments
   std::map<uint64_t, Step> steps_;
   bool shards_changed_ = false;
+  std::vector<SeekWaiter> seeks_;
+  bool moved_ = false;                           // TrySeek moved the window
+  std::map<uint32_t, uint64_t> incarnation_;     // rank -> its current process
+  std::map<uint32_t, std::vector<uint64_t>> replaced_;  // rank -> the last few replaced ones
 };
 
 }  // namespace tutti::stager

@@ -291,20 +291,55 @@ TEST(BatchWindowTest, TheWindowMovesToAResumedStepOnlyWhenNothingIsInUse) {
   rig.window.Acquire(10, 2, 0, rig.now, a.Callback(), &cbs);
   RunAnswers(cbs);
   ASSERT_TRUE(a.got.has_value() && a.got->ok());
-  absl::Status back = rig.window.Admit(3, 3, &moved);
+  // Rank 2 holds step 10: a step before the window, or far beyond it, does
+  // not move it; the request waits (and times out saying why).
+  ASSERT_TRUE(rig.window.Admit(3, 3, &moved).ok());
   EXPECT_FALSE(moved);
-  EXPECT_EQ(back.code(), absl::StatusCode::kOutOfRange);
-  EXPECT_NE(back.message().find("cannot move back while rank 2 holds step 10"), std::string::npos)
-      << back;
-  absl::Status far = rig.window.Admit(14, 3, &moved);
-  EXPECT_EQ(far.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(far.message().find("far ahead of the prefetch window (steps 10..11"), std::string::npos)
-      << far;
+  Answer back, far;
+  rig.window.Acquire(3, 3, 1000, rig.now, back.Callback(), &cbs);
+  ASSERT_TRUE(rig.window.Admit(14, 3, &moved).ok());
+  EXPECT_FALSE(moved);
+  rig.window.Acquire(14, 3, 1000, rig.now, far.Callback(), &cbs);
+  rig.now += absl::Seconds(2);
+  rig.Round(&cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(back.got.has_value() && far.got.has_value());
+  EXPECT_EQ(back.got->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(back.got->status().message().find("outside the window"), std::string::npos)
+      << back.got->status();
+  EXPECT_NE(back.got->status().message().find("rank 2 holds step 10"), std::string::npos)
+      << back.got->status();
+  EXPECT_EQ(far.got->status().code(), absl::StatusCode::kDeadlineExceeded);
+  // Once rank 2 releases it, a step before the window moves it there.
   rig.window.Release(10, 2, &cbs);
   ASSERT_TRUE(rig.window.Admit(3, 3, &moved).ok());
   EXPECT_TRUE(moved);
   EXPECT_TRUE(rig.batches.at({10, 3})->discarded_);
   EXPECT_EQ(rig.window.memory(), 0u);
+  // A waiting request is let in when the window becomes free to move.
+  Rig wait;
+  ASSERT_TRUE(wait.window.Admit(10, 2, &moved).ok());
+  wait.Plan(10);
+  wait.shards["s10.tar"] = ShardState::kStaged;
+  wait.Round(&cbs);
+  wait.Built(10, 2, &cbs);
+  Answer held, early;
+  wait.window.Acquire(10, 2, 0, wait.now, held.Callback(), &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(wait.window.Admit(3, 3, &moved).ok());
+  wait.window.Acquire(3, 3, 5000, wait.now, early.Callback(), &cbs);
+  EXPECT_FALSE(early.got.has_value());
+  wait.window.Release(10, 2, &cbs);  // nothing in use now: the window moves to step 3
+  uint64_t to = 0;
+  EXPECT_TRUE(wait.window.TakeMoved(&to));
+  EXPECT_EQ(to, 3u);
+  wait.Plan(3);
+  wait.shards["s3.tar"] = ShardState::kStaged;
+  wait.Round(&cbs);
+  wait.Built(3, 3, &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(early.got.has_value());
+  EXPECT_TRUE(early.got->ok()) << early.got->status();
 
   BatchWindowOptions o = Rig::Options();
   o.total_steps = 5;
@@ -341,6 +376,43 @@ TEST(BatchWindowTest, OverdueBuildsAreExpiredAndStaleOnesRefused) {
   EXPECT_TRUE(rig.batches.at({0, 2})->expired_);
   auto stale = std::make_shared<TestBatch>(0, 2, 1);  // not the slot's batch
   EXPECT_FALSE(rig.window.Ready(stale, rig.now, &cbs));
+}
+
+TEST(BatchWindowTest, ANewIncarnationReclaimsOnlyItsOwnRanksBatches) {
+  Rig rig;
+  BatchWindow::Callbacks cbs;
+  bool moved = false;
+  ASSERT_TRUE(rig.window.Incarnate(2, 0xA2, &cbs).ok());
+  ASSERT_TRUE(rig.window.Incarnate(3, 0xA3, &cbs).ok());
+  rig.Plan(0);
+  rig.shards["s0.tar"] = ShardState::kStaged;
+  rig.Round(&cbs);
+  rig.Built(0, 2, &cbs);
+  rig.Built(0, 3, &cbs);
+  Answer a2, a3;
+  for (auto [r, a] : {std::pair{2u, &a2}, {3u, &a3}}) {
+    ASSERT_TRUE(rig.window.Admit(0, r, &moved).ok());
+    rig.window.Acquire(0, r, 0, rig.now, a->Callback(), &cbs);
+  }
+  RunAnswers(cbs);
+  ASSERT_TRUE(a2.got && a2.got->ok() && a3.got && a3.got->ok());
+  // Rank 2's process is replaced while it holds step 0: its batch goes (to be
+  // built again if asked for); rank 3's stays.
+  ASSERT_TRUE(rig.window.Incarnate(2, 0xB2, &cbs).ok());
+  EXPECT_TRUE(rig.batches.at({0, 2})->discarded_);
+  EXPECT_FALSE(rig.batches.at({0, 3})->discarded_);
+  EXPECT_EQ(rig.window.InUse(), "rank 3 holds step 0");
+  // The replaced process is refused from now on.
+  EXPECT_EQ(rig.window.Incarnate(2, 0xA2, &cbs).code(), absl::StatusCode::kFailedPrecondition);
+  // The new one asks for step 0 again: built anew and handed out.
+  Answer again;
+  ASSERT_TRUE(rig.window.Admit(0, 2, &moved).ok());
+  rig.window.Acquire(0, 2, 0, rig.now, again.Callback(), &cbs);
+  rig.Round(&cbs);
+  rig.Built(0, 2, &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(again.got.has_value());
+  EXPECT_TRUE(again.got->ok()) << again.got->status();
 }
 
 }  // namespace

@@ -172,9 +172,9 @@ absl::StatusOr<cv::Mat> DecodeWithOpenCv(absl::string_view bytes, absl::string_v
 // Decodes with the codec libraries directly (codecs.h); their warnings are
 // logged with the image's name (rate-limited) and counted in `info`. The
 // image lives in a per-thread buffer that the next decode on this thread
-// reuses, unless `keep` asks for a copy of its own.
+// reuses.
 absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, int reduce,
-                               const ImageHeader& header, bool keep, DecodeInfo* info) {
+                               const ImageHeader& header, DecodeInfo* info) {
   thread_local ImageBuffer reused;
   ImageBuffer* out = &reused;
   CodecWarnings warnings;
@@ -205,7 +205,7 @@ absl::StatusOr<cv::Mat> Decode(absl::string_view bytes, absl::string_view name, 
   }
   if (absl::IsUnimplemented(s)) return DecodeWithOpenCv(bytes, name, reduce, header);
   RETURN_IF_ERROR(s);
-  return keep ? out->image().clone() : out->image();
+  return out->image();
 }
 
 // The fast resize to exactly (H, W): an integer area shrink first when more
@@ -257,7 +257,7 @@ namespace {
 absl::StatusOr<cv::Mat> DecodeForTargetUnchecked(absl::string_view bytes, absl::string_view name,
                                                  ImageKind declared, uint32_t height,
                                                  uint32_t width, const PatchifyParams& params,
-                                                 bool keep, DecodeInfo* info) {
+                                                 DecodeInfo* info) {
   RETURN_IF_ERROR(CheckTarget(height, width, params));
   ASSIGN_OR_RETURN(ImageHeader header, CheckHeader(bytes, name, params));
   info->kind = header.kind;
@@ -265,57 +265,27 @@ absl::StatusOr<cv::Mat> DecodeForTargetUnchecked(absl::string_view bytes, absl::
   info->source_height = header.height;
   info->mislabelled = declared != ImageKind::kUnknown && declared != header.kind;
   info->reduce = ChooseReduce(header, height, width, params);
-  return Decode(bytes, name, info->reduce, header, keep, info);
+  return Decode(bytes, name, info->reduce, header, info);
 }
 
 absl::StatusOr<DecodeInfo> DecodeImageIntoUnchecked(absl::string_view bytes,
                                                     absl::string_view name, ImageKind declared,
                                                     uint32_t height, uint32_t width,
-                                                    const PatchifyParams& params, char* out,
-                                                    cv::Mat* decoded) {
+                                                    const PatchifyParams& params, char* out) {
   DecodeInfo info;
   ASSIGN_OR_RETURN(cv::Mat img,
-                   DecodeForTargetUnchecked(bytes, name, declared, height, width, params,
-                                            /*keep=*/decoded != nullptr, &info));
+                   DecodeForTargetUnchecked(bytes, name, declared, height, width, params, &info));
   RETURN_IF_ERROR(Annotate(ResizePatchifyInto(img, height, width, params, out), name));
-  if (decoded) *decoded = img;
   return info;
-}
-
-absl::StatusOr<cv::Mat> DecodeImageSmallUnchecked(absl::string_view bytes,
-                                                  absl::string_view name,
-                                                  const PatchifyParams& params, uint32_t max_side) {
-  ASSIGN_OR_RETURN(ImageHeader header, CheckHeader(bytes, name, params));
-  int reduce = 1;
-  if (params.reduced_jpeg && header.kind == ImageKind::kJpeg) {
-    for (int s : {8, 4, 2}) {
-      if ((std::max(header.width, header.height) + s - 1) / s >= max_side) {
-        reduce = s;
-        break;
-      }
-    }
-  }
-  ASSIGN_OR_RETURN(cv::Mat img, Decode(bytes, name, reduce, header, /*keep=*/true, nullptr));
-  const int longest = std::max(img.cols, img.rows);
-  if (longest > static_cast<int>(max_side)) {
-    const double f = static_cast<double>(max_side) / longest;
-    cv::Mat small;
-    cv::resize(img, small, cv::Size(std::max(1, static_cast<int>(img.cols * f)),
-                                    std::max(1, static_cast<int>(img.rows * f))),
-               0, 0, cv::INTER_AREA);
-    img = small;
-  }
-  return img;
 }
 
 }  // namespace
 
 absl::StatusOr<DecodeInfo> DecodeImageInto(absl::string_view bytes, absl::string_view name,
                                            ImageKind declared, uint32_t height, uint32_t width,
-                                           const PatchifyParams& params, char* out,
-                                           cv::Mat* decoded) {
+                                           const PatchifyParams& params, char* out) {
   try {
-    return DecodeImageIntoUnchecked(bytes, name, declared, height, width, params, out, decoded);
+    return DecodeImageIntoUnchecked(bytes, name, declared, height, width, params, out);
   } catch (const cv::Exception& e) {
     return FromCvException(e, name, "decoding");
   }
@@ -325,21 +295,10 @@ absl::StatusOr<cv::Mat> DecodeForTarget(absl::string_view bytes, absl::string_vi
                                         ImageKind declared, uint32_t height, uint32_t width,
                                         const PatchifyParams& params, DecodeInfo* info) {
   try {
-    return DecodeForTargetUnchecked(bytes, name, declared, height, width, params, /*keep=*/false,
-                                    info);
+    return DecodeForTargetUnchecked(bytes, name, declared, height, width, params, info);
   } catch (const cv::Exception& e) {
     return FromCvException(e, name, "decoding");
   }
 }
-
-absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_view name,
-                                         const PatchifyParams& params, uint32_t max_side) {
-  try {
-    return DecodeImageSmallUnchecked(bytes, name, params, max_side);
-  } catch (const cv::Exception& e) {
-    return FromCvException(e, name, "shrinking");
-  }
-}
-
 
 }  // namespace tutti::stager

@@ -44,12 +44,9 @@ struct DecodeInfo {
 // OUT_OF_RANGE for dimensions over the limits (not decoded); INVALID_ARGUMENT
 // for a target that is not a multiple of patch*merge; RESOURCE_EXHAUSTED when
 // memory runs out. Every OpenCV error is caught here, its message kept.
-// `decoded`, if given, receives the decoded 8-bit BGR image (before the
-// resize).
 absl::StatusOr<DecodeInfo> DecodeImageInto(absl::string_view bytes, absl::string_view name,
                                            ImageKind declared, uint32_t height, uint32_t width,
-                                           const PatchifyParams& params, char* out,
-                                           cv::Mat* decoded = nullptr);
+                                           const PatchifyParams& params, char* out);
 
 // Only the decode step of DecodeImageInto for a (height, width) target: the
 // 8-bit BGR image at the DCT scale it would choose, `info` filled in. Same
@@ -58,11 +55,6 @@ absl::StatusOr<DecodeInfo> DecodeImageInto(absl::string_view bytes, absl::string
 absl::StatusOr<cv::Mat> DecodeForTarget(absl::string_view bytes, absl::string_view name,
                                         ImageKind declared, uint32_t height, uint32_t width,
                                         const PatchifyParams& params, DecodeInfo* info);
-
-// Decodes to an 8-bit BGR image without resizing (used to keep substitutes),
-// shrunk by DCT scaling / area so that no side exceeds max_side.
-absl::StatusOr<cv::Mat> DecodeImageSmall(absl::string_view bytes, absl::string_view name,
-                                         const PatchifyParams& params, uint32_t max_side);
 
 // Resizes an 8-bit BGR image to (height, width) the way params.resize says,
 // normalises and patchifies into `out` (one sequential pass over the

@@ -54,12 +54,13 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                               "JPEG decodes done at 1/2, 1/4 or 1/8 scale in the DCT domain")),
       mislabelled_images(Counter(*registry, "tutti_stager_mislabelled_images_total",
                                  "Images whose content format differs from their name")),
-      substituted_samples(Counter(*registry, "tutti_stager_substituted_samples_total",
-                                  "Skipped samples replaced by a same-modality substitute")),
       placeholder_samples(Counter(*registry, "tutti_stager_placeholder_samples_total",
                                   "Skipped samples kept at their planned shape with placeholder "
-                                  "content (no substitute available yet, or a sample that "
-                                  "crosses ranks under the drop policy)")),
+                                  "content, to be masked out of the loss (the substitute policy, "
+                                  "or a sample that crosses ranks under the drop policy)")),
+      checksum_rereads(Counter(*registry, "tutti_stager_checksum_rereads_total",
+                               "Members whose bytes failed the index's checksum and were read "
+                               "again from the source")),
       dropped_samples(Counter(*registry, "tutti_stager_dropped_samples_total",
                               "Samples removed from a batch under the drop policy")),
       remote_load_images(Counter(*registry, "tutti_stager_remote_load_images_total",
@@ -86,7 +87,7 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       skipped_family_(prometheus::BuildCounter()
                           .Name("tutti_stager_skipped_samples_total")
                           .Help("Sample members skipped, by reason: corrupt, truncated, "
-                                "deadline, too_large, missing")
+                                "checksum, deadline, too_large, missing")
                           .Register(*registry)),
       window_family_(prometheus::BuildGauge()
                          .Name("tutti_stager_window_batches")

@@ -37,10 +37,11 @@ class StagerMetrics {
   prometheus::Counter& decoded_images;         // tutti_stager_decoded_images_total
   prometheus::Counter& reduced_decodes;        // tutti_stager_reduced_jpeg_decodes_total
   prometheus::Counter& mislabelled_images;     // tutti_stager_mislabelled_images_total
-  // Skipped sample members by reason (skip.h): corrupt, truncated, deadline, too_large, missing.
+  // Skipped sample members by reason (skip.h): corrupt, truncated, checksum, deadline, too_large,
+  // missing.
   prometheus::Counter& SkippedSamples(const std::string& reason);
-  prometheus::Counter& substituted_samples;  // tutti_stager_substituted_samples_total
   prometheus::Counter& placeholder_samples;  // tutti_stager_placeholder_samples_total
+  prometheus::Counter& checksum_rereads;     // tutti_stager_checksum_rereads_total
   prometheus::Counter& dropped_samples;      // tutti_stager_dropped_samples_total
   prometheus::Counter& remote_load_images;   // tutti_stager_remote_load_images_total
   // Window and clients.

@@ -20,7 +20,7 @@ MemberReader::MemberReader(std::string source_dir, ShardCache* cache, StagingEng
 MemberReader::~MemberReader() { CloseExcept({}); }
 
 void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, uint64_t offset,
-                        uint64_t length, absl::Time deadline, Done done) {
+                        uint64_t length, absl::Time deadline, Done done, bool source_only) {
   if (shard.size() != 0 && offset + length > shard.size()) {
     done(TruncatedError(absl::StrCat("member ", member, " of shard ", shard.name(),
                                           " lies past the shard's end (offset ", offset, " + ",
@@ -29,7 +29,7 @@ void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, ui
          false);
     return;
   }
-  const bool staged = staging_ != nullptr &&
+  const bool staged = !source_only && staging_ != nullptr &&
                       staging_->Status(shard.name()).state == ShardState::kStaged &&
                       cache_->Has(shard.name(), shard.size());
   Pending p{member, offset, length, deadline, std::move(done), absl::Now()};

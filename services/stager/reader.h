@@ -35,11 +35,12 @@ class MemberReader {
                StagerMetrics* metrics);
   ~MemberReader();
 
-  // Reads member `member` (length bytes at offset) of `shard`. Errors name
-  // the member and shard: DEADLINE_EXCEEDED, NOT_FOUND, DATA_LOSS (a member
-  // past the end of the shard), or the system error.
+  // Reads member `member` (length bytes at offset) of `shard`, from the
+  // cache when it is staged (and `source_only` is false), else from the
+  // source. Errors name the member and shard: DEADLINE_EXCEEDED, NOT_FOUND,
+  // DATA_LOSS (a member past the end of the shard), or the system error.
   void Read(const v1::ShardRef& shard, const std::string& member, uint64_t offset, uint64_t length,
-            absl::Time deadline, Done done);
+            absl::Time deadline, Done done, bool source_only = false);
   // Closes shard files not named in `keep`.
   void CloseExcept(const std::set<std::string>& keep);
 

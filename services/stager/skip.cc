@@ -5,6 +5,7 @@
 namespace tutti::stager {
 namespace {
 constexpr absl::string_view kTruncatedUrl = "type.tutti.dev/skip/truncated";
+constexpr absl::string_view kChecksumUrl = "type.tutti.dev/skip/checksum";
 }  // namespace
 
 absl::Status TruncatedError(absl::string_view message) {
@@ -13,8 +14,15 @@ absl::Status TruncatedError(absl::string_view message) {
   return s;
 }
 
+absl::Status ChecksumError(absl::string_view message) {
+  absl::Status s = absl::DataLossError(message);
+  s.SetPayload(kChecksumUrl, absl::Cord("1"));
+  return s;
+}
+
 const char* SkipReason(const absl::Status& s) {
   if (s.GetPayload(kTruncatedUrl).has_value()) return "truncated";
+  if (s.GetPayload(kChecksumUrl).has_value()) return "checksum";
   switch (s.code()) {
     case absl::StatusCode::kDeadlineExceeded: return "deadline";
     case absl::StatusCode::kOutOfRange:

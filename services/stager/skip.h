@@ -11,13 +11,17 @@
 namespace tutti::stager {
 
 // Every reason, in the order the counters are created.
-inline constexpr const char* kSkipReasons[] = {"corrupt", "truncated", "deadline", "too_large",
-                                               "missing"};
+inline constexpr const char* kSkipReasons[] = {"corrupt",   "truncated", "checksum",
+                                               "deadline",  "too_large", "missing"};
 
 // DATA_LOSS marked as a cut-off file or shard (reason "truncated").
 absl::Status TruncatedError(absl::string_view message);
 
-// "truncated" for TruncatedError, "deadline" for DEADLINE_EXCEEDED,
+// DATA_LOSS marked as bytes that do not match the index's checksum (reason
+// "checksum"): never decoded into a batch.
+absl::Status ChecksumError(absl::string_view message);
+
+// "truncated" for TruncatedError, "checksum" for ChecksumError, "deadline" for DEADLINE_EXCEEDED,
 // "too_large" for OUT_OF_RANGE / RESOURCE_EXHAUSTED, "missing" for NOT_FOUND /
 // PERMISSION_DENIED, "corrupt" otherwise.
 const char* SkipReason(const absl::Status& s);

@@ -98,7 +98,6 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   RETURN_IF_ERROR(StartParts(job));
   ctx_.reader = reader_.get();
   ctx_.pool = pool_.get();
-  ctx_.substitutes = &substitutes_;
   ctx_.metrics = metrics_.get();
   ctx_.params = PatchifyParams::FromConfig(config_.vision());
   ctx_.config = &config_;
@@ -252,7 +251,8 @@ void StagerCore::PlanFailed(uint64_t step, const absl::Status& status, uint64_t 
 }
 
 // ------------------------------------------------------------ clients
-absl::Status StagerCore::Admit(uint64_t step, uint32_t rank) {
+absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnation,
+                               Callbacks* cbs) {
   if (!started_ || stopping_) {
     return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   }
@@ -261,21 +261,29 @@ absl::Status StagerCore::Admit(uint64_t step, uint32_t rank) {
     cv_.SignalAll();  // plan intake can start
   }
   RETURN_IF_ERROR(ranks_->CheckLocal(rank));
+  RETURN_IF_ERROR(window_->Incarnate(rank, incarnation, cbs));
+  FollowWindow();
   bool moved = false;
   RETURN_IF_ERROR(window_->Admit(step, rank, &moved));
   if (moved) intake_->Restart(step);
   return intake_->ErrorFor(step);
 }
 
-void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done) {
+void StagerCore::FollowWindow() {
+  if (uint64_t to = 0; window_->TakeMoved(&to)) intake_->Restart(to);
+}
+
+void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
+                              uint64_t incarnation) {
   Callbacks cbs;
   {
     absl::MutexLock l(&mu_);
-    absl::Status s = Admit(step, rank);
+    absl::Status s = Admit(step, rank, incarnation, &cbs);
     if (!s.ok()) {
       cbs.push_back([d = std::move(done), s] { d(s); });
     } else {
       window_->Acquire(step, rank, timeout_ms, absl::Now(), std::move(done), &cbs);
+      FollowWindow();
       ApplyShardSets();
     }
   }
@@ -284,13 +292,16 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
 }
 
 absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t rank,
-                                                        uint32_t timeout_ms) {
+                                                        uint32_t timeout_ms, uint64_t incarnation) {
   absl::Mutex m;
   std::optional<absl::StatusOr<v1::BatchDescriptor>> result;
-  AcquireAsync(step, rank, timeout_ms, [&](absl::StatusOr<v1::BatchDescriptor> r) {
-    absl::MutexLock l(&m);
-    result = std::move(r);
-  });
+  AcquireAsync(
+      step, rank, timeout_ms,
+      [&](absl::StatusOr<v1::BatchDescriptor> r) {
+        absl::MutexLock l(&m);
+        result = std::move(r);
+      },
+      incarnation);
   absl::MutexLock l(&m);
   m.Await(absl::Condition(
       +[](std::optional<absl::StatusOr<v1::BatchDescriptor>>* r) { return r->has_value(); },
@@ -298,9 +309,11 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
   return std::move(*result);
 }
 
-absl::Status StagerCore::Release(uint64_t step, uint32_t rank, std::optional<double> waited) {
+absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnation,
+                                 std::optional<double> waited) {
   if (waited && metrics_ && *waited >= 0) metrics_->client_wait_seconds.Observe(*waited);
   Callbacks cbs;
+  absl::Status result;
   {
     absl::MutexLock l(&mu_);
     if (!ranks_ || !ranks_->known()) {
@@ -318,12 +331,17 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, std::optional<dou
           "release of step ", step, " rank ", rank, ": no batch that far ahead was handed out "
           "(batches are handed out for steps ", window_->base(), "..", far - 1, " now)"));
     }
-    window_->Release(step, rank, &cbs);
-    ApplyShardSets();
+    // A release from a replaced process must not release its successor's batch.
+    result = window_->Incarnate(rank, incarnation, &cbs);
+    if (result.ok()) {
+      window_->Release(step, rank, &cbs);
+      FollowWindow();
+      ApplyShardSets();
+    }
   }
   cv_.SignalAll();
   for (auto& cb : cbs) cb();
-  return absl::OkStatus();
+  return result;
 }
 
 // ------------------------------------------------------------ scheduler
@@ -370,6 +388,7 @@ void StagerCore::Tick(Callbacks* cbs) {
       },
       cbs);
   window_->Tick(absl::Now(), *intake_, shard_state, cbs);
+  FollowWindow();
 }
 
 absl::Status StagerCore::Live() const {

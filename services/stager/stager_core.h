@@ -116,10 +116,15 @@ class StagerCore {
   void PlanFailed(uint64_t step, const absl::Status& status, uint64_t generation);
 
   // ---- clients
-  void AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done);
-  absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms);
+  // incarnation: the client process's id (0 = none); a new one for a rank
+  // reclaims what the rank's old process held (BatchWindow::Incarnate).
   // waited: how long the rank waited for this batch, as it measured it.
-  absl::Status Release(uint64_t step, uint32_t rank, std::optional<double> waited = std::nullopt);
+  void AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
+                    uint64_t incarnation = 0);
+  absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms,
+                                              uint64_t incarnation = 0);
+  absl::Status Release(uint64_t step, uint32_t rank, uint64_t incarnation = 0,
+                       std::optional<double> waited = std::nullopt);
 
   // ---- staging status
   v1::StageStatus GetStageStatus() const;
@@ -138,7 +143,10 @@ class StagerCore {
       const std::shared_ptr<const v1::StepPlan>& plan, int rank_index);
   void OnBatchReady(const std::shared_ptr<BatchJob>& job);
   // Checks a client's request and moves the window (and intake) if it must.
-  absl::Status Admit(uint64_t step, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Admit(uint64_t step, uint32_t rank, uint64_t incarnation, Callbacks* cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restarts plan intake where the window moved by itself, if it did.
+  void FollowWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the window's shard sets to the cache (pinned) and the reader (open).
   void ApplyShardSets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PlanBlocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -157,7 +165,6 @@ class StagerCore {
   std::unique_ptr<IoService> read_io_;
   std::unique_ptr<MemberReader> reader_;
   std::unique_ptr<ThreadPool> pool_;
-  SubstitutePool substitutes_;
   BuildContext ctx_;
 
   mutable absl::Mutex mu_;

@@ -3,11 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
+#include "common/crc32c.h"
 #include "common/file_io.h"
 #include "common/shm.h"
 #include "gtest/gtest.h"
@@ -140,17 +144,16 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   auto again = c.core->Acquire(0, 3, 100);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kOutOfRange);
   ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // held from here on
-  auto far = c.core->Acquire(40, 3, 100);
-  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(far.status().message().find("window cannot move while rank 3 holds step 1"),
-            std::string::npos)
+  auto far = c.core->Acquire(40, 3, 100);  // waits for the window, which rank 3 keeps at step 0
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(far.status().message().find("rank 3 holds step 1"), std::string::npos)
       << far.status();
   auto late = c.core->Acquire(3, 3, 300);  // plans only up to step 1
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("no plan for step 3"), std::string::npos) << late.status();
   c.core->PlanFailed(2, absl::OutOfRangeError("step 2 is past the dataset's end"), 0);
   auto gone = c.core->Acquire(2, 2, 300);
-  EXPECT_EQ(gone.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kOutOfRange) << gone.status();
   EXPECT_NE(gone.status().message().find("packer cannot serve step 2"), std::string::npos);
   // This process's segments only (a killed earlier run may have left its own).
   EXPECT_GT(ShmSegmentsOf("tutti-coretest-e2e"), 0);
@@ -318,32 +321,217 @@ TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
     ASSERT_TRUE(back->ok()) << back->status();
     EXPECT_EQ((*back)->step(), 0u);
   }
-  // Rank 2 holds step 0 now: neither a far step nor a past one moves the window.
+  // Rank 2 holds step 0 now: neither a far step nor a past one moves the
+  // window; such a request waits for it (here until its timeout, naming why).
   auto far = c.core->Acquire(30, 3, 100);
-  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(far.status().message().find("rank 2 holds step 0"), std::string::npos) << far.status();
   ASSERT_TRUE(c.core->Release(0, 2).ok());
   ASSERT_TRUE(c.core->Acquire(0, 3, 20000).ok());
   ASSERT_TRUE(c.core->Release(0, 3).ok());
   ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // base is 1 now; rank 3 holds step 1
   auto past = c.core->Acquire(0, 2, 100);
-  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(past.status().message().find("rank 3 holds step 1"), std::string::npos) << past.status();
 }
 
-// Overwrites the image bytes of sample `id` in its source shard.
-std::function<void(testing::Dataset&)> Corrupt(int id) {
-  return [id](testing::Dataset& d) {
-    const auto& m = d.samples[id].images(0);
+// The two kill-and-resume scenarios, on one stager that keeps running:
+// (1) both ranks die holding step 3 and the job restarts from its checkpoint
+// at step 2; (2) later only rank 2 dies holding its step and is restarted on
+// its own, a step further. Each new process is a new incarnation; nothing is
+// restarted but the ranks.
+// Hands the stager the plans it asks for, as the packer client does: from
+// the step it wants up to its limit, again from the new step when the window
+// moves (a new generation).
+class PlanFeeder {
+ public:
+  explicit PlanFeeder(Core& c) : c_(c), thread_([this] { Run(); }) {}
+  ~PlanFeeder() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      const auto want = c_.core->WaitPlanWanted(absl::Now() + absl::Milliseconds(50));
+      if (want.stop) return;
+      for (uint64_t s = want.step; s < want.end && !stop_; ++s) {
+        absl::Status st =
+            c_.core->AddPlan(testing::MakePlan(c_.data, c_.job, s, {2, 3}, 3), want.generation);
+        if (!st.ok()) break;  // the window moved: ask again
+      }
+    }
+  }
+  Core& c_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(StagerCoreTest, RanksKilledAndResumedAreServedAgainOnTheSameStager) {
+  Core c("restart", {.shards = 2, .samples_per_shard = 6});
+  PlanFeeder feeder(c);
+  auto take = [&](uint64_t step, uint32_t rank, uint64_t incarnation) {
+    auto d = c.core->Acquire(step, rank, 20000, incarnation);
+    EXPECT_TRUE(d.ok()) << "step " << step << " rank " << rank << ": " << d.status();
+    if (d.ok()) EXPECT_EQ(d->step(), step);
+    return d;
+  };
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (uint32_t r : {2u, 3u}) {
+      ASSERT_TRUE(take(step, r, 100 + r).ok());
+      ASSERT_TRUE(c.core->Release(step, r, 100 + r).ok());
+    }
+  }
+  ASSERT_TRUE(take(3, 2, 102).ok());  // both die holding step 3
+  ASSERT_TRUE(take(3, 3, 103).ok());
+
+  // (1) Restarted from the checkpoint at step 2, one rank after the other:
+  // rank 2's request waits for rank 3's old process to be reclaimed, then the
+  // window moves back and both are served.
+  std::mutex m;
+  std::map<uint32_t, absl::StatusOr<v1::BatchDescriptor>> got;
+  for (uint32_t r : {2u, 3u}) {
+    c.core->AcquireAsync(
+        2, r, 30000,
+        [&, r](absl::StatusOr<v1::BatchDescriptor> d) {
+          std::lock_guard<std::mutex> l(m);
+          got.emplace(r, std::move(d));
+        },
+        200 + r);
+  }
+  for (int i = 0; i < 12000; ++i) {
+    {
+      std::lock_guard<std::mutex> l(m);
+      if (got.size() == 2) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> l(m);
+    ASSERT_EQ(got.size(), 2u);
+    for (auto& [r, d] : got) {
+      ASSERT_TRUE(d.ok()) << "rank " << r << ": " << d.status();
+      EXPECT_EQ(d->step(), 2u);
+    }
+  }
+  // A replaced process is refused, and cannot release its successor's batch.
+  EXPECT_EQ(c.core->Acquire(3, 2, 100, 102).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.core->Release(2, 2, 102).code(), absl::StatusCode::kFailedPrecondition);
+  for (uint32_t r : {2u, 3u}) ASSERT_TRUE(c.core->Release(2, r, 200 + r).ok());
+  for (uint32_t r : {2u, 3u}) ASSERT_TRUE(take(3, r, 200 + r).ok());
+  ASSERT_TRUE(c.core->Release(3, 3, 203).ok());
+
+  // (2) Rank 2 dies holding step 3 and comes back alone at step 4; both go
+  // on past where the window used to stall (base + 2 * window).
+  ASSERT_TRUE(take(4, 3, 203).ok());
+  ASSERT_TRUE(c.core->Release(4, 3, 203).ok());
+  for (uint64_t step = 4; step < 10; ++step) {
+    for (uint32_t r : {2u, 3u}) {
+      if (step == 4 && r == 3) continue;  // taken above
+      const uint64_t inc = r == 2 ? 302 : 203;
+      ASSERT_TRUE(take(step, r, inc).ok());
+      ASSERT_TRUE(c.core->Release(step, r, inc).ok());
+    }
+  }
+}
+
+// The placeholder of a failed image: its rows all zeros (the mean colour).
+bool AllZero(const ShmSegment& seg, const v1::BatchDescriptor& d, uint64_t first_row, uint64_t rows) {
+  const auto& px = Array(d, "pixel_values");
+  const uint64_t row_bytes = px.nbytes() / px.shape(0);
+  const char* p = seg.data() + px.offset() + first_row * row_bytes;
+  for (uint64_t i = 0; i < rows * row_bytes; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+// Overwrites the image bytes of sample `id` in its source shard. As indexed
+// (the checksums taken after the damage): the image is corrupt, not changed.
+std::function<void(testing::Dataset&)> Corrupt(int id, bool after_indexing = false) {
+  return [id, after_indexing](testing::Dataset& d) {
+    v1::MemberRef& m = *d.samples[id].mutable_images(0);
     const std::string path = d.dir + "/" + d.shards[d.samples[id].shard()].name();
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(m.offset()));
-    f << std::string(m.size(), 'Z');
+    const std::string junk(m.size(), 'Z');
+    f << junk;
+    if (after_indexing) return;  // the index's checksums describe the bytes before
     d.shards[d.samples[id].shard()].set_crc32c(0);
+    m.set_crc32c(Crc32c(junk));
   };
 }
 
-TEST(StagerCoreTest, CorruptImageIsSubstitutedAndCounted) {
+TEST(StagerCoreTest, AMemberChangedAfterIndexingIsNeverDecodedIntoABatch) {
+  // Sample 7's image changed at the source after indexing: staging refuses
+  // the shard (its checksum), the member read from the source fails its own
+  // checksum, is read once more, and is skipped as "checksum", never decoded.
+  Core c("checksum", {.shards = 1, .samples_per_shard = 12}, {}, {}, {}, Corrupt(7, true));
+  c.Plans(0, 2);
+  int seen = 0;
+  for (uint64_t s = 0; s < 2; ++s) {
+    for (uint32_t r : {2u, 3u}) {
+      auto d = c.core->Acquire(s, r, 20000);
+      ASSERT_TRUE(d.ok()) << d.status();
+      uint64_t rows = 0, first = 0, own = 0;
+      for (const auto& ip : d->plan().encoders(0).images()) {
+        if (ip.sample_id() == 7) first = rows, own = ip.patches();
+        rows += ip.patches();
+      }
+      if (own == 0) continue;
+      ++seen;
+      ASSERT_EQ(d->skipped_size(), 1);
+      EXPECT_EQ(d->skipped(0).sample_id(), 7u);
+      EXPECT_EQ(d->skipped(0).reason(), "checksum");
+      EXPECT_NE(d->skipped(0).detail().find("000007.jpg"), std::string::npos) << d->skipped(0).detail();
+      EXPECT_NE(d->skipped(0).detail().find("but the index says"), std::string::npos);
+      auto seg = ShmSegment::Open(d->shm_name(), false);
+      ASSERT_TRUE(seg.ok());
+      EXPECT_TRUE(AllZero(**seg, *d, first, own));  // the placeholder, not the damaged image
+    }
+  }
+  EXPECT_GE(seen, 1);  // once per batch it is planned in, each read again once
+  EXPECT_EQ(c.metrics->SkippedSamples("checksum").Value(), seen);
+  EXPECT_EQ(c.metrics->checksum_rereads.Value(), seen);
+}
+
+TEST(StagerCoreTest, AMemberDamagedInTheCacheIsReadAgainFromTheSource) {
+  // The cached copy of a staged shard is damaged (a bad disk): the member
+  // fails its checksum there, is read from the source, and is decoded right.
+  Core c("checksum-cache", {.shards = 1, .samples_per_shard = 12});
+  c.Plans(0, 1);
+  ASSERT_TRUE(c.core->staging()->Wait({c.data.shards[0].name()}, absl::Now() + absl::Seconds(20)).ok());
+  const v1::MemberRef& m = c.data.samples[7].images(0);
+  {
+    std::fstream f(c.core->cache()->PathOf(c.data.shards[0].name()),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(m.offset() + 100));
+    f << std::string(64, 'Z');
+  }
+  for (uint32_t r : {2u, 3u}) {
+    auto d = c.core->Acquire(0, r, 20000);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->skipped_size(), 0) << d->DebugString();
+    for (const auto& ip : d->plan().encoders(0).images()) {
+      if (ip.sample_id() != 7) continue;
+      auto seg = ShmSegment::Open(d->shm_name(), false);
+      ASSERT_TRUE(seg.ok());
+      const std::string want = c.DecodeDirectly(ip);
+      uint64_t rows = 0;
+      for (const auto& other : d->plan().encoders(0).images()) {
+        if (other.sample_id() == 7) break;
+        rows += other.patches();
+      }
+      const auto& px = Array(*d, "pixel_values");
+      const uint64_t row_bytes = px.nbytes() / px.shape(0);
+      EXPECT_EQ(std::string((*seg)->data() + px.offset() + rows * row_bytes, want.size()), want);
+    }
+  }
+  EXPECT_EQ(c.metrics->checksum_rereads.Value(), 1);
+}
+
+TEST(StagerCoreTest, CorruptImageBecomesAPlaceholderNeverAnotherSamplesImage) {
   Core c("corrupt", {.shards = 1, .samples_per_shard = 12}, {}, {}, {}, Corrupt(7));
   c.Plans(0, 2);
   for (uint64_t s = 0; s < 2; ++s) {
@@ -357,10 +545,19 @@ TEST(StagerCoreTest, CorruptImageIsSubstitutedAndCounted) {
       EXPECT_EQ(d->skipped(0).sample_id(), 7u);
       EXPECT_EQ(d->skipped(0).reason(), "corrupt");
       EXPECT_NE(d->skipped(0).detail().find("000007.jpg"), std::string::npos) << d->skipped(0).detail();
-      // Shapes stay as planned.
-      uint64_t rows = 0;
-      for (const auto& ip : d->plan().encoders(0).images()) rows += ip.patches();
+      EXPECT_EQ(d->skipped(0).action(), "placeholder");
+      EXPECT_EQ(d->skipped(0).substitute_id(), 0u);
+      // Shapes stay as planned; sample 7's rows hold the placeholder, not
+      // another sample's pixels (its caption would be trained against them).
+      uint64_t rows = 0, first = 0, own = 0;
+      for (const auto& ip : d->plan().encoders(0).images()) {
+        if (ip.sample_id() == 7) first = rows, own = ip.patches();
+        rows += ip.patches();
+      }
       EXPECT_EQ(Array(*d, "pixel_values").shape(0), rows);
+      auto seg = ShmSegment::Open(d->shm_name(), false);
+      ASSERT_TRUE(seg.ok());
+      EXPECT_TRUE(AllZero(**seg, *d, first, own));
     }
   }
 }
@@ -398,7 +595,7 @@ TEST(StagerCoreTest, WindowOccupancyIsPerLocalRankAndCountsBatchesReadyAhead) {
   EXPECT_EQ(ahead(2), 1);  // step 1, built, not taken yet
   EXPECT_EQ(ahead(3), 0);
   // The wait a rank reports with its release is what tutti_stager_client_wait_seconds shows.
-  ASSERT_TRUE(c.core->Release(0, 2, 0.25).ok());
+  ASSERT_TRUE(c.core->Release(0, 2, /*incarnation=*/0, 0.25).ok());
   ASSERT_TRUE(c.core->Release(1, 3).ok());  // an older client: nothing reported
   prometheus::ClientMetric m = c.metrics->client_wait_seconds.Collect();
   EXPECT_EQ(m.histogram.sample_count, 1u);
@@ -434,6 +631,7 @@ TEST(StagerCoreTest, DropPolicyRemovesTheWholeSampleConsistently) {
   ASSERT_EQ(d->skipped_size(), 1);
   EXPECT_EQ(d->skipped(0).sample_id(), 6u);
   EXPECT_EQ(d->skipped(0).substitute_id(), 0u);
+  EXPECT_EQ(d->skipped(0).action(), "dropped");
   EXPECT_NE(d->skipped(0).detail().find("sample dropped"), std::string::npos) << d->skipped(0).detail();
   // Its image and its document are gone; the arrays agree with each other.
   auto seg = ShmSegment::Open(d->shm_name(), false);
@@ -451,7 +649,7 @@ TEST(StagerCoreTest, DropPolicyRemovesTheWholeSampleConsistently) {
 TEST(StagerCoreTest, DropPolicyKeepsASampleThatCrossesRanks) {
   // Sample 6's image is encoded on rank 2 but its LLM phase is rank 3's:
   // removing it would break the exchange sizes, so it is kept at its planned
-  // shape (substitute or placeholder) even under drop, and reported.
+  // shape as a placeholder even under drop, and reported.
   StagerOptions o;
   o.skip_policy = "drop";
   Core c("drop_cross", {.shards = 1, .samples_per_shard = 12}, o, {}, {}, Corrupt(6));
@@ -465,7 +663,8 @@ TEST(StagerCoreTest, DropPolicyKeepsASampleThatCrossesRanks) {
   EXPECT_EQ(Array(*d, "image_grid_thw").shape(0), 3u);
   EXPECT_EQ(Array(*d, "doc_sample_ids").shape(0), 3u);
   EXPECT_EQ(c.metrics->dropped_samples.Value(), 0);
-  EXPECT_EQ(c.metrics->substituted_samples.Value() + c.metrics->placeholder_samples.Value(), 1);
+  EXPECT_EQ(d->skipped(0).action(), "placeholder");
+  EXPECT_EQ(c.metrics->placeholder_samples.Value(), 1);
 }
 
 TEST(StagerCoreTest, RemoteLoadImagesAreReadFromTheSource) {
@@ -560,14 +759,19 @@ TEST(StagerCoreTest, TruncatedShardIsReadAroundAndReported) {
 
 TEST(StagerCoreTest, CutOffImagesAreCountedTruncatedNamingTheFile) {
   // Sample 4's PNG is cut short inside an intact shard (its tail zeroed, the
-  // IEND chunk gone); the member is skipped as "truncated", named.
+  // IEND chunk gone) and indexed so; the member is skipped as "truncated", named.
   auto cut = [](testing::Dataset& d) {
-    const auto& m = d.samples[4].images(0);
+    v1::MemberRef& m = *d.samples[4].mutable_images(0);
     const std::string path = d.dir + "/" + d.shards[0].name();
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(m.offset() + m.size() / 2));
-    f << std::string(m.size() - m.size() / 2, '\0');
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(m.offset() + m.size() / 2));
+      f << std::string(m.size() - m.size() / 2, '\0');
+    }
     d.shards[0].set_crc32c(0);
+    auto bytes = ReadFileToString(path);
+    ASSERT_TRUE(bytes.ok());
+    m.set_crc32c(Crc32c(absl::string_view(*bytes).substr(m.offset(), m.size())));
   };
   Core c("cut", {.shards = 1, .samples_per_shard = 8, .ext = ".png"}, {}, {}, {}, cut);
   c.Plans(0, 1, 2);

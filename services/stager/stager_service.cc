@@ -33,7 +33,8 @@ grpc::ServerUnaryReactor* StagerService::AcquireBatch(grpc::CallbackServerContex
                             [resp, done](absl::StatusOr<v1::BatchDescriptor> r) {
                               if (r.ok()) *resp = *std::move(r);
                               done(r.status());
-                            });
+                            },
+                            req.incarnation());
       });
 }
 
@@ -45,7 +46,7 @@ grpc::ServerUnaryReactor* StagerService::ReleaseBatch(grpc::CallbackServerContex
       [this, ctx](const v1::ReleaseBatchRequest& req, v1::ReleaseBatchResponse*, auto done) {
         if (absl::Status s = AdmitRank(*ctx, req.rank()); !s.ok()) return done(s);
         absl::Status s = core_->Release(
-            req.step(), req.rank(),
+            req.step(), req.rank(), req.incarnation(),
             req.has_wait_seconds() ? std::optional<double>(req.wait_seconds()) : std::nullopt);
         done(s.ok() ? s : gate_->Refuse("release_refused", s));
       });

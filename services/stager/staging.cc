@@ -339,9 +339,12 @@ void StagingEngine::OnAllocated(const std::shared_ptr<File>& f, int64_t r) {
   absl::MutexLock l(&mu_);
   if (stopping_) return;
   if (r == -ENOSPC || r == -EDQUOT) {
-    return Fail(f, absl::ResourceExhaustedError(absl::StrCat(
-                          "cache disk full: cannot allocate ", f->size, " bytes for ", f->tmp_path,
-                          "; free space under ", cache_->dir(), " or lower --cache_capacity")));
+    absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
+        "cache disk full: cannot allocate ", f->size, " bytes for ", f->tmp_path,
+        "; free space under ", cache_->dir(), " or lower --cache_capacity"));
+    // Others still being copied hold space: wait for them, one at a time.
+    if (active_.size() > 1) return Defer(f, full);
+    return Fail(f, full);
   }
   // Other errors (a file system without fallocate) only lose the head start.
   IssueReads(f);
@@ -363,7 +366,12 @@ void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
                           f->ref.size(), ": it changed since it was indexed; re-index the dataset")));
   }
   absl::Status s = cache_->Reserve(f->ref.name(), f->size);
-  if (!s.ok()) return Fail(f, s);
+  if (!s.ok()) {
+    // Room may come when a shard being copied finishes or fails: wait for it
+    // instead of failing every shard that does not fit at once.
+    if (active_.size() > 1 && absl::IsResourceExhausted(s)) return Defer(f, s);
+    return Fail(f, s);
+  }
   f->reserved = true;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(f->tmp_path).parent_path(), ec);
@@ -518,18 +526,43 @@ void StagingEngine::OnFsynced(const std::shared_ptr<File>& f, int64_t r) {
   Done(f, ShardState::kStaged);
 }
 
-void StagingEngine::Fail(const std::shared_ptr<File>& f, absl::Status status) {
-  if (!f->failed) {
-    f->failed = true;
-    f->error = std::move(status);
-  }
-  if (f->in_flight > 0) return;  // cleaned up when the last operation returns
+void StagingEngine::Discard(const std::shared_ptr<File>& f) {
   if (f->src_fd >= 0) ::close(f->src_fd);
   if (f->dst_fd >= 0) ::close(f->dst_fd);
   f->src_fd = f->dst_fd = -1;
   if (!f->tmp_path.empty()) ::unlink(f->tmp_path.c_str());
   if (f->reserved) cache_->Abort(f->ref.name());
   f->reserved = false;
+}
+
+void StagingEngine::Defer(const std::shared_ptr<File>& f, const absl::Status& why) {
+  Discard(f);
+  const std::string name = f->ref.name();
+  static LogRateLimit limit(absl::Seconds(10), 5);
+  if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
+    kLog.Info("shard waits for room in the cache until a shard being copied finishes",
+              {{"shard", name}, {"cause", why.message()}, {"copying", active_.size() - 1},
+               {"suppressed", suppressed}});
+  }
+  active_.erase(name);
+  status_[name].state = ShardState::kPending;
+  deferred_[name] = {f->priority, f->ref};
+  Pump();
+}
+
+void StagingEngine::Fail(const std::shared_ptr<File>& f, absl::Status status) {
+  if (!f->failed) {
+    f->failed = true;
+    f->error = std::move(status);
+  }
+  if (f->in_flight > 0) return;  // cleaned up when the last operation returns
+  static LogRateLimit limit(absl::Seconds(10), 5);
+  if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
+    kLog.Warning("staging a shard failed: its members are read from the source",
+                 {{"shard", f->ref.name()}, {"cause", f->error.message()},
+                  {"suppressed", suppressed}});
+  }
+  Discard(f);
   if (metrics_) metrics_->staging_failures.Increment();
   status_[f->ref.name()].error = f->error;
   failed_at_[f->ref.name()] = absl::Now();
@@ -540,6 +573,12 @@ void StagingEngine::Done(const std::shared_ptr<File>& f, ShardState state) {
   const std::string name = f->ref.name();
   if (active_.erase(name) == 0) return;  // already reported
   status_[name].state = state;
+  // A copy ended: room may have come for the shards waiting for it.
+  for (auto& [n, entry] : deferred_) {
+    queued_[n] = entry;
+    queue_.insert({entry.first, n});
+  }
+  deferred_.clear();
   Pump();
   auto fn = listener_;
   mu_.Unlock();

@@ -99,6 +99,12 @@ class StagingEngine {
   void OnFsynced(const std::shared_ptr<File>& f, int64_t r);
   void Finish(const std::shared_ptr<File>& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const std::shared_ptr<File>& f, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the shard's files, removes its partial copy and gives back its reservation.
+  void Discard(const std::shared_ptr<File>& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No room in the cache while other shards are being copied: back to the
+  // queue once one of them ends (logged, rate-limited), not failed.
+  void Defer(const std::shared_ptr<File>& f, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the outcome and tells the listener (with mu_ released meanwhile).
   void Done(const std::shared_ptr<File>& f, ShardState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnBuffer(int buffer);  // a lease ended: the kernel is done with the buffer
@@ -122,6 +128,8 @@ class StagingEngine {
   std::set<std::pair<uint64_t, std::string>> queue_ ABSL_GUARDED_BY(mu_);  // (priority, name)
   std::map<std::string, std::pair<uint64_t, v1::ShardRef>> queued_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<File>> active_ ABSL_GUARDED_BY(mu_);
+  // Shards waiting for a copy in progress to end (no room in the cache now).
+  std::map<std::string, std::pair<uint64_t, v1::ShardRef>> deferred_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&, ShardState)> listener_ ABSL_GUARDED_BY(mu_);
 };
 

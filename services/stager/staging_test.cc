@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <atomic>
 #include <fstream>
+#include <vector>
 
 #include "common/crc32c.h"
 #include "common/file_io.h"
@@ -214,6 +216,26 @@ TEST(StagingTest, FullCacheDiskIsReportedAndCleanedUp) {
   EXPECT_NE(e.message().find("shard-00000.tar"), std::string::npos) << e;
   EXPECT_FALSE(HasPartial(early.cache->dir()));
   EXPECT_EQ(early.cache->used_bytes(), 0u);
+}
+
+TEST(StagingTest, ACacheWithRoomForOneShardStagesThemOneAtATime) {
+  // Four shards asked for at once, room for one and a half: instead of every
+  // shard but the first failing its reservation, each waits for the copy in
+  // progress, evicts the one before it (nothing is pinned), and is staged.
+  Rig probe("small_probe", {.shards = 4, .samples_per_shard = 2});
+  const uint64_t size = probe.data.shards[0].size();
+  Rig rig("small", {.shards = 4, .samples_per_shard = 2}, {}, 0, /*capacity=*/size + size / 2);
+  std::atomic<int> staged{0};
+  rig.engine->SetListener([&](const std::string&, ShardState st) {
+    if (st == ShardState::kStaged) ++staged;
+  });
+  absl::Status s = rig.StageAll();
+  EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < 6000 && staged.load() < 4; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(staged.load(), 4);
+  EXPECT_LE(rig.cache->used_bytes(), size + size / 2);
+  EXPECT_EQ(rig.cache->evictions(), 3u);
+  EXPECT_FALSE(HasPartial(rig.cache->dir()));
 }
 
 TEST(StagingTest, UnreadableAndStalledSourcesFailNamingTheFile) {

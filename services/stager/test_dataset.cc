@@ -86,6 +86,7 @@ Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec) {
       im->set_name(img_name);
       im->set_offset(tar.size() + 512);
       im->set_size(image.size());
+      if (spec.crc) im->set_crc32c(Crc32c(image));
       auto header = ReadImageHeader(image);
       im->set_format(static_cast<v1::ImageFormat>(header.ok() ? static_cast<int>(header->kind) : 0));
       im->set_width(spec.width);
@@ -95,6 +96,7 @@ Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec) {
       tx->set_name(json_name);
       tx->set_offset(tar.size() + 512);
       tx->set_size(json.size());
+      if (spec.crc) tx->set_crc32c(Crc32c(json));
       tar.Add(json_name, json);
       if (spec.audio_ms > 0) {
         const std::string wav = Wav(spec.audio_ms, spec.audio_rate);
@@ -102,6 +104,7 @@ Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec) {
         au->set_name(key + ".wav");
         au->set_offset(tar.size() + 512);
         au->set_size(wav.size());
+        if (spec.crc) au->set_crc32c(Crc32c(wav));
         au->set_audio_ms(spec.audio_ms);
         tar.Add(key + ".wav", wav);
       }

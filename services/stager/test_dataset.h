@@ -18,7 +18,7 @@ struct DatasetSpec {
   int width = 200, height = 150;  // source image size
   const char* ext = ".jpg";
   int text_tokens = 12;
-  bool crc = true;                // record CRC-32C in the shard refs
+  bool crc = true;                // record CRC-32C in the shard and member refs
   uint32_t audio_ms = 0;          // > 0: every sample also holds k.wav of this length
   uint32_t audio_rate = 8000;     // its sample rate (PCM16 mono)
 };

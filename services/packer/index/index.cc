@@ -32,7 +32,8 @@ constexpr uint32_t Tag(const char (&s)[5]) {
 constexpr uint32_t kStrs = Tag("STRS"), kShrd = Tag("SHRD"), kExts = Tag("EXTS"),
                    kMeta = Tag("META"), kTref = Tag("TREF"), kTsiz = Tag("TSIZ"),
                    kTtok = Tag("TTOK"), kKoff = Tag("KOFF"), kMbeg = Tag("MBEG"),
-                   kKeys = Tag("KEYS"), kMedi = Tag("MEDI");
+                   kKeys = Tag("KEYS"), kMedi = Tag("MEDI"), kTcrc = Tag("TCRC"),
+                   kMcrc = Tag("MCRC");
 
 std::string TagName(uint32_t tag) {
   std::string s(4, ' ');
@@ -245,6 +246,15 @@ absl::Status Index::BindSections(const Layout& layout) {
   RETURN_IF_ERROR(section(kKeys, UINT64_MAX, &keys));
   RETURN_IF_ERROR(section(kMedi, layout.media * sizeof(MediaRecord), &medi));
   keys_bytes_ = layout.sections.at(kKeys).second;
+  // Member checksums: optional (older indexes have none), both or neither.
+  if (layout.sections.count(kTcrc) || layout.sections.count(kMcrc)) {
+    const char *tcrc, *mcrc;
+    RETURN_IF_ERROR(section(kTcrc, n * 4, &tcrc));
+    RETURN_IF_ERROR(section(kMcrc, layout.media * 4, &mcrc));
+    text_crc_ = reinterpret_cast<const uint32_t*>(tcrc);
+    media_crc_ = reinterpret_cast<const uint32_t*>(mcrc);
+  }
+
   text_ref_ = reinterpret_cast<const uint64_t*>(tref);
   text_size_ = reinterpret_cast<const uint32_t*>(tsiz);
   text_tokens_ = reinterpret_cast<const uint32_t*>(ttok);
@@ -489,6 +499,7 @@ absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
     ASSIGN_OR_RETURN(uint16_t ext, ExtId(text->ext));
     ref = text->offset | (uint64_t(text->kind) << 44) | (uint64_t{ext} << 48);
     tsize = static_cast<uint32_t>(text->size);
+    member_crcs_ &= text->has_crc32c;
   }
   for (const MemberInput& m : media) {
     if (!(IsImage(m.kind) || m.kind == MemberKind::kWav)) {
@@ -509,7 +520,10 @@ absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
     r.size = static_cast<uint32_t>(m.size);
     r.dims = IsImage(m.kind) ? (m.width | (m.height << 16)) : m.audio_ms;
     media_.push_back(r);
+    media_crc_.push_back(m.crc32c);
+    member_crcs_ &= m.has_crc32c;
   }
+  text_crc_.push_back(text != nullptr ? text->crc32c : 0);
   text_ref_.push_back(ref);
   text_size_.push_back(tsize);
   text_tokens_.push_back(text_tokens);
@@ -549,7 +563,7 @@ std::string IndexWriter::Finish() const {
     const char* data;
     uint64_t bytes;
   };
-  const std::vector<Section> sections = {
+  std::vector<Section> sections = {
       {kStrs, strs.data(), strs.size()},
       {kShrd, shrd.data(), shrd.size()},
       {kExts, exts.data(), exts.size()},
@@ -563,6 +577,11 @@ std::string IndexWriter::Finish() const {
       {kMedi, reinterpret_cast<const char*>(media_.data()),
        media_.size() * sizeof(Index::MediaRecord)},
   };
+  if (member_crcs_ && !text_tokens_.empty()) {
+    sections.push_back({kTcrc, reinterpret_cast<const char*>(text_crc_.data()), text_crc_.size() * 4});
+    sections.push_back(
+        {kMcrc, reinterpret_cast<const char*>(media_crc_.data()), media_crc_.size() * 4});
+  }
   const size_t table_end = kHeaderBytes + sections.size() * kSectionEntryBytes;
   uint64_t total = (table_end + 7) / 8 * 8;
   std::vector<uint64_t> offsets;

@@ -75,6 +75,10 @@ struct MemberInput {
   uint32_t width = 0;
   uint32_t height = 0;
   uint32_t audio_ms = 0;
+  // CRC-32C of the member's bytes; an index records member checksums only
+  // when every member has one.
+  bool has_crc32c = false;
+  uint32_t crc32c = 0;
 };
 
 class Index {
@@ -142,6 +146,12 @@ class Index {
   // Bytes held in memory by this index (buffer + derived arrays).
   uint64_t memory_bytes() const;
 
+  // Per-member CRC-32C of the bytes as indexed (indexes built before member
+  // checksums have none: has_member_crc32c() false).
+  bool has_member_crc32c() const { return text_crc_ != nullptr; }
+  uint32_t text_crc32c(uint32_t s) const { return text_crc_[s]; }
+  uint32_t media_crc32c(uint32_t j) const { return media_crc_[j]; }
+
   // Member name of a sample's member: key + "." + ext.
   std::string MemberName(uint32_t s, uint16_t ext) const;
 
@@ -179,6 +189,8 @@ class Index {
   const char* keys_ = nullptr;
   uint64_t keys_bytes_ = 0;
   const MediaRecord* media_ = nullptr;
+  const uint32_t* text_crc_ = nullptr;   // n, or null
+  const uint32_t* media_crc_ = nullptr;  // m, or null
 
   std::vector<IndexShard> shards_;
   std::vector<uint32_t> shard_starts_;
@@ -229,6 +241,9 @@ class IndexWriter {
   std::vector<uint32_t> media_begin_;
   std::string keys_;
   std::vector<Index::MediaRecord> media_;
+  std::vector<uint32_t> text_crc_;
+  std::vector<uint32_t> media_crc_;
+  bool member_crcs_ = true;  // every member added so far had a checksum
 };
 
 }  // namespace tutti::packer

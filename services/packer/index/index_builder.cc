@@ -47,6 +47,7 @@ struct RawMember {
   std::string ext;  // full extension, e.g. "0.jpg"
   uint64_t offset;
   uint64_t size;
+  uint32_t crc32c = 0;  // of its bytes
 };
 
 struct Group {
@@ -54,6 +55,17 @@ struct Group {
   std::vector<RawMember> members;
   std::string bad_name;  // a member whose name is not UTF-8 (escaped), if any
 };
+
+MemberInput TextInput(MemberKind kind, const char* ext, const RawMember& m) {
+  MemberInput in;
+  in.kind = kind;
+  in.ext = ext;
+  in.offset = m.offset;
+  in.size = m.size;
+  in.has_crc32c = true;
+  in.crc32c = m.crc32c;
+  return in;
+}
 
 // Sort key for image/audio extensions: "jpg" < "0.jpg" < "1.png" < "10.webp".
 std::pair<int64_t, std::string> MediaOrder(const std::string& ext) {
@@ -82,18 +94,6 @@ class ShardScanner {
       r.status = absl::DataLossError("empty file (0 bytes); re-copy the shard from its source");
       return r;
     }
-    // crc32c of the whole shard (the stager verifies staged copies with it).
-    std::string buf(std::min<uint64_t>(r.size, 4 << 20), '\0');
-    uint32_t crc = 0;
-    for (uint64_t off = 0; off < r.size;) {
-      const size_t n = std::min<uint64_t>(buf.size(), r.size - off);
-      r.status = (*file)->ReadExactly(off, n, buf.data());
-      if (!r.status.ok()) return r;
-      crc = Crc32cExtend(crc, buf.data(), n);
-      off += n;
-    }
-    r.crc32c = crc;
-
     std::vector<Group> groups;
     absl::flat_hash_map<std::string, size_t> by_key;
     uint64_t members = 0;
@@ -125,11 +125,44 @@ class ShardScanner {
       r.status = absl::DataLossError("a tar archive with no members");
       return r;
     }
+    r.status = Checksum(**file, &groups, &r.crc32c);
+    if (!r.status.ok()) return r;
     for (Group& g : groups) ScanSample(**file, &g, &r);
     return r;
   }
 
  private:
+  // One sequential pass over the shard: the crc32c of the whole file (the
+  // stager verifies staged copies with it) and of every member's bytes (it
+  // verifies each member it reads with those).
+  static absl::Status Checksum(const RandomAccessFile& f, std::vector<Group>* groups,
+                               uint32_t* shard_crc) {
+    std::vector<RawMember*> members;
+    for (Group& g : *groups) {
+      for (RawMember& m : g.members) members.push_back(&m);
+    }
+    std::sort(members.begin(), members.end(),
+              [](const RawMember* a, const RawMember* b) { return a->offset < b->offset; });
+    const uint64_t size = f.size();
+    std::string buf(std::min<uint64_t>(size, 4 << 20), '\0');
+    uint32_t crc = 0;
+    size_t first = 0;  // members before it are done
+    for (uint64_t off = 0; off < size;) {
+      const size_t n = std::min<uint64_t>(buf.size(), size - off);
+      RETURN_IF_ERROR(f.ReadExactly(off, n, buf.data()));
+      crc = Crc32cExtend(crc, buf.data(), n);
+      for (size_t i = first; i < members.size() && members[i]->offset < off + n; ++i) {
+        RawMember& m = *members[i];
+        const uint64_t begin = std::max(m.offset, off), end = std::min(m.offset + m.size, off + n);
+        if (end > begin) m.crc32c = Crc32cExtend(m.crc32c, buf.data() + (begin - off), end - begin);
+        if (m.offset + m.size <= off + n && i == first) ++first;
+      }
+      off += n;
+    }
+    *shard_crc = crc;
+    return absl::OkStatus();
+  }
+
   void Skip(ShardResult* r, const std::string& key, const std::string& reason,
             const std::string& detail) {
     ++r->skipped[reason];
@@ -193,6 +226,8 @@ class ShardScanner {
       in.ext = m->ext;
       in.offset = m->offset;
       in.size = m->size;
+      in.has_crc32c = true;
+      in.crc32c = m->crc32c;
       if (kind == MemberKind::kWav) {
         auto h = ReadHeader(f, *m, 4096, [](absl::string_view b) { return ReadWavHeader(b); });
         if (!h.ok()) {
@@ -238,7 +273,7 @@ class ShardScanner {
         s.text_tokens = *tokens;
         have_tokens = true;
         s.has_text = true;
-        s.text = MemberInput{MemberKind::kJson, "json", json->offset, json->size};
+        s.text = TextInput(MemberKind::kJson, "json", *json);
       } else if (tokens.status().code() != absl::StatusCode::kNotFound || txt == nullptr) {
         const bool missing = tokens.status().code() == absl::StatusCode::kNotFound;
         if (!missing || s.media.empty()) {
@@ -248,13 +283,13 @@ class ShardScanner {
         // A VL sample whose JSON carries only metadata: no text tokens.
         s.has_text = true;
         have_tokens = true;
-        s.text = MemberInput{MemberKind::kJson, "json", json->offset, json->size};
+        s.text = TextInput(MemberKind::kJson, "json", *json);
       }
     }
     if (!have_tokens && txt != nullptr) {
       s.text_tokens = EstimateTextTokens(txt->size, o_.bytes_per_token);
       s.has_text = true;
-      s.text = MemberInput{MemberKind::kTxt, "txt", txt->offset, txt->size};
+      s.text = TextInput(MemberKind::kTxt, "txt", *txt);
     }
     if (!s.has_text && s.media.empty()) {
       return Skip(r, g->key, "no_usable_member",

@@ -197,6 +197,23 @@ TEST_F(IndexBuilderTest, BadShardsAreSkippedOrFail) {
   EXPECT_NE(strict.status().message().find("--skip-bad-shards"), std::string::npos);
 }
 
+TEST_F(IndexBuilderTest, EveryMemberIsRecordedWithItsChecksum) {
+  TarWriter t;
+  const std::string json = Ids(5), png = Encode(".png", 60, 40);
+  t.Add("a.json", json);
+  t.Add("a.png", png);
+  t.Add("b.json", std::string(5 << 20, ' ') + Ids(2));  // spans chunks of the checksum pass
+  Write("s.tar", t.Finish());
+  IndexBuildReport report;
+  auto index = Build(&report);
+  ASSERT_TRUE(index.ok()) << index.status();
+  const Index& ix = **index;
+  ASSERT_TRUE(ix.has_member_crc32c());
+  EXPECT_EQ(ix.text_crc32c(0), Crc32c(json));
+  EXPECT_EQ(ix.media_crc32c(ix.media_begin(0)), Crc32c(png));
+  EXPECT_EQ(ix.text_crc32c(1), Crc32c(std::string(5 << 20, ' ') + Ids(2)));
+}
+
 TEST_F(IndexBuilderTest, ZeroByteShardAndLinkMembersAreCountedWithAReason) {
   TarWriter good;
   good.Add("a.json", Ids(4));

@@ -101,6 +101,29 @@ std::string ResealedWith(std::string bytes, const std::string& from, const std::
   return bytes;
 }
 
+TEST(IndexTest, MemberChecksumsRoundTripWhenEveryMemberHasOne) {
+  // SmallIndex's members carry no checksum: none recorded.
+  auto plain = Index::FromString(SmallIndex(), "plain.idx");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE((*plain)->has_member_crc32c());
+  IndexWriter w;
+  ASSERT_TRUE(w.AddShard("a.tar", 10000, 1).ok());
+  MemberInput json{MemberKind::kJson, "json", 512, 40};
+  json.has_crc32c = true;
+  json.crc32c = 0xdeadbeef;
+  MemberInput img{MemberKind::kPng, "png", 1024, 900, 64, 48};
+  img.has_crc32c = true;
+  img.crc32c = 0x12345678;
+  ASSERT_TRUE(w.AddSample("k", 3, &json, {img}).ok());
+  ASSERT_TRUE(w.AddSample("t", 3, &json, {}).ok());
+  auto ix = Index::FromString(w.Finish(), "crc.idx");
+  ASSERT_TRUE(ix.ok()) << ix.status();
+  ASSERT_TRUE((*ix)->has_member_crc32c());
+  EXPECT_EQ((*ix)->text_crc32c(0), 0xdeadbeefu);
+  EXPECT_EQ((*ix)->text_crc32c(1), 0xdeadbeefu);
+  EXPECT_EQ((*ix)->media_crc32c((*ix)->media_begin(0)), 0x12345678u);
+}
+
 TEST(IndexTest, ShardNamesThatLeaveTheSourceAreRefusedAtLoad) {
   const std::string good = SmallIndex();
   ASSERT_TRUE(Index::FromString(ResealedWith(good, "a/000.tar", "b/000.tar"), "ok.idx").ok());
