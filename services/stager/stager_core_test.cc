@@ -144,10 +144,16 @@ TEST(StagerCoreTest, BatchMatchesADirectDecodeAndTokens) {
   auto again = c.core->Acquire(0, 3, 100);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kOutOfRange);
   ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // held from here on
+  auto waits = [&] { return c.metrics->acquire_wait_seconds.Collect().histogram; };
+  const uint64_t waits_before = waits().sample_count;
+  const double waited_before = waits().sample_sum;
   auto far = c.core->Acquire(40, 3, 100);  // waits for the window, which rank 3 keeps at step 0
   EXPECT_EQ(far.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(far.status().message().find("rank 3 holds step 1"), std::string::npos)
       << far.status();
+  // A wait outside the window is an AcquireBatch wait like any other.
+  EXPECT_EQ(waits().sample_count, waits_before + 1);
+  EXPECT_GE(waits().sample_sum - waited_before, 0.1);
   auto late = c.core->Acquire(3, 3, 300);  // plans only up to step 1
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("no plan for step 3"), std::string::npos) << late.status();
