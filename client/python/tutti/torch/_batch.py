@@ -37,7 +37,7 @@ class LabelOptions:
     mask_document_start: the first token of every document, so that after the
         model's shift no document is predicted from the one packed before it.
     mask_skipped: every token of a document whose sample this rank's stager
-        skipped (a placeholder or a substitute stands in for it), or one of
+        skipped (a placeholder of the same shape stands in for it), or one of
         whose images the rank that encodes it skipped (post-balancing:
         Batch.skipped_images).
     """
@@ -517,7 +517,7 @@ class Batch:
     @property
     def skipped_images(self):
         """[(sample_id, image_index)]: images in this rank's documents that the rank encoding
-        them skipped (post-balancing; a substitute or placeholder stands in for each). Their
+        them skipped (post-balancing; a placeholder stands in for each). Their
         documents' labels are masked like those of the samples in `skipped`."""
         self._check("skipped_images")
         return sorted(self._layout.skipped_elsewhere)

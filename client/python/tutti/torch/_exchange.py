@@ -223,8 +223,8 @@ def share_skipped_images(batch):
     """Tells every LLM rank which images it receives stand in for a skipped one.
 
     Under post-balancing an image is often encoded on another rank than the one whose
-    documents hold it; when that rank's stager skipped its sample (a substitute or a
-    placeholder fills the planned shape), only that rank's batch says so. Every rank sends
+    documents hold it; when that rank's stager skipped its sample (a placeholder of the
+    planned shape stands in for it), only that rank's batch says so. Every rank sends
     each peer one byte per exchange item it sends it (1: skipped), so that the LLM rank masks
     those documents' labels as the encoding rank would (LabelOptions.mask_skipped): the same
     labels with post-balancing on as off. Collective: every rank calls it for every batch
