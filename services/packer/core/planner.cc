@@ -179,7 +179,6 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   const Job& job = *job_;
   RETURN_IF_ERROR(job.CheckStep(step));
   RETURN_IF_ERROR(Draw(step, out));
-  const uint32_t W = out->world_size;
   DispatchStep in;
   in.model = &job.coster(out->stage).model();
   dispatch::ShardAvailability staging;
