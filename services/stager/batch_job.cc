@@ -234,7 +234,9 @@ void BatchJob::ReadAudio(size_t a) {
                                                   self->Name(au2.member, au2.shard), ": ",
                                                   pcm.status().message())));
                       }
-                      std::memcpy(self->shm_->data() + au2.offset, pcm->data(), pcm->size() * 4);
+                      if (!pcm->empty()) {
+                        std::memcpy(self->shm_->data() + au2.offset, pcm->data(), pcm->size() * 4);
+                      }
                       it.state.store(kDone);
                       self->Settle();
                     });

@@ -290,6 +290,7 @@ void BatchLayout::WriteText(char* base, size_t doc, const std::vector<int32_t>& 
   const DocItem& d = docs_[doc];
   auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
   const std::vector<int32_t> fitted = FitTokens(tokens, d.text_length);
+  if (fitted.empty()) return;  // a document of markers only: no text to write
   std::memcpy(input + d.token_offset + d.text_offset, fitted.data(), fitted.size() * 4);
 }
 
