@@ -32,8 +32,10 @@ TEST(BenchLoad, EveryClientIsAnsweredAndEachRoundReportsLatencyCpuAndMemory) {
     EXPECT_THAT(line, HasSubstr("\"get_plan_calls\":96,"));
     EXPECT_THAT(line, HasSubstr("\"streams\":96,"));
     EXPECT_THAT(line, HasSubstr("\"errors\":0,"));
-    for (const char* key : {"\"p50_ms\":", "\"p99_ms\":", "\"packer_cpu_cores\":",
-                            "\"packer_rss_bytes\":", "\"packer_rss_growth_bytes\":"}) {
+    for (const char* key :
+         {"\"p50_ms\":", "\"p99_ms\":", "\"packer_cpu_cores\":", "\"packer_rss_bytes\":",
+          "\"packer_rss_growth_bytes\":", "\"late_p99_ms\":", "\"packer_cpu_us_per_plan\":",
+          "\"driver_cpu_cores\":"}) {
       EXPECT_THAT(line, HasSubstr(key));
     }
   }

@@ -100,7 +100,9 @@ class Client {
   // Starts the next call, due at `start`. The call is set up under the lock
   // and started after it (its callbacks take the lock).
   void Issue(Clock::time_point start) {
+    const double late = Ms(start, Clock::now());
     mu_.Lock();
+    late_ms_.push_back(late);
     if (cancelled_) {
       mu_.Unlock();
       round_->ClientDone();
@@ -168,6 +170,7 @@ class Client {
   // Valid once the round is over.
   const std::vector<double>& unary_ms() const { return unary_ms_; }
   const std::vector<double>& stream_ms() const { return stream_ms_; }
+  const std::vector<double>& late_ms() const { return late_ms_; }
 
  private:
   struct Unary {
@@ -191,6 +194,7 @@ class Client {
   std::vector<std::unique_ptr<grpc::Alarm>> alarms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> unary_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> stream_ms_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> late_ms_ ABSL_GUARDED_BY(mu_);
 };
 
 void StreamCall::OnReadDone(bool ok) {
@@ -288,8 +292,9 @@ LoadRound LoadDriver::RunRound(uint32_t round) {
           absl::StrCat("round ", round, " ran past ", absl::FormatDuration(options_.round_timeout));
     }
   }
-  std::vector<double> unary, stream, all;
+  std::vector<double> unary, stream, all, late;
   for (const auto& c : clients) {
+    late.insert(late.end(), c->late_ms().begin(), c->late_ms().end());
     unary.insert(unary.end(), c->unary_ms().begin(), c->unary_ms().end());
     stream.insert(stream.end(), c->stream_ms().begin(), c->stream_ms().end());
   }
@@ -302,6 +307,7 @@ LoadRound LoadDriver::RunRound(uint32_t round) {
   r.unary_p99_ms = Quantile(&unary, 0.99);
   r.stream_p50_ms = Quantile(&stream, 0.5);
   r.stream_p99_ms = Quantile(&stream, 0.99);
+  r.late_p99_ms = Quantile(&late, 0.99);
   return r;
 }
 

@@ -53,6 +53,11 @@ struct LoadRound {
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
   double unary_p50_ms = 0, unary_p99_ms = 0;
   double stream_p50_ms = 0, stream_p99_ms = 0;
+  // How late calls were started against when they were due: the driver's
+  // (and the machine's) share of the latency, not the packer's. Calls are
+  // due at fixed times; one whose client's previous call answered after
+  // that time starts late too.
+  double late_p99_ms = 0;
 };
 
 class LoadDriver {

@@ -291,16 +291,22 @@ int RunBenchLoad(int argc, char** argv) {
     return 1;
   }
   if (!json) {
-    std::printf("%5s %7s %9s %7s %8s %8s %8s %8s %8s %10s %12s\n", "round", "clients", "plans",
-                "errors", "seconds", "p50_ms", "p99_ms", "max_ms", "rpc_p99", "cpu_cores",
-                "rss_MiB");
+    std::printf("%5s %7s %9s %7s %8s %8s %8s %8s %8s %9s %10s %8s %9s %10s\n", "round", "clients",
+                "plans", "errors", "seconds", "p50_ms", "p99_ms", "max_ms", "rpc_p99", "late_p99",
+                "cpu_cores", "us/plan", "rss_MiB", "drv_cores");
   }
   uint64_t first_rss = 0, errors = 0;
   for (uint32_t r = 1; r <= rounds; ++r) {
-    const ProcSample before = ReadProc(packer.pid());
+    const ProcSample before = ReadProc(packer.pid()), self_before = ReadProc(::getpid());
     const tutti::tools::LoadRound lr = (*driver)->RunRound(r);
-    const ProcSample after = ReadProc(packer.pid());
-    const double cores = (after.cpu_seconds - before.cpu_seconds) / std::max(lr.seconds, 1e-9);
+    const ProcSample after = ReadProc(packer.pid()), self_after = ReadProc(::getpid());
+    const double cpu = after.cpu_seconds - before.cpu_seconds;
+    const double cores = cpu / std::max(lr.seconds, 1e-9);
+    const double driver_cores =
+        (self_after.cpu_seconds - self_before.cpu_seconds) / std::max(lr.seconds, 1e-9);
+    // The packer's CPU per plan served: what the load costs it, whatever
+    // else the machine runs.
+    const double us_per_plan = lr.plans > 0 ? cpu / lr.plans * 1e6 : 0;
     if (r == 1) first_rss = after.rss_bytes;
     errors += lr.errors;
     if (json) {
@@ -309,19 +315,22 @@ int RunBenchLoad(int argc, char** argv) {
           "\"get_plan_calls\":%llu,"
           "\"streams\":%llu,\"plans\":%llu,\"errors\":%llu,\"seconds\":%.3f,\"p50_ms\":%.3f,"
           "\"p99_ms\":%.3f,\"max_ms\":%.3f,\"get_plan_p50_ms\":%.3f,\"get_plan_p99_ms\":%.3f,"
-          "\"stream_p50_ms\":%.3f,\"stream_p99_ms\":%.3f,\"packer_cpu_cores\":%.3f,"
+          "\"stream_p50_ms\":%.3f,\"stream_p99_ms\":%.3f,\"late_p99_ms\":%.3f,"
+          "\"packer_cpu_cores\":%.3f,\"packer_cpu_us_per_plan\":%.1f,\"driver_cpu_cores\":%.3f,"
           "\"packer_rss_bytes\":%llu,\"packer_rss_growth_bytes\":%lld}\n",
           r, lr.clients, calls, interval_ms, static_cast<unsigned long long>(lr.unary_calls),
           static_cast<unsigned long long>(lr.streams), static_cast<unsigned long long>(lr.plans),
           static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms, lr.max_ms,
-          lr.unary_p50_ms, lr.unary_p99_ms, lr.stream_p50_ms, lr.stream_p99_ms, cores,
-          static_cast<unsigned long long>(after.rss_bytes),
+          lr.unary_p50_ms, lr.unary_p99_ms, lr.stream_p50_ms, lr.stream_p99_ms, lr.late_p99_ms,
+          cores, us_per_plan, driver_cores, static_cast<unsigned long long>(after.rss_bytes),
           static_cast<long long>(after.rss_bytes) - static_cast<long long>(first_rss));
     } else {
-      std::printf("%5u %7u %9llu %7llu %8.2f %8.2f %8.2f %8.2f %8.2f %10.2f %12.1f\n", r,
-                  lr.clients, static_cast<unsigned long long>(lr.plans),
-                  static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms,
-                  lr.max_ms, lr.unary_p99_ms, cores, after.rss_bytes / 1048576.0);
+      std::printf(
+          "%5u %7u %9llu %7llu %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %10.2f %8.1f %9.1f %10.2f\n", r,
+          lr.clients, static_cast<unsigned long long>(lr.plans),
+          static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms, lr.max_ms,
+          lr.unary_p99_ms, lr.late_p99_ms, cores, us_per_plan, after.rss_bytes / 1048576.0,
+          driver_cores);
     }
     std::fflush(stdout);
     if (!lr.first_error.empty()) {

@@ -55,37 +55,41 @@ class PlanBuilder {
     plan_->set_strategy(job_.plan_strategy());
     plan_->set_config_fingerprint(job_.fingerprint());
 
-    // Samples the returned ranks touch, in batch order.
-    thread_local std::vector<uint8_t> touched;
-    touched.assign(d_.samples.size(), 0);
+    // Samples the returned ranks touch, in batch order. Collected sparsely:
+    // a step holds tens of thousands of samples and one rank touches a few
+    // dozen, and every GetPlan of every rank comes through here.
+    thread_local std::vector<uint32_t> touched;
+    touched.clear();
     const uint32_t W = d_.world_size, S = d_.seqs_per_rank();
     for (uint32_t r : ranks) {
       for (uint32_t g = r * S; g < (r + 1) * S; ++g) {
         for (uint32_t k = d_.docs.begin[g]; k < d_.docs.begin[g + 1]; ++k) {
-          touched[d_.docs.items[k]] = 1;
+          touched.push_back(d_.docs.items[k]);
         }
       }
       for (uint32_t k = 0; k < d_.enc_images.size(r); ++k) {
-        touched[d_.images[d_.enc_images.row(r)[k]].owner] = 1;
+        touched.push_back(d_.images[d_.enc_images.row(r)[k]].owner);
       }
       for (uint32_t k = 0; k < d_.enc_audio.size(r); ++k) {
-        touched[d_.audio[d_.enc_audio.row(r)[k]].owner] = 1;
+        touched.push_back(d_.audio[d_.enc_audio.row(r)[k]].owner);
       }
-      for (uint32_t k = r; k < d_.samples.size(); k += W) touched[k] = 1;
+      for (uint32_t k = r; k < d_.samples.size(); k += W) touched.push_back(k);
       // Inputs it loads for another node's ranks: it needs their members.
       if (!d_.load_sends.begin.empty()) {
         for (uint32_t k = 0; k < d_.load_sends.size(r); ++k) {
-          touched[d_.LoadOwner(d_.load_sends.row(r)[k])] = 1;
+          touched.push_back(d_.LoadOwner(d_.load_sends.row(r)[k]));
         }
       }
     }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     thread_local std::vector<int32_t> shard_pos;
-    shard_pos.assign(ix_.num_shards(), -1);
+    if (shard_pos.size() != ix_.num_shards()) shard_pos.assign(ix_.num_shards(), -1);
     shard_pos_ = &shard_pos;
-    for (uint32_t k = 0; k < d_.samples.size(); ++k) {
-      if (touched[k]) AddSample(k);
-    }
+    for (uint32_t k : touched) AddSample(k);
     for (uint32_t r : ranks) AddRank(r);
+    // Back to all -1 for the next plan built on this thread.
+    for (uint32_t shard : used_shards_) shard_pos[shard] = -1;
 
     v1::PlanStats* stats = plan_->mutable_stats();
     FillPhase("vit", d_.vit, stats->add_phases());
@@ -101,6 +105,7 @@ class PlanBuilder {
     std::vector<int32_t>& shard_pos = *shard_pos_;
     if (shard_pos[shard] < 0) {
       shard_pos[shard] = plan_->shards_size();
+      used_shards_.push_back(shard);
       const IndexShard& s = ix_.shard(shard);
       v1::ShardRef* ref = plan_->add_shards();
       ref->set_name(s.name);
@@ -354,6 +359,7 @@ class PlanBuilder {
   const StepPlanData& d_;
   v1::StepPlan* plan_;
   std::vector<int32_t>* shard_pos_ = nullptr;
+  std::vector<uint32_t> used_shards_;
 };
 
 }  // namespace
