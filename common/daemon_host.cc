@@ -62,7 +62,7 @@ absl::Status DaemonHost::ServeGrpc(const std::string& address,
   grpc_ = std::move(*server);
   grpc_listen_ = address;
   readiness_.Require(kServing, "starting to serve");
-  grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
+  grpc::HealthCheckServiceInterface* health = grpc_->server()->GetHealthCheckService();
   if (health != nullptr) {
     readiness_.Watch([health, health_name](bool ready) {
       health->SetServingStatus(ready);  // "" and every service

@@ -86,7 +86,7 @@ class DaemonHost {
   std::function<absl::Status()> live_ ABSL_GUARDED_BY(live_mu_);
   std::unique_ptr<MetricsServer> metrics_;
   std::string grpc_listen_;
-  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<GrpcServer> grpc_;
   int grpc_port_ = 0;
 };
 

@@ -2,7 +2,6 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -12,6 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/peer_credentials.h"
+#include "common/status.h"
 
 namespace tutti {
 namespace {
@@ -78,7 +79,22 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view contex
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), msg);
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server,
+                       std::unique_ptr<UnixSocketListener> unix)
+    : server_(std::move(server)), unix_(std::move(unix)) {}
+
+GrpcServer::~GrpcServer() { Shutdown(); }
+
+void GrpcServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // No connection is handed over once gRPC has shut down (it would leak there).
+  if (unix_) unix_->Stop();
+  server_->Shutdown(deadline);
+  unix_.reset();  // closes the socket and removes its file
+}
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services, int* bound_port,
     const GrpcServerOptions& options) {
   const bool unix_socket = absl::StartsWith(address, "unix:");
@@ -87,23 +103,37 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
         "cannot listen on ", address, ": the port is in use; stop the other process or pick "
         "another port with --listen"));
   }
+  std::unique_ptr<UnixSocketListener> listener;
   if (unix_socket) {
-    // gRPC replaces an existing socket file without asking; a live one
-    // belongs to another daemon.
+    // A live socket belongs to another daemon; a dead one's file is replaced.
     const std::string path = UnixPath(address);
     if (SomeoneListens(path)) {
       return absl::UnavailableError(absl::StrCat(
           "cannot listen on ", address, ": another process is serving on ", path,
           "; stop it or pick another socket with --listen"));
     }
+    UnixSocketListenerOptions lo;
+    lo.path = path;
+    lo.mode = options.socket_mode;
+    lo.gid = options.socket_gid;
+    lo.on_refused = options.on_peer_refused;
+    ASSIGN_OR_RETURN(listener, UnixSocketListener::Bind(std::move(lo)));
   }
+  const std::shared_ptr<grpc::ServerCredentials> creds =
+      options.credentials ? options.credentials : grpc::InsecureServerCredentials();
   grpc::ServerBuilder builder;
   int port = 0;
   // SO_REUSEPORT would let two daemons share a port silently; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(
-      address, options.credentials ? options.credentials : grpc::InsecureServerCredentials(),
-      &port);
+  // On a Unix socket the daemon accepts, checks the peer's credentials and
+  // hands gRPC only the connections it admits.
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor;
+  if (unix_socket) {
+    acceptor = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, creds);
+  } else {
+    builder.AddListeningPort(address, creds, &port);
+  }
   builder.SetMaxReceiveMessageSize(options.max_receive_bytes);
   builder.SetMaxSendMessageSize(256 << 20);
   for (grpc::Service* s : services) builder.RegisterService(s);
@@ -111,26 +141,21 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   if (!server || (!unix_socket && port == 0)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", address,
-        unix_socket ? ": the socket cannot be created (does its directory exist and is it "
-                      "writable?); pick another path with --listen"
-                    : ": the port is in use or the address is invalid; stop the other process or "
-                      "pick another port with --listen"));
+        ": the port is in use or the address is invalid; stop the other process or pick another "
+        "port with --listen"));
   }
-  if (unix_socket) {
-    const std::string path = UnixPath(address);
-    if (::chmod(path.c_str(), options.socket_mode) != 0 ||
-        (options.socket_gid >= 0 && ::chown(path.c_str(), static_cast<uid_t>(-1),
-                                            static_cast<gid_t>(options.socket_gid)) != 0)) {
-      const int e = errno;
-      server->Shutdown();
-      return absl::PermissionDeniedError(absl::StrCat(
-          "cannot give the socket ", path, " mode ", absl::StrFormat("%04o", options.socket_mode),
-          options.socket_gid >= 0 ? absl::StrCat(" and group ", options.socket_gid) : "", ": ",
-          std::strerror(e), "; the daemon must belong to the group given with --socket_group"));
-    }
+  if (listener) {
+    // The acceptor lives as long as the listener's thread uses it.
+    listener->Start([acceptor = std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor>(
+                         std::move(acceptor))](int listen_fd, int fd) {
+      grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+      p.listener_fd = listen_fd;
+      p.fd = fd;
+      acceptor->HandleNewConnection(&p);
+    });
   }
   if (bound_port) *bound_port = unix_socket ? 0 : port;
-  return server;
+  return std::make_unique<GrpcServer>(std::move(server), std::move(listener));
 }
 
 grpc::ChannelArguments DefaultChannelArguments() {

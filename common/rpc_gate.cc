@@ -10,9 +10,13 @@
 
 namespace tutti {
 
-absl::Status ApplyRpcGateOptions(const RpcGateOptions& rpc, const std::string& listen,
+absl::Status ApplyRpcGateOptions(RpcGate* gate, const std::string& listen,
                                  const std::function<void(const std::string&)>& warn,
                                  GrpcServerOptions* out) {
+  const RpcGateOptions& rpc = gate->options();
+  out->on_peer_refused = [gate](const absl::Status& why) {
+    (void)gate->Refuse("peer_credentials", why);
+  };
   out->max_receive_bytes = static_cast<int>(
       std::max<uint64_t>(out->max_receive_bytes, 2 * rpc.max_request_bytes));
   ASSIGN_OR_RETURN(out->credentials, MakeServerCredentials(rpc.security, listen, warn));
@@ -27,7 +31,7 @@ RpcGate::RpcGate(const RpcGateOptions& options, std::string service, prometheus:
                     .Help(
                         "Calls refused before or by their handler, by reason (too_large, "
                         "unparseable, unauthenticated, too_many_calls, permission_denied, "
-                        "too_many_items, ...)")
+                        "too_many_items, peer_credentials, ...)")
                     .Register(*registry);
     too_large_ = Counter("too_large");
     too_many_calls_ = Counter("too_many_calls");

@@ -50,12 +50,16 @@ struct RpcGateOptions {
   SecurityOptions security;
 };
 
-// The gRPC server options a daemon serving `listen` under `rpc` needs: its
+class RpcGate;
+
+// The gRPC server options a daemon serving `listen` behind `gate` needs: its
 // credentials (see MakeServerCredentials; `warn` hears why an address is
-// unsafe) and a receive limit above the gate's, so that the gate answers an
-// oversized request with its own message. Fields of `out` not named here are
-// kept.
-absl::Status ApplyRpcGateOptions(const RpcGateOptions& rpc, const std::string& listen,
+// unsafe), a receive limit above the gate's, so that the gate answers an
+// oversized request with its own message, and, on a Unix socket, a count of
+// the connections refused by their peer's credentials (reason
+// "peer_credentials"). Fields of `out` not named here
+// are kept. `gate` must outlive the server.
+absl::Status ApplyRpcGateOptions(RpcGate* gate, const std::string& listen,
                                  const std::function<void(const std::string&)>& warn,
                                  GrpcServerOptions* out);
 

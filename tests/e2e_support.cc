@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -216,13 +217,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const std::string& name,
   for (;;) {
     const std::string ports = ReadFileOrEmpty(port_file);
     int grpc = 0, metrics = 0;
+    std::string grpc_address;
     for (absl::string_view line : absl::StrSplit(ports, '\n', absl::SkipEmpty())) {
       if (absl::ConsumePrefix(&line, "grpc=")) (void)absl::SimpleAtoi(line, &grpc);
       if (absl::ConsumePrefix(&line, "metrics=")) (void)absl::SimpleAtoi(line, &metrics);
+      if (absl::ConsumePrefix(&line, "grpc_address=")) grpc_address = std::string(line);
     }
-    if (grpc > 0 && metrics > 0) {
+    // A Unix socket has no port: its address says the daemon serves.
+    if ((grpc > 0 || absl::StartsWith(grpc_address, "unix:")) && metrics > 0) {
       d->grpc_port_ = grpc;
       d->metrics_port_ = metrics;
+      d->grpc_address_ = grpc_address;
       return d;
     }
     if (!d->process_->Running()) {
@@ -239,7 +244,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const std::string& name,
   }
 }
 
-std::string Daemon::address() const { return absl::StrCat("127.0.0.1:", grpc_port_); }
+std::string Daemon::address() const {
+  if (absl::StartsWith(grpc_address_, "unix:")) return grpc_address_;
+  return absl::StrCat("127.0.0.1:", grpc_port_);
+}
 
 absl::Status Daemon::Stop(absl::Duration timeout) {
   RequestStop();

@@ -88,7 +88,8 @@ std::string CommandLine(const std::vector<std::string>& argv);
 class Daemon {
  public:
   // Starts `argv` + --port_file=DIR/NAME.ports and waits (up to `ready`)
-  // until the port file names both ports. Fails with the log's tail when the
+  // until the port file names both ports (or, on a Unix socket, the metrics
+  // port and the socket's address). Fails with the log's tail when the
   // daemon exits first or never becomes ready.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const std::string& name,
                                                        std::vector<std::string> argv,
@@ -97,7 +98,7 @@ class Daemon {
   const std::string& name() const { return name_; }
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
-  std::string address() const;
+  std::string address() const;  // 127.0.0.1:PORT, or unix:PATH on a Unix socket
   Process& process() { return *process_; }
   std::string log() const { return process_->log(); }
   // SIGTERM, then waits up to `timeout` for exit status 0; the error carries
@@ -111,6 +112,7 @@ class Daemon {
   std::string name_;
   std::unique_ptr<Process> process_;
   int grpc_port_ = 0, metrics_port_ = 0;
+  std::string grpc_address_;  // as the port file names it
 };
 
 // GET http://127.0.0.1:port<target> (HTTP/1.0); the body, or an error naming

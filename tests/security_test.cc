@@ -1,12 +1,15 @@
 // The access model against the real daemons on loopback, with certificates
 // made by Debian's openssl for each run: TLS and mutual TLS on tutti-packerd
 // and tutti-stagerd, the job token on every call, a client acting only as its
-// own rank, request bounds, unparseable bytes, and the refusal to serve a
-// non-loopback address unprotected. Ranks reach their batches through
+// own rank, request bounds, unparseable bytes, the warning for a non-loopback
+// address served unprotected, and a Unix socket that admits its peers by
+// their credentials, whatever the socket file's mode. Ranks reach their batches through
 // libtutti with the settings operators give it (a CA, a token file, a
 // client certificate).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
@@ -14,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,7 @@
 #include "common/grpc_status.h"
 #include "common/rpc_security.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_client.h"
 #include "tests/e2e_support.h"
@@ -215,10 +220,12 @@ class Security : public ::testing::Test {
     }
     RemoveTree(dir_);
   }
-  void StartCluster(std::vector<std::string> packer_flags, std::vector<std::string> stager_flags) {
+  void StartCluster(std::vector<std::string> packer_flags, std::vector<std::string> stager_flags,
+                    int nodes = 2) {
     auto c = Cluster::Start({.dir = dir_,
                              .job_config = JobConfigText(index_, 1),
                              .source = source_,
+                             .nodes = nodes,
                              .stager_flags = std::move(stager_flags),
                              .packer_flags = std::move(packer_flags)});
     ASSERT_TRUE(c.ok()) << c.status();
@@ -445,6 +452,79 @@ TEST_F(Security, RequestsOutsideTheBoundsAreRefusedCleanlyAndCounted) {
   EXPECT_THAT(Metrics(cluster_->stager(0)),
               HasSubstr("tutti_rpc_refused_total{reason=\"release_refused\",service=\"tutti.v1."
                         "Stager\"} 2"));
+}
+
+// Runs the unprivileged client as `uid` with primary group `gid` and
+// supplementary `groups` (comma-separated), taking rank `rank`'s first batch
+// from `stager`; its exit status and output.
+RunResult RunClientAs(uint32_t uid, uint32_t gid, const std::string& groups,
+                      const std::string& stager, const std::string& packer, int rank) {
+  return RunCommand({TUTTI_UNPRIVILEGED_CLIENT, absl::StrCat("--uid=", uid),
+                     absl::StrCat("--gid=", gid), "--groups=" + groups, "--stager=" + stager,
+                     "--packer=" + packer, absl::StrCat("--rank=", rank), "--world_size=4"},
+                    absl::Seconds(90));
+}
+
+TEST_F(Security, TheUnixSocketAdmitsItsGroupAndRefusesOthersWhateverTheFileMode) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "this test runs clients as other users, which needs root";
+  }
+  // Numeric users and groups, as in a container (no /etc/passwd entries).
+  const uint32_t group = 40000 + static_cast<uint32_t>(::getpid() % 20000);
+  const uint32_t member = group, stranger = group + 1, other_group = group + 2;
+  const std::string sock_dir = dir_ + "/sock";
+  std::filesystem::create_directories(sock_dir);
+  for (const std::string& d : {dir_, sock_dir}) ::chmod(d.c_str(), 0755);
+  const std::string sock = "unix://" + sock_dir + "/stager.sock";
+  StartCluster({}, {"--listen=" + sock, "--socket_group=" + std::to_string(group)}, /*nodes=*/1);
+  ASSERT_EQ(stager(0), sock);
+
+  // A member of the socket's group (a supplementary one, like a pod's
+  // supplementalGroups) takes a batch end to end.
+  RunResult in_group = RunClientAs(member, other_group, std::to_string(group), sock, packer(), 0);
+  EXPECT_EQ(in_group.status, 0) << in_group.output;
+  EXPECT_THAT(in_group.output, HasSubstr("ok step=0"));
+
+  // An operator's mistake opens the socket file to everyone: the kernel
+  // would let anyone connect, the daemon still refuses who is not admitted.
+  ASSERT_EQ(::chmod((sock_dir + "/stager.sock").c_str(), 0666), 0);
+  RunResult refused = RunClientAs(stranger, other_group, "", sock, packer(), 1);
+  EXPECT_NE(refused.status, 0) << refused.output;
+  // Refused at the door, not later by the batch segments' mode.
+  EXPECT_THAT(refused.output, HasSubstr("connect: "));
+  EXPECT_THAT(refused.output, ::testing::Not(HasSubstr("ok step")));
+  const std::string log = cluster_->stager(0).log();
+  EXPECT_THAT(log, HasSubstr("connection refused by its peer's credentials"));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("uid ", stranger, " (gid ", other_group)));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("members of group ", group)));
+  const std::optional<double> count = MetricValue(
+      Metrics(cluster_->stager(0)),
+      "tutti_rpc_refused_total{reason=\"peer_credentials\",service=\"tutti.v1.Stager\"}");
+  ASSERT_TRUE(count.has_value());
+  EXPECT_GE(*count, 1);
+
+  // The same user with the socket's group as its primary one gets in.
+  RunResult primary = RunClientAs(stranger, group, "", sock, packer(), 1);
+  EXPECT_EQ(primary.status, 0) << primary.output;
+  EXPECT_THAT(primary.output, HasSubstr("ok step=0"));
+
+  // Root, which is also the daemon's user here: the health service and every
+  // RPC answer on the socket.
+  auto channel = MakeChannel(sock);
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  for (const char* service : {"", "tutti.v1.Stager"}) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    ASSERT_TRUE(health->Check(WithDeadline(&ctx), req, &resp).ok()) << service;
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+  }
+  grpc::ClientContext ctx;
+  v1::StageStatus st;
+  EXPECT_TRUE(v1::Stager::NewStub(channel)
+                  ->GetStageStatus(WithDeadline(&ctx), v1::GetStageStatusRequest(), &st)
+                  .ok());
 }
 
 TEST_F(Security, ANonLoopbackAddressServedUnprotectedIsWarnedAbout) {

@@ -99,7 +99,7 @@ struct Env {
   testing::Dataset data;
   v1::JobInfo job;
   std::unique_ptr<FixturePacker> packer;
-  std::unique_ptr<grpc::Server> packer_server;
+  std::unique_ptr<GrpcServer> packer_server;
   int packer_port = 0;
 
   explicit Env(const std::string& name, uint64_t end_step = 6) {

@@ -40,7 +40,7 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   ranks_->SetJob(job_->config().job_id());
   service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get());
   GrpcServerOptions grpc_options;
-  RETURN_IF_ERROR(ApplyRpcGateOptions(options_.rpc, options_.listen,
+  RETURN_IF_ERROR(ApplyRpcGateOptions(gate_.get(), options_.listen,
                                       [](const std::string& w) { kLog.Warning(w); },
                                       &grpc_options));
   RETURN_IF_ERROR(

@@ -47,7 +47,7 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get());
   GrpcServerOptions grpc_options;
   grpc_options.socket_gid = opts_.core.share_gid;
-  RETURN_IF_ERROR(ApplyRpcGateOptions(opts_.rpc, opts_.listen,
+  RETURN_IF_ERROR(ApplyRpcGateOptions(gate_.get(), opts_.listen,
                                       [](const std::string& w) { kLog.Warning(w); },
                                       &grpc_options));
   RETURN_IF_ERROR(

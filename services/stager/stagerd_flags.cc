@@ -28,7 +28,9 @@ ABSL_FLAG(std::string, metrics, "127.0.0.1:9471",
 ABSL_FLAG(std::string, socket_group, "",
           "group (name or GID) that may use this daemon: a Unix socket (--listen unix:) is "
           "created 0660 and the batch segments in /dev/shm 0640 with that group, so training "
-          "processes in it need not run as the daemon's user (empty = the daemon's own group)");
+          "processes in it need not run as the daemon's user (empty = the daemon's own group); "
+          "every connection to the socket is checked by its peer's credentials: root, the "
+          "daemon's user and members of that group only, whatever the socket file's mode");
 ABSL_FLAG(std::string, port_file, "",
           "write 'metrics=PORT\\n' here at once (probes may start), then "
           "'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' once serving (PORT 0 for a Unix "
