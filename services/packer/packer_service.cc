@@ -139,7 +139,8 @@ grpc::ServerUnaryReactor* PackerService::ReportTiming(grpc::CallbackServerContex
         t.step = req.step();
         t.rank = req.rank();
         for (const auto& p : req.phases()) t.phases.emplace_back(p.phase(), p.seconds());
-        done(packer_->ReportTiming(t));
+        s = packer_->ReportTiming(t);
+        done(absl::IsInvalidArgument(s) ? gate_->Refuse("invalid", s) : s);
       });
 }
 

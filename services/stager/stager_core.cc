@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -311,7 +312,13 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
 
 absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnation,
                                  std::optional<double> waited) {
-  if (waited && metrics_ && *waited >= 0) metrics_->client_wait_seconds.Observe(*waited);
+  if (waited && !(std::isfinite(*waited) && *waited >= 0 && *waited <= kMaxWaitSeconds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "release of step ", step, " rank ", rank, ": wait_seconds ", *waited,
+        " is not a time; send the measured wait, 0 <= wait_seconds <= ", kMaxWaitSeconds,
+        ", or leave it unset"));
+  }
+  if (waited && metrics_) metrics_->client_wait_seconds.Observe(*waited);
   Callbacks cbs;
   absl::Status result;
   {

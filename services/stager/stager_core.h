@@ -43,6 +43,10 @@
 
 namespace tutti::stager {
 
+// The longest wait a ReleaseBatch may report (about 11.6 days, as the
+// packer's bound on a reported phase).
+inline constexpr double kMaxWaitSeconds = 1e6;
+
 struct StagerOptions {
   uint32_t node = 0;                    // node index: local ranks are node*ranks_per_node + [0, ranks_per_node)
   bool node_auto = false;               // learn `node` from the first AcquireBatch (rank / ranks_per_node);
@@ -118,7 +122,9 @@ class StagerCore {
   // ---- clients
   // incarnation: the client process's id (0 = none); a new one for a rank
   // reclaims what the rank's old process held (BatchWindow::Incarnate).
-  // waited: how long the rank waited for this batch, as it measured it.
+  // waited: how long the rank waited for this batch, as it measured it: a
+  // finite number of seconds in [0, kMaxWaitSeconds], else the release is
+  // INVALID_ARGUMENT and changes nothing.
   void AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
                     uint64_t incarnation = 0);
   absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms,

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -607,6 +609,26 @@ TEST(StagerCoreTest, WindowOccupancyIsPerLocalRankAndCountsBatchesReadyAhead) {
   EXPECT_EQ(m.histogram.sample_count, 1u);
   EXPECT_DOUBLE_EQ(m.histogram.sample_sum, 0.25);
   EXPECT_EQ(c.metrics->acquire_wait_seconds.Collect().histogram.sample_count, 2u);
+}
+
+TEST(StagerCoreTest, ReleaseRefusesAWaitThatIsNotAFiniteNonNegativeTime) {
+  Core c("badwait", {.shards = 2, .samples_per_shard = 6});
+  c.Plans(0, 2);
+  ASSERT_TRUE(c.core->Acquire(0, 2, 20000).ok());
+  for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity(), -0.5, 2e6}) {
+    const absl::Status s = c.core->Release(0, 2, /*incarnation=*/0, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s;
+    EXPECT_NE(s.message().find("wait_seconds"), std::string::npos) << s;
+  }
+  // Refused before anything moved: the batch is still held and released now.
+  EXPECT_EQ(c.metrics->client_wait_seconds.Collect().histogram.sample_count, 0u);
+  ASSERT_TRUE(c.core->Release(0, 2, /*incarnation=*/0, 0.0).ok());
+  ASSERT_TRUE(c.core->Acquire(1, 2, 20000).ok());
+  ASSERT_TRUE(c.core->Release(1, 2, /*incarnation=*/0, kMaxWaitSeconds).ok());
+  prometheus::ClientMetric m = c.metrics->client_wait_seconds.Collect();
+  EXPECT_EQ(m.histogram.sample_count, 2u);
+  EXPECT_DOUBLE_EQ(m.histogram.sample_sum, kMaxWaitSeconds);
 }
 
 // Image tokens in input_ids, and what the kept images need.

@@ -48,7 +48,8 @@ grpc::ServerUnaryReactor* StagerService::ReleaseBatch(grpc::CallbackServerContex
         absl::Status s = core_->Release(
             req.step(), req.rank(), req.incarnation(),
             req.has_wait_seconds() ? std::optional<double>(req.wait_seconds()) : std::nullopt);
-        done(s.ok() ? s : gate_->Refuse("release_refused", s));
+        if (s.ok()) return done(s);
+        done(gate_->Refuse(absl::IsInvalidArgument(s) ? "invalid" : "release_refused", s));
       });
 }
 
