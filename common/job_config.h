@@ -23,7 +23,16 @@ absl::StatusOr<v1::JobConfig> LoadJobConfig(const std::string& path);
 const std::vector<std::string>& PackingStrategyNames();
 
 // Fills every unset field with its documented default (see job.proto).
+// vision.max_images_per_sample stays 0 when unset (it is part of the job's
+// fingerprint, so an unset bound keeps existing jobs' plans): read it with
+// MaxImagesPerSample.
 void ApplyJobDefaults(v1::JobConfig* config);
+
+// vision.max_images_per_sample, or its default when 0.
+inline constexpr uint32_t kDefaultMaxImagesPerSample = 64;
+inline uint32_t MaxImagesPerSample(const v1::VisionConfig& v) {
+  return v.max_images_per_sample() ? v.max_images_per_sample() : kDefaultMaxImagesPerSample;
+}
 
 // Checks what can be checked without the index; messages name field and fix.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);

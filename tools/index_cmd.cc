@@ -134,6 +134,10 @@ int RunIndex(int argc, char** argv) {
            "0 = any non-negative int32");
   cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
            "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
+  cli.Flag("max-images-per-sample", &o.max_images_per_sample,
+           "skip samples with more images than this (vision.max_images_per_sample)");
+  cli.Flag("max-shard-members", &o.max_shard_members,
+           "leave out (and report) a shard with more tar members than this");
   cli.Flag("synthetic", &synthetic,
            "instead of reading shards, write a synthetic index of this many samples (the "
            "benchmark workload; for scale tests)");
@@ -142,6 +146,12 @@ int RunIndex(int argc, char** argv) {
   if (!cli.Parse(argc, argv, &rc)) return rc;
   if (out.empty()) {
     std::fprintf(stderr, "tutti index: --out FILE is required (see --help)\n");
+    return 2;
+  }
+  if (o.max_images_per_sample == 0 || o.max_shard_members == 0) {
+    std::fprintf(stderr,
+                 "tutti index: --max-images-per-sample and --max-shard-members must be at least "
+                 "1\n");
     return 2;
   }
   if (synthetic > 0) return RunSynthetic(out, synthetic, synthetic_seed);

@@ -10,6 +10,17 @@ namespace tutti::packer {
 
 static const Logger kLog("packer.job");
 
+namespace {
+
+// What an operator changes so that samples left out for `why` are planned.
+const char* UnservableFix(const std::string& why) {
+  if (why == "image_too_large") return "raise vision.max_source_pixels / max_source_side";
+  if (why == "too_many_images") return "raise vision.max_images_per_sample or split the sample";
+  return "pre-tokenise the text into k.json input_ids";
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
                                                    const std::string& index_override,
                                                    const JobOptions& options) {
@@ -35,9 +46,7 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
                  {{"reason", why},
                   {"samples", n},
                   {"first", (*job)->unservable_examples().at(why)},
-                  {"fix", why == "image_too_large"
-                              ? "raise vision.max_source_pixels / max_source_side"
-                              : "pre-tokenise the text into k.json input_ids"}});
+                  {"fix", UnservableFix(why)}});
   }
   return job;
 }

@@ -133,7 +133,23 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                         .Name("tutti_packer_index_samples")
                         .Help("Samples in the loaded index")
                         .Register(r)
-                        .Add({})) {}
+                        .Add({})),
+      unplanned_family(BuildGauge()
+                           .Name("tutti_packer_unplanned_samples")
+                           .Help("Samples of the index left out of every plan because the stager "
+                                 "would refuse them, by reason")
+                           .Register(r)) {
+  SetUnplanned({});
+}
+
+void PackerMetrics::SetUnplanned(const std::map<std::string, uint64_t>& by_reason) {
+  for (const char* reason : {"image_too_large", "too_many_images", "no_token_ids"}) {
+    unplanned_family.Add({{"reason", reason}}).Set(0);
+  }
+  for (const auto& [reason, n] : by_reason) {
+    unplanned_family.Add({{"reason", reason}}).Set(static_cast<double>(n));
+  }
+}
 
 prometheus::Histogram& PackerMetrics::ReportedPhase(const std::string& phase) {
   if (phase == "data_wait") return reported_data_wait;

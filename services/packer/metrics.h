@@ -10,6 +10,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 namespace tutti::packer {
@@ -89,6 +91,11 @@ struct PackerMetrics {
   prometheus::Counter& rearrangement_ilp_fast_kept;
   // tutti_packer_index_samples: samples in the loaded index.
   prometheus::Gauge& index_samples;
+  // tutti_packer_unplanned_samples{reason}: samples of the index the stager
+  // would refuse, left out of every plan at load (Job::unservable):
+  // image_too_large, too_many_images, no_token_ids.
+  prometheus::Family<prometheus::Gauge>& unplanned_family;
+  void SetUnplanned(const std::map<std::string, uint64_t>& by_reason);
 
   prometheus::Histogram& ReportedPhase(const std::string& phase);
   void CountError(int grpc_code);

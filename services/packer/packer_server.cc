@@ -30,6 +30,7 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   if (stop.requested()) return absl::CancelledError("stopped while starting");
   metrics_ = std::make_unique<PackerMetrics>(*host_->registry());
   metrics_->index_samples.Set(job_->index().num_samples());
+  metrics_->SetUnplanned(job_->unservable());
   PlanWindowOptions wo;
   wo.window = job_->config().plan_window();
   wo.threads = options_.plan_threads;

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/job_config.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "services/stager/skip.h"
@@ -70,7 +71,13 @@ absl::Status BatchJob::Start() {
   for (size_t i = 0; i < layout_.docs().size(); ++i) docs_.push_back(std::make_unique<Item>());
   for (size_t i = 0; i < layout_.audio().size(); ++i) audio_.push_back(std::make_unique<Item>());
   remaining_ = static_cast<int>(images_.size() + docs_.size() + audio_.size()) + 1;
-  for (size_t i = 0; i < images_.size(); ++i) ReadImage(i);
+  for (size_t i = 0; i < images_.size(); ++i) {
+    if (absl::Status refused = CheckImageLimits(i); !refused.ok()) {
+      Fail(*images_[i], refused);
+    } else {
+      ReadImage(i);
+    }
+  }
   for (size_t d = 0; d < docs_.size(); ++d) ReadDoc(d);
   for (size_t a = 0; a < audio_.size(); ++a) ReadAudio(a);
   Settle();  // the extra count keeps Finalize from running before every read was issued
@@ -134,6 +141,34 @@ void BatchJob::ReadChecked(const v1::ShardRef& shard, const v1::MemberRef& membe
       });
 }
 
+// The job's bounds on a planned image that need no bytes: images per sample
+// and planned pixels (the source's own size is checked from its header when
+// it is decoded). The packer plans neither, so a refusal here means the plan
+// and this stager disagree; each is counted by limit and skipped "too_large".
+absl::Status BatchJob::CheckImageLimits(size_t i) {
+  const ImageItem& im = layout_.images()[i];
+  const v1::VisionConfig& v = ctx_.config->vision();
+  const uint32_t max_images = MaxImagesPerSample(v);
+  const uint64_t max_pixels = step_->max_pixels() ? step_->max_pixels() : v.max_pixels();
+  const char* limit = nullptr;
+  std::string why;
+  if (im.sample_images > max_images) {
+    limit = "images_per_sample";
+    why = absl::StrCat("sample ", im.sample_id, " has ", im.sample_images,
+                       " images, over the limit (vision.max_images_per_sample ", max_images, ")");
+  } else if (uint64_t{im.height} * im.width > max_pixels) {
+    limit = "image_pixels";
+    why = absl::StrCat("image ", im.image_index, " of sample ", im.sample_id, " is planned at ",
+                       im.width, "x", im.height, ", over the limit (the step's max_pixels ",
+                       max_pixels, ")");
+  } else {
+    return absl::OkStatus();
+  }
+  if (ctx_.metrics) ctx_.metrics->LimitRefusals(limit).Increment();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(Name(im.member, im.shard), ": ", why, "; refused without reading it"));
+}
+
 void BatchJob::ReadImage(size_t i) {
   const ImageItem& im = layout_.images()[i];
   // A remote_load image (its shard is staged on another node, not here) is
@@ -172,6 +207,8 @@ void BatchJob::DecodeImage(size_t i, const std::string& data) {
                               ctx_.params, shm_->data() + im.offset);
   if (StagerMetrics* m = ctx_.metrics) {
     m->decode_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+    // Over vision.max_source_pixels / max_source_side (decode.h).
+    if (absl::IsOutOfRange(info.status())) m->LimitRefusals("source_pixels").Increment();
     if (info.ok()) {
       m->decoded_images.Increment();
       if (info->reduce > 1) m->reduced_decodes.Increment();

@@ -96,6 +96,8 @@ class BatchJob final : public WindowBatch, public std::enable_shared_from_this<B
   // Reads a member for this batch, checked against its checksum (see .cc).
   void ReadChecked(const v1::ShardRef& shard, const v1::MemberRef& member,
                    MemberReader::Done done);
+  // OK, or RESOURCE_EXHAUSTED naming the bound image i's plan exceeds.
+  absl::Status CheckImageLimits(size_t i);
   void ReadImage(size_t i);
   void DecodeImage(size_t i, const std::string& data);
   void ReadDoc(size_t d);

@@ -140,6 +140,7 @@ absl::Status BatchLayout::AddImage(const v1::ImagePlan& ip, const PlanSamples& s
   it.bytes = it.rows * params_.row_values() * params_.value_bytes();
   it.llm_rank = ip.llm_rank();
   it.remote_load = ip.remote_load();
+  it.sample_images = static_cast<uint32_t>(s->images_size());
   images_.push_back(std::move(it));
   return absl::OkStatus();
 }

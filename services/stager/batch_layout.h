@@ -37,6 +37,7 @@ struct ImageItem {
   uint64_t bytes = 0;
   uint32_t llm_rank = 0;     // rank whose LLM phase consumes its encoder output
   bool remote_load = false;  // its shard is not staged on this node: read from the source
+  uint32_t sample_images = 0;  // images of its sample (SampleInfo.images)
 };
 
 struct DocItem {

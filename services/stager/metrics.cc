@@ -6,6 +6,9 @@
 namespace tutti::stager {
 namespace {
 
+// The bounds of LimitRefusals, created at start so each reads 0 until used.
+constexpr const char* kLimits[] = {"source_pixels", "image_pixels", "images_per_sample"};
+
 using prometheus::Registry;
 
 prometheus::Counter& Counter(Registry& r, const std::string& name, const std::string& help,
@@ -89,16 +92,26 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                           .Help("Sample members skipped, by reason: corrupt, truncated, "
                                 "checksum, deadline, too_large, missing")
                           .Register(*registry)),
+      limit_family_(prometheus::BuildCounter()
+                        .Name("tutti_stager_limit_refusals_total")
+                        .Help("Images refused by a bound of the job, by limit: source_pixels, "
+                              "image_pixels, images_per_sample (0 when every plan keeps them)")
+                        .Register(*registry)),
       window_family_(prometheus::BuildGauge()
                          .Name("tutti_stager_window_batches")
                          .Help("Batches of a local rank ready ahead of it: built, not yet "
                                "handed out (the prefetch window's occupancy)")
                          .Register(*registry)) {
   for (const char* reason : kSkipReasons) SkippedSamples(reason);
+  for (const char* limit : kLimits) LimitRefusals(limit);
 }
 
 prometheus::Gauge& StagerMetrics::WindowBatches(uint32_t rank) {
   return window_family_.Add({{"rank", std::to_string(rank)}});
+}
+
+prometheus::Counter& StagerMetrics::LimitRefusals(const std::string& limit) {
+  return limit_family_.Add({{"limit", limit}});
 }
 
 prometheus::Counter& StagerMetrics::SkippedSamples(const std::string& reason) {

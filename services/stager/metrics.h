@@ -40,6 +40,13 @@ class StagerMetrics {
   // Skipped sample members by reason (skip.h): corrupt, truncated, checksum, deadline, too_large,
   // missing.
   prometheus::Counter& SkippedSamples(const std::string& reason);
+  // Images refused by a bound of the job (also skipped as "too_large"), by
+  // limit: source_pixels (vision.max_source_pixels / max_source_side, from
+  // the header), image_pixels (planned above the step's max_pixels),
+  // images_per_sample (vision.max_images_per_sample). The packer never plans
+  // such a sample, so on an indexed dataset these stay 0:
+  // tutti_stager_limit_refusals_total{limit}.
+  prometheus::Counter& LimitRefusals(const std::string& limit);
   prometheus::Counter& placeholder_samples;  // tutti_stager_placeholder_samples_total
   prometheus::Counter& checksum_rereads;     // tutti_stager_checksum_rereads_total
   prometheus::Counter& dropped_samples;      // tutti_stager_dropped_samples_total
@@ -64,6 +71,7 @@ class StagerMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;  // keeps the families alive
   prometheus::Family<prometheus::Counter>& skipped_family_;
+  prometheus::Family<prometheus::Counter>& limit_family_;
   prometheus::Family<prometheus::Gauge>& window_family_;
 };
 

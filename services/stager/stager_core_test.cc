@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
 #include "common/shm.h"
@@ -59,12 +60,14 @@ struct Core {
 
   Core(const std::string& name, testing::DatasetSpec spec, StagerOptions o = {},
        std::vector<IoFault> stage_faults = {}, std::vector<IoFault> read_faults = {},
-       std::function<void(testing::Dataset&)> damage = nullptr) {
+       std::function<void(testing::Dataset&)> damage = nullptr,
+       std::function<void(v1::JobConfig&)> configure = nullptr) {
     const std::string root = Fresh(name);
     data = testing::WriteDataset(root + "/src", spec);
     if (damage) damage(data);
     job = testing::MakeJob(data, 4, 2);
     job.mutable_config()->set_job_id("coretest-" + name);
+    if (configure) configure(*job.mutable_config());
     o.node = 1;
     o.cache_dir = root + "/cache";
     o.staging.source_dir = data.dir;
@@ -629,6 +632,89 @@ TEST(StagerCoreTest, ReleaseRefusesAWaitThatIsNotAFiniteNonNegativeTime) {
   prometheus::ClientMetric m = c.metrics->client_wait_seconds.Collect();
   EXPECT_EQ(m.histogram.sample_count, 2u);
   EXPECT_DOUBLE_EQ(m.histogram.sample_sum, kMaxWaitSeconds);
+}
+
+// The job's bounds on images, refused by the stager (a safety net: the
+// packer plans none of these) at the limit and one past it, each skipped as
+// "too_large" naming the bound and counted in LimitRefusals.
+std::string OnlySkip(const v1::BatchDescriptor& d) {
+  EXPECT_EQ(d.skipped_size(), 1) << d.DebugString();
+  if (d.skipped_size() != 1) return "";
+  EXPECT_EQ(d.skipped(0).reason(), "too_large");
+  EXPECT_EQ(d.skipped(0).action(), "placeholder");
+  return d.skipped(0).detail();
+}
+
+TEST(StagerCoreTest, ImagesPerSampleOverTheLimitAreRefusedAndCounted) {
+  Core c("maximages", {.shards = 1, .samples_per_shard = 12}, {}, {}, {}, nullptr,
+         [](v1::JobConfig& config) { config.mutable_vision()->set_max_images_per_sample(1); });
+  // Step 0: one image per sample, at the limit. Step 1: rank 2's first
+  // sample lists a second image (only its first is planned here).
+  c.Plans(0, 2, 3, [](v1::StepPlan& plan) {
+    if (plan.step() != 1) return;
+    const uint64_t id = plan.ranks(0).encoders(0).images(0).sample_id();
+    for (auto& s : *plan.mutable_samples()) {
+      if (s.sample_id() == id) *s.add_images() = s.images(0);
+    }
+  });
+  auto at = c.core->Acquire(0, 2, 20000);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->skipped_size(), 0);
+  auto over = c.core->Acquire(1, 2, 20000);
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_NE(OnlySkip(*over).find("has 2 images, over the limit (vision.max_images_per_sample 1)"),
+            std::string::npos)
+      << OnlySkip(*over);
+  EXPECT_EQ(c.metrics->LimitRefusals("images_per_sample").Value(), 1);
+  EXPECT_EQ(c.metrics->LimitRefusals("image_pixels").Value(), 0);
+}
+
+TEST(StagerCoreTest, PlannedPixelsOverTheStepsMaxPixelsAreRefusedAndCounted) {
+  Core c("maxpixels", {.shards = 1, .samples_per_shard = 12});
+  // Every image of these plans is planned at the same size; step 0 allows
+  // exactly its area, step 1 one pixel less.
+  c.Plans(0, 2, 3, [](v1::StepPlan& plan) {
+    const auto& ip = plan.ranks(0).encoders(0).images(0);
+    const uint64_t area = uint64_t{ip.resized_height()} * ip.resized_width();
+    plan.set_max_pixels(plan.step() == 0 ? area : area - 1);
+  });
+  auto at = c.core->Acquire(0, 2, 20000);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->skipped_size(), 0);
+  auto over = c.core->Acquire(1, 2, 20000);
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_EQ(over->skipped_size(), 3);
+  for (const auto& s : over->skipped()) {
+    EXPECT_EQ(s.reason(), "too_large");
+    EXPECT_NE(s.detail().find("over the limit (the step's max_pixels"), std::string::npos)
+        << s.detail();
+  }
+  ASSERT_TRUE(c.core->Acquire(0, 3, 20000).ok());
+  auto over3 = c.core->Acquire(1, 3, 20000);  // rank 3's step 1 too
+  ASSERT_TRUE(over3.ok()) << over3.status();
+  EXPECT_EQ(over3->skipped_size(), 3);
+  EXPECT_EQ(c.metrics->LimitRefusals("image_pixels").Value(), 6);
+}
+
+TEST(StagerCoreTest, SourcePixelsOverTheLimitAreRefusedAndCounted) {
+  for (const uint64_t limit : {uint64_t{200 * 150}, uint64_t{200 * 150 - 1}}) {
+    Core c(absl::StrCat("maxsource", limit), {.shards = 1, .samples_per_shard = 12}, {}, {}, {},
+           nullptr,
+           [&](v1::JobConfig& config) { config.mutable_vision()->set_max_source_pixels(limit); });
+    c.Plans(0, 1);
+    auto d = c.core->Acquire(0, 2, 20000);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto d3 = c.core->Acquire(0, 3, 20000);
+    ASSERT_TRUE(d3.ok()) << d3.status();
+    const bool over = limit < 200 * 150;
+    EXPECT_EQ(d->skipped_size(), over ? 3 : 0) << limit;
+    EXPECT_EQ(d3->skipped_size(), over ? 3 : 0) << limit;
+    EXPECT_EQ(c.metrics->LimitRefusals("source_pixels").Value(), over ? 6 : 0) << limit;
+    if (over) {
+      EXPECT_NE(d->skipped(0).detail().find("vision.max_source_pixels 29999"), std::string::npos)
+          << d->skipped(0).detail();
+    }
+  }
 }
 
 // Image tokens in input_ids, and what the kept images need.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/dtype.h"
+#include "common/job_config.h"
 #include "common/media_header.h"
 #include "common/status.h"
 #include "services/packer/core/sampler.h"
@@ -121,12 +122,15 @@ const char* Job::UnservableReason(uint32_t s) const {
   const v1::VisionConfig& v = config_.vision();
   const uint64_t max_pixels = v.max_source_pixels() ? v.max_source_pixels() : 178956970;
   const uint64_t max_side = v.max_source_side() ? v.max_source_side() : 65500;
+  uint32_t images = 0;
   for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-    if (ix.media_is_image(j) &&
-        !WithinSourceLimits(ix.media_width(j), ix.media_height(j), max_pixels, max_side)) {
+    if (!ix.media_is_image(j)) continue;
+    ++images;
+    if (!WithinSourceLimits(ix.media_width(j), ix.media_height(j), max_pixels, max_side)) {
       return "image_too_large";
     }
   }
+  if (images > MaxImagesPerSample(v)) return "too_many_images";
   if (ix.text_kind(s) == MemberKind::kTxt && ix.text_tokens(s) > 0) return "no_token_ids";
   return "";
 }

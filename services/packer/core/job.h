@@ -88,13 +88,13 @@ class Job {
 
   // The samples each stream draws from: the index's streams less what the
   // stager would refuse, so a sample it cannot serve is never planned: an
-  // image over vision.max_source_pixels / max_source_side, or text with a
-  // token count but no token ids (a k.txt member; the stager does not
-  // tokenise).
+  // image over vision.max_source_pixels / max_source_side, more images than
+  // vision.max_images_per_sample, or text with a token count but no token
+  // ids (a k.txt member; the stager does not tokenise).
   const std::vector<uint32_t>& text_samples() const { return *text_samples_; }
   const std::vector<uint32_t>& vl_samples() const { return *vl_samples_; }
   // Samples left out of the streams, by reason ("image_too_large",
-  // "no_token_ids"), and the first one of each, described.
+  // "too_many_images", "no_token_ids"), and the first one of each, described.
   const std::map<std::string, uint64_t>& unservable() const { return unservable_; }
   const std::map<std::string, std::string>& unservable_examples() const {
     return unservable_examples_;

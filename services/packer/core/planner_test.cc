@@ -205,6 +205,43 @@ TEST(PlannerTest, SamplesTheStagerWouldRefuseAreNeverPlanned) {
   EXPECT_EQ(&(*all)->vl_samples(), &ix.vl_samples());
 }
 
+TEST(PlannerTest, SamplesWithMoreImagesThanTheLimitAreNeverPlanned) {
+  // SmallDataset's VL samples carry 1 to 4 images; at a limit of 3 a sample
+  // with 3 is planned and one with 4 is left out, counted by reason.
+  const std::string config = std::string(kBaseConfig) + "vision { max_images_per_sample: 3 }";
+  auto job = MakeJob(config, SmallIndex());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const Index& ix = *SmallIndex();
+  auto images = [&](uint32_t s) {
+    uint32_t n = 0;
+    for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) n += ix.media_is_image(j);
+    return n;
+  };
+  uint64_t four = 0, three = 0;
+  for (const uint32_t s : ix.vl_samples()) four += images(s) == 4, three += images(s) == 3;
+  ASSERT_GT(four, 0u);
+  ASSERT_GT(three, 0u);
+  ASSERT_EQ((*job)->unservable().count("too_many_images"), 1u);
+  EXPECT_EQ((*job)->unservable().at("too_many_images"), four);
+  EXPECT_EQ((*job)->vl_samples().size() + four, ix.vl_samples().size());
+  EXPECT_FALSE((*job)->unservable_examples().at("too_many_images").empty());
+  Planner planner(*job);
+  StepPlanData d;
+  uint64_t at_limit = 0;
+  for (uint64_t step = 0; step < 40; ++step) {
+    ASSERT_TRUE(planner.Plan(step, &d).ok());
+    for (const auto& ps : d.samples) {
+      ASSERT_LE(images(ps.sample), 3u) << ps.sample;
+      at_limit += images(ps.sample) == 3;
+    }
+  }
+  EXPECT_GT(at_limit, 0u);
+  // The default (64) leaves every sample in.
+  auto all = MakeJob(kBaseConfig, SmallIndex());
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE((*all)->unservable().empty());
+}
+
 TEST(PlannerTest, CurriculumFollowsSmartResize) {
   auto job = MakeJob(kBaseConfig, SmallIndex());
   ASSERT_TRUE(job.ok());

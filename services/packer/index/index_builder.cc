@@ -97,10 +97,15 @@ class ShardScanner {
     std::vector<Group> groups;
     absl::flat_hash_map<std::string, size_t> by_key;
     uint64_t members = 0;
+    const auto too_many = [&] {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "more than ", o_.max_shard_members, " tar members, over the limit (--max-shard-members ",
+          o_.max_shard_members, "); split the shard"));
+    };
     r.status = ForEachTarMember(
         **file,
         [&](const TarMember& m) {
-          ++members;
+          if (++members > o_.max_shard_members) return too_many();
           auto [key, ext] = SplitWebDatasetName(m.name);
           if (ext.empty() || key.empty()) {
             ++r.ignored;
@@ -114,12 +119,13 @@ class ShardScanner {
           return absl::OkStatus();
         },
         [&](const TarMember& m, absl::string_view why) {
-          ++members;
+          if (++members > o_.max_shard_members) return;  // refused below
           ++r.skipped_members["link"];
           if (r.examples.size() < 8) {
             r.examples.push_back(absl::StrCat(rel_, ": member ", absl::CHexEscape(m.name), " is ", why));
           }
         });
+    if (r.status.ok() && members > o_.max_shard_members) r.status = too_many();
     if (!r.status.ok()) return r;
     if (members == 0) {
       r.status = absl::DataLossError("a tar archive with no members");
@@ -217,6 +223,14 @@ class ShardScanner {
       } else {
         ++r->ignored;
       }
+    }
+    const size_t images = std::count_if(media.begin(), media.end(), [](const auto& m) {
+      return m.second != MemberKind::kWav;
+    });
+    if (images > o_.max_images_per_sample) {
+      return Skip(r, g->key, "too_many_images",
+                  absl::StrCat(g->key, " has ", images, " images, over the limit (",
+                               "--max-images-per-sample ", o_.max_images_per_sample, ")"));
     }
     std::sort(media.begin(), media.end(), [](const auto& a, const auto& b) {
       return MediaOrder(a.first->ext) < MediaOrder(b.first->ext);

@@ -30,6 +30,13 @@ struct IndexBuildOptions {
   uint32_t max_source_side = 65500;
   uint64_t max_source_pixels = 178956970;
   double max_aspect_ratio = 200.0;
+  // Samples with more images than this are skipped as "too_many_images"
+  // (the default matches vision.max_images_per_sample's).
+  uint32_t max_images_per_sample = 64;
+  // A shard with more tar members than this (files, links and special files)
+  // is left out as a bad shard naming the limit. Default 1,048,576: a shard
+  // of a million members is hundreds of MB of member records while indexed.
+  uint64_t max_shard_members = uint64_t{1} << 20;
   // Largest text member read whole (bigger: skipped as "text_too_large").
   // Default 64 MiB.
   uint64_t max_text_bytes = 64ull << 20;

@@ -58,8 +58,8 @@ class IndexBuilderTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::shared_ptr<const Index>> Build(IndexBuildReport* report,
-                                                     bool skip_bad = true) {
-    IndexBuildOptions o;
+                                                     bool skip_bad = true,
+                                                     IndexBuildOptions o = {}) {
     o.source_dir = dir_;
     o.skip_bad_shards = skip_bad;
     auto bytes = BuildIndex(o, report, nullptr);
@@ -366,6 +366,55 @@ TEST_F(IndexBuilderTest, ProgressCoversEveryShard) {
   ASSERT_TRUE(index.ok());
   // Shard order is the sorted path order whatever the thread finishing order.
   for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ((*index)->key(i), "k" + std::to_string(i));
+}
+
+TEST_F(IndexBuilderTest, ImagesPerSampleAreBoundedAtTheLimit) {
+  TarWriter a;
+  a.Add("000000.json", Ids(5));
+  for (int i = 0; i < 3; ++i) a.Add("000000." + std::to_string(i) + ".png", Encode(".png", 30, 20));
+  a.Add("000001.json", Ids(5));
+  for (int i = 0; i < 4; ++i) a.Add("000001." + std::to_string(i) + ".png", Encode(".png", 30, 20));
+  a.Add("000001.wav", Wav(16000, 1600));  // audio is not an image
+  Write("a.tar", a.Finish());
+  IndexBuildOptions o;
+  o.max_images_per_sample = 3;
+  IndexBuildReport report;
+  auto ix = Build(&report, true, o);
+  ASSERT_TRUE(ix.ok()) << ix.status();
+  ASSERT_EQ((*ix)->num_samples(), 1u);  // 3 images: at the limit
+  EXPECT_EQ((*ix)->key(0), "000000");
+  EXPECT_EQ(report.skipped["too_many_images"], 1u);  // 4: one over
+  ASSERT_FALSE(report.skipped_examples.empty());
+  EXPECT_NE(report.skipped_examples[0].find("000001 has 4 images, over the limit "
+                                            "(--max-images-per-sample 3)"),
+            std::string::npos)
+      << report.skipped_examples[0];
+}
+
+TEST_F(IndexBuilderTest, MembersPerShardAreBoundedAtTheLimit) {
+  TarWriter at, over;
+  for (int i = 0; i < 4; ++i) at.Add("00000" + std::to_string(i) + ".json", Ids(3));
+  for (int i = 0; i < 5; ++i) over.Add("00000" + std::to_string(i) + ".json", Ids(3));
+  Write("at.tar", at.Finish());
+  Write("over.tar", over.Finish());
+  IndexBuildOptions o;
+  o.max_shard_members = 4;
+  IndexBuildReport report;
+  auto ix = Build(&report, true, o);
+  ASSERT_TRUE(ix.ok()) << ix.status();
+  ASSERT_EQ((*ix)->num_shards(), 1u);
+  EXPECT_EQ((*ix)->shard(0).name, "at.tar");
+  EXPECT_EQ((*ix)->num_samples(), 4u);
+  ASSERT_EQ(report.bad_shards.size(), 1u);
+  EXPECT_NE(report.bad_shards[0].find("over.tar: more than 4 tar members, over the limit "
+                                      "(--max-shard-members 4)"),
+            std::string::npos)
+      << report.bad_shards[0];
+  // Without skipping bad shards the build fails naming the shard and the limit.
+  auto failed = Build(&report, false, o);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+  EXPECT_NE(failed.status().message().find("over.tar"), std::string::npos) << failed.status();
 }
 
 }  // namespace
