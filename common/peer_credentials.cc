@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -19,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/grpc_refusal.h"
 #include "common/log.h"
 
 namespace tutti {
@@ -26,7 +28,34 @@ namespace {
 
 const Logger kLog("rpc.unix_socket");
 
+// Refused connections answered at once (more are closed at once), and for
+// how long each is answered before it is closed.
+constexpr size_t kMaxRefusing = 64;
+constexpr absl::Duration kRefusalTime = absl::Seconds(5);
+
 std::string Errno(int e) { return std::strerror(e); }
+
+// All of `bytes` to a non-blocking socket; false when it fails or would block
+// (a refusal is a few hundred bytes to a fresh connection).
+bool WriteAll(int fd, absl::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+// Reads what the peer sent last (up to a bound) before closing: a Unix
+// socket closed with unread data resets its peer, which could then miss the
+// answer written to it.
+void DrainAndClose(int fd) {
+  char buf[4096];
+  for (int i = 0; i < 16 && ::recv(fd, buf, sizeof(buf), 0) > 0; ++i) {
+  }
+  ::close(fd);
+}
 
 // The "Groups:" line of /proc/<pid>/status, for kernels without
 // SO_PEERGROUPS (before 4.13).
@@ -196,18 +225,56 @@ void UnixSocketListener::Refuse(const absl::Status& why) {
 }
 
 void UnixSocketListener::AcceptLoop(const Admit& admit) {
-  pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  int pause_ms = -1;  // after running out of descriptors: wait before trying again
+  // Refused connections being told so (grpc_refusal.h), each for a while.
+  struct Refusing {
+    int fd;
+    absl::Time deadline;
+    GrpcRefusal talk;
+  };
+  std::vector<std::unique_ptr<Refusing>> refusing;
+  int pause_ms = -1;  // after running out of descriptors: wait before accepting again
   for (;;) {
-    fds[0].revents = fds[1].revents = 0;
-    const int r = ::poll(pause_ms < 0 ? fds : fds + 1, pause_ms < 0 ? 2 : 1, pause_ms);
-    if (r < 0 && errno != EINTR) {
+    std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}};
+    const bool accepting = pause_ms < 0;
+    if (accepting) fds.push_back({listen_fd_, POLLIN, 0});
+    const size_t first_refusing = fds.size();
+    int timeout_ms = pause_ms;
+    for (const auto& c : refusing) {
+      fds.push_back({c->fd, POLLIN, 0});
+      const int ms = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(c->deadline - absl::Now()) + 1));
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       kLog.Error("poll on the socket failed; no longer accepting",
                  {{"socket", options_.path}, {"error", Errno(errno)}});
-      return;
+      break;
     }
-    if (fds[1].revents != 0) return;
+    if (fds[0].revents != 0) break;  // Stop()
     pause_ms = -1;
+    const absl::Time now = absl::Now();
+    std::vector<std::unique_ptr<Refusing>> still;
+    for (size_t i = 0; i < refusing.size(); ++i) {
+      Refusing& c = *refusing[i];
+      bool done = now >= c.deadline;
+      if (!done && fds[first_refusing + i].revents != 0) {
+        char buf[16 << 10];
+        const ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+        if (n > 0) {
+          const std::string reply = c.talk.Feed(absl::string_view(buf, n));
+          done = (!reply.empty() && !WriteAll(c.fd, reply)) || c.talk.finished() || c.talk.failed();
+        } else {
+          done = n == 0 || (errno != EAGAIN && errno != EINTR);
+        }
+      }
+      if (done) {
+        DrainAndClose(c.fd);
+      } else {
+        still.push_back(std::move(refusing[i]));
+      }
+    }
+    refusing = std::move(still);
+    if (!accepting || fds[1].revents == 0) continue;
     for (;;) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
@@ -231,12 +298,19 @@ void UnixSocketListener::AcceptLoop(const Admit& admit) {
                           "the peer's credentials cannot be read: ", peer.status().message()));
       if (admitted.ok()) {
         admit(listen_fd_, fd);
+        continue;
+      }
+      Refuse(admitted);
+      auto c = std::make_unique<Refusing>(
+          Refusing{fd, absl::Now() + kRefusalTime, GrpcRefusal(admitted)});
+      if (refusing.size() < kMaxRefusing && WriteAll(fd, c->talk.Greeting())) {
+        refusing.push_back(std::move(c));
       } else {
-        ::close(fd);
-        Refuse(admitted);
+        ::close(fd);  // too many at once: closed without a word
       }
     }
   }
+  for (const auto& c : refusing) ::close(c->fd);
 }
 
 }  // namespace tutti

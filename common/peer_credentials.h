@@ -7,8 +7,10 @@
 //   - a process whose group or one of whose supplementary groups is the
 //     socket's group (--socket_group; default the daemon's own group),
 // the same people the stager's batch segments (0640, that group) are
-// readable by. Anyone else's connection is closed before gRPC reads a byte from it, with
-// a (rate-limited) warning naming the peer's uid, gid and pid, and counted.
+// readable by. Anyone else's connection never reaches gRPC: the listener
+// answers every call the client starts on it with PERMISSION_DENIED naming
+// the peer's uid (grpc_refusal.h) and closes it, logs a (rate-limited)
+// warning naming the peer's uid, gid, groups and pid, and counts it.
 //
 // UnixSocketListener owns the listening socket: it binds the path, gives it
 // its mode and group before it listens, accepts on a thread of its own,

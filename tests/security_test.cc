@@ -490,8 +490,11 @@ TEST_F(Security, TheUnixSocketAdmitsItsGroupAndRefusesOthersWhateverTheFileMode)
   ASSERT_EQ(::chmod((sock_dir + "/stager.sock").c_str(), 0666), 0);
   RunResult refused = RunClientAs(stranger, other_group, "", sock, packer(), 1);
   EXPECT_NE(refused.status, 0) << refused.output;
-  // Refused at the door, not later by the batch segments' mode.
+  // Refused at the door, not later by the batch segments' mode, and told why.
   EXPECT_THAT(refused.output, HasSubstr("connect: "));
+  EXPECT_THAT(refused.output,
+              HasSubstr(absl::StrCat("uid ", stranger, " (gid ", other_group, ", groups none")));
+  EXPECT_THAT(refused.output, HasSubstr("may not use this socket"));
   EXPECT_THAT(refused.output, ::testing::Not(HasSubstr("ok step")));
   const std::string log = cluster_->stager(0).log();
   EXPECT_THAT(log, HasSubstr("connection refused by its peer's credentials"));
