@@ -231,24 +231,28 @@ void FastResizeTo(const cv::Mat& src_in, uint32_t H, uint32_t W, cv::Mat* out) {
 absl::Status ResizePatchifyInto(const cv::Mat& bgr, uint32_t height, uint32_t width,
                                 const PatchifyParams& params, char* out) {
   RETURN_IF_ERROR(CheckTarget(height, width, params));
-  thread_local ImageBuffer tile_buffer;
-  cv::Mat sized;
   try {
     if (bgr.cols == static_cast<int>(width) && bgr.rows == static_cast<int>(height)) {
-      sized = bgr;
+      Patchify(bgr, params, out);
+    } else if (params.resize == ResizeMode::kHfBicubic) {
+      // One row of merge groups at a time, resized and patchified while it
+      // is still in cache: the output of a strip of patch*merge rows is
+      // contiguous (rows of patches ordered by merge group).
+      const int strip_rows = static_cast<int>(params.patch * params.merge);
+      const size_t strip_bytes = params.ImageBytes(params.patch * params.merge, width);
+      ResampleBicubicStrips(bgr, static_cast<int>(height), static_cast<int>(width), strip_rows,
+                            [&](const cv::Mat& strip, int y0) {
+                              Patchify(strip, params, out + y0 / strip_rows * strip_bytes);
+                            });
     } else {
+      thread_local ImageBuffer tile_buffer;
       cv::Mat tile = tile_buffer.Allocate(static_cast<int>(height), static_cast<int>(width));
-      if (params.resize == ResizeMode::kHfBicubic) {
-        ResampleBicubic(bgr, static_cast<int>(height), static_cast<int>(width), &tile);
-      } else {
-        FastResizeTo(bgr, height, width, &tile);
-      }
-      sized = tile;
+      FastResizeTo(bgr, height, width, &tile);
+      Patchify(tile, params, out);
     }
   } catch (const cv::Exception& e) {
     return FromCvException(e, "image", "resizing");
   }
-  Patchify(sized, params, out);
   return absl::OkStatus();
 }
 

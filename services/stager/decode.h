@@ -4,8 +4,10 @@
 // image, and a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain
 // only where the bicubic filter still has a large shrink left after it. The
 // opt-in fast mode scales JPEGs as far as the target allows and resizes with
-// an integer area shrink and bilinear. Normalisation and patchify are then
-// one sequential pass over the output through per-channel lookup tables.
+// an integer area shrink and bilinear. In the default mode the resize hands
+// its rows on in strips of patch*merge rows, each normalised and patchified
+// into its place in the output while still in cache; the output is written
+// once, in order.
 //
 // Output layout of one image resized to (height, width): one row per patch,
 // rows ordered so each merge x merge group is contiguous

@@ -1,6 +1,7 @@
 #include "services/stager/decode.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "gtest/gtest.h"
+#include "services/stager/resample.h"
 #include "services/stager/skip.h"
 
 namespace tutti::stager {
@@ -84,6 +86,26 @@ TEST(DecodeTest, OtherPatchGeometry) {
   const std::vector<float> ref = Reference(img, p);
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_NEAR(reinterpret_cast<float*>(out.data())[i], ref[i], 1e-5) << i;
+  }
+}
+
+TEST(DecodeTest, ResizedImagesArePatchifiedStripByStripLikeTheWholeResizedImage) {
+  // The default path resizes and patchifies one strip of patch*merge rows at
+  // a time; it must equal resizing the whole image first, then patchifying.
+  const cv::Mat img = Pattern(301, 437);
+  const std::string png = Encode(img, ".png");
+  for (auto [h, w] : {std::pair{112, 168}, {280, 420}, {336, 476}, {56, 28}}) {
+    for (bool bf16 : {false, true}) {
+      PatchifyParams p;
+      p.bf16 = bf16;
+      std::vector<char> fused(p.ImageBytes(h, w)), whole(p.ImageBytes(h, w));
+      ASSERT_TRUE(DecodeImageInto(png, "c.png", ImageKind::kPng, h, w, p, fused.data()).ok());
+      cv::Mat resized;
+      ResampleBicubic(img, h, w, &resized);
+      Patchify(resized, p, whole.data());
+      EXPECT_EQ(std::memcmp(fused.data(), whole.data(), whole.size()), 0)
+          << w << "x" << h << (bf16 ? " bf16" : " f32");
+    }
   }
 }
 

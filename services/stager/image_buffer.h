@@ -1,5 +1,5 @@
 // A scratch 8-bit BGR image over bytes that only ever grow: a decode worker
-// keeps one per stage (decoded image, resize intermediate, resized tile), so
+// keeps one per stage (decoded image, the resize's rows and strips), so
 // images of varying sizes reuse the same pages instead of mapping fresh,
 // zeroed ones from the kernel for every image. Not thread-safe; keep one per
 // thread.

@@ -158,15 +158,77 @@ struct Deinterleave {
   }
 };
 
-// 16 normalised values from 16 bytes, exactly as the tables hold them:
-// float(i) / 255 is the float of i / 255 that HF's float64 rescale rounds to.
-__attribute__((target("avx2"))) inline void Normalise16(__m128i v, __m256 mean, __m256 std,
-                                                       __m256* lo, __m256* hi) {
-  const __m256 k255 = _mm256_set1_ps(255.0f);
-  const __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-  const __m256 b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
-  *lo = _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(a, k255), mean), std);
-  *hi = _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(b, k255), mean), std);
+// The normalisation of 8 values, exactly as the tables hold them:
+// float(i) / 255 is the float of i / 255 that HF's float64 rescale rounds to,
+// then (x - mean) / std in float32.
+struct Divide {
+  __m256 mean, std;
+  __attribute__((target("avx2"))) Divide(float m, float s)
+      : mean(_mm256_set1_ps(m)), std(_mm256_set1_ps(s)) {}
+  __attribute__((target("avx2"))) __m256 operator()(__m256 a) const {
+    return _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(a, _mm256_set1_ps(255.0f)), mean), std);
+  }
+};
+
+// The same two divisions as a multiply by the reciprocal corrected once by
+// its exact residual (fma(-q, d, n) is exact): correctly rounded like a
+// division for all but rare operands, far cheaper than one. Used only when
+// it gives every table value exactly (FmaMatchesTables), so the output is
+// the same.
+struct FmaDivide {
+  __m256 mean, std, inv_std, k255, inv255;
+  __attribute__((target("avx2,fma"))) FmaDivide(float m, float s)
+      : mean(_mm256_set1_ps(m)),
+        std(_mm256_set1_ps(s)),
+        inv_std(_mm256_set1_ps(1.0f / s)),
+        k255(_mm256_set1_ps(255.0f)),
+        inv255(_mm256_set1_ps(1.0f / 255.0f)) {}
+  __attribute__((target("avx2,fma"))) static __m256 Div(__m256 n, __m256 d, __m256 inv) {
+    const __m256 q = _mm256_mul_ps(n, inv);
+    return _mm256_fmadd_ps(_mm256_fnmadd_ps(q, d, n), inv, q);
+  }
+  __attribute__((target("avx2,fma"))) __m256 operator()(__m256 a) const {
+    return Div(_mm256_sub_ps(Div(a, k255, inv255), mean), std, inv_std);
+  }
+};
+
+// 16 normalised values from 16 bytes.
+template <typename Norm>
+__attribute__((target("avx2,fma"))) inline void Normalise16(__m128i v, const Norm& norm, __m256* lo,
+                                                            __m256* hi) {
+  *lo = norm(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+  *hi = norm(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
+}
+
+bool HaveFma() {
+  static const bool have = __builtin_cpu_supports("fma");
+  return have;
+}
+
+// Whether FmaDivide gives every value of the tables (all 256 bytes of each
+// channel) bit for bit. Remembered per thread for the last normalisation.
+__attribute__((target("avx2,fma"))) bool FmaMatchesTables(const PatchifyParams& p) {
+  thread_local float key[6];
+  thread_local bool known = false, matches = false;
+  if (known && std::memcmp(key, p.mean, sizeof(p.mean)) == 0 &&
+      std::memcmp(key + 3, p.std, sizeof(p.std)) == 0) {
+    return matches;
+  }
+  const Lut<float>& lut = LutFor<float>(p);
+  matches = true;
+  for (int c = 0; c < 3 && matches; ++c) {
+    const FmaDivide norm(p.mean[c], p.std[c]);
+    for (int i = 0; i < 256 && matches; i += 8) {
+      alignas(32) float got[8];
+      _mm256_store_ps(got,
+                      norm(_mm256_setr_ps(i, i + 1, i + 2, i + 3, i + 4, i + 5, i + 6, i + 7)));
+      matches = std::memcmp(got, &lut.v[c][i], sizeof(got)) == 0;
+    }
+  }
+  std::memcpy(key, p.mean, sizeof(p.mean));
+  std::memcpy(key + 3, p.std, sizeof(p.std));
+  known = true;
+  return matches;
 }
 
 // Stores 16 values (the caller's buffer has room past the `patch` it keeps).
@@ -189,9 +251,9 @@ __attribute__((target("avx2"))) inline void Store16(uint16_t* d, __m256 lo, __m2
 
 // PatchifyT with the three channels of a patch row deinterleaved and
 // normalised 16 pixels at a time (patch <= 16).
-template <typename T>
-__attribute__((target("avx2"))) void PatchifyAvx2(const cv::Mat& src, const PatchifyParams& p,
-                                                  T* out) {
+template <typename T, typename Norm>
+__attribute__((target("avx2,fma"))) void PatchifyAvx2(const cv::Mat& src, const PatchifyParams& p,
+                                                      T* out) {
   static const Deinterleave kSplit;
   const uint32_t P = p.patch, M = p.merge, Tt = p.temporal;
   const uint32_t gh = static_cast<uint32_t>(src.rows) / P, gw = static_cast<uint32_t>(src.cols) / P;
@@ -199,13 +261,12 @@ __attribute__((target("avx2"))) void PatchifyAvx2(const cv::Mat& src, const Patc
   const size_t row_bytes = size_t{3} * src.cols;
   alignas(32) T block[3][16 * 16 + 16];
   __m128i masks[3][3];
-  __m256 mean[3], std[3];
+  const Norm norm[3] = {Norm(p.mean[0], p.std[0]), Norm(p.mean[1], p.std[1]),
+                        Norm(p.mean[2], p.std[2])};
   for (int k = 0; k < 3; ++k) {
     for (int chunk = 0; chunk < 3; ++chunk) {
       masks[k][chunk] = _mm_load_si128(reinterpret_cast<const __m128i*>(kSplit.mask[k][chunk]));
     }
-    mean[k] = _mm256_set1_ps(p.mean[k]);
-    std[k] = _mm256_set1_ps(p.std[k]);
   }
   alignas(16) uint8_t edge[48] = {0};
   T* d = out;
@@ -229,7 +290,7 @@ __attribute__((target("avx2"))) void PatchifyAvx2(const cv::Mat& src, const Patc
                   _mm_or_si128(_mm_shuffle_epi8(a, masks[k][0]), _mm_shuffle_epi8(b, masks[k][1])),
                   _mm_shuffle_epi8(c, masks[k][2]));
               __m256 lo, hi;
-              Normalise16(v, mean[ch], std[ch], &lo, &hi);
+              Normalise16(v, norm[ch], &lo, &hi);
               Store16(block[ch] + size_t{py} * P, lo, hi);
             }
           }
@@ -248,11 +309,17 @@ __attribute__((target("avx2"))) void PatchifyAvx2(const cv::Mat& src, const Patc
 
 void Patchify(const cv::Mat& bgr, const PatchifyParams& params, char* out, bool simd) {
 #if defined(__x86_64__)
-  if (simd && params.patch <= 16 && HaveAvx2()) {
+  // (Every CPU with AVX2 has FMA; the loop is compiled for both.)
+  if (simd && params.patch <= 16 && HaveAvx2() && HaveFma()) {
+    const bool fma = FmaMatchesTables(params);
     if (params.bf16) {
-      PatchifyAvx2<uint16_t>(bgr, params, reinterpret_cast<uint16_t*>(out));
+      auto* o = reinterpret_cast<uint16_t*>(out);
+      fma ? PatchifyAvx2<uint16_t, FmaDivide>(bgr, params, o)
+          : PatchifyAvx2<uint16_t, Divide>(bgr, params, o);
     } else {
-      PatchifyAvx2<float>(bgr, params, reinterpret_cast<float*>(out));
+      auto* o = reinterpret_cast<float*>(out);
+      fma ? PatchifyAvx2<float, FmaDivide>(bgr, params, o)
+          : PatchifyAvx2<float, Divide>(bgr, params, o);
     }
     return;
   }

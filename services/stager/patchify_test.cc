@@ -1,5 +1,6 @@
 #include "services/stager/patchify.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -18,8 +19,19 @@ TEST(PatchifyTest, SimdAndPortableLoopsGiveTheSameValues) {
       for (int y = 0; y < img.rows; ++y) {
         for (int i = 0; i < 3 * img.cols; ++i) img.ptr<uint8_t>(y)[i] = static_cast<uint8_t>(rng());
       }
-      for (bool bf16 : {false, true}) {
+      // CLIP's normalisation (the default), ImageNet's and 0.5/0.5: the
+      // SIMD loop divides by multiplying when that is exact for every value.
+      for (auto [bf16, norm] :
+           {std::pair{false, 0}, {true, 0}, {false, 1}, {true, 2}, {false, 2}}) {
         PatchifyParams p;
+        if (norm == 1) {
+          const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+          std::copy(mean, mean + 3, p.mean);
+          std::copy(std, std + 3, p.std);
+        } else if (norm == 2) {
+          std::fill(p.mean, p.mean + 3, 0.5f);
+          std::fill(p.std, p.std + 3, 0.5f);
+        }
         p.patch = patch;
         p.merge = merge;
         p.temporal = temporal;
@@ -29,7 +41,8 @@ TEST(PatchifyTest, SimdAndPortableLoopsGiveTheSameValues) {
         Patchify(img, p, fast.data(), true);
         Patchify(img, p, slow.data(), false);
         EXPECT_EQ(std::memcmp(fast.data(), slow.data(), n), 0)
-            << "patch " << patch << " " << img.cols << "x" << img.rows << (bf16 ? " bf16" : " f32");
+            << "patch " << patch << " " << img.cols << "x" << img.rows << (bf16 ? " bf16" : " f32")
+            << " normalisation " << norm;
       }
     }
   }

@@ -1,5 +1,6 @@
 #include "services/stager/resample.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -68,6 +69,67 @@ TEST(ResampleTest, SimdAndPortableLoopsGiveTheSameBytes) {
       ASSERT_EQ(fast.cols, ow);
       EXPECT_EQ(cv::norm(fast, slow, cv::NORM_INF), 0)
           << w << "x" << h << " -> " << ow << "x" << oh << " order " << static_cast<int>(order);
+    }
+  }
+}
+
+// The two passes over whole images, written plainly: each pass's rows
+// rounded to 8 bits, in the given order.
+cv::Mat PlainPass(const cv::Mat& src, const AxisFilter& f, bool horizontal) {
+  cv::Mat out =
+      horizontal ? cv::Mat(src.rows, f.out_size, CV_8UC3) : cv::Mat(f.out_size, src.cols, CV_8UC3);
+  for (int y = 0; y < out.rows; ++y) {
+    for (int x = 0; x < out.cols; ++x) {
+      const int o = horizontal ? x : y;
+      for (int c = 0; c < 3; ++c) {
+        int64_t acc = int64_t{1} << (f.precision - 1);
+        for (int t = 0; t < f.count[o]; ++t) {
+          const int i = f.first[o] + t;
+          const int v = horizontal ? src.at<cv::Vec3b>(y, i)[c] : src.at<cv::Vec3b>(i, x)[c];
+          acc += int64_t{v} * f.weights[static_cast<size_t>(o) * f.taps + t];
+        }
+        out.at<cv::Vec3b>(y, x)[c] =
+            static_cast<uint8_t>(std::clamp<int64_t>(acc >> f.precision, 0, 255));
+      }
+    }
+  }
+  return out;
+}
+
+TEST(ResampleTest, StripsEqualTheTwoPassesOverWholeImages) {
+  const cv::Mat src = Noise(97, 131, 11);
+  for (auto [oh, ow] : {std::pair{40, 50}, {97, 60}, {30, 131}, {150, 170}, {23, 300}, {1, 1}}) {
+    const AxisFilter fh = MakeBicubicFilter(src.cols, ow), fv = MakeBicubicFilter(src.rows, oh);
+    for (ResampleOrder order : {ResampleOrder::kHorizontalFirst, ResampleOrder::kVerticalFirst}) {
+      cv::Mat expect;
+      if (ow == src.cols) {
+        expect = PlainPass(src, fv, false);
+      } else if (oh == src.rows) {
+        expect = PlainPass(src, fh, true);
+      } else if (order == ResampleOrder::kHorizontalFirst) {
+        expect = PlainPass(PlainPass(src, fh, true), fv, false);
+      } else {
+        expect = PlainPass(PlainPass(src, fv, false), fh, true);
+      }
+      for (bool simd : {true, false}) {
+        for (int strip_rows : {1, 7, 28, 1000}) {
+          cv::Mat got(oh, ow, CV_8UC3, cv::Scalar::all(0));
+          int next = 0;
+          ResampleBicubicStrips(src, oh, ow, strip_rows,
+                                [&](const cv::Mat& strip, int y0) {
+                                  EXPECT_EQ(y0, next);
+                                  EXPECT_EQ(strip.rows, std::min(strip_rows, oh - y0));
+                                  strip.copyTo(got.rowRange(y0, y0 + strip.rows));
+                                  next = y0 + strip.rows;
+                                },
+                                {order, simd});
+          EXPECT_EQ(next, oh);
+          EXPECT_EQ(cv::norm(got, expect, cv::NORM_INF), 0)
+              << ow << "x" << oh << " strips of " << strip_rows << (simd ? " simd" : " portable")
+              << (order == ResampleOrder::kHorizontalFirst ? " horizontal first"
+                                                           : " vertical first");
+        }
+      }
     }
   }
 }
