@@ -146,11 +146,12 @@ struct MpiTransport::Header {
   uint64_t step = kUnknownStep;
   uint64_t sends_you = 0;         // hello: bytes the sender sends the receiver
   uint64_t expects_from_you = 0;  // hello: bytes the sender expects from the receiver
+  uint64_t messages_to_you = 0;   // hello: data messages the sender already posted to it
   uint32_t direction = 0;
   int32_t code = 0;  // absl::StatusCode of the sender's verdict
   uint32_t world = 0;
   uint32_t sender = 0;
-  char reason[200] = {};  // the sender's error message, truncated
+  char reason[192] = {};  // the sender's error message, truncated
 
   void SetStatus(const absl::Status& s) {
     code = static_cast<int32_t>(s.code());
@@ -311,11 +312,100 @@ void MpiTransport::Break(const std::string& where, absl::string_view what) {
                    "exchanges: stop the job"));
 }
 
+int MpiTransport::DataTag(uint64_t seq) const {
+  return kDataTagBase + static_cast<int>(seq % kDataTags);
+}
+
 absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Status& local) {
-  static_assert(sizeof(Header) == 256, "agreement messages are 256 bytes");
   if (!broken_.ok()) return broken_;
   ++seq_;
   if (!opts_.verify || size_ == 1) return local;
+  return RunAgreement(layout, local, nullptr);
+}
+
+absl::Status MpiTransport::AgreeAndMove(const ExchangeLayout& layout, const absl::Status& local,
+                                        const ExchangeData& data) {
+  if (!broken_.ok()) return broken_;
+  ++seq_;
+  const bool verify = opts_.verify && size_ > 1;
+  // A rank that refuses its own input posts nothing and reads no buffer.
+  if (!local.ok()) return verify ? RunAgreement(layout, local, nullptr) : local;
+  const Messages m = data.send_items != nullptr ? ItemMessages(*data.send_items, *data.recv_items)
+                                                : ContiguousMessages(layout, data.send, data.recv);
+  if (!verify) return Deliver(layout, m, nullptr);
+  // The sends go first; what this rank posted is withdrawn if the ranks
+  // disagree (a failure to post is this rank's refusal).
+  Early early;
+  early.to_peer.assign(size_, 0);
+  early.spare = m.spare;
+  const absl::Status posted = Post(m, /*receive=*/false, &early.reqs, &early.to_peer);
+  RETURN_IF_ERROR(RunAgreement(layout, posted, &early));
+  return Deliver(layout, m, &early);
+}
+
+void MpiTransport::ReleaseSends(Early* early) {
+  if (early == nullptr) return;
+  // A send cannot be cancelled: it is released, and its scratch kept.
+  for (MPI_Request& r : early->reqs) {
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+  early->reqs.clear();
+  if (early->spare) Abandon(early->spare);
+}
+
+bool MpiTransport::SomeRankGaveUp() {
+  int flag = 0;
+  MPI_Status st;
+  // The roll call of ranks that timed out reaches every rank, also a late one.
+  for (int k = 0; k < 4 && !flag; ++k) {
+    MPI_Iprobe(MPI_ANY_SOURCE, kRollCallTag, comm_, &flag, &st);
+  }
+  return flag != 0;
+}
+
+void MpiTransport::Withdraw(const std::string& where, const std::vector<Header>& hellos,
+                            Early* early) {
+  const absl::Time deadline = absl::Now() + opts_.join_timeout;
+  std::vector<char> scratch;
+  bool done = true;
+  for (uint32_t p = 0; p < size_ && done; ++p) {
+    const Header& h = hellos[p];
+    if (p == rank_ || h.magic != kHelloMagic || h.sender != p) continue;
+    const int tag = DataTag(h.seq);  // the sender's exchange number
+    for (uint64_t k = 0; k < h.messages_to_you && done;) {
+      int flag = 0;
+      MPI_Message msg = MPI_MESSAGE_NULL;
+      MPI_Status st;
+      if (MPI_Improbe(static_cast<int>(p), tag, comm_, &flag, &msg, &st) != MPI_SUCCESS) {
+        done = false;
+      } else if (flag) {
+        int n = 0;
+        MPI_Get_count(&st, MPI_BYTE, &n);
+        if (scratch.size() < static_cast<size_t>(n)) scratch.resize(n);
+        done = MPI_Mrecv(scratch.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+        ++k;
+      } else if (absl::Now() > deadline) {
+        done = false;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+  if (done && early != nullptr && !early->reqs.empty()) {
+    done =
+        WaitAll(static_cast<int>(early->reqs.size()), early->reqs.data(), deadline, Polling::kBusy)
+            .ok();
+    if (done) early->reqs.clear();
+  }
+  if (!done) {
+    ReleaseSends(early);
+    Break(where, "could not withdraw its messages after the ranks disagreed");
+  }
+}
+
+absl::Status MpiTransport::RunAgreement(const ExchangeLayout& layout, const absl::Status& local,
+                                        Early* early) {
+  static_assert(sizeof(Header) == 256, "agreement messages are 256 bytes");
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
@@ -355,6 +445,7 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   absl::Status waited = WaitAll(1, &summary->req, deadline, Polling::kPolite);
   if (absl::IsDeadlineExceeded(waited)) {
     Abandon(summary);
+    ReleaseSends(early);
     Break(where, "timed out");
     // Who is missing: every rank that gave up answers a roll call.
     std::vector<Header> out(size_), in(size_);
@@ -371,24 +462,40 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
         " did not join the exchange within ", absl::FormatDuration(opts_.join_timeout),
         " (crashed, stuck, or calling Exchange a different number of times); stop the job"));
   }
-  RETURN_IF_ERROR(Annotate(waited, where));
+  if (!waited.ok()) {
+    ReleaseSends(early);
+    Break(where, "failed");
+    return Annotate(waited, where);
+  }
   const bool agreed = all[kPairs] == 0 && all[kRefused] == 0 && all[kSeq] == ~all[kNotSeq] &&
                       all[kStep] == ~all[kNotStep] && all[kDirection] == ~all[kNotDirection] &&
                       all[kWorld] == ~all[kNotWorld];
   if (!agreed) {
     // Something disagrees (every rank sees the same summary and comes here):
     // the detailed rounds say which rank and why.
-    absl::Status detail = AgreeInDetail(layout, local, where, deadline);
+    absl::Status detail = AgreeInDetail(layout, local, where, deadline, early);
     if (!detail.ok()) return detail;
     // Only unknown steps differed, which the detailed check accepts.
   }
-
+  if (SomeRankGaveUp()) {
+    // This rank arrived after another had given up on the exchange: that
+    // rank moves no data, and what it posted must not be received.
+    ReleaseSends(early);
+    Break(where, "timed out");
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": the other ranks did not complete the exchange within ",
+        absl::FormatDuration(opts_.join_timeout),
+        " (they gave up waiting: this rank arrived too late); the receive buffer is incomplete; "
+        "stop the job"));
+  }
   return absl::OkStatus();
 }
 
 absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const absl::Status& local,
-                                         const std::string& where, absl::Time deadline) {
+                                         const std::string& where, absl::Time deadline,
+                                         Early* early) {
   auto timed_out = [&](const std::vector<int>& missing, const char* stage) {
+    ReleaseSends(early);
     Break(where, "timed out");
     return absl::DeadlineExceededError(absl::StrCat(
         where, ": rank(s) ", missing.empty() ? std::string("?") : RankList(missing), " did not ",
@@ -405,15 +512,22 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
     h.step = layout.step;
     h.sends_you = layout.send_counts[p];
     h.expects_from_you = layout.recv_counts[p];
+    h.messages_to_you = early != nullptr ? early->to_peer[p] : 0;
     h.direction = static_cast<uint32_t>(layout.direction);
     h.world = size_;
     h.sender = rank_;
     h.SetStatus(local);
   }
   std::vector<int> missing;
+  auto failed = [&](const absl::Status& s) {
+    ReleaseSends(early);
+    Break(where, "failed");
+    return Annotate(s, where);
+  };
   absl::Status round = Round(kHelloTag, out, &in, deadline, &missing);
   if (absl::IsDeadlineExceeded(round)) return timed_out(missing, "join the exchange");
-  RETURN_IF_ERROR(Annotate(round, where));
+  if (!round.ok()) return failed(round);
+  const std::vector<Header> hellos = in;
   absl::Status verdict = local;
   for (uint32_t p = 0; p < size_ && verdict.ok(); ++p) {
     if (p == rank_) continue;
@@ -456,44 +570,47 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
   missing.clear();
   round = Round(kVerdictTag, out, &in, deadline, &missing);
   if (absl::IsDeadlineExceeded(round)) return timed_out(missing, "confirm the exchange");
-  RETURN_IF_ERROR(Annotate(round, where));
-  if (!verdict.ok()) return verdict;
-  for (uint32_t p = 0; p < size_; ++p) {
+  if (!round.ok()) return failed(round);
+  for (uint32_t p = 0; p < size_ && verdict.ok(); ++p) {
     if (p == rank_ || in[p].code == 0) continue;
-    return absl::Status(static_cast<absl::StatusCode>(in[p].code),
-                        absl::StrCat(where, ": rank ", p, " refused the exchange: ", in[p].reason));
+    verdict =
+        absl::Status(static_cast<absl::StatusCode>(in[p].code),
+                     absl::StrCat(where, ": rank ", p, " refused the exchange: ", in[p].reason));
   }
-  return absl::OkStatus();
+  // Every rank reaches the same decision; on a refusal, what the peers
+  // already sent is received and dropped, and this rank's sends complete.
+  if (!verdict.ok()) Withdraw(where, hellos, early);
+  return verdict;
 }
 
-absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, void* recv) {
-  const auto* in = static_cast<const char*>(send);
+MpiTransport::Messages MpiTransport::ContiguousMessages(const ExchangeLayout& layout,
+                                                        const void* send, void* recv) const {
+  auto* in = static_cast<char*>(const_cast<void*>(send));
   auto* out = static_cast<char*>(recv);
-  std::vector<Piece> pieces;
+  Messages m;
   // Receives first, then sends, each rank starting with a different peer.
   for (uint32_t k = 1; k < size_; ++k) {
     const uint32_t p = (rank_ + size_ - k) % size_;
     if (layout.recv_counts[p] > 0) {
-      pieces.push_back({true, p, out + layout.recv_offsets[p], layout.recv_counts[p]});
+      m.pieces.push_back({true, p, out + layout.recv_offsets[p], layout.recv_counts[p]});
     }
   }
   for (uint32_t k = 1; k < size_; ++k) {
     const uint32_t p = (rank_ + k) % size_;
     if (layout.send_counts[p] > 0) {
-      pieces.push_back(
-          {false, p, const_cast<char*>(in) + layout.send_offsets[p], layout.send_counts[p]});
+      m.pieces.push_back({false, p, in + layout.send_offsets[p], layout.send_counts[p]});
     }
   }
   if (layout.send_counts[rank_] > 0) {
-    std::memcpy(out + layout.recv_offsets[rank_], in + layout.send_offsets[rank_],
-                layout.send_counts[rank_]);
+    m.own.push_back({out + layout.recv_offsets[rank_], in + layout.send_offsets[rank_],
+                     layout.send_counts[rank_]});
   }
-  return MovePieces(layout, pieces);
+  return m;
 }
 
-absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
-                                     const std::vector<std::vector<ItemBuffer>>& send,
-                                     const std::vector<std::vector<ItemBuffer>>& recv) {
+MpiTransport::Messages MpiTransport::ItemMessages(
+    const std::vector<std::vector<ItemBuffer>>& send,
+    const std::vector<std::vector<ItemBuffer>>& recv) const {
   // Items without memory send zeros or receive into scratch, kept past a
   // failure (a late peer may still complete those messages).
   uint64_t largest = 0;
@@ -504,16 +621,17 @@ absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
       }
     }
   }
+  Messages m;
   auto spare = std::make_shared<std::vector<char>>(largest);
   char* zeros = spare->data();
+  m.spare = spare;
   // A message per item, read and written in place; a pair's items go in plan
   // order on both ends, and messages with one tag between two ranks do not
   // overtake each other.
-  std::vector<Piece> pieces;
   auto add = [&](bool receive, uint32_t p, const std::vector<ItemBuffer>& items) {
     for (const ItemBuffer& b : items) {
       if (b.bytes > 0) {
-        pieces.push_back({receive, p, b.data ? static_cast<char*>(b.data) : zeros, b.bytes});
+        m.pieces.push_back({receive, p, b.data ? static_cast<char*>(b.data) : zeros, b.bytes});
       }
     }
   };
@@ -524,45 +642,67 @@ absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
   const auto& from_self = recv[rank_];
   for (size_t k = 0; k < std::min(to_self.size(), from_self.size()); ++k) {
     if (from_self[k].data == nullptr) continue;
-    if (to_self[k].data == nullptr) {
-      std::memset(from_self[k].data, 0, from_self[k].bytes);
-    } else {
-      std::memcpy(from_self[k].data, to_self[k].data, from_self[k].bytes);
-    }
+    m.own.push_back({static_cast<char*>(from_self[k].data),
+                     static_cast<const char*>(to_self[k].data), from_self[k].bytes});
   }
-  absl::Status s = MovePieces(layout, pieces);
-  if (!s.ok()) Abandon(spare);
-  return s;
+  return m;
 }
 
-absl::Status MpiTransport::MovePieces(const ExchangeLayout& layout,
-                                      const std::vector<Piece>& pieces) {
+absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, void* recv) {
+  return Deliver(layout, ContiguousMessages(layout, send, recv), nullptr);
+}
+
+absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
+                                     const std::vector<std::vector<ItemBuffer>>& send,
+                                     const std::vector<std::vector<ItemBuffer>>& recv) {
+  return Deliver(layout, ItemMessages(send, recv), nullptr);
+}
+
+absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI_Request>* reqs,
+                                std::vector<uint64_t>* per_peer) {
   const uint64_t chunk = opts_.max_count;
   // Messages of this exchange only: a late rank's data never matches another.
-  const int tag = kDataTagBase + static_cast<int>(seq_ % kDataTags);
-  std::vector<MPI_Request> reqs;
-  std::vector<uint8_t> is_recv;
-  bool large = false;
-  absl::Status posted;
+  const int tag = DataTag(seq_);
   // Chunks of at most max_count bytes (an int), in order: messages between
   // two ranks with one tag do not overtake each other.
-  for (const Piece& piece : pieces) {
-    large |= piece.count > chunk;
-    for (uint64_t done = 0; done < piece.count && posted.ok(); done += chunk) {
+  for (const Piece& piece : m.pieces) {
+    if (piece.receive != receive) continue;
+    for (uint64_t done = 0; done < piece.count; done += chunk) {
       const int n = static_cast<int>(std::min(chunk, piece.count - done));
-      reqs.emplace_back();
-      is_recv.push_back(piece.receive);
-      posted = piece.receive
-                   ? MpiStatus(MPI_Irecv(piece.data + done, n, MPI_BYTE,
-                                         static_cast<int>(piece.peer), tag, comm_, &reqs.back()),
-                               "MPI_Irecv")
-                   : MpiStatus(MPI_Isend(piece.data + done, n, MPI_BYTE,
-                                         static_cast<int>(piece.peer), tag, comm_, &reqs.back()),
-                               "MPI_Isend");
+      const int peer = static_cast<int>(piece.peer);
+      MPI_Request req = MPI_REQUEST_NULL;
+      RETURN_IF_ERROR(
+          receive ? MpiStatus(MPI_Irecv(piece.data + done, n, MPI_BYTE, peer, tag, comm_, &req),
+                              "MPI_Irecv")
+                  : MpiStatus(MPI_Isend(piece.data + done, n, MPI_BYTE, peer, tag, comm_, &req),
+                              "MPI_Isend"));
+      reqs->push_back(req);
+      if (per_peer != nullptr) ++(*per_peer)[piece.peer];
     }
-    if (!posted.ok()) break;
   }
+  return absl::OkStatus();
+}
+
+absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages& m, Early* early) {
+  bool large = false;
+  for (const Piece& piece : m.pieces) large |= piece.count > opts_.max_count;
   if (large) ++large_exchanges_;
+  std::vector<MPI_Request> reqs;
+  absl::Status posted = Post(m, /*receive=*/true, &reqs, nullptr);
+  const size_t receives = reqs.size();
+  if (early != nullptr) {
+    reqs.insert(reqs.end(), early->reqs.begin(), early->reqs.end());
+    early->reqs.clear();
+  } else if (posted.ok()) {
+    posted = Post(m, /*receive=*/false, &reqs, nullptr);
+  }
+  for (const LocalCopy& c : m.own) {
+    if (c.src == nullptr) {
+      std::memset(c.dst, 0, c.bytes);
+    } else {
+      std::memcpy(c.dst, c.src, c.bytes);
+    }
+  }
   absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
                                          absl::Now() + opts_.join_timeout, Polling::kBusy)
                                : posted;
@@ -570,13 +710,14 @@ absl::Status MpiTransport::MovePieces(const ExchangeLayout& layout,
   // Withdraw what is still pending: receives are cancelled, sends released.
   for (size_t k = 0; k < reqs.size(); ++k) {
     if (reqs[k] == MPI_REQUEST_NULL) continue;
-    if (is_recv[k]) {
+    if (k < receives) {
       MPI_Cancel(&reqs[k]);
       MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
     } else {
       MPI_Request_free(&reqs[k]);
     }
   }
+  if (m.spare) Abandon(m.spare);
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);

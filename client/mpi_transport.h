@@ -18,6 +18,14 @@
 // truncating a message. A rank that never arrives is reported
 // (DEADLINE_EXCEEDED naming it, found by a roll call among the ranks that
 // gave up) after `join_timeout`, at most twice that in all.
+//
+// The agreement overlaps the data: a rank whose own input is fine posts its
+// sends before the agreement and its receives once the agreement holds, so
+// that the agreement's round trips run while the sends are under way and no
+// receive buffer is written unless every rank agreed. When the agreement
+// fails, every rank learns from the detailed rounds how many messages each
+// peer posted to it, receives and drops them, and waits for its own sends:
+// nothing of the failed exchange is left to match a later one.
 #ifndef TUTTI_CLIENT_MPI_TRANSPORT_H_
 #define TUTTI_CLIENT_MPI_TRANSPORT_H_
 
@@ -91,6 +99,9 @@ class MpiTransport final : public Transport {
   uint64_t large_exchanges() const { return large_exchanges_; }
 
  protected:
+  // Posts the sends, agrees, then receives (see above).
+  absl::Status AgreeAndMove(const ExchangeLayout& layout, const absl::Status& local,
+                            const ExchangeData& data) override;
   absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) override;
   absl::Status MoveItems(const ExchangeLayout& layout,
                          const std::vector<std::vector<ItemBuffer>>& send,
@@ -105,11 +116,51 @@ class MpiTransport final : public Transport {
     char* data;
     uint64_t count;
   };
-  // Posts every piece (in order, in chunks of at most max_count bytes) and
-  // waits for them until join_timeout.
-  absl::Status MovePieces(const ExchangeLayout& layout, const std::vector<Piece>& pieces);
+  // This rank's own part, copied locally (src == nullptr: zeros).
+  struct LocalCopy {
+    char* dst;
+    const char* src;
+    uint64_t bytes;
+  };
+  // An exchange's messages (receives, then sends, each rank starting with a
+  // different peer), its own part, and scratch kept past a failure.
+  struct Messages {
+    std::vector<Piece> pieces;
+    std::vector<LocalCopy> own;
+    std::shared_ptr<void> spare;
+  };
+  // Sends posted before the agreement completed: their requests and how
+  // many messages went to each peer.
+  struct Early {
+    std::vector<MPI_Request> reqs;
+    std::vector<uint64_t> to_peer;
+    std::shared_ptr<void> spare;
+  };
+  Messages ContiguousMessages(const ExchangeLayout& layout, const void* send, void* recv) const;
+  Messages ItemMessages(const std::vector<std::vector<ItemBuffer>>& send,
+                        const std::vector<std::vector<ItemBuffer>>& recv) const;
+  // Posts the receives (or the sends) of `m` in order, in chunks of at most
+  // max_count bytes; counts the messages per peer into `per_peer` if set.
+  absl::Status Post(const Messages& m, bool receive, std::vector<MPI_Request>* reqs,
+                    std::vector<uint64_t>* per_peer);
+  // Posts what `early` has not posted, copies the own part and waits for
+  // every message until join_timeout.
+  absl::Status Deliver(const ExchangeLayout& layout, const Messages& m, Early* early);
   MpiTransport(MPI_Comm comm, int rank, int size, const MpiTransportOptions& opts)
       : comm_(comm), rank_(rank), size_(size), opts_(opts) {}
+
+  // The agreement of exchange seq_. `early`: sends already posted, withdrawn
+  // (Withdraw) when the agreement fails.
+  absl::Status RunAgreement(const ExchangeLayout& layout, const absl::Status& local, Early* early);
+  // After a failed agreement: receives and drops every message a peer said
+  // (in `hellos`) it posted to this rank, then waits for this rank's early
+  // sends; breaks the transport if that does not finish in join_timeout.
+  void Withdraw(const std::string& where, const std::vector<Header>& hellos, Early* early);
+  // Frees early sends that will not complete (a peer gave up or is gone).
+  static void ReleaseSends(Early* early);
+  // Whether a rank announced with a roll call that it gave up waiting.
+  bool SomeRankGaveUp();
+  int DataTag(uint64_t seq) const;
 
   // One round: sends out[p] to and receives (*in)[p] from every other rank,
   // waiting until `deadline`. On timeout, *missing lists the ranks whose
@@ -118,7 +169,7 @@ class MpiTransport final : public Transport {
                      absl::Time deadline, std::vector<int>* missing);
   // The two point-to-point rounds that find which rank disagrees and why.
   absl::Status AgreeInDetail(const ExchangeLayout& layout, const absl::Status& local,
-                             const std::string& where, absl::Time deadline);
+                             const std::string& where, absl::Time deadline, Early* early);
 
   MPI_Comm comm_;
   uint32_t rank_;

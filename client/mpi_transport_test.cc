@@ -113,6 +113,15 @@ std::vector<v1::RankPlan> Plans(uint32_t world, uint64_t seed) {
   return RandomExchangePlans(o);
 }
 
+// Makes `plan` send `extra` more bytes to rank 2 (its third transfer) in its first item there.
+void SendRank2More(v1::RankPlan* plan, uint64_t extra) {
+  v1::Transfer* to2 = plan->mutable_exchange()->mutable_sends(2);
+  ASSERT_EQ(to2->peer(), 2u);
+  to2->mutable_items(0)->set_bytes(to2->items(0).bytes() + extra);
+  to2->set_bytes(to2->bytes() + extra);
+  plan->mutable_exchange()->set_send_bytes(plan->exchange().send_bytes() + extra);
+}
+
 TEST(MpiTransport, SendBufferSizeMismatchOnEveryRank) {
   auto t = MakeTransport();
   const auto plans = Plans(t->world_size(), 7);
@@ -198,13 +207,7 @@ TEST(MpiTransport, PlansThatDisagreeAreRefusedOnEveryRank) {
   auto plans = Plans(t->world_size(), 12);
   // Rank 0 believes it sends 8 more bytes to rank 2 than rank 2 expects.
   v1::RankPlan plan = plans[t->rank()];
-  if (t->rank() == 0) {
-    v1::Transfer* to2 = plan.mutable_exchange()->mutable_sends(2);
-    ASSERT_EQ(to2->peer(), 2u);
-    to2->mutable_items(0)->set_bytes(to2->items(0).bytes() + 8);
-    to2->set_bytes(to2->bytes() + 8);
-    plan.mutable_exchange()->set_send_bytes(plan.exchange().send_bytes() + 8);
-  }
+  if (t->rank() == 0) ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 8));
   Buffers b(plan);
   absl::Status s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(),
                                ExchangeContext{12, t->world_size()});
@@ -231,6 +234,40 @@ TEST(MpiTransport, RanksOnDifferentStepsAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(Msg(s), HasSubstr("step"));
   EXPECT_TRUE(b.RecvUntouched());
+}
+
+// Sends go out before the agreement: when it fails, every message already
+// posted (large ones too, still waiting for their receiver) is received and
+// dropped, so none matches a later exchange and no receive buffer is written.
+TEST(MpiTransport, SendsPostedBeforeAFailedAgreementAreWithdrawn) {
+  auto t = MakeTransport();
+  if (t->world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  RandomExchangeOptions o;
+  o.world_size = t->world_size();
+  o.seed = 15;
+  o.empty_pair_fraction = 0;
+  o.max_item_bytes = 300000;  // above every eager limit
+  const auto plans = RandomExchangePlans(o);
+  for (int round = 0; round < 2; ++round) {
+    v1::RankPlan plan = plans[t->rank()];
+    size_t recv_size = plan.exchange().recv_bytes();
+    if (round == 0 && t->rank() == 1) --recv_size;  // rank 1 refuses its own input
+    if (round == 1 && t->rank() == 0) {             // rank 0 sends rank 2 more than it expects
+      ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 4096));
+    }
+    Buffers b(plan);
+    const uint64_t step = 15 + round;
+    absl::Status s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), recv_size,
+                                 ExchangeContext{step, t->world_size()});
+    EXPECT_EQ(s.code(), round == 0 ? absl::StatusCode::kInvalidArgument
+                                   : absl::StatusCode::kFailedPrecondition)
+        << s;
+    EXPECT_TRUE(b.RecvUntouched()) << "round " << round;
+    // Nothing of the failed exchange is left: the next one moves every byte.
+    absl::Status next =
+        ExchangeAndVerify(*t, plans[t->rank()], ExchangeContext{step, t->world_size()}, nullptr);
+    ASSERT_TRUE(next.ok()) << "after round " << round << ": " << next;
+  }
 }
 
 // Leaves messages of an abandoned agreement behind on its communicator: keep last.

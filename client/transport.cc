@@ -39,8 +39,17 @@ absl::Status Transport::Run(ExchangeDirection dir, const v1::RankPlan& plan, con
   }
   const ExchangeLayout& agreed =
       layout.ok() ? *layout : EmptyLayout(dir, rank(), world_size(), ctx.step);
-  RETURN_IF_ERROR(Agree(agreed, local));
-  return Move(agreed, send, recv);
+  ExchangeData data;
+  data.send = send;
+  data.recv = recv;
+  return AgreeAndMove(agreed, local, data);
+}
+
+absl::Status Transport::AgreeAndMove(const ExchangeLayout& layout, const absl::Status& local,
+                                     const ExchangeData& data) {
+  RETURN_IF_ERROR(Agree(layout, local));
+  if (data.send_items != nullptr) return MoveItems(layout, *data.send_items, *data.recv_items);
+  return Move(layout, data.send, data.recv);
 }
 
 absl::Status Transport::MoveItems(const ExchangeLayout&,
@@ -110,8 +119,10 @@ absl::Status Transport::ExchangeItems(const v1::RankPlan& plan, ExchangeDirectio
   }
   const ExchangeLayout& agreed =
       layout.ok() ? *layout : EmptyLayout(dir, rank(), world_size(), ctx.step);
-  RETURN_IF_ERROR(Agree(agreed, local));
-  return MoveItems(agreed, send_by_peer, recv_by_peer);
+  ExchangeData data;
+  data.send_items = &send_by_peer;
+  data.recv_items = &recv_by_peer;
+  return AgreeAndMove(agreed, local, data);
 }
 
 }  // namespace tutti

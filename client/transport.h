@@ -4,8 +4,10 @@
 // Exchange() and ExchangeBackward() are the entry points: they derive the
 // layout from the plan (client/exchange_layout.h), check the caller's buffer
 // sizes, let the ranks agree that everyone can run this exchange (Agree), and
-// only then move data (Move). Every rank of the communicator must call them
-// in the same order (they are collective).
+// only then move data (Move). A transport may post its sends while the
+// agreement runs (AgreeAndMove), never its receives: a failed agreement
+// leaves every receive buffer untouched. Every rank of the communicator must
+// call them in the same order (they are collective).
 //
 // Implementations: MpiTransport (client/mpi_transport.h; host memory,
 // MPI_Alltoallv semantics over point-to-point messages with a deadline) and,
@@ -36,6 +38,15 @@ namespace tutti {
 struct ItemBuffer {
   void* data = nullptr;
   uint64_t bytes = 0;
+};
+
+// What one exchange moves: contiguous buffers (send, recv) or, when
+// send_items is set, each item's own memory grouped by peer.
+struct ExchangeData {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  const std::vector<std::vector<ItemBuffer>>* send_items = nullptr;
+  const std::vector<std::vector<ItemBuffer>>* recv_items = nullptr;
 };
 
 class Transport {
@@ -85,6 +96,13 @@ class Transport {
   virtual absl::Status Agree(const ExchangeLayout& layout, const absl::Status& local);
 
  protected:
+  // One exchange: the agreement (`local`: this rank's own verdict) and, once
+  // every rank agreed, the data. The default runs Agree(), then Move() or
+  // MoveItems(). An override may post its sends before the agreement
+  // completes, provided that when the agreement fails no receive buffer is
+  // written and no message of the exchange is left in flight.
+  virtual absl::Status AgreeAndMove(const ExchangeLayout& layout, const absl::Status& local,
+                                    const ExchangeData& data);
   // Moves the bytes of an agreed layout. Called only after Agree() succeeded.
   virtual absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) = 0;
   // Moves an agreed layout's items: send[p] / recv[p] are peer p's items in
