@@ -108,6 +108,21 @@ class _Tables:
         self.out_index = torch.from_numpy(oi.astype(np.int64))
         self.enc_total = L.enc_total
         self.row_bytes = rb
+        self._byte_offsets = {}
+
+    def byte_offsets(self, direction, row_bytes):
+        """Every item's byte offset in the direction's source and destination (-1: no rows
+        here), in the plan's order; computed once per batch and direction."""
+        key = (direction, row_bytes)
+        got = self._byte_offsets.get(key)
+        if got is None:
+            send, recv = self.send_items, self.recv_items
+            if direction == "backward":
+                send, recv = recv, send
+            got = self._byte_offsets[key] = tuple(
+                [a * row_bytes if a >= 0 else -1 for per_peer in items for a, _ in per_peer]
+                for items in (send, recv))
+        return got
 
 
 class _State:
@@ -516,10 +531,6 @@ class MpiTransport(_Transport):
     def _bytes(t):
         return t.detach().view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
 
-    @staticmethod
-    def _offsets(items, row_bytes):
-        return [a * row_bytes if a >= 0 else -1 for per_peer in items for a, _ in per_peer]
-
     def forward(self, state, x):
         return self.items_forward(state, x)
 
@@ -555,11 +566,12 @@ class MpiTransport(_Transport):
 
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
                    recv_bytes):
-        # The C++ transport reads and writes every item in place (its own agreement).
-        rb = src.shape[1] * src.element_size()
+        # The C++ transport reads and writes every item in place (its own agreement, which
+        # runs while the sends are under way).
+        send_offsets, recv_offsets = batch._tables().byte_offsets(
+            direction, src.shape[1] * src.element_size())
         self.impl.exchange_items(batch._layout.plan_bytes, direction, self._bytes(src),
-                                 self._offsets(send_items, rb), self._bytes(dst),
-                                 self._offsets(recv_items, rb), step=batch.step,
+                                 send_offsets, self._bytes(dst), recv_offsets, step=batch.step,
                                  world_size=batch.world_size)
 
     def move(self, batch, direction, send, recv, send_rows, recv_rows):

@@ -3,9 +3,13 @@
   python_path        per step: batch -> torch tensors -> every micro-batch's model inputs,
                      against Batch::Map (the C++ Next()'s work once the stager answered)
   exchange_gloo      tutti.torch.exchange forward + backward over a gloo group, against a
-                     bare batch_isend_irecv of the same bytes
+                     bare batch_isend_irecv of the same bytes (one message per peer)
   exchange_mpi       the same over tutti's MPI transport, against a bare MPI Alltoallv
                      (mpi4py) of the same bytes
+
+Each exchange case also times a bare exchange of the same rows item by item (one message
+per image, straight between the encoder output's rows and the output's, as tutti moves
+them): bare_items_ms in the JSON, the share of the gap that is the message count.
 
 Ranks are started here (processes with torchrun's variables for gloo, mpirun for MPI), with
 glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_): an
@@ -136,6 +140,38 @@ def _exchange_rank(args, kind):
             comm.Alltoallv([src.numpy(), (sc, [int(o) * rb for o in so[:-1]]), MPI.BYTE],
                            [dst.numpy(), (rc, [int(o) * rb for o in ro[:-1]]), MPI.BYTE])
 
+    out_rows = x.new_empty((t.out_total, args.hidden))
+    grad_x = torch.empty_like(x)
+
+    def bare_items():
+        # tutti's messages without tutti: one per item, x rows <-> output rows, both ways.
+        for src, dst, si, ri in ((x, out_rows, t.send_items, t.recv_items),
+                                 (out_rows, grad_x, t.recv_items, t.send_items)):
+            if kind == "gloo":
+                ops = []
+                for k in range(1, world):
+                    p = (rank - k) % world
+                    ops += [dist.P2POp(dist.irecv, dst[a:a + n], p) for a, n in ri[p]]
+                for k in range(1, world):
+                    p = (rank + k) % world
+                    ops += [dist.P2POp(dist.isend, src[a:a + n], p) for a, n in si[p]]
+                works = dist.batch_isend_irecv(ops) if ops else []
+            else:
+                sn, dn, reqs = src.numpy(), dst.numpy(), []
+                for k in range(1, world):
+                    p = (rank - k) % world
+                    reqs += [comm.Irecv([dn[a:a + n], MPI.BYTE], p, 5) for a, n in ri[p]]
+                for k in range(1, world):
+                    p = (rank + k) % world
+                    reqs += [comm.Isend([sn[a:a + n], MPI.BYTE], p, 5) for a, n in si[p]]
+            for (sa, n), (da, _) in zip(si[rank], ri[rank]):
+                dst[da:da + n].copy_(src[sa:sa + n])
+            if kind == "gloo":
+                for w in works:
+                    w.wait()
+            else:
+                MPI.Request.Waitall(reqs)
+
     grad = torch.ones(b.num_image_embeds, args.hidden)
 
     def ours():
@@ -148,9 +184,10 @@ def _exchange_rank(args, kind):
         else:
             comm.Barrier()
 
-    times = {"bare": [], "tutti": [], "bare_fresh": []}
+    times = {"bare": [], "tutti": [], "bare_fresh": [], "bare_items": []}
     cases = (("bare", lambda: (bare(), bare(reverse=True))), ("tutti", ours),
-             ("bare_fresh", lambda: (bare(fresh=True), bare(reverse=True, fresh=True))))
+             ("bare_fresh", lambda: (bare(fresh=True), bare(reverse=True, fresh=True))),
+             ("bare_items", bare_items))
     for i in range(args.repeats + 2):
         for name, fn in cases[::1 if i % 2 else -1]:
             barrier()
@@ -166,7 +203,9 @@ def _exchange_rank(args, kind):
            "bytes_per_rank": moved,
            "bare_ms": statistics.median(times["bare"]) * 1e3,
            "bare_fresh_ms": statistics.median(times["bare_fresh"]) * 1e3,
-           "tutti_ms": statistics.median(times["tutti"]) * 1e3}
+           "bare_items_ms": statistics.median(times["bare_items"]) * 1e3,
+           "tutti_ms": statistics.median(times["tutti"]) * 1e3,
+           "repeats": args.repeats, "load_average": list(os.getloadavg())}
     out["tutti_vs_bare_throughput"] = out["bare_ms"] / out["tutti_ms"]
     gathered = [None] * world
     if kind == "gloo":
@@ -179,7 +218,9 @@ def _exchange_rank(args, kind):
         worst_bare = max(o["bare_ms"] for o in gathered)
         worst["bare_ms"] = worst_bare
         worst["bare_fresh_ms"] = max(o["bare_fresh_ms"] for o in gathered)
+        worst["bare_items_ms"] = max(o["bare_items_ms"] for o in gathered)
         worst["tutti_vs_bare_throughput"] = worst_bare / worst["tutti_ms"]
+        worst["tutti_vs_bare_items_throughput"] = worst["bare_items_ms"] / worst["tutti_ms"]
         print("BENCH " + json.dumps(worst), flush=True)
 
 
@@ -240,8 +281,10 @@ def main(argv=None):
             results.append(_launch(args, case.split("_")[1]))
         else:
             ap.error(f"unknown case {case!r}")
+    load = list(os.getloadavg())
     if args.json:
-        print(json.dumps({"cases": results}))
+        print(json.dumps({"cases": results, "load_average": load,
+                          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
         return 0
     print(f"{'case':<16} {'tutti':>14} {'baseline':>14} {'ratio':>8}  notes")
     for r in results:
@@ -255,7 +298,10 @@ def main(argv=None):
             mb = r["bytes_per_rank"] / 2**20
             print(f"{r['case']:<16} {r['tutti_ms']:>11.2f} ms {r['bare_ms']:>11.2f} ms "
                   f"{r['tutti_vs_bare_throughput']:>8.3f}  throughput vs bare, {mb:.1f} MiB per rank "
-                  f"fwd+bwd, {r['ranks']} ranks")
+                  f"fwd+bwd, {r['ranks']} ranks, medians of {r['repeats']}; bare item by item "
+                  f"{r['bare_items_ms']:.2f} ms ({r['tutti_vs_bare_items_throughput']:.3f})")
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return 0
 
 
