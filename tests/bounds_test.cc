@@ -5,7 +5,8 @@
 // samples out when it loads the index (logged and counted by reason), and
 // over a whole epoch the stagers refuse nothing: the planned work is the
 // served work. Requests carrying numbers that are no measurement (a NaN or
-// negative wait, a NaN phase time) are refused and counted.
+// negative wait, a NaN phase time) are refused and counted, and a client
+// connection holds a bounded number of plan streams.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <opencv2/core.hpp>
@@ -233,6 +235,84 @@ TEST(Bounds, NumbersThatAreNoMeasurementAreRefusedAndCounted) {
             3.0);
   EXPECT_EQ(MetricValue(pm, "tutti_rpc_refused_total{reason=\"too_many_items\",service=\"tutti."
                             "v1.Packer\"}"),
+            1.0);
+  absl::Status stopped = c.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  RemoveTree(dir);
+}
+
+// A client connection holds at most --max_streams_per_client plan streams:
+// at the limit they run, one more is refused naming the limit, another
+// connection is unaffected, and a finished stream frees its place.
+TEST(Bounds, PlanStreamsPerClientAreBoundedAtTheLimit) {
+  const std::string dir = MakeTempDir("bounds_streams");
+  const std::string source = dir + "/ds", index = dir + "/index.tutti";
+  ASSERT_TRUE(GenerateDataset(source).ok());
+  ASSERT_TRUE(BuildIndex(source, index).ok());
+  // epochs 0: the streams never end by themselves.
+  auto cluster = Cluster::Start({.dir = dir,
+                                 .job_config = JobConfigText(index, /*epochs=*/0),
+                                 .source = source,
+                                 .packer_flags = {"--max_streams_per_client=2"}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Cluster& c = **cluster;
+  auto connection = [&] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+    return grpc::CreateCustomChannel(c.packer().address(), grpc::InsecureChannelCredentials(),
+                                     args);
+  };
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::StepPlan>> reader;
+  };
+  auto open = [](v1::Packer::Stub& stub) {
+    auto s = std::make_unique<Stream>();
+    WithDeadline(&s->ctx);
+    s->reader = stub.StreamPlans(&s->ctx, v1::StreamPlansRequest());
+    return s;
+  };
+  auto ch = connection();
+  auto stub = v1::Packer::NewStub(ch);
+  std::vector<std::unique_ptr<Stream>> held;
+  for (int i = 0; i < 2; ++i) {  // at the limit: both stream
+    held.push_back(open(*stub));
+    v1::StepPlan plan;
+    ASSERT_TRUE(held.back()->reader->Read(&plan)) << i;
+  }
+  {
+    auto over = open(*stub);
+    v1::StepPlan plan;
+    EXPECT_FALSE(over->reader->Read(&plan));
+    grpc::Status s = over->reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("--max_streams_per_client 2"));
+  }
+  {
+    auto other = v1::Packer::NewStub(connection());
+    auto s = open(*other);
+    v1::StepPlan plan;
+    EXPECT_TRUE(s->reader->Read(&plan));  // another client is not affected
+    s->ctx.TryCancel();
+    s->reader->Finish();
+  }
+  held[0]->ctx.TryCancel();
+  held[0]->reader->Finish();
+  bool reopened = false;  // the cancelled stream's place comes free
+  for (int attempt = 0; attempt < 100 && !reopened; ++attempt) {
+    auto s = open(*stub);
+    v1::StepPlan plan;
+    reopened = s->reader->Read(&plan);
+    s->ctx.TryCancel();
+    s->reader->Finish();
+    if (!reopened) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(reopened);
+  held[1]->ctx.TryCancel();
+  held[1]->reader->Finish();
+  EXPECT_GE(MetricValue(Metrics(c.packer()), "tutti_rpc_refused_total{reason=\"too_many_streams\","
+                                             "service=\"tutti.v1.Packer\"}")
+                .value_or(0),
             1.0);
   absl::Status stopped = c.Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;

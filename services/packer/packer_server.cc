@@ -39,7 +39,8 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   gate_ = std::make_unique<RpcGate>(options_.rpc, "tutti.v1.Packer", host_->registry().get());
   ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
   ranks_->SetJob(job_->config().job_id());
-  service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get());
+  service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get(),
+                                             options_.max_streams_per_client);
   GrpcServerOptions grpc_options;
   RETURN_IF_ERROR(ApplyRpcGateOptions(gate_.get(), options_.listen,
                                       [](const std::string& w) { kLog.Warning(w); },

@@ -28,6 +28,8 @@ struct PackerServerOptions {
   std::string metrics = "127.0.0.1:9470";  // /metrics, /healthz, /readyz; port 0 picks a free port
   std::string port_file;                   // when set: "grpc=PORT\nmetrics=PORT\n..." after start
   uint32_t plan_threads = 2;               // plan-window worker threads
+  // StreamPlans open at once per client connection (packer_service.h).
+  uint32_t max_streams_per_client = kDefaultMaxStreamsPerClient;
   RpcGateOptions rpc;                      // TLS, token, request bounds (rpc_gate.h)
 };
 

@@ -108,6 +108,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PackerService::StreamPlans(
   v1::StreamPlansRequest req;
   absl::StatusOr<CallTicket> ticket = gate_->Admit(*ctx, *in, &req);
   if (!ticket.ok()) return new RefusedStream(ticket.status());
+  absl::StatusOr<CallTicket> stream = AdmitStream(ctx->peer());
+  if (!stream.ok()) return new RefusedStream(stream.status());
+  // One ticket holding both: the call in flight and the client's stream.
+  ticket = CallTicket(std::make_shared<std::pair<CallTicket, CallTicket>>(*std::move(ticket),
+                                                                          *std::move(stream)));
   ClientView client = ViewOf(req);
   absl::Status s = CheckRankList(req.ranks_size());
   if (s.ok()) s = packer_->CheckClient(client);
@@ -118,6 +123,27 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PackerService::StreamPlans(
     return new RefusedStream(end.status());
   }
   return new PlanStream(packer_, std::move(client), req.start_step(), *end, *std::move(ticket));
+}
+
+absl::StatusOr<CallTicket> PackerService::AdmitStream(const std::string& peer) {
+  {
+    absl::MutexLock l(&streams_mu_);
+    uint32_t& open = streams_[peer];
+    if (open < max_streams_per_client_) {
+      ++open;
+      return CallTicket(nullptr, [this, peer](void*) {
+        absl::MutexLock l(&streams_mu_);
+        auto it = streams_.find(peer);
+        if (it != streams_.end() && --it->second == 0) streams_.erase(it);
+      });
+    }
+  }
+  return gate_->Refuse(
+      "too_many_streams",
+      absl::ResourceExhaustedError(absl::StrCat(
+          "client ", peer, " already holds ", max_streams_per_client_,
+          " plan streams, the limit (--max_streams_per_client ", max_streams_per_client_,
+          "); finish or cancel one first")));
 }
 
 grpc::ServerUnaryReactor* PackerService::ReportTiming(grpc::CallbackServerContext* ctx,

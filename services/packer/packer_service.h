@@ -9,6 +9,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
 #include "services/packer/packer.h"
@@ -18,6 +24,9 @@ namespace tutti::packer {
 
 // Most phases one timing report may carry.
 inline constexpr int kMaxReportPhases = 32;
+// StreamPlans open at once on one client connection (--max_streams_per_client):
+// a stager holds one, a reconnecting one briefly two.
+inline constexpr uint32_t kDefaultMaxStreamsPerClient = 64;
 
 using RawPackerService = v1::Packer::WithRawCallbackMethod_GetJob<
     v1::Packer::WithRawCallbackMethod_GetPlan<v1::Packer::WithRawCallbackMethod_StreamPlans<
@@ -25,9 +34,13 @@ using RawPackerService = v1::Packer::WithRawCallbackMethod_GetJob<
 
 class PackerService final : public RawPackerService {
  public:
-  // All must outlive the service.
-  PackerService(Packer* packer, RpcGate* gate, RankIdentities* ranks)
-      : packer_(packer), gate_(gate), ranks_(ranks) {}
+  // All must outlive the service. A client connection (its peer address)
+  // may hold max_streams_per_client StreamPlans at once; one more is
+  // RESOURCE_EXHAUSTED, counted as refused "too_many_streams".
+  PackerService(Packer* packer, RpcGate* gate, RankIdentities* ranks,
+                uint32_t max_streams_per_client = kDefaultMaxStreamsPerClient)
+      : packer_(packer), gate_(gate), ranks_(ranks),
+        max_streams_per_client_(max_streams_per_client) {}
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                    grpc::ByteBuffer* out) override;
@@ -42,10 +55,17 @@ class PackerService final : public RawPackerService {
  private:
   // INVALID_ARGUMENT (counted) when a request names more ranks than the job has.
   absl::Status CheckRankList(int ranks);
+  // Counts a stream of client `peer` while the ticket lives; the refusal
+  // (counted) when the client already holds max_streams_per_client_.
+  absl::StatusOr<CallTicket> AdmitStream(const std::string& peer);
 
   Packer* packer_;
   RpcGate* gate_;
   RankIdentities* ranks_;
+  const uint32_t max_streams_per_client_;
+  absl::Mutex streams_mu_;
+  // Open plan streams per client connection; entries at 0 are erased.
+  absl::flat_hash_map<std::string, uint32_t> streams_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace tutti::packer

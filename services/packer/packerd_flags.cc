@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, port_file, "",
           "'grpc=PORT\\nmetrics=PORT\\ngrpc_address=ADDRESS\\n' once serving, before /readyz "
           "first says ready");
 ABSL_FLAG(uint32_t, plan_threads, 2, "threads planning steps ahead of the clients, 1..256");
+ABSL_FLAG(uint32_t, max_streams_per_client, tutti::packer::kDefaultMaxStreamsPerClient,
+          "StreamPlans calls one client connection may hold open at once, 1..65536; one more "
+          "is RESOURCE_EXHAUSTED");
 
 namespace tutti::packer {
 
@@ -39,6 +42,8 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   RETURN_IF_ERROR(CheckAddressFlag("metrics", o.metrics, AddressUse::kServe, false));
   o.plan_threads = absl::GetFlag(FLAGS_plan_threads);
   RETURN_IF_ERROR(CheckFlagRange("plan_threads", o.plan_threads, 1, 256));
+  o.max_streams_per_client = absl::GetFlag(FLAGS_max_streams_per_client);
+  RETURN_IF_ERROR(CheckFlagRange("max_streams_per_client", o.max_streams_per_client, 1, 65536));
   ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   return o;
 }
