@@ -107,9 +107,9 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return file->ReadString(0, file->size());
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view data) {
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view data, unsigned mode) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
   size_t done = 0;
   while (done < data.size()) {

@@ -37,7 +37,9 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Writes to "<path>.tmp.<pid>", fsyncs, renames over path and fsyncs the
 // directory: readers see the old file or the whole new one, never a part.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view data);
+// mode: the new file's permissions (less the umask).
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view data,
+                                 unsigned mode = 0644);
 
 // Joins root and a relative path, refusing absolute paths and ".." components
 // that would escape root (INVALID_ARGUMENT naming the path).

@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <liburing.h>
+#include <linux/openat2.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -26,7 +28,10 @@ constexpr unsigned kStatxMask = STATX_SIZE | STATX_MTIME | STATX_TYPE | STATX_IN
 int64_t RunSync(const IoOp& op) {
   long r = 0;
   switch (op.kind) {
-    case IoOp::Kind::kOpen: r = ::open(op.path, op.flags | O_CLOEXEC, op.mode); break;
+    case IoOp::Kind::kOpen:
+      if (op.root != nullptr) return op.root->Open(op.path, op.flags, op.mode);
+      r = ::open(op.path, op.flags | O_CLOEXEC, op.mode);
+      break;
     case IoOp::Kind::kRead: r = ::pread(op.fd, op.buf, op.len, static_cast<off_t>(op.offset)); break;
     case IoOp::Kind::kWrite: r = ::pwrite(op.fd, op.buf, op.len, static_cast<off_t>(op.offset)); break;
     case IoOp::Kind::kFsync: r = ::fsync(op.fd); break;
@@ -42,11 +47,93 @@ int64_t RunSync(const IoOp& op) {
   return r < 0 ? -errno : r;
 }
 
+// ---------------------------------------------------------------- threads
+class PreadBackend final : public IoBackend {
+ public:
+  // on_done (optional) runs on a worker after each completion is queued.
+  explicit PreadBackend(unsigned threads, std::function<void()> on_done = nullptr)
+      : threads_(std::max(1u, threads)), on_done_(std::move(on_done)) {
+    for (unsigned i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~PreadBackend() override {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    for (auto& t : workers_) t.join();
+  }
+
+  absl::Status Submit(const IoOp& op, uint64_t tag) override {
+    absl::MutexLock l(&mu_);
+    queue_.emplace_back(tag, op);
+    return absl::OkStatus();
+  }
+
+  absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) override {
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &PreadBackend::Reapable), timeout);
+    woken_ = false;
+    out->insert(out->end(), done_.begin(), done_.end());
+    done_.clear();
+    return absl::OkStatus();
+  }
+
+  void Cancel(uint64_t tag) override {
+    absl::MutexLock l(&mu_);
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->first == tag) {
+        queue_.erase(it);
+        done_.push_back(IoCompletion{tag, -ECANCELED});
+        return;
+      }
+    }
+  }
+
+  void Wake() override {
+    absl::MutexLock l(&mu_);
+    woken_ = true;
+  }
+  unsigned capacity() const override { return threads_ * 4; }
+  const char* name() const override { return "pread"; }
+
+ private:
+  bool Reapable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !done_.empty() || woken_; }
+  bool Runnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+
+  void Work() {
+    while (true) {
+      std::pair<uint64_t, IoOp> next;
+      {
+        absl::MutexLock l(&mu_, absl::Condition(this, &PreadBackend::Runnable));
+        if (stop_) return;
+        next = queue_.front();
+        queue_.pop_front();
+      }
+      const int64_t r = RunSync(next.second);
+      {
+        absl::MutexLock l(&mu_);
+        done_.push_back(IoCompletion{next.first, r});
+      }
+      if (on_done_) on_done_();
+    }
+  }
+
+  const unsigned threads_;
+  const std::function<void()> on_done_;
+  absl::Mutex mu_;
+  std::deque<std::pair<uint64_t, IoOp>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<IoCompletion> done_ ABSL_GUARDED_BY(mu_);
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
 // ---------------------------------------------------------------- io_uring
 class UringBackend final : public IoBackend {
  public:
   explicit UringBackend(unsigned depth) : depth_(depth) {}
   ~UringBackend() override {
+    walker_.reset();  // its completions wake the ring through efd_
     if (ring_ok_) io_uring_queue_exit(&ring_);
     if (efd_ >= 0) ::close(efd_);
   }
@@ -63,6 +150,10 @@ class UringBackend final : public IoBackend {
     if (max_workers > 0) {
       unsigned vals[2] = {max_workers, max_workers};
       io_uring_register_iowq_max_workers(&ring_, vals);  // best effort
+    }
+    if (io_uring_probe* probe = io_uring_get_probe_ring(&ring_)) {
+      openat2_op_ = io_uring_opcode_supported(probe, IORING_OP_OPENAT2) != 0;
+      io_uring_free_probe(probe);
     }
     return absl::OkStatus();
   }
@@ -81,7 +172,22 @@ class UringBackend final : public IoBackend {
     const bool fixed = registered_ && op.buf_index >= 0;
     switch (op.kind) {
       case IoOp::Kind::kOpen:
-        io_uring_prep_openat(sqe, AT_FDCWD, op.path, op.flags | O_CLOEXEC, op.mode);
+        if (op.root != nullptr) {
+          if (!op.root->uses_openat2() || !openat2_op_) {
+            // The checked walk is a series of system calls: run it on the
+            // walker threads rather than stall this ring's thread.
+            return Walk(sqe, op, tag);
+          }
+          Beneath& b = beneath_[tag];
+          b.op = op;
+          b.how = open_how{};
+          b.how.flags = static_cast<uint64_t>(op.flags | O_CLOEXEC);
+          b.how.mode = (op.flags & (O_CREAT | O_TMPFILE)) != 0 ? op.mode : 0;
+          b.how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+          io_uring_prep_openat2(sqe, op.root->fd(), op.path, &b.how);
+        } else {
+          io_uring_prep_openat(sqe, AT_FDCWD, op.path, op.flags | O_CLOEXEC, op.mode);
+        }
         break;
       case IoOp::Kind::kRead:
         if (fixed) {
@@ -144,14 +250,34 @@ class UringBackend final : public IoBackend {
         }
         poll_armed_ = false;
       } else if (tag != kCancelTag) {
+        auto b = beneath_.find(tag);
+        if (b != beneath_.end()) {
+          const IoOp op = b->second.op;
+          beneath_.erase(b);
+          // -EXDEV: leaving the root, or an absolute symlink that the walk
+          // follows when it names a path under the root.
+          if (cqe->res == -EXDEV) {
+            SubmitWalk(op, tag);
+            continue;
+          }
+        }
         out->push_back(IoCompletion{tag, cqe->res});
       }
     }
     io_uring_cq_advance(&ring_, n);
+    if (walker_) {
+      const size_t before = out->size();
+      RETURN_IF_ERROR(walker_->Reap(absl::ZeroDuration(), out));
+      for (size_t i = before; i < out->size(); ++i) walking_.erase((*out)[i].tag);
+    }
     return absl::OkStatus();
   }
 
   void Cancel(uint64_t tag) override {
+    if (walking_.count(tag)) {
+      walker_->Cancel(tag);
+      return;
+    }
     io_uring_sqe* sqe = GetSqe();
     if (sqe == nullptr) return;
     io_uring_prep_cancel64(sqe, tag, 0);
@@ -166,6 +292,25 @@ class UringBackend final : public IoBackend {
   const char* name() const override { return "io_uring"; }
 
  private:
+  struct Beneath {
+    IoOp op;
+    open_how how;  // read by the kernel when the entry is submitted
+  };
+
+  // A beneath-the-root open for the walker threads; `sqe` (taken already)
+  // becomes a no-op so the ring's accounting is unchanged.
+  absl::Status Walk(io_uring_sqe* sqe, const IoOp& op, uint64_t tag) {
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data64(sqe, kCancelTag);
+    SubmitWalk(op, tag);
+    return absl::OkStatus();
+  }
+  void SubmitWalk(const IoOp& op, uint64_t tag) {
+    if (!walker_) walker_ = std::make_unique<PreadBackend>(4, [this] { Wake(); });
+    walking_.insert(tag);
+    [[maybe_unused]] absl::Status s = walker_->Submit(op, tag);  // never refuses
+  }
+
   io_uring_sqe* GetSqe() {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) {
@@ -181,81 +326,10 @@ class UringBackend final : public IoBackend {
   bool registered_ = false;
   int efd_ = -1;
   bool poll_armed_ = false;
-};
-
-// ---------------------------------------------------------------- threads
-class PreadBackend final : public IoBackend {
- public:
-  explicit PreadBackend(unsigned threads) : threads_(std::max(1u, threads)) {
-    for (unsigned i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
-  }
-  ~PreadBackend() override {
-    {
-      absl::MutexLock l(&mu_);
-      stop_ = true;
-    }
-    for (auto& t : workers_) t.join();
-  }
-
-  absl::Status Submit(const IoOp& op, uint64_t tag) override {
-    absl::MutexLock l(&mu_);
-    queue_.emplace_back(tag, op);
-    return absl::OkStatus();
-  }
-
-  absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) override {
-    absl::MutexLock l(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(this, &PreadBackend::Reapable), timeout);
-    woken_ = false;
-    out->insert(out->end(), done_.begin(), done_.end());
-    done_.clear();
-    return absl::OkStatus();
-  }
-
-  void Cancel(uint64_t tag) override {
-    absl::MutexLock l(&mu_);
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->first == tag) {
-        queue_.erase(it);
-        done_.push_back(IoCompletion{tag, -ECANCELED});
-        return;
-      }
-    }
-  }
-
-  void Wake() override {
-    absl::MutexLock l(&mu_);
-    woken_ = true;
-  }
-  unsigned capacity() const override { return threads_ * 4; }
-  const char* name() const override { return "pread"; }
-
- private:
-  bool Reapable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !done_.empty() || woken_; }
-  bool Runnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
-
-  void Work() {
-    while (true) {
-      std::pair<uint64_t, IoOp> next;
-      {
-        absl::MutexLock l(&mu_, absl::Condition(this, &PreadBackend::Runnable));
-        if (stop_) return;
-        next = queue_.front();
-        queue_.pop_front();
-      }
-      const int64_t r = RunSync(next.second);
-      absl::MutexLock l(&mu_);
-      done_.push_back(IoCompletion{next.first, r});
-    }
-  }
-
-  const unsigned threads_;
-  absl::Mutex mu_;
-  std::deque<std::pair<uint64_t, IoOp>> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<IoCompletion> done_ ABSL_GUARDED_BY(mu_);
-  bool woken_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> workers_;
+  bool openat2_op_ = false;                        // the ring has IORING_OP_OPENAT2 (Linux 5.6)
+  std::unordered_map<uint64_t, Beneath> beneath_;  // tag -> openat2 in flight
+  std::unique_ptr<PreadBackend> walker_;           // checked walks, started when first needed
+  std::unordered_set<uint64_t> walking_;           // tags the walker holds
 };
 
 }  // namespace

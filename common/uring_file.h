@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
-#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/root_dir.h"
 
 namespace tutti {
 
@@ -35,7 +36,11 @@ struct IoOp {
   enum class Kind : uint8_t { kOpen, kRead, kWrite, kFsync, kClose, kStat, kFallocate };
   Kind kind = Kind::kRead;
   int fd = -1;               // kRead/kWrite/kFsync/kClose/kFallocate
-  const char* path = nullptr;  // kOpen/kStat (absolute or relative to cwd)
+  const char* path = nullptr;  // kOpen/kStat (absolute or relative to cwd, or to root)
+  // kOpen: path is relative to this directory and resolved beneath it
+  // (RootDir::Open: openat2 RESOLVE_BENEATH or the checked walk); a name
+  // that leads outside fails with -EXDEV. Must outlive the operation.
+  const RootDir* root = nullptr;
   int flags = 0;             // kOpen
   unsigned mode = 0644;      // kOpen
   char* buf = nullptr;       // kRead/kWrite

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <string>
+#include <tuple>
 
 #include "common/file_io.h"
 #include "gtest/gtest.h"
@@ -87,6 +88,57 @@ int OpenThrough(IoService& io, const std::string& path) {
   open.flags = O_RDONLY;
   return static_cast<int>(io.Run(open, absl::Now() + absl::Seconds(10)));
 }
+
+// Opens beneath a root through each backend, by openat2 and by the walk:
+// what stays beneath opens, what leads out fails with -EXDEV.
+class BeneathOpenTest : public ::testing::TestWithParam<std::tuple<bool, ResolveMode>> {};
+
+TEST_P(BeneathOpenTest, SymlinksOutOfTheRootFailAndThoseBeneathOpen) {
+  const auto [uring, mode] = GetParam();
+  if (mode == ResolveMode::kOpenat2 && !Openat2Supported()) GTEST_SKIP() << "no openat2";
+  const std::string base = TempDir() + "/beneath_" + std::to_string(uring) + ResolveModeName(mode);
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base + "/root/d");
+  std::filesystem::create_directories(base + "/outside");
+  ASSERT_TRUE(WriteFileAtomically(base + "/root/d/shard.tar", "shard").ok());
+  ASSERT_TRUE(WriteFileAtomically(base + "/outside/secret", "secret").ok());
+  std::filesystem::create_symlink("d/shard.tar", base + "/root/rel.tar");
+  std::filesystem::create_symlink(base + "/root/d/shard.tar", base + "/root/abs.tar");
+  std::filesystem::create_symlink(base + "/outside/secret", base + "/root/out.tar");
+  std::filesystem::create_symlink("../outside", base + "/root/outdir");
+  auto root = RootDir::Open(base + "/root", mode);
+  ASSERT_TRUE(root.ok()) << root.status();
+  IoService io(Backend(uring));
+  auto open = [&](const char* name, int flags) {
+    IoOp op;
+    op.kind = IoOp::Kind::kOpen;
+    op.root = root->get();
+    op.path = name;
+    op.flags = flags;
+    op.mode = 0640;
+    const int64_t fd = io.Run(op, absl::Now() + absl::Seconds(10));
+    if (fd >= 0) ::close(static_cast<int>(fd));
+    return fd >= 0 ? int64_t{0} : fd;
+  };
+  for (const char* ok : {"d/shard.tar", "rel.tar", "abs.tar"})
+    EXPECT_EQ(open(ok, O_RDONLY), 0) << ok;
+  EXPECT_EQ(open("out.tar", O_RDONLY), -EXDEV);
+  EXPECT_EQ(open("outdir/secret", O_RDONLY), -EXDEV);
+  EXPECT_EQ(open("../outside/secret", O_RDONLY), -EXDEV);
+  EXPECT_EQ(open("outdir/new", O_WRONLY | O_CREAT), -EXDEV);
+  EXPECT_FALSE(std::filesystem::exists(base + "/outside/new"));
+  EXPECT_EQ(open("d/new.tar.tutti-partial", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW), 0);
+  EXPECT_EQ(open("out.tar", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW), -ELOOP);
+  std::filesystem::remove_all(base);
+}
+INSTANTIATE_TEST_SUITE_P(BackendsAndModes, BeneathOpenTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(ResolveMode::kOpenat2,
+                                                              ResolveMode::kWalk)),
+                         [](const auto& i) {
+                           return std::string(std::get<0>(i.param) ? "io_uring_" : "pread_") +
+                                  ResolveModeName(std::get<1>(i.param));
+                         });
 
 TEST(FaultInjectingTest, ShortReadsAndEagainAreResubmitted) {
   const std::string path = TempDir() + "/short.bin";

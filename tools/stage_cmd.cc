@@ -32,6 +32,7 @@ int Fail(const std::string& message) {
 
 int RunStage(int argc, char** argv) {
   std::string index_path, cache_dir, source, capacity_text = "0", block_text = "1M";
+  std::string resolve_text = "auto";
   uint32_t first = 0, queue_depth = 64, max_files = 32;
   bool direct = true, quiet = false;
   Cli cli("tutti stage --index FILE --cache DIR [options]",
@@ -53,6 +54,10 @@ int RunStage(int argc, char** argv) {
   cli.Flag("max-files", &max_files, "shards copied at the same time");
   cli.Flag("direct", &direct, "O_DIRECT writes into the cache (--nodirect: page cache)");
   cli.Flag("quiet", &quiet, "no progress line");
+  cli.Flag("path-resolve", &resolve_text,
+           "how shards are opened beneath the source and the cache, never through a symlink or "
+           "'..' out of them: auto (openat2 RESOLVE_BENEATH where the kernel has it, else a "
+           "checked walk), openat2 or walk");
   int rc;
   if (!cli.Parse(argc, argv, &rc)) return rc;
   if (index_path.empty() || cache_dir.empty()) {
@@ -66,6 +71,8 @@ int RunStage(int argc, char** argv) {
     return Fail(absl::StrCat("--block-size '", block_text, "' must be a multiple of 4K (e.g. 1M)"));
   }
   if (queue_depth == 0 || max_files == 0) return Fail("--queue-depth and --max-files must be >= 1");
+  absl::StatusOr<ResolveMode> resolve = ParseResolveMode(resolve_text);
+  if (!resolve.ok()) return Fail(std::string(resolve.status().message()));
 
   auto index = packer::LoadIndex(index_path);
   if (!index.ok()) return Fail(std::string(index.status().message()));
@@ -91,7 +98,7 @@ int RunStage(int argc, char** argv) {
     total += s.size;
   }
 
-  stager::ShardCache cache(cache_dir, capacity);
+  stager::ShardCache cache(cache_dir, capacity, *resolve);
   if (absl::Status s = cache.Open(); !s.ok()) return Fail(std::string(s.message()));
   stager::StagingOptions o;
   o.source_dir = source;
@@ -99,6 +106,7 @@ int RunStage(int argc, char** argv) {
   o.block_size = block;
   o.max_files = max_files;
   o.o_direct = direct;
+  o.resolve = *resolve;
   stager::StagingEngine engine(o, &cache, nullptr);
   if (absl::Status s = engine.Start(); !s.ok()) return Fail(std::string(s.message()));
 

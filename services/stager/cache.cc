@@ -15,8 +15,8 @@
 
 namespace tutti::stager {
 
-ShardCache::ShardCache(std::string dir, uint64_t capacity_bytes)
-    : dir_(std::move(dir)), capacity_(capacity_bytes) {}
+ShardCache::ShardCache(std::string dir, uint64_t capacity_bytes, ResolveMode resolve)
+    : dir_(std::move(dir)), capacity_(capacity_bytes), resolve_(resolve) {}
 
 ShardCache::~ShardCache() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
@@ -34,8 +34,15 @@ absl::Status ShardCache::Open() {
     return absl::PermissionDeniedError(absl::StrCat("cannot create cache directory ", dir_, ": ",
                                                     ec.message(), "; pick another with --cache"));
   }
+  absl::StatusOr<std::unique_ptr<RootDir>> root = RootDir::Open(dir_, resolve_);
+  if (!root.ok()) return Annotate(root.status(), absl::StrCat("cache directory ", dir_));
+  root_ = std::move(*root);
   const std::string lock = absl::StrCat(dir_, "/.tutti-lock");
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  lock_fd_ = root_->Open(".tutti-lock", O_RDWR | O_CREAT | O_NOFOLLOW, 0600);
+  if (lock_fd_ < 0) {
+    errno = -lock_fd_;
+    lock_fd_ = -1;
+  }
   if (lock_fd_ < 0) return ErrnoStatus(errno, absl::StrCat("open ", lock));
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -50,23 +57,34 @@ absl::Status ShardCache::Open() {
 
 absl::Status ShardCache::Scan(const std::string& sub) {
   const std::string path = sub.empty() ? dir_ : absl::StrCat(dir_, "/", sub);
-  DIR* d = ::opendir(path.c_str());
-  if (d == nullptr) return ErrnoStatus(errno, absl::StrCat("read cache directory ", path));
+  const int dfd = root_->Open(sub.empty() ? "." : sub.c_str(), O_RDONLY | O_DIRECTORY);
+  DIR* d = dfd >= 0 ? ::fdopendir(dfd) : nullptr;
+  if (d == nullptr) {
+    const int err = dfd < 0 ? -dfd : errno;
+    if (dfd >= 0) ::close(dfd);
+    return ErrnoStatus(err, absl::StrCat("read cache directory ", path));
+  }
   std::vector<std::string> dirs;
   while (dirent* e = ::readdir(d)) {
     const std::string n = e->d_name;
     // ".tutti-*" at the top: the daemon's own files (lock, segment record).
     if (n == "." || n == ".." || (sub.empty() && absl::StartsWith(n, ".tutti-"))) continue;
     const std::string rel = sub.empty() ? n : absl::StrCat(sub, "/", n);
-    const std::string full = absl::StrCat(dir_, "/", rel);
     struct stat st;
-    if (::lstat(full.c_str(), &st) != 0) continue;
+    if (::fstatat(dfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (S_ISDIR(st.st_mode)) {
       dirs.push_back(rel);
     } else if (S_ISREG(st.st_mode)) {
       if (absl::EndsWith(n, kPartialSuffix)) {
-        ::unlink(full.c_str());  // left by a crash: redo it
+        root_->Unlink(rel);  // left by a crash: redo it
         continue;
+      }
+      if ((st.st_mode & 0007) != 0) {  // others may read it: the job's group at most
+        const int fd = root_->Open(rel.c_str(), O_RDONLY | O_NOFOLLOW);
+        if (fd >= 0) {
+          ::fchmod(fd, st.st_mode & 0750);
+          ::close(fd);
+        }
       }
       Entry& en = entries_[rel];
       en.bytes = static_cast<uint64_t>(st.st_size);
@@ -81,12 +99,16 @@ absl::Status ShardCache::Scan(const std::string& sub) {
   return absl::OkStatus();
 }
 
+void ShardCache::Remove(const std::string& name) const {
+  if (root_) root_->Unlink(name);
+}
+
 bool ShardCache::Has(const std::string& name, uint64_t expected_size) {
   absl::MutexLock l(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end() || it->second.reserved) return false;
   if (expected_size != 0 && it->second.bytes != expected_size) {
-    ::unlink(PathOf(name).c_str());  // stale copy of an older version
+    Remove(name);  // stale copy of an older version
     used_ -= it->second.bytes;
     entries_.erase(it);
     return false;
@@ -112,7 +134,7 @@ absl::Status ShardCache::Reserve(const std::string& name, uint64_t bytes) {
         if (victim == entries_.end() || e.last_use < victim->second.last_use) victim = it;
       }
       if (victim == entries_.end()) break;
-      ::unlink(PathOf(victim->first).c_str());
+      Remove(victim->first);
       used_ -= victim->second.bytes;
       evicted.emplace_back(victim->first, victim->second.bytes);
       ++evictions_;

@@ -14,15 +14,17 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/root_dir.h"
 
 namespace tutti::stager {
 
@@ -30,15 +32,21 @@ class ShardCache {
  public:
   static constexpr const char* kPartialSuffix = ".tutti-partial";
 
-  // capacity_bytes: total bytes of shards kept (0 = unlimited).
-  ShardCache(std::string dir, uint64_t capacity_bytes);
+  // capacity_bytes: total bytes of shards kept (0 = unlimited). resolve: how
+  // names are opened beneath the directory (root_dir.h).
+  ShardCache(std::string dir, uint64_t capacity_bytes, ResolveMode resolve = ResolveMode::kAuto);
   ~ShardCache();
 
   // Creates the directory, takes an exclusive lock on it (one daemon per
-  // cache), removes partial files left by a crash and catalogues the rest.
+  // cache), removes partial files left by a crash and catalogues the rest
+  // (regular files only; a symlink is never a cached shard). A cached file
+  // that others may read (from an older version) is made 0640.
   absl::Status Open();
 
   const std::string& dir() const { return dir_; }
+  // The directory as Open() found it: every shard file is opened, renamed
+  // and removed beneath it, never through a symlink out of it.
+  const RootDir& root() const { return *root_; }
   uint64_t capacity() const { return capacity_; }
   std::string PathOf(const std::string& name) const;
   std::string PartialPathOf(const std::string& name) const;
@@ -77,8 +85,13 @@ class ShardCache {
   };
   absl::Status Scan(const std::string& sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Removes a cached file (the lock is held only for the bookkeeping).
+  void Remove(const std::string& name) const;
+
   const std::string dir_;
   const uint64_t capacity_;
+  const ResolveMode resolve_;
+  std::unique_ptr<RootDir> root_;  // set by Open()
   int lock_fd_ = -1;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);

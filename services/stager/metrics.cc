@@ -1,6 +1,7 @@
 #include "services/stager/metrics.h"
 
 #include "common/latency_buckets.h"
+#include "services/stager/path_refusal.h"
 #include "services/stager/skip.h"
 
 namespace tutti::stager {
@@ -29,11 +30,13 @@ prometheus::Histogram& Latency(Registry& r, const std::string& name, const std::
 StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
     : staged_bytes(Counter(*registry, "tutti_stager_staged_bytes_total",
                            "Bytes copied from the source directory into the node-local cache")),
-      staged_files(Counter(*registry, "tutti_stager_staged_files_total",
-                           "Shards copied into the node-local cache, verified and renamed into place")),
-      staging_failures(Counter(*registry, "tutti_stager_staging_failures_total",
-                               "Shards whose staging failed (missing, unreadable, changed, corrupt, "
-                               "cache full, deadline)")),
+      staged_files(
+          Counter(*registry, "tutti_stager_staged_files_total",
+                  "Shards copied into the node-local cache, verified and renamed into place")),
+      staging_failures(
+          Counter(*registry, "tutti_stager_staging_failures_total",
+                  "Shards whose staging failed (missing, unreadable, changed, corrupt, "
+                  "cache full, deadline)")),
       cache_hits(Counter(*registry, "tutti_stager_cache_hits_total",
                          "Shard requests served by a shard already in the cache")),
       cache_misses(Counter(*registry, "tutti_stager_cache_misses_total",
@@ -90,7 +93,7 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       skipped_family_(prometheus::BuildCounter()
                           .Name("tutti_stager_skipped_samples_total")
                           .Help("Sample members skipped, by reason: corrupt, truncated, "
-                                "checksum, deadline, too_large, missing")
+                                "checksum, deadline, too_large, missing, outside_root")
                           .Register(*registry)),
       limit_family_(prometheus::BuildCounter()
                         .Name("tutti_stager_limit_refusals_total")
@@ -101,9 +104,23 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                          .Name("tutti_stager_window_batches")
                          .Help("Batches of a local rank ready ahead of it: built, not yet "
                                "handed out (the prefetch window's occupancy)")
-                         .Register(*registry)) {
+                         .Register(*registry)),
+      path_refused_family_(prometheus::BuildCounter()
+                               .Name("tutti_stager_path_refusals_total")
+                               .Help("Files not opened because their name leads outside --source "
+                                     "or the cache, by root and reason: outside (a symlink or "
+                                     "'..' out of it), loop, name (absolute or '..')")
+                               .Register(*registry)) {
   for (const char* reason : kSkipReasons) SkippedSamples(reason);
   for (const char* limit : kLimits) LimitRefusals(limit);
+  for (const char* root : kPathRoots) {
+    for (const char* reason : kPathRefusalReasons) PathRefused(root, reason);
+  }
+}
+
+prometheus::Counter& StagerMetrics::PathRefused(const std::string& root,
+                                                const std::string& reason) {
+  return path_refused_family_.Add({{"root", root}, {"reason", reason}});
 }
 
 prometheus::Gauge& StagerMetrics::WindowBatches(uint32_t rank) {

@@ -38,7 +38,7 @@ class StagerMetrics {
   prometheus::Counter& reduced_decodes;        // tutti_stager_reduced_jpeg_decodes_total
   prometheus::Counter& mislabelled_images;     // tutti_stager_mislabelled_images_total
   // Skipped sample members by reason (skip.h): corrupt, truncated, checksum, deadline, too_large,
-  // missing.
+  // missing, outside_root.
   prometheus::Counter& SkippedSamples(const std::string& reason);
   // Images refused by a bound of the job (also skipped as "too_large"), by
   // limit: source_pixels (vision.max_source_pixels / max_source_side, from
@@ -47,6 +47,9 @@ class StagerMetrics {
   // such a sample, so on an indexed dataset these stay 0:
   // tutti_stager_limit_refusals_total{limit}.
   prometheus::Counter& LimitRefusals(const std::string& limit);
+  // Files not opened because their name leads outside --source or the cache:
+  // tutti_stager_path_refusals_total{root,reason} (path_refusal.h).
+  prometheus::Counter& PathRefused(const std::string& root, const std::string& reason);
   prometheus::Counter& placeholder_samples;  // tutti_stager_placeholder_samples_total
   prometheus::Counter& checksum_rereads;     // tutti_stager_checksum_rereads_total
   prometheus::Counter& dropped_samples;      // tutti_stager_dropped_samples_total
@@ -73,6 +76,7 @@ class StagerMetrics {
   prometheus::Family<prometheus::Counter>& skipped_family_;
   prometheus::Family<prometheus::Counter>& limit_family_;
   prometheus::Family<prometheus::Gauge>& window_family_;
+  prometheus::Family<prometheus::Counter>& path_refused_family_;
 };
 
 }  // namespace tutti::stager

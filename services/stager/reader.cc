@@ -8,14 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/status.h"
+#include "services/stager/path_refusal.h"
 #include "services/stager/skip.h"
 
 namespace tutti::stager {
 
-MemberReader::MemberReader(std::string source_dir, ShardCache* cache, StagingEngine* staging,
+MemberReader::MemberReader(const RootDir* source, ShardCache* cache, StagingEngine* staging,
                            IoService* io, StagerMetrics* metrics)
-    : source_dir_(std::move(source_dir)), cache_(cache), staging_(staging), io_(io),
-      metrics_(metrics) {}
+    : source_(source), cache_(cache), staging_(staging), io_(io), metrics_(metrics) {}
 
 MemberReader::~MemberReader() { CloseExcept({}); }
 
@@ -44,15 +44,20 @@ void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, ui
       slot->shard = shard.name();
       slot->from_cache = staged;
       slot->size = shard.size();
+      slot->name = shard.name();
       if (staged) {
         slot->path = std::make_shared<std::string>(cache_->PathOf(shard.name()));
+        slot->root = &cache_->root();
         cache_->Hold(shard.name());
       } else {
-        auto path = JoinUnder(source_dir_, shard.name());
+        auto path = JoinUnder(source_->path(), shard.name());
         if (path.ok()) {
           slot->path = std::make_shared<std::string>(*path);
+          slot->root = source_;
         } else {
-          refused = Annotate(path.status(), "shard name refused");
+          refused = RefusePath(metrics_, "source", *source_, absl::StrCat("shard ", shard.name()),
+                               shard.name(), 0, path.status().message());
+          refused = Annotate(refused, absl::StrCat("member ", member));
           handles_.erase({shard.name(), staged});
         }
       }
@@ -74,7 +79,8 @@ void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, ui
   if (open) {
     IoOp op;
     op.kind = IoOp::Kind::kOpen;
-    op.path = h->path->c_str();
+    op.root = h->root;
+    op.path = h->name.c_str();
     op.flags = O_RDONLY;
     io_->Submit(op, deadline, [this, h](int64_t r) { OnOpen(h, r); }, h->path);
     return;
@@ -99,7 +105,10 @@ void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
   }
   if (r < 0) {
     absl::Status s;
-    if (r == -ETIMEDOUT) {
+    if (IsPathRefusal(r)) {
+      s = RefusePath(metrics_, h->from_cache ? "cache" : "source", *h->root,
+                     absl::StrCat("shard ", h->shard), h->name, r);
+    } else if (r == -ETIMEDOUT) {
       s = absl::DeadlineExceededError(absl::StrCat("opening ", *h->path,
                                                    " missed the sample deadline (the file system stalls)"));
     } else if (r == -ENOENT) {
@@ -108,7 +117,7 @@ void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
     } else {
       s = ErrnoStatus(static_cast<int>(-r), absl::StrCat("open ", *h->path));
     }
-    for (auto& p : waiting) p.done(absl::Status(s.code(), absl::StrCat("member ", p.member, ": ", s.message())), h->from_cache);
+    for (auto& p : waiting) p.done(Annotate(s, absl::StrCat("member ", p.member)), h->from_cache);
     return;
   }
   for (auto& p : waiting) Issue(h, std::move(p));

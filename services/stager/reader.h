@@ -31,14 +31,19 @@ class MemberReader {
   using Bytes = std::shared_ptr<std::string>;
   using Done = std::function<void(absl::StatusOr<Bytes> bytes, bool from_cache)>;
 
-  MemberReader(std::string source_dir, ShardCache* cache, StagingEngine* staging, IoService* io,
+  // source: the source directory (shard files are opened beneath it, and
+  // beneath cache->root(), never through a symlink out of either); it and
+  // cache outlive the reader and io's operations.
+  MemberReader(const RootDir* source, ShardCache* cache, StagingEngine* staging, IoService* io,
                StagerMetrics* metrics);
   ~MemberReader();
 
   // Reads member `member` (length bytes at offset) of `shard`, from the
   // cache when it is staged (and `source_only` is false), else from the
   // source. Errors name the member and shard: DEADLINE_EXCEEDED, NOT_FOUND,
-  // DATA_LOSS (a member past the end of the shard), or the system error.
+  // DATA_LOSS (a member past the end of the shard), PERMISSION_DENIED marked
+  // "outside_root" (the shard's name leads outside its directory), or the
+  // system error.
   void Read(const v1::ShardRef& shard, const std::string& member, uint64_t offset, uint64_t length,
             absl::Time deadline, Done done, bool source_only = false);
   // Closes shard files not named in `keep`.
@@ -56,7 +61,9 @@ class MemberReader {
   struct Handle {
     std::string shard;
     bool from_cache = false;
-    std::shared_ptr<std::string> path;
+    std::shared_ptr<std::string> path;  // for messages
+    std::string name;                   // opened beneath root
+    const RootDir* root = nullptr;
     int fd = -1;
     bool opening = false;
     bool closing = false;  // dropped from handles_: close when idle
@@ -69,7 +76,7 @@ class MemberReader {
   void ReadDone(const std::shared_ptr<Handle>& h);
   void CloseLocked(Handle& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const std::string source_dir_;
+  const RootDir* const source_;
   ShardCache* cache_;
   StagingEngine* staging_;
   IoService* io_;

@@ -55,7 +55,8 @@ absl::StatusOr<SegmentNames> SegmentNames::Claim(const std::string& cache_dir,
   std::random_device rd;
   const std::string prefix =
       absl::StrCat("/tutti-", job, "-", ::getpid(), "-", absl::StrFormat("%08x", rd()));
-  RETURN_IF_ERROR(Annotate(WriteFileAtomically(record, absl::StrCat(prefix, "\n")),
+  // Like the cache's shard files: the daemon's user and group only.
+  RETURN_IF_ERROR(Annotate(WriteFileAtomically(record, absl::StrCat(prefix, "\n"), 0640),
                            "cannot record the batch segment names in the cache directory"));
   return SegmentNames(prefix);
 }

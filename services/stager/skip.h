@@ -11,8 +11,8 @@
 namespace tutti::stager {
 
 // Every reason, in the order the counters are created.
-inline constexpr const char* kSkipReasons[] = {"corrupt",   "truncated", "checksum",
-                                               "deadline",  "too_large", "missing"};
+inline constexpr const char* kSkipReasons[] = {"corrupt",   "truncated", "checksum",    "deadline",
+                                               "too_large", "missing",   "outside_root"};
 
 // DATA_LOSS marked as a cut-off file or shard (reason "truncated").
 absl::Status TruncatedError(absl::string_view message);
@@ -21,7 +21,12 @@ absl::Status TruncatedError(absl::string_view message);
 // "checksum"): never decoded into a batch.
 absl::Status ChecksumError(absl::string_view message);
 
-// "truncated" for TruncatedError, "checksum" for ChecksumError, "deadline" for DEADLINE_EXCEEDED,
+// PERMISSION_DENIED marked as a file whose name leads outside --source or the
+// cache (reason "outside_root"): never opened.
+absl::Status OutsideRootError(absl::string_view message);
+
+// "truncated" for TruncatedError, "checksum" for ChecksumError, "outside_root" for
+// OutsideRootError, "deadline" for DEADLINE_EXCEEDED,
 // "too_large" for OUT_OF_RANGE / RESOURCE_EXHAUSTED, "missing" for NOT_FOUND /
 // PERMISSION_DENIED, "corrupt" otherwise.
 const char* SkipReason(const absl::Status& s);

@@ -1,6 +1,8 @@
 #include "services/stager/stager_core.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +24,8 @@ const Logger kLog("stager.core");
 // directory. None there: the wrong directory or an unmounted NFS path, refused
 // now rather than failing every sample later. Some missing: a warning (their
 // samples are skipped as `missing`, by the sample policy).
-absl::Status CheckSourceHoldsShards(const std::string& source, const v1::JobInfo& job) {
+absl::Status CheckSourceHoldsShards(const RootDir& root, const v1::JobInfo& job) {
+  const std::string& source = root.path();
   const int n = job.shards_size();
   if (n == 0) return absl::OkStatus();
   const int probes = std::min(n, 32);
@@ -31,8 +34,13 @@ absl::Status CheckSourceHoldsShards(const std::string& source, const v1::JobInfo
   for (int i = 0; i < probes; ++i) {
     const std::string& name = job.shards(static_cast<int>(int64_t{i} * n / probes));
     absl::StatusOr<std::string> path = JoinUnder(source, name);
+    // Opened as the reads will open it: a shard whose name leads outside
+    // --source counts as missing here (and is refused, by name, when read).
+    const int fd = path.ok() ? root.Open(name.c_str(), O_RDONLY | O_NONBLOCK) : -EINVAL;
     struct stat st;
-    if (!path.ok() || ::stat(path->c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool regular = fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (fd >= 0) ::close(fd);
+    if (!regular) {
       if (missing++ == 0) first = name;
     }
   }
@@ -125,7 +133,8 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
 
 // The cache, the segment names, staging, the member reader and the decode pool.
 absl::Status StagerCore::StartParts(const v1::JobInfo& job) {
-  cache_ = std::make_unique<ShardCache>(opts_.cache_dir, opts_.cache_capacity_bytes);
+  cache_ = std::make_unique<ShardCache>(opts_.cache_dir, opts_.cache_capacity_bytes,
+                                        opts_.staging.resolve);
   RETURN_IF_ERROR(cache_->Open());
   // The cache lock is held: the previous daemon of this directory is gone.
   ASSIGN_OR_RETURN(SegmentNames names, SegmentNames::Claim(opts_.cache_dir, config_.job_id()));
@@ -139,7 +148,7 @@ absl::Status StagerCore::StartParts(const v1::JobInfo& job) {
   staging_ = std::make_unique<StagingEngine>(opts_.staging, cache_.get(), metrics_.get(),
                                              std::move(staging_backend_));
   RETURN_IF_ERROR(staging_->Start());
-  RETURN_IF_ERROR(CheckSourceHoldsShards(opts_.staging.source_dir, job));
+  RETURN_IF_ERROR(CheckSourceHoldsShards(staging_->source_root(), job));
   staging_->SetListener([this](const std::string&, ShardState) { cv_.SignalAll(); });
   RETURN_IF_ERROR(StartReader());
   const unsigned threads = opts_.decode_threads ? opts_.decode_threads : UsableCpus();
@@ -160,7 +169,7 @@ absl::Status StagerCore::StartReader() {
     backend = MakePreadBackend(16);
   }
   read_io_ = std::make_unique<IoService>(std::move(backend));
-  reader_ = std::make_unique<MemberReader>(opts_.staging.source_dir, cache_.get(), staging_.get(),
+  reader_ = std::make_unique<MemberReader>(&staging_->source_root(), cache_.get(), staging_.get(),
                                            read_io_.get(), metrics_.get());
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <cerrno>
 #include <cstring>
@@ -63,6 +64,8 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   // The cache directory as the core opened (and locked) it: the prober
   // checks that it is still there.
   ASSIGN_OR_RETURN(cache_id_, StatDir("cache", opts_.core.cache_dir));
+  const RootDir& source = core_->staging()->source_root();
+  source_id_ = DirId{major(source.dev()), minor(source.dev()), static_cast<uint64_t>(source.ino())};
   core_started_ = true;
   ready.Set(kCache, absl::OkStatus());
   host_->SetLiveness([core = core_.get()] { return core->Live(); });
@@ -94,7 +97,14 @@ absl::StatusOr<StagerServer::DirId> StagerServer::StatDir(const std::string& fla
 }
 
 absl::Status StagerServer::CheckSource() {
-  return StatDir("source", opts_.core.staging.source_dir).status();
+  ASSIGN_OR_RETURN(const DirId now, StatDir("source", opts_.core.staging.source_dir));
+  if (core_started_ && !(now == source_id_)) {
+    return absl::UnavailableError(absl::StrCat(
+        "--source ", opts_.core.staging.source_dir,
+        " is another directory than the one this daemon opened (remounted or replaced); shard "
+        "files are opened beneath the one it opened: restart the daemon to use it"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StagerServer::CheckCache() {

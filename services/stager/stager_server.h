@@ -90,6 +90,7 @@ class StagerServer final : public Daemon {
   std::thread prober_;
   std::atomic<bool> core_started_{false};  // read by the prober
   DirId cache_id_;                         // set before core_started_
+  DirId source_id_;                        // the --source staging opened; set before core_started_
   bool shut_down_ = false;
 };
 

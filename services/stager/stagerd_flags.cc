@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, io_backend, "auto",
           "file I/O for staging and member reads: 'uring' (io_uring), 'pread' (a thread pool "
           "doing pread/pwrite) or 'auto' (io_uring, or pread with one log line where io_uring "
           "is refused, e.g. by a container's seccomp profile)");
+ABSL_FLAG(std::string, path_resolve, "auto",
+          "how shard files are opened beneath --source and --cache, never through a symlink or "
+          "'..' out of them: 'auto' (openat2 RESOLVE_BENEATH where the kernel has it, else a "
+          "checked walk with O_NOFOLLOW), 'openat2' (refuse to start without it) or 'walk'");
 ABSL_FLAG(uint32_t, decode_threads, 0,
           "decode threads, 0..1024 (0 = one per CPU this process may use: its affinity and its "
           "cgroup's cpu.max)");
@@ -141,6 +145,7 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   c.staging.o_direct = absl::GetFlag(FLAGS_o_direct);
   c.staging.o_direct_source = absl::GetFlag(FLAGS_o_direct_source);
   ASSIGN_OR_RETURN(c.io_backend, ParseIoBackendChoice(absl::GetFlag(FLAGS_io_backend)));
+  ASSIGN_OR_RETURN(c.staging.resolve, ParseResolveMode(absl::GetFlag(FLAGS_path_resolve)));
   c.staging.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_staging_timeout_ms));
   c.decode_threads = absl::GetFlag(FLAGS_decode_threads);
   c.window = absl::GetFlag(FLAGS_window);

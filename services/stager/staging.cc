@@ -8,13 +8,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "services/stager/path_refusal.h"
 
 namespace tutti::stager {
 
@@ -41,7 +41,8 @@ size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 struct StagingEngine::File {
   v1::ShardRef ref;
   uint64_t priority = 0;
-  std::string src_path, dst_path, tmp_path;
+  std::string src_path, dst_path, tmp_path;  // for messages
+  std::string tmp_rel;                       // the partial copy's name beneath the cache
   int src_fd = -1, dst_fd = -1;
   bool src_direct = false, dst_direct = false;
   uint64_t size = 0;
@@ -70,12 +71,17 @@ absl::Status StagingEngine::Start() {
                                                    " is not a positive multiple of 4096"));
   }
   if (opts_.queue_depth == 0) return absl::InvalidArgumentError("queue depth must be at least 1");
-  struct stat st;
-  if (::stat(opts_.source_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  absl::StatusOr<std::unique_ptr<RootDir>> source = RootDir::Open(opts_.source_dir, opts_.resolve);
+  if (absl::IsNotFound(source.status())) {
     return absl::NotFoundError(absl::StrCat("source directory '", opts_.source_dir,
                                             "' does not exist or is not a directory; mount it or "
                                             "fix --source"));
   }
+  if (!source.ok()) return Annotate(source.status(), "--source");
+  source_ = std::move(*source);
+  kLog.Info("shard files are opened beneath --source and the cache only",
+            {{"source", opts_.source_dir},
+             {"resolve", source_->uses_openat2() ? "openat2 RESOLVE_BENEATH" : "checked walk"}});
   std::unique_ptr<IoBackend> backend = std::move(injected_);
   if (!backend) {
     if (opts_.use_io_uring) {
@@ -138,7 +144,7 @@ void StagingEngine::Stop() {
     for (auto& [name, f] : active_) {
       if (f->src_fd >= 0) ::close(f->src_fd);
       if (f->dst_fd >= 0) ::close(f->dst_fd);
-      ::unlink(f->tmp_path.c_str());
+      if (!f->tmp_rel.empty()) cache_->root().Unlink(f->tmp_rel);
       if (f->reserved) cache_->Abort(name);
     }
     active_.clear();
@@ -270,14 +276,19 @@ void StagingEngine::StartFile(std::shared_ptr<File> f) {
   status_[name].state = ShardState::kStaging;
   active_[name] = f;
   auto src = JoinUnder(opts_.source_dir, name);
-  if (!src.ok()) return Fail(f, Annotate(src.status(), "shard name refused"));
+  if (!src.ok()) {
+    return Fail(f, RefusePath(metrics_, "source", *source_, absl::StrCat("shard ", name), name, 0,
+                              src.status().message()));
+  }
   f->src_path = *src;
   f->dst_path = cache_->PathOf(name);
   f->tmp_path = cache_->PartialPathOf(name);
+  f->tmp_rel = absl::StrCat(name, ShardCache::kPartialSuffix);
   f->src_direct = opts_.o_direct_source;
   IoOp op;
   op.kind = IoOp::Kind::kOpen;
-  op.path = f->src_path.c_str();
+  op.root = source_.get();
+  op.path = f->ref.name().c_str();
   op.flags = O_RDONLY | (f->src_direct ? O_DIRECT : 0);
   io_->Submit(op, OpDeadline(), [this, f](int64_t r) { OnOpened(f, true, r); });
 }
@@ -294,11 +305,19 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
     (source ? f->src_direct : f->dst_direct) = false;
     IoOp op;
     op.kind = IoOp::Kind::kOpen;
-    op.path = path.c_str();
-    op.flags = source ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC);
+    op.root = source ? source_.get() : &cache_->root();
+    op.path = source ? f->ref.name().c_str() : f->tmp_rel.c_str();
+    op.flags = source ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW);
     op.mode = kCacheFileMode;
     io_->Submit(op, OpDeadline(), [this, f, source](int64_t r2) { OnOpened(f, source, r2); });
     return;
+  }
+  if (IsPathRefusal(r)) {
+    return Fail(f, source ? RefusePath(metrics_, "source", *source_,
+                                       absl::StrCat("shard ", f->ref.name()), f->ref.name(), r)
+                          : RefusePath(metrics_, "cache", cache_->root(),
+                                       absl::StrCat("partial copy of shard ", f->ref.name()),
+                                       f->tmp_rel, r));
   }
   if (r < 0) {
     absl::Status s = r == -ETIMEDOUT
@@ -373,13 +392,21 @@ void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
     return Fail(f, s);
   }
   f->reserved = true;
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(f->tmp_path).parent_path(), ec);
+  if (const size_t slash = f->tmp_rel.find_last_of('/'); slash != std::string::npos) {
+    const int made = cache_->root().MakeDirs(f->tmp_rel.substr(0, slash));
+    if (IsPathRefusal(made)) {
+      return Fail(f, RefusePath(metrics_, "cache", cache_->root(),
+                                absl::StrCat("directory of shard ", f->ref.name()),
+                                f->tmp_rel.substr(0, slash), made));
+    }
+  }
   f->dst_direct = opts_.o_direct;
   IoOp op;
   op.kind = IoOp::Kind::kOpen;
-  op.path = f->tmp_path.c_str();
-  op.flags = O_WRONLY | O_CREAT | O_TRUNC | (f->dst_direct ? O_DIRECT : 0);
+  op.root = &cache_->root();
+  op.path = f->tmp_rel.c_str();
+  // Never through a symlink: the partial copy is this daemon's own file.
+  op.flags = O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | (f->dst_direct ? O_DIRECT : 0);
   op.mode = kCacheFileMode;
   io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnOpened(f, false, r2); });
 }
@@ -513,8 +540,12 @@ void StagingEngine::OnFsynced(const std::shared_ptr<File>& f, int64_t r) {
   f->dst_fd = -1;
   ::close(f->src_fd);
   f->src_fd = -1;
-  if (::rename(f->tmp_path.c_str(), f->dst_path.c_str()) != 0) {
-    return Fail(f, ErrnoStatus(errno, absl::StrCat("rename ", f->tmp_path, " to ", f->dst_path)));
+  if (const int r2 = cache_->root().Rename(f->tmp_rel, f->ref.name()); r2 != 0) {
+    if (IsPathRefusal(r2)) {
+      return Fail(f, RefusePath(metrics_, "cache", cache_->root(),
+                                absl::StrCat("shard ", f->ref.name()), f->ref.name(), r2));
+    }
+    return Fail(f, ErrnoStatus(-r2, absl::StrCat("rename ", f->tmp_path, " to ", f->dst_path)));
   }
   cache_->Commit(f->ref.name(), f->size);
   f->reserved = false;
@@ -530,7 +561,7 @@ void StagingEngine::Discard(const std::shared_ptr<File>& f) {
   if (f->src_fd >= 0) ::close(f->src_fd);
   if (f->dst_fd >= 0) ::close(f->dst_fd);
   f->src_fd = f->dst_fd = -1;
-  if (!f->tmp_path.empty()) ::unlink(f->tmp_path.c_str());
+  if (!f->tmp_rel.empty()) cache_->root().Unlink(f->tmp_rel);
   if (f->reserved) cache_->Abort(f->ref.name());
   f->reserved = false;
 }

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/root_dir.h"
 #include "common/uring_file.h"
 #include "services/stager/cache.h"
 #include "services/stager/metrics.h"
@@ -38,6 +39,10 @@ struct StagingOptions {
   bool o_direct = true;            // O_DIRECT writes into the cache (falls back when refused)
   bool o_direct_source = false;    // O_DIRECT reads from the source
   bool use_io_uring = true;        // false: a thread pool doing pread/pwrite
+  // How shard names are opened beneath source_dir and the cache: openat2
+  // RESOLVE_BENEATH where the kernel has it, else the checked walk
+  // (common/root_dir.h). A name that leads outside is refused.
+  ResolveMode resolve = ResolveMode::kAuto;
   absl::Duration op_timeout = absl::Seconds(30);  // one open/read/write on the source or cache
   absl::Duration retry_after = absl::Seconds(10); // a failed shard may be retried after this
 };
@@ -75,6 +80,8 @@ class StagingEngine {
   void SetListener(std::function<void(const std::string&, ShardState)> fn);
 
   const StagingOptions& options() const { return opts_; }
+  // source_dir as Start() opened it; shard files are opened beneath it only.
+  const RootDir& source_root() const { return *source_; }
   const char* backend_name() const;
   // Whether the block buffers are registered with the kernel (io_uring fixed
   // buffers). Registration needs the locked-memory limit (ulimit -l) to cover
@@ -115,6 +122,7 @@ class StagingEngine {
   ShardCache* cache_;
   StagerMetrics* metrics_;
   std::unique_ptr<IoBackend> injected_;
+  std::unique_ptr<RootDir> source_;  // outlives io_
   std::unique_ptr<IoService> io_;
   std::vector<char*> buffers_;  // aligned, registered when registered_
   bool registered_ = false;
