@@ -222,6 +222,12 @@ void RequestSeeds(const fs::path& dir) {
   release.set_step(5);
   release.set_rank(1);
   seed("release_batch", 6, release);
+  tutti::v1::RenewLeasesRequest renew;
+  renew.set_rank(1);
+  renew.set_incarnation(0x5eed);
+  renew.add_steps(5);
+  renew.add_steps(6);
+  seed("renew_leases", 7, renew);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 namespace {
 
 std::unique_ptr<google::protobuf::Message> RequestOf(uint8_t method) {
-  switch (method % 7) {
+  switch (method % 8) {
     case 0:
       return std::make_unique<tutti::v1::GetJobRequest>();
     case 1:
@@ -33,8 +33,10 @@ std::unique_ptr<google::protobuf::Message> RequestOf(uint8_t method) {
       return std::make_unique<tutti::v1::GetStageStatusRequest>();
     case 5:
       return std::make_unique<tutti::v1::AcquireBatchRequest>();
-    default:
+    case 6:
       return std::make_unique<tutti::v1::ReleaseBatchRequest>();
+    default:
+      return std::make_unique<tutti::v1::RenewLeasesRequest>();
   }
 }
 

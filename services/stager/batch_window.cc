@@ -59,6 +59,7 @@ absl::Status BatchWindow::Admit(uint64_t step, uint32_t rank, bool* moved) {
 
 void BatchWindow::Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms, absl::Time now,
                           Answer done, Callbacks* cbs) {
+  clock_ = std::max(clock_, now);
   const uint32_t t = timeout_ms ? timeout_ms : opts_.default_acquire_timeout_ms;
   Waiter w{now + absl::Milliseconds(t), now, std::move(done)};
   if (!InWindow(step)) {
@@ -73,6 +74,7 @@ void BatchWindow::AcquireSlot(uint64_t step, uint32_t rank, Waiter waiter, Callb
   Slot& slot = StepAt(step).slots[rank];
   if (slot.state == SlotState::kReady) {
     slot.handed_out = true;
+    slot.renewed = clock_;
     if (metrics_) metrics_->acquire_wait_seconds.Observe(0);
     cbs->push_back([d = std::move(waiter.done), r = slot.batch->descriptor()]() mutable {
       d(std::move(r));
@@ -110,6 +112,48 @@ bool BatchWindow::TakeMoved(uint64_t* step) {
   return true;
 }
 
+void BatchWindow::Heard(uint32_t rank, uint64_t incarnation, absl::Time now,
+                        std::optional<bool> renews) {
+  if (incarnation == 0) return;
+  clock_ = std::max(clock_, now);
+  Presence& p = presence_[rank];
+  p.heard = std::max(p.heard, now);
+  if (renews) p.renews = *renews;
+  if (p.gone) {
+    p.gone = false;
+    kLog.Info("a rank taken as gone called again: it is served and waited for again",
+              {{"job", opts_.job_id}, {"rank", rank}, {"incarnation", absl::Hex(incarnation)}});
+  }
+}
+
+void BatchWindow::Renew(uint32_t rank, const std::vector<uint64_t>& steps, absl::Time now,
+                        std::vector<uint64_t>* lost) {
+  clock_ = std::max(clock_, now);
+  for (uint64_t step : steps) {
+    auto it = steps_.find(step);
+    Slot* slot = nullptr;
+    if (it != steps_.end()) {
+      auto s = it->second.slots.find(rank);
+      if (s != it->second.slots.end() && Held(s->second)) slot = &s->second;
+    }
+    if (slot == nullptr) {
+      lost->push_back(step);
+    } else {
+      slot->renewed = std::max(slot->renewed, now);
+    }
+  }
+}
+
+bool BatchWindow::Gone(uint32_t rank) const {
+  auto it = presence_.find(rank);
+  return it != presence_.end() && it->second.gone;
+}
+
+bool BatchWindow::Renews(uint32_t rank) const {
+  auto it = presence_.find(rank);
+  return it != presence_.end() && it->second.renews;
+}
+
 absl::Status BatchWindow::Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs) {
   if (incarnation == 0) return absl::OkStatus();
   uint64_t& current = incarnation_[rank];
@@ -130,6 +174,7 @@ absl::Status BatchWindow::Incarnate(uint32_t rank, uint64_t incarnation, Callbac
     Reclaim(rank, cbs);
   }
   current = incarnation;
+  presence_.erase(rank);  // the new process says whether it renews with its first call
   TrySeek(cbs);
   return absl::OkStatus();
 }
@@ -137,12 +182,11 @@ absl::Status BatchWindow::Incarnate(uint32_t rank, uint64_t incarnation, Callbac
 void BatchWindow::Reclaim(uint32_t rank, Callbacks* cbs) {
   const absl::Status gone = absl::AbortedError(absl::StrCat(
       "rank ", rank, " restarted (a new process asked for it): this call of the old one is void"));
+  AnswerWaiters(rank, gone, cbs);
   for (auto& [step, s] : steps_) {
     auto it = s.slots.find(rank);
     if (it == s.slots.end()) continue;
     Slot& slot = it->second;
-    for (auto& w : slot.waiters) cbs->push_back([d = std::move(w.done), gone] { d(gone); });
-    slot.waiters.clear();
     // Held by the old process, or released by it: the new one may ask for
     // the step again (a job resumed at an earlier step), so it is built anew.
     if ((slot.handed_out && slot.state != SlotState::kFailed) || slot.state == SlotState::kReleased) {
@@ -151,15 +195,26 @@ void BatchWindow::Reclaim(uint32_t rank, Callbacks* cbs) {
     }
     slot.handed_out = false;
   }
+  shards_changed_ = true;
+}
+
+void BatchWindow::AnswerWaiters(uint32_t rank, const absl::Status& status, Callbacks* cbs) {
+  for (auto& [step, s] : steps_) {
+    auto it = s.slots.find(rank);
+    if (it == s.slots.end()) continue;
+    for (auto& w : it->second.waiters) {
+      cbs->push_back([d = std::move(w.done), status] { d(status); });
+    }
+    it->second.waiters.clear();
+  }
   for (auto seek = seeks_.begin(); seek != seeks_.end();) {
     if (seek->rank != rank) {
       ++seek;
       continue;
     }
-    cbs->push_back([d = std::move(seek->waiter.done), gone] { d(gone); });
+    cbs->push_back([d = std::move(seek->waiter.done), status] { d(status); });
     seek = seeks_.erase(seek);
   }
-  shards_changed_ = true;
 }
 
 void BatchWindow::Release(uint64_t step, uint32_t rank, Callbacks* cbs) {
@@ -181,6 +236,7 @@ void BatchWindow::Release(uint64_t step, uint32_t rank, Callbacks* cbs) {
 std::string BatchWindow::InUse() const {
   for (const auto& [step, st] : steps_) {
     for (const auto& [rank, slot] : st.slots) {
+      if (Gone(rank)) continue;
       if (!slot.waiters.empty()) return absl::StrCat("rank ", rank, " waits for step ", step);
       if (slot.handed_out && slot.state != SlotState::kReleased) {
         return absl::StrCat("rank ", rank, " holds step ", step);
@@ -219,9 +275,16 @@ void BatchWindow::Advance() {
   while (true) {
     auto it = steps_.find(base_);
     if (it == steps_.end()) break;
-    bool all = true;
-    for (const auto& [r, slot] : it->second.slots) all &= slot.state == SlotState::kReleased;
-    if (!all) break;
+    // Every rank released the step, a rank taken as gone aside (as long as
+    // one rank is not gone: nothing moves for no one).
+    bool all = true, anyone = false;
+    for (const auto& [r, slot] : it->second.slots) {
+      if (Gone(r)) continue;
+      anyone = true;
+      all &= slot.state == SlotState::kReleased;
+    }
+    if (!all || !anyone) break;
+    for (auto& [r, slot] : it->second.slots) Free(slot);  // a gone rank's build may hold memory
     steps_.erase(it);
     ++base_;
   }
@@ -318,7 +381,7 @@ void BatchWindow::StartBuilds(absl::Time now, const ShardStateOf& shard_state,
     if (step >= base_ + opts_.window) break;
     if (!s.plan || !ShardsReady(s, now, shard_state)) continue;
     for (auto& [rank, slot] : s.slots) {
-      if (slot.state != SlotState::kWaitShards) continue;
+      if (slot.state != SlotState::kWaitShards || Gone(rank)) continue;
       if (!StartSlot(step, s, rank, slot, make, now, cbs)) return;
     }
   }
@@ -331,6 +394,12 @@ bool BatchWindow::Ready(const std::shared_ptr<WindowBatch>& batch, absl::Time no
   auto s = it->second.slots.find(batch->rank());
   if (s == it->second.slots.end() || s->second.batch != batch) return false;
   Slot& slot = s->second;
+  clock_ = std::max(clock_, now);
+  if (Gone(batch->rank())) {  // no one to hand it to: built again if the rank comes back
+    Free(slot);
+    slot.state = SlotState::kWaitShards;
+    return true;
+  }
   slot.state = SlotState::kReady;
   if (metrics_) {
     metrics_->batches_built.Increment();
@@ -347,7 +416,10 @@ void BatchWindow::Finish(Slot& slot, absl::Time now, Callbacks* cbs) {
             ? absl::StatusOr<v1::BatchDescriptor>(slot.batch->descriptor())
             : absl::StatusOr<v1::BatchDescriptor>(slot.error);
     if (metrics_) metrics_->acquire_wait_seconds.Observe(absl::ToDoubleSeconds(now - w.since));
-    slot.handed_out |= r.ok();
+    if (r.ok()) {
+      slot.handed_out = true;
+      slot.renewed = now;
+    }
     cbs->push_back([d = std::move(w.done), r = std::move(r)]() mutable { d(std::move(r)); });
   }
   slot.waiters.clear();
@@ -403,6 +475,8 @@ void BatchWindow::TimeOutWaiters(uint64_t step, uint32_t rank, Slot& slot, absl:
 
 void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStateOf& shard_state,
                        Callbacks* cbs) {
+  clock_ = std::max(clock_, now);
+  ExpireLeases(now, cbs);
   std::map<uint32_t, int> ahead;  // per local rank: ready, not handed out
   for (uint32_t r : ranks_->ranks()) ahead[r] = 0;
   int building = 0;
@@ -430,7 +504,9 @@ void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStat
     absl::Status err = absl::DeadlineExceededError(absl::StrCat(
         "step ", seek->step, " of rank ", seek->rank, " lies outside the window (steps ", base_,
         "..", base_ + opts_.window - 1, "), which moves there once nothing is in use, but ",
-        InUse(), " (a rank whose process died is reclaimed when it restarts)"));
+        InUse(),
+        " (what a rank whose process died held is reclaimed when it restarts, or once its "
+        "lease lapses)"));
     if (metrics_) {
       metrics_->acquire_wait_seconds.Observe(absl::ToDoubleSeconds(now - seek->waiter.since));
     }
@@ -442,6 +518,82 @@ void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStat
     metrics_->window_building.Set(building);
     metrics_->batch_memory.Set(static_cast<double>(memory_));
   }
+}
+
+// ------------------------------------------------------------ leases
+void BatchWindow::ExpireLeases(absl::Time now, Callbacks* cbs) {
+  // The scheduler calls this every few milliseconds. A gap of an eighth of
+  // the lease means this daemon itself stalled (no renewal could be taken
+  // meanwhile): every lease is credited with the gap rather than ended for it.
+  if (last_expire_ != absl::InfinitePast() && now - last_expire_ > opts_.lease / 8) {
+    const absl::Duration gap = now - last_expire_;
+    for (auto& [rank, p] : presence_) p.heard += gap;
+    for (auto& [step, s] : steps_) {
+      for (auto& [rank, slot] : s.slots) {
+        if (Held(slot)) slot.renewed += gap;
+      }
+    }
+  }
+  last_expire_ = now;
+  bool changed = false;
+  for (auto& [rank, p] : presence_) {
+    if (!p.renews || p.gone || now - p.heard <= opts_.lease) continue;
+    p.gone = true;
+    changed = true;
+    kLog.Warning(
+        "a rank's process was not heard from within its lease: it is taken as gone, what it "
+        "held is freed and the window no longer waits for it (until it calls again)",
+        {{"job", opts_.job_id},
+         {"rank", rank},
+         {"incarnation", absl::Hex(incarnation_[rank])},
+         {"silent_for", absl::FormatDuration(now - p.heard)},
+         {"lease", absl::FormatDuration(opts_.lease)}});
+    if (metrics_) metrics_->ranks_lapsed.Increment();
+    GiveUp(rank, now, cbs);
+  }
+  for (auto& [step, s] : steps_) {
+    for (auto& [rank, slot] : s.slots) {
+      if (!Held(slot) || !Renews(rank) || now - slot.renewed <= opts_.lease) continue;
+      EndLease(step, rank, slot, now, "its process no longer renews it");
+      changed = true;
+    }
+  }
+  if (changed) {
+    Advance();
+    TrySeek(cbs);
+  }
+}
+
+void BatchWindow::GiveUp(uint32_t rank, absl::Time now, Callbacks* cbs) {
+  const absl::Status gone = absl::UnavailableError(absl::StrCat(
+      "rank ", rank, "'s process was not heard from within its lease (",
+      absl::FormatDuration(opts_.lease), "), so it was taken as gone; retry to be served again"));
+  AnswerWaiters(rank, gone, cbs);
+  for (auto& [step, s] : steps_) {
+    auto it = s.slots.find(rank);
+    if (it == s.slots.end()) continue;
+    Slot& slot = it->second;
+    if (Held(slot)) {
+      EndLease(step, rank, slot, now, "its rank was taken as gone");
+    } else if (slot.state == SlotState::kReady) {  // built ahead: the memory goes to the others
+      Free(slot);
+      slot.state = SlotState::kWaitShards;
+    }
+  }
+  shards_changed_ = true;
+}
+
+void BatchWindow::EndLease(uint64_t step, uint32_t rank, Slot& slot, absl::Time now,
+                           const char* why) {
+  kLog.Warning(absl::StrCat("the lease of a batch lapsed (", why, "): it is freed"),
+               {{"job", opts_.job_id},
+                {"rank", rank},
+                {"step", step},
+                {"not_renewed_for", absl::FormatDuration(now - slot.renewed)}});
+  if (metrics_) metrics_->leases_expired.Increment();
+  Free(slot);
+  slot.state = SlotState::kReleased;
+  slot.handed_out = false;
 }
 
 // ------------------------------------------------------------ shutdown

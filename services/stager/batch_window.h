@@ -19,6 +19,15 @@
 // request for it meanwhile waits (up to its timeout) instead of being
 // refused, so ranks restarting one after another all get their step.
 //
+// Leases. A client that renews its leases (AcquireBatchRequest.renews_leases)
+// holds each batch on a lease of `lease`: a hold its process does not renew
+// in time is freed (counted, logged with job, rank and step), and a rank
+// whose process is not heard from within the lease (it died, or hangs) is
+// taken as gone: what it held is freed, its waiting calls are answered, no
+// batch is built for it and the window advances past its slots with the
+// other ranks. A renewal keeps a hold however long it is held. The rank is
+// back with its next call (the same process, or a new incarnation).
+//
 // Pure logic: no threads, no I/O, the clock passed in. Answers to clients
 // are returned as callbacks for the caller to run outside its lock.
 // Not thread-safe: StagerCore keeps it under its lock.
@@ -29,6 +38,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -52,6 +62,9 @@ struct BatchWindowOptions {
                                                 // builds from the source
   uint32_t default_acquire_timeout_ms = 120000; // an Acquire with timeout 0 waits this long
   uint64_t total_steps = 0;                     // the job's steps (0 = open-ended)
+  absl::Duration lease = absl::Seconds(60);     // how long a renewing client's hold, and
+                                                // its rank, last without being heard from
+  std::string job_id;                           // named in the log lines about leases
 };
 
 // One batch the window holds (BatchJob in the daemon).
@@ -95,6 +108,17 @@ class BatchWindow {
   // and waits. FAILED_PRECONDITION for an incarnation already replaced (a
   // process that outlived its successor's start: it must stop).
   absl::Status Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs);
+  // After Incarnate: the rank's current process called at `now` (incarnation
+  // 0: nothing recorded). renews: whether it renews its leases (AcquireBatch
+  // says; nullopt: as before). A rank taken as gone is back.
+  void Heard(uint32_t rank, uint64_t incarnation, absl::Time now, std::optional<bool> renews);
+  // After Heard: the rank's current process still holds the batches of
+  // `steps`: their leases start again at `now`. *lost gets the steps named
+  // that it does not hold (freed when their lease lapsed, or never handed out).
+  void Renew(uint32_t rank, const std::vector<uint64_t>& steps, absl::Time now,
+             std::vector<uint64_t>* lost);
+  // Whether the rank was taken as gone (its lease lapsed) and has not called since.
+  bool Gone(uint32_t rank) const;
   // Whether `rank` may ask for `step` now. A step before the window, or far
   // beyond it, moves the window there when nothing is in use (*moved = true:
   // the caller restarts plan intake there); otherwise Acquire waits for that.
@@ -131,9 +155,10 @@ class BatchWindow {
   // A batch finished building. False when its slot no longer wants it
   // (released or moved past meanwhile): the caller discards it.
   bool Ready(const std::shared_ptr<WindowBatch>& batch, absl::Time now, Callbacks* cbs);
-  // Deadlines: builds overdue are expired, clients past their timeout get
-  // DEADLINE_EXCEEDED saying what their batch waits for, slots without a plan
-  // that the packer cannot serve fail. Updates the window gauges.
+  // Deadlines: leases that lapsed are ended (see Leases above), builds
+  // overdue are expired, clients past their timeout get DEADLINE_EXCEEDED
+  // saying what their batch waits for, slots without a plan that the packer
+  // cannot serve fail. Updates the window gauges.
   void Tick(absl::Time now, const PlanIntake& intake, const ShardStateOf& shard_state,
             Callbacks* cbs);
 
@@ -162,6 +187,12 @@ class BatchWindow {
     absl::Status error;
     std::vector<Waiter> waiters;
     bool handed_out = false;  // a client got the batch (and holds it until it releases)
+    absl::Time renewed;       // when it was handed out or its lease last renewed
+  };
+  struct Presence {       // a rank's current process, once it named an incarnation
+    bool renews = false;  // it renews its leases: it is taken as gone when silent
+    absl::Time heard;     // its last call
+    bool gone = false;    // its lease lapsed and it has not called since
   };
   struct SeekWaiter {  // a request for a step outside the window, waiting for it to move
     uint64_t step;
@@ -184,6 +215,16 @@ class BatchWindow {
   // Moves the window for waiting seeks once nothing is in use.
   void TrySeek(Callbacks* cbs);
   void Reclaim(uint32_t rank, Callbacks* cbs);
+  // Answers every waiting call of the rank (its slots' and its seeks) with `status`.
+  void AnswerWaiters(uint32_t rank, const absl::Status& status, Callbacks* cbs);
+  static bool Held(const Slot& slot) { return slot.handed_out && slot.state == SlotState::kReady; }
+  bool Renews(uint32_t rank) const;  // its current process renews its leases
+  // Ends the leases that lapsed by `now`: ranks not heard from, holds not renewed.
+  void ExpireLeases(absl::Time now, Callbacks* cbs);
+  // A rank taken as gone: its waiting calls answered, its holds and ready batches freed.
+  void GiveUp(uint32_t rank, absl::Time now, Callbacks* cbs);
+  // Frees a hold whose lease lapsed (counted, logged).
+  void EndLease(uint64_t step, uint32_t rank, Slot& slot, absl::Time now, const char* why);
   bool InWindow(uint64_t step) const { return step >= base_ && step < base_ + 2 * uint64_t{opts_.window}; }
   void SkipEarlier(uint64_t step, uint32_t rank);
   void Advance();  // moves base past released steps; marks the shard sets changed
@@ -207,6 +248,9 @@ class BatchWindow {
   bool moved_ = false;                           // TrySeek moved the window
   std::map<uint32_t, uint64_t> incarnation_;     // rank -> its current process
   std::map<uint32_t, std::vector<uint64_t>> replaced_;  // rank -> the last few replaced ones
+  std::map<uint32_t, Presence> presence_;               // rank -> its current process's calls
+  absl::Time clock_ = absl::InfinitePast();             // the latest time a call passed in
+  absl::Time last_expire_ = absl::InfinitePast();       // the last ExpireLeases
 };
 
 }  // namespace tutti::stager

@@ -1,5 +1,7 @@
 #include "services/stager/batch_window.h"
 
+#include <prometheus/registry.h>
+
 #include <map>
 #include <optional>
 
@@ -29,7 +31,7 @@ class TestBatch final : public WindowBatch {
   const v1::BatchDescriptor& descriptor() const override { return descriptor_; }
   std::string PendingSummary() const override { return "1 member read"; }
 
-  bool started_ = false, expired_ = false, discarded_ = false;
+  bool started_ = false, expired_ = false, discarded_ = false, built_ = false;
 
  private:
   uint64_t step_;
@@ -45,13 +47,14 @@ const absl::Time kT0 = absl::UnixEpoch() + absl::Hours(1);
 struct Rig {
   NodeRanks ranks = *NodeRanks::Make(1, 2, 4);
   PlanIntake intake{4, 0, ""};
+  StagerMetrics metrics{std::make_shared<prometheus::Registry>()};
   BatchWindow window;
   std::map<std::string, ShardState> shards;
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<TestBatch>> batches;
   uint64_t batch_bytes = 100;
   absl::Time now = kT0;
 
-  explicit Rig(BatchWindowOptions o = Options()) : window(o, &ranks, nullptr) {}
+  explicit Rig(BatchWindowOptions o = Options()) : window(o, &ranks, &metrics) {}
   static BatchWindowOptions Options() {
     BatchWindowOptions o;
     o.window = 2;
@@ -95,6 +98,72 @@ struct Rig {
   void Built(uint64_t step, uint32_t rank, BatchWindow::Callbacks* cbs) {
     ASSERT_TRUE(window.Ready(batches.at({step, rank}), now, cbs));
   }
+
+  // ---- leases
+  // Plans for steps [from, to) whose shards are staged.
+  void Staged(uint64_t from, uint64_t to) {
+    for (uint64_t s = from; s < to; ++s) {
+      Plan(s);
+      shards[absl::StrCat("s", s, ".tar")] = ShardState::kStaged;
+    }
+  }
+  // Every batch started and not yet built is built.
+  void BuildAll(BatchWindow::Callbacks* cbs) {
+    for (auto& [key, b] : batches) {
+      if (b->started_ && !b->built_) {
+        b->built_ = true;
+        window.Ready(b, now, cbs);
+      }
+    }
+  }
+  // Rank `rank`'s process (incarnation 0xA0 + rank), a client that renews its
+  // leases, calls.
+  void Hello(uint32_t rank, BatchWindow::Callbacks* cbs) {
+    ASSERT_TRUE(window.Incarnate(rank, 0xA0 + rank, cbs).ok());
+    window.Heard(rank, 0xA0 + rank, now, true);
+  }
+  // Ranks 2 and 3 (renewing clients) with staged plans for steps [0, to),
+  // both holding step 0.
+  void BothHoldStepZero(uint64_t to, BatchWindow::Callbacks* cbs) {
+    Hello(2, cbs);
+    Hello(3, cbs);
+    Staged(0, to);
+    for (uint32_t r : {2u, 3u}) ASSERT_TRUE(Take(0, r, cbs).ok());
+  }
+  // Its renewal of the holds of `steps`: the steps it lost.
+  std::vector<uint64_t> Renew(uint32_t rank, std::vector<uint64_t> steps) {
+    window.Heard(rank, 0xA0 + rank, now, true);
+    std::vector<uint64_t> lost;
+    window.Renew(rank, steps, now, &lost);
+    return lost;
+  }
+  // Rank `rank` asks for `step`; the answer once built (after a scheduler round).
+  absl::StatusOr<v1::BatchDescriptor> Take(uint64_t step, uint32_t rank,
+                                           BatchWindow::Callbacks* cbs) {
+    bool moved = false;
+    if (absl::Status s = window.Admit(step, rank, &moved); !s.ok()) return s;
+    std::optional<absl::StatusOr<v1::BatchDescriptor>> got;
+    window.Acquire(
+        step, rank, 0, now, [&](absl::StatusOr<v1::BatchDescriptor> r) { got = r; }, cbs);
+    Round(cbs);
+    BuildAll(cbs);
+    for (auto& cb : *cbs) cb();
+    cbs->clear();
+    if (!got) return absl::UnavailableError(absl::StrCat("step ", step, " still waits"));
+    return *got;
+  }
+  // `d` passes in scheduler rounds of one second, `each` running before each.
+  void Pass(absl::Duration d, BatchWindow::Callbacks* cbs,
+            const std::function<void()>& each = nullptr) {
+    for (const absl::Time end = now + d; now < end;) {
+      now += absl::Seconds(1);
+      if (each) each();
+      Round(cbs);
+      BuildAll(cbs);
+    }
+  }
+  double Expired() { return metrics.leases_expired.Value(); }
+  double Lapsed() { return metrics.ranks_lapsed.Value(); }
 };
 
 // The answer a client got, once its callbacks ran.
@@ -413,6 +482,133 @@ TEST(BatchWindowTest, ANewIncarnationReclaimsOnlyItsOwnRanksBatches) {
   RunAnswers(cbs);
   ASSERT_TRUE(again.got.has_value());
   EXPECT_TRUE(again.got->ok()) << again.got->status();
+}
+
+// ------------------------------------------------------------ leases
+BatchWindowOptions LeaseOptions() {
+  BatchWindowOptions o = Rig::Options();
+  o.lease = absl::Seconds(10);
+  o.job_id = "leases";
+  o.default_acquire_timeout_ms = 3600000;
+  return o;
+}
+
+TEST(BatchWindowLeaseTest, ARankThatDiesHoldingABatchIsGivenUpAfterItsLeaseAndTheOthersGoOn) {
+  Rig rig(LeaseOptions());
+  BatchWindow::Callbacks cbs;
+  rig.BothHoldStepZero(7, &cbs);  // rank 2 dies holding step 0
+  rig.window.Release(0, 3, &cbs);
+  ASSERT_TRUE(rig.Take(1, 3, &cbs).ok());  // rank 3 holds step 1 for longer than the lease
+  // Step 2 is beyond the steps built while rank 2 holds step 0.
+  Answer next;
+  rig.window.Acquire(2, 3, 0, rig.now, next.Callback(), &cbs);
+  auto renew3 = [&] { EXPECT_TRUE(rig.Renew(3, {1}).empty()); };
+  rig.Pass(absl::Seconds(9), &cbs, renew3);
+  RunAnswers(cbs);
+  EXPECT_FALSE(next.got.has_value());
+  EXPECT_EQ(rig.window.InUse(), "rank 2 holds step 0");
+  EXPECT_FALSE(rig.window.Gone(2));
+  rig.Pass(absl::Seconds(3), &cbs, renew3);
+  RunAnswers(cbs);
+  EXPECT_TRUE(rig.window.Gone(2));
+  EXPECT_FALSE(rig.window.Gone(3));
+  EXPECT_TRUE(rig.batches.at({0, 2})->discarded_);
+  EXPECT_TRUE(rig.batches.at({1, 2})->discarded_);   // built ahead for it: the memory goes
+  EXPECT_FALSE(rig.batches.at({1, 3})->discarded_);  // held 12 s, renewed: kept
+  EXPECT_EQ(rig.Expired(), 1);
+  EXPECT_EQ(rig.Lapsed(), 1);
+  ASSERT_TRUE(next.got.has_value());
+  ASSERT_TRUE(next.got->ok()) << next.got->status();
+  EXPECT_EQ((*next.got)->step(), 2u);
+  // Rank 3 goes on alone; nothing is built for rank 2 any more.
+  rig.window.Release(1, 3, &cbs);
+  rig.window.Release(2, 3, &cbs);
+  for (uint64_t step = 3; step < 7; ++step) {
+    absl::StatusOr<v1::BatchDescriptor> b = rig.Take(step, 3, &cbs);
+    ASSERT_TRUE(b.ok()) << step << ": " << b.status();
+    rig.window.Release(step, 3, &cbs);
+  }
+  EXPECT_EQ(rig.window.base(), 7u);
+  EXPECT_FALSE(rig.batches.count({4, 2}));
+  EXPECT_EQ(rig.window.memory(), 0u);
+}
+
+TEST(BatchWindowLeaseTest, AHoldItsLiveProcessNoLongerRenewsIsFreedAndReportedLost) {
+  Rig rig(LeaseOptions());
+  BatchWindow::Callbacks cbs;
+  rig.BothHoldStepZero(4, &cbs);
+  // Rank 2's process renews, but no longer names step 0 (its release was lost).
+  rig.Pass(absl::Seconds(12), &cbs, [&] {
+    rig.Renew(2, {});
+    EXPECT_TRUE(rig.Renew(3, {0}).empty());
+  });
+  EXPECT_FALSE(rig.window.Gone(2));
+  EXPECT_TRUE(rig.batches.at({0, 2})->discarded_);
+  EXPECT_FALSE(rig.batches.at({0, 3})->discarded_);
+  EXPECT_EQ(rig.Expired(), 1);
+  EXPECT_EQ(rig.Lapsed(), 0);
+  EXPECT_EQ(rig.Renew(2, {0}), std::vector<uint64_t>{0});
+  EXPECT_EQ(rig.Renew(3, {0, 9}), std::vector<uint64_t>{9});
+  EXPECT_EQ(rig.window.InUse(), "rank 3 holds step 0");
+}
+
+TEST(BatchWindowLeaseTest, AWaitingRankThatDiesIsAnsweredAndAClientThatRenewsNothingKeepsItsHold) {
+  Rig rig(LeaseOptions());
+  BatchWindow::Callbacks cbs;
+  ASSERT_TRUE(rig.window.Incarnate(3, 0xA3, &cbs).ok());
+  rig.window.Heard(3, 0xA3, rig.now, false);  // a client without lease renewals
+  rig.Hello(2, &cbs);
+  rig.Staged(0, 1);
+  ASSERT_TRUE(rig.Take(0, 3, &cbs).ok());
+  ASSERT_TRUE(rig.Take(0, 2, &cbs).ok());
+  rig.window.Release(0, 2, &cbs);
+  Answer waits;  // step 1 has no plan yet: rank 2 waits for it, then dies
+  rig.window.Acquire(1, 2, 0, rig.now, waits.Callback(), &cbs);
+  rig.Pass(absl::Seconds(60), &cbs);
+  RunAnswers(cbs);
+  ASSERT_TRUE(waits.got.has_value());
+  EXPECT_EQ(waits.got->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(waits.got->status().message().find("taken as gone"), std::string::npos)
+      << waits.got->status();
+  EXPECT_TRUE(rig.window.Gone(2));
+  EXPECT_FALSE(rig.window.Gone(3));
+  EXPECT_FALSE(rig.batches.at({0, 3})->discarded_);  // held as before: until released
+  EXPECT_EQ(rig.window.InUse(), "rank 3 holds step 0");
+  EXPECT_EQ(rig.Expired(), 0);
+  EXPECT_EQ(rig.Lapsed(), 1);
+  // Rank 2's process was only stopped: its next call is served.
+  rig.Hello(2, &cbs);
+  EXPECT_FALSE(rig.window.Gone(2));
+  rig.Staged(1, 2);
+  absl::StatusOr<v1::BatchDescriptor> again = rig.Take(1, 2, &cbs);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step(), 1u);
+}
+
+TEST(BatchWindowLeaseTest, NothingMovesWhenEveryRankIsGoneNorForAStallOfTheDaemon) {
+  Rig rig(LeaseOptions());
+  BatchWindow::Callbacks cbs;
+  rig.BothHoldStepZero(6, &cbs);
+  // The daemon's scheduler stalls for three leases: no one could renew meanwhile.
+  rig.now += absl::Seconds(30);
+  rig.Round(&cbs);
+  EXPECT_FALSE(rig.window.Gone(2));
+  EXPECT_FALSE(rig.window.Gone(3));
+  EXPECT_EQ(rig.Expired(), 0);
+  for (uint32_t r : {2u, 3u}) rig.window.Release(0, r, &cbs);
+  EXPECT_EQ(rig.window.base(), 1u);
+  rig.Pass(absl::Seconds(12), &cbs);  // both die
+  EXPECT_TRUE(rig.window.Gone(2));
+  EXPECT_TRUE(rig.window.Gone(3));
+  EXPECT_EQ(rig.window.base(), 1u);  // nothing moves for no one
+  EXPECT_EQ(rig.Lapsed(), 2);
+  // The job restarts from its checkpoint at step 1: both are served.
+  for (uint32_t r : {2u, 3u}) {
+    ASSERT_TRUE(rig.window.Incarnate(r, 0xB0 + r, &cbs).ok());
+    rig.window.Heard(r, 0xB0 + r, rig.now, true);
+    absl::StatusOr<v1::BatchDescriptor> b = rig.Take(1, r, &cbs);
+    ASSERT_TRUE(b.ok()) << b.status();
+  }
 }
 
 }  // namespace

@@ -85,6 +85,12 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       acquire_wait_seconds(Latency(*registry, "tutti_stager_acquire_wait_seconds",
                                    "Time AcquireBatch waited in the stager for the batch to be "
                                    "ready (0 when it was ready ahead)")),
+      leases_expired(Counter(*registry, "tutti_stager_leases_expired_total",
+                             "Batches freed because the lease of the client holding them lapsed "
+                             "(not renewed in time, or its rank taken as gone)")),
+      ranks_lapsed(Counter(*registry, "tutti_stager_ranks_lapsed_total",
+                           "Times a local rank's process was not heard from within its lease and "
+                           "was taken as gone (the window then stops waiting for it)")),
       plans_received(Counter(*registry, "tutti_stager_plans_received_total",
                              "Step plans received from the packer")),
       packer_reconnects(Counter(*registry, "tutti_stager_packer_reconnects_total",

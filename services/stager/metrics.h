@@ -68,6 +68,10 @@ class StagerMetrics {
   // How long AcquireBatch waited inside the stager for the batch to be ready:
   // tutti_stager_acquire_wait_seconds (0 when it was ready ahead).
   prometheus::Histogram& acquire_wait_seconds;
+  // Leases (clients that renew them): holds freed when their lease lapsed,
+  // and ranks taken as gone for want of any call within the lease.
+  prometheus::Counter& leases_expired;       // tutti_stager_leases_expired_total
+  prometheus::Counter& ranks_lapsed;         // tutti_stager_ranks_lapsed_total
   prometheus::Counter& plans_received;       // tutti_stager_plans_received_total
   prometheus::Counter& packer_reconnects;    // tutti_stager_packer_reconnects_total
 

@@ -99,6 +99,9 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
       opts_.sample_deadline_ms ? opts_.sample_deadline_ms : config_.sample_deadline_ms());
   ASSIGN_OR_RETURN(v1::SkipPolicy policy, SkipPolicyOf(opts_.skip_policy, config_.skip_policy()));
   if (opts_.window == 0) return absl::InvalidArgumentError("--window must be at least 1");
+  if (opts_.lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--lease_seconds must be at least 1");
+  }
   if (opts_.cache_dir.empty()) return absl::InvalidArgumentError("--cache is required");
   if (!staging_backend_ || !read_backend_) {
     ASSIGN_OR_RETURN(const bool uring, ResolveIoBackend(opts_.io_backend));
@@ -119,6 +122,8 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   wo.stage_wait = opts_.stage_wait_ms ? absl::Milliseconds(opts_.stage_wait_ms) : deadline;
   wo.default_acquire_timeout_ms = opts_.default_acquire_timeout_ms;
   wo.total_steps = job.total_steps();
+  wo.lease = opts_.lease;
+  wo.job_id = config_.job_id();
   {
     absl::MutexLock l(&mu_);
     ranks_.emplace(std::move(ranks));
@@ -262,7 +267,7 @@ void StagerCore::PlanFailed(uint64_t step, const absl::Status& status, uint64_t 
 
 // ------------------------------------------------------------ clients
 absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnation,
-                               Callbacks* cbs) {
+                               bool renews_leases, Callbacks* cbs) {
   if (!started_ || stopping_) {
     return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   }
@@ -272,6 +277,7 @@ absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnatio
   }
   RETURN_IF_ERROR(ranks_->CheckLocal(rank));
   RETURN_IF_ERROR(window_->Incarnate(rank, incarnation, cbs));
+  window_->Heard(rank, incarnation, absl::Now(), renews_leases);
   FollowWindow();
   bool moved = false;
   RETURN_IF_ERROR(window_->Admit(step, rank, &moved));
@@ -284,11 +290,11 @@ void StagerCore::FollowWindow() {
 }
 
 void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
-                              uint64_t incarnation) {
+                              uint64_t incarnation, bool renews_leases) {
   Callbacks cbs;
   {
     absl::MutexLock l(&mu_);
-    absl::Status s = Admit(step, rank, incarnation, &cbs);
+    absl::Status s = Admit(step, rank, incarnation, renews_leases, &cbs);
     if (!s.ok()) {
       cbs.push_back([d = std::move(done), s] { d(s); });
     } else {
@@ -302,7 +308,8 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
 }
 
 absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t rank,
-                                                        uint32_t timeout_ms, uint64_t incarnation) {
+                                                        uint32_t timeout_ms, uint64_t incarnation,
+                                                        bool renews_leases) {
   absl::Mutex m;
   std::optional<absl::StatusOr<v1::BatchDescriptor>> result;
   AcquireAsync(
@@ -311,7 +318,7 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
         absl::MutexLock l(&m);
         result = std::move(r);
       },
-      incarnation);
+      incarnation, renews_leases);
   absl::MutexLock l(&m);
   m.Await(absl::Condition(
       +[](std::optional<absl::StatusOr<v1::BatchDescriptor>>* r) { return r->has_value(); },
@@ -350,6 +357,7 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
     // A release from a replaced process must not release its successor's batch.
     result = window_->Incarnate(rank, incarnation, &cbs);
     if (result.ok()) {
+      window_->Heard(rank, incarnation, absl::Now(), std::nullopt);
       window_->Release(step, rank, &cbs);
       FollowWindow();
       ApplyShardSets();
@@ -358,6 +366,39 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
   cv_.SignalAll();
   for (auto& cb : cbs) cb();
   return result;
+}
+
+absl::StatusOr<std::vector<uint64_t>> StagerCore::RenewLeases(uint32_t rank, uint64_t incarnation,
+                                                              const std::vector<uint64_t>& steps) {
+  if (incarnation == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a lease renewal of rank ", rank, " must name its process (incarnation 0)"));
+  }
+  Callbacks cbs;
+  std::vector<uint64_t> lost;
+  absl::Status result;
+  {
+    absl::MutexLock l(&mu_);
+    if (!started_ || stopping_) {
+      return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
+    }
+    // Before the first AcquireBatch under --node=auto nothing was handed
+    // out: every step named is lost (a live client keeps renewing).
+    if (!ranks_->known()) return steps;
+    RETURN_IF_ERROR(ranks_->CheckLocal(rank));
+    result = window_->Incarnate(rank, incarnation, &cbs);
+    if (result.ok()) {
+      const absl::Time now = absl::Now();
+      window_->Heard(rank, incarnation, now, true);
+      window_->Renew(rank, steps, now, &lost);
+      FollowWindow();
+      ApplyShardSets();
+    }
+  }
+  cv_.SignalAll();
+  for (auto& cb : cbs) cb();
+  if (!result.ok()) return result;
+  return lost;
 }
 
 // ------------------------------------------------------------ scheduler
@@ -455,6 +496,7 @@ v1::StageStatus StagerCore::GetStageStatus() const {
   }
   out.set_cache_bytes_used(cache_->used_bytes());
   out.set_cache_capacity_bytes(cache_->capacity());
+  out.set_lease_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opts_.lease)));
   return out;
 }
 

@@ -63,6 +63,9 @@ struct StagerOptions {
   uint32_t stage_wait_ms = 0;           // how long a batch waits for its shards to be staged
                                         // before reading them from the source (0 = sample deadline)
   uint32_t default_acquire_timeout_ms = 120000;  // AcquireBatch with timeout_ms 0
+  absl::Duration lease = absl::Seconds(60);  // --lease_seconds: a renewing client's holds,
+                                        // and its rank, last this long without a call
+                                        // (BatchWindowOptions.lease)
   int share_gid = -1;                   // group that may map the batch segments (0640) and, in
                                         // the server, connect to the Unix socket (0660);
                                         // -1 = the daemon's own
@@ -122,15 +125,24 @@ class StagerCore {
   // ---- clients
   // incarnation: the client process's id (0 = none); a new one for a rank
   // reclaims what the rank's old process held (BatchWindow::Incarnate).
+  // renews_leases: the client renews the leases of what it holds (RenewLeases).
   // waited: how long the rank waited for this batch, as it measured it: a
   // finite number of seconds in [0, kMaxWaitSeconds], else the release is
   // INVALID_ARGUMENT and changes nothing.
   void AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
-                    uint64_t incarnation = 0);
+                    uint64_t incarnation = 0, bool renews_leases = false);
   absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms,
-                                              uint64_t incarnation = 0);
+                                              uint64_t incarnation = 0, bool renews_leases = false);
   absl::Status Release(uint64_t step, uint32_t rank, uint64_t incarnation = 0,
                        std::optional<double> waited = std::nullopt);
+  // The process `incarnation` (non-zero) of `rank` still holds the batches
+  // of `steps`: their leases start again. Returns the steps named that it
+  // does not hold (see BatchWindow::Renew): all of them before the node is
+  // known (--node=auto). INVALID_ARGUMENT for incarnation 0 or a rank of
+  // another node, FAILED_PRECONDITION for a replaced incarnation.
+  absl::StatusOr<std::vector<uint64_t>> RenewLeases(uint32_t rank, uint64_t incarnation,
+                                                    const std::vector<uint64_t>& steps);
+  absl::Duration lease() const { return opts_.lease; }
 
   // ---- staging status
   v1::StageStatus GetStageStatus() const;
@@ -149,8 +161,8 @@ class StagerCore {
       const std::shared_ptr<const v1::StepPlan>& plan, int rank_index);
   void OnBatchReady(const std::shared_ptr<BatchJob>& job);
   // Checks a client's request and moves the window (and intake) if it must.
-  absl::Status Admit(uint64_t step, uint32_t rank, uint64_t incarnation, Callbacks* cbs)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Admit(uint64_t step, uint32_t rank, uint64_t incarnation, bool renews_leases,
+                     Callbacks* cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restarts plan intake where the window moved by itself, if it did.
   void FollowWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the window's shard sets to the cache (pinned) and the reader (open).

@@ -14,9 +14,9 @@
 
 namespace tutti::stager {
 
-using RawStagerService =
-    v1::Stager::WithRawCallbackMethod_GetStageStatus<v1::Stager::WithRawCallbackMethod_AcquireBatch<
-        v1::Stager::WithRawCallbackMethod_ReleaseBatch<v1::Stager::Service>>>;
+using RawStagerService = v1::Stager::WithRawCallbackMethod_GetStageStatus<
+    v1::Stager::WithRawCallbackMethod_AcquireBatch<v1::Stager::WithRawCallbackMethod_ReleaseBatch<
+        v1::Stager::WithRawCallbackMethod_RenewLeases<v1::Stager::Service>>>>;
 
 class StagerService final : public RawStagerService {
  public:
@@ -33,6 +33,8 @@ class StagerService final : public RawStagerService {
   grpc::ServerUnaryReactor* ReleaseBatch(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* in,
                                          grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* RenewLeases(grpc::CallbackServerContext* ctx,
+                                        const grpc::ByteBuffer* in, grpc::ByteBuffer* out) override;
 
  private:
   // OK when the caller may act as `rank`; else the refusal (counted).

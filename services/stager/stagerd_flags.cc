@@ -68,6 +68,11 @@ ABSL_FLAG(uint32_t, stage_wait_ms, 0,
           "0..3600000 (0 = the sample deadline)");
 ABSL_FLAG(uint32_t, staging_timeout_ms, 30000,
           "one staging read/write, 100..3600000; a stalled source fails the shard after this");
+ABSL_FLAG(uint32_t, lease_seconds, 60,
+          "how long a batch handed to a client that renews its leases (libtutti does, about "
+          "every quarter of this) stays held without a renewal, and how long such a client's "
+          "rank may stay silent before it is taken as gone: its batches are freed and the "
+          "window no longer waits for it until it calls again; 1..86400");
 ABSL_FLAG(uint32_t, packer_wait_s, 600,
           "how long to retry reaching the packer at start, 0..86400 (SIGTERM ends the wait at "
           "once)");
@@ -137,6 +142,7 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
                  "0 = the sample deadline"},
            Range{"staging_timeout_ms", absl::GetFlag(FLAGS_staging_timeout_ms), 100, 3600000, ""},
            Range{"packer_wait_s", absl::GetFlag(FLAGS_packer_wait_s), 0, 86400, ""},
+           Range{"lease_seconds", absl::GetFlag(FLAGS_lease_seconds), 1, 86400, ""},
        }) {
     RETURN_IF_ERROR(CheckFlagRange(r.flag, r.value, r.lo, r.hi, r.meaning));
   }
@@ -152,6 +158,7 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   c.stage_ahead = absl::GetFlag(FLAGS_stage_ahead);
   c.sample_deadline_ms = absl::GetFlag(FLAGS_sample_deadline_ms);
   c.stage_wait_ms = absl::GetFlag(FLAGS_stage_wait_ms);
+  c.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
   c.skip_policy = absl::GetFlag(FLAGS_skip_policy);
   if (!c.skip_policy.empty() && c.skip_policy != "drop" && c.skip_policy != "substitute") {
     return absl::InvalidArgumentError(absl::StrCat(
