@@ -8,9 +8,11 @@
 #include <limits>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/lease_keeper.h"
 #include "common/grpc_status.h"
 #include "common/rpc_security.h"
 #include "common/status.h"
@@ -153,6 +155,10 @@ struct Client::Impl {
   uint64_t incarnation = 0;
   std::shared_ptr<v1::Stager::Stub> stager;
   std::shared_ptr<v1::Packer::Stub> packer;
+  // Renews the leases of the batches this process holds (null: the stager
+  // has no leases). Shared with every Batch handed out, so renewals go on
+  // while a batch outlives the client.
+  std::shared_ptr<LeaseKeeper> leases;
 };
 
 Client::Client() : impl_(std::make_unique<Impl>()) {}
@@ -198,10 +204,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
   const std::string at_stager =
       absl::StrCat("GetStageStatus from tutti-stagerd at ", opts.stager_address);
+  v1::StageStatus status;
   s = RetryUnavailable(c->Policy(opts.connect_timeout), at_stager, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(opts.rpc_timeout));
-    v1::StageStatus status;
     return FromGrpcStatus(
         c->impl_->stager->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
   });
@@ -211,6 +217,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                                "running there? check TUTTI_STAGER)"));
   }
   RETURN_IF_ERROR(Annotate(s, at_stager));
+  if (status.lease_ms() > 0) {
+    auto renew = [stub = c->impl_->stager, rank = c->rank_, incarnation = c->impl_->incarnation](
+                     const std::vector<uint64_t>& steps, absl::Duration timeout,
+                     std::vector<uint64_t>* lost) -> absl::StatusOr<absl::Duration> {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(timeout));
+      v1::RenewLeasesRequest req;
+      req.set_rank(rank);
+      req.set_incarnation(incarnation);
+      for (uint64_t step : steps) req.add_steps(step);
+      v1::RenewLeasesResponse resp;
+      RETURN_IF_ERROR(FromGrpcStatus(stub->RenewLeases(&ctx, req, &resp)));
+      lost->assign(resp.lost().begin(), resp.lost().end());
+      return absl::Milliseconds(resp.lease_ms());
+    };
+    c->impl_->leases =
+        std::make_shared<LeaseKeeper>(std::move(renew), absl::Milliseconds(status.lease_ms()));
+  }
   c->next_step_ = static_cast<uint64_t>(opts.start_step);
   return c;
 }
@@ -234,6 +258,7 @@ absl::StatusOr<Batch> Client::Next() {
     req.set_step(step);
     req.set_rank(rank_);
     req.set_incarnation(impl_->incarnation);
+    req.set_renews_leases(impl_->leases != nullptr);
     req.set_timeout_ms(static_cast<uint32_t>(
         std::min<int64_t>(absl::ToInt64Milliseconds(left), std::numeric_limits<uint32_t>::max())));
     return FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
@@ -253,11 +278,16 @@ absl::StatusOr<Batch> Client::Next() {
     return absl::DataLossError(absl::StrCat(where, ": the stager answered with step ", desc.step(),
                                             ", rank ", desc.rank()));
   }
+  // Held (and its lease renewed) until the release below is done with.
+  if (impl_->leases) impl_->leases->Hold(step);
   // The wait as this rank saw it, sent with the release for the stager's metrics.
   auto waited = std::make_shared<double>(-1);
   auto releaser = [stub = impl_->stager, step, rank = rank_, incarnation = impl_->incarnation,
                    policy = Policy(options_.retry_budget), rpc_timeout = options_.rpc_timeout,
-                   address = options_.stager_address, waited] {
+                   address = options_.stager_address, waited, leases = impl_->leases] {
+    absl::Cleanup dropped = [&] {
+      if (leases) leases->Drop(step);
+    };
     return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
                             [&] {
                               grpc::ClientContext ctx;
