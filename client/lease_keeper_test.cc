@@ -29,7 +29,7 @@ struct Stager {
   // names exactly `steps`.
   bool AwaitCall(size_t after, const std::vector<uint64_t>& steps) {
     absl::MutexLock l(&mu);
-    auto seen = [&] {
+    auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       for (size_t i = after; i < calls.size(); ++i) {
         if (calls[i] == steps) return true;
       }

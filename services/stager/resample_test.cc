@@ -98,7 +98,8 @@ cv::Mat PlainPass(const cv::Mat& src, const AxisFilter& f, bool horizontal) {
 
 TEST(ResampleTest, StripsEqualTheTwoPassesOverWholeImages) {
   const cv::Mat src = Noise(97, 131, 11);
-  for (auto [oh, ow] : {std::pair{40, 50}, {97, 60}, {30, 131}, {150, 170}, {23, 300}, {1, 1}}) {
+  for (const auto& size : {std::pair{40, 50}, {97, 60}, {30, 131}, {150, 170}, {23, 300}, {1, 1}}) {
+    const int oh = size.first, ow = size.second;  // named: the strip callback captures them
     const AxisFilter fh = MakeBicubicFilter(src.cols, ow), fv = MakeBicubicFilter(src.rows, oh);
     for (ResampleOrder order : {ResampleOrder::kHorizontalFirst, ResampleOrder::kVerticalFirst}) {
       cv::Mat expect;
