@@ -176,6 +176,121 @@ __attribute__((target("avx2"))) void HorizontalRowAvx2(const uint8_t* src, uint8
   HorizontalRowScalar(src, dst, f, x, out);
 }
 
+// The horizontal pass where each output pixel reads few input pixels (no
+// shrink, or a small one): output pixels go in blocks of 32 (96 bytes) that
+// read their taps from one common run of input pixels, so the pass is the
+// vertical kernel's sum of shifted rows, byte for byte, with a weight per
+// byte instead of one per row: output byte j of the block is
+// sum_t w[t][j] * in[j + 3 * (start + t)], w zero where pixel j / 3 has no
+// tap t. Same integer sums as the portable loop, so the same bytes.
+constexpr int kBlockPixels = 32;
+constexpr int kMaxBlockPairs = 4;  // taps per block up to 8; wider filters use the pair kernel
+
+struct ByteBlocks {
+  std::vector<int> start;      // per block: the input pixel its tap 0 reads
+  std::vector<int> pairs;      // per block: tap pairs; 0 = the portable loop
+  std::vector<size_t> offset;  // per block: its first weight vector
+  // Per block, pair and 32-byte third of the block: four vectors of 16
+  // int16, (w[t][j], w[t + 1][j]) for the bytes j that VerticalRowAvx2's
+  // unpacks bring to accumulators 0..3.
+  std::vector<int16_t> weights;
+};
+
+// The blocks for `f`, or nothing (empty start) when some block would need
+// more than kMaxBlockPairs pairs.
+ByteBlocks PackByteBlocks(const AxisFilter& f) {
+  ByteBlocks b;
+  const int blocks = f.out_size / kBlockPixels;
+  b.start.resize(blocks);
+  b.pairs.resize(blocks);
+  b.offset.resize(blocks);
+  size_t vectors = 0;
+  for (int k = 0; k < blocks; ++k) {
+    // Pixel x0 + i's tap t reads input pixel start + i + t: start is the
+    // lowest first[x] - (x - x0), taps the widest reach past it.
+    const int x0 = k * kBlockPixels;
+    int start = f.first[x0], taps = 0;
+    for (int x = x0; x < x0 + kBlockPixels; ++x) start = std::min(start, f.first[x] - (x - x0));
+    for (int x = x0; x < x0 + kBlockPixels; ++x) {
+      taps = std::max(taps, f.first[x] - (x - x0) - start + f.count[x]);
+    }
+    const int pairs = (taps + 1) / 2;
+    if (pairs > kMaxBlockPairs) return ByteBlocks{};
+    // Its loads: 96 bytes from each of input pixels start .. start + 2 * pairs - 1.
+    const bool inside = start >= 0 && 3 * (start + 2 * pairs - 1) + 96 <= 3 * f.in_size;
+    b.start[k] = start;
+    b.pairs[k] = inside ? pairs : 0;
+    b.offset[k] = vectors;
+    if (inside) vectors += size_t{12} * pairs;
+  }
+  b.weights.assign(vectors * 16, 0);
+  for (int k = 0; k < blocks; ++k) {
+    const int x0 = k * kBlockPixels;
+    for (int pr = 0; pr < b.pairs[k]; ++pr) {
+      for (int third = 0; third < 3; ++third) {
+        int16_t* v = b.weights.data() + (b.offset[k] + size_t{12} * pr + 4 * third) * 16;
+        for (int acc = 0; acc < 4; ++acc) {
+          for (int lane = 0; lane < 2; ++lane) {
+            for (int i = 0; i < 4; ++i) {
+              const int j = 32 * third + 16 * lane + 4 * acc + i;  // byte of the block
+              const int x = x0 + j / 3;
+              for (int half = 0; half < 2; ++half) {
+                const int tap = b.start[k] + (x - x0) + 2 * pr + half - f.first[x];
+                v[16 * acc + 8 * lane + 2 * i + half] =
+                    tap >= 0 && tap < f.count[x] ? f.weights[size_t{1} * x * f.taps + tap] : 0;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return b;
+}
+
+__attribute__((target("avx2"))) void HorizontalRowBlocksAvx2(const uint8_t* src, uint8_t* dst,
+                                                             const AxisFilter& f,
+                                                             const ByteBlocks& b) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i half = _mm256_set1_epi32(1 << (f.precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(f.precision);
+  const int blocks = static_cast<int>(b.start.size());
+  for (int k = 0; k < blocks; ++k) {
+    const int x0 = k * kBlockPixels;
+    if (b.pairs[k] == 0) {
+      HorizontalRowScalar(src, dst, f, x0, x0 + kBlockPixels);
+      continue;
+    }
+    for (int third = 0; third < 3; ++third) {
+      const uint8_t* s = src + size_t{3} * b.start[k] + 32 * third;
+      const __m256i* w =
+          reinterpret_cast<const __m256i*>(b.weights.data()) + b.offset[k] + 4 * third;
+      __m256i a0 = half, a1 = half, a2 = half, a3 = half;
+      for (int pr = 0; pr < b.pairs[k]; ++pr, s += 6, w += 12) {
+        const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+        const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 3));
+        const __m256i lo = _mm256_unpacklo_epi8(va, vb), hi = _mm256_unpackhi_epi8(va, vb);
+        a0 = _mm256_add_epi32(
+            a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), _mm256_loadu_si256(w)));
+        a1 = _mm256_add_epi32(
+            a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), _mm256_loadu_si256(w + 1)));
+        a2 = _mm256_add_epi32(
+            a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), _mm256_loadu_si256(w + 2)));
+        a3 = _mm256_add_epi32(
+            a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), _mm256_loadu_si256(w + 3)));
+      }
+      a0 = _mm256_sra_epi32(a0, shift);
+      a1 = _mm256_sra_epi32(a1, shift);
+      a2 = _mm256_sra_epi32(a2, shift);
+      a3 = _mm256_sra_epi32(a3, shift);
+      const __m256i out =
+          _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + size_t{3} * x0 + 32 * third), out);
+    }
+  }
+  HorizontalRowScalar(src, dst, f, blocks * kBlockPixels, f.out_size);
+}
+
 __attribute__((target("avx2"))) void VerticalRowAvx2(const uint8_t* const* rows, const int16_t* k,
                                                      int count, int precision, size_t bytes,
                                                      uint8_t* dst) {
@@ -220,13 +335,18 @@ class Horizontal {
   Horizontal(const AxisFilter& f, bool simd) : f_(f) {
 #if TUTTI_RESAMPLE_AVX2
     simd_ = simd && HaveAvx2();
-    if (simd_) packed_ = PackHorizontal(f_);
+    if (simd_) blocks_ = PackByteBlocks(f_);
+    if (simd_ && blocks_.start.empty()) packed_ = PackHorizontal(f_);
 #else
     (void)simd;
 #endif
   }
   void Row(const uint8_t* src, uint8_t* dst) const {
 #if TUTTI_RESAMPLE_AVX2
+    if (simd_ && !blocks_.start.empty()) {
+      HorizontalRowBlocksAvx2(src, dst, f_, blocks_);
+      return;
+    }
     if (simd_) {
       HorizontalRowAvx2(src, dst, f_, packed_);
       return;
@@ -239,6 +359,7 @@ class Horizontal {
   const AxisFilter& f_;
   bool simd_ = false;
 #if TUTTI_RESAMPLE_AVX2
+  ByteBlocks blocks_;  // used when not empty
   PackedHorizontal packed_;
 #endif
 };
