@@ -4,19 +4,33 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/rng.h"
 #include "common/status.h"
 #include "tutti/v1/plan.pb.h"
 
 namespace tutti {
 namespace {
 
+// How a transfer's bytes split into items (ExchangeLayout::send_item_hashes).
+uint64_t ItemSizesHash(const v1::Transfer& transfer) {
+  uint64_t h = 0;
+  auto add = [&h](uint64_t bytes) {
+    if (bytes > 0) h = SplitMix64Of(h ^ SplitMix64Of(bytes));
+  };
+  if (transfer.items_size() == 0) add(transfer.bytes());
+  for (const v1::TransferItem& item : transfer.items()) add(item.bytes());
+  return h;
+}
+
 // Fills counts/offsets from one list of transfers (sends or recvs).
 absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfers,
                  const char* what, uint64_t declared_total, uint32_t comm_size,
                  const std::string& where, std::vector<uint64_t>* counts,
-                 std::vector<uint64_t>* offsets, uint64_t* total) {
+                 std::vector<uint64_t>* offsets, std::vector<uint64_t>* item_hashes,
+                 uint64_t* total) {
   counts->assign(comm_size, 0);
   offsets->assign(comm_size, 0);
+  item_hashes->assign(comm_size, 0);
   uint64_t off = 0;
   int64_t prev_peer = -1;
   for (const v1::Transfer& t : transfers) {
@@ -51,6 +65,7 @@ absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfe
     }
     (*counts)[t.peer()] = t.bytes();
     (*offsets)[t.peer()] = off;
+    (*item_hashes)[t.peer()] = ItemSizesHash(t);
     off += t.bytes();
   }
   if (off != declared_total) {
@@ -92,6 +107,8 @@ ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t c
   l.send_offsets.assign(comm_size, 0);
   l.recv_counts.assign(comm_size, 0);
   l.recv_offsets.assign(comm_size, 0);
+  l.send_item_hashes.assign(comm_size, 0);
+  l.recv_item_hashes.assign(comm_size, 0);
   return l;
 }
 
@@ -121,10 +138,10 @@ absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, Exc
   const bool fwd = dir != ExchangeDirection::kBackward;
   RETURN_IF_ERROR(Lay(fwd ? ex.sends() : ex.recvs(), fwd ? "send" : "receive",
                       fwd ? ex.send_bytes() : ex.recv_bytes(), comm_size, where, &l.send_counts,
-                      &l.send_offsets, &l.send_bytes));
+                      &l.send_offsets, &l.send_item_hashes, &l.send_bytes));
   RETURN_IF_ERROR(Lay(fwd ? ex.recvs() : ex.sends(), fwd ? "receive" : "send",
                       fwd ? ex.recv_bytes() : ex.send_bytes(), comm_size, where, &l.recv_counts,
-                      &l.recv_offsets, &l.recv_bytes));
+                      &l.recv_offsets, &l.recv_item_hashes, &l.recv_bytes));
   if (l.send_counts[comm_rank] != l.recv_counts[comm_rank]) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the plan sends ", l.send_counts[comm_rank],

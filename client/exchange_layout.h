@@ -48,6 +48,11 @@ struct ExchangeLayout {
   // rank's send / receive buffer; a peer without a transfer has count 0.
   std::vector<uint64_t> send_counts, send_offsets;
   std::vector<uint64_t> recv_counts, recv_offsets;
+  // Per peer, a hash of how the pair's bytes split into items (the sizes of
+  // its non-empty items in order; a transfer without items is one item of
+  // its bytes; 0 when nothing moves). Both ends of a pair compute it from
+  // their own plan, so a transport's agreement can compare the splits too.
+  std::vector<uint64_t> send_item_hashes, recv_item_hashes;
   uint64_t send_bytes = 0;
   uint64_t recv_bytes = 0;
 };

@@ -33,11 +33,12 @@ constexpr int kDataTags = 16384;
 
 uint64_t Mix(uint64_t x) { return SplitMix64Of(x); }
 
-// The hash of "rank `from` moves `bytes` to rank `to`". Sender and receiver
-// both add it to the XOR of the summary, so it cancels exactly when they
-// agree on the count.
-uint64_t PairHash(uint64_t from, uint64_t to, uint64_t bytes) {
-  return Mix(Mix((from << 32) | to) ^ bytes);
+// The hash of "rank `from` moves `bytes` to rank `to`, split into items as
+// `items` (ExchangeLayout's item hash) says". Sender and receiver both add it
+// to the XOR of the summary, so it cancels exactly when they agree on the
+// count and on its items.
+uint64_t PairHash(uint64_t from, uint64_t to, uint64_t bytes, uint64_t items) {
+  return Mix(Mix(Mix((from << 32) | to) ^ bytes) ^ items);
 }
 
 // The summary all ranks reduce in the fast agreement: [0] the XOR of every
@@ -147,11 +148,13 @@ struct MpiTransport::Header {
   uint64_t sends_you = 0;         // hello: bytes the sender sends the receiver
   uint64_t expects_from_you = 0;  // hello: bytes the sender expects from the receiver
   uint64_t messages_to_you = 0;   // hello: data messages the sender already posted to it
+  uint64_t items_to_you = 0;      // hello: item hash of what the sender sends the receiver
+  uint64_t items_from_you = 0;    // hello: item hash of what it expects from the receiver
   uint32_t direction = 0;
   int32_t code = 0;  // absl::StatusCode of the sender's verdict
   uint32_t world = 0;
   uint32_t sender = 0;
-  char reason[192] = {};  // the sender's error message, truncated
+  char reason[176] = {};  // the sender's error message, truncated
 
   void SetStatus(const absl::Status& s) {
     code = static_cast<int32_t>(s.code());
@@ -425,8 +428,8 @@ absl::Status MpiTransport::RunAgreement(const ExchangeLayout& layout, const absl
   uint64_t* mine = summary->mine;
   const uint64_t* all = summary->all;
   for (uint32_t p = 0; p < size_; ++p) {
-    mine[kPairs] ^=
-        PairHash(rank_, p, layout.send_counts[p]) ^ PairHash(p, rank_, layout.recv_counts[p]);
+    mine[kPairs] ^= PairHash(rank_, p, layout.send_counts[p], layout.send_item_hashes[p]) ^
+                    PairHash(p, rank_, layout.recv_counts[p], layout.recv_item_hashes[p]);
   }
   const uint64_t fields[][2] = {{kSeq, seq_},
                                 {kStep, layout.step},
@@ -512,6 +515,8 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
     h.step = layout.step;
     h.sends_you = layout.send_counts[p];
     h.expects_from_you = layout.recv_counts[p];
+    h.items_to_you = layout.send_item_hashes[p];
+    h.items_from_you = layout.recv_item_hashes[p];
     h.messages_to_you = early != nullptr ? early->to_peer[p] : 0;
     h.direction = static_cast<uint32_t>(layout.direction);
     h.world = size_;
@@ -559,6 +564,14 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
       refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", rank_, " but rank ",
              rank_, "'s plan sends it ", layout.send_counts[p],
              ": the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+    } else if (local.ok() && h.items_to_you != layout.recv_item_hashes[p]) {
+      refuse("rank ", p, " splits the ", h.sends_you, " bytes it sends to rank ", rank_,
+             " into other items than rank ", rank_,
+             "'s plan: the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+    } else if (local.ok() && h.items_from_you != layout.send_item_hashes[p]) {
+      refuse("rank ", p, " expects the ", h.expects_from_you, " bytes from rank ", rank_,
+             " in other items than rank ", rank_,
+             "'s plan: the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
     }
   }
 

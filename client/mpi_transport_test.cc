@@ -223,6 +223,75 @@ TEST(MpiTransport, PlansThatDisagreeAreRefusedOnEveryRank) {
   EXPECT_TRUE(b.RecvUntouched());
 }
 
+// Makes `plan` send its bytes to rank 2 in other items (same total): the
+// first two items merged, or the first one split in two.
+void SplitRank2Differently(v1::RankPlan* plan) {
+  v1::Transfer* to2 = plan->mutable_exchange()->mutable_sends(2);
+  ASSERT_EQ(to2->peer(), 2u);
+  if (to2->items_size() >= 2) {
+    to2->mutable_items(0)->set_bytes(to2->items(0).bytes() + to2->items(1).bytes());
+    to2->mutable_items()->DeleteSubrange(1, 1);
+  } else {
+    ASSERT_GE(to2->items(0).bytes(), 2u);
+    const uint64_t half = to2->items(0).bytes() / 2;
+    to2->mutable_items(0)->set_bytes(to2->items(0).bytes() - half);
+    *to2->add_items() = to2->items(0);
+    to2->mutable_items(1)->set_bytes(half);
+  }
+}
+
+// Each item's memory within a flat buffer laid out over `list` (plan order).
+std::vector<ItemBuffer> ItemsOf(const google::protobuf::RepeatedPtrField<v1::Transfer>& list,
+                                uint8_t* base) {
+  std::vector<ItemBuffer> items;
+  uint64_t at = 0;
+  for (const v1::Transfer& t : list) {
+    for (const v1::TransferItem& item : t.items()) {
+      items.push_back({base + at, item.bytes()});
+      at += item.bytes();
+    }
+  }
+  return items;
+}
+
+// Two ends that split a pair's bytes into different items (equal totals)
+// fail every rank alike, item-wise and contiguous, instead of one rank
+// failing with a truncated message while another waits for a receive that
+// never comes; nothing is received and the next exchange moves every byte.
+TEST(MpiTransport, PlansThatSplitAPairsBytesDifferentlyAreRefusedOnEveryRank) {
+  auto t = MakeTransport();
+  if (t->world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  const auto plans = Plans(t->world_size(), 17);
+  for (int items = 1; items >= 0; --items) {
+    v1::RankPlan plan = plans[t->rank()];
+    if (t->rank() == 0) {
+      ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
+    }
+    Buffers b(plan);
+    const ExchangeContext ctx{17, t->world_size()};
+    absl::Status s =
+        items ? t->ExchangeItems(plan, ExchangeDirection::kForward,
+                                 ItemsOf(plan.exchange().sends(), b.send.data()),
+                                 ItemsOf(plan.exchange().recvs(), b.recv.data()), ctx)
+              : t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(), ctx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    if (t->rank() == 2) {
+      EXPECT_THAT(Msg(s), HasSubstr("rank 0 splits the " +
+                                    std::to_string(plans[0].exchange().sends(2).bytes()) +
+                                    " bytes it sends to rank 2 into other items than rank 2's"));
+    } else if (t->rank() == 0) {
+      EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the " +
+                                    std::to_string(plans[0].exchange().sends(2).bytes()) +
+                                    " bytes from rank 0 in other items than rank 0's plan"));
+    } else {
+      EXPECT_THAT(Msg(s), HasSubstr("refused the exchange"));
+    }
+    EXPECT_TRUE(b.RecvUntouched()) << (items ? "item-wise" : "contiguous");
+    absl::Status next = ExchangeAndVerify(*t, plans[t->rank()], ctx, nullptr);
+    ASSERT_TRUE(next.ok()) << next;
+  }
+}
+
 TEST(MpiTransport, RanksOnDifferentStepsAreRefused) {
   auto t = MakeTransport();
   auto plans = Plans(t->world_size(), 13);
