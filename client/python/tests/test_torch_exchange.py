@@ -60,7 +60,8 @@ class ExchangeTest(unittest.TestCase):
                 "device": ("InvalidArgumentError", "x is on meta but the process group's backend"),
                 "released": ("FailedPreconditionError", "exchange of a released batch"),
                 "corrupt": ("DataLossError", "rank 1: this rank cannot lay out the exchange"),
-                "skip": ("FailedPreconditionError", "rank 0 is at step 1 but rank 1 at step 2")}
+                "skip": ("FailedPreconditionError", "rank 0 is at step 1 but rank 1 at step 2"),
+                "split": ("FailedPreconditionError", "into other items than rank")}
         for case, (cls, text) in want.items():
             with self.subTest(case=case):
                 rc, out, rows = self.results("torchrun", case)

@@ -161,9 +161,11 @@ class BatchTest(unittest.TestCase):
 
 
 class VerdictTest(unittest.TestCase):
-    def view(self, rank, seq=1, step=3, send=(0, 0), recv=(0, 0), refusal=None):
+    def view(self, rank, seq=1, step=3, send=(0, 0), recv=(0, 0), refusal=None,
+             send_items=(0, 0), recv_items=(0, 0)):
         return {"rank": rank, "seq": seq, "step": step, "direction": "forward", "world": 2,
-                "refusal": refusal, "send": list(send), "recv": list(recv)}
+                "refusal": refusal, "send": list(send), "recv": list(recv),
+                "send_items": list(send_items), "recv_items": list(recv_items)}
 
     def test_everyone_gets_the_same_reason(self):
         v = _agree.verdict
@@ -175,6 +177,14 @@ class VerdictTest(unittest.TestCase):
         self.assertIn("rank 0 is at exchange #2 but rank 1 at exchange #3", msg)
         _, msg = v([self.view(0, send=(0, 8)), self.view(1, recv=(4, 0))])
         self.assertIn("rank 0 sends 8 bytes to rank 1 but rank 1's plan expects 4", msg)
+        # The same bytes, split into other items on the two ends.
+        h = _agree.item_sizes_hash
+        self.assertNotEqual(h([4, 4]), h([8]))
+        self.assertEqual(h([4, 0, 4]), h([4, 4]))  # empty items move nothing
+        _, msg = v([self.view(0, send=(0, 8), send_items=(0, h([8]))),
+                    self.view(1, recv=(8, 0), recv_items=(h([4, 4]), 0))])
+        self.assertIn("rank 0 splits the 8 bytes it sends to rank 1 into other items than "
+                      "rank 1's plan", msg)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,16 @@ def run_bad(args, transport, rank, world):
                 x = x.to("meta")
             if culprit and args.case == "corrupt":
                 batch._layout.llm_images = [(1, 0)]  # a layout this rank cannot read
+            if culprit and args.case == "split":
+                # This rank's view of a pair splits the pair's rows into other items than
+                # the peer's (the same total): a corrupt plan the agreement must catch.
+                t = batch._tables()
+                items = next(its for its in t.send_items[:rank] + t.send_items[rank + 1:] +
+                             t.recv_items[:rank] + t.recv_items[rank + 1:]
+                             if any(n >= 2 for _, n in its))
+                k = next(k for k, (_, n) in enumerate(items) if n >= 2)
+                at, n = items[k]
+                items[k:k + 1] = [(at, 1), (at + 1 if at >= 0 else -1, n - 1)]
             if culprit and args.case == "released":
                 batch.release()
             if culprit and args.case == "absent":

@@ -26,10 +26,33 @@ def _mix(x):
         return x ^ (x >> np.uint64(31))
 
 
-def _pair_hashes(frm, to, nbytes, context):
-    """Hash of "rank frm moves nbytes to rank to in this exchange" (arrays)."""
+_M64_INT = (1 << 64) - 1
+
+
+def mix64(x):
+    """splitmix64 of a Python int."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64_INT
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64_INT
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64_INT
+    return x ^ (x >> 31)
+
+
+def item_sizes_hash(sizes):
+    """How a pair's bytes split into items: a hash of its non-empty items' byte sizes in
+    order (0: nothing moves), compared across ranks by the agreement."""
+    h = 0
+    for n in sizes:
+        if n:
+            h = mix64(h ^ mix64(int(n)))
+    return h
+
+
+def _pair_hashes(frm, to, nbytes, items, context):
+    """Hash of "rank frm moves nbytes to rank to, split into items as `items` (their
+    item_sizes_hash) says, in this exchange" (arrays)."""
     h = _mix((frm.astype(np.uint64) << np.uint64(32)) | to.astype(np.uint64))
     h = _mix(h ^ nbytes.astype(np.uint64))
+    h = _mix(h ^ items)
     for c in context:
         h = _mix(h ^ np.uint64(c & 0xFFFFFFFFFFFFFFFF))
     return h
@@ -66,8 +89,11 @@ class Agreement:
     def where(self, step, direction):
         return f"step {step}, {direction} exchange #{self.seq}"
 
-    def agree(self, step, direction, send_counts, recv_counts, refusal=None):
-        """refusal: None or (code name, message). Raises tutti.Error on every rank alike."""
+    def agree(self, step, direction, send_counts, recv_counts, refusal=None, send_items=None,
+              recv_items=None):
+        """refusal: None or (code name, message). send_items / recv_items: per peer, the
+        item_sizes_hash of the pair's items (None: not compared). Raises tutti.Error on every
+        rank alike."""
         if self.broken is not None:
             raise _error("FAILED_PRECONDITION", self.broken)
         self.seq += 1
@@ -76,8 +102,11 @@ class Agreement:
         context = (self.seq, step, _DIRECTIONS[direction], self.world)
         send = np.asarray(send_counts, np.uint64)
         recv = np.asarray(recv_counts, np.uint64)
-        h = np.bitwise_xor.reduce(_pair_hashes(me, peers, send, context) ^
-                                  _pair_hashes(peers, me, recv, context))
+        send_items = [0] * self.world if send_items is None else list(send_items)
+        recv_items = [0] * self.world if recv_items is None else list(recv_items)
+        h = np.bitwise_xor.reduce(
+            _pair_hashes(me, peers, send, np.asarray(send_items, np.uint64), context) ^
+            _pair_hashes(peers, me, recv, np.asarray(recv_items, np.uint64), context))
         if refusal is not None:
             h ^= _mix(np.asarray([_REFUSED ^ np.uint64(self.rank)]))[0]
         summary = torch.tensor([int(h.astype(np.int64))], dtype=torch.int64)
@@ -90,7 +119,7 @@ class Agreement:
             if refusal is not None:
                 raise _error(refusal[0], f"{self.where(step, direction)}: {refusal[1]}")
             return
-        self._detail(step, direction, send_counts, recv_counts, refusal)
+        self._detail(step, direction, send_counts, recv_counts, refusal, send_items, recv_items)
 
     def any(self, step, what, flag):
         """Whether any rank's flag is set (a MAX all-reduce within the deadline)."""
@@ -105,10 +134,12 @@ class Agreement:
                 self._timed_out(step, what, "take the same step's batch", e)
         return bool(value[0])
 
-    def _detail(self, step, direction, send_counts, recv_counts, refusal):
+    def _detail(self, step, direction, send_counts, recv_counts, refusal, send_items,
+                recv_items):
         mine = {"rank": self.rank, "seq": self.seq, "step": step, "direction": direction,
                 "world": self.world, "refusal": refusal, "send": list(map(int, send_counts)),
-                "recv": list(map(int, recv_counts))}
+                "recv": list(map(int, recv_counts)), "send_items": send_items,
+                "recv_items": recv_items}
         everyone = [None] * self.world
         if self.world > 1:
             try:
@@ -180,4 +211,11 @@ def verdict(everyone):
                     f"{where}: rank {v['rank']} sends {n} bytes to rank {peer} but rank {peer}'s "
                     f"plan expects {expect} from it: the ranks' plans disagree (different steps or "
                     "jobs, or a corrupt plan)")
+    for v in everyone:
+        for peer, h in enumerate(v["send_items"]):
+            if h != everyone[peer]["recv_items"][v["rank"]]:
+                return "FAILED_PRECONDITION", (
+                    f"{where}: rank {v['rank']} splits the {v['send'][peer]} bytes it sends to "
+                    f"rank {peer} into other items than rank {peer}'s plan: the ranks' plans "
+                    "disagree (different steps or jobs, or a corrupt plan)")
     return None, None

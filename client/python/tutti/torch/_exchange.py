@@ -14,17 +14,8 @@ import torch
 import torch.distributed as dist
 
 import tutti
-from tutti.torch._agree import _DIRECTIONS, Agreement, _error
-
-_M64 = (1 << 64) - 1
-
-
-def _mix64(x):
-    """splitmix64 of a Python int."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
+from tutti.torch._agree import _DIRECTIONS, Agreement, _error, item_sizes_hash
+from tutti.torch._agree import mix64 as _mix64
 
 
 def _tag(pair, index, nbytes):
@@ -439,7 +430,10 @@ class TorchTransport(_Transport):
                                       _tag(pair, i, n * row_bytes)))
         works = dist.batch_isend_irecv(ops) if ops else []
         try:
-            self.agreement.agree(batch.step, direction, send_bytes, recv_bytes)
+            self.agreement.agree(
+                batch.step, direction, send_bytes, recv_bytes,
+                send_items=[item_sizes_hash(n * row_bytes for _, n in its) for its in send_items],
+                recv_items=[item_sizes_hash(n * row_bytes for _, n in its) for its in recv_items])
         except tutti.Error:
             # Messages with a rank that refused or disagrees never complete; their memory is
             # kept (a late peer could still read or write it), their tags are never reused.
