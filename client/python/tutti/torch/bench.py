@@ -9,7 +9,11 @@
 
 Each exchange case also times a bare exchange of the same rows item by item (one message
 per image, straight between the encoder output's rows and the output's, as tutti moves
-them): bare_items_ms in the JSON, the share of the gap that is the message count.
+them): bare_items_ms in the JSON, the share of the gap that is the message count; and
+the same rows as one message per peer (bare_per_peer_ms; MPI: a derived datatype per
+peer on each end, gloo: each peer's rows gathered into a staging tensor and scattered on
+arrival), what tutti would gain by moving one message per pair instead of one per item.
+--runs N repeats each exchange case in fresh processes and reports every run.
 
 Ranks are started here (processes with torchrun's variables for gloo, mpirun for MPI), with
 glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_): an
@@ -172,6 +176,70 @@ def _exchange_rank(args, kind):
             else:
                 MPI.Request.Waitall(reqs)
 
+    if kind == "mpi":
+        def datatypes(items):
+            # Per peer, one derived datatype over its items' bytes (hindexed), made once.
+            types = []
+            for p in range(world):
+                its = [(a * rb, n * rb) for a, n in items[p] if a >= 0]
+                types.append(MPI.BYTE.Create_hindexed([n for _, n in its],
+                                                      [a for a, _ in its]).Commit()
+                             if its and p != rank else None)
+            return types
+
+        x_types, out_types = datatypes(t.send_items), datatypes(t.recv_items)
+    else:
+        def rows_of(items):
+            return [torch.cat([torch.arange(a, a + n) for a, n in items[p]])
+                    if items[p] and p != rank else None for p in range(world)]
+
+        x_rows, out_rows_of = rows_of(t.send_items), rows_of(t.recv_items)
+        x_stage = [None if r is None else x.new_empty((len(r), args.hidden)) for r in x_rows]
+        out_stage = [None if r is None else x.new_empty((len(r), args.hidden))
+                     for r in out_rows_of]
+
+    def bare_per_peer():
+        # One message per peer over the same rows as tutti's (x rows <-> output rows, both
+        # ways). MPI: a derived datatype per peer on each end, no copy; gloo (which has no
+        # datatypes): each peer's rows gathered into a staging tensor, scattered on arrival.
+        for src, dst, si, ri, fwd in ((x, out_rows, t.send_items, t.recv_items, True),
+                                      (out_rows, grad_x, t.recv_items, t.send_items, False)):
+            if kind == "mpi":
+                st, rt = (x_types, out_types) if fwd else (out_types, x_types)
+                sn, dn, reqs = src.numpy(), dst.numpy(), []
+                for k in range(1, world):
+                    p = (rank - k) % world
+                    if rt[p] is not None:
+                        reqs.append(comm.Irecv([dn, 1, rt[p]], p, 6))
+                for k in range(1, world):
+                    p = (rank + k) % world
+                    if st[p] is not None:
+                        reqs.append(comm.Isend([sn, 1, st[p]], p, 6))
+            else:
+                sr, rr = (x_rows, out_rows_of) if fwd else (out_rows_of, x_rows)
+                ss, rs = (x_stage, out_stage) if fwd else (out_stage, x_stage)
+                ops = []
+                for k in range(1, world):
+                    p = (rank - k) % world
+                    if rr[p] is not None:
+                        ops.append(dist.P2POp(dist.irecv, rs[p], p))
+                for k in range(1, world):
+                    p = (rank + k) % world
+                    if sr[p] is not None:
+                        torch.index_select(src, 0, sr[p], out=ss[p])
+                        ops.append(dist.P2POp(dist.isend, ss[p], p))
+                works = dist.batch_isend_irecv(ops) if ops else []
+            for (sa, n), (da, _) in zip(si[rank], ri[rank]):
+                dst[da:da + n].copy_(src[sa:sa + n])
+            if kind == "mpi":
+                MPI.Request.Waitall(reqs)
+            else:
+                for w in works:
+                    w.wait()
+                for p in range(world):
+                    if rr[p] is not None:
+                        dst.index_copy_(0, rr[p], rs[p])
+
     grad = torch.ones(b.num_image_embeds, args.hidden)
 
     def ours():
@@ -184,10 +252,10 @@ def _exchange_rank(args, kind):
         else:
             comm.Barrier()
 
-    times = {"bare": [], "tutti": [], "bare_fresh": [], "bare_items": []}
+    times = {"bare": [], "tutti": [], "bare_fresh": [], "bare_items": [], "bare_per_peer": []}
     cases = (("bare", lambda: (bare(), bare(reverse=True))), ("tutti", ours),
              ("bare_fresh", lambda: (bare(fresh=True), bare(reverse=True, fresh=True))),
-             ("bare_items", bare_items))
+             ("bare_items", bare_items), ("bare_per_peer", bare_per_peer))
     for i in range(args.repeats + 2):
         for name, fn in cases[::1 if i % 2 else -1]:
             barrier()
@@ -204,6 +272,7 @@ def _exchange_rank(args, kind):
            "bare_ms": statistics.median(times["bare"]) * 1e3,
            "bare_fresh_ms": statistics.median(times["bare_fresh"]) * 1e3,
            "bare_items_ms": statistics.median(times["bare_items"]) * 1e3,
+           "bare_per_peer_ms": statistics.median(times["bare_per_peer"]) * 1e3,
            "tutti_ms": statistics.median(times["tutti"]) * 1e3,
            "repeats": args.repeats, "load_average": list(os.getloadavg())}
     out["tutti_vs_bare_throughput"] = out["bare_ms"] / out["tutti_ms"]
@@ -219,8 +288,11 @@ def _exchange_rank(args, kind):
         worst["bare_ms"] = worst_bare
         worst["bare_fresh_ms"] = max(o["bare_fresh_ms"] for o in gathered)
         worst["bare_items_ms"] = max(o["bare_items_ms"] for o in gathered)
+        worst["bare_per_peer_ms"] = max(o["bare_per_peer_ms"] for o in gathered)
         worst["tutti_vs_bare_throughput"] = worst_bare / worst["tutti_ms"]
         worst["tutti_vs_bare_items_throughput"] = worst["bare_items_ms"] / worst["tutti_ms"]
+        # What one message per peer over the same rows would give, against bare.
+        worst["per_peer_vs_bare_throughput"] = worst_bare / worst["bare_per_peer_ms"]
         print("BENCH " + json.dumps(worst), flush=True)
 
 
@@ -268,6 +340,9 @@ def main(argv=None):
                     help="images each rank encodes, 16x16 patches = 64 tokens each (default 32)")
     ap.add_argument("--hidden", type=int, default=4096, help="embedding width, fp32 (default 4096)")
     ap.add_argument("--repeats", type=int, default=15, help="timed repetitions (default 15)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="runs of each exchange case, each with fresh rank processes; every "
+                         "run's ratio and load average is reported (default 1)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     ap.add_argument("--rank-of", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -278,7 +353,8 @@ def main(argv=None):
         if case == "python_path":
             results.append(python_path(args))
         elif case in ("exchange_gloo", "exchange_mpi"):
-            results.append(_launch(args, case.split("_")[1]))
+            for run in range(args.runs):
+                results.append(dict(_launch(args, case.split("_")[1]), run=run + 1))
         else:
             ap.error(f"unknown case {case!r}")
     load = list(os.getloadavg())
@@ -296,10 +372,14 @@ def main(argv=None):
                   f"over Batch::Map, {r['images']} images")
         else:
             mb = r["bytes_per_rank"] / 2**20
+            per_peer = "datatype" if r["case"] == "exchange_mpi" else "staging copy"
             print(f"{r['case']:<16} {r['tutti_ms']:>11.2f} ms {r['bare_ms']:>11.2f} ms "
-                  f"{r['tutti_vs_bare_throughput']:>8.3f}  throughput vs bare, {mb:.1f} MiB per rank "
-                  f"fwd+bwd, {r['ranks']} ranks, medians of {r['repeats']}; bare item by item "
-                  f"{r['bare_items_ms']:.2f} ms ({r['tutti_vs_bare_items_throughput']:.3f})")
+                  f"{r['tutti_vs_bare_throughput']:>8.3f}  throughput vs bare, run {r['run']}, "
+                  f"load {r['load_average'][0]:.1f}, {mb:.1f} MiB per rank fwd+bwd, {r['ranks']} "
+                  f"ranks, medians of {r['repeats']}; bare item by item {r['bare_items_ms']:.2f} ms "
+                  f"({r['tutti_vs_bare_items_throughput']:.3f}); bare one message per peer "
+                  f"({per_peer}) {r['bare_per_peer_ms']:.2f} ms "
+                  f"({r['per_peer_vs_bare_throughput']:.3f} of bare)")
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return 0
