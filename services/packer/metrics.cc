@@ -75,6 +75,20 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                         .Help("Steps that could not be planned")
                         .Register(r)
                         .Add({})),
+      overflow_family(BuildCounter()
+                          .Name("tutti_packer_overflow_total")
+                          .Help("What the overflow policy did in planned steps, by kind")
+                          .Register(r)),
+      overflow_deferred(overflow_family.Add({{"kind", "deferred"}})),
+      overflow_split(overflow_family.Add({{"kind", "split"}})),
+      overflow_truncated(overflow_family.Add({{"kind", "truncated"}})),
+      overflow_skipped(overflow_family.Add({{"kind", "skipped"}})),
+      overflow_fallback_steps(overflow_family.Add({{"kind", "fallback_step"}})),
+      deferred_samples(BuildGauge()
+                           .Name("tutti_packer_deferred_samples")
+                           .Help("Samples waiting for a later step after the last step planned")
+                           .Register(r)
+                           .Add({})),
       window_depth(BuildGauge()
                        .Name("tutti_packer_plan_window_depth")
                        .Help("Planned steps ready ahead of the furthest step a client asked for")

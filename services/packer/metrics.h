@@ -45,6 +45,17 @@ struct PackerMetrics {
   prometheus::Counter& steps_planned;
   // tutti_packer_plan_failures_total: steps that could not be planned.
   prometheus::Counter& plan_failures;
+  // tutti_packer_overflow_total{kind}: what the overflow policy did in the
+  // steps planned: samples deferred (to a later step), long documents split,
+  // truncated and skipped, and steps packed by the first-fit fallback.
+  prometheus::Family<prometheus::Counter>& overflow_family;
+  prometheus::Counter& overflow_deferred;
+  prometheus::Counter& overflow_split;
+  prometheus::Counter& overflow_truncated;
+  prometheus::Counter& overflow_skipped;
+  prometheus::Counter& overflow_fallback_steps;
+  // tutti_packer_deferred_samples: samples waiting after the last step planned.
+  prometheus::Gauge& deferred_samples;
   // tutti_packer_plan_window_depth: planned steps ready ahead of the
   // furthest step a client asked for.
   prometheus::Gauge& window_depth;

@@ -98,6 +98,17 @@ class PlanBuilder {
     stats->set_inter_node_bytes(d_.inter_node_bytes);
     stats->set_intra_node_bytes(d_.intra_node_bytes);
     stats->set_remote_load_bytes(d_.remote_load_bytes);
+    if (const OverflowCounts& o = d_.overflow; o.any()) {
+      v1::OverflowStats* os = stats->mutable_overflow();
+      os->set_deferred_in(o.deferred_in);
+      os->set_deferred_out(o.deferred_out);
+      os->set_split_documents(o.split_documents);
+      os->set_split_pieces(o.split_pieces);
+      os->set_truncated(o.truncated);
+      os->set_skipped(o.skipped);
+      os->set_oldest_deferred_step(o.oldest_deferred_step);
+      os->set_fallback_packing(o.fallback_packing);
+    }
   }
 
  private:
@@ -178,6 +189,14 @@ class PlanBuilder {
           doc->set_length(ps.cost.llm_tokens);
           doc->set_encoder_tokens(ps.cost.image_tokens + ps.cost.audio_tokens);
           doc->set_remote_load(ps.text_remote);
+          if (ps.pieces > 0) {
+            doc->set_piece(ps.piece);
+            doc->set_pieces(ps.pieces);
+            doc->set_audio_count(ps.cost.audio);
+            if (ps.cost.audio > 0) doc->set_first_audio(d_.audio[ps.first_audio].audio_index);
+            doc->set_text_begin(ps.text_begin);
+          }
+          if (ps.truncated) doc->set_truncated(true);
           for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
             const PlannedImage& im = d_.images[i];
             v1::DocImage* di = doc->add_images();

@@ -135,6 +135,13 @@ void PlanWindow::Worker() {
         metrics_->inter_node_bytes.Observe(static_cast<double>(data->inter_node_bytes));
         metrics_->intra_node_bytes.Observe(static_cast<double>(data->intra_node_bytes));
         metrics_->remote_load_bytes.Observe(static_cast<double>(data->remote_load_bytes));
+        const OverflowCounts& o = data->overflow;
+        if (o.deferred_out) metrics_->overflow_deferred.Increment(o.deferred_out);
+        if (o.split_documents) metrics_->overflow_split.Increment(o.split_documents);
+        if (o.truncated) metrics_->overflow_truncated.Increment(o.truncated);
+        if (o.skipped) metrics_->overflow_skipped.Increment(o.skipped);
+        if (o.fallback_packing) metrics_->overflow_fallback_steps.Increment();
+        metrics_->deferred_samples.Set(static_cast<double>(o.deferred_out));
         if (data->rearrangement == "fast") {
           metrics_->rearrangement_fast.Increment();
         } else if (data->rearrangement == "ilp optimal") {

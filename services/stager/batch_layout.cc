@@ -177,11 +177,35 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   d.token_offset = *tokens;
   d.length = slot.length();
   std::vector<std::pair<uint32_t, bool>> enc;
-  for (const auto& m : s->images()) {
+  auto image_tokens = [&](const v1::MemberRef& m) {
     auto g = SmartResize(m.height(), m.width(), geo);
-    enc.emplace_back(g.ok() ? g->llm_tokens : 0, false);
+    return g.ok() ? g->llm_tokens : 0;
+  };
+  if (slot.pieces() > 0) {
+    // A piece of a split document: the images it lists, its audio clips and
+    // its part of the text.
+    for (const auto& di : slot.images()) {
+      if (di.image_index() >= static_cast<uint32_t>(s->images_size())) {
+        return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
+                                                       slot.sample_id(), " has no image ",
+                                                       di.image_index()));
+      }
+      enc.emplace_back(image_tokens(s->images(static_cast<int>(di.image_index()))), false);
+    }
+    if (uint64_t{slot.first_audio()} + slot.audio_count() >
+        static_cast<uint64_t>(s->audio_size())) {
+      return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
+                                                     slot.sample_id(), " has no audio clips ",
+                                                     slot.first_audio(), "+", slot.audio_count()));
+    }
+    for (uint32_t a = slot.first_audio(); a < slot.first_audio() + slot.audio_count(); ++a) {
+      enc.emplace_back(AudioTokens(s->audio(static_cast<int>(a)), audio_cfg_), true);
+    }
+    d.text_begin = slot.text_begin();
+  } else {
+    for (const auto& m : s->images()) enc.emplace_back(image_tokens(m), false);
+    for (const auto& m : s->audio()) enc.emplace_back(AudioTokens(m, audio_cfg_), true);
   }
-  for (const auto& m : s->audio()) enc.emplace_back(AudioTokens(m, audio_cfg_), true);
   uint64_t sum = 0;
   for (const auto& e : enc) sum += e.first;
   if (!enc.empty() && slot.encoder_tokens() != 0 && sum != slot.encoder_tokens()) {
@@ -290,7 +314,11 @@ void BatchLayout::WriteFixed(char* base) const {
 void BatchLayout::WriteText(char* base, size_t doc, const std::vector<int32_t>& tokens) const {
   const DocItem& d = docs_[doc];
   auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
-  const std::vector<int32_t> fitted = FitTokens(tokens, d.text_length);
+  std::vector<int32_t> piece;
+  if (d.text_begin > 0) {  // a later piece of a split document
+    piece.assign(tokens.begin() + std::min<size_t>(d.text_begin, tokens.size()), tokens.end());
+  }
+  const std::vector<int32_t> fitted = FitTokens(d.text_begin > 0 ? piece : tokens, d.text_length);
   if (fitted.empty()) return;  // a document of markers only: no text to write
   std::memcpy(input + d.token_offset + d.text_offset, fitted.data(), fitted.size() * 4);
 }

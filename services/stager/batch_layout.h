@@ -49,6 +49,7 @@ struct DocItem {
   uint32_t length = 0;       // tokens, as planned
   uint32_t text_offset = 0;  // first text token within the doc (after encoder tokens)
   uint32_t text_length = 0;
+  uint32_t text_begin = 0;   // a piece of a split document: its first token of the text
 };
 
 struct AudioItem {

@@ -49,6 +49,45 @@ TEST(BatchLayoutTest, ArraysFollowThePlan) {
   EXPECT_EQ(by["input_ids"].shape(0), static_cast<uint64_t>(cu[2]));
 }
 
+// A piece of a split document (overflow.long_documents "split") holds only
+// the images it lists and the text from its text_begin.
+TEST(BatchLayoutTest, APieceOfASplitDocumentHoldsItsPartOfTheText) {
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_piece",
+                                    {.shards = 1, .samples_per_shard = 3});
+  v1::JobInfo job = testing::MakeJob(data, 2, 2);
+  v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
+  const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+  v1::DocSlot* slot =
+      plan.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  const uint32_t whole = slot->length();
+  slot->clear_images();  // the piece after its images: text only
+  slot->set_encoder_tokens(0);
+  slot->set_length(3);
+  slot->set_piece(1);
+  slot->set_pieces(2);
+  slot->set_text_begin(2);
+  auto layout = BatchLayout::Build(plan, plan.ranks(1), job.config(), p);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const auto& doc = layout->docs()[0];
+  EXPECT_EQ(doc.text_offset, 0u);
+  EXPECT_EQ(doc.text_length, 3u);
+  EXPECT_LT(doc.length, whole);
+  std::vector<char> seg(layout->total_bytes());
+  layout->WriteFixed(seg.data());
+  layout->WriteText(seg.data(), 0, {7, 8, 9, 10, 11});
+  auto descs = layout->Finalize(seg.data(), {false, false, false}, {false, false, false}, {});
+  for (const auto& d : descs) {
+    if (d.name() != "input_ids") continue;
+    const int32_t* ids = reinterpret_cast<const int32_t*>(seg.data() + d.offset());
+    EXPECT_EQ(ids[doc.token_offset], 9);
+    EXPECT_EQ(ids[doc.token_offset + 2], 11);
+  }
+  // A piece naming an image the sample does not have is refused.
+  slot->add_images()->set_image_index(7);
+  EXPECT_EQ(BatchLayout::Build(plan, plan.ranks(1), job.config(), p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BatchLayoutTest, InconsistentPlanIsRefused) {
   auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds2", {.shards = 1, .samples_per_shard = 2});
   v1::JobInfo job = testing::MakeJob(data, 1, 1);

@@ -27,7 +27,9 @@ class ColocatedDispatcher final : public Dispatcher {
     p.vl = plan->vl_items;
     p.balance_vit = true;
     thread_local PackResult r;
-    if (absl::Status s = strategy_->Pack(p, &r); !s.ok()) return s;
+    if (absl::Status s = strategy_->Pack(p, &r); !s.ok()) {
+      return absl::IsFailedPrecondition(s) ? AsCapacityError(std::move(s)) : s;
+    }
     const uint32_t T = static_cast<uint32_t>(plan->text_items.size());
     for (uint32_t k = 0; k < plan->samples.size(); ++k) {
       PlannedSample& ps = plan->samples[k];
@@ -74,7 +76,11 @@ class PostBalancingDispatcher final : public Dispatcher {
         dispatch::Dispatch(step.staging != nullptr ? *step.staging : everywhere, o, plan);
     // Samples that do not fit their sequences: the planner's contract says
     // FAILED_PRECONDITION for a step that cannot be planned.
-    if (absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s)) {
+    if (absl::IsResourceExhausted(s)) {
+      return AsCapacityError(
+          absl::FailedPreconditionError(absl::StrCat("post-balancing: ", s.message())));
+    }
+    if (absl::IsInvalidArgument(s)) {
       return absl::FailedPreconditionError(absl::StrCat("post-balancing: ", s.message()));
     }
     return s;

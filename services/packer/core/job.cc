@@ -71,6 +71,9 @@ absl::Status Job::Init(const JobOptions& options) {
   }
   dispatcher_ =
       pb.enabled() ? MakePostBalancingDispatcher(d) : MakeColocatedDispatcher(strategy_.get(), d);
+  ASSIGN_OR_RETURN(overflow_, ResolveOverflowPolicy(config_.overflow()));
+  fallback_strategy_ = MakeFirstFitStrategy();
+  fallback_dispatcher_ = MakeColocatedDispatcher(fallback_strategy_.get(), d);
 
   const Index& ix = *index_;
   FilterStreams();
@@ -175,13 +178,15 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
   st.start_step = stage.start_step();
   st.max_pixels = stage.max_pixels();
   st.seq_len = seq_len;
-  uint64_t too_long = 0, over_cap = 0, max_cap_tokens = 0;
-  int64_t first_long = -1, first_cap = -1;
-  uint32_t first_long_tokens = 0, first_cap_tokens = 0;
+  uint64_t over_cap = 0, max_cap_tokens = 0;
+  int64_t first_cap = -1, first_skip[2] = {-1, -1};
+  uint32_t first_cap_tokens = 0;
   double sum_text = 0, sum_vl = 0, sum_images = 0;
+  std::vector<uint32_t> runs;
+  std::vector<DocPiece> pieces;
   // Only what the streams draw from: a sample left out is never planned.
-  for (const std::vector<uint32_t>* stream : {&text_samples(), &vl_samples()}) {
-    for (const uint32_t s : *stream) {
+  for (const int vl : {0, 1}) {
+    for (const uint32_t s : vl ? vl_samples() : text_samples()) {
       auto c = coster.Cost(s);
       if (!c.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -189,12 +194,28 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
             c.status().message(), "; raise vision.max_aspect_ratio or rebuild the index without it"));
       }
       st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
-      (ix.is_vl(s) ? sum_vl : sum_text) += c->llm_tokens;
-      sum_images += c->image_tokens;
+      // What the sequences will hold of it: all of it, split or not;
+      // seq_len truncated; nothing skipped.
+      uint32_t tokens = c->llm_tokens;
       if (c->llm_tokens > seq_len) {
-        if (first_long < 0) first_long = s, first_long_tokens = c->llm_tokens;
-        ++too_long;
+        ++st.long_documents;
+        runs.clear();
+        for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
+          if (ix.media_is_image(j)) runs.push_back(coster.Image(j)->llm_tokens + 2);
+        }
+        for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
+          if (!ix.media_is_image(j)) runs.push_back(coster.AudioTokens(ix.media_audio_ms(j)) + 2);
+        }
+        const LongDocOutcome o =
+            ShapeDocument(c->text_tokens, runs, seq_len, overflow_.long_documents, &pieces);
+        if (o == LongDocOutcome::kSkipped) {
+          if (st.skipped[vl]++ == 0) first_skip[vl] = s;
+          tokens = 0;
+        }
+        if (o == LongDocOutcome::kTruncated) tokens = seq_len;
       }
+      (vl ? sum_vl : sum_text) += tokens;
+      if (tokens > 0) sum_images += c->image_tokens;
       if (img_cap > 0 && c->image_tokens > img_cap) {
         if (first_cap < 0) first_cap = s, first_cap_tokens = c->image_tokens;
         max_cap_tokens = std::max<uint64_t>(max_cap_tokens, c->image_tokens);
@@ -205,12 +226,20 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
   const std::string where =
       absl::StrCat("curriculum[", i, "] (start_step ", stage.start_step(), ", max_pixels ",
                    stage.max_pixels(), ", seq_len ", seq_len, ")");
-  if (too_long > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sample ", DescribeSample(first_long), " has ", first_long_tokens, " LLM tokens at ", where,
-        " and cannot fit one sequence (", too_long, " samples are too long; the longest has ",
-        st.max_tokens, " tokens): raise curriculum[", i, "].seq_len to at least ", st.max_tokens,
-        " or lower its max_pixels"));
+  for (const int vl : {0, 1}) {
+    const uint64_t n = vl ? vl_samples().size() : text_samples().size();
+    const double fraction = n > 0 ? double(st.skipped[vl]) / n : 0;
+    if (fraction <= overflow_.max_skip_fraction) continue;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "at %s overflow.long_documents '%s' would skip %u of the %u %s samples (%.4f, e.g. %s, "
+        "longer than seq_len%s), above overflow.max_skip_fraction %.4f; raise curriculum[%u]."
+        "seq_len to at least %u or lower its max_pixels, choose overflow.long_documents 'split' "
+        "(it skips only a document with one image or audio run longer than seq_len), or raise "
+        "overflow.max_skip_fraction to at least %.4f",
+        where, LongDocumentsName(overflow_.long_documents), st.skipped[vl], n,
+        vl ? "vision-language" : "text-only", fraction, DescribeSample(first_skip[vl]),
+        overflow_.long_documents == LongDocuments::kSkip ? "" : " in one image or audio run",
+        overflow_.max_skip_fraction, i, st.max_tokens, fraction));
   }
   if (over_cap > 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -2,7 +2,7 @@
 // and everything derived from both once (micro-batch layout, epoch length,
 // per-stage statistics, the packing strategy and dispatcher). Creating a Job
 // runs every index-dependent check, so a Planner over it only fails for a
-// step outside the dataset or a step whose samples do not fit.
+// step outside the dataset or a deferral queue the data cannot drain.
 #ifndef TUTTI_SERVICES_PACKER_CORE_JOB_H_
 #define TUTTI_SERVICES_PACKER_CORE_JOB_H_
 
@@ -16,6 +16,7 @@
 #include "common/job_config.h"
 #include "services/packer/core/costs.h"
 #include "services/packer/core/dispatcher.h"
+#include "services/packer/core/overflow.h"
 #include "services/packer/core/packing.h"
 #include "services/packer/index/index.h"
 #include "tutti/v1/job.pb.h"
@@ -44,6 +45,10 @@ struct StageStats {
   uint32_t max_tokens = 0;      // largest sample
   double text_fill = 0;         // expected fill of text sequences
   double vl_fill = 0;
+  // Documents longer than seq_len, and what the overflow policy makes of
+  // them: per stream (0 text, 1 VL) the documents it skips.
+  uint64_t long_documents = 0;
+  uint64_t skipped[2] = {0, 0};
 };
 
 class Job {
@@ -76,6 +81,11 @@ class Job {
   const std::vector<StageStats>& stage_stats() const { return stats_; }
 
   const PackingStrategy& strategy() const { return *strategy_; }
+  // overflow.* with defaults (overflow.h).
+  const OverflowPolicy& overflow() const { return overflow_; }
+  // Colocated first-fit packing (overflow.h) for a step the dispatcher
+  // cannot pack: it packs every set the planner admits.
+  const Dispatcher& fallback_dispatcher() const { return *fallback_dispatcher_; }
   // Post-balancing when post_balancing.enabled, else colocated (dispatch.h).
   const Dispatcher& dispatcher() const { return *dispatcher_; }
   const DispatcherOptions& dispatcher_options() const { return dispatcher_options_; }
@@ -130,6 +140,9 @@ class Job {
   std::unique_ptr<PackingStrategy> strategy_;
   DispatcherOptions dispatcher_options_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  OverflowPolicy overflow_;
+  std::unique_ptr<PackingStrategy> fallback_strategy_;
+  std::unique_ptr<Dispatcher> fallback_dispatcher_;
   // The index's own streams, or the filtered copies below when some sample
   // is left out.
   const std::vector<uint32_t>* text_samples_ = nullptr;

@@ -81,6 +81,13 @@ absl::StatusOr<std::unique_ptr<PackingStrategy>> MakeStrategy(const StrategyOpti
 absl::Status CapacityError(absl::string_view modality, uint64_t tokens, uint32_t ranks,
                            uint32_t seqs_per_rank, uint32_t seq_len, absl::string_view detail);
 
+// "The samples do not fit": a status so marked (CapacityError, a strategy's
+// FAILED_PRECONDITION as the colocated dispatcher passes it on, the
+// post-balancing dispatcher's) is what the planner answers with its first-fit
+// fallback (overflow.h); any other failure is passed on.
+absl::Status AsCapacityError(absl::Status status);
+bool IsCapacityError(const absl::Status& status);
+
 // Factories (one per strategy file).
 std::unique_ptr<PackingStrategy> MakeSeedStrategy(std::string name, uint32_t open_bins,
                                                   bool balance_vit_cost);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -51,24 +52,60 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
     return Differs(p, absl::StrCat("stage ", p.stage, " / seq_len ", p.seq_len,
                                    ", the config says ", stage, " / ", seq_len));
   }
-  // The draw: text samples, then VL, in stream order.
-  const uint64_t T = cfg.batch().text_samples_per_step(), V = cfg.batch().vl_samples_per_step();
-  const auto& text_ids = job.text_samples();
-  const auto& vl_ids = job.vl_samples();
-  std::vector<uint32_t> drawn;
-  drawn.reserve(T + V);
-  if (T > 0) {
-    StreamSampler s(cfg.seed(), Stream::kText, text_ids.size(), T);
-    for (uint64_t k = 0; k < T; ++k) drawn.push_back(text_ids[s.At(p.step * T + k)]);
+  // The draw: text samples, then VL, each stream's positions ascending:
+  // the queue it entered with, then its own.
+  const uint64_t per[2] = {cfg.batch().text_samples_per_step(), cfg.batch().vl_samples_per_step()};
+  const std::vector<uint32_t>* ids[2] = {&job.text_samples(), &job.vl_samples()};
+  StreamSampler samplers[2] = {
+      StreamSampler(cfg.seed(), Stream::kText, std::max<size_t>(1, ids[0]->size()), per[0]),
+      StreamSampler(cfg.seed(), Stream::kVl, std::max<size_t>(1, ids[1]->size()), per[1])};
+  const std::vector<uint64_t>* queued[2] = {&p.deferred_in.text, &p.deferred_in.vl};
+  const std::vector<uint64_t>* deferred[2] = {&p.deferred_out.text, &p.deferred_out.vl};
+  const std::vector<uint64_t>* skipped[2] = {&p.skipped_text, &p.skipped_vl};
+  const uint64_t H = job.overflow().max_deferred_steps;
+  std::vector<uint64_t> accounted[2];
+  uint64_t last[2] = {0, 0};
+  bool any[2] = {false, false};
+  bool in_vl = false;
+  for (size_t k = 0; k < p.samples.size(); ++k) {
+    const PlannedSample& ps = p.samples[k];
+    const int v = ps.vl;
+    if (ps.vl != ix.is_vl(ps.sample) || (in_vl && !ps.vl)) {
+      return Differs(p, absl::StrCat("sample ", ps.sample, " at ", k, " is out of stream order"));
+    }
+    in_vl = ps.vl;
+    if (ps.piece > 0) continue;  // the first piece stands for its document
+    const uint64_t pos = ps.position, drawn = per[v] ? pos / per[v] : 0;
+    if (ps.sample != (*ids[v])[samplers[v].At(pos)] || ps.drawn_step != drawn ||
+        drawn > p.step || drawn + H < p.step || (any[v] && pos <= last[v])) {
+      return Differs(p, absl::StrCat("sample ", ps.sample, " is planned at stream position ", pos,
+                                     " (drawn at step ", ps.drawn_step,
+                                     "), which the stream or the order does not give it"));
+    }
+    if (drawn < p.step && !std::binary_search(queued[v]->begin(), queued[v]->end(), pos)) {
+      return Differs(p, absl::StrCat("sample ", ps.sample, " of step ", drawn,
+                                     " is planned but was not waiting"));
+    }
+    any[v] = true;
+    last[v] = pos;
+    accounted[v].push_back(pos);
   }
-  if (V > 0) {
-    StreamSampler s(cfg.seed(), Stream::kVl, vl_ids.size(), V);
-    for (uint64_t k = 0; k < V; ++k) drawn.push_back(vl_ids[s.At(p.step * V + k)]);
+  for (int v = 0; v < 2; ++v) {
+    for (const std::vector<uint64_t>* list : {deferred[v], skipped[v]}) {
+      accounted[v].insert(accounted[v].end(), list->begin(), list->end());
+    }
+    std::vector<uint64_t> want(queued[v]->begin(), queued[v]->end());
+    for (uint64_t j = 0; j < per[v]; ++j) want.push_back(p.step * per[v] + j);
+    std::sort(want.begin(), want.end());
+    std::sort(accounted[v].begin(), accounted[v].end());
+    if (want != accounted[v]) {
+      return Differs(p, absl::StrCat(v ? "VL" : "text", " stream: ", accounted[v].size(),
+                                     " positions planned, deferred or skipped for ", want.size(),
+                                     " drawn or waiting"));
+    }
   }
-  if (p.samples.size() != drawn.size()) {
-    return Differs(p, absl::StrCat(p.samples.size(), " samples planned, ", drawn.size(), " drawn"));
-  }
-  std::vector<uint32_t> sorted = drawn;
+  std::vector<uint64_t> sorted;
+  for (const PlannedSample& ps : p.samples) sorted.push_back(uint64_t{ps.sample} << 32 | ps.piece);
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     return Differs(p, "the streams draw a sample twice");
@@ -81,17 +118,33 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
   std::vector<double> llm(W, 0.0), vit(W, 0.0);
   double largest_llm = 0, largest_vit = 0;
   const StageCoster& coster = job.coster(stage);
-  for (size_t k = 0; k < drawn.size(); ++k) {
+  // Pieces add up to their document: (sample -> tokens, text, image tokens).
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint64_t>> pieces;
+  for (size_t k = 0; k < p.samples.size(); ++k) {
     const PlannedSample& ps = p.samples[k];
-    if (ps.sample != drawn[k]) {
-      return Differs(
-          p, absl::StrCat("position ", k, " holds sample ", ps.sample, ", the draw ", drawn[k]));
-    }
     auto c = coster.Cost(ps.sample);
     if (!c.ok()) return Differs(p, std::string(c.status().message()));
-    if (ps.vl != ix.is_vl(ps.sample) || ps.cost.llm_tokens != c->llm_tokens ||
-        ps.cost.image_tokens != c->image_tokens || !Close(ps.cost.llm, c->llm) ||
-        !Close(ps.cost.vit, c->vit)) {
+    const bool truncated = c->llm_tokens > seq_len && ps.truncated && ps.pieces == 0 &&
+                           ps.cost.llm_tokens == seq_len &&
+                           ps.cost.text_tokens + (c->llm_tokens - c->text_tokens) == seq_len;
+    const bool whole = ps.pieces == 0 && !ps.truncated && ps.cost.llm_tokens == c->llm_tokens;
+    if (ps.pieces > 0) {
+      if (ps.piece == 0) pieces.emplace_back(ps.sample, 0, 0, 0);
+      auto& [s, tokens, text, images] = pieces.back();
+      tokens += ps.cost.llm_tokens;
+      text += ps.cost.text_tokens;
+      images += ps.cost.image_tokens;
+      if (ps.piece + 1 == ps.pieces &&
+          (s != ps.sample || tokens != c->llm_tokens || text != c->text_tokens ||
+           images != c->image_tokens || c->llm_tokens <= seq_len)) {
+        return Differs(p, absl::StrCat("the pieces of sample ", ps.sample, " hold ", tokens,
+                                       " tokens, the document ", c->llm_tokens));
+      }
+    }
+    if ((!whole && !truncated && ps.pieces == 0) ||
+        (whole && (ps.cost.image_tokens != c->image_tokens || !Close(ps.cost.vit, c->vit))) ||
+        ps.cost.llm_tokens > seq_len || !Close(ps.cost.llm, job.coster(stage).model().Llm(
+                                                              ps.cost.llm_tokens))) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " is planned with ", ps.cost.llm_tokens,
                                      " tokens / ", ps.cost.image_tokens,
                                      " image tokens, the index "
@@ -104,11 +157,11 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
                                      " sits in rank ", ps.rank, " sequence ", ps.seq));
     }
     const size_t slot = size_t{ps.rank} * per_rank + ps.seq;
-    tokens[slot] += c->llm_tokens;
-    images[slot] += c->image_tokens;
-    llm[ps.rank] += c->llm;
-    largest_llm = std::max(largest_llm, c->llm);
-    largest_vit = std::max(largest_vit, c->vit);
+    tokens[slot] += ps.cost.llm_tokens;
+    images[slot] += ps.cost.image_tokens;
+    llm[ps.rank] += ps.cost.llm;
+    largest_llm = std::max(largest_llm, ps.cost.llm);
+    largest_vit = std::max(largest_vit, ps.cost.vit);
   }
   for (size_t slot = 0; slot < tokens.size(); ++slot) {
     if (tokens[slot] > seq_len || (img_cap > 0 && images[slot] > img_cap)) {

@@ -12,10 +12,17 @@ namespace tutti::packer {
 
 // OK when, for plan.step:
 //  - the step's curriculum stage and seq_len are the config's;
-//  - its samples are exactly the ones the two streams draw for the step (the
-//    config's seed and samples per step over the index's streams), each once;
+//  - its samples are the ones the two streams draw (the config's seed and
+//    samples per step over the index's streams) at the stream positions the
+//    plan names, text then VL, each stream oldest first: the step's own
+//    draw, less what it defers or skips, behind samples earlier steps
+//    deferred (the queue it names, none older than
+//    overflow.max_deferred_steps), each once; every position of its own
+//    draw and of that queue is planned, deferred again or skipped (the
+//    sequence of plans then has every position exactly once);
 //  - every sample's LLM tokens, image tokens, ViT and LLM cost are what the
-//    index and the stage give it;
+//    index and the stage give it; a truncated document holds seq_len
+//    tokens with all its images; a split document's pieces add up to it;
 //  - text samples sit in text sequences and VL samples in VL sequences of a
 //    rank of the world, and no sequence holds more than the stage's seq_len
 //    tokens or more than batch.img_cap_tokens image tokens;

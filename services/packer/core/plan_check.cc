@@ -49,10 +49,26 @@ absl::Status CheckLists(const char* what, const Csr& lists, uint32_t W, uint32_t
 absl::Status CheckPlacement(const StepPlanData& p, const PlanCheckOptions& o) {
   const uint32_t W = p.world_size, S = p.seqs_per_rank();
   const uint32_t n = static_cast<uint32_t>(p.samples.size());
-  absl::flat_hash_set<uint32_t> ids;
-  for (const PlannedSample& s : p.samples) {
-    if (!ids.insert(s.sample).second) {
+  // (sample, piece): a split document's pieces (overflow.h) are one sample.
+  absl::flat_hash_set<uint64_t> ids;
+  absl::flat_hash_set<uint64_t> piece_seqs;  // (sample, sequence) of pieces
+  for (uint32_t k = 0; k < n; ++k) {
+    const PlannedSample& s = p.samples[k];
+    if (!ids.insert(uint64_t{s.sample} << 32 | s.piece).second) {
       return Fail(absl::StrCat("index sample ", s.sample, " appears twice in step ", p.step));
+    }
+    if (s.pieces > 0) {
+      // Pieces come in order, each as its own document of its own sequence.
+      const bool first = k == 0 || p.samples[k - 1].sample != s.sample;
+      if (s.piece >= s.pieces || (first ? s.piece != 0 : p.samples[k - 1].piece + 1 != s.piece) ||
+          (s.piece + 1 == s.pieces) != (k + 1 == n || p.samples[k + 1].sample != s.sample)) {
+        return Fail(absl::StrCat("sample ", s.sample, " piece ", s.piece, " of ", s.pieces,
+                                 " is out of order or incomplete in step ", p.step));
+      }
+      if (!piece_seqs.insert(uint64_t{s.sample} << 32 | (s.rank * S + s.seq)).second) {
+        return Fail(absl::StrCat("two pieces of sample ", s.sample, " share rank ", s.rank,
+                                 " sequence ", s.seq, " in step ", p.step));
+      }
     }
     if (s.rank >= W || s.seq >= S || (s.seq >= p.text_seqs) != s.vl) {
       return Fail(absl::StrCat("sample ", s.sample, " sits in rank ", s.rank, " sequence ", s.seq,

@@ -21,7 +21,8 @@ struct PlanCheckOptions {
 };
 
 // OK when:
-//  - no index sample appears twice in the step;
+//  - no index sample appears twice in the step (a split document's pieces,
+//    in order and complete, are one sample, each piece in its own sequence);
 //  - every sample is a document of exactly one sequence of its modality on
 //    its rank (the docs lists agree with rank and seq), and no sequence
 //    holds more than seq_len LLM tokens or more than img_cap image tokens;

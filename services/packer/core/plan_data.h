@@ -30,6 +30,36 @@ struct PlannedSample {
   // token ids come through the load exchange from text_source.
   bool text_remote = false;
   uint32_t text_source = 0;
+  // Its stream position (sampler.h) and the step whose draw it belongs to
+  // (earlier than the plan's step when it was deferred).
+  uint64_t position = 0;
+  uint64_t drawn_step = 0;
+  // A document longer than seq_len (overflow.h): piece `piece` of `pieces`
+  // (pieces 0: the whole document), its text tokens from text_begin
+  // (cost.text_tokens of them); truncated: its text was cut to fit.
+  uint32_t piece = 0, pieces = 0;
+  uint32_t text_begin = 0;
+  bool truncated = false;
+};
+
+// What the overflow policy did in a step (tutti.v1.OverflowStats).
+struct OverflowCounts {
+  uint32_t deferred_in = 0, deferred_out = 0;
+  uint32_t split_documents = 0, split_pieces = 0, truncated = 0, skipped = 0;
+  uint64_t oldest_deferred_step = 0;  // of the samples still waiting after the step
+  bool fallback_packing = false;
+  bool any() const {
+    return deferred_in || deferred_out || split_documents || truncated || skipped ||
+           fallback_packing;
+  }
+};
+
+// Samples waiting for a later step: stream positions, oldest first.
+struct DeferralQueue {
+  std::vector<uint64_t> text, vl;
+  bool empty() const { return text.empty() && vl.empty(); }
+  size_t size() const { return text.size() + vl.size(); }
+  bool operator==(const DeferralQueue& o) const { return text == o.text && vl == o.vl; }
 };
 
 struct PlannedImage {
@@ -129,6 +159,12 @@ struct StepPlanData {
   std::string rearrangement;       // post-balancing: how the LLM placement was chosen
   bool llm_fallback = false;       // post-balancing: the node-aware greedy missed the bound
   double plan_seconds = 0;         // set by whoever timed the planner (not part of identity)
+  // The overflow policy (overflow.h): its counts, the queue entering the
+  // step, what waits after it, and the stream positions of the documents it
+  // skipped (text and VL).
+  OverflowCounts overflow;
+  DeferralQueue deferred_in, deferred_out;
+  std::vector<uint64_t> skipped_text, skipped_vl;
 
   // Inputs of the packing strategy (colocated dispatcher), in batch order.
   std::vector<PackItem> text_items, vl_items;

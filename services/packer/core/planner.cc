@@ -58,6 +58,11 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   const uint32_t T = cfg.batch().text_samples_per_step(), V = cfg.batch().vl_samples_per_step();
   const uint32_t W = job.world_size();
   const uint64_t n_text = job.text_samples().size(), n_vl = job.vl_samples().size();
+  ASSIGN_OR_RETURN(DeferralQueue in, QueueEntering(step));
+  // Candidates: each stream's waiting samples, oldest first, then the step's
+  // own draw.
+  const uint32_t NT = static_cast<uint32_t>(in.text.size()) + T;
+  const uint32_t NV = static_cast<uint32_t>(in.vl.size()) + V;
 
   out->step = step;
   out->stage = stage;
@@ -73,11 +78,11 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   out->vl_epoch = V > 0 ? step * V / std::max<uint64_t>(n_vl, 1) : 0;
   out->epoch = T > 0 ? out->text_epoch : out->vl_epoch;
 
-  out->samples.resize(T + V);
+  out->samples.resize(NT + NV);
   out->images.clear();
   out->audio.clear();
-  out->text_items.resize(T);
-  out->vl_items.resize(V);
+  out->text_items.resize(NT);
+  out->vl_items.resize(NV);
   const uint64_t elem = uint64_t{cfg.post_balancing().hidden_size()} *
                         static_cast<uint32_t>(DTypeSize(cfg.post_balancing().embedding_dtype()));
   const uint64_t pixel_row = job.pixel_row_bytes();
@@ -90,24 +95,26 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1), T);
   StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1), V);
   thread_local std::vector<uint32_t> ids;
-  ids.resize(T + V);
-  for (uint32_t k = 0; k < T + V; ++k) {
-    ids[k] = static_cast<uint32_t>(k < T ? text_sampler.At(step * T + k)
-                                         : vl_sampler.At(step * V + (k - T)));
+  thread_local std::vector<uint64_t> pos;
+  ids.resize(NT + NV);
+  pos.resize(NT + NV);
+  CandidatePositions(step, T, V, in, pos.data());
+  for (uint32_t k = 0; k < NT + NV; ++k) {
+    ids[k] = static_cast<uint32_t>(k < NT ? text_sampler.At(pos[k]) : vl_sampler.At(pos[k]));
   }
   constexpr uint32_t kAhead = 16;
   const uint32_t* text_ids = job.text_samples().data();
   const uint32_t* vl_ids = job.vl_samples().data();
-  for (uint32_t k = 0; k < T + V; ++k) {
-    if (k + kAhead < T + V)
-      __builtin_prefetch((k + kAhead < T ? text_ids : vl_ids) + ids[k + kAhead]);
-    ids[k] = k < T ? text_ids[ids[k]] : vl_ids[ids[k]];
+  for (uint32_t k = 0; k < NT + NV; ++k) {
+    if (k + kAhead < NT + NV)
+      __builtin_prefetch((k + kAhead < NT ? text_ids : vl_ids) + ids[k + kAhead]);
+    ids[k] = k < NT ? text_ids[ids[k]] : vl_ids[ids[k]];
   }
-  for (uint32_t k = 0; k < std::min(T + V, kAhead); ++k) ix.PrefetchSample(ids[k]);
-  for (uint32_t k = 0; k < T + V; ++k) {
-    if (k + kAhead < T + V) ix.PrefetchSample(ids[k + kAhead]);
-    if (k + kAhead / 2 < T + V && k + kAhead / 2 >= T) ix.PrefetchMedia(ids[k + kAhead / 2]);
-    const bool vl = k >= T;
+  for (uint32_t k = 0; k < std::min(NT + NV, kAhead); ++k) ix.PrefetchSample(ids[k]);
+  for (uint32_t k = 0; k < NT + NV; ++k) {
+    if (k + kAhead < NT + NV) ix.PrefetchSample(ids[k + kAhead]);
+    if (k + kAhead / 2 < NT + NV && k + kAhead / 2 >= NT) ix.PrefetchMedia(ids[k + kAhead / 2]);
+    const bool vl = k >= NT;
     const uint32_t s = ids[k];
     PlannedSample& ps = out->samples[k];
     ps = PlannedSample();
@@ -115,6 +122,8 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     ps.shard = ix.ShardOf(s);
     ps.drawn_rank = k % W;
     ps.vl = vl;
+    ps.position = pos[k];
+    ps.drawn_step = pos[k] / (vl ? V : T);
     ps.first_image = static_cast<uint32_t>(out->images.size());
     ps.first_audio = static_cast<uint32_t>(out->audio.size());
     SampleCost& c = ps.cost;
@@ -166,13 +175,14 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     }
     c.llm_tokens = static_cast<uint32_t>(std::min<uint64_t>(tokens, UINT32_MAX));
     c.llm = model.Llm(c.llm_tokens);
-    PackItem& item = vl ? out->vl_items[k - T] : out->text_items[k];
+    PackItem& item = vl ? out->vl_items[k - NT] : out->text_items[k];
     item.tokens = c.llm_tokens;
     item.image_tokens = c.image_tokens;
     item.vit = c.vit;
     item.llm = c.llm;
   }
-  return absl::OkStatus();
+  out->deferred_in = std::move(in);
+  return Admit(out);
 }
 
 absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
@@ -184,7 +194,14 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   dispatch::ShardAvailability staging;
   if (staging_ != nullptr) staging = staging_->At(step);
   in.staging = &staging;
-  if (absl::Status s = job.dispatcher().Dispatch(in, out); !s.ok()) {
+  absl::Status s = job.dispatcher().Dispatch(in, out);
+  if (IsCapacityError(s)) {
+    // The strategy could not pack what the step admitted; first-fit
+    // decreasing can (overflow.h).
+    out->overflow.fallback_packing = true;
+    s = job.fallback_dispatcher().Dispatch(in, out);
+  }
+  if (!s.ok()) {
     return Annotate(
         s, absl::StrCat("step ", step, " (curriculum[", out->stage, "], seq_len ", out->seq_len,
                         ", max_pixels ", out->max_pixels, ", strategy ", job.plan_strategy(), ")"));

@@ -1,0 +1,104 @@
+// The overflow policy: what becomes of a document longer than its stage's
+// seq_len, and of samples a step cannot fit (job.proto OverflowConfig;
+// services/packer/README.md, "Overflow").
+//
+// Long documents: "split" into consecutive pieces of at most seq_len tokens
+// (a document's layout is its image runs, its audio runs, then its text; a
+// run, an encoder output with its two markers, is never cut), "truncate"
+// (runs kept, text cut to fit) or "skip". What cannot be split or truncated
+// (one run longer than seq_len) is skipped.
+//
+// Deferral: each stream's candidates for a step are the samples still waiting
+// from earlier steps (oldest first) followed by the step's own draw. A step
+// admits the longest prefix of each stream's candidates that is certainly
+// packable: first-fit decreasing on each item's size
+// s = max(tokens / seq_len, image tokens / img_cap) (fixed point) into the
+// stream's W x sequences bins succeeds. The rest waits for the next step.
+// The certificate is a property of the set alone and holds for every subset
+// of a set it holds for, so admission is monotone in the queue a step starts
+// with: a larger queue never lets fewer samples wait. That makes the queue
+// entering step k recomputable from a bounded window (planner.h).
+#ifndef TUTTI_SERVICES_PACKER_CORE_OVERFLOW_H_
+#define TUTTI_SERVICES_PACKER_CORE_OVERFLOW_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "services/packer/core/packing.h"
+#include "services/packer/core/plan_data.h"
+#include "tutti/v1/job.pb.h"
+
+namespace tutti::packer {
+
+enum class LongDocuments { kSplit, kTruncate, kSkip };
+
+struct OverflowPolicy {
+  LongDocuments long_documents = LongDocuments::kSplit;  // default "split"
+  double max_skip_fraction = 0.01;                       // default 0.01
+  uint32_t max_deferred_steps = 8;                       // default 8, at most 64
+  uint64_t max_deferred_samples = 0;                     // 0: one step's draw of both streams
+};
+inline constexpr uint32_t kMaxDeferredSteps = 64;
+
+// The policy of `config` with defaults for unset fields. INVALID_ARGUMENT
+// naming a bad value.
+absl::StatusOr<OverflowPolicy> ResolveOverflowPolicy(const v1::OverflowConfig& config);
+const char* LongDocumentsName(LongDocuments policy);
+
+// One piece of a document: runs [first_run, first_run + runs) of its run
+// list (images, then audio clips) and text tokens [text_begin, text_begin +
+// text_tokens).
+struct DocPiece {
+  uint32_t first_run = 0, runs = 0;
+  uint32_t text_begin = 0, text_tokens = 0;
+  uint32_t tokens = 0;  // LLM tokens: runs (each with its markers) + text
+};
+
+enum class LongDocOutcome { kWhole, kSplit, kTruncated, kSkipped };
+
+// The document of `text_tokens` text tokens after `runs` (each run's LLM
+// tokens including its two markers), for `seq_len`: kWhole (one piece, as it
+// is) when it fits; else as `policy` says, or kSkipped when a run alone is
+// longer than seq_len.
+LongDocOutcome ShapeDocument(uint32_t text_tokens, absl::Span<const uint32_t> runs,
+                             uint32_t seq_len, LongDocuments policy, std::vector<DocPiece>* pieces);
+
+// The admission certificate over items of one stream (see above).
+class PackCertificate {
+ public:
+  // `bins`: W x the stream's sequences per rank; img_cap 0 = no cap.
+  PackCertificate(uint32_t bins, uint32_t seq_len, uint32_t img_cap);
+  // An item's size in fixed point (kUnit = a whole sequence).
+  uint32_t Size(uint32_t tokens, uint32_t image_tokens) const;
+  // Whether first-fit decreasing certainly packs items of these sizes.
+  bool Holds(absl::Span<const uint32_t> sizes) const;
+  // The longest prefix of candidates (candidate c holds sizes
+  // [begin[c], begin[c + 1])) whose items certainly pack; begin has
+  // candidates + 1 entries.
+  uint32_t LongestPrefix(absl::Span<const uint32_t> sizes, absl::Span<const uint32_t> begin) const;
+
+  static constexpr uint32_t kUnit = 1u << 20;
+
+ private:
+  uint64_t bins_;
+  uint32_t seq_len_, img_cap_;
+};
+
+// A step's candidate stream positions: the text queue, the step's own text
+// draw [step * T, (step + 1) * T), then the same for VL; out has
+// in.size() + T + V entries.
+void CandidatePositions(uint64_t step, uint32_t T, uint32_t V, const DeferralQueue& in,
+                        uint64_t* out);
+
+// The fallback packing: first-fit decreasing on the certificate's sizes, the
+// sequences then dealt to ranks by decreasing LLM cost onto the least loaded
+// rank with a free sequence. Packs every set the certificate holds for.
+std::unique_ptr<PackingStrategy> MakeFirstFitStrategy();
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_CORE_OVERFLOW_H_

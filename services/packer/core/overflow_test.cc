@@ -1,0 +1,442 @@
+// The overflow policy (overflow.h): long documents, deferral of what a step
+// cannot fit, restart safety, exactly-once with deferrals, and the bad-input
+// refusals.
+#include "services/packer/core/overflow.h"
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "services/packer/bench/bench_workload.h"
+#include "services/packer/core/plan_audit.h"
+#include "services/packer/core/plan_check.h"
+#include "services/packer/core/planner.h"
+#include "services/packer/plan_proto.h"
+#include "services/packer/testing/jobs.h"
+
+namespace tutti::packer {
+namespace {
+
+std::shared_ptr<const Index> SeedIndex() {
+  static auto* index = new std::shared_ptr<const Index>([] {
+    auto ix = MakeSeedIndex(SeedWorkloadOptions(), 40000);
+    EXPECT_TRUE(ix.ok()) << ix.status();
+    return *ix;
+  }());
+  return *index;
+}
+
+// The seed workload at 8 ranks and 16 MP, as `tutti bench packer` plans it:
+// a valid config some of whose steps hold more VL tokens than the world's VL
+// sequences (steps 2, 7, 16, 33, 53 and 56 of the first 80 failed with
+// FAILED_PRECONDITION before deferral).
+v1::JobConfig SixteenMegapixelConfig() {
+  SeedWorkloadOptions o;
+  auto shape = SeedShape(o, *SeedIndex(), 8, kSeedStage2MaxPixels);
+  EXPECT_TRUE(shape.ok());
+  return SeedConfig(o, *shape, 8, kSeedStage2MaxPixels, "tutti", 1, false);
+}
+
+struct PlannedRun {
+  std::vector<StepPlanData> plans;
+  uint64_t deferred = 0, fallback = 0;
+};
+
+PlannedRun PlanSteps(const std::shared_ptr<const Job>& job, uint64_t from, uint64_t to,
+                     uint32_t img_cap = 0) {
+  PlannedRun run;
+  Planner planner(job);
+  PlanCheckOptions check;
+  check.img_cap = img_cap;
+  for (uint64_t step = from; step < to; ++step) {
+    StepPlanData d;
+    absl::Status s = planner.Plan(step, &d);
+    EXPECT_TRUE(s.ok()) << "step " << step << ": " << s;
+    if (!s.ok()) continue;
+    EXPECT_TRUE(CheckPlannedStep(d, check).ok())
+        << "step " << step << ": " << CheckPlannedStep(d, check);
+    EXPECT_TRUE(AuditPlanAgainstJob(*job, d).ok()) << AuditPlanAgainstJob(*job, d);
+    run.deferred += d.overflow.deferred_out;
+    run.fallback += d.overflow.fallback_packing;
+    run.plans.push_back(std::move(d));
+  }
+  return run;
+}
+
+std::string HashOf(const Job& job, const StepPlanData& d) {
+  v1::StepPlan plan;
+  EXPECT_TRUE(BuildStepPlan(job, d, {}, &plan).ok());
+  return PlanHash(&plan);
+}
+
+TEST(OverflowTest, SixteenMegapixelStepsThatDoNotFitDeferAtEightRanks) {
+  auto job = Job::Create(SixteenMegapixelConfig(), SeedIndex());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const PlannedRun run = PlanSteps(*job, 0, 20);
+  EXPECT_EQ(run.plans.size(), 20u);
+  EXPECT_GT(run.deferred, 0u);
+  // What a step defers, the next one places first.
+  for (size_t i = 0; i + 1 < run.plans.size(); ++i) {
+    EXPECT_EQ(run.plans[i].deferred_out, run.plans[i + 1].deferred_in) << "step " << i;
+  }
+}
+
+// The seed workload with img_cap_tokens 5200 and 2 VL sequences per rank, the
+// VL samples per step set so that image tokens fill 0.8 of the cap on
+// average: the cap binds and some steps'
+// image tokens exceed ranks x sequences x cap.
+TEST(OverflowTest, ImageCapThatBindsPlansEveryStep) {
+  SeedWorkloadOptions o;
+  auto shape = SeedShape(o, *SeedIndex(), 8, kSeedStage1MaxPixels);
+  ASSERT_TRUE(shape.ok());
+  const StageCoster coster(SixteenMegapixelConfig(), *SeedIndex(), kSeedStage1MaxPixels);
+  double image_tokens = 0;
+  for (uint32_t s : SeedIndex()->vl_samples()) image_tokens += coster.Cost(s)->image_tokens;
+  image_tokens /= SeedIndex()->vl_samples().size();
+  shape->text_seqs = 2;
+  shape->vl_seqs = 2;
+  shape->text_samples = static_cast<uint32_t>(8 * 2 * 32768 * 0.8 / shape->mean_text_tokens);
+  shape->vl_samples = static_cast<uint32_t>(0.8 * 8 * 2 * 5200 / image_tokens);
+  v1::JobConfig config = SeedConfig(o, *shape, 8, kSeedStage1MaxPixels, "tutti", 1, false);
+  config.mutable_batch()->set_img_cap_tokens(5200);
+  auto job = Job::Create(config, SeedIndex());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const PlannedRun run = PlanSteps(*job, 0, 80, 5200);
+  EXPECT_EQ(run.plans.size(), 80u);
+  uint64_t over = 0;
+  for (const StepPlanData& d : run.plans) {
+    uint64_t images = 0;
+    for (const PlannedSample& ps : d.samples) images += ps.cost.image_tokens;
+    over += d.overflow.deferred_out > 0;
+    EXPECT_LE(images, uint64_t{8} * 2 * 5200);
+  }
+  EXPECT_GT(over, 0u) << "the cap never made a step defer";
+}
+
+TEST(OverflowTest, RestartAtAStepWithAWaitingQueueGivesIdenticalPlans) {
+  auto job = Job::Create(SixteenMegapixelConfig(), SeedIndex());
+  ASSERT_TRUE(job.ok());
+  const PlannedRun run = PlanSteps(*job, 0, 40);
+  ASSERT_EQ(run.plans.size(), 40u);
+  uint64_t k = 0;
+  while (k < 30 && run.plans[k].deferred_in.empty()) ++k;
+  ASSERT_LT(k, 30u) << "no step entered with a waiting queue";
+  // A fresh job and planner, as a restarted packer has: nothing remembered.
+  auto fresh = Job::Create(SixteenMegapixelConfig(), SeedIndex());
+  ASSERT_TRUE(fresh.ok());
+  Planner planner(*fresh);
+  for (uint64_t step = k; step < k + 10; ++step) {
+    StepPlanData d;
+    ASSERT_TRUE(planner.Plan(step, &d).ok());
+    EXPECT_EQ(d.deferred_in, run.plans[step].deferred_in) << "step " << step;
+    EXPECT_EQ(HashOf(**fresh, d), HashOf(**job, run.plans[step])) << "step " << step;
+  }
+  // And in any order, one step at a time.
+  for (uint64_t step : {k + 3, k, k + 1}) {
+    Planner alone(*fresh);
+    StepPlanData d;
+    ASSERT_TRUE(alone.Plan(step, &d).ok());
+    EXPECT_EQ(HashOf(**fresh, d), HashOf(**job, run.plans[step])) << "step " << step;
+  }
+}
+
+// Over more than an epoch of each stream, with deferrals: every stream
+// position drawn is planned exactly once (or still waiting at the end), so
+// every sample of each epoch exactly once.
+TEST(OverflowTest, ExactlyOnceOverAnEpochWithDeferrals) {
+  auto job = Job::Create(SixteenMegapixelConfig(), SeedIndex());
+  ASSERT_TRUE(job.ok());
+  const auto& b = (*job)->config().batch();
+  const uint64_t n_vl = (*job)->vl_samples().size();
+  const uint64_t steps = n_vl / b.vl_samples_per_step() + 2;
+  const PlannedRun run = PlanSteps(*job, 0, steps);
+  ASSERT_EQ(run.plans.size(), steps);
+  EXPECT_GT(run.deferred, 0u);
+  for (const bool vl : {false, true}) {
+    std::map<uint64_t, int> seen;
+    for (const StepPlanData& d : run.plans) {
+      for (const PlannedSample& ps : d.samples) {
+        if (ps.vl == vl && ps.piece == 0) ++seen[ps.position];
+      }
+      for (uint64_t p : vl ? d.skipped_vl : d.skipped_text) ++seen[p];
+    }
+    const DeferralQueue& left = run.plans.back().deferred_out;
+    for (uint64_t p : vl ? left.vl : left.text) ++seen[p];
+    const uint64_t per = vl ? b.vl_samples_per_step() : b.text_samples_per_step();
+    ASSERT_EQ(seen.size(), steps * per) << (vl ? "VL" : "text");
+    for (const auto& [p, times] : seen) {
+      ASSERT_LT(p, steps * per);
+      ASSERT_EQ(times, 1) << "position " << p;
+    }
+    // Positions [0, n) are epoch 0: each sample of the stream once.
+    const uint64_t n = vl ? n_vl : (*job)->text_samples().size();
+    if (n > steps * per) continue;
+    std::set<uint32_t> epoch0;
+    for (const StepPlanData& d : run.plans) {
+      for (const PlannedSample& ps : d.samples) {
+        if (ps.vl == vl && ps.piece == 0 && ps.position < n) {
+          EXPECT_TRUE(epoch0.insert(ps.sample).second) << "sample " << ps.sample;
+        }
+      }
+    }
+    EXPECT_EQ(epoch0.size(), n) << (vl ? "VL" : "text");
+  }
+}
+
+// 600 samples: text of 400 tokens, every 50th 20,000 (longer than seq_len
+// 8192); VL with one image, every 100th with three 1 MP images and 7,000
+// text tokens (11,000 tokens).
+std::shared_ptr<const Index> LongDocumentIndex() {
+  IndexWriter w;
+  w.SetSourceDir("long");
+  for (uint32_t s = 0; s < 600; ++s) {
+    if (s % 100 == 0) EXPECT_TRUE(w.AddShard(absl::StrCat("l-", s / 100, ".tar"), 1 << 30, 0).ok());
+    const bool vl = s % 5 == 4;
+    const bool longer = vl ? s % 100 == 9 : s % 50 == 3;
+    const uint32_t text = vl ? (longer ? 7000 : 60) : (longer ? 20000 : 400);
+    const uint64_t base = uint64_t{s % 100} << 20;
+    MemberInput json{MemberKind::kJson, "json", base + 512, uint64_t{text} * 6 + 16};
+    std::vector<MemberInput> media;
+    for (uint32_t k = 0; vl && k < (longer ? 3u : 1u); ++k) {
+      MemberInput m;
+      m.kind = MemberKind::kJpeg;
+      m.ext = absl::StrCat(k, ".jpg");
+      m.width = m.height = longer ? 1000 : 600;
+      m.offset = base + 100000 + k * 200000;
+      m.size = 100000;
+      media.push_back(m);
+    }
+    EXPECT_TRUE(w.AddSample(absl::StrCat("k", s), text, &json, media).ok());
+  }
+  auto ix = Index::FromString(w.Finish(), "long.idx");
+  EXPECT_TRUE(ix.ok()) << ix.status();
+  return *ix;
+}
+
+std::string LongDocumentConfig(const std::string& overflow) {
+  return absl::StrCat(R"pb(
+                        seed: 3
+                        world_size: 4
+                        ranks_per_node: 2
+                        batch {
+                          text_samples_per_step: 24
+                          vl_samples_per_step: 6
+                          grad_accum: 2
+                          text_micro_batch: 2
+                          vl_micro_batch: 1
+                          text_vl_ratio: "2:1"
+                        }
+                        curriculum { start_step: 0 max_pixels: 1003520 seq_len: 8192 }
+                      )pb",
+                      overflow);
+}
+
+TEST(OverflowTest, ALongDocumentUnderEachPolicy) {
+  const auto index = LongDocumentIndex();
+  for (const std::string policy : {"", "split", "truncate", "skip"}) {
+    SCOPED_TRACE(policy);
+    auto job = testing::MakeJob(
+        LongDocumentConfig(policy.empty() ? ""
+                                          : absl::StrCat("overflow { long_documents: '", policy,
+                                                         "' max_skip_fraction: 0.05 }")),
+        index);
+    ASSERT_TRUE(job.ok()) << job.status();
+    const PlannedRun run = PlanSteps(*job, 0, 40);  // two epochs of each stream
+    ASSERT_EQ(run.plans.size(), 40u);
+    uint64_t split = 0, pieces = 0, truncated = 0, skipped = 0, long_planned = 0;
+    for (const StepPlanData& d : run.plans) {
+      split += d.overflow.split_documents;
+      pieces += d.overflow.split_pieces;
+      truncated += d.overflow.truncated;
+      skipped += d.overflow.skipped;
+      v1::StepPlan plan;
+      ASSERT_TRUE(BuildStepPlan(**job, d, {}, &plan).ok());
+      for (const PlannedSample& ps : d.samples) {
+        EXPECT_LE(ps.cost.llm_tokens, 8192u);
+        const uint32_t full = ps.vl ? 7000 : 20000;
+        if (ps.pieces > 0 || ps.truncated) ++long_planned;
+        if (ps.truncated) {
+          EXPECT_EQ(ps.cost.llm_tokens, 8192u);
+          EXPECT_EQ(ps.cost.images, ps.vl ? 3 : 0);
+          EXPECT_LT(ps.cost.text_tokens, full);
+        }
+      }
+      for (const auto& rank : plan.ranks()) {
+        for (const auto& mb : rank.micro_batches()) {
+          for (const auto& seq : mb.sequences()) {
+            for (const auto& doc : seq.docs()) {
+              if (doc.pieces() == 0) continue;
+              EXPECT_LT(doc.piece(), doc.pieces());
+              // Text-only pieces before the last fill a sequence.
+              if (mb.modality() == v1::MODALITY_TEXT && doc.piece() + 1 < doc.pieces()) {
+                EXPECT_EQ(doc.length(), 8192u);
+                EXPECT_EQ(doc.text_begin(), doc.piece() * 8192u);
+              }
+            }
+          }
+        }
+      }
+    }
+    // 12 long text and 6 long VL documents per epoch of each stream.
+    if (policy.empty() || policy == "split") {
+      EXPECT_EQ(split, 36u);
+      EXPECT_EQ(pieces, 24u * 3 + 12u * 2);  // 20,000 = 3 x 8192; 11,000 = 2
+      EXPECT_EQ(truncated + skipped, 0u);
+    } else if (policy == "truncate") {
+      EXPECT_EQ(truncated, 36u);
+      EXPECT_EQ(split + skipped, 0u);
+    } else {
+      EXPECT_EQ(skipped, 36u);
+      EXPECT_EQ(split + truncated + long_planned, 0u);
+    }
+  }
+}
+
+TEST(OverflowTest, ShapeDocumentNeverCutsARun) {
+  std::vector<DocPiece> p;
+  EXPECT_EQ(ShapeDocument(20000, {}, 8192, LongDocuments::kSplit, &p), LongDocOutcome::kSplit);
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].tokens, 8192u);
+  EXPECT_EQ(p[1].text_begin, 8192u);
+  EXPECT_EQ(p[2].tokens, 20000u - 2 * 8192);
+  const std::vector<uint32_t> runs = {3000, 3000, 3000};
+  EXPECT_EQ(ShapeDocument(100, runs, 8192, LongDocuments::kSplit, &p), LongDocOutcome::kSplit);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].runs, 2u);
+  EXPECT_EQ(p[0].tokens, 6000u);
+  EXPECT_EQ(p[1].first_run, 2u);
+  EXPECT_EQ(p[1].tokens, 3100u);
+  // Truncation keeps every run: these do not fit together, so it skips.
+  EXPECT_EQ(ShapeDocument(100, runs, 8192, LongDocuments::kTruncate, &p), LongDocOutcome::kSkipped);
+  EXPECT_EQ(ShapeDocument(6000, {3000}, 8192, LongDocuments::kTruncate, &p),
+            LongDocOutcome::kTruncated);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].text_tokens, 8192u - 3000);
+  EXPECT_EQ(ShapeDocument(100, {9000}, 8192, LongDocuments::kSplit, &p), LongDocOutcome::kSkipped);
+  EXPECT_EQ(ShapeDocument(100, {3000}, 8192, LongDocuments::kSplit, &p), LongDocOutcome::kWhole);
+}
+
+TEST(OverflowTest, TheCertificateIsClosedUnderSubsetsAndFirstFitPacksWhatItAdmits) {
+  const PackCertificate cert(8, 8192, 0);
+  std::vector<uint32_t> sizes;
+  for (uint32_t t : {4900u, 4900u, 4900u, 3000u, 800u, 800u, 400u})
+    sizes.push_back(cert.Size(t, 0));
+  EXPECT_TRUE(cert.Holds(sizes));
+  std::vector<uint32_t> big(12, cert.Size(4900, 0));
+  EXPECT_FALSE(cert.Holds(big));
+  std::vector<uint32_t> begin(13);
+  for (uint32_t i = 0; i <= 12; ++i) begin[i] = i;
+  const uint32_t n = cert.LongestPrefix(big, begin);
+  EXPECT_GT(n, 0u);
+  EXPECT_LT(n, 12u);
+  EXPECT_TRUE(cert.Holds(absl::MakeConstSpan(big).subspan(0, n)));
+  EXPECT_FALSE(cert.Holds(absl::MakeConstSpan(big).subspan(0, n + 1)));
+  std::vector<PackItem> items(n, PackItem{4900, 0, 0, 1});
+  PackProblem p;
+  p.ranks = 4;
+  p.seq_len = 8192;
+  p.text_seqs_per_rank = 2;
+  p.text = items;
+  PackResult r;
+  ASSERT_TRUE(MakeFirstFitStrategy()->Pack(p, &r).ok());
+  std::map<uint32_t, uint32_t> tokens;
+  for (uint32_t i = 0; i < n; ++i) tokens[r.text_slot[i]] += 4900;
+  for (const auto& [slot, t] : tokens) EXPECT_LE(t, 8192u) << "slot " << slot;
+}
+
+// Bad input.
+
+TEST(OverflowBadInputTest, APolicyThatWouldSkipTooMuchIsRefusedAtLoad) {
+  auto job = testing::MakeJob(LongDocumentConfig("overflow { long_documents: 'skip' }"),
+                              LongDocumentIndex());
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string m(job.status().message());
+  EXPECT_NE(m.find("would skip 12 of the 480 text-only samples"), std::string::npos) << m;
+  EXPECT_NE(m.find("above overflow.max_skip_fraction 0.0100"), std::string::npos) << m;
+  EXPECT_NE(m.find("raise curriculum[0].seq_len to at least 20000"), std::string::npos) << m;
+  EXPECT_NE(m.find("'split'"), std::string::npos) << m;
+  auto bad = testing::MakeJob(LongDocumentConfig("overflow { long_documents: 'drop' }"),
+                              LongDocumentIndex());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'drop' is unknown"), std::string::npos);
+  auto window = testing::MakeJob(LongDocumentConfig("overflow { max_deferred_steps: 65 }"),
+                                 LongDocumentIndex());
+  ASSERT_FALSE(window.ok());
+  EXPECT_NE(window.status().message().find("above 64"), std::string::npos);
+}
+
+// Text documents of 0.6 seq_len: a sequence holds one, a step draws 1.5 per
+// sequence (fill 0.9, which the load check allows): the queue can only grow.
+std::shared_ptr<const Index> HeavyIndex() {
+  IndexWriter w;
+  w.SetSourceDir("heavy");
+  for (uint32_t s = 0; s < 400; ++s) {
+    if (s % 100 == 0) EXPECT_TRUE(w.AddShard(absl::StrCat("h-", s / 100, ".tar"), 1 << 30, 0).ok());
+    MemberInput json{MemberKind::kJson, "json", uint64_t{s % 100} << 20, 4900 * 6};
+    std::vector<MemberInput> media;
+    if (s % 4 == 3) {
+      MemberInput m;
+      m.kind = MemberKind::kJpeg;
+      m.ext = "0.jpg";
+      m.width = m.height = 300;
+      m.offset = (uint64_t{s % 100} << 20) + 40000;
+      m.size = 10000;
+      media.push_back(m);
+    }
+    EXPECT_TRUE(w.AddSample(absl::StrCat("k", s), s % 4 == 3 ? 50 : 4900, &json, media).ok());
+  }
+  auto ix = Index::FromString(w.Finish(), "heavy.idx");
+  EXPECT_TRUE(ix.ok()) << ix.status();
+  return *ix;
+}
+
+TEST(OverflowBadInputTest, AQueueThatCannotDrainStopsTheJobNamingTheStep) {
+  const std::string base = R"pb(
+    seed: 5
+    world_size: 4
+    ranks_per_node: 2
+    batch {
+      text_samples_per_step: 12
+      vl_samples_per_step: 2
+      grad_accum: 2
+      text_micro_batch: 2
+      vl_micro_batch: 1
+      text_vl_ratio: "2:1"
+    }
+    curriculum { start_step: 0 max_pixels: 262144 seq_len: 8192 }
+  )pb";
+  for (const std::string overflow : {"", "overflow { max_deferred_samples: 100000 }"}) {
+    SCOPED_TRACE(overflow);
+    auto job = testing::MakeJob(base + overflow, HeavyIndex());
+    ASSERT_TRUE(job.ok()) << job.status();
+    Planner planner(*job);
+    StepPlanData d;
+    uint64_t step = 0;
+    absl::Status s;
+    for (; step < 20; ++step) {
+      s = planner.Plan(step, &d);
+      if (!s.ok()) break;
+      EXPECT_GT(d.overflow.deferred_out, 0u);
+    }
+    ASSERT_LT(step, 20u);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    const std::string m(s.message());
+    EXPECT_NE(m.find(absl::StrCat("step ", step, ": the data cannot keep up")), std::string::npos)
+        << m;
+    EXPECT_NE(m.find(overflow.empty() ? "above overflow.max_deferred_samples 14"
+                                      : "has not emptied for 8 steps"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(step, overflow.empty() ? 4u : 8u);  // 8 of 12 fit a step: 4 more wait each step
+    // A fresh planner (a restarted packer) reaches the same verdict.
+    Planner fresh(*job);
+    EXPECT_EQ(fresh.Plan(step, &d).code(), absl::StatusCode::kResourceExhausted);
+  }
+}
+
+}  // namespace
+}  // namespace tutti::packer
