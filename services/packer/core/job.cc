@@ -199,13 +199,8 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
       uint32_t tokens = c->llm_tokens;
       if (c->llm_tokens > seq_len) {
         ++st.long_documents;
-        runs.clear();
-        for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-          if (ix.media_is_image(j)) runs.push_back(coster.Image(j)->llm_tokens + 2);
-        }
-        for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-          if (!ix.media_is_image(j)) runs.push_back(coster.AudioTokens(ix.media_audio_ms(j)) + 2);
-        }
+        uint32_t image_runs = 0;
+        RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
         const LongDocOutcome o =
             ShapeDocument(c->text_tokens, runs, seq_len, overflow_.long_documents, &pieces);
         if (o == LongDocOutcome::kSkipped) {

@@ -106,6 +106,23 @@ LongDocOutcome ShapeDocument(uint32_t text_tokens, absl::Span<const uint32_t> ru
   return LongDocOutcome::kSplit;
 }
 
+absl::Status DocumentRuns(const StageCoster& coster, const Index& ix, uint32_t s,
+                          std::vector<uint32_t>* runs, uint32_t* image_runs) {
+  runs->clear();
+  *image_runs = 0;
+  for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
+    if (!ix.media_is_image(j)) continue;
+    auto g = coster.Image(j);
+    if (!g.ok()) return g.status();
+    runs->push_back(g->llm_tokens + 2);
+    ++*image_runs;
+  }
+  for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
+    if (!ix.media_is_image(j)) runs->push_back(coster.AudioTokens(ix.media_audio_ms(j)) + 2);
+  }
+  return absl::OkStatus();
+}
+
 PackCertificate::PackCertificate(uint32_t bins, uint32_t seq_len, uint32_t img_cap)
     : bins_(bins), seq_len_(std::max<uint32_t>(seq_len, 1)), img_cap_(img_cap) {}
 

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "services/packer/core/costs.h"
 #include "services/packer/core/packing.h"
 #include "services/packer/core/plan_data.h"
 #include "tutti/v1/job.pb.h"
@@ -66,6 +67,11 @@ enum class LongDocOutcome { kWhole, kSplit, kTruncated, kSkipped };
 // longer than seq_len.
 LongDocOutcome ShapeDocument(uint32_t text_tokens, absl::Span<const uint32_t> runs,
                              uint32_t seq_len, LongDocuments policy, std::vector<DocPiece>* pieces);
+
+// A sample's runs at a stage, in document order: each image's LLM tokens + 2,
+// then each audio clip's; *image_runs = its images.
+absl::Status DocumentRuns(const StageCoster& coster, const Index& index, uint32_t sample,
+                          std::vector<uint32_t>* runs, uint32_t* image_runs);
 
 // The admission certificate over items of one stream (see above).
 class PackCertificate {

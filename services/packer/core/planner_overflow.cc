@@ -146,17 +146,8 @@ absl::StatusOr<DeferralQueue> Planner::Transition(uint64_t step, const DeferralQ
       ASSIGN_OR_RETURN(SampleCost cost, coster.Cost(s));
       runs.clear();
       uint32_t image_runs = 0;
-      if (cost.llm_tokens > seq_len) {
-        for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-          if (!ix.media_is_image(j)) continue;
-          ASSIGN_OR_RETURN(ImageGeometry g, coster.Image(j));
-          runs.push_back(g.llm_tokens + 2);
-          ++image_runs;
-        }
-        for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-          if (!ix.media_is_image(j)) runs.push_back(coster.AudioTokens(ix.media_audio_ms(j)) + 2);
-        }
-      }
+      if (cost.llm_tokens > seq_len)
+        RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
       AddCandidate(cert, seq_len, policy, s, cost.llm_tokens, cost.image_tokens, cost.text_tokens,
                    runs, image_runs, &pieces, &c);
     }
