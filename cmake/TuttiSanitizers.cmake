@@ -30,13 +30,42 @@ if(TUTTI_SANITIZER_FLAGS)
   endif()
 endif()
 # What every program of a sanitizer build links first (tutti_sanitize_programs
-# below): the ASan/UBSan runtime options and leak suppressions.
+# below): the ASan/UBSan runtime options and leak suppressions; for TSan, the
+# annotations that make abseil's synchronisation visible to it (Debian's
+# libabsl_synchronization is not built with TSan) and TSan's options.
 set(TUTTI_SANITIZER_SUPPORT)
 if(TUTTI_SANITIZE STREQUAL "address")
   add_library(tutti_sanitizer_defaults OBJECT
     ${CMAKE_CURRENT_LIST_DIR}/sanitizers/sanitizer_defaults.cc)
   list(APPEND TUTTI_SANITIZER_SUPPORT tutti_sanitizer_defaults)
+elseif(TUTTI_SANITIZE STREQUAL "thread")
+  add_library(tutti_tsan_support OBJECT
+    ${CMAKE_CURRENT_LIST_DIR}/sanitizers/tsan_absl_sync.cc
+    ${CMAKE_CURRENT_LIST_DIR}/sanitizers/tsan_defaults.cc)
+  target_link_libraries(tutti_tsan_support PUBLIC absl::synchronization absl::time
+    ${CMAKE_DL_LIBS})
+  list(APPEND TUTTI_SANITIZER_SUPPORT tutti_tsan_support)
 endif()
+
+# tutti-tsan-check <case>: TSan orders what abseil orders and still reports
+# what nothing orders (each case a test; the racy ones must be reported).
+function(tutti_tsan_checks)
+  if(NOT TUTTI_SANITIZE STREQUAL "thread" OR NOT TUTTI_BUILD_TESTS)
+    return()
+  endif()
+  add_executable(tutti-tsan-check ${PROJECT_SOURCE_DIR}/cmake/sanitizers/tsan_check.cc)
+  target_link_libraries(tutti-tsan-check PRIVATE absl::synchronization absl::time Threads::Threads)
+  foreach(c mutex reader_lock lock_when await_condvar try_lock notification counter_barrier)
+    add_test(NAME tsan_check.orders.${c} COMMAND tutti-tsan-check ${c})
+    set_tests_properties(tsan_check.orders.${c} PROPERTIES LABELS tsan TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "${c}: done" FAIL_REGULAR_EXPRESSION "ThreadSanitizer")
+  endforeach()
+  foreach(c race_unprotected race_two_mutexes race_after_notify)
+    add_test(NAME tsan_check.reports.${c} COMMAND tutti-tsan-check ${c})
+    set_tests_properties(tsan_check.reports.${c} PROPERTIES LABELS tsan TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "WARNING: ThreadSanitizer: data race")
+  endforeach()
+endfunction()
 
 # Links TUTTI_SANITIZER_SUPPORT ahead of everything else into every
 # executable defined under `dir` (call it once, after all subdirectories).
