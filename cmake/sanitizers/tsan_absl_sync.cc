@@ -18,25 +18,30 @@
 // while it locks or unlocks is not checked for races (the accesses abseil
 // guards are, before and after).
 //
+// absl::Status: copies share a reference-counted representation, and the
+// library's UnrefNonInlined drops a reference with an atomic TSan does not
+// see; the copy that drops the last one frees it. Every drop releases, the
+// last one acquires first (a reference count as TSan models one).
+//
 // Entry points call one another (LockWhenWithTimeout calls
 // LockWhenWithDeadline, Notification::WaitForNotification calls LockWhen and
 // Unlock, each through the PLT); only the outermost one on a thread is
 // annotated.
-#include <dlfcn.h>
 #include <sanitizer/tsan_interface.h>
 
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "absl/base/config.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "cmake/sanitizers/tsan_real.h"
 
 #if !defined(ABSL_LTS_RELEASE_VERSION) || ABSL_LTS_RELEASE_VERSION != 20220623
 // The entry points and how they call one another are those of this release.
@@ -45,41 +50,18 @@
 
 namespace {
 
-// The mangled name of absl::<cls>::<rest>, e.g. Name("5Mutex", "4LockEv").
-std::string Name(bool is_const, const char* cls_and_rest) {
-  std::string name = is_const ? "_ZNK4absl" : "_ZN4absl";
+// "_ZN4absl" and abseil's inline namespace, e.g. "_ZN4absl7debian3": the
+// start of the mangled name of a member of an absl class.
+std::string Absl() {
+  std::string name = "_ZN4absl";
 #if ABSL_OPTION_USE_INLINE_NAMESPACE
   const char* ns = ABSL_INTERNAL_TOKEN_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
   name += std::to_string(std::strlen(ns)) + ns;
 #endif
-  return name + cls_and_rest;
+  return name;
 }
-
-// The library's implementation of one entry point, looked up on first use.
-template <typename Fn>
-class Real {
- public:
-  constexpr Real(bool is_const, const char* mangled_tail)
-      : is_const_(is_const), tail_(mangled_tail) {}
-  Fn get() {
-    void* f = fn_.load(std::memory_order_acquire);
-    if (f == nullptr) {
-      f = dlsym(RTLD_NEXT, Name(is_const_, tail_).c_str());
-      if (f == nullptr) {
-        std::fprintf(stderr, "tsan_absl_sync: %s not found in the libraries after the program\n",
-                     Name(is_const_, tail_).c_str());
-        std::abort();
-      }
-      fn_.store(f, std::memory_order_release);
-    }
-    return reinterpret_cast<Fn>(f);
-  }
-
- private:
-  const bool is_const_;
-  const char* const tail_;
-  std::atomic<void*> fn_{nullptr};
-};
+// The same for a const member function.
+std::string AbslConst() { return "_ZNK" + Absl().substr(3); }
 
 // Depth of entry points on this thread: only the outermost one annotates.
 thread_local int depth = 0;
@@ -97,47 +79,49 @@ class Nested {
 using absl::Condition;
 using absl::Duration;
 using absl::Time;
+using tutti_tsan::Real;
 
-Real<void (*)(absl::Mutex*)> real_lock(false, "5Mutex4LockEv");
-Real<void (*)(absl::Mutex*)> real_unlock(false, "5Mutex6UnlockEv");
-Real<bool (*)(absl::Mutex*)> real_try_lock(false, "5Mutex7TryLockEv");
-Real<void (*)(absl::Mutex*)> real_reader_lock(false, "5Mutex10ReaderLockEv");
-Real<void (*)(absl::Mutex*)> real_reader_unlock(false, "5Mutex12ReaderUnlockEv");
-Real<bool (*)(absl::Mutex*)> real_reader_try_lock(false, "5Mutex13ReaderTryLockEv");
-Real<void (*)(absl::Mutex*, const Condition&)> real_lock_when(false,
+Real<void (*)(absl::Mutex*)> real_lock(Absl, "5Mutex4LockEv");
+Real<void (*)(absl::Mutex*)> real_unlock(Absl, "5Mutex6UnlockEv");
+Real<bool (*)(absl::Mutex*)> real_try_lock(Absl, "5Mutex7TryLockEv");
+Real<void (*)(absl::Mutex*)> real_reader_lock(Absl, "5Mutex10ReaderLockEv");
+Real<void (*)(absl::Mutex*)> real_reader_unlock(Absl, "5Mutex12ReaderUnlockEv");
+Real<bool (*)(absl::Mutex*)> real_reader_try_lock(Absl, "5Mutex13ReaderTryLockEv");
+Real<void (*)(absl::Mutex*, const Condition&)> real_lock_when(Absl,
                                                               "5Mutex8LockWhenERKNS0_9ConditionE");
 Real<bool (*)(absl::Mutex*, const Condition&, Duration)> real_lock_when_timeout(
-    false, "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+    Absl, "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
 Real<bool (*)(absl::Mutex*, const Condition&, Time)> real_lock_when_deadline(
-    false, "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+    Absl, "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
 Real<void (*)(absl::Mutex*, const Condition&)> real_reader_lock_when(
-    false, "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
+    Absl, "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
 Real<bool (*)(absl::Mutex*, const Condition&, Duration)> real_reader_lock_when_timeout(
-    false, "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+    Absl, "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
 Real<bool (*)(absl::Mutex*, const Condition&, Time)> real_reader_lock_when_deadline(
-    false, "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-Real<void (*)(absl::Mutex*, const Condition&)> real_await(false, "5Mutex5AwaitERKNS0_9ConditionE");
+    Absl, "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+Real<void (*)(absl::Mutex*, const Condition&)> real_await(Absl, "5Mutex5AwaitERKNS0_9ConditionE");
 Real<bool (*)(absl::Mutex*, const Condition&, Duration)> real_await_timeout(
-    false, "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+    Absl, "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
 Real<bool (*)(absl::Mutex*, const Condition&, Time)> real_await_deadline(
-    false, "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-Real<void (*)(absl::Mutex*)> real_mutex_dtor(false, "5MutexD2Ev");
-Real<void (*)(absl::CondVar*, absl::Mutex*)> real_cv_wait(false, "7CondVar4WaitEPNS0_5MutexE");
+    Absl, "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+Real<void (*)(absl::Mutex*)> real_mutex_dtor(Absl, "5MutexD2Ev");
+Real<void (*)(absl::CondVar*, absl::Mutex*)> real_cv_wait(Absl, "7CondVar4WaitEPNS0_5MutexE");
 Real<bool (*)(absl::CondVar*, absl::Mutex*, Duration)> real_cv_wait_timeout(
-    false, "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
+    Absl, "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
 Real<bool (*)(absl::CondVar*, absl::Mutex*, Time)> real_cv_wait_deadline(
-    false, "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-Real<void (*)(absl::Notification*)> real_notify(false, "12Notification6NotifyEv");
+    Absl, "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+Real<void (*)(absl::Notification*)> real_notify(Absl, "12Notification6NotifyEv");
 Real<void (*)(const absl::Notification*)> real_wait_notification(
-    true, "12Notification19WaitForNotificationEv");
+    AbslConst, "12Notification19WaitForNotificationEv");
 Real<bool (*)(const absl::Notification*, Duration)> real_wait_notification_timeout(
-    true, "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+    AbslConst, "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
 Real<bool (*)(const absl::Notification*, Time)> real_wait_notification_deadline(
-    true, "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
-Real<bool (*)(absl::BlockingCounter*)> real_decrement_count(false,
+    AbslConst, "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+Real<bool (*)(absl::BlockingCounter*)> real_decrement_count(Absl,
                                                             "15BlockingCounter14DecrementCountEv");
-Real<void (*)(absl::BlockingCounter*)> real_counter_wait(false, "15BlockingCounter4WaitEv");
-Real<bool (*)(absl::Barrier*)> real_barrier_block(false, "7Barrier5BlockEv");
+Real<void (*)(absl::BlockingCounter*)> real_counter_wait(Absl, "15BlockingCounter4WaitEv");
+Real<bool (*)(absl::Barrier*)> real_barrier_block(Absl, "7Barrier5BlockEv");
+Real<void (*)(uintptr_t)> real_status_unref(Absl, "6Status15UnrefNonInlinedEm");
 
 constexpr unsigned kRead = __tsan_mutex_read_lock;
 
@@ -366,6 +350,16 @@ bool Barrier::Block() {
   }
   __tsan_acquire(this);
   return last;
+}
+
+void Status::UnrefNonInlined(uintptr_t rep) {
+  status_internal::StatusRep* r = RepToPointer(rep);
+  // Read before the release, so that the release orders the read too: the
+  // last holder frees the representation.
+  const bool last = r->ref.load(std::memory_order_acquire) == 1;
+  __tsan_release(r);
+  if (last) __tsan_acquire(r);
+  real_status_unref.get()(rep);
 }
 
 ABSL_NAMESPACE_END

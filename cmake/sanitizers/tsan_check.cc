@@ -166,6 +166,18 @@ void TwoMutexesRace() {
   t.join();
 }
 
+// A copy our code makes (through TSan's memcpy interceptor) races with a
+// write on another thread.
+void MemcpyRaces() {
+  static char buffer[64];
+  static volatile size_t size = sizeof(buffer);  // not inlined: a call
+  std::thread t([] { std::memset(buffer, 1, size); });
+  char copy[64];
+  std::memcpy(copy, buffer, size);
+  t.join();
+  std::printf("copy %d\n", copy[0]);
+}
+
 // A write after the waiter's check is not ordered by the notification.
 void WriteAfterNotifyRaces() {
   absl::Notification n;
@@ -194,6 +206,7 @@ constexpr Case kCases[] = {
     {"race_unprotected", UnprotectedRaces},
     {"race_two_mutexes", TwoMutexesRace},
     {"race_after_notify", WriteAfterNotifyRaces},
+    {"race_memcpy", MemcpyRaces},
 };
 
 }  // namespace

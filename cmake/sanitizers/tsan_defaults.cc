@@ -1,11 +1,46 @@
 // ThreadSanitizer builds only (TUTTI_SANITIZE=thread): the runtime options
-// every program of the tree runs with, compiled in so that ctest, mpirun and
-// the daemons need no environment. TSAN_OPTIONS still overrides.
+// and suppressions every program of the tree runs with, compiled in so that
+// ctest, mpirun and the daemons need no environment. TSAN_OPTIONS still
+// overrides.
 extern "C" {
 
 const char* __tsan_default_options() {
-  // Both stacks of a lock-order inversion, not only the one that closes it.
+  // Both stacks of a lock-order inversion, not only the one closing it.
   return "second_deadlock_stack=1";
+}
+
+// Libraries from Debian, not built with TSan, whose own accesses TSan does
+// not see and whose lock-free handoffs (atomics, reference counts) it cannot
+// see either: what they do through an interceptor (memcpy, recvmsg, free)
+// would be judged against orderings it cannot see. `called_from_lib` leaves
+// just the interceptors called from that library unchecked; every access of
+// our code (including memcpy and free it calls) is still checked, and the
+// library's locks still order (tsan_absl_sync.cc makes abseil's visible).
+// One library per entry: a template matching two loaded libraries is an
+// error.
+const char* __tsan_default_suppressions() {
+  return
+      // gRPC's core and its C++ layer: messages, slices and channel state
+      // handed between its threads through its own atomics and closures.
+      "called_from_lib:libgrpc.so\n"
+      "called_from_lib:libgrpc++.so\n"
+      "called_from_lib:libgpr.so\n"
+      // absl::Status and absl::Cord: shared representations freed by the
+      // thread that drops the last reference (an atomic decrement inside
+      // the library).
+      "called_from_lib:libabsl_status.so\n"
+      "called_from_lib:libabsl_cord.so\n"
+      // abseil's time zone cache: its lock is created on first use behind a
+      // function-local static whose fast path TSan does not see.
+      "called_from_lib:libabsl_time_zone.so\n"
+      // GDAL (loaded by OpenCV's image codecs) takes two of its own mutexes
+      // in both orders on one thread (CPLCreateOrAcquireMutexEx,
+      // CPLAcquireMutex): a lock order inside GDAL, every frame its own.
+      "deadlock:libgdal.so\n"
+      // Open MPI's TCP transport (a component it loads) takes its own
+      // endpoint and process locks in both orders when it adds and removes
+      // peers (mca_btl_tcp_add_procs, mca_btl_tcp_del_procs).
+      "deadlock:mca_btl_tcp.so\n";
 }
 
 }  // extern "C"
