@@ -231,6 +231,33 @@ __attribute__((target("avx2,fma"))) bool FmaMatchesTables(const PatchifyParams& 
   return matches;
 }
 
+// StreamCopy with 32-byte stores where the destination allows (16-byte
+// aligned, a multiple of 16 bytes): half the store instructions.
+__attribute__((target("avx2"))) inline void StreamCopyAvx2(void* dst, const void* src,
+                                                           size_t bytes) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if ((reinterpret_cast<uintptr_t>(d) & 15) != 0 || (bytes & 15) != 0) {
+    std::memcpy(d, s, bytes);
+    return;
+  }
+  if ((reinterpret_cast<uintptr_t>(d) & 31) != 0 && bytes >= 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    d += 16;
+    s += 16;
+    bytes -= 16;
+  }
+  for (; bytes >= 32; d += 32, s += 32, bytes -= 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  }
+  if (bytes != 0) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  }
+}
+
 // Stores 16 values (the caller's buffer has room past the `patch` it keeps).
 __attribute__((target("avx2"))) inline void Store16(float* d, __m256 lo, __m256 hi) {
   _mm256_storeu_ps(d, lo);
@@ -295,7 +322,9 @@ __attribute__((target("avx2,fma"))) void PatchifyAvx2(const cv::Mat& src, const 
             }
           }
           for (int ch = 0; ch < 3; ++ch) {
-            for (uint32_t t = 0; t < Tt; ++t, d += plane) StreamCopy(d, block[ch], plane * sizeof(T));
+            for (uint32_t t = 0; t < Tt; ++t, d += plane) {
+              StreamCopyAvx2(d, block[ch], plane * sizeof(T));
+            }
           }
         }
       }
