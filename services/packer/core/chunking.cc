@@ -9,31 +9,39 @@ void BuildChunks(uint64_t max_patches, StepPlanData* plan) {
   const uint32_t W = plan->enc_images.rows();
   plan->chunks.begin.assign(1, 0);
   plan->chunks.items.clear();
+  plan->chunks.items.reserve(plan->enc_images.items.size());
   plan->chunk_patches.clear();
   plan->rank_chunks.assign(W + 1, 0);
-  thread_local std::vector<std::pair<uint32_t, uint32_t>> order;  // (patches, position)
-  thread_local std::vector<uint64_t> fill;                        // patches per open chunk
-  thread_local std::vector<uint32_t> chunk_of;                    // position -> chunk
-  thread_local std::vector<uint32_t> first_pos;                   // chunk -> smallest position
-  thread_local std::vector<uint32_t> chunk_rank;                  // chunk order by first_pos
+  thread_local std::vector<uint32_t> patches;     // position -> patches
+  thread_local std::vector<uint64_t> order;       // (~patches << 32 | position): largest first
+  thread_local std::vector<uint64_t> fill;        // patches per open chunk
+  thread_local std::vector<uint32_t> chunk_of;    // position -> chunk
+  thread_local std::vector<uint32_t> first_pos;   // chunk -> smallest position
+  thread_local std::vector<uint32_t> chunk_rank;  // chunk order by first_pos
+  thread_local std::vector<uint32_t> at;          // chunk -> next output slot
   for (uint32_t r = 0; r < W; ++r) {
     plan->rank_chunks[r] = static_cast<uint32_t>(plan->chunk_patches.size());
     const uint32_t n = plan->enc_images.size(r);
     if (n == 0) continue;
     const uint32_t* imgs = plan->enc_images.row(r);
-    order.clear();
-    for (uint32_t k = 0; k < n; ++k) order.emplace_back(plan->images[imgs[k]].patches, k);
-    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    });
+    patches.resize(n);
+    order.resize(n);
+    for (uint32_t k = 0; k < n; ++k) {
+      patches[k] = plan->images[imgs[k]].patches;
+      order[k] = uint64_t{~patches[k]} << 32 | k;
+    }
+    // By decreasing patches, ties by position.
+    std::sort(order.begin(), order.end());
     fill.clear();
-    chunk_of.assign(n, 0);
-    for (const auto& [patches, pos] : order) {
+    chunk_of.resize(n);
+    for (const uint64_t entry : order) {
+      const uint32_t pos = static_cast<uint32_t>(entry);
+      const uint64_t p = patches[pos];
       uint32_t c = 0;
-      while (c < fill.size() && fill[c] + patches > max_patches) ++c;
+      while (c < fill.size() && fill[c] + p > max_patches) ++c;
       if (c == fill.size()) fill.push_back(0);
       // An image above the limit fills its chunk on its own.
-      fill[c] += patches > max_patches ? max_patches + 1 : patches;
+      fill[c] += p > max_patches ? max_patches + 1 : p;
       chunk_of[pos] = c;
     }
     const uint32_t nc = static_cast<uint32_t>(fill.size());
@@ -43,16 +51,26 @@ void BuildChunks(uint64_t max_patches, StepPlanData* plan) {
     for (uint32_t c = 0; c < nc; ++c) chunk_rank[c] = c;
     std::sort(chunk_rank.begin(), chunk_rank.end(),
               [&](uint32_t a, uint32_t b) { return first_pos[a] < first_pos[b]; });
-    for (uint32_t c : chunk_rank) {
-      uint64_t patches = 0;
-      for (uint32_t k = 0; k < n; ++k) {
-        if (chunk_of[k] != c) continue;
-        plan->chunks.items.push_back(k);
-        patches += plan->images[imgs[k]].patches;
-      }
-      plan->chunks.begin.push_back(static_cast<uint32_t>(plan->chunks.items.size()));
-      plan->chunk_patches.push_back(patches);
+    // Chunks in order of their first image, each with its images by
+    // position: a counting sort of the positions by chunk.
+    const size_t base = plan->chunks.items.size();
+    at.resize(nc);
+    fill.assign(nc, 0);                        // now: patches per chunk
+    std::vector<uint32_t>& count = first_pos;  // reused: images per chunk
+    count.assign(nc, 0);
+    for (uint32_t k = 0; k < n; ++k) {
+      ++count[chunk_of[k]];
+      fill[chunk_of[k]] += patches[k];
     }
+    uint32_t next = static_cast<uint32_t>(base);
+    for (uint32_t c : chunk_rank) {
+      at[c] = next;
+      next += count[c];
+      plan->chunks.begin.push_back(next);
+      plan->chunk_patches.push_back(fill[c]);
+    }
+    plan->chunks.items.resize(base + n);
+    for (uint32_t k = 0; k < n; ++k) plan->chunks.items[at[chunk_of[k]]++] = k;
   }
   plan->rank_chunks[W] = static_cast<uint32_t>(plan->chunk_patches.size());
 }

@@ -8,9 +8,29 @@ StageCoster::StageCoster(const v1::JobConfig& config, const Index& index, uint64
     : index_(index),
       geometry_(GeometryOptions(config, max_pixels)),
       model_(CostOptions(config)),
-      frames_per_token_(std::max<uint32_t>(1, config.audio().frames_per_token())) {}
+      frames_per_token_(std::max<uint32_t>(1, config.audio().frames_per_token())) {
+  grid_.assign(index.num_media(), 0);
+  for (uint32_t j = 0; j < index.num_media(); ++j) {
+    if (!index.media_is_image(j)) continue;
+    auto g = SmartResize(index.media_height(j), index.media_width(j), geometry_);
+    if (!g.ok() || g->grid_h == 0 || g->grid_w == 0 || g->grid_h > 0xFFFF || g->grid_w > 0xFFFF) {
+      continue;
+    }
+    grid_[j] = g->grid_h << 16 | g->grid_w;
+    // Kept only where the packed grid gives back exactly what SmartResize
+    // said; anything else takes the slow path.
+    ImageGeometry back;
+    if (!ImageGeometryOf(j, &back) || back.height != g->height || back.width != g->width ||
+        back.grid_t != g->grid_t || back.patches != g->patches ||
+        back.llm_tokens != g->llm_tokens) {
+      grid_[j] = 0;
+    }
+  }
+}
 
 absl::StatusOr<ImageGeometry> StageCoster::Image(uint32_t media) const {
+  ImageGeometry g;
+  if (ImageGeometryOf(media, &g)) return g;
   return SmartResize(index_.media_height(media), index_.media_width(media), geometry_);
 }
 

@@ -9,6 +9,7 @@
 #define TUTTI_SERVICES_PACKER_CORE_COSTS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/cost_model.h"
@@ -31,7 +32,9 @@ struct SampleCost {
   double audio_cost = 0;
 };
 
-// Costs at one stage (max_pixels). Thread-safe (const).
+// Costs at one stage (max_pixels). Thread-safe (const). Every image's
+// resized grid is computed once, at construction (4 bytes per medium), so
+// that planning a step reads it instead of resizing again.
 class StageCoster {
  public:
   StageCoster(const v1::JobConfig& config, const Index& index, uint64_t max_pixels);
@@ -40,6 +43,23 @@ class StageCoster {
   // SmartResize, e.g. an aspect ratio above vision.max_aspect_ratio).
   absl::StatusOr<SampleCost> Cost(uint32_t sample) const;
   absl::StatusOr<ImageGeometry> Image(uint32_t media) const;
+  // The hot path of Image: true and *g set when the image resizes at this
+  // stage; false when Image(media) fails (call it for the error).
+  bool ImageGeometryOf(uint32_t media, ImageGeometry* g) const {
+    const uint32_t grid = grid_[media];
+    if (grid == 0) return false;
+    g->grid_t = 1;
+    g->grid_h = grid >> 16;
+    g->grid_w = grid & 0xFFFF;
+    g->height = g->grid_h * geometry_.patch_size;
+    g->width = g->grid_w * geometry_.patch_size;
+    g->patches = g->grid_h * g->grid_w;
+    g->llm_tokens = g->patches / (geometry_.merge_size * geometry_.merge_size);
+    return true;
+  }
+  void PrefetchImages(uint32_t first_media) const {
+    __builtin_prefetch(grid_.data() + first_media);
+  }
   uint32_t AudioTokens(uint32_t audio_ms) const;
   const CostModel& model() const { return model_; }
   const VisionGeometryOptions& geometry() const { return geometry_; }
@@ -49,6 +69,9 @@ class StageCoster {
   VisionGeometryOptions geometry_;
   CostModel model_;
   uint32_t frames_per_token_;
+  // Per medium: grid_h << 16 | grid_w of its resized image; 0 for audio and
+  // for images that do not resize (or whose grid does not fit 16 bits).
+  std::vector<uint32_t> grid_;
 };
 
 }  // namespace tutti::packer

@@ -113,7 +113,10 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   for (uint32_t k = 0; k < std::min(NT + NV, kAhead); ++k) ix.PrefetchSample(ids[k]);
   for (uint32_t k = 0; k < NT + NV; ++k) {
     if (k + kAhead < NT + NV) ix.PrefetchSample(ids[k + kAhead]);
-    if (k + kAhead / 2 < NT + NV && k + kAhead / 2 >= NT) ix.PrefetchMedia(ids[k + kAhead / 2]);
+    if (k + kAhead / 2 < NT + NV && k + kAhead / 2 >= NT) {
+      ix.PrefetchMedia(ids[k + kAhead / 2]);
+      coster.PrefetchImages(ix.media_begin(ids[k + kAhead / 2]));
+    }
     const bool vl = k >= NT;
     const uint32_t s = ids[k];
     PlannedSample& ps = out->samples[k];
@@ -131,11 +134,16 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     uint64_t tokens = c.text_tokens;
     for (uint32_t j = ix.media_begin(s), e = ix.media_end(s); j < e; ++j) {
       if (ix.media_is_image(j)) {
-        auto g = coster.Image(j);
-        if (!g.ok()) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("sample ", job.DescribeSample(s), ": ", g.status().message()));
+        ImageGeometry geometry;
+        if (!coster.ImageGeometryOf(j, &geometry)) {
+          auto g = coster.Image(j);
+          if (!g.ok()) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("sample ", job.DescribeSample(s), ": ", g.status().message()));
+          }
+          geometry = *g;
         }
+        const ImageGeometry* g = &geometry;
         PlannedImage& im = out->images.emplace_back();
         im.owner = k;
         im.media = j;

@@ -164,9 +164,16 @@ struct State {
   std::vector<std::pair<double, uint32_t>> partners;
 };
 
-double VitOf(const PackItem& it) { return it.vit; }
-double LlmOf(const PackItem& it) { return it.llm; }
-double TokensOf(const PackItem& it) { return it.tokens; }
+// Keys as types, so that the hot loops inline them.
+struct VitOf {
+  double operator()(const PackItem& it) const { return it.vit; }
+};
+struct LlmOf {
+  double operator()(const PackItem& it) const { return it.llm; }
+};
+struct TokensOf {
+  double operator()(const PackItem& it) const { return it.tokens; }
+};
 
 class TuttiStrategy final : public PackingStrategy {
  public:
@@ -204,17 +211,20 @@ class TuttiStrategy final : public PackingStrategy {
     holds_giant.assign(W, 0);
     if (giants) {
       Order(
-          text, LlmOf, [&](const PackItem& it) { return it.llm >= giant; }, &st);
-      RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf, &st.llm, anywhere,
+          text, LlmOf(), [&](const PackItem& it) { return it.llm >= giant; }, &st);
+      RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf(), &st.llm, anywhere,
                           [&](uint32_t r, const PackItem&) { holds_giant[r] = 1; }));
     }
     // 2. VL samples by ViT cost (by LLM cost when the encoders are dealt
     // elsewhere), onto ranks whose large documents leave them LLM room,
     // then the ViT search among VL samples alone.
     if (!p.vl.empty()) {
-      auto key = p.balance_vit ? VitOf : LlmOf;
-      Order(
-          vl, key, [](const PackItem&) { return true; }, &st);
+      auto all = [](const PackItem&) { return true; };
+      if (p.balance_vit) {
+        Order(vl, VitOf(), all, &st);
+      } else {
+        Order(vl, LlmOf(), all, &st);
+      }
       std::vector<double>& vl_load = st.scratch;
       vl_load.assign(W, 0.0);
       const double room = st.llm_budget;
@@ -225,7 +235,8 @@ class TuttiStrategy final : public PackingStrategy {
         st.llm[r] += it.llm;
         st.vit[r] += it.vit;
       };
-      absl::Status s = Lpt(p, &st, &vl, key, &vl_load, allowed, placed);
+      absl::Status s = p.balance_vit ? Lpt(p, &st, &vl, VitOf(), &vl_load, allowed, placed)
+                                     : Lpt(p, &st, &vl, LlmOf(), &vl_load, allowed, placed);
       if (absl::IsFailedPrecondition(s)) {
         // VL sequences too tight for cost order (it strands room a large
         // sample needs): again by tokens, largest first onto the rank with
@@ -238,9 +249,8 @@ class TuttiStrategy final : public PackingStrategy {
         for (uint32_t i = 0; i < p.text.size(); ++i) {
           if (p.text[i].llm >= giant) st.llm[text.RankOf(i)] += p.text[i].llm;
         }
-        Order(
-            vl, TokensOf, [](const PackItem&) { return true; }, &st);
-        s = Lpt(p, &st, &vl, TokensOf, &vl_load, allowed, placed);
+        Order(vl, TokensOf(), all, &st);
+        s = Lpt(p, &st, &vl, TokensOf(), &vl_load, allowed, placed);
       }
       RETURN_IF_ERROR(s);
       if (p.balance_vit && W > 1) {
@@ -251,8 +261,8 @@ class TuttiStrategy final : public PackingStrategy {
     }
     // 3. The other text documents, on top.
     Order(
-        text, LlmOf, [&](const PackItem& it) { return it.llm < giant; }, &st);
-    RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf, &st.llm, anywhere, nothing));
+        text, LlmOf(), [&](const PackItem& it) { return it.llm < giant; }, &st);
+    RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf(), &st.llm, anywhere, nothing));
     st.text_placed = true;
     // 4. Both phases, alternating.
     if (W > 1) {
@@ -292,8 +302,8 @@ class TuttiStrategy final : public PackingStrategy {
   // The items of `side` by decreasing key (ties: lower item) into
   // st->order, optionally only those with select(item). Keys are compared
   // as floats (a relative 6e-8; closer keys count as equal).
-  template <typename Select>
-  static void Order(const Side& side, double (*key)(const PackItem&), Select select, State* st) {
+  template <typename Key, typename Select>
+  static void Order(const Side& side, Key key, Select select, State* st) {
     std::vector<uint64_t>& order = st->order;
     order.clear();
     for (uint32_t i = 0; i < side.items.size(); ++i) {
@@ -325,9 +335,9 @@ class TuttiStrategy final : public PackingStrategy {
   // least load that has room for it (ties: lower rank), adding key(item) to
   // the load and calling placed(rank, item). Ranks where allowed(rank,
   // item) is false are passed over unless no allowed rank has room.
-  template <typename Allowed, typename Placed>
-  absl::Status Lpt(const PackProblem& p, State* st, Side* side, double (*key)(const PackItem&),
-                   std::vector<double>* load, Allowed allowed, Placed placed) const {
+  template <typename Key, typename Allowed, typename Placed>
+  absl::Status Lpt(const PackProblem& p, State* st, Side* side, Key key, std::vector<double>* load,
+                   Allowed allowed, Placed placed) const {
     const uint32_t W = p.ranks;
     const absl::Span<const PackItem> items = side->items;
     std::vector<double>& k = st->key;
@@ -409,10 +419,10 @@ class TuttiStrategy final : public PackingStrategy {
   // are ranked again. LPT up to the order within a batch, without a heap
   // operation per item. An item its rank has no room for (or is not
   // allowed on) goes to the least loaded rank that takes it.
-  template <typename Allowed, typename Placed>
-  absl::Status LptBatches(const PackProblem& p, State* st, Side* side,
-                          double (*key)(const PackItem&), std::vector<double>* load,
-                          Allowed allowed, Placed placed, size_t from) const {
+  template <typename Key, typename Allowed, typename Placed>
+  absl::Status LptBatches(const PackProblem& p, State* st, Side* side, Key key,
+                          std::vector<double>* load, Allowed allowed, Placed placed,
+                          size_t from) const {
     const uint32_t W = p.ranks;
     const uint32_t B = std::max(1u, W / kBatchDivisor);
     const absl::Span<const PackItem> items = side->items;
@@ -504,10 +514,11 @@ class TuttiStrategy final : public PackingStrategy {
   // (`other`, costs `okey`) at most `cap`; with `comp` (the ViT phase), a
   // VL change that would raise one rank's LLM cost above `cap` may take a
   // text document of that rank to the other.
-  static void Best(Side& side, uint32_t hi, uint32_t lo, const std::vector<double>& load,
-                   double (*key)(const PackItem&), const std::vector<double>& other,
-                   double (*okey)(const PackItem&), double cap, bool bind_other, const Side* comp,
-                   std::vector<std::pair<double, uint32_t>>* partners, Change* best) {
+  template <typename Key, typename OKey>
+  static void Best(Side& side, uint32_t hi, uint32_t lo, const std::vector<double>& load, Key key,
+                   const std::vector<double>& other, OKey okey, double cap, bool bind_other,
+                   const Side* comp, std::vector<std::pair<double, uint32_t>>* partners,
+                   Change* best) {
     const std::vector<uint32_t>& from = side.lists[hi];
     const std::vector<uint32_t>& to = side.lists[lo];
     const double h = load[hi], l = load[lo], gap = h - l;
@@ -660,16 +671,20 @@ class TuttiStrategy final : public PackingStrategy {
     const uint32_t n_own = n;
     if (!vit_phase && p.balance_vit) n += st->vit_min.Smallest(kReceivers, receivers + n);
     Change best{h * (1 - kGain)};
-    auto key = vit_phase ? VitOf : LlmOf;
-    auto okey = vit_phase ? LlmOf : VitOf;
     for (uint32_t k = 0; k < n; ++k) {
       const uint32_t lo = receivers[k];
       if (lo == hi || load[lo] >= h) continue;
       // VL samples carry both phases; text samples only the LLM phase.
-      Best(st->vl, hi, lo, load, key, other, okey, cap, vit_phase || p.balance_vit,
-           vit_phase && with_text ? &st->text : nullptr, &st->partners, &best);
-      if (!vit_phase && k < n_own && with_text) {
-        Best(st->text, hi, lo, load, key, other, okey, cap, false, nullptr, &st->partners, &best);
+      if (vit_phase) {
+        Best(st->vl, hi, lo, load, VitOf(), other, LlmOf(), cap, true,
+             with_text ? &st->text : nullptr, &st->partners, &best);
+        continue;
+      }
+      Best(st->vl, hi, lo, load, LlmOf(), other, VitOf(), cap, p.balance_vit, nullptr,
+           &st->partners, &best);
+      if (k < n_own && with_text) {
+        Best(st->text, hi, lo, load, LlmOf(), other, VitOf(), cap, false, nullptr, &st->partners,
+             &best);
       }
     }
     if (best.side == nullptr) return false;
