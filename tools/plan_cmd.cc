@@ -16,6 +16,7 @@
 #include "services/packer/plan_proto.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/plan_cmd_check.h"
 
 namespace tutti::tools {
 namespace {
@@ -56,18 +57,30 @@ void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v
 }
 
 int RunPlan(int argc, char** argv) {
-  std::string config, index, ranks_text, format = "summary";
+  std::string config, index, ranks_text, format = "summary", post_balancing;
   uint64_t step = 0, steps = 1;
+  uint32_t world_size = 0;
+  bool check = false, quiet = false;
   Cli cli("tutti plan --config JOB.textproto [--index FILE] [--step N] [options]",
           "Computes the plan of one or more steps with the packer's planning core (the same\n"
           "plans tutti-packerd serves) and prints a per-rank summary, the StepPlan as text or\n"
-          "JSON, or its identity hash (equal hashes = byte-identical plans).");
+          "JSON, or its identity hash (equal hashes = byte-identical plans). With --check, checks\n"
+          "every plan of the steps against what the job alone (config and index) says it must\n"
+          "be: the draw (each sample exactly once), every sample's tokens and costs, seq_len and\n"
+          "img_cap in every sequence, the encoder and exchange lists, and the ViT and LLM\n"
+          "imbalance figures the packer reports; prints a table and exits 1 on any violation or\n"
+          "step the planner refuses.");
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index, "index file; overrides the config's index_path");
   cli.Flag("step", &step, "first step to plan");
   cli.Flag("steps", &steps, "how many consecutive steps");
   cli.Flag("ranks", &ranks_text, "comma-separated ranks to include (empty: all)");
   cli.Flag("format", &format, "summary, text, json or hash");
+  cli.Flag("check", &check, "check every plan of the steps (a table; exit 1 on any violation)");
+  cli.Flag("quiet", &quiet, "with --check: print only the failing steps and the summary");
+  cli.Flag("world-size", &world_size, "plan at this world size instead of the config's");
+  cli.Flag("post-balancing", &post_balancing,
+           "on or off: plan with batch post-balancing on or off instead of as the config says");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
   if (format != "summary" && format != "text" && format != "json" && format != "hash") {
@@ -85,10 +98,29 @@ int RunPlan(int argc, char** argv) {
     }
     ranks.push_back(r);
   }
-  auto job = packer::LoadJob(config, index);
+  if (!post_balancing.empty() && post_balancing != "on" && post_balancing != "off") {
+    std::fprintf(stderr, "tutti plan: --post-balancing '%s' must be on or off\n",
+                 post_balancing.c_str());
+    return 2;
+  }
+  auto edit = [&](v1::JobConfig* c) {
+    if (world_size > 0) {
+      c->set_world_size(world_size);
+      if (c->ranks_per_node() > world_size) c->clear_ranks_per_node();
+    }
+    if (!post_balancing.empty()) {
+      c->mutable_post_balancing()->set_enabled(post_balancing == "on");
+    }
+  };
+  auto job = packer::LoadJob(config, index, {}, edit);
   if (!job.ok()) {
     std::fprintf(stderr, "tutti plan: %s\n", std::string(job.status().message()).c_str());
     return 1;
+  }
+  if (check) {
+    const PlanCheckSummary summary = CheckSteps(*job, step, steps);
+    std::fputs(FormatPlanCheck(**job, summary, !quiet).c_str(), stdout);
+    return summary.ok() ? 0 : 1;
   }
   packer::Planner planner(*job);
   packer::StepPlanData data;

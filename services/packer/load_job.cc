@@ -21,15 +21,16 @@ const char* UnservableFix(const std::string& why) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
-                                                   const std::string& index_override,
-                                                   const JobOptions& options) {
+absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
+    const std::string& config_path, const std::string& index_override, const JobOptions& options,
+    const std::function<void(v1::JobConfig*)>& edit) {
   if (config_path.empty()) {
     return absl::InvalidArgumentError(
         "no job config given; pass --config FILE (a text tutti.v1.JobConfig, see "
         "deploy/examples/job.textproto)");
   }
   ASSIGN_OR_RETURN(v1::JobConfig config, LoadJobConfig(config_path));
+  if (edit) edit(&config);
   ApplyJobDefaults(&config);
   if (!index_override.empty()) config.set_index_path(index_override);
   if (config.index_path().empty()) {
