@@ -22,6 +22,7 @@
 #include "services/packer/bench/synthetic.h"
 #include "services/packer/core/job.h"
 #include "services/packer/core/planner.h"
+#include "services/packer/core/seed_stream.h"
 #include "services/packer/index/index.h"
 #include "services/packer/plan_proto.h"
 #include "tools/cli.h"
@@ -303,10 +304,106 @@ int IndexLoadBench(uint64_t samples, const std::string& dir, bool json) {
   return 0;
 }
 
+// --seed-stream: the seed's heuristics over a continuous stream (seed_stream.h):
+// the steps' samples, text and VL interleaved in proportion, through N open
+// bins carried across steps; the image-token spread over the stream's packs.
+// Beside it the same rule on the VL samples alone (what the per-step
+// strategies pack into VL sequences).
+int SeedStreamBench(const packer::SeedWorkloadOptions& wo,
+                    std::shared_ptr<const packer::Index> index, uint32_t ranks,
+                    const std::vector<uint64_t>& stages, uint64_t steps, bool json) {
+  if (json) std::printf("[\n");
+  bool first = true;
+  for (uint64_t px : stages) {
+    auto shape = packer::SeedShape(wo, *index, ranks, px);
+    if (!shape.ok()) {
+      std::fprintf(stderr, "tutti bench packer: %s\n",
+                   std::string(shape.status().message()).c_str());
+      return 1;
+    }
+    auto job =
+        packer::Job::Create(packer::SeedConfig(wo, *shape, ranks, px, "greedy", 1, false), index);
+    if (!job.ok()) {
+      std::fprintf(stderr, "tutti bench packer: %s\n", std::string(job.status().message()).c_str());
+      return 1;
+    }
+    packer::Planner planner(*job);
+    packer::StepPlanData d;
+    std::vector<packer::PackItem> mixed, vl_only;
+    uint32_t seq_len = 0;
+    for (uint64_t s = 0; s < steps; ++s) {
+      if (absl::Status st = planner.Draw(s, &d); !st.ok()) {
+        std::fprintf(stderr, "tutti bench packer: %s\n", std::string(st.message()).c_str());
+        return 1;
+      }
+      seq_len = d.seq_len;
+      // Text sample k at (k + 1/2) / T of the step, VL sample j at (j + 1/2) / V.
+      const size_t T = d.text_items.size(), V = d.vl_items.size();
+      for (size_t k = 0, j = 0; k < T || j < V;) {
+        const bool text = j == V || (k < T && (2 * k + 1) * V <= (2 * j + 1) * T);
+        mixed.push_back(text ? d.text_items[k++] : d.vl_items[j++]);
+      }
+      vl_only.insert(vl_only.end(), d.vl_items.begin(), d.vl_items.end());
+    }
+    const uint32_t img_cap = (*job)->config().batch().img_cap_tokens();
+    if (!json) {
+      std::printf(
+          "\nmax_pixels=%llu seq_len=%u img_cap=%u: %llu steps of %u text + %u VL samples, one "
+          "stream (%zu samples, %zu VL)\n  %-12s %8s %10s %10s %10s %10s   %8s %10s %10s\n",
+          static_cast<unsigned long long>(px), seq_len, img_cap,
+          static_cast<unsigned long long>(steps), shape->text_samples, shape->vl_samples,
+          mixed.size(), vl_only.size(), "strategy", "packs", "img_mean", "img_std", "vit_std",
+          "fill", "vl_packs", "vl_img_std", "vl_fill");
+    }
+    for (const bool v2 : {false, true}) {
+      for (const uint32_t n : {1u, 2u, 4u, 6u, 8u}) {
+        packer::PackSpread spread[2];
+        for (int which = 0; which < 2; ++which) {
+          packer::SeedStreamPacker packer({n, v2, seq_len, img_cap});
+          std::vector<packer::StreamPack> packs;
+          for (const packer::PackItem& it : which == 0 ? mixed : vl_only) {
+            if (absl::Status st = packer.Add(it, &packs); !st.ok()) {
+              std::fprintf(stderr, "tutti bench packer: %s\n", std::string(st.message()).c_str());
+              return 1;
+            }
+          }
+          packer.Flush(&packs);
+          spread[which] = packer::MeasurePacks(packs);
+        }
+        const char* name = v2 ? "seed-v2" : "seed-v1";
+        if (json) {
+          std::printf(
+              "%s  {\"strategy\": \"%s\", \"bins\": %u, \"max_pixels\": %llu, \"steps\": %llu, "
+              "\"packs\": %llu, \"image_tokens_mean\": %.2f, \"image_tokens_std\": %.2f, "
+              "\"vit_std\": %.2f, \"fill\": %.4f, \"vl_packs\": %llu, \"vl_image_tokens_std\": "
+              "%.2f, \"vl_fill\": %.4f}",
+              first ? "" : ",\n", name, n, static_cast<unsigned long long>(px),
+              static_cast<unsigned long long>(steps),
+              static_cast<unsigned long long>(spread[0].packs), spread[0].image_tokens_mean,
+              spread[0].image_tokens_std, spread[0].vit_std, spread[0].tokens_mean / seq_len,
+              static_cast<unsigned long long>(spread[1].packs), spread[1].image_tokens_std,
+              spread[1].tokens_mean / seq_len);
+          first = false;
+        } else {
+          std::printf("  %-12s %8llu %10.0f %10.0f %10.0f %10.3f   %8llu %10.0f %10.3f\n",
+                      absl::StrCat(name, " N=", n).c_str(),
+                      static_cast<unsigned long long>(spread[0].packs), spread[0].image_tokens_mean,
+                      spread[0].image_tokens_std, spread[0].vit_std,
+                      spread[0].tokens_mean / seq_len,
+                      static_cast<unsigned long long>(spread[1].packs), spread[1].image_tokens_std,
+                      spread[1].tokens_mean / seq_len);
+        }
+      }
+    }
+  }
+  if (json) std::printf("\n]\n");
+  return 0;
+}
+
 int RunBenchPacker(int argc, char** argv) {
   std::string ranks_text = "8,64,512,2560", stages_text = "1003520,16777216", only;
   uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0;
-  bool json = false, post = false;
+  bool json = false, post = false, seed_stream = false;
   std::string tmp_dir = "/tmp", hash_dir;
   packer::SeedWorkloadOptions wo;
   Cli cli("tutti bench packer [options]",
@@ -339,6 +436,10 @@ int RunBenchPacker(int argc, char** argv) {
   cli.Flag("index-samples", &index_samples,
            "measure writing+loading a synthetic index of this many samples (e.g. 10000000)");
   cli.Flag("tmp", &tmp_dir, "directory for the index-load measurement's file");
+  cli.Flag("seed-stream", &seed_stream,
+           "run seed-v1/v2 (N = 1, 2, 4, 6, 8) over one continuous stream of the steps' samples "
+           "(bins carried across steps, text and VL in the same bins) at the first --ranks' "
+           "step size, and print the image-token spread over the stream's packs");
   cli.Flag("hashes", &hash_dir,
            "write the dataset (DIR/index.idx), each cell's job config (DIR/<cell>.textproto) and "
            "the identity hash of every planned step (DIR/<cell>.hashes) to this directory");
@@ -408,6 +509,7 @@ int RunBenchPacker(int argc, char** argv) {
   std::fprintf(stderr, "dataset: %llu synthetic samples (%zu VL) in %.1f s\n",
                static_cast<unsigned long long>(samples), (*index)->vl_samples().size(),
                Ms(t0) / 1e3);
+  if (seed_stream) return SeedStreamBench(wo, *index, ranks[0], stages, steps, json);
   std::vector<Cell> cells;
   for (uint32_t w : ranks) {
     for (uint64_t px : stages) {
