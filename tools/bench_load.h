@@ -1,7 +1,8 @@
 // The load driver of `tutti bench load`: many concurrent gRPC clients of one
 // tutti-packerd, each on its own connection, alternating a bounded
 // StreamPlans (reading every plan of a short range) and a GetPlan, with the
-// latency of every plan received recorded. Everything is asynchronous
+// latency of every plan received recorded. Plans are received whole and
+// left encoded (an empty one is a failure). Everything is asynchronous
 // (gRPC's callback API): one process holds thousands of clients with a few
 // threads. Bounded in calls per client and in time.
 //

@@ -152,7 +152,19 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                            .Name("tutti_packer_unplanned_samples")
                            .Help("Samples of the index left out of every plan because the stager "
                                  "would refuse them, by reason")
-                           .Register(r)) {
+                           .Register(r)),
+      served_cache_family(BuildCounter()
+                              .Name("tutti_packer_served_plan_cache_total")
+                              .Help("Plans asked for: served from the kept serialized plans "
+                                    "(hit) or built and serialized (miss)")
+                              .Register(r)),
+      served_cache_hits(served_cache_family.Add({{"result", "hit"}})),
+      served_cache_misses(served_cache_family.Add({{"result", "miss"}})),
+      served_cache_bytes(BuildGauge()
+                             .Name("tutti_packer_served_plan_cache_bytes")
+                             .Help("Bytes of serialized plans kept to serve again")
+                             .Register(r)
+                             .Add({})) {
   SetUnplanned({});
 }
 

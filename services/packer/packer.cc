@@ -1,5 +1,8 @@
 #include "services/packer/packer.h"
 
+#include <google/protobuf/arena.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -11,10 +14,16 @@ namespace {
 
 constexpr double kFitWeight = 0.1;  // weight of a new report in the moving average
 
+ServedPlansOptions WithWindow(ServedPlansOptions o, const Job& job) {
+  o.keep_behind = std::max(o.keep_behind, job.config().plan_window());
+  return o;
+}
+
 }  // namespace
 
-Packer::Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics)
-    : job_(std::move(job)), window_(window), metrics_(metrics) {
+Packer::Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics,
+               ServedPlansOptions served)
+    : job_(std::move(job)), window_(window), metrics_(metrics), served_(WithWindow(served, *job_)) {
   BuildJobInfo(*job_, &job_info_);
 }
 
@@ -51,6 +60,41 @@ void Packer::GetPlan(uint64_t step, const ClientView& client, v1::StepPlan* plan
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     done(s);
+  });
+}
+
+void Packer::GetPlanBytes(uint64_t step, const ClientView& client,
+                          std::function<void(absl::StatusOr<PlanBytes>)> done) {
+  if (absl::Status s = CheckClient(client); !s.ok()) return done(s);
+  if (absl::Status s = job_->CheckStep(step); !s.ok()) return done(s);
+  std::vector<uint32_t> key = ServedPlans::Key(client.ranks);
+  if (PlanBytes kept = served_.Find(step, key)) {
+    if (metrics_) metrics_->served_cache_hits.Increment();
+    return done(std::move(kept));
+  }
+  window_->Get(step, [this, step, key = std::move(key),
+                      done = std::move(done)](absl::StatusOr<PlanPtr> r) mutable {
+    if (!r.ok()) return done(r.status());
+    const auto t0 = std::chrono::steady_clock::now();
+    // Its hundreds of small messages on an arena: freed at once.
+    google::protobuf::Arena arena;
+    auto* plan = google::protobuf::Arena::CreateMessage<v1::StepPlan>(&arena);
+    absl::Status s = BuildStepPlan(*job_, **r, key, plan);
+    if (!s.ok()) return done(s);
+    plan->mutable_stats()->set_plan_seconds((*r)->plan_seconds);
+    auto bytes = std::make_shared<std::string>();
+    if (!plan->SerializeToString(bytes.get())) {
+      return done(absl::InternalError(absl::StrCat(
+          "the plan of step ", step, " (", plan->ByteSizeLong(), " bytes) cannot be serialized")));
+    }
+    PlanBytes served = served_.Insert(step, std::move(key), std::move(bytes));
+    if (metrics_) {
+      metrics_->plan_build_seconds.Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      metrics_->served_cache_misses.Increment();
+      metrics_->served_cache_bytes.Set(static_cast<double>(served_.bytes()));
+    }
+    done(std::move(served));
   });
 }
 

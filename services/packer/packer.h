@@ -20,6 +20,7 @@
 #include "services/packer/core/job.h"
 #include "services/packer/metrics.h"
 #include "services/packer/plan_window.h"
+#include "services/packer/served_plans.h"
 #include "tutti/v1/packer.pb.h"
 
 namespace tutti::packer {
@@ -39,8 +40,10 @@ struct StepTiming {
 
 class Packer {
  public:
-  // metrics may be null.
-  Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics);
+  // metrics may be null. served: bounds of the serialized plans kept
+  // (keep_behind is raised to the job's plan window).
+  Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics,
+         ServedPlansOptions served = {});
 
   const v1::JobInfo& job_info() const { return job_info_; }
   const Job& job() const { return *job_; }
@@ -55,6 +58,14 @@ class Packer {
   void GetPlan(uint64_t step, const ClientView& client, v1::StepPlan* plan,
                std::function<void(absl::Status)> done);
 
+  // The same plan serialized (the bytes of a StepPlan message). The bytes of
+  // a (step, rank set) are built once and kept (served_plans.h): asked
+  // again, the same bytes are served without building or copying them.
+  using PlanBytes = ServedPlans::Bytes;
+  void GetPlanBytes(uint64_t step, const ClientView& client,
+                    std::function<void(absl::StatusOr<PlanBytes>)> done);
+  const ServedPlans& served_plans() const { return served_; }
+
   // The last step a stream starting at `start` with `end` (0 = open) covers,
   // exclusive; OUT_OF_RANGE when `start` is already beyond the dataset.
   absl::StatusOr<uint64_t> StreamEnd(uint64_t start, uint64_t end) const;
@@ -68,6 +79,7 @@ class Packer {
   PlanWindow* window_;
   PackerMetrics* metrics_;
   v1::JobInfo job_info_;
+  ServedPlans served_;
 
   absl::Mutex mu_;
   double fitted_vit_ ABSL_GUARDED_BY(mu_) = 0;  // seconds per unit of ViT cost (EMA)

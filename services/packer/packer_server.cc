@@ -35,7 +35,7 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   wo.window = job_->config().plan_window();
   wo.threads = options_.plan_threads;
   window_ = std::make_unique<PlanWindow>(std::make_shared<Planner>(job_), wo, metrics_.get());
-  packer_ = std::make_unique<Packer>(job_, window_.get(), metrics_.get());
+  packer_ = std::make_unique<Packer>(job_, window_.get(), metrics_.get(), options_.served);
   gate_ = std::make_unique<RpcGate>(options_.rpc, "tutti.v1.Packer", host_->registry().get());
   ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
   ranks_->SetJob(job_->config().job_id());

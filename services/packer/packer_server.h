@@ -30,6 +30,8 @@ struct PackerServerOptions {
   uint32_t plan_threads = 2;               // plan-window worker threads
   // StreamPlans open at once per client connection (packer_service.h).
   uint32_t max_streams_per_client = kDefaultMaxStreamsPerClient;
+  // Serialized plans kept to serve again (served_plans.h).
+  ServedPlansOptions served;
   RpcGateOptions rpc;                      // TLS, token, request bounds (rpc_gate.h)
 };
 

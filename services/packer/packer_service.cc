@@ -15,6 +15,16 @@ ClientView ViewOf(const Request& req) {
   return c;
 }
 
+// The kept bytes of a plan as a response, without copying them: the slice
+// holds a reference to the bytes until gRPC has sent them.
+grpc::ByteBuffer AsByteBuffer(Packer::PlanBytes bytes) {
+  auto* held = new Packer::PlanBytes(std::move(bytes));
+  grpc::Slice slice(
+      const_cast<char*>((*held)->data()), (*held)->size(),
+      [](void* p) { delete static_cast<Packer::PlanBytes*>(p); }, held);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
 // Streams the plans of [start, end) one write at a time; the next plan is
 // fetched when the previous write is done. gRPC completes a write once it
 // is buffered (flow control), not when the client has read it, so only a
@@ -47,16 +57,13 @@ class PlanStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(grpc::Status::OK);
       return;
     }
-    packer_->GetPlan(next_, client_, &plan_, [this](absl::Status s) {
-      packer_->CountServed(true, s);
-      if (s.ok()) {
-        bytes_.Clear();
-        s = SerializeTo(plan_, &bytes_);
-      }
-      if (!s.ok()) {
-        Finish(ToGrpcStatus(s));
+    packer_->GetPlanBytes(next_, client_, [this](absl::StatusOr<Packer::PlanBytes> bytes) {
+      packer_->CountServed(true, bytes.status());
+      if (!bytes.ok()) {
+        Finish(ToGrpcStatus(bytes.status()));
         return;
       }
+      bytes_ = AsByteBuffer(*std::move(bytes));
       StartWrite(&bytes_);
     });
   }
@@ -66,7 +73,6 @@ class PlanStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t next_;
   const uint64_t end_;
   const CallTicket ticket_;
-  v1::StepPlan plan_;
   grpc::ByteBuffer bytes_;
 };
 
@@ -93,14 +99,25 @@ grpc::ServerUnaryReactor* PackerService::GetJob(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* PackerService::GetPlan(grpc::CallbackServerContext* ctx,
                                                  const grpc::ByteBuffer* in,
                                                  grpc::ByteBuffer* out) {
-  return ServeUnary<v1::GetPlanRequest, v1::StepPlan>(
-      gate_, ctx, in, out, [this](const v1::GetPlanRequest& req, v1::StepPlan* resp, auto done) {
-        if (absl::Status s = CheckRankList(req.ranks_size()); !s.ok()) return done(s);
-        packer_->GetPlan(req.step(), ViewOf(req), resp, [this, done](absl::Status s) {
-          packer_->CountServed(false, s);
-          done(s);
-        });
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  v1::GetPlanRequest req;
+  absl::StatusOr<CallTicket> ticket = gate_->Admit(*ctx, *in, &req);
+  if (!ticket.ok()) {
+    reactor->Finish(ToGrpcStatus(ticket.status()));
+    return reactor;
+  }
+  if (absl::Status s = CheckRankList(req.ranks_size()); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  packer_->GetPlanBytes(
+      req.step(), ViewOf(req),
+      [this, reactor, out, ticket = *std::move(ticket)](absl::StatusOr<Packer::PlanBytes> bytes) {
+        packer_->CountServed(false, bytes.status());
+        if (bytes.ok()) *out = AsByteBuffer(*std::move(bytes));
+        reactor->Finish(ToGrpcStatus(bytes.status()));
       });
+  return reactor;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PackerService::StreamPlans(

@@ -52,6 +52,12 @@ class PackerService final : public RawPackerService {
                                          const grpc::ByteBuffer* in,
                                          grpc::ByteBuffer* out) override;
 
+  // Client connections holding a plan stream now (0 once every stream ended).
+  size_t clients_with_streams() const {
+    absl::MutexLock l(&streams_mu_);
+    return streams_.size();
+  }
+
  private:
   // INVALID_ARGUMENT (counted) when a request names more ranks than the job has.
   absl::Status CheckRankList(int ranks);
@@ -63,7 +69,7 @@ class PackerService final : public RawPackerService {
   RpcGate* gate_;
   RankIdentities* ranks_;
   const uint32_t max_streams_per_client_;
-  absl::Mutex streams_mu_;
+  mutable absl::Mutex streams_mu_;
   // Open plan streams per client connection; entries at 0 are erased.
   absl::flat_hash_map<std::string, uint32_t> streams_ ABSL_GUARDED_BY(streams_mu_);
 };

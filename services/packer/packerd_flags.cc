@@ -24,6 +24,10 @@ ABSL_FLAG(uint32_t, plan_threads, 2, "threads planning steps ahead of the client
 ABSL_FLAG(uint32_t, max_streams_per_client, tutti::packer::kDefaultMaxStreamsPerClient,
           "StreamPlans calls one client connection may hold open at once, 1..65536; one more "
           "is RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, served_plan_cache, "256M",
+          "serialized plans kept to serve the same step and ranks again without building "
+          "them, 0 or 1M to 64G (0 = keep none); the plans of the steps within the plan window "
+          "of the newest one asked for");
 
 namespace tutti::packer {
 
@@ -44,6 +48,9 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   RETURN_IF_ERROR(CheckFlagRange("plan_threads", o.plan_threads, 1, 256));
   o.max_streams_per_client = absl::GetFlag(FLAGS_max_streams_per_client);
   RETURN_IF_ERROR(CheckFlagRange("max_streams_per_client", o.max_streams_per_client, 1, 65536));
+  ASSIGN_OR_RETURN(o.served.max_bytes,
+                   ByteSizeFlag("served_plan_cache", absl::GetFlag(FLAGS_served_plan_cache),
+                                uint64_t{1} << 20, uint64_t{64} << 30, "keep none"));
   ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   return o;
 }
