@@ -22,6 +22,10 @@
 namespace tutti {
 namespace {
 
+// The longest one AcquireBatch asks the stager to wait; the stager accepts
+// at least this (tutti-stagerd --max_acquire_timeout_ms >= 60000).
+constexpr absl::Duration kAcquireWaitPerCall = absl::Seconds(60);
+
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
 }
@@ -249,19 +253,29 @@ absl::StatusOr<Batch> Client::Next() {
   const absl::Time deadline = start + options_.batch_timeout;
   v1::BatchDescriptor desc;
   absl::Status s = RetryUnavailable(Policy(options_.batch_timeout), where, [&]() -> absl::Status {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("out of time");
-    grpc::ClientContext ctx;
-    // The stager waits up to timeout_ms for the batch; the RPC gets a little more.
-    ctx.set_deadline(Deadline(left + absl::Seconds(5)));
-    v1::AcquireBatchRequest req;
-    req.set_step(step);
-    req.set_rank(rank_);
-    req.set_incarnation(impl_->incarnation);
-    req.set_renews_leases(impl_->leases != nullptr);
-    req.set_timeout_ms(static_cast<uint32_t>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(left), std::numeric_limits<uint32_t>::max())));
-    return FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
+    while (true) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("out of time");
+      // The stager bounds one wait (--max_acquire_timeout_ms, at least a
+      // minute): a longer batch_timeout is asked for a minute at a time.
+      const absl::Duration wait = std::min(left, kAcquireWaitPerCall);
+      grpc::ClientContext ctx;
+      // The stager waits up to timeout_ms for the batch; the RPC gets a little more.
+      ctx.set_deadline(Deadline(wait + absl::Seconds(5)));
+      v1::AcquireBatchRequest req;
+      req.set_step(step);
+      req.set_rank(rank_);
+      req.set_incarnation(impl_->incarnation);
+      req.set_renews_leases(impl_->leases != nullptr);
+      req.set_timeout_ms(
+          static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait))));
+      absl::Status r = FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
+      // The stager's own "not ready within" with time left: ask again.
+      if (!absl::IsDeadlineExceeded(r) || wait == left ||
+          !absl::StrContains(r.message(), "was not ready within")) {
+        return r;
+      }
+    }
   });
   if (absl::IsDeadlineExceeded(s)) {
     // The stager says what the batch still waits for (a plan, shards, the

@@ -241,6 +241,56 @@ TEST(Bounds, NumbersThatAreNoMeasurementAreRefusedAndCounted) {
   RemoveTree(dir);
 }
 
+// An AcquireBatch asks to wait at most --max_acquire_timeout_ms: at the
+// limit it is served, above it (up to the field's 49 days) it is refused
+// at once naming the field and the limit, and counted.
+TEST(Bounds, AcquireWaitsAreBoundedAtTheLimit) {
+  const std::string dir = MakeTempDir("bounds_acquire_wait");
+  const std::string source = dir + "/ds", index = dir + "/index.tutti";
+  ASSERT_TRUE(GenerateDataset(source).ok());
+  ASSERT_TRUE(BuildIndex(source, index).ok());
+  auto cluster = Cluster::Start({.dir = dir,
+                                 .job_config = JobConfigText(index, 1),
+                                 .source = source,
+                                 .nodes = 1,
+                                 .stager_flags = {"--max_acquire_timeout_ms=60000"}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Cluster& c = **cluster;
+  auto stager = v1::Stager::NewStub(MakeChannel(c.stager(0).address()));
+  auto acquire = [&](uint32_t timeout_ms, uint64_t step) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(90));
+    v1::AcquireBatchRequest req;
+    req.set_rank(0);
+    req.set_step(step);
+    req.set_timeout_ms(timeout_ms);
+    v1::BatchDescriptor d;
+    return stager->AcquireBatch(&ctx, req, &d);
+  };
+  for (const uint32_t over : {60001u, std::numeric_limits<uint32_t>::max()}) {
+    grpc::Status s = acquire(over, 0);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << over;
+    EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("AcquireBatchRequest.timeout_ms ", over,
+                                                          " is over the limit 60000")));
+    EXPECT_THAT(s.error_message(), HasSubstr("--max_acquire_timeout_ms"));
+  }
+  grpc::Status at_limit = acquire(60000, 0);
+  EXPECT_TRUE(at_limit.ok()) << at_limit.error_message();
+  EXPECT_EQ(MetricValue(Metrics(c.stager(0)),
+                        "tutti_rpc_refused_total{reason=\"timeout_too_long\","
+                        "service=\"tutti.v1.Stager\"}"),
+            2.0);
+  // The stager refuses a limit below a minute (libtutti asks for a minute).
+  auto low = RunCommand({Stagerd(), "--max_acquire_timeout_ms=59999", "--source=" + source,
+                         "--cache=" + dir + "/cache-low"},
+                        absl::Seconds(60));
+  EXPECT_NE(low.status, 0);
+  EXPECT_THAT(low.output, HasSubstr("--max_acquire_timeout_ms 59999 is out of range"));
+  absl::Status stopped = c.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  RemoveTree(dir);
+}
+
 // A client connection holds at most --max_streams_per_client plan streams:
 // at the limit they run, one more is refused naming the limit, another
 // connection is unaffected, and a finished stream frees its place.

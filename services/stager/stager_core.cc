@@ -120,7 +120,8 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   wo.window = opts_.window;
   wo.memory_budget_bytes = opts_.memory_budget_bytes;
   wo.stage_wait = opts_.stage_wait_ms ? absl::Milliseconds(opts_.stage_wait_ms) : deadline;
-  wo.default_acquire_timeout_ms = opts_.default_acquire_timeout_ms;
+  wo.default_acquire_timeout_ms =
+      std::min(opts_.default_acquire_timeout_ms, opts_.max_acquire_timeout_ms);
   wo.total_steps = job.total_steps();
   wo.lease = opts_.lease;
   wo.job_id = config_.job_id();
@@ -289,8 +290,17 @@ void StagerCore::FollowWindow() {
   if (uint64_t to = 0; window_->TakeMoved(&to)) intake_->Restart(to);
 }
 
+absl::Status StagerCore::CheckAcquireTimeout(uint32_t timeout_ms) const {
+  if (timeout_ms <= opts_.max_acquire_timeout_ms) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "AcquireBatchRequest.timeout_ms ", timeout_ms, " is over the limit ",
+      opts_.max_acquire_timeout_ms, " (tutti-stagerd --max_acquire_timeout_ms); ask for at most ",
+      opts_.max_acquire_timeout_ms, " ms (0: the server's default) and call again if needed"));
+}
+
 void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
                               uint64_t incarnation, bool renews_leases) {
+  if (absl::Status s = CheckAcquireTimeout(timeout_ms); !s.ok()) return done(s);
   Callbacks cbs;
   {
     absl::MutexLock l(&mu_);

@@ -63,6 +63,10 @@ struct StagerOptions {
   uint32_t stage_wait_ms = 0;           // how long a batch waits for its shards to be staged
                                         // before reading them from the source (0 = sample deadline)
   uint32_t default_acquire_timeout_ms = 120000;  // AcquireBatch with timeout_ms 0
+  // The longest AcquireBatch wait a client may ask for (timeout_ms above it
+  // is refused; --max_acquire_timeout_ms): a waiter holds a call and a
+  // window slot until it is answered.
+  uint32_t max_acquire_timeout_ms = 3600000;
   absl::Duration lease = absl::Seconds(60);  // --lease_seconds: a renewing client's holds,
                                         // and its rank, last this long without a call
                                         // (BatchWindowOptions.lease)
@@ -129,6 +133,8 @@ class StagerCore {
   // waited: how long the rank waited for this batch, as it measured it: a
   // finite number of seconds in [0, kMaxWaitSeconds], else the release is
   // INVALID_ARGUMENT and changes nothing.
+  // timeout_ms above max_acquire_timeout_ms is INVALID_ARGUMENT
+  // (CheckAcquireTimeout), answered at once.
   void AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
                     uint64_t incarnation = 0, bool renews_leases = false);
   absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms,
@@ -143,6 +149,9 @@ class StagerCore {
   absl::StatusOr<std::vector<uint64_t>> RenewLeases(uint32_t rank, uint64_t incarnation,
                                                     const std::vector<uint64_t>& steps);
   absl::Duration lease() const { return opts_.lease; }
+  // INVALID_ARGUMENT naming the field and the limit when an AcquireBatch
+  // asks to wait longer than max_acquire_timeout_ms.
+  absl::Status CheckAcquireTimeout(uint32_t timeout_ms) const;
 
   // ---- staging status
   v1::StageStatus GetStageStatus() const;

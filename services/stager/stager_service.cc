@@ -36,6 +36,9 @@ grpc::ServerUnaryReactor* StagerService::AcquireBatch(grpc::CallbackServerContex
       gate_, ctx, in, out,
       [this, ctx](const v1::AcquireBatchRequest& req, v1::BatchDescriptor* resp, auto done) {
         if (absl::Status s = AdmitRank(*ctx, req.rank()); !s.ok()) return done(s);
+        if (absl::Status s = core_->CheckAcquireTimeout(req.timeout_ms()); !s.ok()) {
+          return done(gate_->Refuse("timeout_too_long", s));
+        }
         core_->AcquireAsync(
             req.step(), req.rank(), req.timeout_ms(),
             [resp, done](absl::StatusOr<v1::BatchDescriptor> r) {

@@ -73,6 +73,10 @@ ABSL_FLAG(uint32_t, lease_seconds, 60,
           "every quarter of this) stays held without a renewal, and how long such a client's "
           "rank may stay silent before it is taken as gone: its batches are freed and the "
           "window no longer waits for it until it calls again; 1..86400");
+ABSL_FLAG(uint32_t, max_acquire_timeout_ms, 3600000,
+          "the longest an AcquireBatch may ask to wait for its batch (timeout_ms), "
+          "60000..86400000; a longer one is refused INVALID_ARGUMENT (libtutti asks for at most "
+          "a minute at a time and asks again)");
 ABSL_FLAG(uint32_t, packer_wait_s, 600,
           "how long to retry reaching the packer at start, 0..86400 (SIGTERM ends the wait at "
           "once)");
@@ -143,6 +147,8 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
            Range{"staging_timeout_ms", absl::GetFlag(FLAGS_staging_timeout_ms), 100, 3600000, ""},
            Range{"packer_wait_s", absl::GetFlag(FLAGS_packer_wait_s), 0, 86400, ""},
            Range{"lease_seconds", absl::GetFlag(FLAGS_lease_seconds), 1, 86400, ""},
+           Range{"max_acquire_timeout_ms", absl::GetFlag(FLAGS_max_acquire_timeout_ms), 60000,
+                 86400000, ""},
        }) {
     RETURN_IF_ERROR(CheckFlagRange(r.flag, r.value, r.lo, r.hi, r.meaning));
   }
@@ -159,6 +165,7 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   c.sample_deadline_ms = absl::GetFlag(FLAGS_sample_deadline_ms);
   c.stage_wait_ms = absl::GetFlag(FLAGS_stage_wait_ms);
   c.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
+  c.max_acquire_timeout_ms = absl::GetFlag(FLAGS_max_acquire_timeout_ms);
   c.skip_policy = absl::GetFlag(FLAGS_skip_policy);
   if (!c.skip_policy.empty() && c.skip_policy != "drop" && c.skip_policy != "substitute") {
     return absl::InvalidArgumentError(absl::StrCat(
