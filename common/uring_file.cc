@@ -5,6 +5,7 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -515,6 +516,10 @@ void IoService::Submit(const IoOp& op, absl::Time deadline, Done done,
                        std::shared_ptr<void> keepalive) {
   Req r;
   r.op = op;
+  if (op.kind == IoOp::Kind::kOpen && (op.flags & (O_DIRECTORY | O_PATH)) == 0) {
+    r.regular_only = true;
+    r.op.flags |= O_NONBLOCK;
+  }
   r.deadline = deadline;
   r.done = std::move(done);
   r.keepalive = std::move(keepalive);
@@ -558,6 +563,21 @@ void IoService::Issue(uint64_t id, Req& r) {
   ++in_backend_;
 }
 
+int64_t IoService::KeepIfRegular(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return kNotRegularFile;
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return -err;
+  }
+  return fd;
+}
+
 void IoService::Complete(uint64_t id, int64_t result) {
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return;
@@ -576,6 +596,7 @@ void IoService::Complete(uint64_t id, int64_t result) {
     waiting_.push_back(id);
     return;
   }
+  if (r.regular_only && result >= 0) result = KeepIfRegular(static_cast<int>(result));
   const bool rw = r.op.kind == IoOp::Kind::kRead || r.op.kind == IoOp::Kind::kWrite;
   if (!rw || result < 0) return finish(result);
   if (result == 0) {

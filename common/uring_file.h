@@ -11,6 +11,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -142,6 +143,11 @@ class FaultInjectingBackend final : public IoBackend {
   std::vector<IoCompletion> ready_;
 };
 
+// IoService's answer to a kOpen whose path names no regular file (a FIFO,
+// socket or device): -ENXIO, which the kernel also gives for a FIFO opened
+// for writing without a reader and for a socket file.
+inline constexpr int64_t kNotRegularFile = -ENXIO;
+
 // Runs a backend on its own thread. Thread-safe; callbacks run on the
 // service thread and must not block.
 class IoService {
@@ -157,7 +163,10 @@ class IoService {
   absl::Status RegisterBuffers(const std::vector<iovec>& buffers);
   // Submits op. Reads and writes are resubmitted until `len` bytes are done
   // (reads stop early at end of file). keepalive is held until the backend
-  // has finished with op's memory.
+  // has finished with op's memory. A kOpen of a file (not O_DIRECTORY or
+  // O_PATH) opens only a regular file: the open does not block on a FIFO
+  // or a device (O_NONBLOCK, cleared once the file is known to be
+  // regular), and anything else is closed and answered kNotRegularFile.
   void Submit(const IoOp& op, absl::Time deadline, Done done,
               std::shared_ptr<void> keepalive = nullptr);
   // Blocking convenience for threads that may wait.
@@ -178,11 +187,15 @@ class IoService {
     size_t done_bytes = 0;
     bool in_backend = false;
     bool timed_out = false;  // done already called with -ETIMEDOUT
+    bool regular_only = false;  // a kOpen of a file: refuse what is not a regular file
     int eagain = 0;
   };
   void Loop();
   void Issue(uint64_t id, Req& r);
   void Complete(uint64_t id, int64_t result);
+  // A file just opened: the fd once O_NONBLOCK is cleared, or, closed,
+  // kNotRegularFile when it is not a regular file.
+  static int64_t KeepIfRegular(int fd);
 
   std::unique_ptr<IoBackend> backend_;
   absl::Mutex mu_;

@@ -1,6 +1,7 @@
 #include "common/uring_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -131,6 +132,47 @@ TEST_P(BeneathOpenTest, SymlinksOutOfTheRootFailAndThoseBeneathOpen) {
   EXPECT_EQ(open("out.tar", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW), -ELOOP);
   std::filesystem::remove_all(base);
 }
+// A FIFO (or socket, or device) where a file is expected is refused at
+// once, for reading and for writing, beneath a root or not: an open of a
+// FIFO without a writer would otherwise block until its deadline (and hold
+// a kernel worker). A regular file opens as before, blocking.
+TEST_P(BeneathOpenTest, WhatIsNoRegularFileIsRefusedWithoutBlocking) {
+  const auto [uring, mode] = GetParam();
+  if (mode == ResolveMode::kOpenat2 && !Openat2Supported()) GTEST_SKIP() << "no openat2";
+  const std::string base = TempDir() + "/fifo_" + std::to_string(uring) + ResolveModeName(mode);
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base + "/root");
+  ASSERT_EQ(::mkfifo((base + "/root/fifo.tar").c_str(), 0600), 0);
+  ASSERT_TRUE(WriteFileAtomically(base + "/root/shard.tar", "shard").ok());
+  auto root = RootDir::Open(base + "/root", mode);
+  ASSERT_TRUE(root.ok()) << root.status();
+  IoService io(Backend(uring));
+  auto open = [&](const RootDir* r, const std::string& name, int flags, int* fl = nullptr) {
+    IoOp op;
+    op.kind = IoOp::Kind::kOpen;
+    op.root = r;
+    op.path = name.c_str();
+    op.flags = flags;
+    op.mode = 0640;
+    // A blocked open shows as -ETIMEDOUT.
+    const int64_t fd = io.Run(op, absl::Now() + absl::Seconds(10));
+    if (fd >= 0 && fl != nullptr) *fl = ::fcntl(static_cast<int>(fd), F_GETFL);
+    if (fd >= 0) ::close(static_cast<int>(fd));
+    return fd >= 0 ? int64_t{0} : fd;
+  };
+  EXPECT_EQ(open(root->get(), "fifo.tar", O_RDONLY), kNotRegularFile);
+  EXPECT_EQ(open(root->get(), "fifo.tar", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW),
+            kNotRegularFile);
+  EXPECT_EQ(open(nullptr, base + "/root/fifo.tar", O_RDONLY), kNotRegularFile);
+  EXPECT_EQ(open(nullptr, "/dev/null", O_RDONLY), kNotRegularFile);
+  int flags = 0;
+  EXPECT_EQ(open(root->get(), "shard.tar", O_RDONLY, &flags), 0);
+  EXPECT_EQ(flags & O_NONBLOCK, 0);
+  EXPECT_EQ(open(root->get(), "new.tar", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, &flags), 0);
+  EXPECT_EQ(flags & O_NONBLOCK, 0);
+  std::filesystem::remove_all(base);
+}
+
 INSTANTIATE_TEST_SUITE_P(BackendsAndModes, BeneathOpenTest,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(ResolveMode::kOpenat2,

@@ -80,7 +80,7 @@ absl::Status ShardCache::Scan(const std::string& sub) {
         continue;
       }
       if ((st.st_mode & 0007) != 0) {  // others may read it: the job's group at most
-        const int fd = root_->Open(rel.c_str(), O_RDONLY | O_NOFOLLOW);
+        const int fd = root_->Open(rel.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
         if (fd >= 0) {
           ::fchmod(fd, st.st_mode & 0750);
           ::close(fd);

@@ -39,4 +39,11 @@ absl::Status RefusePath(StagerMetrics* metrics, const char* root_label, const Ro
   return OutsideRootError(message);
 }
 
+absl::Status NotRegularFileError(absl::string_view what, absl::string_view path) {
+  return absl::NotFoundError(absl::StrCat(
+      what, " (", path,
+      ") is not a regular file (a FIFO, socket or device): refused without reading it; put the "
+      "shard file there or re-index"));
+}
+
 }  // namespace tutti::stager

@@ -35,6 +35,11 @@ absl::Status RefusePath(StagerMetrics* metrics, const char* root_label, const Ro
                         absl::string_view what, absl::string_view name, int64_t result,
                         absl::string_view why = "");
 
+// A file named as a shard that is no regular file (a FIFO, socket or
+// device: IoService answered kNotRegularFile, without blocking on it):
+// NOT_FOUND (skip reason "missing") naming `what` and `path`.
+absl::Status NotRegularFileError(absl::string_view what, absl::string_view path);
+
 }  // namespace tutti::stager
 
 #endif  // TUTTI_SERVICES_STAGER_PATH_REFUSAL_H_

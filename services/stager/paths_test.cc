@@ -140,6 +140,27 @@ TEST_P(StagerPaths, AShardSwappedForASymlinkOutAfterIndexingIsNeverStagedOrRead)
   EXPECT_EQ(st.st_mode & 0137, 0u) << std::oct << st.st_mode;
 }
 
+// A FIFO put where a shard was (after indexing) is refused at once when it
+// is staged and when a member is read from it, naming the shard; its open
+// would otherwise wait for a writer until the deadline.
+TEST_P(StagerPaths, AShardThatIsAFifoIsRefusedAtOnce) {
+  fs::remove(Shard(0));
+  ASSERT_EQ(::mkfifo(Shard(0).c_str(), 0600), 0);
+  Start();
+  absl::Status s = Stage(data_.shards[0]);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_NE(s.message().find("is not a regular file"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(data_.shards[0].name()), std::string::npos) << s;
+  EXPECT_FALSE(fs::exists(cache_->PathOf(data_.shards[0].name())));
+  bool from_cache = true;
+  auto read = ReadMember(data_.shards[0], false, &from_cache);
+  EXPECT_TRUE(absl::IsNotFound(read.status())) << read.status();
+  EXPECT_STREQ(SkipReason(read.status()), "missing");
+  EXPECT_NE(read.status().message().find("is not a regular file"), std::string::npos)
+      << read.status();
+  ASSERT_TRUE(Stage(data_.shards[1]).ok());
+}
+
 TEST_P(StagerPaths, ShardsSymlinkedBeneathTheSourceStageAndRead) {
   fs::create_directories(data_.dir + "/real");
   fs::rename(Shard(0), data_.dir + "/real/0.tar");

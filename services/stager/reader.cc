@@ -114,6 +114,8 @@ void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
     } else if (r == -ENOENT) {
       s = absl::NotFoundError(absl::StrCat("shard ", h->shard, " is missing (", *h->path,
                                            "); fix --source or re-index"));
+    } else if (r == kNotRegularFile) {
+      s = NotRegularFileError(absl::StrCat("shard ", h->shard), *h->path);
     } else {
       s = ErrnoStatus(static_cast<int>(-r), absl::StrCat("open ", *h->path));
     }

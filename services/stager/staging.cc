@@ -325,6 +325,11 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
                                "open ", path, " did not finish within ",
                                absl::FormatDuration(opts_.op_timeout), " (the file system stalls)"))
                          : ErrnoStatus(static_cast<int>(-r), absl::StrCat("open ", path));
+    if (r == kNotRegularFile) {
+      s = NotRegularFileError(source ? absl::StrCat("shard ", f->ref.name())
+                                     : absl::StrCat("partial copy of shard ", f->ref.name()),
+                              path);
+    }
     if (source && r == -ENOENT) {
       s = absl::NotFoundError(absl::StrCat("shard ", f->ref.name(), " is missing from the source ",
                                            opts_.source_dir, " (", path, "); the index and the "
