@@ -1,5 +1,9 @@
 #include "services/packer/index/index_builder.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -15,6 +19,7 @@
 #include "common/crc32c.h"
 #include "common/file_io.h"
 #include "common/media_header.h"
+#include "common/root_dir.h"
 #include "common/status.h"
 #include "common/tar.h"
 #include "services/packer/index/index.h"
@@ -318,7 +323,8 @@ class ShardScanner {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir) {
+absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
+                                                    std::vector<std::string>* refused) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
   if (ec || !fs::exists(st)) {
@@ -331,7 +337,10 @@ absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, " is not a directory; --source takes the directory holding the shards"));
   }
-  std::vector<std::string> out;
+  // Each shard is checked as the stager opens it: beneath the directory,
+  // never through a symlink out of it, and a regular file.
+  ASSIGN_OR_RETURN(std::unique_ptr<RootDir> root, RootDir::Open(dir));
+  std::vector<std::string> out, left_out;
   fs::path base = fs::path(dir).lexically_normal();
   if (base.filename().empty()) base = base.parent_path();  // "data/" -> "data"
   fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
@@ -342,27 +351,66 @@ absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir) {
     const fs::path& p = it->path();
     // The name as found under `dir`, symbolic links not resolved: the
     // stager opens the same path under its --source.
-    if (p.extension() == ".tar" && it->is_regular_file(ec)) {
-      out.push_back(p.lexically_normal().lexically_relative(base).generic_string());
+    const std::string rel = p.lexically_normal().lexically_relative(base).generic_string();
+    if (it->is_symlink(ec) && it->is_directory(ec)) {
+      const int fd = root->Open(rel.c_str(), O_RDONLY | O_DIRECTORY);
+      if (fd >= 0) {
+        ::close(fd);
+      } else {
+        // Not walked: the stager would refuse every shard under it.
+        it.disable_recursion_pending();
+        if (fd == -EXDEV || fd == -ELOOP) {
+          left_out.push_back(absl::StrCat(absl::CHexEscape(rel), ": ",
+                                          root->OutsideError("directory", rel).message(),
+                                          "; its shards are not indexed"));
+        }
+      }
+      continue;
     }
+    if (p.extension() != ".tar" || it->is_directory(ec)) continue;
+    const int fd = root->Open(rel.c_str(), O_RDONLY | O_NONBLOCK);
+    struct stat fst;
+    if (fd == -EXDEV || fd == -ELOOP) {
+      left_out.push_back(
+          absl::StrCat(absl::CHexEscape(rel), ": ", root->OutsideError("shard", rel).message()));
+    } else if (fd >= 0 && (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
+      left_out.push_back(absl::StrCat(
+          absl::CHexEscape(rel),
+          ": not a regular file (a FIFO, socket or device); the stager refuses it too"));
+    } else if (fd >= 0) {
+      out.push_back(rel);
+    }
+    if (fd >= 0) ::close(fd);
   }
   std::sort(out.begin(), out.end());
+  std::sort(left_out.begin(), left_out.end());
   if (out.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no .tar shards under ", dir,
+        left_out.empty() ? ""
+                         : absl::StrCat(" that the stager would open (", left_out.size(),
+                                        " left out, e.g. ", left_out.front(), ")"),
         "; point --source at a WebDataset directory (write one with `tutti gen-dataset`)"));
   }
+  if (refused != nullptr) *refused = std::move(left_out);
   return out;
 }
 
 absl::StatusOr<std::string> BuildIndex(
     const IndexBuildOptions& options, IndexBuildReport* report,
     const std::function<void(const IndexBuildProgress&)>& progress) {
-  ASSIGN_OR_RETURN(std::vector<std::string> shards, ListShards(options.source_dir));
+  std::vector<std::string> refused;
+  ASSIGN_OR_RETURN(std::vector<std::string> shards, ListShards(options.source_dir, &refused));
   IndexBuildReport local;
   IndexBuildReport& rep = report ? *report : local;
   rep = IndexBuildReport();
-  rep.shards_total = static_cast<uint32_t>(shards.size());
+  rep.shards_total = static_cast<uint32_t>(shards.size() + refused.size());
+  if (!refused.empty() && !options.skip_bad_shards) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("shard ", refused.front(), " (", refused.size(),
+                     " left out in all; pass --skip-bad-shards to index the other shards)"));
+  }
+  rep.bad_shards = refused;
 
   IndexBuildProgress prog;
   prog.shards_total = rep.shards_total;

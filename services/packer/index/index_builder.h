@@ -73,8 +73,12 @@ struct IndexBuildReport {
 // Lists the .tar shards under dir, relative paths sorted, each as found
 // under dir (a symbolic link keeps its own name, not its target's). NOT_FOUND
 // when the directory does not exist, FAILED_PRECONDITION when it holds no
-// shard.
-absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir);
+// shard. What the stager would refuse to open is left out, each as
+// "name: why" in *refused (may be null): a shard or a directory reached
+// through a symlink out of dir (a directory so reached is not walked), and
+// a .tar that is no regular file (a FIFO, socket or device).
+absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
+                                                    std::vector<std::string>* refused = nullptr);
 
 // Builds the serialized index. `progress` (may be empty) is called from the
 // worker threads, serialized, after every shard. The report is filled in

@@ -12,11 +12,14 @@
 
 #include "common/crc32c.h"
 #include "common/tar.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/packer/index/index.h"
 
 namespace tutti::packer {
 namespace {
+
+using ::testing::HasSubstr;
 
 namespace fs = std::filesystem;
 
@@ -270,21 +273,60 @@ TEST_F(IndexBuilderTest, NonUtf8NamesAreRefusedWithTheNameEscaped) {
 TEST_F(IndexBuilderTest, SymlinkedShardsKeepTheNameFoundUnderSource) {
   TarWriter t;
   t.Add("a.json", Ids(3));
-  const fs::path real = fs::path(dir_).parent_path() / (fs::path(dir_).filename().string() + "-real");
-  fs::create_directories(real);
-  std::ofstream(real / "shard-000001.tar", std::ios::binary) << t.Finish();
+  // The link's target is beneath the source (not a .tar name of its own).
+  fs::create_directories(dir_ + "/real");
+  std::ofstream(dir_ + "/real/shard-000001.data", std::ios::binary) << t.Finish();
   fs::create_directories(dir_ + "/data");
-  fs::create_symlink(real / "shard-000001.tar", dir_ + "/data/shard-000001.tar");
+  fs::create_symlink("../real/shard-000001.data", dir_ + "/data/shard-000001.tar");
   IndexBuildReport report;
   IndexBuildOptions o;
   o.source_dir = dir_ + "/";  // a trailing slash changes nothing
   auto bytes = BuildIndex(o, &report, nullptr);
-  fs::remove_all(real);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   auto index = Index::FromString(*bytes, "l.idx");
   ASSERT_TRUE(index.ok()) << index.status();
   ASSERT_EQ((*index)->shards().size(), 1u);
   EXPECT_EQ((*index)->shards()[0].name, "data/shard-000001.tar");
+  EXPECT_TRUE(report.bad_shards.empty());
+}
+
+// What the stager would refuse to open is not indexed, each named with why:
+// a shard linked out of the source, a directory linked out of it (not
+// walked), a FIFO named as a shard (which would block an open).
+TEST_F(IndexBuilderTest, ShardsTheStagerWouldRefuseAreLeftOutNamingWhy) {
+  TarWriter t;
+  t.Add("a.json", Ids(3));
+  const std::string shard = t.Finish();
+  const fs::path out = fs::path(dir_).parent_path() / (fs::path(dir_).filename().string() + "-out");
+  fs::create_directories(out / "more");
+  std::ofstream(out / "secret.tar", std::ios::binary) << shard;
+  std::ofstream(out / "more" / "shard-000009.tar", std::ios::binary) << shard;
+  std::ofstream(dir_ + "/shard-000001.tar", std::ios::binary) << shard;
+  fs::create_symlink(out / "secret.tar", dir_ + "/shard-000002.tar");
+  fs::create_symlink(out / "more", dir_ + "/more");
+  ASSERT_EQ(::mkfifo((dir_ + "/shard-000003.tar").c_str(), 0600), 0);
+  IndexBuildReport report;
+  IndexBuildOptions o;
+  o.source_dir = dir_;
+  auto bytes = BuildIndex(o, &report, nullptr);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto index = Index::FromString(*bytes, "l.idx");
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ((*index)->shards().size(), 1u);
+  EXPECT_EQ((*index)->shards()[0].name, "shard-000001.tar");
+  ASSERT_EQ(report.bad_shards.size(), 3u);
+  EXPECT_THAT(report.bad_shards[0], HasSubstr("more: directory"));
+  EXPECT_THAT(report.bad_shards[0], HasSubstr("its shards are not indexed"));
+  EXPECT_THAT(report.bad_shards[1], HasSubstr("shard-000002.tar: shard"));
+  EXPECT_THAT(report.bad_shards[1], HasSubstr(dir_));
+  EXPECT_THAT(report.bad_shards[2], HasSubstr("shard-000003.tar: not a regular file"));
+  // Without --skip-bad-shards the index is refused, naming the first.
+  o.skip_bad_shards = false;
+  auto refused = BuildIndex(o, &report, nullptr);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("more: directory"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--skip-bad-shards"));
+  fs::remove_all(out);
 }
 
 TEST_F(IndexBuilderTest, BadInputIdsSkipTheSampleNamingIt) {
