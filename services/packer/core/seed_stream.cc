@@ -62,7 +62,7 @@ PackSpread MeasurePacks(const std::vector<StreamPack>& packs) {
   double img = 0, img2 = 0, tok = 0, vit = 0, vit2 = 0;
   for (const StreamPack& p : packs) {
     img += p.image_tokens;
-    img2 += double{p.image_tokens} * p.image_tokens;
+    img2 += static_cast<double>(p.image_tokens) * p.image_tokens;
     tok += p.tokens;
     vit += p.vit;
     vit2 += p.vit * p.vit;
