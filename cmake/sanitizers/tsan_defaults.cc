@@ -33,6 +33,12 @@ const char* __tsan_default_suppressions() {
       // abseil's time zone cache: its lock is created on first use behind a
       // function-local static whose fast path TSan does not see.
       "called_from_lib:libabsl_time_zone.so\n"
+      // OpenSSL (gRPC's TLS): records decrypted into gRPC's buffers on the
+      // thread that reads the socket, handed on through gRPC's own atomics.
+      "called_from_lib:libssl.so\n"
+      // OpenSSL's libcrypto: its own locks, freed by the thread that drops
+      // the last reference to the object holding them (its own atomics).
+      "called_from_lib:libcrypto.so\n"
       // GDAL (loaded by OpenCV's image codecs) takes two of its own mutexes
       // in both orders on one thread (CPLCreateOrAcquireMutexEx,
       // CPLAcquireMutex): a lock order inside GDAL, every frame its own.
