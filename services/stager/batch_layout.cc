@@ -104,7 +104,7 @@ absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v
     for (const auto& seq : mb.sequences()) {
       L.seq_docs_.push_back(static_cast<uint32_t>(seq.docs_size()));
       for (const auto& slot : seq.docs()) {
-        RETURN_IF_ERROR(L.AddDocument(slot, seq_index, geo, samples, &tokens));
+        RETURN_IF_ERROR(L.AddDocument(slot, seq_index, rank.plan_version(), geo, samples, &tokens));
       }
       ++seq_index;
     }
@@ -163,11 +163,16 @@ absl::Status BatchLayout::AddAudio(const v1::AudioPlan& ap, const PlanSamples& s
   return absl::OkStatus();
 }
 
-// A document's encoder items (their LLM tokens as this stager computes them,
-// reconciled with the plan's total) and where its text goes.
+// A document's encoder items and where its text goes. From plan_version 2
+// on, the plan lists every document's images with their LLM tokens
+// (DocSlot.images), and those are the layout: an image whose tokens differ
+// from what this stager's vision config gives, or a total that is not the
+// plan's encoder_tokens, is an error naming the sample. Older plans list
+// only a split document's images: the tokens are computed here and
+// reconciled with the plan's total.
 absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence,
-                                      const VisionGeometryOptions& geo, const PlanSamples& samples,
-                                      uint64_t* tokens) {
+                                      uint32_t plan_version, const VisionGeometryOptions& geo,
+                                      const PlanSamples& samples, uint64_t* tokens) {
   ASSIGN_OR_RETURN(const v1::SampleInfo* s, samples.Get(slot.sample_id()));
   DocItem d;
   d.sample_id = slot.sample_id();
@@ -181,17 +186,35 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
     auto g = SmartResize(m.height(), m.width(), geo);
     return g.ok() ? g->llm_tokens : 0;
   };
-  if (slot.pieces() > 0) {
-    // A piece of a split document: the images it lists, its audio clips and
-    // its part of the text.
+  const bool planned_images = plan_version >= 2;
+  if (slot.pieces() > 0 || planned_images) {
+    // The images the plan lists (a piece of a split document holds only
+    // those); then its audio clips and its part of the text.
     for (const auto& di : slot.images()) {
       if (di.image_index() >= static_cast<uint32_t>(s->images_size())) {
         return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
                                                        slot.sample_id(), " has no image ",
                                                        di.image_index()));
       }
-      enc.emplace_back(image_tokens(s->images(static_cast<int>(di.image_index()))), false);
+      const uint32_t computed = image_tokens(s->images(static_cast<int>(di.image_index())));
+      if (!planned_images) {
+        enc.emplace_back(computed, false);
+        continue;
+      }
+      const uint64_t merge2 = uint64_t{params_.merge} * params_.merge;
+      const uint64_t grid = uint64_t{std::max(di.grid_t(), 1u)} * di.grid_h() * di.grid_w();
+      if (di.llm_tokens() != computed ||
+          (merge2 > 0 && grid != uint64_t{di.llm_tokens()} * merge2)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            samples.where(), ": image ", di.image_index(), " of sample ", slot.sample_id(),
+            " is planned in its document with ", di.llm_tokens(), " LLM tokens (grid ", di.grid_t(),
+            "x", di.grid_h(), "x", di.grid_w(), ") but this stager's vision config gives ",
+            computed, "; the packer and this stager disagree on the vision config"));
+      }
+      enc.emplace_back(di.llm_tokens(), false);
     }
+  }
+  if (slot.pieces() > 0) {
     if (uint64_t{slot.first_audio()} + slot.audio_count() >
         static_cast<uint64_t>(s->audio_size())) {
       return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
@@ -203,11 +226,19 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
     }
     d.text_begin = slot.text_begin();
   } else {
-    for (const auto& m : s->images()) enc.emplace_back(image_tokens(m), false);
+    if (!planned_images) {
+      for (const auto& m : s->images()) enc.emplace_back(image_tokens(m), false);
+    }
     for (const auto& m : s->audio()) enc.emplace_back(AudioTokens(m, audio_cfg_), true);
   }
   uint64_t sum = 0;
   for (const auto& e : enc) sum += e.first;
+  if (planned_images && sum != slot.encoder_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        samples.where(), ": document of sample ", slot.sample_id(), " is planned with ",
+        slot.encoder_tokens(), " encoder tokens but its planned images and its audio come to ", sum,
+        "; the packer and this stager disagree on the vision or audio config"));
+  }
   if (!enc.empty() && slot.encoder_tokens() != 0 && sum != slot.encoder_tokens()) {
     // The plan is authoritative: put the difference on the last item,
     // which cannot go below zero tokens.

@@ -97,7 +97,7 @@ class BatchLayout {
   // Build's stages.
   absl::Status AddImage(const v1::ImagePlan& ip, const PlanSamples& samples);
   absl::Status AddAudio(const v1::AudioPlan& ap, const PlanSamples& samples);
-  absl::Status AddDocument(const v1::DocSlot& slot, uint32_t sequence,
+  absl::Status AddDocument(const v1::DocSlot& slot, uint32_t sequence, uint32_t plan_version,
                            const VisionGeometryOptions& geo, const PlanSamples& samples,
                            uint64_t* tokens);
   void PlaceArrays(uint64_t tokens);

@@ -140,6 +140,92 @@ TEST(BatchLayoutTest, EncoderTokensBelowWhatTheItemsNeedAreRefused) {
       << layout.status();
 }
 
+// `plan` as a packer of plan_version 2 writes it: every document lists its
+// images with their grids and LLM tokens (DocSlot.images), from the ranks'
+// encoder phases (MakePlan encodes each document's image on its own rank).
+void ListDocumentImages(v1::StepPlan* plan) {
+  for (v1::RankPlan& rp : *plan->mutable_ranks()) {
+    rp.set_plan_version(2);
+    for (v1::MicroBatch& mb : *rp.mutable_micro_batches()) {
+      for (v1::Sequence& seq : *mb.mutable_sequences()) {
+        for (v1::DocSlot& doc : *seq.mutable_docs()) {
+          for (const v1::ImagePlan& ip : rp.encoders(0).images()) {
+            if (ip.sample_id() != doc.sample_id()) continue;
+            v1::DocImage* di = doc.add_images();
+            di->set_image_index(ip.image_index());
+            di->set_grid_t(1);
+            di->set_grid_h(ip.grid_h());
+            di->set_grid_w(ip.grid_w());
+            di->set_llm_tokens(ip.llm_tokens());
+          }
+        }
+      }
+    }
+  }
+}
+
+// From plan_version 2 on the plan's per-document images are the layout: the
+// stager does not recompute them behind the plan's back, and a document
+// image (or total) that differs from what its own vision config gives is an
+// error naming the sample instead of a silent fix-up.
+TEST(BatchLayoutTest, DocumentImagesComeFromThePlan) {
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_docimages",
+                                    {.shards = 1, .samples_per_shard = 3});
+  v1::JobInfo job = testing::MakeJob(data, 2, 2);
+  v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
+  const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+  auto old = BatchLayout::Build(plan, plan.ranks(1), job.config(), p);
+  ASSERT_TRUE(old.ok()) << old.status();
+  ListDocumentImages(&plan);
+  auto v2 = BatchLayout::Build(plan, plan.ranks(1), job.config(), p);
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  ASSERT_EQ(v2->docs().size(), old->docs().size());
+  for (size_t d = 0; d < v2->docs().size(); ++d) {
+    EXPECT_EQ(v2->docs()[d].text_offset, old->docs()[d].text_offset);
+    EXPECT_EQ(v2->docs()[d].length, old->docs()[d].length);
+  }
+
+  // The plan's image is 4 tokens larger (a grid the stager's config does not give).
+  v1::StepPlan bigger = plan;
+  v1::DocSlot* slot =
+      bigger.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  ASSERT_EQ(slot->images_size(), 1);
+  v1::DocImage* di = slot->mutable_images(0);
+  di->set_grid_h(di->grid_h() + 2 * p.merge);
+  di->set_llm_tokens(di->grid_h() * di->grid_w() / (p.merge * p.merge));
+  slot->set_encoder_tokens(slot->encoder_tokens() + di->grid_w() * 2 / p.merge);
+  slot->set_length(slot->length() + di->grid_w() * 2 / p.merge);
+  auto a = BatchLayout::Build(bigger, bigger.ranks(1), job.config(), p);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
+  const std::string sample = "of sample " + std::to_string(slot->sample_id());
+  EXPECT_NE(a.status().message().find(sample + " is planned in its document with"),
+            std::string::npos)
+      << a.status();
+  EXPECT_NE(a.status().message().find("disagree on the vision config"), std::string::npos)
+      << a.status();
+
+  // Its tokens do not match its own grid.
+  v1::StepPlan off_grid = plan;
+  slot = off_grid.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  slot->mutable_images(0)->set_grid_w(slot->images(0).grid_w() + p.merge);
+  EXPECT_EQ(BatchLayout::Build(off_grid, off_grid.ranks(1), job.config(), p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // The document's encoder_tokens are not the sum of its planned images.
+  v1::StepPlan total = plan;
+  slot = total.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  slot->set_encoder_tokens(slot->encoder_tokens() + 1);
+  auto b = BatchLayout::Build(total, total.ranks(1), job.config(), p);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+  EXPECT_NE(b.status().message().find("document of sample " + std::to_string(slot->sample_id()) +
+                                      " is planned with"),
+            std::string::npos)
+      << b.status();
+  EXPECT_NE(b.status().message().find("its planned images and its audio come to"),
+            std::string::npos)
+      << b.status();
+}
+
 // A RIFF/WAVE file of 32-bit float samples.
 std::string FloatWav(const std::vector<float>& samples, uint16_t channels) {
   auto le = [](std::string* out, uint32_t v, int n) {
