@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,20 @@ struct ExchangeContext {
   // the rank still takes part in the agreement, refusing, so that every rank
   // fails the exchange with this reason instead of waiting for it.
   absl::Status refusal;
+  // The receive memory is scratch (default false): the caller reads it only
+  // when the exchange succeeds. The transport may then post its receives
+  // before the ranks have agreed (MPI: a large message moves only once its
+  // receive is posted, so the data no longer waits for the agreement's round
+  // trips). A failed exchange still fails on every rank alike and leaves no
+  // message of it in flight, but may have written into the receive buffers.
+  // Transports that cannot post early (NCCL) ignore it. Off: a failed
+  // exchange writes no receive buffer.
+  bool scratch_recv = false;
+  // Owns the exchange's send and receive memory, if set: after a timeout a
+  // late peer could still read or write it, and the transport then keeps
+  // this reference for the rest of the process. Memory it does not cover
+  // must then outlive the process's use of MPI (FinishMpi aborts the job).
+  std::shared_ptr<void> keepalive;
 };
 
 struct ExchangeLayout {

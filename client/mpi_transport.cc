@@ -333,15 +333,22 @@ absl::Status MpiTransport::AgreeAndMove(const ExchangeLayout& layout, const absl
   const bool verify = opts_.verify && size_ > 1;
   // A rank that refuses its own input posts nothing and reads no buffer.
   if (!local.ok()) return verify ? RunAgreement(layout, local, nullptr) : local;
-  const Messages m = data.send_items != nullptr ? ItemMessages(*data.send_items, *data.recv_items)
-                                                : ContiguousMessages(layout, data.send, data.recv);
+  Messages m = data.send_items != nullptr ? ItemMessages(*data.send_items, *data.recv_items)
+                                          : ContiguousMessages(layout, data.send, data.recv);
+  m.keepalive = data.keepalive;
   if (!verify) return Deliver(layout, m, nullptr);
-  // The sends go first; what this rank posted is withdrawn if the ranks
-  // disagree (a failure to post is this rank's refusal).
+  // The sends go first (with scratch receive memory, after the receives);
+  // what this rank posted is withdrawn if the ranks disagree (a failure to
+  // post is this rank's refusal).
   Early early;
   early.to_peer.assign(size_, 0);
   early.spare = m.spare;
-  const absl::Status posted = Post(m, /*receive=*/false, &early.reqs, &early.to_peer);
+  early.keepalive = m.keepalive;
+  absl::Status posted = absl::OkStatus();
+  if (data.scratch_recv) {
+    posted = Post(m, /*receive=*/true, &early.recv_reqs, nullptr, &early.recv_peer);
+  }
+  if (posted.ok()) posted = Post(m, /*receive=*/false, &early.reqs, &early.to_peer);
   RETURN_IF_ERROR(RunAgreement(layout, posted, &early));
   return Deliver(layout, m, &early);
 }
@@ -353,7 +360,47 @@ void MpiTransport::ReleaseSends(Early* early) {
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
   }
   early->reqs.clear();
+  // A receive is cancelled unless a message already matched it; a peer may
+  // be gone, so only briefly waited for.
+  (void)CancelReceives(early, absl::Now() + absl::Milliseconds(200), nullptr);
   if (early->spare) Abandon(early->spare);
+  if (early->keepalive) Abandon(early->keepalive);
+}
+
+bool MpiTransport::CancelReceives(Early* early, absl::Time deadline,
+                                  std::vector<uint64_t>* consumed) {
+  if (early == nullptr || early->recv_reqs.empty()) return true;
+  for (MPI_Request& r : early->recv_reqs) MPI_Cancel(&r);
+  bool all = true;
+  for (size_t k = 0; k < early->recv_reqs.size(); ++k) {
+    MPI_Request& r = early->recv_reqs[k];
+    for (uint64_t spin = 0;; ++spin) {
+      int flag = 0;
+      MPI_Status st;
+      // A receive that a message matched completes (or fails, if the message
+      // was larger: it is consumed all the same); an unmatched one is
+      // cancelled at once.
+      const int rc = MPI_Test(&r, &flag, &st);
+      if (flag || rc != MPI_SUCCESS) {
+        int cancelled = 0;
+        if (rc == MPI_SUCCESS) MPI_Test_cancelled(&st, &cancelled);
+        if (!cancelled && consumed != nullptr) ++(*consumed)[early->recv_peer[k]];
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+        break;
+      }
+      if ((spin & 63) == 0 && absl::Now() > deadline) {
+        // Still moving (a peer stopped halfway): left to complete into
+        // memory that is kept for the rest of the process.
+        MPI_Request_free(&r);
+        all = false;
+        break;
+      }
+      std::this_thread::yield();
+    }
+  }
+  early->recv_reqs.clear();
+  if (!all && early->keepalive) Abandon(early->keepalive);
+  return all;
 }
 
 bool MpiTransport::SomeRankGaveUp() {
@@ -369,13 +416,19 @@ bool MpiTransport::SomeRankGaveUp() {
 void MpiTransport::Withdraw(const std::string& where, const std::vector<Header>& hellos,
                             Early* early) {
   const absl::Time deadline = absl::Now() + opts_.join_timeout;
+  // Receives posted early are cancelled first; each one a message matched
+  // is one message of that peer received.
+  std::vector<uint64_t> consumed(size_, 0);
+  bool done = CancelReceives(early, deadline, &consumed);
   std::vector<char> scratch;
-  bool done = true;
   for (uint32_t p = 0; p < size_ && done; ++p) {
     const Header& h = hellos[p];
     if (p == rank_ || h.magic != kHelloMagic || h.sender != p) continue;
     const int tag = DataTag(h.seq);  // the sender's exchange number
-    for (uint64_t k = 0; k < h.messages_to_you && done;) {
+    // This rank's receives carried its own exchange number's tag: they can
+    // have matched only messages of a sender at the same number.
+    const uint64_t received = tag == DataTag(seq_) ? consumed[p] : 0;
+    for (uint64_t k = received; k < h.messages_to_you && done;) {
       int flag = 0;
       MPI_Message msg = MPI_MESSAGE_NULL;
       MPI_Status st;
@@ -672,7 +725,7 @@ absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
 }
 
 absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI_Request>* reqs,
-                                std::vector<uint64_t>* per_peer) {
+                                std::vector<uint64_t>* per_peer, std::vector<uint32_t>* peers) {
   const uint64_t chunk = opts_.max_count;
   // Messages of this exchange only: a late rank's data never matches another.
   const int tag = DataTag(seq_);
@@ -691,6 +744,7 @@ absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI
                               "MPI_Isend"));
       reqs->push_back(req);
       if (per_peer != nullptr) ++(*per_peer)[piece.peer];
+      if (peers != nullptr) peers->push_back(piece.peer);
     }
   }
   return absl::OkStatus();
@@ -701,7 +755,13 @@ absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages&
   for (const Piece& piece : m.pieces) large |= piece.count > opts_.max_count;
   if (large) ++large_exchanges_;
   std::vector<MPI_Request> reqs;
-  absl::Status posted = Post(m, /*receive=*/true, &reqs, nullptr);
+  absl::Status posted = absl::OkStatus();
+  if (early != nullptr && !early->recv_peer.empty()) {
+    reqs = std::move(early->recv_reqs);  // posted before the agreement
+    early->recv_reqs.clear();
+  } else {
+    posted = Post(m, /*receive=*/true, &reqs, nullptr);
+  }
   const size_t receives = reqs.size();
   if (early != nullptr) {
     reqs.insert(reqs.end(), early->reqs.begin(), early->reqs.end());
@@ -731,6 +791,7 @@ absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages&
     }
   }
   if (m.spare) Abandon(m.spare);
+  if (m.keepalive) Abandon(m.keepalive);
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);

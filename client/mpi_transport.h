@@ -26,6 +26,16 @@
 // fails, every rank learns from the detailed rounds how many messages each
 // peer posted to it, receives and drops them, and waits for its own sends:
 // nothing of the failed exchange is left to match a later one.
+//
+// With ExchangeContext.scratch_recv the receives are posted with the sends,
+// before the agreement: a large message moves only once its receive is
+// posted (rendezvous), so the data then moves during the agreement instead
+// of after it. When the agreement fails, each posted receive is cancelled
+// (MPI_Cancel); one that a message already matched counts as that peer's
+// message received, and the rest are received and dropped as above. After a
+// timeout, receives a late peer may still complete are left posted and the
+// exchange's memory (ExchangeContext.keepalive) is kept for the process's
+// life.
 #ifndef TUTTI_CLIENT_MPI_TRANSPORT_H_
 #define TUTTI_CLIENT_MPI_TRANSPORT_H_
 
@@ -128,24 +138,36 @@ class MpiTransport final : public Transport {
     std::vector<Piece> pieces;
     std::vector<LocalCopy> own;
     std::shared_ptr<void> spare;
+    std::shared_ptr<void> keepalive;  // the caller's memory (ExchangeContext.keepalive)
   };
-  // Sends posted before the agreement completed: their requests and how
-  // many messages went to each peer.
+  // Messages posted before the agreement completed: the sends' requests and
+  // how many messages went to each peer; with scratch receives, the
+  // receives' requests and each one's peer; the memory to keep if a late
+  // peer may still use it.
   struct Early {
     std::vector<MPI_Request> reqs;
     std::vector<uint64_t> to_peer;
+    std::vector<MPI_Request> recv_reqs;
+    std::vector<uint32_t> recv_peer;
     std::shared_ptr<void> spare;
+    std::shared_ptr<void> keepalive;
   };
   Messages ContiguousMessages(const ExchangeLayout& layout, const void* send, void* recv) const;
   Messages ItemMessages(const std::vector<std::vector<ItemBuffer>>& send,
                         const std::vector<std::vector<ItemBuffer>>& recv) const;
   // Posts the receives (or the sends) of `m` in order, in chunks of at most
-  // max_count bytes; counts the messages per peer into `per_peer` if set.
+  // max_count bytes; counts the messages per peer into `per_peer` and notes
+  // each request's peer in `peers`, if set.
   absl::Status Post(const Messages& m, bool receive, std::vector<MPI_Request>* reqs,
-                    std::vector<uint64_t>* per_peer);
+                    std::vector<uint64_t>* per_peer, std::vector<uint32_t>* peers = nullptr);
   // Posts what `early` has not posted, copies the own part and waits for
   // every message until join_timeout.
   absl::Status Deliver(const ExchangeLayout& layout, const Messages& m, Early* early);
+  // Cancels the early receives of `early`, waiting until `deadline` for each
+  // to be cancelled or completed; counts per peer in `consumed` (if set) the
+  // ones a message had matched. False if some did not finish (they are left
+  // posted and the exchange's memory abandoned).
+  static bool CancelReceives(Early* early, absl::Time deadline, std::vector<uint64_t>* consumed);
   MpiTransport(MPI_Comm comm, int rank, int size, const MpiTransportOptions& opts)
       : comm_(comm), rank_(rank), size_(size), opts_(opts) {}
 
@@ -156,7 +178,8 @@ class MpiTransport final : public Transport {
   // (in `hellos`) it posted to this rank, then waits for this rank's early
   // sends; breaks the transport if that does not finish in join_timeout.
   void Withdraw(const std::string& where, const std::vector<Header>& hellos, Early* early);
-  // Frees early sends that will not complete (a peer gave up or is gone).
+  // Gives up on early messages that will not complete (a peer gave up or is
+  // gone): frees the sends, cancels the receives, keeps their memory.
   static void ReleaseSends(Early* early);
   // Whether a rank announced with a roll call that it gave up waiting.
   bool SomeRankGaveUp();

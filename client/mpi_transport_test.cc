@@ -8,13 +8,19 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "client/examples/rank_step.h"
 #include "client/exchange_pattern.h"
 #include "client/mpi_test_support.h"
 #include "client/testing/random_exchange.h"
+#include "common/status.h"
 
 namespace tutti {
 namespace {
@@ -305,18 +311,23 @@ TEST(MpiTransport, RanksOnDifferentStepsAreRefused) {
   EXPECT_TRUE(b.RecvUntouched());
 }
 
+// Plans in which every pair exchanges items above every eager limit.
+std::vector<v1::RankPlan> LargePlans(uint32_t world, uint64_t seed) {
+  RandomExchangeOptions o;
+  o.world_size = world;
+  o.seed = seed;
+  o.empty_pair_fraction = 0;
+  o.max_item_bytes = 300000;
+  return RandomExchangePlans(o);
+}
+
 // Sends go out before the agreement: when it fails, every message already
 // posted (large ones too, still waiting for their receiver) is received and
 // dropped, so none matches a later exchange and no receive buffer is written.
 TEST(MpiTransport, SendsPostedBeforeAFailedAgreementAreWithdrawn) {
   auto t = MakeTransport();
   if (t->world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
-  RandomExchangeOptions o;
-  o.world_size = t->world_size();
-  o.seed = 15;
-  o.empty_pair_fraction = 0;
-  o.max_item_bytes = 300000;  // above every eager limit
-  const auto plans = RandomExchangePlans(o);
+  const auto plans = LargePlans(t->world_size(), 15);
   for (int round = 0; round < 2; ++round) {
     v1::RankPlan plan = plans[t->rank()];
     size_t recv_size = plan.exchange().recv_bytes();
@@ -336,6 +347,180 @@ TEST(MpiTransport, SendsPostedBeforeAFailedAgreementAreWithdrawn) {
     absl::Status next =
         ExchangeAndVerify(*t, plans[t->rank()], ExchangeContext{step, t->world_size()}, nullptr);
     ASSERT_TRUE(next.ok()) << "after round " << round << ": " << next;
+  }
+}
+
+ExchangeContext ScratchContext(uint64_t step, uint32_t world) {
+  ExchangeContext ctx{step, world};
+  ctx.scratch_recv = true;
+  return ctx;
+}
+
+// The item-wise forward and backward exchange of `plan`, every byte checked.
+absl::Status ItemsAndVerify(Transport& t, const v1::RankPlan& plan, const ExchangeContext& ctx) {
+  const v1::Exchange& ex = plan.exchange();
+  std::vector<uint8_t> send(ex.send_bytes()), recv(ex.recv_bytes(), 0xAB);
+  RETURN_IF_ERROR(FillPattern(ex.sends(), kForwardSalt, send.data(), send.size()));
+  RETURN_IF_ERROR(t.ExchangeItems(plan, ExchangeDirection::kForward,
+                                  ItemsOf(ex.sends(), send.data()),
+                                  ItemsOf(ex.recvs(), recv.data()), ctx));
+  const absl::Status forward = VerifyPattern(ex.recvs(), kForwardSalt, recv.data(), recv.size());
+  std::vector<uint8_t> back(ex.send_bytes(), 0xAB);
+  RETURN_IF_ERROR(FillPattern(ex.recvs(), kBackwardSalt, recv.data(), recv.size()));
+  RETURN_IF_ERROR(t.ExchangeItems(plan, ExchangeDirection::kBackward,
+                                  ItemsOf(ex.recvs(), recv.data()),
+                                  ItemsOf(ex.sends(), back.data()), ctx));
+  RETURN_IF_ERROR(forward);
+  return VerifyPattern(ex.sends(), kBackwardSalt, back.data(), back.size());
+}
+
+// Receives posted with the sends (scratch receive memory) move every byte,
+// contiguous and item by item, in chunks too.
+TEST(MpiTransport, ScratchReceivesMoveEveryByte) {
+  for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{1000}}) {
+    MpiTransportOptions opts = TestOptions();
+    opts.max_count = max_count;
+    auto t = MakeTransport(opts);
+    for (uint64_t seed = 200; seed < 220; ++seed) {
+      RandomExchangeOptions o;
+      o.world_size = t->world_size();
+      o.seed = seed;
+      o.max_item_bytes = seed % 4 == 0 ? 200000 : 3000;
+      const auto plans = RandomExchangePlans(o);
+      const ExchangeContext ctx = ScratchContext(seed, o.world_size);
+      absl::Status s = ExchangeAndVerify(*t, plans[t->rank()], ctx, nullptr);
+      ASSERT_TRUE(s.ok()) << "seed " << seed << ", contiguous: " << s;
+      s = ItemsAndVerify(*t, plans[t->rank()], ctx);
+      ASSERT_TRUE(s.ok()) << "seed " << seed << ", item-wise: " << s;
+    }
+    EXPECT_EQ(t->large_exchanges() > 0, max_count == 1000);
+  }
+}
+
+// With scratch receive memory the data moves while the agreement waits: a
+// pair's bytes land before the last rank has joined the exchange (it joins
+// only once they have, or after 10 s).
+TEST(MpiTransport, ScratchReceivesArePostedBeforeTheAgreement) {
+  MpiTransportOptions opts = TestOptions();
+  opts.join_timeout = absl::Seconds(60);
+  auto t = MakeTransport(opts);
+  if (t->world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  const auto plans = Plans(t->world_size(), 19);
+  const v1::RankPlan& plan = plans[t->rank()];
+  char dir[512] = {};
+  if (t->rank() == 0) {
+    const std::string tmpl = ::testing::TempDir() + "/scratch_recv_XXXXXX";
+    std::snprintf(dir, sizeof(dir), "%s", tmpl.c_str());
+    ASSERT_NE(mkdtemp(dir), nullptr);
+  }
+  MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::string flag = std::string(dir) + "/landed";
+  const uint32_t late = t->world_size() - 1;
+  Buffers b(plan);
+  // What rank 1 receives from rank 0, and where.
+  std::vector<uint8_t> expected(plan.exchange().recv_bytes());
+  ASSERT_TRUE(
+      FillPattern(plan.exchange().recvs(), kForwardSalt, expected.data(), expected.size()).ok());
+  uint64_t from0 = 0, from0_bytes = 0;
+  for (const v1::Transfer& tr : plan.exchange().recvs()) {
+    if (tr.peer() == 0) {
+      from0_bytes = tr.bytes();
+      break;
+    }
+    from0 += tr.bytes();
+  }
+  std::atomic<bool> stop{false}, landed{false};
+  std::thread watcher;
+  if (t->rank() == 1) {
+    ASSERT_GT(from0_bytes, 0u);
+    watcher = std::thread([&] {
+      while (!stop.load()) {
+        bool all = true;
+        for (uint64_t k = from0; k < from0 + from0_bytes && all; ++k) {
+          all = std::atomic_ref<uint8_t>(b.recv[k]).load(std::memory_order_relaxed) == expected[k];
+        }
+        if (all) {
+          std::ofstream(flag) << "1";
+          landed.store(true);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  bool saw_flag = false;
+  if (t->rank() == late) {
+    for (int k = 0; k < 1000 && !saw_flag; ++k) {
+      saw_flag = std::ifstream(flag).good();
+      if (!saw_flag) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  absl::Status s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(),
+                               ScratchContext(19, t->world_size()));
+  stop.store(true);
+  if (watcher.joinable()) watcher.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(
+      VerifyPattern(plan.exchange().recvs(), kForwardSalt, b.recv.data(), b.recv.size()).ok());
+  if (t->rank() == late) {
+    EXPECT_TRUE(saw_flag) << "rank 0's bytes had not reached rank 1 after 10 s before rank " << late
+                          << " joined the exchange";
+  }
+  if (t->rank() == 1) EXPECT_TRUE(landed.load());
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A failed agreement with receives posted early: every rank fails alike,
+// each posted receive is cancelled or, where a message already matched it,
+// counted, and the rest of what peers sent is drained, so the next exchange
+// (scratch too) moves every byte. Large messages (rendezvous) and chunks.
+TEST(MpiTransport, ScratchReceivesOfAFailedAgreementAreWithdrawn) {
+  if (WorldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+  for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{70000}}) {
+    MpiTransportOptions opts = TestOptions();
+    opts.max_count = max_count;
+    auto t = MakeTransport(opts);
+    const auto plans = LargePlans(t->world_size(), 21);
+    enum Case { kRefuses, kSendsMore, kSplits, kOtherStep, kCases };
+    for (int items = 0; items < 2; ++items) {
+      for (int c = 0; c < kCases; ++c) {
+        v1::RankPlan plan = plans[t->rank()];
+        size_t recv_size = plan.exchange().recv_bytes();
+        uint64_t step = 30 + c;
+        if (c == kRefuses && t->rank() == 1) --recv_size;
+        if (c == kSendsMore && t->rank() == 0) ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 4096));
+        if (c == kSplits && t->rank() == 0) ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
+        if (c == kOtherStep && t->rank() == t->world_size() - 1) ++step;
+        Buffers b(plan);
+        const ExchangeContext ctx = ScratchContext(step, t->world_size());
+        absl::Status s;
+        if (items) {
+          std::vector<ItemBuffer> recv = ItemsOf(plan.exchange().recvs(), b.recv.data());
+          if (c == kRefuses && t->rank() == 1) --recv.back().bytes;
+          s = t->ExchangeItems(plan, ExchangeDirection::kForward,
+                               ItemsOf(plan.exchange().sends(), b.send.data()), recv, ctx);
+        } else {
+          s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), recv_size, ctx);
+        }
+        const std::string what = absl::StrCat(items ? "item-wise" : "contiguous", ", case ", c,
+                                              ", max_count ", max_count);
+        EXPECT_EQ(s.code(), c == kRefuses ? absl::StatusCode::kInvalidArgument
+                                          : absl::StatusCode::kFailedPrecondition)
+            << what << ": " << s;
+        if (c == kSendsMore && t->rank() == 2) {
+          EXPECT_THAT(Msg(s), HasSubstr("rank 0 sends")) << what;
+        } else if (c == kSplits && t->rank() == 2) {
+          EXPECT_THAT(Msg(s), HasSubstr("rank 0 splits the")) << what;
+        } else if (c == kRefuses && t->rank() != 1) {
+          EXPECT_THAT(Msg(s), HasSubstr("rank 1 refused the exchange")) << what;
+        }
+        // Nothing of the failed exchange is left: the next one moves every byte.
+        const ExchangeContext again = ScratchContext(30 + c, t->world_size());
+        absl::Status next = items ? ItemsAndVerify(*t, plans[t->rank()], again)
+                                  : ExchangeAndVerify(*t, plans[t->rank()], again, nullptr);
+        ASSERT_TRUE(next.ok()) << "after " << what << ": " << next;
+      }
+    }
   }
 }
 
@@ -367,6 +552,33 @@ TEST(MpiTransport, ZZ_ARankThatNeverArrivesIsReportedNotAHang) {
       t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size());
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
   EXPECT_THAT(Msg(again), HasSubstr("timed out"));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// With scratch receive memory, ranks that time out leave their receives to
+// a late peer no longer cancelled blindly: the exchange's memory is kept for
+// the process's life. Breaks its transport (a communicator of its own).
+TEST(MpiTransport, ZZ_ScratchMemoryOutlivesATimeout) {
+  MpiTransportOptions opts = TestOptions();
+  opts.join_timeout = absl::Seconds(2);
+  auto t = MakeTransport(opts);
+  auto plans = Plans(t->world_size(), 23);
+  const v1::RankPlan& plan = plans[t->rank()];
+  auto b = std::make_shared<Buffers>(plan);
+  const uint32_t late = t->world_size() - 1;
+  ExchangeContext ctx = ScratchContext(23, t->world_size());
+  ctx.keepalive = b;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (t->rank() == late) std::this_thread::sleep_for(std::chrono::seconds(4));
+  absl::Status s =
+      t->Exchange(plan, b->send.data(), b->send.size(), b->recv.data(), b->recv.size(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  if (t->rank() != late) {
+    EXPECT_THAT(Msg(s),
+                HasSubstr("rank(s) " + std::to_string(late) + " did not join the exchange"));
+  }
+  ctx.keepalive.reset();
+  EXPECT_GE(b.use_count(), 2) << "the transport let go of the exchange's memory after a timeout";
   MPI_Barrier(MPI_COMM_WORLD);
 }
 

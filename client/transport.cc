@@ -42,6 +42,8 @@ absl::Status Transport::Run(ExchangeDirection dir, const v1::RankPlan& plan, con
   ExchangeData data;
   data.send = send;
   data.recv = recv;
+  data.scratch_recv = ctx.scratch_recv;
+  data.keepalive = ctx.keepalive;
   return AgreeAndMove(agreed, local, data);
 }
 
@@ -122,6 +124,8 @@ absl::Status Transport::ExchangeItems(const v1::RankPlan& plan, ExchangeDirectio
   ExchangeData data;
   data.send_items = &send_by_peer;
   data.recv_items = &recv_by_peer;
+  data.scratch_recv = ctx.scratch_recv;
+  data.keepalive = ctx.keepalive;
   return AgreeAndMove(agreed, local, data);
 }
 

@@ -5,9 +5,10 @@
 // layout from the plan (client/exchange_layout.h), check the caller's buffer
 // sizes, let the ranks agree that everyone can run this exchange (Agree), and
 // only then move data (Move). A transport may post its sends while the
-// agreement runs (AgreeAndMove), never its receives: a failed agreement
-// leaves every receive buffer untouched. Every rank of the communicator must
-// call them in the same order (they are collective).
+// agreement runs (AgreeAndMove), and its receives only when the caller says
+// the receive memory is scratch (ExchangeContext.scratch_recv): otherwise a
+// failed agreement leaves every receive buffer untouched. Every rank of the
+// communicator must call them in the same order (they are collective).
 //
 // Implementations: MpiTransport (client/mpi_transport.h; host memory,
 // MPI_Alltoallv semantics over point-to-point messages with a deadline) and,
@@ -21,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -47,6 +49,9 @@ struct ExchangeData {
   void* recv = nullptr;
   const std::vector<std::vector<ItemBuffer>>* send_items = nullptr;
   const std::vector<std::vector<ItemBuffer>>* recv_items = nullptr;
+  // ExchangeContext.scratch_recv and .keepalive.
+  bool scratch_recv = false;
+  std::shared_ptr<void> keepalive;
 };
 
 class Transport {
@@ -99,8 +104,9 @@ class Transport {
   // One exchange: the agreement (`local`: this rank's own verdict) and, once
   // every rank agreed, the data. The default runs Agree(), then Move() or
   // MoveItems(). An override may post its sends before the agreement
-  // completes, provided that when the agreement fails no receive buffer is
-  // written and no message of the exchange is left in flight.
+  // completes, and its receives too when data.scratch_recv, provided that
+  // when the agreement fails no message of the exchange is left in flight
+  // (and, unless data.scratch_recv, no receive buffer is written).
   virtual absl::Status AgreeAndMove(const ExchangeLayout& layout, const absl::Status& local,
                                     const ExchangeData& data);
   // Moves the bytes of an agreed layout. Called only after Agree() succeeded.

@@ -245,6 +245,15 @@ class PyBatch {
 
 // ---- transports and exchanges ----------------------------------------------
 
+// The scratch_recv keyword of every exchange (ExchangeContext.scratch_recv).
+constexpr const char* kScratchRecvDoc =
+    "scratch_recv: the receive buffer is scratch, read only when the exchange succeeds (default "
+    "False); the MPI transport then posts its receives with its sends, before the ranks agree, "
+    "so that large messages move during the agreement. A failed exchange still fails on every "
+    "rank alike but may have written into the receive buffer, and after a DEADLINE_EXCEEDED a "
+    "late peer may still write into it: keep the send and receive buffers alive until the "
+    "process ends.";
+
 v1::RankPlan PlanFrom(const py::handle& plan) {
   v1::RankPlan p;
   Check(ProtoFromPython(plan, &p));
@@ -323,6 +332,12 @@ void RunItems(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan, con
         out.push_back(ib);
         ++k;
       }
+    }
+    if (offsets.size() > k && ctx.refusal.ok()) {
+      // Offsets for items the plan does not have: the caller's item list is not the plan's.
+      ctx.refusal = absl::InvalidArgumentError(
+          absl::StrCat(ExchangeWhere(ctx.step, t.rank()), ": ", offsets.size(), " ", what,
+                       " item offsets but the plan lists ", k, " items"));
     }
     return out;
   };
@@ -579,18 +594,21 @@ PYBIND11_MODULE(_tutti, m) {
           name,
           [d, device](T& t, const py::handle& plan, const py::object& send, const py::object& recv,
                       std::optional<uint64_t> step, std::optional<uint32_t> world_size,
-                      std::optional<std::string> refusal, const std::string& refusal_code) {
+                      std::optional<std::string> refusal, const std::string& refusal_code,
+                      bool scratch_recv) {
             ExchangeContext ctx{step.value_or(kUnknownStep), world_size.value_or(0)};
             if (refusal) ctx.refusal = RefusalStatus(refusal_code, *refusal);
+            ctx.scratch_recv = scratch_recv;
             RunExchange(t.transport(), d, PlanFrom(plan), send, recv, ctx, device);
           },
           py::arg("plan"), py::arg("send"), py::arg("recv"), py::arg("step") = py::none(),
           py::arg("world_size") = py::none(), py::arg("refusal") = py::none(),
-          py::arg("refusal_code") = "INVALID_ARGUMENT",
+          py::arg("refusal_code") = "INVALID_ARGUMENT", py::arg("scratch_recv") = false,
           absl::StrCat(doc, where,
                        ". refusal: this rank cannot take part (the reason); it still joins the "
                        "agreement so that every rank fails with it (refusal_code: the status "
-                       "code name)")
+                       "code name). ",
+                       kScratchRecvDoc)
               .c_str());
     }
   };
@@ -602,7 +620,7 @@ PYBIND11_MODULE(_tutti, m) {
         [device](T& t, const py::handle& plan, const std::string& direction, const py::object& src,
                  const std::vector<int64_t>& send_offsets, const py::object& dst,
                  const std::vector<int64_t>& recv_offsets, std::optional<uint64_t> step,
-                 std::optional<uint32_t> world_size) {
+                 std::optional<uint32_t> world_size, bool scratch_recv) {
           ExchangeDirection d = ExchangeDirection::kForward;
           if (direction == "backward")
             d = ExchangeDirection::kBackward;
@@ -611,15 +629,21 @@ PYBIND11_MODULE(_tutti, m) {
           else if (direction != "forward") {
             Throw(absl::InvalidArgumentError("direction must be forward, backward or load"));
           }
-          RunItems(t.transport(), d, PlanFrom(plan), src, send_offsets, dst, recv_offsets,
-                   ExchangeContext{step.value_or(kUnknownStep), world_size.value_or(0)}, device);
+          ExchangeContext ctx{step.value_or(kUnknownStep), world_size.value_or(0)};
+          ctx.scratch_recv = scratch_recv;
+          RunItems(t.transport(), d, PlanFrom(plan), src, send_offsets, dst, recv_offsets, ctx,
+                   device);
         },
         py::arg("plan"), py::arg("direction"), py::arg("src"), py::arg("send_offsets"),
         py::arg("dst"), py::arg("recv_offsets"), py::arg("step") = py::none(),
-        py::arg("world_size") = py::none(),
-        "The exchange item by item, without staging copies: item k of the direction's send list\n"
-        "is read at byte send_offsets[k] of `src`, receive item k written at recv_offsets[k]\n"
-        "of `dst` (-1: zeros sent / arrival dropped); sizes from the plan, checked.");
+        py::arg("world_size") = py::none(), py::arg("scratch_recv") = false,
+        absl::StrCat(
+            "The exchange item by item, without staging copies: item k of the direction's send "
+            "list\nis read at byte send_offsets[k] of `src`, receive item k written at "
+            "recv_offsets[k]\nof `dst` (-1: zeros sent / arrival dropped); sizes from the plan, "
+            "checked. ",
+            kScratchRecvDoc)
+            .c_str());
   };
 
   py::class_<PyMpiTransport> mpi(

@@ -86,9 +86,28 @@ class ExchangeTest(unittest.TestCase):
         self.assertEqual(out.count("RESULT noncontiguous none"), 4, out[-3000:])
 
     def test_mpi_transport_bad_input(self):
-        rc, out, rows = self.results("mpirun", "shape")
-        self.assertEqual(len(rows), 4, out[-3000:])
-        self.assertTrue(all("x has shape" in r[2] and r[0] == "InvalidArgumentError" for r in rows))
+        # The MPI transport posts its receives before the agreement (the outputs are
+        # scratch): bad input still fails every rank with the same error and cause, soon,
+        # and leaves nothing behind (each case's run ends cleanly). Each rank words the
+        # cause from its side (its own rank first; a pair's two ends each name the other).
+        want = {"shape": ("InvalidArgumentError", r"x has shape \[23, 16\] but"),
+                "skip": ("FailedPreconditionError", r"is exchanging step \d's plan but this rank"),
+                "mismatch": ("FailedPreconditionError",
+                             r"(splits the|expects the) \d+ bytes (it sends to|from) rank \d "
+                             r"in(to)? other items than rank"),
+                "split": ("InvalidArgumentError",
+                          r"\d+ (send|receive) item offsets but the plan lists \d+ items"),
+                "released": ("FailedPreconditionError", "exchange of a released batch"),
+                "corrupt": ("DataLossError", "rank 1: this rank cannot lay out the exchange")}
+        for case, (cls, pattern) in want.items():
+            with self.subTest(case=case):
+                rc, out, rows = self.results("mpirun", case)
+                self.assertEqual(rc, 0, out[-3000:])
+                self.assertEqual(len(rows), 4, out[-3000:])
+                for r in rows:
+                    self.assertEqual(r[0], cls, rows)
+                    self.assertRegex(r[2], pattern, rows)
+                    self.assertLess(float(r[1]), 5, rows)
         rc, out, _ = self.results("mpirun", "noncontiguous")
         self.assertEqual(out.count("RESULT noncontiguous none"), 4, out[-3000:])
 

@@ -104,6 +104,21 @@ def run_bad(args, transport, rank, world):
                 k = next(k for k, (_, n) in enumerate(items) if n >= 2)
                 at, n = items[k]
                 items[k:k + 1] = [(at, 1), (at + 1 if at >= 0 else -1, n - 1)]
+            if culprit and args.case == "mismatch":
+                # This rank's plan lists two of its items to a peer in the other order (their
+                # sizes differ): a plan of its own, consistent with its buffers, that the peer's
+                # plan contradicts.
+                import copy
+
+                L = batch._layout
+                plan = copy.deepcopy(L.plan)
+                t = next(t for t in plan["exchange"]["sends"] if int(t["peer"]) != rank and
+                         len({int(it["bytes"]) for it in t["items"]}) >= 2)
+                a = next(k for k, it in enumerate(t["items"])
+                         if int(it["bytes"]) != int(t["items"][0]["bytes"]))
+                t["items"][0], t["items"][a] = t["items"][a], t["items"][0]
+                L.plan, L.plan_bytes = plan, plan
+                batch._layout_tables = None
             if culprit and args.case == "released":
                 batch.release()
             if culprit and args.case == "absent":

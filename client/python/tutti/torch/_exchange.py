@@ -515,6 +515,7 @@ class MpiTransport(_Transport):
     def __init__(self, timeout_s=600.0, device=None):
         self.impl = tutti.MpiTransport(join_timeout=timeout_s)
         self.rank, self.world = self.impl.rank, self.impl.world_size
+        self._abandoned = []  # memory of exchanges that timed out (a late peer may use it)
 
     def refuse(self, batch, refusal):
         empty = np.zeros(0, np.uint8)
@@ -562,16 +563,29 @@ class MpiTransport(_Transport):
                    recv_bytes):
         # The C++ transport reads and writes every item in place (its own agreement, which
         # runs while the sends are under way).
+        # `dst` is a fresh output, read only when the exchange succeeds (scratch): the
+        # receives are posted with the sends, so that the data moves while the ranks agree.
         send_offsets, recv_offsets = batch._tables().byte_offsets(
             direction, src.shape[1] * src.element_size())
-        self.impl.exchange_items(batch._layout.plan_bytes, direction, self._bytes(src),
-                                 send_offsets, self._bytes(dst), recv_offsets, step=batch.step,
-                                 world_size=batch.world_size)
+        self._kept(lambda: self.impl.exchange_items(
+            batch._layout.plan_bytes, direction, self._bytes(src), send_offsets,
+            self._bytes(dst), recv_offsets, step=batch.step, world_size=batch.world_size,
+            scratch_recv=True), src, dst)
+
+    def _kept(self, run, *tensors):
+        """Runs an exchange whose receive memory is scratch; after a timeout a late peer may
+        still read or write `tensors`, so they are kept for the rest of the process."""
+        try:
+            run()
+        except tutti.DeadlineExceededError:
+            self._abandoned.append(tensors)
+            raise
 
     def move(self, batch, direction, send, recv, send_rows, recv_rows):
         f = self.impl.exchange if direction == "forward" else self.impl.exchange_backward
-        f(batch._layout.plan_bytes, self._bytes(send), self._bytes(recv), step=batch.step,
-          world_size=batch.world_size)
+        self._kept(lambda: f(batch._layout.plan_bytes, self._bytes(send), self._bytes(recv),
+                             step=batch.step, world_size=batch.world_size, scratch_recv=True),
+                   send, recv)
 
 
 class NcclTransport(MpiTransport):
@@ -584,6 +598,7 @@ class NcclTransport(MpiTransport):
                 "; or use the trainer's NCCL process group (transport='torch')")
         self.impl = tutti.NcclTransport(device=device, join_timeout=timeout_s)
         self.rank, self.world = self.impl.rank, self.impl.world_size
+        self._abandoned = []
 
     def check_device(self, x, where):
         if x.device.type != "cuda":
