@@ -9,6 +9,9 @@
 // and packing.improvement_rounds' default went from 64 to 256: the default
 // is part of every job's fingerprint, so every hash changed; with
 // improvement_rounds: 64 set in every job, only the five tutti jobs did.
+// Re-pinned when tutti's search began with pair passes (the k-th slowest rank
+// with the k-th fastest) and stopped a phase's rounds once they stall: only
+// the five tutti jobs changed.
 //
 // TUTTI_PRINT_PLAN_HASHES=1 prints the table as C++ to paste below.
 #include <algorithm>
@@ -176,9 +179,9 @@ constexpr Pinned kPinned[] = {
     {"W4 seed-v2 N=4",
      "e020df2400157651 10c7147e4b9a6f5c b9c15ad55d184ca7 7d02e67184fd82c4 a9053376be52de50 e5d96ffb23b40b1a 5a6819ef56f28fb0"},
     {"W4 tutti",
-     "07ff0bcb3f77a8b8 6f77abeed8547839 78b47092fc49b9fc bed169a402bc7ac3 56eee4ca3bf099bf 676073e8a9c1f670 dacfeef5d5946c49"},
+     "07ff0bcb3f77a8b8 a7911ec910b2cd1e 78b47092fc49b9fc 3e4574af822867c8 56eee4ca3bf099bf 676073e8a9c1f670 5b7eba6a542538d6"},
     {"W4 tutti img_cap",
-     "04faf62e3c72555d 35cad18382e90254 3c6d98fcb8905192 3126c2aa8d4bd1cd 4e63f6c3237d8bb6 bfce5309716fd691 21991d612ec29fdd"},
+     "04faf62e3c72555d fd2c64a44a0fb773 3c6d98fcb8905192 b1b2dfa10ddfccc6 4e63f6c3237d8bb6 bfce5309716fd691 a02849feaf73cb42"},
     {"W4 post fast",
      "5cf00b9acffceade 2797370c58f1e383 519ec2d162cdb87f ca4f6e5061859aa6 8b0f1e7ec9770be5 730b0d563f6ea11c 1e3c524c70549b2f"},
     {"W4 post padded",
@@ -192,9 +195,9 @@ constexpr Pinned kPinned[] = {
     {"W16 seed-v2 N=4",
      "7d5fb18e4293b7be e40f4703ec6f8d8f 47db10a36406a621 e23a3afc5f23d8ce 205aaf8d365789ad dc275ceccb121c41 6a2c65ea8ff14844"},
     {"W16 tutti",
-     "cd778d74ef4bb400 e9808ff6d6482ed1 f69089ec4a85a152 7ed56b5e5806a6b2 644382e709db5c6f 28816fcb3995df59 80ff3526b38f47f9"},
+     "1be9102460ec7d76 e9808ff6d6482ed1 8f9ae69b914b3e5d 51a2005a12dc1322 b82ac7d8d5b21950 28816fcb3995df59 5f1646217094b7ed"},
     {"W16 tutti img_cap",
-     "b2c33dbf90ff04cb 21edd7e71e2576c0 34714a1a886462a4 f7080d34d1dbc0d8 cd43468ba0db9803 24b92c8235ad9c10 988e15bfabfe6760"},
+     "4bd614db30d37989 21edd7e71e2576c0 5a978fc544465703 8b304f41c84e5c39 112a03b47cb2dd3c 24b92c8235ad9c10 111376383e9187f4"},
     {"W16 post fast",
      "78ef6c8afaa2a474 b743090ecacfc33f 4750f67cfb78c151 3c24b743f0d1041e 0938dbf8835701e0 6467071cd4bb039a 83361af135b13be2"},
     {"W16 post padded",
@@ -204,7 +207,7 @@ constexpr Pinned kPinned[] = {
     {"W4 post ilp",
      "35c73fa894361ac9 2cb60b1be13c08c5 b7df4d8309d8c9a0 571494a1fcda0578 f930c519f40c794a 65267ad246a9962f d9c61d90417aebaf"},
     {"W64 tutti",
-     "603b1da396ae2519 65d32e8b5a7ae82e 67a28f140fafb1f7 92b56afffb4ebb68 e4eee4613d751b1c fa8089be9162bbc5 55d10f399f7ec475"},
+     "603b1da396ae2519 65d32e8b5a7ae82e 67a28f140fafb1f7 2e062b1fe327d493 67a39d8271cbce50 fa8089be9162bbc5 e24a98e0af609668"},
     {"W64 post fast",
      "9c3e385207d9a9bc c58cee785eac1ec5 cd98580bc9c78053 c7fa0e7a7f557961 bb8d55ddae0991b7 62c271125e0f2ea4 9ef494a26afebabd"},
 };

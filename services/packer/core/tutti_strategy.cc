@@ -10,21 +10,27 @@
 //      large document never shares its rank with a full VL share.
 //   2. VL samples, LPT by ViT cost (by LLM cost when the encoders are dealt
 //      elsewhere, balance_vit false) onto the allowed rank with the least
-//      load and a VL sequence with room; then the ViT local search (below)
-//      with the LLM budget of step 1 as the cap.
+//      load and a VL sequence with room; then the ViT search (pair passes
+//      and rounds, below) with the LLM budget of step 1 as the cap.
 //   3. The other text documents, LPT by LLM cost on top of the VL samples'
 //      LLM cost; documents under kSmall of a rank's mean load go in batches
 //      (the B largest onto the B least loaded ranks), which is LPT up to the
 //      order within a batch without a heap operation per document.
-//   4. Local search, bounded: from the slowest rank of a phase, the best
-//      move of one of its samples, or swap with a sample of one of the
-//      least loaded ranks, that brings both ranks below the slowest one's
-//      cost and raises no rank of the other phase above that phase's
-//      maximum (a ViT change may take a text document along to keep the
-//      LLM maximum). So neither phase ever gets worse. Rounds alternate
-//      between the phases (LLM, then ViT) until neither can improve, the
-//      maximum sits within kDone of its lower bound, or the budget
-//      (Budget()) is spent.
+//   4. Local search, bounded: the best move of one of a slow rank's
+//      samples, or swap with a sample of a fast rank, that brings both
+//      ranks below the slow one's cost and raises no rank of the other
+//      phase above that phase's maximum (a ViT change may take a text
+//      document along to keep the LLM maximum). So neither phase ever gets
+//      worse. First up to kPairPasses pair passes (of the ViT phase in
+//      step 2, of the LLM phase here): the k-th slowest rank with the k-th
+//      fastest, k = 0, 1, ..., which evens out many ranks at once (a round
+//      fixes one); then rounds, each from the slowest rank of a phase to
+//      the least loaded ranks, alternating between the phases (LLM, then
+//      ViT) until neither can improve, the maximum sits within kDone of its
+//      lower bound, the last kStallRounds rounds of a phase lowered it by
+//      less than kStall of its bound, or the budget (Budget(), passes
+//      charged to it) is spent. Every stop is counted in rounds and pairs,
+//      never in time, so plans do not depend on the machine.
 // Within a rank a sample goes to the sequence of its modality with the fewest
 // tokens that has room for its tokens and image tokens. Ranks without room
 // for the next sample sleep until the samples get small enough (the choice
@@ -45,6 +51,17 @@ namespace {
 
 // Least loaded ranks a local-search round tries as partners.
 constexpr uint32_t kReceivers = 6;
+// Pair passes per phase before its rounds, and the fast ranks a slow one
+// tries in a pass: in the ViT phase several, since the fastest ranks may be
+// ones the LLM cap closes to VL samples.
+constexpr int kPairPasses = 2;
+constexpr uint32_t kPairTriesVit = 4;
+constexpr uint32_t kPairTriesLlm = 1;
+// A phase's rounds stop once the last kStallRounds of them lowered its
+// maximum by less than kStall of its lower bound (a time-independent
+// budget: plans stay machine independent).
+constexpr uint64_t kStallRounds = 64;
+constexpr double kStall = 1e-4;
 // Ranks visited (least loaded first) to find receivers with room.
 constexpr uint32_t kRoomScan = 64;
 // A phase is done once its maximum is within this of its lower bound.
@@ -133,19 +150,45 @@ struct Side {
       pos[i] = static_cast<uint32_t>(l.size());
       l.push_back(i);
     }
+    for (int k = 0; k < 2; ++k) {
+      sorted[k].resize(W);
+      fresh[k].assign(W, 0);
+    }
   }
   void Unlist(uint32_t i) {
-    std::vector<uint32_t>& l = lists[RankOf(i)];
+    const uint32_t r = RankOf(i);
+    std::vector<uint32_t>& l = lists[r];
     const uint32_t last = l.back();
     l[pos[i]] = last;
     pos[last] = pos[i];
     l.pop_back();
+    fresh[0][r] = fresh[1][r] = 0;
   }
   void Relist(uint32_t i) {
-    std::vector<uint32_t>& l = lists[RankOf(i)];
+    const uint32_t r = RankOf(i);
+    std::vector<uint32_t>& l = lists[r];
     pos[i] = static_cast<uint32_t>(l.size());
     l.push_back(i);
+    fresh[0][r] = fresh[1][r] = 0;
   }
+  // Rank r's items as (key, item), sorted; kept until the rank's list
+  // changes.
+  template <typename Key>
+  const std::vector<std::pair<double, uint32_t>>& Sorted(uint32_t r, Key key) {
+    std::vector<std::pair<double, uint32_t>>& v = sorted[Key::kId][r];
+    if (!fresh[Key::kId][r]) {
+      v.clear();
+      for (uint32_t i : lists[r]) v.emplace_back(key(items[i]), i);
+      std::sort(v.begin(), v.end());
+      fresh[Key::kId][r] = 1;
+    }
+    return v;
+  }
+
+  // Per key (VitOf, LlmOf) and rank: Sorted's lists and whether each is
+  // current.
+  std::vector<std::vector<std::pair<double, uint32_t>>> sorted[2];
+  std::vector<uint8_t> fresh[2];
 };
 
 struct State {
@@ -161,19 +204,48 @@ struct State {
   double llm_budget = 0;          // LLM cost allowed on a rank holding a large document
   double llm_cap = -1;            // the ViT search's LLM cap; -1: the LLM maximum
   bool text_placed = false;
-  std::vector<std::pair<double, uint32_t>> partners;
+  std::vector<uint64_t> by_load;  // PairPass: (load bits << 32 | rank), fastest first
+  uint64_t pair_tries = 0;        // rank pairs the last pair pass tried
 };
 
 // Keys as types, so that the hot loops inline them.
 struct VitOf {
+  static constexpr int kId = 0;
   double operator()(const PackItem& it) const { return it.vit; }
 };
 struct LlmOf {
+  static constexpr int kId = 1;
   double operator()(const PackItem& it) const { return it.llm; }
 };
 struct TokensOf {
   double operator()(const PackItem& it) const { return it.tokens; }
 };
+
+// Stops a phase's rounds once they stall (kStallRounds, kStall).
+struct Progress {
+  uint64_t since = 0;  // rounds since `mark` was taken
+  double mark = 0;     // the phase's maximum kStallRounds rounds ago
+  bool stalled = false;
+  // Whether the next round may run, given the phase's maximum and bound.
+  bool Go(double max, double lower_bound) {
+    if (stalled) return false;
+    if (since == kStallRounds) {
+      if (mark - max < kStall * lower_bound) {
+        stalled = true;
+        return false;
+      }
+      since = 0;
+    }
+    if (since == 0) mark = max;
+    ++since;
+    return true;
+  }
+};
+
+// A phase's maximum.
+double Max(const State& st, bool vit_phase) {
+  return vit_phase ? st.vit[st.vit_max.Top()] : st.llm[st.llm_max.Top()];
+}
 
 class TuttiStrategy final : public PackingStrategy {
  public:
@@ -256,7 +328,11 @@ class TuttiStrategy final : public PackingStrategy {
       if (p.balance_vit && W > 1) {
         StartSearch(p, &st);
         st.llm_cap = st.llm_budget;
-        while (vit_rounds < budget && Round(p, &st, true)) ++vit_rounds;
+        Passes(p, &st, true, budget, &vit_rounds);
+        Progress vp;
+        while (vit_rounds < budget && vp.Go(Max(st, true), st.vit_lb) && Round(p, &st, true)) {
+          ++vit_rounds;
+        }
       }
     }
     // 3. The other text documents, on top.
@@ -269,10 +345,18 @@ class TuttiStrategy final : public PackingStrategy {
       StartSearch(p, &st);
       st.llm_cap = -1;
       const bool vit_open = p.balance_vit && !p.vl.empty();
+      Passes(p, &st, false, budget, &llm_rounds);
+      Progress llm_progress, vit_progress;
       while (true) {
         bool moved = false;
-        while (llm_rounds < budget && Round(p, &st, false)) ++llm_rounds, moved = true;
-        while (vit_open && vit_rounds < budget && Round(p, &st, true)) ++vit_rounds, moved = true;
+        while (llm_rounds < budget && llm_progress.Go(Max(st, false), st.llm_lb) &&
+               Round(p, &st, false)) {
+          ++llm_rounds, moved = true;
+        }
+        while (vit_open && vit_rounds < budget && vit_progress.Go(Max(st, true), st.vit_lb) &&
+               Round(p, &st, true)) {
+          ++vit_rounds, moved = true;
+        }
         if (!moved) break;
       }
     }
@@ -517,19 +601,16 @@ class TuttiStrategy final : public PackingStrategy {
   template <typename Key, typename OKey>
   static void Best(Side& side, uint32_t hi, uint32_t lo, const std::vector<double>& load, Key key,
                    const std::vector<double>& other, OKey okey, double cap, bool bind_other,
-                   const Side* comp, std::vector<std::pair<double, uint32_t>>* partners,
-                   Change* best) {
-    const std::vector<uint32_t>& from = side.lists[hi];
-    const std::vector<uint32_t>& to = side.lists[lo];
+                   const Side* comp, Change* best) {
     const double h = load[hi], l = load[lo], gap = h - l;
     const absl::Span<const PackItem> items = side.items;
-    auto consider = [&](uint32_t i, int64_t j) {
-      const PackItem& a = items[i];
-      const PackItem* b = j >= 0 ? &items[j] : nullptr;
-      const double d = key(a) - (b ? key(*b) : 0.0);
-      if (d <= 0 || d >= gap) return;
+    // d: key(a) - key(b), from the sorted lists, so that an item is read
+    // only for a change that would improve on the best so far.
+    auto consider = [&](uint32_t i, int64_t j, double d) {
       const double value = std::max(h - d, l + d);
       if (value >= best->value) return;
+      const PackItem& a = items[i];
+      const PackItem* b = j >= 0 ? &items[j] : nullptr;
       const uint32_t slot_b = j >= 0 ? (*side.slot)[j] : UINT32_MAX;
       if (side.rooms.Fit(lo, a, b, slot_b) < 0) return;
       if (b != nullptr && side.rooms.Fit(hi, *b, &a, (*side.slot)[i]) < 0) return;
@@ -549,28 +630,37 @@ class TuttiStrategy final : public PackingStrategy {
       }
       *best = Change{value, &side, i, j, lo, t, t_to};
     };
-    for (uint32_t i : from) consider(i, -1);
-    if (to.empty()) return;
-    // Few items (a VL side, or small ranks): every pair, so that partners
-    // are found by both phases' costs at once.
-    if (from.size() * to.size() <= kAllPairs) {
-      for (uint32_t i : from) {
-        for (uint32_t j : to) consider(i, j);
+    // Both ranks' items by increasing key. A change helps only for
+    // 0 < d < gap.
+    const std::vector<std::pair<double, uint32_t>>& mine = side.Sorted(hi, key);
+    for (const auto& [ka, i] : mine) {
+      if (ka >= gap) break;
+      if (ka > 0) consider(i, -1, ka);
+    }
+    const std::vector<std::pair<double, uint32_t>>& partners = side.Sorted(lo, key);
+    if (partners.empty()) return;
+    // Few items (a VL side, or small ranks): every pair with 0 < d < gap,
+    // so that partners are found by both phases' costs at once.
+    if (mine.size() * partners.size() <= kAllPairs) {
+      size_t first = 0;  // the first partner with key > ka - gap
+      for (const auto& [ka, i] : mine) {
+        while (first < partners.size() && partners[first].first <= ka - gap) ++first;
+        for (size_t q = first; q < partners.size() && partners[q].first < ka; ++q) {
+          consider(i, partners[q].second, ka - partners[q].first);
+        }
       }
       return;
     }
     // Swaps: the best partner b of a moves about half the gap, key(b) near
-    // key(a) - gap / 2; the partners around that key are tried.
-    partners->clear();
-    for (uint32_t j : to) partners->emplace_back(key(items[j]), j);
-    std::sort(partners->begin(), partners->end());
-    for (uint32_t i : from) {
-      const double want = key(items[i]) - gap / 2;
-      const size_t at =
-          std::lower_bound(partners->begin(), partners->end(), std::make_pair(want, 0u)) -
-          partners->begin();
-      for (size_t q = at > 2 ? at - 2 : 0; q < std::min(partners->size(), at + 2); ++q) {
-        consider(i, (*partners)[q].second);
+    // key(a) - gap / 2; the partners around that key are tried, found in
+    // one merge of the two sorted lists.
+    size_t at = 0;
+    for (const auto& [ka, i] : mine) {
+      const std::pair<double, uint32_t> want(ka - gap / 2, 0u);
+      while (at < partners.size() && partners[at] < want) ++at;
+      for (size_t q = at > 2 ? at - 2 : 0; q < std::min(partners.size(), at + 2); ++q) {
+        const double d = ka - partners[q].first;
+        if (d > 0 && d < gap) consider(i, partners[q].second, d);
       }
     }
   }
@@ -677,19 +767,89 @@ class TuttiStrategy final : public PackingStrategy {
       // VL samples carry both phases; text samples only the LLM phase.
       if (vit_phase) {
         Best(st->vl, hi, lo, load, VitOf(), other, LlmOf(), cap, true,
-             with_text ? &st->text : nullptr, &st->partners, &best);
+             with_text ? &st->text : nullptr, &best);
         continue;
       }
-      Best(st->vl, hi, lo, load, LlmOf(), other, VitOf(), cap, p.balance_vit, nullptr,
-           &st->partners, &best);
+      Best(st->vl, hi, lo, load, LlmOf(), other, VitOf(), cap, p.balance_vit, nullptr, &best);
       if (k < n_own && with_text) {
-        Best(st->text, hi, lo, load, LlmOf(), other, VitOf(), cap, false, nullptr, &st->partners,
-             &best);
+        Best(st->text, hi, lo, load, LlmOf(), other, VitOf(), cap, false, nullptr, &best);
       }
     }
     if (best.side == nullptr) return false;
     Apply(best, hi, st);
     return true;
+  }
+
+  // Up to kPairPasses pair passes of a phase while they move something,
+  // charged to its round budget: one round per 2 * kReceivers pairs tried
+  // (the receivers a ViT round tries).
+  void Passes(const PackProblem& p, State* st, bool vit_phase, uint64_t budget,
+              uint64_t* rounds) const {
+    for (int pass = 0; pass < kPairPasses && *rounds < budget; ++pass) {
+      st->pair_tries = 0;
+      const bool moved = PairPass(p, st, vit_phase);
+      *rounds += (st->pair_tries + 2 * kReceivers - 1) / (2 * kReceivers);
+      if (!moved) break;
+    }
+  }
+
+  // One pass pairing the k-th slowest rank of a phase with the k-th
+  // fastest, k = 0, 1, ... while the slower one is above kDone over the
+  // bound: the best change between the two (as a round with that one
+  // receiver); a slow rank with no change tries the next fast ones (up to
+  // kPairTriesVit / kPairTriesLlm in all). A fast rank takes at most one
+  // change a pass. Evens out many ranks for one partner search per pair.
+  // False when nothing moved.
+  bool PairPass(const PackProblem& p, State* st, bool vit_phase) const {
+    const uint32_t W = p.ranks;
+    const double lower_bound = vit_phase ? st->vit_lb : st->llm_lb;
+    std::vector<double>& load = vit_phase ? st->vit : st->llm;
+    std::vector<double>& other = vit_phase ? st->llm : st->vit;
+    const double cap =
+        vit_phase
+            ? (st->llm_cap >= 0 ? st->llm_cap
+                                : std::max(st->llm[st->llm_max.Top()], st->llm_lb * (1 + kDone)))
+            : std::max(st->vit[st->vit_max.Top()], st->vit_lb * (1 + kDone));
+    const bool with_text = st->text_placed;
+    std::vector<uint64_t>& by_load = st->by_load;
+    by_load.resize(W);
+    for (uint32_t r = 0; r < W; ++r) {
+      const float f = static_cast<float>(load[r]);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);  // non-negative floats order like their bits
+      by_load[r] = uint64_t{bits} << 32 | r;
+    }
+    std::sort(by_load.begin(), by_load.end());
+    bool moved = false;
+    uint32_t b = 0;
+    const double stop = lower_bound * (1 + kDone);
+    for (uint32_t k = W; k-- > 0 && k > b;) {
+      const uint32_t hi = static_cast<uint32_t>(by_load[k]);
+      const double h = load[hi];
+      if (h <= stop) break;
+      const uint32_t tries = vit_phase ? kPairTriesVit : kPairTriesLlm;
+      for (uint32_t t = b; t < std::min(k, b + tries); ++t) {
+        const uint32_t lo = static_cast<uint32_t>(by_load[t]);
+        if (load[lo] >= h) break;
+        ++st->pair_tries;
+        Change best{h * (1 - kGain)};
+        if (vit_phase) {
+          Best(st->vl, hi, lo, load, VitOf(), other, LlmOf(), cap, true,
+               with_text ? &st->text : nullptr, &best);
+        } else {
+          Best(st->vl, hi, lo, load, LlmOf(), other, VitOf(), cap, p.balance_vit, nullptr, &best);
+          if (with_text) {
+            Best(st->text, hi, lo, load, LlmOf(), other, VitOf(), cap, false, nullptr, &best);
+          }
+        }
+        if (best.side == nullptr) continue;
+        Apply(best, hi, st);
+        std::swap(by_load[t], by_load[b++]);
+        moved = true;
+        break;
+      }
+    }
+    return moved;
   }
 
   // Per-rank lists of the placed samples and the four heaps of the search.
