@@ -25,6 +25,8 @@ class ColocatedDispatcher final : public Dispatcher {
     p.vl_seqs_per_rank = plan->vl_seqs;
     p.text = plan->text_items;
     p.vl = plan->vl_items;
+    p.text_lead = plan->text_lead;
+    p.vl_lead = plan->vl_lead;
     p.balance_vit = true;
     thread_local PackResult r;
     if (absl::Status s = strategy_->Pack(p, &r); !s.ok()) {

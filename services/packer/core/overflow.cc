@@ -33,7 +33,7 @@ absl::StatusOr<OverflowPolicy> ResolveOverflowPolicy(const v1::OverflowConfig& c
   if (c.max_deferred_steps() > kMaxDeferredSteps) {
     return absl::InvalidArgumentError(absl::StrCat(
         "overflow.max_deferred_steps ", c.max_deferred_steps(), " is above ", kMaxDeferredSteps,
-        " (a restarted packer recomputes that many steps to recover the queue); "
+        " (a restarted packer replays admission from at least twice that many steps back); "
         "set at most ",
         kMaxDeferredSteps, " (0 = the default 8)"));
   }
@@ -200,6 +200,18 @@ uint32_t PackCertificate::LongestPrefix(absl::Span<const uint32_t> sizes,
   return lo;
 }
 
+uint32_t FirstFitPrefix(absl::Span<const uint32_t> sizes, absl::Span<const uint32_t> begin,
+                        uint32_t bins) {
+  const uint32_t n = static_cast<uint32_t>(begin.size()) - 1;
+  if (FirstFitPacks(sizes.subspan(0, begin[n]), bins)) return n;
+  uint32_t lo = 0, hi = n;  // packs lo, not hi
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    (FirstFitPacks(sizes.subspan(0, begin[mid]), bins) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 namespace {
 
 // Max tree over bins' free room: the first bin with room for x in O(log B).
@@ -226,35 +238,53 @@ class FirstFit {
   std::vector<uint32_t> room_;
 };
 
+// First-fit decreasing of sizes (stable) into `bins`: each item's bin, or
+// false when one finds no room.
+bool FirstFitDecreasing(absl::Span<const uint32_t> size, uint32_t bins,
+                        std::vector<uint32_t>* bin) {
+  thread_local std::vector<uint32_t> order;
+  order.resize(size.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return size[a] > size[b]; });
+  if (bin != nullptr) bin->resize(size.size());
+  if (size.empty()) return true;
+  if (bins == 0) return false;
+  FirstFit ff(bins);
+  for (uint32_t i : order) {
+    const int64_t b = ff.Place(size[i]);
+    if (b < 0) return false;
+    if (bin != nullptr) (*bin)[i] = static_cast<uint32_t>(b);
+  }
+  return true;
+}
+
 // Packs one stream's items into ranks x seqs bins; slot = rank * seqs + seq.
-absl::Status PackStream(const char* modality, absl::Span<const PackItem> items, uint32_t ranks,
-                        uint32_t seqs, uint32_t seq_len, uint32_t img_cap,
-                        std::vector<uint32_t>* slots) {
+// `lead` items are packed first-fit with them, ahead of them in order, and
+// then left out.
+absl::Status PackStream(const char* modality, absl::Span<const PackItem> lead,
+                        absl::Span<const PackItem> items, uint32_t ranks, uint32_t seqs,
+                        uint32_t seq_len, uint32_t img_cap, std::vector<uint32_t>* slots) {
   slots->assign(items.size(), 0);
   if (items.empty()) return absl::OkStatus();
   const uint32_t bins = ranks * seqs;
   const PackCertificate cert(bins, seq_len, img_cap);
-  std::vector<uint32_t> size(items.size()), order(items.size());
+  const size_t L = lead.size();
+  std::vector<uint32_t> size(L + items.size());
   uint64_t tokens = 0;
+  for (size_t i = 0; i < L; ++i) size[i] = cert.Size(lead[i].tokens, lead[i].image_tokens);
   for (size_t i = 0; i < items.size(); ++i) {
-    size[i] = cert.Size(items[i].tokens, items[i].image_tokens);
+    size[L + i] = cert.Size(items[i].tokens, items[i].image_tokens);
     tokens += items[i].tokens;
   }
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return size[a] > size[b]; });
-  FirstFit ff(bins);
-  std::vector<uint32_t> bin(items.size());
-  std::vector<double> cost(bins, 0.0);
-  for (uint32_t i : order) {
-    const int64_t b = bins > 0 ? ff.Place(size[i]) : -1;
-    if (b < 0) {
-      return CapacityError(modality, tokens, ranks, seqs, seq_len,
-                           "first-fit decreasing found no sequence with room");
-    }
-    bin[i] = static_cast<uint32_t>(b);
-    cost[b] += items[i].llm + items[i].vit;
+  std::vector<uint32_t> bin;
+  if (!FirstFitDecreasing(size, bins, &bin)) {
+    return CapacityError(modality, tokens, ranks, seqs, seq_len,
+                         "first-fit decreasing found no sequence with room");
   }
+  bin.erase(bin.begin(), bin.begin() + static_cast<std::ptrdiff_t>(L));
+  std::vector<double> cost(bins, 0.0);
+  for (size_t i = 0; i < items.size(); ++i) cost[bin[i]] += items[i].llm + items[i].vit;
   // Deal the sequences to ranks: costliest first, onto the least loaded rank
   // that has a sequence left.
   std::vector<uint32_t> by_cost(bins);
@@ -279,12 +309,13 @@ class FirstFitStrategy final : public PackingStrategy {
  public:
   const std::string& name() const override { return name_; }
   absl::Status Pack(const PackProblem& p, PackResult* r) const override {
-    if (absl::Status s =
-            PackStream("text", p.text, p.ranks, p.text_seqs_per_rank, p.seq_len, 0, &r->text_slot);
+    if (absl::Status s = PackStream("text", p.text_lead, p.text, p.ranks, p.text_seqs_per_rank,
+                                    p.seq_len, 0, &r->text_slot);
         !s.ok()) {
       return s;
     }
-    return PackStream("VL", p.vl, p.ranks, p.vl_seqs_per_rank, p.seq_len, p.img_cap, &r->vl_slot);
+    return PackStream("VL", p.vl_lead, p.vl, p.ranks, p.vl_seqs_per_rank, p.seq_len, p.img_cap,
+                      &r->vl_slot);
   }
 
  private:
@@ -299,6 +330,10 @@ void CandidatePositions(uint64_t step, uint32_t T, uint32_t V, const DeferralQue
   for (uint32_t j = 0; j < T; ++j) *out++ = step * T + j;
   for (uint64_t p : in.vl) *out++ = p;
   for (uint32_t j = 0; j < V; ++j) *out++ = step * V + j;
+}
+
+bool FirstFitPacks(absl::Span<const uint32_t> sizes, uint32_t bins) {
+  return FirstFitDecreasing(sizes, bins, nullptr);
 }
 
 std::unique_ptr<PackingStrategy> MakeFirstFitStrategy() {

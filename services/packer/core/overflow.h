@@ -9,15 +9,22 @@
 // (one run longer than seq_len) is skipped.
 //
 // Deferral: each stream's candidates for a step are the samples still waiting
-// from earlier steps (oldest first) followed by the step's own draw. A step
-// admits the longest prefix of each stream's candidates that is certainly
-// packable: first-fit decreasing on each item's size
-// s = max(tokens / seq_len, image tokens / img_cap) (fixed point) into the
-// stream's W x sequences bins succeeds. The rest waits for the next step.
-// The certificate is a property of the set alone and holds for every subset
-// of a set it holds for, so admission is monotone in the queue a step starts
-// with: a larger queue never lets fewer samples wait. That makes the queue
-// entering step k recomputable from a bounded window (planner.h).
+// from earlier steps (oldest first) followed by the step's own draw; both are
+// stream positions, and what waits is always a contiguous range of them, so a
+// stream's state is one number, its frontier f (positions below f are
+// planned or skipped). A step admits candidates [f, c) and the rest waits:
+//   c(f) = max(f, the longest prefix the bound certifies (PackCertificate),
+//              max over window starts g <= f of F(g)),
+// where F(g) is the longest prefix of [g, end) that first-fit decreasing on
+// each item's size s = max(tokens / seq_len, image tokens / img_cap) packs
+// into the stream's W x sequences bins (a binary search, never past a sample
+// repeated in [g, end)), and g runs over fixed window starts: each step's
+// draw cut into at most kWindowStarts equal parts. F(g) depends on g alone,
+// so c is monotone in f; what c admits packs (first-fit decreasing packs the
+// window [g, c), so also its part [f, c): the fallback packs the items of
+// [g, f) with it and drops them). Monotone admission makes the frontier
+// entering step k recoverable from a bounded window of earlier steps
+// (planner.h).
 #ifndef TUTTI_SERVICES_PACKER_CORE_OVERFLOW_H_
 #define TUTTI_SERVICES_PACKER_CORE_OVERFLOW_H_
 
@@ -87,6 +94,8 @@ class PackCertificate {
   // candidates + 1 entries.
   uint32_t LongestPrefix(absl::Span<const uint32_t> sizes, absl::Span<const uint32_t> begin) const;
 
+  uint32_t bins() const { return static_cast<uint32_t>(bins_); }
+
   static constexpr uint32_t kUnit = 1u << 20;
 
  private:
@@ -100,9 +109,25 @@ class PackCertificate {
 void CandidatePositions(uint64_t step, uint32_t T, uint32_t V, const DeferralQueue& in,
                         uint64_t* out);
 
+// Whether first-fit decreasing (stable: equal sizes in the given order)
+// packs items of these sizes into `bins` bins of PackCertificate::kUnit.
+bool FirstFitPacks(absl::Span<const uint32_t> sizes, uint32_t bins);
+
+// The longest prefix of candidates (candidate c holds sizes [begin[c],
+// begin[c + 1])) that first-fit decreasing packs into `bins`, found by
+// binary search over the prefix length (first-fit is not monotone in its
+// items, so this is a canonical prefix, not necessarily the longest).
+uint32_t FirstFitPrefix(absl::Span<const uint32_t> sizes, absl::Span<const uint32_t> begin,
+                        uint32_t bins);
+
+// Window starts per step and stream (see above).
+inline constexpr uint32_t kWindowStarts = 64;
+
 // The fallback packing: first-fit decreasing on the certificate's sizes, the
 // sequences then dealt to ranks by decreasing LLM cost onto the least loaded
-// rank with a free sequence. Packs every set the certificate holds for.
+// rank with a free sequence. The problem's lead items (the admission's window
+// before the admitted candidates) are packed first-fit with the items and
+// then left out. Packs every set admission admits.
 std::unique_ptr<PackingStrategy> MakeFirstFitStrategy();
 
 }  // namespace tutti::packer

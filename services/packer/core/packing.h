@@ -50,6 +50,10 @@ struct PackProblem {
   // the strategy then balances ViT cost too. False when a dispatcher deals
   // encoder work separately (post-balancing).
   bool balance_vit = true;
+  // Items of samples planned before these that the admission's first-fit
+  // packing packed with them (overflow.h); only the first-fit fallback reads
+  // them. Empty unless admission needed them.
+  absl::Span<const PackItem> text_lead, vl_lead;
 };
 
 struct PackResult {

@@ -168,6 +168,9 @@ struct StepPlanData {
 
   // Inputs of the packing strategy (colocated dispatcher), in batch order.
   std::vector<PackItem> text_items, vl_items;
+  // The admission's window before the admitted samples, as items (tokens and
+  // image tokens only), for the first-fit fallback (overflow.h).
+  std::vector<PackItem> text_lead, vl_lead;
 
   uint32_t seqs_per_rank() const { return text_seqs + vl_seqs; }
   uint32_t num_encoder_items() const { return static_cast<uint32_t>(images.size() + audio.size()); }

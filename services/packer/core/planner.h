@@ -18,16 +18,17 @@
 //   4. chunked ViT forward (chunking.h), the forward and load exchange lists
 //      (exchange.h), per-rank costs and phase statistics.
 //
-// The deferral queue entering step k is a function of the steps before it.
-// It is recovered by replaying admission (costs and the certificate only, no
-// packing) over the window [k - H, k) from an empty queue, H =
-// overflow.max_deferred_steps. Admission is monotone in the queue a step
-// starts with, so the replay's queue is contained in the true one at every
-// step, and equals it from the first step at which the true queue is empty;
-// a job whose queue stays non-empty for H consecutive steps stops with
-// RESOURCE_EXHAUSTED, so in every job that reaches step k the true queue was
-// empty somewhere in the window and the replay is exact. Transitions are
-// cached, so planning steps in order replays nothing.
+// The deferral queue entering step k is a function of the steps before it:
+// each stream's frontier (overflow.h; the queue is the positions from the
+// frontier to the step's first). A restarted planner recovers it by
+// replaying admission (costs and first-fit only, no strategy) from two
+// bounds on the frontier some steps back: nothing waiting, and the most that
+// a job still running could have waiting (overflow.max_deferred_samples, none
+// drawn more than overflow.max_deferred_steps steps before). Admission is
+// monotone in the frontier, so the truth stays between the two replays, and
+// from the step where they meet they are the truth; without a meeting the
+// replay starts twice as far back, down to step 0. Frontiers and
+// transitions are remembered, so planning steps in order replays nothing.
 #ifndef TUTTI_SERVICES_PACKER_CORE_PLANNER_H_
 #define TUTTI_SERVICES_PACKER_CORE_PLANNER_H_
 
@@ -37,13 +38,27 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "services/packer/core/job.h"
+#include "services/packer/core/overflow.h"
 #include "services/packer/core/plan_data.h"
 
 namespace tutti::packer {
+
+struct StreamCandidates;  // planner_overflow.cc
+
+// Each stream's frontier: its positions below it are planned or skipped.
+struct Frontier {
+  uint64_t text = 0, vl = 0;
+  bool operator==(const Frontier& o) const { return text == o.text && vl == o.vl; }
+};
+// One stream's admission at a step from frontier f: candidates [f, frontier)
+// are admitted, packed by the fallback after positions [lead, f).
+struct StreamAdmission {
+  uint64_t frontier = 0, lead = 0;
+};
 
 // Which node's stager holds which shard, as the packer learns it (e.g. from
 // stager reports). Plans depend on it: with the same answer for a step, the
@@ -89,17 +104,39 @@ class Planner {
   // candidate order): shapes long documents, admits each stream's longest
   // certainly packable prefix and sets out->deferred_out and the counts.
   absl::Status Admit(StepPlanData* out) const;
-  // The queue after `step` for the queue `in` entering it: admission over
-  // the candidates' sizes only (no packing). Cached.
-  absl::StatusOr<DeferralQueue> Transition(uint64_t step, const DeferralQueue& in) const;
-  void Remember(uint64_t step, const DeferralQueue& in, const DeferralQueue& out) const;
+  // The frontier entering `step` (see above), or RESOURCE_EXHAUSTED.
+  absl::StatusOr<Frontier> FrontierEntering(uint64_t step) const;
+  // The frontier after `step` for `in` entering it. Cached.
+  absl::StatusOr<Frontier> Advance(uint64_t step, const Frontier& in) const;
+  // One stream's admission at `step` from frontier f (overflow.h). `drawn`:
+  // the candidates of positions [f, step's end) if already costed, else
+  // null; `lead` (may be null) receives the items of [lead, f).
+  absl::StatusOr<StreamAdmission> AdmitStream(uint64_t step, bool vl, uint64_t f,
+                                              const StreamCandidates* drawn,
+                                              std::vector<PackItem>* lead) const;
+  // Appends the candidates of stream positions [lo, hi), costed at `step`.
+  absl::Status CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_t hi,
+                             StreamCandidates* c) const;
+  PackCertificate Certificate(uint64_t step, bool vl) const;
+  // RESOURCE_EXHAUSTED when the queue entering `step` breaks
+  // overflow.max_deferred_*.
+  absl::Status CheckEntering(uint64_t step, const Frontier& f) const;
+  void RememberFrontier(uint64_t step, const Frontier& f) const;
+
+  struct TransitionEntry {
+    bool vl = false;
+    uint64_t from = 0;
+    StreamAdmission to;
+  };
+  static constexpr size_t kRememberedSteps = 4096;
 
   std::shared_ptr<const Job> job_;
   const ShardStaging* staging_;
-  // Transitions computed so far, by step (a bounded window of steps).
+  // Transitions and true frontiers computed so far, by step (a bounded
+  // window of steps).
   mutable absl::Mutex mu_;
-  mutable std::map<uint64_t, std::vector<std::pair<DeferralQueue, DeferralQueue>>> transitions_
-      ABSL_GUARDED_BY(mu_);
+  mutable std::map<uint64_t, std::vector<TransitionEntry>> transitions_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<uint64_t, Frontier> known_ ABSL_GUARDED_BY(mu_);
 };
 
 // Stage 4 for a placed step: the docs and encoder lists, chunks and the

@@ -11,19 +11,32 @@
 #include "services/packer/core/sampler.h"
 
 namespace tutti::packer {
-namespace {
 
-// One stream's candidates for admission: their items' certificate sizes
-// (candidate c holds sizes[begin[c], begin[c + 1])) and sample ids.
+// One stream's candidates for admission: their items' certificate sizes and
+// items (tokens and image tokens; candidate c holds sizes[begin[c],
+// begin[c + 1])) and sample ids.
 struct StreamCandidates {
   std::vector<uint32_t> sizes, begin{0};
+  std::vector<PackItem> items;
   std::vector<uint32_t> ids;
   void Clear() {
     sizes.clear();
     begin.assign(1, 0);
+    items.clear();
     ids.clear();
   }
+  uint32_t size() const { return static_cast<uint32_t>(ids.size()); }
+  // Appends `o`'s candidates.
+  void Append(const StreamCandidates& o) {
+    const uint32_t base = static_cast<uint32_t>(sizes.size());
+    sizes.insert(sizes.end(), o.sizes.begin(), o.sizes.end());
+    items.insert(items.end(), o.items.begin(), o.items.end());
+    ids.insert(ids.end(), o.ids.begin(), o.ids.end());
+    for (size_t c = 1; c < o.begin.size(); ++c) begin.push_back(base + o.begin[c]);
+  }
 };
+
+namespace {
 
 // The items of one document: one, unless it is longer than seq_len.
 // `runs`: its image runs, then its audio runs (LLM tokens with markers);
@@ -35,8 +48,15 @@ LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongD
                             StreamCandidates* c) {
   c->ids.push_back(sample);
   LongDocOutcome outcome = LongDocOutcome::kWhole;
+  auto add = [&](uint32_t tokens, uint32_t images) {
+    c->sizes.push_back(cert.Size(tokens, images));
+    PackItem item;
+    item.tokens = tokens;
+    item.image_tokens = images;
+    c->items.push_back(item);
+  };
   if (llm_tokens <= seq_len) {
-    c->sizes.push_back(cert.Size(llm_tokens, image_tokens));
+    add(llm_tokens, image_tokens);
   } else {
     outcome = ShapeDocument(text_tokens, runs, seq_len, policy, pieces);
     if (outcome != LongDocOutcome::kSkipped) {
@@ -45,7 +65,7 @@ LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongD
         for (uint32_t r = p.first_run; r < p.first_run + p.runs && r < image_runs; ++r) {
           images += runs[r] - 2;
         }
-        c->sizes.push_back(cert.Size(p.tokens, images));
+        add(p.tokens, images);
       }
     }
   }
@@ -53,126 +73,288 @@ LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongD
   return outcome;
 }
 
-// How many of a stream's candidates the step admits: the longest prefix
-// that certainly packs, ending before the first sample that came twice (a
-// deferred sample whose next epoch's draw is already due waits one more
-// step). `queued`: candidates from the queue (only they can repeat).
-uint32_t Admitted(const PackCertificate& cert, const StreamCandidates& c, size_t queued) {
-  uint32_t limit = static_cast<uint32_t>(c.ids.size());
-  if (queued > 0) {
-    std::vector<std::pair<uint32_t, uint32_t>> seen;  // (sample, candidate)
-    seen.reserve(c.ids.size());
-    for (uint32_t i = 0; i < c.ids.size(); ++i) seen.emplace_back(c.ids[i], i);
-    std::sort(seen.begin(), seen.end());
-    for (size_t i = 1; i < seen.size(); ++i) {
-      if (seen[i].first == seen[i - 1].first) limit = std::min(limit, seen[i].second);
-    }
+// The first candidate at or after `a` whose sample already came in [a, it)
+// (a waiting sample whose next epoch's draw is due), or c.size().
+uint32_t RepeatLimit(const StreamCandidates& c, uint32_t a) {
+  const uint32_t n = c.size();
+  thread_local std::vector<std::pair<uint32_t, uint32_t>> seen;  // (sample, candidate)
+  seen.clear();
+  for (uint32_t i = a; i < n; ++i) seen.emplace_back(c.ids[i], i);
+  std::sort(seen.begin(), seen.end());
+  uint32_t limit = n;
+  for (size_t i = 1; i < seen.size(); ++i) {
+    if (seen[i].first == seen[i - 1].first) limit = std::min(limit, seen[i].second);
   }
-  return cert.LongestPrefix(c.sizes, absl::MakeConstSpan(c.begin).subspan(0, limit + 1));
+  return limit;
+}
+
+// The sizes and offsets of candidates [a, e) of c.
+void Window(const StreamCandidates& c, uint32_t a, uint32_t e, absl::Span<const uint32_t>* sizes,
+            std::vector<uint32_t>* begin) {
+  begin->clear();
+  for (uint32_t i = a; i <= e; ++i) begin->push_back(c.begin[i] - c.begin[a]);
+  *sizes = absl::MakeConstSpan(c.sizes).subspan(c.begin[a], c.begin[e] - c.begin[a]);
+}
+
+// The window start at or below position f (overflow.h): each step's draw of
+// `per` positions cut into parts of q.
+uint64_t WindowStartAtOrBelow(uint64_t f, uint64_t per, uint64_t q) {
+  return f / per * per + f % per / q * q;
+}
+uint64_t WindowStartBelow(uint64_t g, uint64_t per, uint64_t q) {
+  if (g % per > 0) return g - q;
+  return WindowStartAtOrBelow(g - 1, per, q);
 }
 
 }  // namespace
 
-absl::StatusOr<DeferralQueue> Planner::QueueEntering(uint64_t step) const {
-  const OverflowPolicy& policy = job_->overflow();
-  const uint32_t H = policy.max_deferred_steps;
-  const uint64_t start = step > H ? step - H : 0;
-  DeferralQueue q;
-  uint32_t run = 0;  // consecutive steps entered with a non-empty queue
-  for (uint64_t j = start; j < step; ++j) {
-    ASSIGN_OR_RETURN(q, Transition(j, q));
-    run = q.empty() ? 0 : run + 1;
-  }
-  const auto& b = job_->config().batch();
-  const uint64_t max_samples = policy.max_deferred_samples > 0
-                                   ? policy.max_deferred_samples
-                                   : uint64_t{b.text_samples_per_step()} + b.vl_samples_per_step();
-  if (run >= H || q.size() > max_samples) {
-    const uint64_t oldest = std::min(
-        q.text.empty() ? UINT64_MAX : q.text.front() / std::max(1u, b.text_samples_per_step()),
-        q.vl.empty() ? UINT64_MAX : q.vl.front() / std::max(1u, b.vl_samples_per_step()));
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "step ", step, ": the data cannot keep up with the constraints: ", q.text.size(),
-        " text and ", q.vl.size(),
-        " VL samples are still waiting from earlier steps (the oldest "
-        "drawn at step ",
-        oldest, "), ",
-        run >= H ? absl::StrCat("and the queue has not emptied for ", H,
-                                " steps (overflow.max_deferred_steps)")
-                 : absl::StrCat("above overflow.max_deferred_samples ", max_samples),
-        "; draw fewer samples per step (batch.text_samples_per_step / vl_samples_per_step), "
-        "raise seq_len or batch.img_cap_tokens, or give the sequences more room"));
-  }
-  return q;
-}
-
-absl::StatusOr<DeferralQueue> Planner::Transition(uint64_t step, const DeferralQueue& in) const {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = transitions_.find(step);
-    if (it != transitions_.end()) {
-      for (const auto& [from, to] : it->second) {
-        if (from == in) return to;
-      }
-    }
-  }
+absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_t hi,
+                                    StreamCandidates* c) const {
   const Job& job = *job_;
   const v1::JobConfig& cfg = job.config();
   const Index& ix = job.index();
   const uint32_t stage = job.StageIndex(step);
   const StageCoster& coster = job.coster(stage);
   const uint32_t seq_len = cfg.curriculum(static_cast<int>(stage)).seq_len();
-  const uint32_t T = cfg.batch().text_samples_per_step(), V = cfg.batch().vl_samples_per_step();
-  const uint32_t W = job.world_size();
-  const LongDocuments policy = job.overflow().long_documents;
-  std::vector<uint64_t> pos(in.size() + T + V);
-  CandidatePositions(step, T, V, in, pos.data());
-  DeferralQueue out;
+  const uint32_t per = vl ? cfg.batch().vl_samples_per_step() : cfg.batch().text_samples_per_step();
+  const PackCertificate cert = Certificate(step, vl);
+  const auto& stream = vl ? job.vl_samples() : job.text_samples();
+  StreamSampler sampler(cfg.seed(), vl ? Stream::kVl : Stream::kText,
+                        std::max<uint64_t>(stream.size(), 1), per);
   std::vector<uint32_t> runs;
   std::vector<DocPiece> pieces;
-  StreamCandidates c;
-  size_t at = 0;
-  for (const bool vl : {false, true}) {
-    const size_t queued = vl ? in.vl.size() : in.text.size();
-    const size_t n = queued + (vl ? V : T);
-    const PackCertificate cert(W * (vl ? job.vl_seqs_per_rank() : job.text_seqs_per_rank()),
-                               seq_len, vl ? cfg.batch().img_cap_tokens() : 0);
-    const auto& stream = vl ? job.vl_samples() : job.text_samples();
-    StreamSampler sampler(cfg.seed(), vl ? Stream::kVl : Stream::kText,
-                          std::max<uint64_t>(stream.size(), 1), vl ? V : T);
-    c.Clear();
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t s = stream[sampler.At(pos[at + i])];
-      ASSIGN_OR_RETURN(SampleCost cost, coster.Cost(s));
-      runs.clear();
-      uint32_t image_runs = 0;
-      if (cost.llm_tokens > seq_len)
-        RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
-      AddCandidate(cert, seq_len, policy, s, cost.llm_tokens, cost.image_tokens, cost.text_tokens,
-                   runs, image_runs, &pieces, &c);
-    }
-    const uint32_t admitted = Admitted(cert, c, queued);
-    (vl ? out.vl : out.text).assign(pos.begin() + at + admitted, pos.begin() + at + n);
-    at += n;
+  for (uint64_t p = lo; p < hi; ++p) {
+    const uint32_t s = stream[sampler.At(p)];
+    ASSIGN_OR_RETURN(SampleCost cost, coster.Cost(s));
+    runs.clear();
+    uint32_t image_runs = 0;
+    if (cost.llm_tokens > seq_len) RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
+    AddCandidate(cert, seq_len, job.overflow().long_documents, s, cost.llm_tokens,
+                 cost.image_tokens, cost.text_tokens, runs, image_runs, &pieces, c);
   }
-  Remember(step, in, out);
-  return out;
+  return absl::OkStatus();
 }
 
-void Planner::Remember(uint64_t step, const DeferralQueue& in, const DeferralQueue& out) const {
-  const uint64_t keep = 4 * uint64_t{job_->overflow().max_deferred_steps} + 64;
+PackCertificate Planner::Certificate(uint64_t step, bool vl) const {
+  const Job& job = *job_;
+  const v1::JobConfig& cfg = job.config();
+  const uint32_t stage = job.StageIndex(step);
+  return PackCertificate(
+      job.world_size() * (vl ? job.vl_seqs_per_rank() : job.text_seqs_per_rank()),
+      cfg.curriculum(static_cast<int>(stage)).seq_len(), vl ? cfg.batch().img_cap_tokens() : 0);
+}
+
+absl::StatusOr<StreamAdmission> Planner::AdmitStream(uint64_t step, bool vl, uint64_t f,
+                                                     const StreamCandidates* drawn,
+                                                     std::vector<PackItem>* lead) const {
+  if (lead != nullptr) lead->clear();
+  if (drawn == nullptr) {
+    absl::MutexLock lock(&mu_);
+    auto it = transitions_.find(step);
+    if (it != transitions_.end()) {
+      for (const TransitionEntry& e : it->second) {
+        if (e.vl == vl && e.from == f) return e.to;
+      }
+    }
+  }
+  const v1::JobConfig& cfg = job_->config();
+  const uint64_t per = vl ? cfg.batch().vl_samples_per_step() : cfg.batch().text_samples_per_step();
+  const uint64_t end = (step + 1) * per;
+  StreamAdmission a{f, f};
+  if (per == 0 || f >= end) return a;
+  const PackCertificate cert = Certificate(step, vl);
+  const uint32_t bins = cert.bins();
+  // The window: candidates of positions [lo, end); at first the step's own.
+  thread_local StreamCandidates own, below, merged;
+  const StreamCandidates* c = drawn;
+  if (c == nullptr) {
+    own.Clear();
+    RETURN_IF_ERROR(CostPositions(step, vl, f, end, &own));
+    c = &own;
+  }
+  uint64_t lo = f;
+  thread_local std::vector<uint32_t> begin;
+  absl::Span<const uint32_t> sizes;
+  // The bound's prefix from f.
+  {
+    const uint32_t limit = RepeatLimit(*c, 0);
+    Window(*c, 0, limit, &sizes, &begin);
+    a.frontier = f + cert.LongestPrefix(sizes, begin);
+  }
+  // First-fit windows from the window starts at or below f.
+  const uint64_t q = std::max<uint64_t>(1, (per + kWindowStarts - 1) / kWindowStarts);
+  const uint64_t whole = uint64_t{bins} * PackCertificate::kUnit;
+  for (uint64_t g = WindowStartAtOrBelow(f, per, q); a.frontier < end;
+       g = WindowStartBelow(g, per, q)) {
+    if (g < lo) {
+      // Extend the window down to g (at least doubling what lies below f).
+      const uint64_t want = 2 * std::max<uint64_t>(f - lo, q);
+      const uint64_t new_lo = std::min(g, f > want ? f - want : 0);
+      below.Clear();
+      RETURN_IF_ERROR(CostPositions(step, vl, new_lo, lo, &below));
+      below.Append(*c);
+      merged = below;
+      c = &merged;
+      lo = new_lo;
+    }
+    const uint32_t at = static_cast<uint32_t>(g - lo);
+    // An upper bound on what first-fit packs from g: the volume, one large
+    // item per bin, no repeat. Each only falls as g does.
+    uint32_t u = RepeatLimit(*c, at);
+    uint64_t volume = 0, large = 0;
+    for (uint32_t i = at; i < u; ++i) {
+      uint64_t v = 0, l = 0;
+      for (uint32_t k = c->begin[i]; k < c->begin[i + 1]; ++k) {
+        v += c->sizes[k];
+        l += c->sizes[k] > PackCertificate::kUnit / 2;
+      }
+      if (volume + v > whole || large + l > bins) {
+        u = i;
+        break;
+      }
+      volume += v;
+      large += l;
+    }
+    if (lo + u <= a.frontier) break;
+    Window(*c, at, u, &sizes, &begin);
+    const uint64_t reach = g + FirstFitPrefix(sizes, begin, bins);
+    if (reach > a.frontier) a = StreamAdmission{reach, g};
+    if (g == 0) break;
+  }
+  if (lead != nullptr && a.lead < f) {
+    const uint32_t from = c->begin[a.lead - lo], to = c->begin[f - lo];
+    lead->assign(c->items.begin() + from, c->items.begin() + to);
+  }
   absl::MutexLock lock(&mu_);
   auto& v = transitions_[step];
-  for (const auto& [from, to] : v) {
-    if (from == in) return;
+  bool known = false;
+  for (const TransitionEntry& e : v) known |= e.vl == vl && e.from == f;
+  if (!known) {
+    if (v.size() >= 16) v.erase(v.begin());
+    v.push_back(TransitionEntry{vl, f, a});
   }
-  if (v.size() >= 4) v.erase(v.begin());
-  v.emplace_back(in, out);
-  while (transitions_.size() > keep) {
-    // Drop the step furthest from this one.
+  while (transitions_.size() > kRememberedSteps) {
     auto first = transitions_.begin(), last = std::prev(transitions_.end());
     transitions_.erase(step - first->first > last->first - step ? first : last);
   }
+  return a;
+}
+
+absl::StatusOr<Frontier> Planner::Advance(uint64_t step, const Frontier& in) const {
+  ASSIGN_OR_RETURN(StreamAdmission t, AdmitStream(step, false, in.text, nullptr, nullptr));
+  ASSIGN_OR_RETURN(StreamAdmission v, AdmitStream(step, true, in.vl, nullptr, nullptr));
+  return Frontier{t.frontier, v.frontier};
+}
+
+absl::Status Planner::CheckEntering(uint64_t step, const Frontier& f) const {
+  const OverflowPolicy& policy = job_->overflow();
+  const auto& b = job_->config().batch();
+  const uint64_t T = b.text_samples_per_step(), V = b.vl_samples_per_step();
+  const uint64_t text = step * T - f.text, vl = step * V - f.vl;
+  const uint64_t max_samples =
+      policy.max_deferred_samples > 0 ? policy.max_deferred_samples : T + V;
+  const uint64_t oldest =
+      std::min(text > 0 ? f.text / T : UINT64_MAX, vl > 0 ? f.vl / V : UINT64_MAX);
+  const bool too_old = oldest != UINT64_MAX && step - oldest > policy.max_deferred_steps;
+  if (!too_old && text + vl <= max_samples) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "step ", step, ": the data cannot keep up with the constraints: ", text, " text and ", vl,
+      " VL samples are still waiting from earlier steps (the oldest drawn at step ", oldest, "), ",
+      too_old ? absl::StrCat("one has waited more than ", policy.max_deferred_steps,
+                             " steps (overflow.max_deferred_steps)")
+              : absl::StrCat("above overflow.max_deferred_samples ", max_samples),
+      "; draw fewer samples per step (batch.text_samples_per_step / vl_samples_per_step), "
+      "raise seq_len or batch.img_cap_tokens, or give the sequences more room"));
+}
+
+void Planner::RememberFrontier(uint64_t step, const Frontier& f) const {
+  absl::MutexLock lock(&mu_);
+  known_[step] = f;
+  while (known_.size() > kRememberedSteps) {
+    auto first = known_.begin(), last = std::prev(known_.end());
+    known_.erase(step - first->first > last->first - step ? first : last);
+  }
+}
+
+// The frontier entering `step`. Known frontiers (a previous step's
+// admission, or an earlier recovery) are walked forward. Otherwise the
+// recovery brackets the true frontier: a job that reached step s without
+// stopping has at s at most max_deferred_samples waiting, none drawn more
+// than max_deferred_steps steps before, so its frontier lies between the
+// lowest such (`low`) and s x per (nothing waiting, `high`). Admission is
+// monotone in the frontier, so the two replays keep the truth between them
+// (the low one raised to the same floor at each step); from the step where
+// they meet they are the truth. Without a meeting by `step`, the replay
+// starts twice as far back, down to step 0 (nothing waits).
+absl::StatusOr<Frontier> Planner::FrontierEntering(uint64_t step) const {
+  if (step == 0) return Frontier{};
+  const OverflowPolicy& policy = job_->overflow();
+  const auto& b = job_->config().batch();
+  const uint64_t T = b.text_samples_per_step(), V = b.vl_samples_per_step();
+  const uint64_t H = policy.max_deferred_steps;
+  const uint64_t max_samples =
+      policy.max_deferred_samples > 0 ? policy.max_deferred_samples : T + V;
+  uint64_t from = 0;
+  Frontier f;
+  bool found = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = known_.upper_bound(step);
+    if (it != known_.begin()) {
+      --it;
+      if (it->first == step) return it->second;
+      if (step - it->first <= 4 * H + 64) {
+        from = it->first;
+        f = it->second;
+        found = true;
+      }
+    }
+  }
+  auto floor = [&](uint64_t s, uint64_t per) {
+    const uint64_t drawn = s * per;
+    return std::max(s > H ? (s - H) * per : 0, drawn > max_samples ? drawn - max_samples : 0);
+  };
+  if (!found) {
+    for (uint64_t span = 2 * H + 2;; span *= 2) {
+      const uint64_t s = step > span ? step - span : 0;
+      Frontier low{floor(s, T), floor(s, V)}, high{s * T, s * V};
+      uint64_t j = s;
+      while (j < step && !(low == high)) {
+        ASSIGN_OR_RETURN(low, Advance(j, low));
+        ASSIGN_OR_RETURN(high, Advance(j, high));
+        ++j;
+        low.text = std::max(low.text, floor(j, T));
+        low.vl = std::max(low.vl, floor(j, V));
+      }
+      if (low == high) {
+        from = j;
+        f = high;
+        break;
+      }
+      if (s == 0) {
+        return absl::InternalError(absl::StrCat("step ", step,
+                                                ": the deferral queue could not "
+                                                "be recovered from step 0"));
+      }
+    }
+    RETURN_IF_ERROR(CheckEntering(from, f));
+    RememberFrontier(from, f);
+  }
+  for (uint64_t j = from; j < step; ++j) {
+    ASSIGN_OR_RETURN(f, Advance(j, f));
+    RETURN_IF_ERROR(CheckEntering(j + 1, f));
+    RememberFrontier(j + 1, f);
+  }
+  return f;
+}
+
+absl::StatusOr<DeferralQueue> Planner::QueueEntering(uint64_t step) const {
+  ASSIGN_OR_RETURN(Frontier f, FrontierEntering(step));
+  const auto& b = job_->config().batch();
+  DeferralQueue q;
+  for (uint64_t p = f.text; p < step * b.text_samples_per_step(); ++p) q.text.push_back(p);
+  for (uint64_t p = f.vl; p < step * b.vl_samples_per_step(); ++p) q.vl.push_back(p);
+  return q;
 }
 
 absl::Status Planner::Admit(StepPlanData* out) const {
@@ -194,10 +376,10 @@ absl::Status Planner::Admit(StepPlanData* out) const {
   bool reshape = false;
   uint32_t admitted[2] = {0, 0};
   thread_local StreamCandidates c;
+  Frontier next;
   for (const bool vl : {false, true}) {
     const uint32_t begin = vl ? NT : 0, end = vl ? N : NT;
-    const PackCertificate cert(W * (vl ? out->vl_seqs : out->text_seqs), seq_len,
-                               vl ? cfg.batch().img_cap_tokens() : 0);
+    const PackCertificate cert = Certificate(out->step, vl);
     c.Clear();
     for (uint32_t k = begin; k < end; ++k) {
       const PlannedSample& ps = out->samples[k];
@@ -215,9 +397,17 @@ absl::Status Planner::Admit(StepPlanData* out) const {
                        ps.cost.text_tokens, runs, ps.cost.images, &shaped[k], &c);
       reshape |= outcome[k] != LongDocOutcome::kWhole;
     }
-    admitted[vl] = Admitted(cert, c, vl ? in.vl.size() : in.text.size());
+    const std::vector<uint64_t>& queued = vl ? in.vl : in.text;
+    const uint64_t per =
+        vl ? cfg.batch().vl_samples_per_step() : cfg.batch().text_samples_per_step();
+    const uint64_t f = queued.empty() ? out->step * per : queued.front();
+    ASSIGN_OR_RETURN(StreamAdmission a,
+                     AdmitStream(out->step, vl, f, &c, vl ? &out->vl_lead : &out->text_lead));
+    admitted[vl] = static_cast<uint32_t>(a.frontier - f);
+    (vl ? next.vl : next.text) = a.frontier;
     reshape |= admitted[vl] < end - begin;
   }
+  if (CheckEntering(out->step + 1, next).ok()) RememberFrontier(out->step + 1, next);
   OverflowCounts& n = out->overflow;
   n = OverflowCounts();
   out->deferred_out.text.clear();
@@ -226,10 +416,7 @@ absl::Status Planner::Admit(StepPlanData* out) const {
   out->skipped_vl.clear();
   n.deferred_in = std::min<uint32_t>(admitted[0], in.text.size()) +
                   std::min<uint32_t>(admitted[1], in.vl.size());
-  if (!reshape) {
-    Remember(out->step, in, out->deferred_out);
-    return absl::OkStatus();
-  }
+  if (!reshape) return absl::OkStatus();
   // Rebuild the arrays: admitted candidates as their pieces, the rest waits.
   std::vector<PlannedSample> samples;
   std::vector<PlannedImage> images;
@@ -320,7 +507,6 @@ absl::Status Planner::Admit(StepPlanData* out) const {
                      ? UINT64_MAX
                      : out->deferred_out.vl.front() / std::max(1u, b.vl_samples_per_step()));
   }
-  Remember(out->step, in, out->deferred_out);
   return absl::OkStatus();
 }
 
