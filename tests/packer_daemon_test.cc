@@ -1,6 +1,7 @@
 // tutti-packerd as a real process on loopback: serving, errors with their
 // codes, metrics, clean shutdown, a port in use, and a SIGKILL + restart
-// that clients cannot tell from an uninterrupted run.
+// that clients cannot tell from an uninterrupted run, also while samples wait
+// in the deferral queue.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -399,6 +401,157 @@ TEST_F(PackerDaemonTest, SigkillAndRestartIsInvisibleToClients) {
   auto rest = Stream(again.Stub().get(), seen.size(), kSteps);
   seen.insert(seen.end(), rest.begin(), rest.end());
   EXPECT_EQ(seen, uninterrupted);
+}
+
+// Plans of [start, end) read through StreamPlans.
+std::vector<v1::StepPlan> StreamPlans(v1::Packer::Stub* stub, uint64_t start, uint64_t end,
+                                      size_t stop_after = SIZE_MAX) {
+  grpc::ClientContext ctx;
+  v1::StreamPlansRequest req;
+  req.set_start_step(start);
+  req.set_end_step(end);
+  req.set_world_size(4);
+  auto reader = stub->StreamPlans(&ctx, req);
+  std::vector<v1::StepPlan> plans;
+  v1::StepPlan plan;
+  while (plans.size() < stop_after && reader->Read(&plan)) plans.push_back(plan);
+  if (plans.size() < stop_after) {
+    grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  } else {
+    ctx.TryCancel();
+  }
+  return plans;
+}
+
+// A config whose image cap binds: VL samples drawn so that image tokens fill
+// 0.93 of batch.img_cap_tokens on average, so steps defer samples and the
+// queue often stays non-empty for several steps.
+std::string DeferringConfig(uint32_t vl_samples, uint32_t img_cap) {
+  return absl::StrCat(R"pb(
+                        seed: 11
+                        world_size: 4
+                        ranks_per_node: 2
+                        plan_window: 4
+                        batch { text_samples_per_step: 24 vl_samples_per_step:)pb",
+                      vl_samples, R"pb(
+                        img_cap_tokens:)pb",
+                      img_cap, R"pb(
+      grad_accum: 2
+      text_micro_batch: 2
+      vl_micro_batch: 1
+      text_vl_ratio: "2:1"
+    }
+          curriculum { start_step: 0 max_pixels: 1003520 seq_len: 8192 }
+  )pb");
+}
+
+// tutti-packerd killed (SIGKILL) while samples wait and restarted, as users
+// start it: the plans after the restart are byte-identical to an
+// uninterrupted run's, and across the restart each drawn sample is planned
+// once.
+TEST_F(PackerDaemonTest, SigkillAndRestartWhileSamplesWaitLosesAndRepeatsNothing) {
+  // The cap and the VL draw from the index's image tokens at 1 MP.
+  const std::string probe = *dir_ + "/probe.textproto";
+  std::ofstream(probe) << DeferringConfig(8, 0);
+  auto base = packer::LoadJob(probe, *dir_ + "/index.idx");
+  ASSERT_TRUE(base.ok()) << base.status();
+  const packer::Job& b = **base;
+  double mean = 0;
+  uint32_t most = 0;
+  for (uint32_t s : b.vl_samples()) {
+    auto c = b.coster(0).Cost(s);
+    ASSERT_TRUE(c.ok());
+    mean += c->image_tokens;
+    most = std::max(most, c->image_tokens);
+  }
+  mean /= b.vl_samples().size();
+  const uint32_t cap = std::max<uint32_t>(most, static_cast<uint32_t>(2.5 * mean));
+  const uint32_t vl = static_cast<uint32_t>(0.93 * 4 * b.vl_seqs_per_rank() * cap / mean);
+  const std::string config = *dir_ + "/defer.textproto";
+  std::ofstream(config) << DeferringConfig(vl, cap);
+  auto job = packer::LoadJob(config, *dir_ + "/index.idx");
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  // In process: the step to kill at, the first from 4 on entered with samples
+  // waiting that waited in the step before too.
+  const uint64_t kSteps = 30;
+  packer::Planner planner(*job);
+  std::vector<std::string> local;
+  uint64_t kill_at = 0;
+  bool waited_before = false;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    packer::StepPlanData d;
+    ASSERT_TRUE(planner.Plan(step, &d).ok()) << "step " << step;
+    v1::StepPlan plan;
+    ASSERT_TRUE(packer::BuildStepPlan(**job, d, {}, &plan).ok());
+    local.push_back(packer::PlanHash(&plan));
+    if (kill_at == 0 && step >= 4 && waited_before && !d.deferred_in.empty()) kill_at = step;
+    waited_before = !d.deferred_in.empty();
+  }
+  ASSERT_GT(kill_at, 0u) << "the config never defers across two steps (vl " << vl << ", cap " << cap
+                         << ")";
+
+  const std::vector<std::string> args = {"--config=" + config, "--index=" + *dir_ + "/index.idx",
+                                         "--listen=127.0.0.1:0", "--metrics=127.0.0.1:0"};
+  std::vector<std::string> uninterrupted;
+  {
+    Daemon d(*dir_, "defer-reference", args);
+    ASSERT_TRUE(d.WaitReady()) << d.err();
+    for (v1::StepPlan& p : StreamPlans(d.Stub().get(), 0, kSteps)) {
+      uninterrupted.push_back(packer::PlanHash(&p));
+    }
+  }
+  EXPECT_EQ(uninterrupted, local);
+
+  std::vector<v1::StepPlan> seen;
+  std::string address;
+  {
+    Daemon d(*dir_, "defer-victim", args);
+    ASSERT_TRUE(d.WaitReady()) << d.err();
+    address = d.address();
+    seen = StreamPlans(d.Stub().get(), 0, kSteps, kill_at);
+    d.Signal(SIGKILL);  // while samples wait: the queue in memory is lost
+    ASSERT_TRUE(d.Exited(10000));
+  }
+  ASSERT_EQ(seen.size(), kill_at);
+  std::vector<std::string> restarted_args = args;
+  restarted_args[2] = "--listen=" + address;
+  Daemon again(*dir_, "defer-restarted", restarted_args);
+  ASSERT_TRUE(again.WaitReady()) << again.err();
+  for (v1::StepPlan& p : StreamPlans(again.Stub().get(), kill_at, kSteps)) seen.push_back(p);
+  ASSERT_EQ(seen.size(), kSteps);
+  std::vector<std::string> hashes;
+  uint64_t deferred = 0, waiting_at_kill = 0;
+  std::map<uint64_t, int> planned;  // sample id -> times (first pieces)
+  for (v1::StepPlan& p : seen) {
+    hashes.push_back(packer::PlanHash(&p));
+    deferred += p.stats().overflow().deferred_out();
+    if (p.step() == kill_at) waiting_at_kill = p.stats().overflow().deferred_in();
+    for (const auto& rank : p.ranks()) {
+      for (const auto& mb : rank.micro_batches()) {
+        for (const auto& seq : mb.sequences()) {
+          for (const auto& doc : seq.docs()) {
+            if (doc.piece() == 0) ++planned[doc.sample_id()];
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(hashes, uninterrupted);
+  EXPECT_GT(deferred, 0u);
+  EXPECT_GT(waiting_at_kill, 0u);
+  // 30 steps draw less than an epoch of either stream: each sample at most
+  // once, and every drawn sample planned except those still waiting.
+  ASSERT_LT(kSteps * vl, b.vl_samples().size());
+  ASSERT_LT(kSteps * 24, b.text_samples().size());
+  uint64_t docs = 0;
+  for (const auto& [sample, times] : planned) {
+    EXPECT_EQ(times, 1) << "sample " << sample;
+    docs += times;
+  }
+  const uint64_t still_waiting = seen.back().stats().overflow().deferred_out();
+  EXPECT_EQ(docs + still_waiting, kSteps * (24 + vl));
 }
 
 // Runs a command line; its stdout, or "exit N: <stdout>" when it fails.
