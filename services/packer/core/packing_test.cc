@@ -1,7 +1,9 @@
 #include "services/packer/core/packing.h"
 
 #include <algorithm>
+#include <queue>
 #include <random>
+#include <utility>
 
 #include "common/job_config.h"
 #include "gtest/gtest.h"
@@ -269,6 +271,91 @@ TEST(PackingTest, TooManyItemsAreRefusedWithCapacity) {
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(st.message().find("9000 tokens"), std::string::npos) << st;
     EXPECT_NE(st.message().find("2 ranks x 2 sequences x 1000"), std::string::npos) << st;
+  }
+}
+
+// Karmarkar-Karp multiway largest differencing written out directly (every
+// merge over all W indices, then a stable sort): the partition the kk
+// strategy must reproduce, ties and all.
+std::vector<uint32_t> ReferenceKk(const std::vector<double>& keys, uint32_t W) {
+  struct State {
+    std::vector<std::pair<double, std::vector<uint32_t>>> parts;  // by decreasing sum
+  };
+  std::vector<State> states(keys.size());
+  using Entry = std::pair<double, int64_t>;
+  std::priority_queue<Entry> heap;
+  auto spread = [&](const State& s) {
+    return s.parts.front().first - (s.parts.size() < W ? 0.0 : s.parts.back().first);
+  };
+  for (uint32_t i = 0; i < keys.size(); ++i) {
+    states[i].parts.push_back({keys[i], {i}});
+    heap.push({spread(states[i]), -int64_t(i)});
+  }
+  while (heap.size() > 1) {
+    const int64_t a = -heap.top().second;
+    heap.pop();
+    const int64_t b = -heap.top().second;
+    heap.pop();
+    std::vector<std::pair<double, std::vector<uint32_t>>> full(W);
+    std::vector<bool> used(W, false);
+    for (size_t i = 0; i < states[a].parts.size(); ++i) {
+      full[i].first = 0 + states[a].parts[i].first;
+      full[i].second = states[a].parts[i].second;
+      used[i] = true;
+    }
+    for (size_t j = 0; j < states[b].parts.size(); ++j) {
+      auto& f = full[W - 1 - j];
+      f.first += states[b].parts[j].first;
+      f.second.insert(f.second.end(), states[b].parts[j].second.begin(),
+                      states[b].parts[j].second.end());
+      used[W - 1 - j] = true;
+    }
+    State merged;
+    for (uint32_t i = 0; i < W; ++i) {
+      if (used[i]) merged.parts.push_back(full[i]);
+    }
+    std::stable_sort(merged.parts.begin(), merged.parts.end(),
+                     [](const auto& l, const auto& r) { return l.first > r.first; });
+    states[a] = std::move(merged);
+    states[b] = State();
+    heap.push({spread(states[a]), -a});
+  }
+  std::vector<uint32_t> rank(keys.size(), 0);
+  const State& last = states[-heap.top().second];
+  for (uint32_t k = 0; k < last.parts.size(); ++k) {
+    for (uint32_t i : last.parts[k].second) rank[i] = k;
+  }
+  return rank;
+}
+
+// kk's partition equals the direct one, on items with many equal costs and
+// on more items than ranks (merges of full partitions) as well as fewer.
+TEST(PackingTest, KarmarkarKarpIsTheDirectLargestDifferencing) {
+  auto kk = MakeStrategy({"kk", 6, 64});
+  ASSERT_TRUE(kk.ok());
+  for (const uint32_t W : {1u, 3u, 8u, 64u}) {
+    for (const int n : {5, 60, 700}) {
+      for (const uint64_t seed : {1u, 2u}) {
+        std::mt19937_64 rng(seed * 1000 + W + n);
+        std::vector<PackItem> text(n);
+        std::vector<double> keys(n);
+        for (int i = 0; i < n; ++i) {
+          text[i].tokens = 1 + rng() % 40;  // few distinct costs: many ties
+          text[i].llm = keys[i] = text[i].tokens;
+        }
+        PackProblem p;
+        p.ranks = W;
+        p.seq_len = 1u << 30;
+        p.text_seqs_per_rank = 2;
+        p.text = text;
+        PackResult r;
+        ASSERT_TRUE((*kk)->Pack(p, &r).ok());
+        const std::vector<uint32_t> want = ReferenceKk(keys, W);
+        for (int i = 0; i < n; ++i) {
+          ASSERT_EQ(r.text_slot[i] / 2, want[i]) << "W " << W << " n " << n << " item " << i;
+        }
+      }
+    }
   }
 }
 

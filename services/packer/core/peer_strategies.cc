@@ -59,6 +59,16 @@ class Sequences {
     images_[k] += it.image_tokens;
     return static_cast<uint32_t>(k);
   }
+  // The most free tokens and the most free image tokens (under img_cap) of
+  // any of rank r's sequences.
+  void Room(uint32_t r, uint32_t* tokens, uint32_t* images) const {
+    *tokens = *images = 0;
+    for (uint32_t q = 0; q < seqs_; ++q) {
+      const size_t k = size_t{r} * seqs_ + q;
+      *tokens = std::max(*tokens, seq_len_ - std::min(seq_len_, tokens_[k]));
+      if (img_cap_ > 0) *images = std::max(*images, img_cap_ - std::min(img_cap_, images_[k]));
+    }
+  }
   void Clear() {
     std::fill(tokens_.begin(), tokens_.end(), 0);
     std::fill(images_.begin(), images_.end(), 0);
@@ -117,6 +127,24 @@ absl::Status FillRanks(const PackProblem& p, absl::Span<const PackItem> items, u
     slot[i] = s.Add(r, q, items[i]);
   }
   return absl::OkStatus();
+}
+
+// One part of a Karmarkar-Karp partition: its sum and its items, as a
+// linked list through `next`.
+struct Part {
+  double sum;
+  int32_t head, tail;
+};
+// Appends from's items to into's.
+void Join(Part* into, const Part& from, std::vector<int32_t>* next) {
+  if (from.head < 0) return;
+  into->sum += from.sum;
+  if (into->head < 0) {
+    into->head = from.head;
+  } else {
+    (*next)[into->tail] = from.head;
+  }
+  into->tail = from.tail;
 }
 
 enum class Peer { kLpt, kKk, kMultipack, kSequential };
@@ -197,10 +225,6 @@ class PeerStrategy final : public PackingStrategy {
                   absl::string_view modality, const std::vector<double>& base,
                   uint32_t* slot) const {
     const uint32_t W = p.ranks;
-    struct Part {
-      double sum;
-      int32_t head, tail;  // items, as a linked list through next
-    };
     std::vector<int32_t> next(items.size(), -1);
     // A partition: its non-empty parts by decreasing sum (the rest are empty).
     std::vector<std::vector<Part>> parts;
@@ -215,6 +239,13 @@ class PeerStrategy final : public PackingStrategy {
       parts.push_back({Part{Key(items[i], vit), int32_t(i), int32_t(i)}});
       heap.push({spread(parts.back()), -int64_t(i)});
     }
+    // Merging x (popped first) with y: index i of a W-way partition holds
+    // x's part i and y's part W - 1 - i; the merged parts are sorted by
+    // decreasing sum, ties in index order. x's parts before the first index
+    // that y reaches are already sorted and stay in place; the rest (joined
+    // parts, then y's alone, by increasing index) are sorted and merged in.
+    const auto by_sum = [](const Part& l, const Part& r) { return l.sum > r.sum; };
+    std::vector<Part> rest;
     while (heap.size() > 1) {
       const int64_t a = -heap.top().second;
       heap.pop();
@@ -222,30 +253,24 @@ class PeerStrategy final : public PackingStrategy {
       heap.pop();
       std::vector<Part>& x = parts[a];
       std::vector<Part>& y = parts[b];
-      std::vector<Part> merged(std::min<size_t>(W, x.size() + y.size()), Part{0, -1, -1});
-      // Part i of x (decreasing) with part W-1-i of y (y is decreasing too).
-      auto join = [&](Part* into, const Part& from) {
-        if (from.head < 0) return;
-        into->sum += from.sum;
-        if (into->head < 0) {
-          into->head = from.head;
-        } else {
-          next[into->tail] = from.head;
-        }
-        into->tail = from.tail;
-      };
-      std::vector<Part> full(W, Part{0, -1, -1});
-      for (size_t i = 0; i < x.size(); ++i) join(&full[i], x[i]);
-      for (size_t j = 0; j < y.size(); ++j) join(&full[W - 1 - j], y[j]);
-      merged.clear();
-      for (const Part& q : full) {
-        if (q.head >= 0) merged.push_back(q);
+      const size_t nx = x.size(), ny = y.size();
+      const size_t pure = std::min(nx, W - ny);
+      rest.clear();
+      for (size_t i = pure; i < nx; ++i) {
+        Part e = x[i];
+        if (W - 1 - i < ny) Join(&e, y[W - 1 - i], &next);
+        rest.push_back(e);
       }
-      std::stable_sort(merged.begin(), merged.end(),
-                       [](const Part& l, const Part& r) { return l.sum > r.sum; });
-      parts[a] = std::move(merged);
-      std::vector<Part>().swap(parts[b]);
-      heap.push({spread(parts[a]), -a});
+      for (size_t i = std::max(nx, W - ny); i < W; ++i) rest.push_back(y[W - 1 - i]);
+      std::stable_sort(rest.begin(), rest.end(), by_sum);
+      x.resize(pure);
+      x.insert(x.end(), rest.begin(), rest.end());
+      if (pure > 0 && !rest.empty() && rest.front().sum > x[pure - 1].sum) {
+        std::inplace_merge(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(pure), x.end(),
+                           by_sum);
+      }
+      std::vector<Part>().swap(y);
+      heap.push({spread(x), -a});
     }
     std::vector<uint32_t> rank(items.size(), 0);
     if (!heap.empty()) {
@@ -262,31 +287,56 @@ class PeerStrategy final : public PackingStrategy {
     return FillRanks(p, items, seqs, rank, vit, base, modality, name_, slot);
   }
 
-  // Least load over rank ranges, to find the first rank with room fast.
-  class MinTree {
+  // Over rank ranges: the least load and the most room any one sequence has
+  // (tokens, image tokens), to find the first rank that can take an item
+  // fast: a range whose least load is above the limit, or none of whose
+  // sequences has the room, holds no such rank.
+  class RankTree {
    public:
-    explicit MinTree(const std::vector<double>& v) : n_(1) {
-      while (n_ < v.size()) n_ *= 2;
-      t_.assign(2 * n_, std::numeric_limits<double>::infinity());
-      for (size_t i = 0; i < v.size(); ++i) t_[n_ + i] = v[i];
-      for (size_t i = n_ - 1; i > 0; --i) t_[i] = std::min(t_[2 * i], t_[2 * i + 1]);
+    RankTree(const std::vector<double>& load, uint32_t room, uint32_t image_room) : n_(1) {
+      while (n_ < load.size()) n_ *= 2;
+      load_.assign(2 * n_, std::numeric_limits<double>::infinity());
+      room_.assign(2 * n_, 0);
+      image_room_.assign(2 * n_, 0);
+      for (size_t i = 0; i < load.size(); ++i) {
+        load_[n_ + i] = load[i];
+        room_[n_ + i] = room;
+        image_room_[n_ + i] = image_room;
+      }
+      for (size_t i = n_ - 1; i > 0; --i) Pull(i);
     }
-    void Set(size_t i, double v) {
-      for (t_[i += n_] = v; i > 1; i /= 2) t_[i / 2] = std::min(t_[i], t_[i ^ 1]);
+    void Set(size_t i, double load, uint32_t room, uint32_t image_room) {
+      i += n_;
+      load_[i] = load;
+      room_[i] = room;
+      image_room_[i] = image_room;
+      for (i /= 2; i > 0; i /= 2) Pull(i);
     }
-    // The first index >= from whose value is <= limit, or SIZE_MAX.
-    size_t First(size_t from, double limit) const { return Find(1, 0, n_, from, limit); }
+    // The first rank >= from whose load is <= limit and that may have a
+    // sequence with room for (tokens, images), or SIZE_MAX.
+    size_t First(size_t from, double limit, uint32_t tokens, uint32_t images) const {
+      return Find(1, 0, n_, from, limit, tokens, images);
+    }
 
    private:
-    size_t Find(size_t node, size_t lo, size_t hi, size_t from, double limit) const {
-      if (hi <= from || t_[node] > limit) return SIZE_MAX;
+    void Pull(size_t i) {
+      load_[i] = std::min(load_[2 * i], load_[2 * i + 1]);
+      room_[i] = std::max(room_[2 * i], room_[2 * i + 1]);
+      image_room_[i] = std::max(image_room_[2 * i], image_room_[2 * i + 1]);
+    }
+    size_t Find(size_t node, size_t lo, size_t hi, size_t from, double limit, uint32_t tokens,
+                uint32_t images) const {
+      if (hi <= from || load_[node] > limit || room_[node] < tokens || image_room_[node] < images) {
+        return SIZE_MAX;
+      }
       if (hi - lo == 1) return lo;
       const size_t mid = (lo + hi) / 2;
-      const size_t left = Find(2 * node, lo, mid, from, limit);
-      return left != SIZE_MAX ? left : Find(2 * node + 1, mid, hi, from, limit);
+      const size_t left = Find(2 * node, lo, mid, from, limit, tokens, images);
+      return left != SIZE_MAX ? left : Find(2 * node + 1, mid, hi, from, limit, tokens, images);
     }
     size_t n_;
-    std::vector<double> t_;
+    std::vector<double> load_;
+    std::vector<uint32_t> room_, image_room_;
   };
 
   // First fit decreasing into ranks of capacity `cap` (over the base load);
@@ -296,17 +346,21 @@ class PeerStrategy final : public PackingStrategy {
                        const std::vector<double>& base, double cap, uint32_t* slot) {
     Sequences s(p, seqs);
     std::vector<double> load = base;
-    MinTree tree(load);
+    const uint32_t image_cap = p.img_cap > 0 ? p.img_cap : UINT32_MAX;
+    RankTree tree(load, p.seq_len, image_cap);
     for (uint32_t i : order) {
       const double k = Key(items[i], vit);
+      const uint32_t images = p.img_cap > 0 ? items[i].image_tokens : 0;
       bool placed = false;
-      for (size_t r = tree.First(0, cap - k); r != SIZE_MAX && !placed;
-           r = tree.First(r + 1, cap - k)) {
+      for (size_t r = tree.First(0, cap - k, items[i].tokens, images); r != SIZE_MAX && !placed;
+           r = tree.First(r + 1, cap - k, items[i].tokens, images)) {
         const int q = s.Fit(static_cast<uint32_t>(r), items[i]);
         if (q < 0) continue;
         load[r] += k;
-        tree.Set(r, load[r]);
         slot[i] = s.Add(static_cast<uint32_t>(r), q, items[i]);
+        uint32_t room = 0, image_room = 0;
+        s.Room(static_cast<uint32_t>(r), &room, &image_room);
+        tree.Set(r, load[r], room, p.img_cap > 0 ? image_room : UINT32_MAX);
         placed = true;
       }
       if (!placed) return false;
