@@ -403,6 +403,8 @@ TEST_F(PackerDaemonTest, SigkillAndRestartIsInvisibleToClients) {
   EXPECT_EQ(seen, uninterrupted);
 }
 
+std::string Output(const std::string& command);
+
 // Plans of [start, end) read through StreamPlans.
 std::vector<v1::StepPlan> StreamPlans(v1::Packer::Stub* stub, uint64_t start, uint64_t end,
                                       size_t stop_after = SIZE_MAX) {
@@ -552,6 +554,10 @@ TEST_F(PackerDaemonTest, SigkillAndRestartWhileSamplesWaitLosesAndRepeatsNothing
   }
   const uint64_t still_waiting = seen.back().stats().overflow().deferred_out();
   EXPECT_EQ(docs + still_waiting, kSteps * (24 + vl));
+  // And the independent checker over 300 steps (more than an epoch of VL).
+  const std::string check = Output(absl::StrCat(TUTTI_CLI, " plan --config ", config, " --index ",
+                                                *dir_, "/index.idx --check --quiet --steps 300"));
+  EXPECT_NE(check.find("0 violations, 0 not planned"), std::string::npos) << check;
 }
 
 // Runs a command line; its stdout, or "exit N: <stdout>" when it fails.

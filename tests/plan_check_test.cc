@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -66,6 +68,51 @@ TEST(PlanCheckCliTest, EveryPlanPassesAtSeveralWorldSizesWithAndWithoutPostBalan
   for (const char* step : {"       5 ", "       6 ", "       7 "}) {
     EXPECT_TRUE(absl::StrContains(table, step)) << table;
   }
+  fs::remove_all(dir);
+}
+
+// `tutti bench packer --index`: every peer on an index file's samples, a
+// seq_len per stage, each strategy's failed steps, and configs naming that
+// index whose plans `tutti plan` reproduces.
+TEST(BenchPackerIndexTest, PlansAnIndexFileWithASeqLenPerStage) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/bench-index-", getpid(), "-", rand());
+  fs::create_directories(dir + "/data");
+  fs::create_directories(dir + "/cells");
+  int rc = 0;
+  std::string out =
+      Output(absl::StrCat(TUTTI_CLI, " bench packer --ranks 8 --stages 1003520 ",
+                          "--steps 1 --build-steps 0 --strategies lpt --samples 12000 ",
+                          "--hashes ", dir, "/data 2>&1"),
+             &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string index = dir + "/data/index.idx";
+  out = Output(absl::StrCat(TUTTI_CLI, " bench packer --index ", index,
+                            " --ranks 8 --stages 262144,1003520 --seq-lens 8192,16384 --steps 2 ",
+                            "--build-steps 0 --strategies tutti,lpt,kk,multipack,sequential ",
+                            "--json --hashes ", dir, "/cells 2>/dev/null"),
+               &rc);
+  ASSERT_EQ(rc, 0) << out;
+  for (const char* strategy : {"tutti", "lpt", "kk", "multipack", "sequential"}) {
+    for (const char* stage : {"\"max_pixels\": 262144, \"seq_len\": 8192",
+                              "\"max_pixels\": 1003520, \"seq_len\": 16384"}) {
+      EXPECT_TRUE(absl::StrContains(out, absl::StrCat("{\"strategy\": \"", strategy,
+                                                      "\", \"bins\": 0, \"ranks\": 8, ", stage)))
+          << strategy << " " << stage << "\n"
+          << out;
+    }
+  }
+  EXPECT_TRUE(absl::StrContains(out, "\"steps\": 2, \"failed_steps\": 0")) << out;
+  const std::string config = dir + "/cells/W8-px262144-kk.textproto";
+  ASSERT_TRUE(fs::exists(config));
+  std::ifstream hashes_file(dir + "/cells/W8-px262144-kk.hashes");
+  const std::string hashes((std::istreambuf_iterator<char>(hashes_file)),
+                           std::istreambuf_iterator<char>());
+  EXPECT_EQ(Output(absl::StrCat(TUTTI_CLI, " plan --config ", config, " --index ", index,
+                                " --steps 2 --format hash"),
+                   &rc),
+            hashes);
+  EXPECT_EQ(rc, 0);
   fs::remove_all(dir);
 }
 

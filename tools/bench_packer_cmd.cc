@@ -56,6 +56,7 @@ struct Cell {
   uint32_t bins = 0;  // open bins (seed strategies)
   uint32_t ranks = 0;
   uint64_t max_pixels = 0;
+  uint32_t seq_len = 0;
   packer::SeedStepShape shape;
   uint32_t steps = 0, failed = 0;  // steps averaged over (planned by every strategy), failed
   std::vector<double> plan_ms, build_ms;
@@ -146,14 +147,15 @@ std::string CellName(const Cell& c) {
   return name;
 }
 
+// `index_path`: the index file the written configs name (with --hashes).
 void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer::Index> index,
              uint64_t steps, uint64_t build_steps, bool post, const std::string& hash_dir,
-             Cell* c) {
+             const std::string& index_path, Cell* c) {
   v1::JobConfig config = packer::SeedConfig(wo, c->shape, c->ranks, c->max_pixels, c->strategy,
                                             std::max<uint32_t>(1, c->bins), post);
   // The job a daemon would load from the written config: index_path is part
   // of the job's identity.
-  if (!hash_dir.empty()) config.set_index_path(hash_dir + "/index.idx");
+  if (!hash_dir.empty()) config.set_index_path(index_path);
   auto job = packer::Job::Create(config, index);
   if (!job.ok()) {
     c->error = std::string(job.status().message());
@@ -211,9 +213,9 @@ void PrintTable(const std::vector<Cell>& cells) {
       last_ranks = c.ranks;
       last_px = c.max_pixels;
       std::printf(
-          "\nW=%u  max_pixels=%llu  seq_len=32768  per rank %u text + %u VL sequences  "
+          "\nW=%u  max_pixels=%llu  seq_len=%u  per rank %u text + %u VL sequences  "
           "per step %u text + %u VL samples (mean %.0f / %.0f tokens)\n",
-          c.ranks, static_cast<unsigned long long>(c.max_pixels), c.shape.text_seqs,
+          c.ranks, static_cast<unsigned long long>(c.max_pixels), c.seq_len, c.shape.text_seqs,
           c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples, c.shape.mean_text_tokens,
           c.shape.mean_vl_tokens);
       std::printf("  %-12s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %6s\n", "strategy", "plan_ms",
@@ -246,6 +248,7 @@ void PrintJson(const std::vector<Cell>& cells) {
     const Cell& c = cells[i];
     std::printf(
         "  {\"strategy\": \"%s\", \"bins\": %u, \"ranks\": %u, \"max_pixels\": %llu, "
+        "\"seq_len\": %u, "
         "\"text_seqs\": %u, \"vl_seqs\": %u, \"text_samples\": %u, \"vl_samples\": %u, "
         "\"steps\": %u, \"failed_steps\": %u, \"plan_ms_median\": %.4f, \"plan_ms_p99\": %.4f, "
         "\"build_ms_median\": %.3f, \"vit_imbalance\": %.5f, \"vit_imbalance_vs_lb\": %.5f, "
@@ -253,10 +256,10 @@ void PrintJson(const std::vector<Cell>& cells) {
         "\"image_tokens_std\": %.2f, \"image_tokens_mean\": %.2f, \"vit_imbalance_drawn\": %.5f, "
         "\"llm_imbalance_drawn\": %.5f%s%s%s}%s\n",
         c.strategy.c_str(), c.bins, c.ranks, static_cast<unsigned long long>(c.max_pixels),
-        c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples, c.steps,
-        c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99), Quantile(c.build_ms, 0.5),
-        c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb, c.mean.tokens, c.mean.img_std,
-        c.mean.img_mean, c.mean.vit_drawn, c.mean.llm_drawn,
+        c.seq_len, c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples,
+        c.steps, c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
+        Quantile(c.build_ms, 0.5), c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb,
+        c.mean.tokens, c.mean.img_std, c.mean.img_mean, c.mean.vit_drawn, c.mean.llm_drawn,
         c.error.empty() ? "" : ", \"error\": \"", JsonEscape(c.error).c_str(),
         c.error.empty() ? "" : "\"", i + 1 < cells.size() ? "," : "");
   }
@@ -404,7 +407,7 @@ int RunBenchPacker(int argc, char** argv) {
   std::string ranks_text = "8,64,512,2560", stages_text = "1003520,16777216", only;
   uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0;
   bool json = false, post = false, seed_stream = false;
-  std::string tmp_dir = "/tmp", hash_dir;
+  std::string tmp_dir = "/tmp", hash_dir, index_path, seq_lens_text;
   packer::SeedWorkloadOptions wo;
   Cli cli("tutti bench packer [options]",
           "Runs every packing strategy on the seed's workload (seq_len 32,768; 4 sequences per\n"
@@ -421,6 +424,11 @@ int RunBenchPacker(int argc, char** argv) {
           "measures loading an N-sample index instead.");
   cli.Flag("ranks", &ranks_text, "comma-separated world sizes");
   cli.Flag("stages", &stages_text, "comma-separated max_pixels of the curriculum stages");
+  cli.Flag("seq-lens", &seq_lens_text,
+           "comma-separated seq_len of each stage (one per --stages; empty: 32768 for all)");
+  cli.Flag("index", &index_path,
+           "plan on this index (`tutti index` of a real dataset, e.g. from `tutti gen-dataset`) "
+           "instead of the synthetic seed workload; --samples and --seed's dataset are unused");
   cli.Flag("steps", &steps, "steps planned per cell");
   cli.Flag("build-steps", &build_steps, "steps per cell whose full StepPlan is built and timed");
   cli.Flag("fill", &wo.fill, "target fill of every sequence");
@@ -467,6 +475,22 @@ int RunBenchPacker(int argc, char** argv) {
     }
     stages.push_back(v);
   }
+  std::vector<uint32_t> seq_lens(stages.size(), wo.seq_len);
+  if (!seq_lens_text.empty()) {
+    seq_lens.clear();
+    for (absl::string_view p : absl::StrSplit(seq_lens_text, ',', absl::SkipEmpty())) {
+      uint32_t v = 0;
+      if (!absl::SimpleAtoi(p, &v) || v == 0) v = 0, seq_lens.clear();
+      if (v == 0) break;
+      seq_lens.push_back(v);
+    }
+    if (seq_lens.size() != stages.size()) {
+      std::fprintf(stderr,
+                   "tutti bench packer: --seq-lens '%s' is not one seq_len per --stages entry\n",
+                   seq_lens_text.c_str());
+      return 2;
+    }
+  }
   struct Strategy {
     std::string name;
     uint32_t bins;
@@ -493,27 +517,38 @@ int RunBenchPacker(int argc, char** argv) {
     samples = std::max<uint64_t>(50000, uint64_t{max_w} * wo.seqs_per_rank * wo.seq_len / 1400 * 6);
   }
   auto t0 = Clock::now();
-  auto index_bytes = packer::MakeSeedIndexBytes(wo, samples);
-  absl::StatusOr<std::shared_ptr<const packer::Index>> index =
-      index_bytes.ok() ? packer::Index::FromString(*index_bytes, "seed-workload")
-                       : absl::StatusOr<std::shared_ptr<const packer::Index>>(index_bytes.status());
-  if (index.ok() && !hash_dir.empty()) {
-    if (absl::Status w = WriteFileAtomically(hash_dir + "/index.idx", *index_bytes); !w.ok()) {
-      index = w;
+  absl::StatusOr<std::shared_ptr<const packer::Index>> index;
+  const bool real_index = !index_path.empty();
+  if (real_index) {
+    index = packer::LoadIndex(index_path);
+  } else {
+    auto index_bytes = packer::MakeSeedIndexBytes(wo, samples);
+    index = index_bytes.ok()
+                ? packer::Index::FromString(*index_bytes, "seed-workload")
+                : absl::StatusOr<std::shared_ptr<const packer::Index>>(index_bytes.status());
+    if (index.ok() && !hash_dir.empty()) {
+      if (absl::Status w = WriteFileAtomically(hash_dir + "/index.idx", *index_bytes); !w.ok()) {
+        index = w;
+      }
     }
+    index_path = hash_dir + "/index.idx";
   }
   if (!index.ok()) {
     std::fprintf(stderr, "tutti bench packer: %s\n", std::string(index.status().message()).c_str());
     return 1;
   }
-  std::fprintf(stderr, "dataset: %llu synthetic samples (%zu VL) in %.1f s\n",
-               static_cast<unsigned long long>(samples), (*index)->vl_samples().size(),
-               Ms(t0) / 1e3);
+  const uint64_t dataset_samples = (*index)->num_samples();
+  std::fprintf(stderr, "dataset: %llu %s samples (%zu VL) in %.1f s\n",
+               static_cast<unsigned long long>(dataset_samples),
+               real_index ? "indexed" : "synthetic", (*index)->vl_samples().size(), Ms(t0) / 1e3);
   if (seed_stream) return SeedStreamBench(wo, *index, ranks[0], stages, steps, json);
   std::vector<Cell> cells;
   for (uint32_t w : ranks) {
-    for (uint64_t px : stages) {
-      auto shape = packer::SeedShape(wo, **index, w, px);
+    for (size_t k = 0; k < stages.size(); ++k) {
+      const uint64_t px = stages[k];
+      packer::SeedWorkloadOptions so = wo;
+      so.seq_len = seq_lens[k];
+      auto shape = packer::SeedShape(so, **index, w, px);
       if (!shape.ok()) {
         std::fprintf(stderr, "tutti bench packer: %s\n",
                      std::string(shape.status().message()).c_str());
@@ -526,9 +561,10 @@ int RunBenchPacker(int argc, char** argv) {
         c.bins = s.bins;
         c.ranks = w;
         c.max_pixels = px;
+        c.seq_len = so.seq_len;
         c.shape = *shape;
         const auto tc = Clock::now();
-        RunCell(wo, *index, steps, build_steps, post, hash_dir, &c);
+        RunCell(so, *index, steps, build_steps, post, hash_dir, index_path, &c);
         std::fprintf(stderr, "  W=%u max_pixels=%llu %-12s %u steps in %.1f s\n", w,
                      static_cast<unsigned long long>(px), Label(c).c_str(), c.steps, Ms(tc) / 1e3);
         cells.push_back(std::move(c));
@@ -539,7 +575,8 @@ int RunBenchPacker(int argc, char** argv) {
   if (json) {
     PrintJson(cells);
   } else {
-    std::printf("packer benchmark, seed workload, fill %.2f, %llu steps per cell%s\n", wo.fill,
+    std::printf("packer benchmark, %s, fill %.2f, %llu steps per cell%s\n",
+                real_index ? absl::StrCat("index ", index_path).c_str() : "seed workload", wo.fill,
                 static_cast<unsigned long long>(steps), post ? ", post-balancing" : "");
     std::printf(
         "columns: plan/p99 = planning-core CPU ms per step (one thread); build = StepPlan for "
