@@ -139,6 +139,27 @@ std::string HttpGet(int port, const std::string& path) {
   return out;
 }
 
+// Plans of [start, end) read through StreamPlans.
+std::vector<v1::StepPlan> StreamPlans(v1::Packer::Stub* stub, uint64_t start, uint64_t end,
+                                      size_t stop_after = SIZE_MAX, uint32_t world = 4) {
+  grpc::ClientContext ctx;
+  v1::StreamPlansRequest req;
+  req.set_start_step(start);
+  req.set_end_step(end);
+  req.set_world_size(world);
+  auto reader = stub->StreamPlans(&ctx, req);
+  std::vector<v1::StepPlan> plans;
+  v1::StepPlan plan;
+  while (plans.size() < stop_after && reader->Read(&plan)) plans.push_back(plan);
+  if (plans.size() < stop_after) {
+    grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  } else {
+    ctx.TryCancel();
+  }
+  return plans;
+}
+
 class PackerDaemonTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -189,23 +210,10 @@ class PackerDaemonTest : public ::testing::Test {
   // `stop_after` plans when set).
   static std::vector<std::string> Stream(v1::Packer::Stub* stub, uint64_t start, uint64_t end,
                                          size_t stop_after = SIZE_MAX, uint32_t world = 4) {
-    grpc::ClientContext ctx;
-    v1::StreamPlansRequest req;
-    req.set_start_step(start);
-    req.set_end_step(end);
-    req.set_world_size(world);
-    auto reader = stub->StreamPlans(&ctx, req);
     std::vector<std::string> hashes;
-    v1::StepPlan plan;
-    while (hashes.size() < stop_after && reader->Read(&plan)) {
+    for (v1::StepPlan& plan : StreamPlans(stub, start, end, stop_after, world)) {
       EXPECT_EQ(plan.step(), start + hashes.size());
       hashes.push_back(packer::PlanHash(&plan));
-    }
-    if (hashes.size() < stop_after) {
-      grpc::Status s = reader->Finish();
-      EXPECT_TRUE(s.ok()) << s.error_message();
-    } else {
-      ctx.TryCancel();
     }
     return hashes;
   }
@@ -404,27 +412,6 @@ TEST_F(PackerDaemonTest, SigkillAndRestartIsInvisibleToClients) {
 }
 
 std::string Output(const std::string& command);
-
-// Plans of [start, end) read through StreamPlans.
-std::vector<v1::StepPlan> StreamPlans(v1::Packer::Stub* stub, uint64_t start, uint64_t end,
-                                      size_t stop_after = SIZE_MAX) {
-  grpc::ClientContext ctx;
-  v1::StreamPlansRequest req;
-  req.set_start_step(start);
-  req.set_end_step(end);
-  req.set_world_size(4);
-  auto reader = stub->StreamPlans(&ctx, req);
-  std::vector<v1::StepPlan> plans;
-  v1::StepPlan plan;
-  while (plans.size() < stop_after && reader->Read(&plan)) plans.push_back(plan);
-  if (plans.size() < stop_after) {
-    grpc::Status s = reader->Finish();
-    EXPECT_TRUE(s.ok()) << s.error_message();
-  } else {
-    ctx.TryCancel();
-  }
-  return plans;
-}
 
 // A config whose image cap binds: VL samples drawn so that image tokens fill
 // 0.93 of batch.img_cap_tokens on average, so steps defer samples and the

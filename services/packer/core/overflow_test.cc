@@ -304,40 +304,11 @@ TEST(OverflowTest, ExactlyOnceOverAnEpochWithDeferrals) {
   auto job = Job::Create(SixteenMegapixelConfig(), SeedIndex());
   ASSERT_TRUE(job.ok());
   const auto& b = (*job)->config().batch();
-  const uint64_t n_vl = (*job)->vl_samples().size();
-  const uint64_t steps = n_vl / b.vl_samples_per_step() + 2;
+  const uint64_t steps = (*job)->vl_samples().size() / b.vl_samples_per_step() + 2;
   const PlannedRun run = PlanSteps(*job, 0, steps);
   ASSERT_EQ(run.plans.size(), steps);
   EXPECT_GT(run.deferred, 0u);
-  for (const bool vl : {false, true}) {
-    std::map<uint64_t, int> seen;
-    for (const StepPlanData& d : run.plans) {
-      for (const PlannedSample& ps : d.samples) {
-        if (ps.vl == vl && ps.piece == 0) ++seen[ps.position];
-      }
-      for (uint64_t p : vl ? d.skipped_vl : d.skipped_text) ++seen[p];
-    }
-    const DeferralQueue& left = run.plans.back().deferred_out;
-    for (uint64_t p : vl ? left.vl : left.text) ++seen[p];
-    const uint64_t per = vl ? b.vl_samples_per_step() : b.text_samples_per_step();
-    ASSERT_EQ(seen.size(), steps * per) << (vl ? "VL" : "text");
-    for (const auto& [p, times] : seen) {
-      ASSERT_LT(p, steps * per);
-      ASSERT_EQ(times, 1) << "position " << p;
-    }
-    // Positions [0, n) are epoch 0: each sample of the stream once.
-    const uint64_t n = vl ? n_vl : (*job)->text_samples().size();
-    if (n > steps * per) continue;
-    std::set<uint32_t> epoch0;
-    for (const StepPlanData& d : run.plans) {
-      for (const PlannedSample& ps : d.samples) {
-        if (ps.vl == vl && ps.piece == 0 && ps.position < n) {
-          EXPECT_TRUE(epoch0.insert(ps.sample).second) << "sample " << ps.sample;
-        }
-      }
-    }
-    EXPECT_EQ(epoch0.size(), n) << (vl ? "VL" : "text");
-  }
+  ExpectEachPositionOnce(**job, run, steps);
 }
 
 // 600 samples: text of 400 tokens, every 50th 20,000 (longer than seq_len
