@@ -74,9 +74,12 @@ LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongD
 }
 
 // The first candidate at or after `a` whose sample already came in [a, it)
-// (a waiting sample whose next epoch's draw is due), or c.size().
-uint32_t RepeatLimit(const StreamCandidates& c, uint32_t a) {
+// (a waiting sample whose next epoch's draw is due), or c.size(). `own`:
+// whether [a, end) is the step's own draw alone, which never repeats a
+// sample (sampler.h).
+uint32_t RepeatLimit(const StreamCandidates& c, uint32_t a, bool own) {
   const uint32_t n = c.size();
+  if (own) return n;
   thread_local std::vector<std::pair<uint32_t, uint32_t>> seen;  // (sample, candidate)
   seen.clear();
   for (uint32_t i = a; i < n; ++i) seen.emplace_back(c.ids[i], i);
@@ -177,7 +180,7 @@ absl::StatusOr<StreamAdmission> Planner::AdmitStream(uint64_t step, bool vl, uin
   absl::Span<const uint32_t> sizes;
   // The bound's prefix from f.
   {
-    const uint32_t limit = RepeatLimit(*c, 0);
+    const uint32_t limit = RepeatLimit(*c, 0, f >= step * per);
     Window(*c, 0, limit, &sizes, &begin);
     a.frontier = f + cert.LongestPrefix(sizes, begin);
   }
@@ -200,7 +203,7 @@ absl::StatusOr<StreamAdmission> Planner::AdmitStream(uint64_t step, bool vl, uin
     const uint32_t at = static_cast<uint32_t>(g - lo);
     // An upper bound on what first-fit packs from g: the volume, one large
     // item per bin, no repeat. Each only falls as g does.
-    uint32_t u = RepeatLimit(*c, at);
+    uint32_t u = RepeatLimit(*c, at, g >= step * per);
     uint64_t volume = 0, large = 0;
     for (uint32_t i = at; i < u; ++i) {
       uint64_t v = 0, l = 0;
