@@ -156,13 +156,21 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
       served_cache_family(BuildCounter()
                               .Name("tutti_packer_served_plan_cache_total")
                               .Help("Plans asked for: served from the kept serialized plans "
-                                    "(hit) or built and serialized (miss)")
+                                    "(hit), after waiting for the same plan's build under way "
+                                    "(joined) or built and serialized (miss)")
                               .Register(r)),
       served_cache_hits(served_cache_family.Add({{"result", "hit"}})),
+      served_cache_joined(served_cache_family.Add({{"result", "joined"}})),
       served_cache_misses(served_cache_family.Add({{"result", "miss"}})),
       served_cache_bytes(BuildGauge()
                              .Name("tutti_packer_served_plan_cache_bytes")
                              .Help("Bytes of serialized plans kept to serve again")
+                             .Register(r)
+                             .Add({})),
+      served_precomputed(BuildCounter()
+                             .Name("tutti_packer_served_plans_precomputed_total")
+                             .Help("Serialized plans built and kept when their step was planned, "
+                                   "before any client asked for them")
                              .Register(r)
                              .Add({})) {
   SetUnplanned({});

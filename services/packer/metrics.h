@@ -107,13 +107,18 @@ struct PackerMetrics {
   // image_too_large, too_many_images, no_token_ids.
   prometheus::Family<prometheus::Gauge>& unplanned_family;
   void SetUnplanned(const std::map<std::string, uint64_t>& by_reason);
-  // tutti_packer_served_plan_cache_total{result="hit"|"miss"}: plans served
-  // from the kept serialized plans, or built (served_plans.h);
-  // tutti_packer_served_plan_cache_bytes: the bytes kept.
+  // tutti_packer_served_plan_cache_total{result="hit"|"joined"|"miss"}:
+  // plans served from the kept serialized plans, after waiting for a build
+  // of the same bytes under way, or built (served_plans.h);
+  // tutti_packer_served_plan_cache_bytes: the bytes kept;
+  // tutti_packer_served_plans_precomputed_total: plans built and kept when
+  // their step was planned, before any client asked.
   prometheus::Family<prometheus::Counter>& served_cache_family;
   prometheus::Counter& served_cache_hits;
+  prometheus::Counter& served_cache_joined;
   prometheus::Counter& served_cache_misses;
   prometheus::Gauge& served_cache_bytes;
+  prometheus::Counter& served_precomputed;
 
   prometheus::Histogram& ReportedPhase(const std::string& phase);
   void CountError(int grpc_code);

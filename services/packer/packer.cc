@@ -25,6 +25,15 @@ Packer::Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics
                ServedPlansOptions served)
     : job_(std::move(job)), window_(window), metrics_(metrics), served_(WithWindow(served, *job_)) {
   BuildJobInfo(*job_, &job_info_);
+  if (served_.options().precompute != kPrecomputeNone && served_.options().max_bytes > 0) {
+    window_->SetOnPlanned(
+        [this](uint64_t step, const PlanPtr& plan) { Precompute(step, *plan); });
+  }
+}
+
+Packer::~Packer() {
+  stopping_.store(true, std::memory_order_relaxed);
+  if (served_.options().precompute != kPrecomputeNone) window_->SetOnPlanned(nullptr);
 }
 
 absl::Status Packer::CheckClient(const ClientView& c) const {
@@ -68,34 +77,74 @@ void Packer::GetPlanBytes(uint64_t step, const ClientView& client,
   if (absl::Status s = CheckClient(client); !s.ok()) return done(s);
   if (absl::Status s = job_->CheckStep(step); !s.ok()) return done(s);
   std::vector<uint32_t> key = ServedPlans::Key(client.ranks);
-  if (PlanBytes kept = served_.Find(step, key)) {
+  bool build = false;
+  if (PlanBytes kept = served_.Serve(step, key, &done, &build)) {
     if (metrics_) metrics_->served_cache_hits.Increment();
     return done(std::move(kept));
   }
-  window_->Get(step, [this, step, key = std::move(key),
-                      done = std::move(done)](absl::StatusOr<PlanPtr> r) mutable {
-    if (!r.ok()) return done(r.status());
-    const auto t0 = std::chrono::steady_clock::now();
-    // Its hundreds of small messages on an arena: freed at once.
-    google::protobuf::Arena arena;
-    auto* plan = google::protobuf::Arena::CreateMessage<v1::StepPlan>(&arena);
-    absl::Status s = BuildStepPlan(*job_, **r, key, plan);
-    if (!s.ok()) return done(s);
-    plan->mutable_stats()->set_plan_seconds((*r)->plan_seconds);
-    auto bytes = std::make_shared<std::string>();
-    if (!plan->SerializeToString(bytes.get())) {
-      return done(absl::InternalError(absl::StrCat(
-          "the plan of step ", step, " (", plan->ByteSizeLong(), " bytes) cannot be serialized")));
-    }
-    PlanBytes served = served_.Insert(step, std::move(key), std::move(bytes));
-    if (metrics_) {
-      metrics_->plan_build_seconds.Observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      metrics_->served_cache_misses.Increment();
-      metrics_->served_cache_bytes.Set(static_cast<double>(served_.bytes()));
-    }
-    done(std::move(served));
+  // `done` waits for the build of these bytes: this one, or one under way.
+  if (!build) {
+    if (metrics_) metrics_->served_cache_joined.Increment();
+    return;
+  }
+  if (metrics_) metrics_->served_cache_misses.Increment();
+  window_->Get(step, [this, step, key = std::move(key)](absl::StatusOr<PlanPtr> r) {
+    ServedPlans::Completed done =
+        served_.Complete(step, key, r.ok() ? Build(step, **r, key) : r.status(),
+                         /*precomputed=*/false);
+    if (metrics_) metrics_->served_cache_bytes.Set(static_cast<double>(served_.bytes()));
+    done.Run();
   });
+}
+
+absl::StatusOr<Packer::PlanBytes> Packer::Build(uint64_t step, const StepPlanData& data,
+                                                const std::vector<uint32_t>& key) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Its hundreds of small messages on an arena: freed at once.
+  google::protobuf::Arena arena;
+  auto* plan = google::protobuf::Arena::CreateMessage<v1::StepPlan>(&arena);
+  if (absl::Status s = BuildStepPlan(*job_, data, key, plan); !s.ok()) return s;
+  plan->mutable_stats()->set_plan_seconds(data.plan_seconds);
+  auto bytes = std::make_shared<std::string>();
+  if (!plan->SerializeToString(bytes.get())) {
+    return absl::InternalError(absl::StrCat("the plan of step ", step, " (", plan->ByteSizeLong(),
+                                            " bytes) cannot be serialized"));
+  }
+  if (metrics_) {
+    metrics_->plan_build_seconds.Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return PlanBytes(std::move(bytes));
+}
+
+uint64_t Packer::Precompute(uint64_t step, const StepPlanData& data) {
+  const uint32_t shapes = served_.options().precompute;
+  const uint32_t W = job_->world_size();
+  const uint32_t rpn = std::clamp<uint32_t>(job_->ranks_per_node(), 1, std::max<uint32_t>(W, 1));
+  std::vector<std::vector<uint32_t>> keys;
+  if (shapes & kPrecomputeNodes) {
+    for (uint32_t first = 0; first < W; first += rpn) {
+      std::vector<uint32_t>& k = keys.emplace_back();
+      for (uint32_t r = first; r < std::min(W, first + rpn); ++r) k.push_back(r);
+    }
+  }
+  if ((shapes & kPrecomputeRanks) && !((shapes & kPrecomputeNodes) && rpn == 1)) {
+    for (uint32_t r = 0; r < W; ++r) keys.push_back({r});
+  }
+  uint64_t built = 0;
+  for (const std::vector<uint32_t>& key : keys) {
+    if (stopping_.load(std::memory_order_relaxed) || window_->stopping()) break;
+    const ServedPlans::Claim claim = served_.ClaimPrecompute(step, key);
+    if (claim == ServedPlans::Claim::kFull) break;
+    if (claim == ServedPlans::Claim::kSkip) continue;
+    served_.Complete(step, key, Build(step, data, key), /*precomputed=*/true).Run();
+    ++built;
+  }
+  if (metrics_ && built > 0) {
+    metrics_->served_precomputed.Increment(static_cast<double>(built));
+    metrics_->served_cache_bytes.Set(static_cast<double>(served_.bytes()));
+  }
+  return built;
 }
 
 absl::StatusOr<uint64_t> Packer::StreamEnd(uint64_t start, uint64_t end) const {

@@ -8,6 +8,7 @@
 #ifndef TUTTI_SERVICES_PACKER_PACKER_H_
 #define TUTTI_SERVICES_PACKER_PACKER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,9 +42,12 @@ struct StepTiming {
 class Packer {
  public:
   // metrics may be null. served: bounds of the serialized plans kept
-  // (keep_behind is raised to the job's plan window).
+  // (keep_behind is raised to the job's plan window) and the rank sets
+  // precomputed when the window has planned a step (on its worker thread).
+  // `window` must outlive the Packer.
   Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics,
          ServedPlansOptions served = {});
+  ~Packer();
 
   const v1::JobInfo& job_info() const { return job_info_; }
   const Job& job() const { return *job_; }
@@ -60,11 +64,18 @@ class Packer {
 
   // The same plan serialized (the bytes of a StepPlan message). The bytes of
   // a (step, rank set) are built once and kept (served_plans.h): asked
-  // again, the same bytes are served without building or copying them.
+  // again, or asked while they are being built, the same bytes are served
+  // without building or copying them.
   using PlanBytes = ServedPlans::Bytes;
   void GetPlanBytes(uint64_t step, const ClientView& client,
                     std::function<void(absl::StatusOr<PlanBytes>)> done);
   const ServedPlans& served_plans() const { return served_; }
+
+  // Builds and keeps the served bytes of the configured rank sets
+  // (ServedPlansOptions::precompute) of a planned step, while they fit in
+  // the budget; returns how many were built. Run by the plan window's
+  // workers as each step is planned.
+  uint64_t Precompute(uint64_t step, const StepPlanData& data);
 
   // The last step a stream starting at `start` with `end` (0 = open) covers,
   // exclusive; OUT_OF_RANGE when `start` is already beyond the dataset.
@@ -75,11 +86,16 @@ class Packer {
   void CountServed(bool stream, const absl::Status& status);
 
  private:
+  // The serialized plan of `key` (sorted ranks; empty: all) from `data`.
+  absl::StatusOr<PlanBytes> Build(uint64_t step, const StepPlanData& data,
+                                  const std::vector<uint32_t>& key);
+
   std::shared_ptr<const Job> job_;
   PlanWindow* window_;
   PackerMetrics* metrics_;
   v1::JobInfo job_info_;
   ServedPlans served_;
+  std::atomic<bool> stopping_{false};  // set by the destructor: Precompute returns
 
   absl::Mutex mu_;
   double fitted_vit_ ABSL_GUARDED_BY(mu_) = 0;  // seconds per unit of ViT cost (EMA)

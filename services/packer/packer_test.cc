@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/rank_identity.h"
@@ -204,6 +205,99 @@ TEST_F(PackerTest, KeptBytesAreTheBuiltPlanAndAreServedAgainWithoutACopy) {
   EXPECT_EQ(metrics_->served_cache_bytes.Value(), static_cast<double>((*first)->size()));
   c.ranks = {9};
   EXPECT_EQ(GetBytes(3, c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Requests for a plan not yet built, arriving together (as the clients of a
+// new step do): one builds it, the others wait for that build and get the
+// same bytes.
+TEST_F(PackerTest, RequestsArrivingTogetherBuildAPlanOnce) {
+  constexpr int kRequests = 8;
+  ClientView c;
+  c.ranks = {3};
+  absl::Mutex mu;
+  std::vector<Packer::PlanBytes> got;
+  absl::BlockingCounter left(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    packer_->GetPlanBytes(6, c, [&](absl::StatusOr<Packer::PlanBytes> b) {
+      ASSERT_TRUE(b.ok()) << b.status();
+      {
+        absl::MutexLock l(&mu);
+        got.push_back(*b);
+      }
+      left.DecrementCount();
+    });
+  }
+  left.Wait();
+  ASSERT_EQ(got.size(), static_cast<size_t>(kRequests));
+  for (const auto& b : got) EXPECT_EQ(b.get(), got[0].get());
+  EXPECT_EQ(metrics_->served_cache_misses.Value(), 1);
+  EXPECT_EQ(metrics_->served_cache_hits.Value() + metrics_->served_cache_joined.Value(),
+            kRequests - 1);
+  EXPECT_EQ(packer_->served_plans().building(), 0u);
+}
+
+// With precomputing on, the served bytes of every node's ranks and of every
+// rank are built as the window plans each step, before any client asks: a
+// job's first requests after a start are answered from kept bytes (the
+// same bytes a request would build), within the budget.
+TEST_F(PackerTest, PlannedStepsAreServedFromPrecomputedBytes) {
+  prometheus::Registry registry;
+  PackerMetrics metrics(registry);
+  PlanWindow window(std::make_shared<Planner>(job_), PlanWindowOptions{4, 2}, &metrics);
+  ServedPlansOptions so;
+  so.precompute = kPrecomputeNodes | kPrecomputeRanks;
+  Packer packer(job_, &window, &metrics, so);
+  const std::vector<std::vector<uint32_t>> keys = {{0, 1}, {2, 3}, {0}, {1}, {2}, {3}};
+  ASSERT_TRUE(window.GetBlocking(0).ok());  // a start: the window plans steps 0..3
+  auto all_kept = [&](uint64_t step) {
+    for (const auto& k : keys) {
+      if (packer.served_plans().Find(step, k) == nullptr) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 6000 && !(all_kept(0) && all_kept(3)); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(all_kept(0) && all_kept(3));
+  EXPECT_EQ(metrics.served_precomputed.Value(), 4 * keys.size());
+  for (uint64_t step : {0, 3}) {
+    auto data = window.GetBlocking(step);
+    ASSERT_TRUE(data.ok());
+    for (const auto& k : keys) {
+      ClientView c;
+      c.ranks = k;
+      absl::Notification n;
+      absl::StatusOr<Packer::PlanBytes> got;
+      packer.GetPlanBytes(step, c, [&](absl::StatusOr<Packer::PlanBytes> b) {
+        got = std::move(b);
+        n.Notify();
+      });
+      n.WaitForNotification();
+      ASSERT_TRUE(got.ok()) << got.status();
+      v1::StepPlan served, direct;
+      ASSERT_TRUE(served.ParseFromString(**got));
+      ASSERT_TRUE(BuildStepPlan(*job_, **data, k, &direct).ok());
+      EXPECT_EQ(PlanHash(&served), PlanHash(&direct)) << "step " << step;
+      EXPECT_EQ(served.stats().plan_seconds(), (*data)->plan_seconds);
+    }
+  }
+  EXPECT_EQ(metrics.served_cache_misses.Value(), 0);
+  EXPECT_EQ(metrics.served_cache_hits.Value(), 2 * keys.size());
+
+  // A budget with room for a few plans: the precompute stops there.
+  prometheus::Registry small_registry;
+  PackerMetrics small_metrics(small_registry);
+  PlanWindow small_window(std::make_shared<Planner>(job_), PlanWindowOptions{4, 2},
+                          &small_metrics);
+  so.max_bytes = 3 * packer.served_plans().Find(0, {0, 1})->size();
+  Packer small(job_, &small_window, &small_metrics, so);
+  ASSERT_TRUE(small_window.GetBlocking(0).ok());
+  for (int i = 0; i < 6000 && small_metrics.served_precomputed.Value() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_LE(small.served_plans().bytes(), so.max_bytes);
+  EXPECT_GT(small.served_plans().entries(), 0u);
+  EXPECT_LT(small.served_plans().entries(), 4 * keys.size());
 }
 
 // Rounds of concurrent plan streams, each client on its own connection, as

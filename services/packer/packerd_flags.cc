@@ -3,6 +3,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
 #include "common/security_flags.h"
 #include "common/status.h"
@@ -28,8 +31,30 @@ ABSL_FLAG(std::string, served_plan_cache, "256M",
           "serialized plans kept to serve the same step and ranks again without building "
           "them, 0 or 1M to 64G (0 = keep none); the plans of the steps within the plan window "
           "of the newest one asked for");
+ABSL_FLAG(std::string, served_plan_precompute, "nodes,ranks",
+          "rank sets whose serialized plans are built when a step is planned, before any "
+          "client asks (so a job's first requests after a start are served at once), within "
+          "--served_plan_cache: 'nodes' (each node's ranks, as a stager asks), 'ranks' (each "
+          "rank alone), both comma-separated, or 'none'");
 
 namespace tutti::packer {
+
+absl::StatusOr<uint32_t> PrecomputeShapesFlag(absl::string_view value) {
+  uint32_t shapes = kPrecomputeNone;
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (part == "nodes") {
+      shapes |= kPrecomputeNodes;
+    } else if (part == "ranks") {
+      shapes |= kPrecomputeRanks;
+    } else if (part != "none" || value != "none") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--served_plan_precompute=", value, ": '", part,
+          "' is not a rank set; give 'nodes', 'ranks', 'nodes,ranks' or 'none'"));
+    }
+  }
+  return shapes;
+}
 
 absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   PackerServerOptions o;
@@ -51,6 +76,8 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   ASSIGN_OR_RETURN(o.served.max_bytes,
                    ByteSizeFlag("served_plan_cache", absl::GetFlag(FLAGS_served_plan_cache),
                                 uint64_t{1} << 20, uint64_t{64} << 30, "keep none"));
+  ASSIGN_OR_RETURN(o.served.precompute,
+                   PrecomputeShapesFlag(absl::GetFlag(FLAGS_served_plan_precompute)));
   ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   return o;
 }

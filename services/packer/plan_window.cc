@@ -168,7 +168,30 @@ void PlanWindow::Worker() {
       work_.SignalAll();
     }
     for (Done& w : waiters) w(result);
+    if (!status.ok()) continue;
+    Planned planned;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_ || !on_planned_) continue;
+      planned = on_planned_;
+      ++planned_calls_;
+    }
+    planned(step, *result);
+    absl::MutexLock lock(&mu_);
+    --planned_calls_;
   }
+}
+
+void PlanWindow::SetOnPlanned(Planned planned) {
+  absl::MutexLock lock(&mu_);
+  on_planned_ = std::move(planned);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return planned_calls_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+}
+
+bool PlanWindow::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
 }
 
 void PlanWindow::Stop() {

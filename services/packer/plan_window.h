@@ -53,6 +53,13 @@ class PlanWindow {
   PlanPtr Peek(uint64_t step) const;
   // Fails pending requests with UNAVAILABLE and joins the workers.
   void Stop();
+  bool stopping() const;
+
+  // Called on a worker thread with each step it planned (after the step's
+  // waiters got the plan), e.g. to prepare what clients will ask of it.
+  // Replacing or clearing it waits for a call in progress to return.
+  using Planned = std::function<void(uint64_t step, const PlanPtr& plan)>;
+  void SetOnPlanned(Planned planned);
 
   uint64_t head() const;
   const Planner& planner() const { return *planner_; }
@@ -83,6 +90,8 @@ class PlanWindow {
   uint64_t head_ ABSL_GUARDED_BY(mu_) = 0;
   bool any_request_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  Planned on_planned_ ABSL_GUARDED_BY(mu_);
+  uint32_t planned_calls_ ABSL_GUARDED_BY(mu_) = 0;  // on_planned_ calls running
   std::vector<std::thread> workers_;
 };
 
