@@ -429,7 +429,7 @@ absl::Status FaultInjectingBackend::Submit(const IoOp& in, uint64_t tag) {
       return absl::OkStatus();
     }
     if (f->delay > absl::ZeroDuration()) {
-      held_[tag] = Held{op, absl::Now() + f->delay, 0, true};
+      held_[tag] = Held{op, absl::Now() + f->delay, 0, true, f->uncancellable};
       inner_ops_[tag] = op;
       if (f->corrupt) inner_ops_[tag].buf_index = -2;  // marker: corrupt on completion
       return absl::OkStatus();
@@ -483,6 +483,7 @@ absl::Status FaultInjectingBackend::Reap(absl::Duration timeout, std::vector<IoC
 
 void FaultInjectingBackend::Cancel(uint64_t tag) {
   auto it = held_.find(tag);
+  if (it != held_.end() && it->second.uncancellable) return;
   if (it != held_.end()) {
     ready_.push_back(IoCompletion{tag, -ECANCELED});
     held_.erase(it);
@@ -591,7 +592,12 @@ void IoService::Complete(uint64_t id, int64_t result) {
     reqs_.erase(it);
     outstanding_.fetch_sub(1);
   };
-  if (r.timed_out) return finish(result);
+  if (r.timed_out) {
+    // Answered already (deadline or stop): a file it opened after all is
+    // nobody's, so it is closed here rather than left open.
+    if (r.op.kind == IoOp::Kind::kOpen && result >= 0) ::close(static_cast<int>(result));
+    return finish(result);
+  }
   if ((result == -EAGAIN || result == -EINTR) && ++r.eagain < 1000) {
     waiting_.push_back(id);
     return;

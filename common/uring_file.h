@@ -107,6 +107,9 @@ struct IoFault {
   int eagain_times = 0;        // fail with -EAGAIN this many times first
   uint64_t min_offset = 0;     // only for reads/writes at or after this offset
   std::function<void()> before;  // runs (once) before the matching op is passed on
+  // With delay: Cancel does not stop it, it completes all the same (as an
+  // open already running in the kernel does).
+  bool uncancellable = false;
 };
 
 // Wraps `inner` and applies the first matching fault to each operation.
@@ -129,6 +132,7 @@ class FaultInjectingBackend final : public IoBackend {
     absl::Time due;  // InfiniteFuture for a stall
     int64_t result;
     bool pass_on;    // submit to inner at `due` instead of completing
+    bool uncancellable = false;  // Cancel leaves it held
   };
   IoFault* Match(const IoOp& op);
 
