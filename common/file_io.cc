@@ -81,8 +81,10 @@ absl::StatusOr<std::string> RandomAccessFile::ReadString(uint64_t offset, size_t
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenLocalFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t* size) {
+  // O_NONBLOCK: opening a FIFO without a writer (or a device) would block
+  // here; it is refused below instead, before anything is read.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -92,10 +94,28 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenLocalFile(const std::strin
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a regular file (",
+                     S_ISFIFO(st.st_mode)   ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISDIR(st.st_mode)  ? "a directory"
+                                            : "a device",
+                     "): refused without reading it; give the path of a regular file"));
   }
-  return std::unique_ptr<RandomAccessFile>(
-      new LocalFile(path, fd, static_cast<uint64_t>(st.st_size)));
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, absl::StrCat("fcntl ", path));
+  }
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenLocalFile(const std::string& path) {
+  uint64_t size = 0;
+  ASSIGN_OR_RETURN(int fd, OpenRegularFile(path, &size));
+  return std::unique_ptr<RandomAccessFile>(new LocalFile(path, fd, size));
 }
 
 std::unique_ptr<RandomAccessFile> MakeMemoryFile(std::string name, std::string data) {

@@ -27,7 +27,13 @@ class RandomAccessFile {
   absl::StatusOr<std::string> ReadString(uint64_t offset, size_t n) const;
 };
 
-// pread(2) on a regular file.
+// Opens `path` read-only (O_CLOEXEC) if it is a regular file and sets *size;
+// a FIFO, socket, directory or device is refused (INVALID_ARGUMENT naming
+// the path and what it is) at once, without blocking in open(2) or read(2).
+// The caller closes the descriptor.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t* size);
+
+// pread(2) on a regular file (opened with OpenRegularFile).
 absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenLocalFile(const std::string& path);
 
 // A file held in memory (tests, generated data).

@@ -1,8 +1,15 @@
 #include "common/file_io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 
 #include "gtest/gtest.h"
 
@@ -36,6 +43,42 @@ TEST(FileIoTest, MissingFileIsNotFound) {
   auto f = OpenLocalFile("/nonexistent/dir/file");
   EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(f.status().message().find("/nonexistent/dir/file"), std::string::npos);
+}
+
+// A FIFO nobody writes, /dev/null and a directory are refused by name at
+// once: the open does not wait for a writer. The read runs on a thread and,
+// should it block, a writer is opened to release it and the test fails.
+TEST(FileIoTest, WhatIsNoRegularFileIsRefusedWithoutBlocking) {
+  const std::string dir = TempDir();
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  struct Case {
+    std::string path;
+    const char* what;
+  };
+  for (const Case& c : {Case{fifo, "a FIFO"}, Case{"/dev/null", "a device"},
+                        Case{dir, "a directory"}}) {
+    auto result = std::make_shared<absl::StatusOr<std::string>>();
+    auto done = std::make_shared<absl::Notification>();
+    std::thread reader([path = c.path, result, done] {
+      *result = ReadFileToString(path);
+      done->Notify();
+    });
+    const bool returned = done->WaitForNotificationWithTimeout(absl::Seconds(20));
+    if (!returned) {  // release the blocked open: a writer comes and goes
+      const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (w >= 0) ::close(w);
+    }
+    reader.join();
+    ASSERT_TRUE(returned) << c.path << ": the read blocked";
+    EXPECT_EQ(result->status().code(), absl::StatusCode::kInvalidArgument) << result->status();
+    EXPECT_NE(result->status().message().find(c.path + " is not a regular file (" + c.what + ")"),
+              std::string::npos)
+        << result->status();
+    EXPECT_EQ(OpenLocalFile(c.path).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  ::unlink(fifo.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(FileIoTest, JoinUnderRefusesEscapes) {

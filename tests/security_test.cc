@@ -585,5 +585,60 @@ TEST_F(Security, ANonLoopbackAddressServedUnprotectedIsWarnedAbout) {
   EXPECT_THAT(r.output, HasSubstr("is not PEM"));
 }
 
+// A FIFO (nobody writing) where a daemon or a command expects a file it
+// reads: the job config, the index, the token, a certificate, a key. Each is
+// refused at once with a message naming the path, instead of blocking in
+// open(2) (each run is bounded: a blocked one times out and fails).
+TEST_F(Security, AFifoGivenAsAnInputFileIsRefusedAtOnce) {
+  const std::string job = dir_ + "/job.textproto";
+  std::ofstream(job) << JobConfigText(index_, 1);
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::vector<std::string> packer = {Packerd(), "--listen=127.0.0.1:0",
+                                           "--metrics=127.0.0.1:0"};
+  const std::vector<std::string> stager = {Stagerd(), "--packer=127.0.0.1:1",
+                                           "--source=" + source_, "--cache=" + dir_ + "/cache",
+                                           "--listen=127.0.0.1:0", "--metrics=127.0.0.1:0"};
+  const std::vector<std::vector<std::string>> cases = {
+      {"--config=" + fifo},
+      {"--config=" + job, "--index=" + fifo},
+      {"--config=" + job, "--token_file=" + fifo},
+      {"--config=" + job, "--tls_cert=" + fifo, "--tls_key=" + pki_.key},
+      {"--config=" + job, "--tls_cert=" + pki_.cert, "--tls_key=" + fifo},
+      {"--config=" + job, "--tls_cert=" + pki_.cert, "--tls_key=" + pki_.key, "--tls_mutual",
+       "--tls_ca=" + fifo},
+      {"stager", "--token_file=" + fifo},
+      {"stager", "--tls_ca=" + fifo},
+      {"plan", "--config=" + fifo},
+      {"plan", "--config=" + job, "--index=" + fifo},
+      {"stage", "--index=" + fifo, "--cache=" + dir_ + "/stage-cache"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv;
+    std::vector<std::string> env;
+    if (c[0] == "stager") {
+      argv = stager;
+      argv.insert(argv.end(), c.begin() + 1, c.end());
+    } else if (c[0] == "plan" || c[0] == "stage") {
+      argv = {TuttiCli(), c[0]};
+      argv.insert(argv.end(), c.begin() + 1, c.end());
+    } else {
+      argv = packer;
+      argv.insert(argv.end(), c.begin(), c.end());
+    }
+    RunResult r = RunCommand(argv, absl::Seconds(30));
+    EXPECT_FALSE(r.timed_out) << CommandLine(argv) << " blocked reading the FIFO";
+    EXPECT_NE(r.status, 0) << CommandLine(argv) << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(fifo + " is not a regular file (a FIFO)"))
+        << CommandLine(argv) << "\n" << r.output;
+  }
+  // The token file named by the environment, as a Kubernetes Secret would be.
+  RunResult r = RunCommand({Packerd(), "--config=" + job, "--listen=127.0.0.1:0",
+                            "--metrics=127.0.0.1:0"},
+                           absl::Seconds(30), {"TUTTI_TOKEN_FILE=" + fifo});
+  EXPECT_FALSE(r.timed_out) << "blocked reading TUTTI_TOKEN_FILE";
+  EXPECT_THAT(r.output, HasSubstr(fifo + " is not a regular file (a FIFO)")) << r.output;
+}
+
 }  // namespace
 }  // namespace tutti::e2e

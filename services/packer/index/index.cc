@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
+#include "common/file_io.h"
 #include "common/status.h"
 #include "common/tar.h"
 
@@ -399,18 +400,14 @@ uint64_t Index::memory_bytes() const {
 }
 
 absl::StatusOr<std::shared_ptr<const Index>> LoadIndex(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return Annotate(ErrnoStatus(err, absl::StrCat("open ", path)),
+  uint64_t file_size = 0;
+  absl::StatusOr<int> opened = OpenRegularFile(path, &file_size);
+  if (!opened.ok()) {
+    return Annotate(opened.status(),
                     "cannot read the index (build it with `tutti index --source DIR --out FILE`)");
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file (an index)"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  const int fd = *opened;
+  const size_t size = static_cast<size_t>(file_size);
   std::unique_ptr<char[]> data(new char[std::max<size_t>(size, 1)]);
   size_t done = 0;
   while (done < size) {
