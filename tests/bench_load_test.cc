@@ -16,16 +16,17 @@ using ::testing::HasSubstr;
 
 TEST(BenchLoad, EveryClientIsAnsweredAndEachRoundReportsLatencyCpuAndMemory) {
   const std::string dir = MakeTempDir("bench_load");
-  RunResult r = RunCommand({TuttiCli(), "bench", "load", "--clients=48", "--rounds=2", "--calls=4",
+  RunResult r = RunCommand({TuttiCli(), "bench", "load", "--clients=48", "--rounds=3", "--calls=4",
                             "--stream_plans=2", "--steps=2", "--seq_len=4096", "--json",
-                            "--dir=" + dir, std::string("--packerd=") + Packerd()},
+                            "--dir=" + dir, std::string("--packerd=") + Packerd(),
+                            "--max_rss_growth_mib=256"},
                            absl::Seconds(240));
   ASSERT_EQ(r.status, 0) << r.output;
   std::vector<std::string> rounds;
   for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
     if (absl::StartsWith(line, "{\"round\":")) rounds.emplace_back(line);
   }
-  ASSERT_EQ(rounds.size(), 2u) << r.output;
+  ASSERT_EQ(rounds.size(), 3u) << r.output;
   for (const std::string& line : rounds) {
     // 48 clients x 4 calls: 2 GetPlans and 2 streams each, none failed.
     EXPECT_THAT(line, HasSubstr("\"clients\":48,"));
@@ -39,6 +40,11 @@ TEST(BenchLoad, EveryClientIsAnsweredAndEachRoundReportsLatencyCpuAndMemory) {
       EXPECT_THAT(line, HasSubstr(key));
     }
   }
+  // The growth from the end of round 2 to the end of the last, checked
+  // against the limit.
+  EXPECT_THAT(rounds[1], HasSubstr("\"packer_rss_growth_bytes\":0}"));
+  EXPECT_THAT(r.output, HasSubstr("packer RSS from round 2 to round 3: "));
+  EXPECT_THAT(r.output, HasSubstr("--max_rss_growth_mib 256.0): flat"));
   RemoveTree(dir);
 }
 

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/file_io.h"
 #include "services/packer/bench/bench_workload.h"
 #include "services/packer/bench/synthetic.h"
@@ -97,7 +98,8 @@ class Packerd {
     }
   }
 
-  absl::Status Start(const std::string& binary, const std::string& dir) {
+  absl::Status Start(const std::string& binary, const std::string& dir,
+               const std::vector<std::string>& extra) {
     const std::string port_file = dir + "/packerd.ports";
     fs::remove(port_file);
     const std::string log = dir + "/packerd.log";
@@ -112,8 +114,13 @@ class Packerd {
       const std::string config = "--config=" + dir + "/job.textproto";
       const std::string index = "--index=" + dir + "/job.idx";
       const std::string ports = "--port_file=" + port_file;
-      ::execl(binary.c_str(), binary.c_str(), config.c_str(), index.c_str(), "--listen=127.0.0.1:0",
-              "--metrics=127.0.0.1:0", ports.c_str(), nullptr);
+      std::vector<std::string> args = {binary, config, index, "--listen=127.0.0.1:0",
+                                       "--metrics=127.0.0.1:0", ports};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(binary.c_str(), argv.data());
       std::fprintf(stderr, "exec %s failed\n", binary.c_str());
       ::_exit(127);
     }
@@ -208,7 +215,8 @@ absl::Status WriteJob(const std::string& dir, uint32_t world, uint32_t seq_len, 
 int RunBenchLoad(int argc, char** argv) {
   uint32_t clients = 2560, rounds = 3, calls = 6, stream_plans = 4, steps = 8, seq_len = 8192;
   uint32_t timeout_s = 300, interval_ms = 1000;
-  std::string dir, packerd;
+  double max_rss_growth_mib = 4;
+  std::string dir, packerd, packerd_args;
   bool json = false;
   tutti::tools::Cli cli(
       "tutti bench load [--clients N] [--rounds N] [--json] [options]",
@@ -230,7 +238,12 @@ int RunBenchLoad(int argc, char** argv) {
   cli.Flag("timeout_s", &timeout_s, "a round ends after this, its unfinished calls failed");
   cli.Flag("dir", &dir, "work directory for the job files (default: a new temporary one)");
   cli.Flag("packerd", &packerd, "tutti-packerd binary (default: from this build)");
+  cli.Flag("packerd_args", &packerd_args,
+           "more tutti-packerd flags, space-separated (e.g. \"--served_plan_precompute=none\")");
   cli.Flag("json", &json, "one JSON object per round instead of a table");
+  cli.Flag("max_rss_growth_mib", &max_rss_growth_mib,
+           "with 3 or more rounds: exit 1 if the packer's RSS grew more than this from the end "
+           "of round 2 to the end of the last round");
   int code = 0;
   if (!cli.Parse(argc, argv, &code)) return code;
   if (clients == 0 || rounds == 0 || calls == 0 || stream_plans == 0 || steps == 0 ||
@@ -265,7 +278,8 @@ int RunBenchLoad(int argc, char** argv) {
   std::fprintf(stderr, "job: %u ranks, %u synthetic samples, seq_len %u (%.1f s)\n", clients,
                samples, seq_len, Seconds(t0));
   Packerd packer;
-  if (absl::Status s = packer.Start(PackerdBinary(packerd), dir); !s.ok()) {
+  const std::vector<std::string> extra = absl::StrSplit(packerd_args, ' ', absl::SkipEmpty());
+  if (absl::Status s = packer.Start(PackerdBinary(packerd), dir, extra); !s.ok()) {
     std::fprintf(stderr, "tutti bench load: %s\n", std::string(s.message()).c_str());
     return 1;
   }
@@ -291,11 +305,16 @@ int RunBenchLoad(int argc, char** argv) {
     return 1;
   }
   if (!json) {
-    std::printf("%5s %7s %9s %7s %8s %8s %8s %8s %8s %9s %10s %8s %9s %10s\n", "round", "clients",
+    std::printf("%5s %7s %9s %7s %8s %8s %8s %8s %8s %9s %10s %8s %9s %10s %10s\n", "round",
+                "clients",
                 "plans", "errors", "seconds", "p50_ms", "p99_ms", "max_ms", "rpc_p99", "late_p99",
-                "cpu_cores", "us/plan", "rss_MiB", "drv_cores");
+                "cpu_cores", "us/plan", "rss_MiB", "rss_d2_MiB", "drv_cores");
   }
-  uint64_t first_rss = 0, errors = 0;
+  // RSS growth is counted from the end of round 2: round 1 keeps what the
+  // load needs at all (the served plans, connections' buffers), later
+  // rounds should keep nothing more.
+  uint64_t second_rss = 0, errors = 0;
+  int64_t last_growth = 0;
   for (uint32_t r = 1; r <= rounds; ++r) {
     const ProcSample before = ReadProc(packer.pid()), self_before = ReadProc(::getpid());
     const tutti::tools::LoadRound lr = (*driver)->RunRound(r);
@@ -307,7 +326,10 @@ int RunBenchLoad(int argc, char** argv) {
     // The packer's CPU per plan served: what the load costs it, whatever
     // else the machine runs.
     const double us_per_plan = lr.plans > 0 ? cpu / lr.plans * 1e6 : 0;
-    if (r == 1) first_rss = after.rss_bytes;
+    if (r <= 2) second_rss = after.rss_bytes;
+    const int64_t growth =
+        static_cast<int64_t>(after.rss_bytes) - static_cast<int64_t>(second_rss);
+    last_growth = growth;
     errors += lr.errors;
     if (json) {
       std::printf(
@@ -323,19 +345,31 @@ int RunBenchLoad(int argc, char** argv) {
           static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms, lr.max_ms,
           lr.unary_p50_ms, lr.unary_p99_ms, lr.stream_p50_ms, lr.stream_p99_ms, lr.late_p99_ms,
           cores, us_per_plan, driver_cores, static_cast<unsigned long long>(after.rss_bytes),
-          static_cast<long long>(after.rss_bytes) - static_cast<long long>(first_rss));
+          static_cast<long long>(growth));
     } else {
       std::printf(
-          "%5u %7u %9llu %7llu %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %10.2f %8.1f %9.1f %10.2f\n", r,
+          "%5u %7u %9llu %7llu %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %10.2f %8.1f %9.1f %10.1f "
+          "%10.2f\n",
+          r,
           lr.clients, static_cast<unsigned long long>(lr.plans),
           static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms, lr.max_ms,
           lr.unary_p99_ms, lr.late_p99_ms, cores, us_per_plan, after.rss_bytes / 1048576.0,
-          driver_cores);
+          growth / 1048576.0, driver_cores);
     }
     std::fflush(stdout);
     if (!lr.first_error.empty()) {
       std::fprintf(stderr, "round %u: first error: %s\n", r, lr.first_error.c_str());
     }
+  }
+  if (rounds >= 3) {
+    const double mib = last_growth / 1048576.0;
+    const bool flat = mib <= max_rss_growth_mib;
+    std::fprintf(stderr,
+                 "packer RSS from round 2 to round %u: %+.1f MiB (%.2f MiB a round; limit "
+                 "--max_rss_growth_mib %.1f): %s\n",
+                 rounds, mib, mib / (rounds - 2), max_rss_growth_mib,
+                 flat ? "flat" : "GROWS");
+    if (!flat) return 1;
   }
   return errors == 0 ? 0 : 1;
 }
