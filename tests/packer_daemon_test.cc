@@ -293,10 +293,14 @@ TEST_F(PackerDaemonTest, ServesPlansMetricsAndStopsCleanly) {
     EXPECT_NE(metrics.find(name), std::string::npos) << name << "\n" << metrics;
   }
 
-  EXPECT_NE(d.out().find(absl::StrCat("tutti-packerd listening on 127.0.0.1:", d.grpc_port(),
-                                      " (metrics 127.0.0.1:", d.metrics_port(), ")")),
-            std::string::npos)
-      << d.out();
+  // The banner follows the port file (the daemon prints it once serving), so
+  // on a busy machine it may come a moment after the port file.
+  const std::string banner = absl::StrCat("tutti-packerd listening on 127.0.0.1:", d.grpc_port(),
+                                          " (metrics 127.0.0.1:", d.metrics_port(), ")");
+  for (int i = 0; i < 500 && d.out().find(banner) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(d.out().find(banner), std::string::npos) << d.out();
   d.Signal(SIGTERM);
   ASSERT_TRUE(d.Exited(10000));
   EXPECT_EQ(d.ExitCode(), 0) << d.err();
