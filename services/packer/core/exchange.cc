@@ -64,12 +64,23 @@ void BuildLoadExchange(StepPlanData* plan) {
   const uint32_t n = plan->num_load_items();
   src.resize(n);
   dst.resize(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    if (!plan->IsRemoteLoad(i)) continue;
+  // Load items in their order: images, audio clips, then samples' token ids.
+  auto remote = [&](uint32_t i) {
     ids.push_back(i);
     src[i] = plan->LoadSource(i);
     dst[i] = plan->LoadDest(i);
     plan->remote_load_bytes += plan->LoadBytes(i);
+  };
+  const uint32_t I = static_cast<uint32_t>(plan->images.size());
+  const uint32_t A = static_cast<uint32_t>(plan->audio.size());
+  for (uint32_t i = 0; i < I; ++i) {
+    if (plan->images[i].remote_load) remote(i);
+  }
+  for (uint32_t i = 0; i < A; ++i) {
+    if (plan->audio[i].remote_load) remote(I + i);
+  }
+  for (uint32_t i = 0; i < plan->samples.size(); ++i) {
+    if (plan->samples[i].text_remote) remote(I + A + i);
   }
   if (ids.empty()) {
     plan->load_sends.begin.assign(W + 1, 0);

@@ -13,16 +13,21 @@
 namespace tutti::packer {
 namespace {
 
-// Stable counting sort of ids [0, n) into rows by key(id).
+// Stable counting sort of ids [0, n) into rows by key(id); key is called
+// once per id (it reads large records).
 template <typename Key>
 void FillCsr(uint32_t n, uint32_t rows, Key key, Csr* csr) {
+  thread_local std::vector<uint32_t> keys, at;
+  keys.resize(n);
   csr->begin.assign(rows + 1, 0);
-  for (uint32_t i = 0; i < n; ++i) ++csr->begin[key(i) + 1];
+  for (uint32_t i = 0; i < n; ++i) {
+    keys[i] = key(i);
+    ++csr->begin[keys[i] + 1];
+  }
   for (uint32_t r = 0; r < rows; ++r) csr->begin[r + 1] += csr->begin[r];
-  thread_local std::vector<uint32_t> at;
   at.assign(csr->begin.begin(), csr->begin.end() - 1);
   csr->items.resize(n);
-  for (uint32_t i = 0; i < n; ++i) csr->items[at[key(i)]++] = i;
+  for (uint32_t i = 0; i < n; ++i) csr->items[at[keys[i]]++] = i;
 }
 
 PhaseSummary SummarizePhase(const std::vector<double>& per_rank, const std::vector<double>& before,
@@ -95,13 +100,14 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1), T);
   StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1), V);
   thread_local std::vector<uint32_t> ids;
-  thread_local std::vector<uint64_t> pos;
+  thread_local std::vector<uint64_t> pos, local;
   ids.resize(NT + NV);
   pos.resize(NT + NV);
+  local.resize(NT + NV);
   CandidatePositions(step, T, V, in, pos.data());
-  for (uint32_t k = 0; k < NT + NV; ++k) {
-    ids[k] = static_cast<uint32_t>(k < NT ? text_sampler.At(pos[k]) : vl_sampler.At(pos[k]));
-  }
+  text_sampler.AtMany(pos.data(), NT, local.data());
+  vl_sampler.AtMany(pos.data() + NT, NV, local.data() + NT);
+  for (uint32_t k = 0; k < NT + NV; ++k) ids[k] = static_cast<uint32_t>(local[k]);
   constexpr uint32_t kAhead = 16;
   const uint32_t* text_ids = job.text_samples().data();
   const uint32_t* vl_ids = job.vl_samples().data();

@@ -47,6 +47,31 @@ uint64_t FeistelPermutation::operator()(uint64_t i) const {
   return y;
 }
 
+void FeistelPermutation::Map(const uint64_t* in, size_t count, uint64_t* out) const {
+  if (n_ <= 1) {
+    std::fill(out, out + count, 0);
+    return;
+  }
+  // One encryption of every position, then again of those still outside
+  // [0, n), until none is: each pass a loop without branches whose
+  // iterations are independent, so their multiplications overlap.
+  for (size_t k = 0; k < count; ++k) out[k] = Encrypt(in[k]);
+  thread_local std::vector<size_t> walking;
+  walking.clear();
+  for (size_t k = 0; k < count; ++k) {
+    if (out[k] >= n_) walking.push_back(k);
+  }
+  while (!walking.empty()) {
+    for (size_t k : walking) out[k] = Encrypt(out[k]);
+    size_t kept = 0;
+    for (size_t k : walking) {
+      walking[kept] = k;
+      kept += out[k] >= n_;
+    }
+    walking.resize(kept);
+  }
+}
+
 StreamSampler::StreamSampler(uint64_t seed, Stream stream, uint64_t n, uint64_t per_step)
     : seed_(seed),
       stream_(stream),
@@ -99,6 +124,32 @@ uint64_t StreamSampler::At(uint64_t p) {
     if (i < start_.size()) return start_[i];
   }
   return Plain(epoch, i);
+}
+
+void StreamSampler::AtMany(const uint64_t* pos, size_t count, uint64_t* out) {
+  size_t k = 0;
+  while (k < count) {
+    const uint64_t epoch = pos[k] / n_;
+    // The reordered start of an epoch goes through At; a run of positions
+    // of one epoch past it, through the permutation in one batch.
+    auto in_start = [&](uint64_t p) { return per_step_ > 0 && p / n_ > 0 && p % n_ < per_step_; };
+    if (in_start(pos[k])) {
+      out[k] = At(pos[k]);
+      ++k;
+      continue;
+    }
+    size_t e = k;
+    while (e < count && pos[e] / n_ == epoch && !in_start(pos[e])) {
+      out[e] = pos[e] % n_;
+      ++e;
+    }
+    if (epoch != epoch_) {
+      epoch_ = epoch;
+      perm_ = FeistelPermutation(n_, Key(epoch));
+    }
+    perm_.Map(out + k, e - k, out + k);
+    k = e;
+  }
 }
 
 uint64_t StepsForEpochs(uint64_t epochs, uint64_t n_text, uint64_t text_per_step, uint64_t n_vl,

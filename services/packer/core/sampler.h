@@ -19,6 +19,7 @@
 #ifndef TUTTI_SERVICES_PACKER_CORE_SAMPLER_H_
 #define TUTTI_SERVICES_PACKER_CORE_SAMPLER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -29,6 +30,9 @@ class FeistelPermutation {
  public:
   FeistelPermutation(uint64_t n, uint64_t key);
   uint64_t operator()(uint64_t i) const;
+  // out[k] = (*this)(in[k]) for k < count (out may be in): several
+  // positions at once, so that their encryptions overlap.
+  void Map(const uint64_t* in, size_t count, uint64_t* out) const;
   uint64_t size() const { return n_; }
 
  private:
@@ -52,6 +56,8 @@ class StreamSampler {
   StreamSampler(uint64_t seed, Stream stream, uint64_t n, uint64_t per_step = 0);
   // Stream-local index at stream position p.
   uint64_t At(uint64_t p);
+  // out[k] = At(pos[k]) for k < count.
+  void AtMany(const uint64_t* pos, size_t count, uint64_t* out);
   uint64_t size() const { return n_; }
   uint64_t EpochOf(uint64_t p) const { return p / n_; }
 

@@ -1,5 +1,6 @@
 #include "services/packer/core/sampler.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -89,6 +90,38 @@ TEST(SamplerTest, EveryStepAndEveryEpochDrawsEachSampleOnce) {
     StreamSampler fresh(3, Stream::kText, n, per);
     for (uint64_t p : {uint64_t{0}, n - 1, n, n + 1, 3 * n + per / 2, steps * per - 1}) {
       EXPECT_EQ(fresh.At(p), s.At(p)) << p;
+    }
+  }
+}
+
+// Batches give what one position at a time gives: runs within an epoch,
+// across epoch boundaries (the reordered start of an epoch), out of order
+// (deferred positions ahead of the step's own), and every lane count.
+TEST(SamplerTest, BatchesMapLikeSinglePositions) {
+  for (uint64_t n : {1ull, 2ull, 5ull, 97ull, 1000ull, 65537ull}) {
+    FeistelPermutation perm(n, 9 + n);
+    std::vector<uint64_t> in, out;
+    for (uint64_t i = 0; i < std::min<uint64_t>(n, 3000); ++i) in.push_back(i * 7 % n);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, in.size()}) {
+      count = std::min(count, in.size());
+      out.assign(count, UINT64_MAX);
+      perm.Map(in.data(), count, out.data());
+      for (size_t k = 0; k < count; ++k) ASSERT_EQ(out[k], perm(in[k])) << n << " " << k;
+    }
+    std::vector<uint64_t> same = in;  // in place
+    perm.Map(same.data(), same.size(), same.data());
+    for (size_t k = 0; k < in.size(); ++k) ASSERT_EQ(same[k], perm(in[k]));
+  }
+  for (const auto& [n, per] : {std::pair<uint64_t, uint64_t>{500, 7}, {97, 13}, {101, 50}}) {
+    StreamSampler one(3, Stream::kVl, n, per), many(3, Stream::kVl, n, per);
+    for (uint64_t step : {uint64_t{0}, uint64_t{1}, n / per, n / per + 1, 7 * n / per}) {
+      std::vector<uint64_t> pos = {step > 0 ? step * per - 1 : 0, 3, n + 2};
+      for (uint64_t j = 0; j < per; ++j) pos.push_back(step * per + j);
+      std::vector<uint64_t> out(pos.size());
+      many.AtMany(pos.data(), pos.size(), out.data());
+      for (size_t k = 0; k < pos.size(); ++k) {
+        ASSERT_EQ(out[k], one.At(pos[k])) << n << "/" << per << " step " << step << " " << k;
+      }
     }
   }
 }
