@@ -721,6 +721,17 @@ class TuttiStrategy final : public PackingStrategy {
     }
   }
 
+  // What a change in one phase may raise the other phase to: its maximum
+  // (or, before the text documents are placed, the LLM budget), and at
+  // least the point where its own search would stop (kDone over its bound).
+  static double OtherCap(const State& st, bool vit_phase) {
+    if (vit_phase) {
+      return st.llm_cap >= 0 ? st.llm_cap
+                             : std::max(st.llm[st.llm_max.Top()], st.llm_lb * (1 + kDone));
+    }
+    return std::max(st.vit[st.vit_max.Top()], st.vit_lb * (1 + kDone));
+  }
+
   // One round of a phase: the best change off its slowest rank. False when
   // there is none (or the phase sits on its lower bound).
   bool Round(const PackProblem& p, State* st, bool vit_phase) const {
@@ -730,14 +741,7 @@ class TuttiStrategy final : public PackingStrategy {
     const uint32_t hi = vit_phase ? st->vit_max.Top() : st->llm_max.Top();
     const double h = load[hi];
     if (h <= lower_bound * (1 + kDone)) return false;
-    // The other phase may not rise above its maximum (or, before the text
-    // documents are placed, above the LLM budget), nor above the point
-    // where its own search would stop (kDone over its bound).
-    const double cap =
-        vit_phase
-            ? (st->llm_cap >= 0 ? st->llm_cap
-                                : std::max(st->llm[st->llm_max.Top()], st->llm_lb * (1 + kDone)))
-            : std::max(st->vit[st->vit_max.Top()], st->vit_lb * (1 + kDone));
+    const double cap = OtherCap(*st, vit_phase);
     const bool with_text = st->text_placed;
     // Receivers: the least loaded ranks, the least loaded ones with room
     // for the smallest of hi's items (a full rank takes only swaps), and in
@@ -805,11 +809,7 @@ class TuttiStrategy final : public PackingStrategy {
     const double lower_bound = vit_phase ? st->vit_lb : st->llm_lb;
     std::vector<double>& load = vit_phase ? st->vit : st->llm;
     std::vector<double>& other = vit_phase ? st->llm : st->vit;
-    const double cap =
-        vit_phase
-            ? (st->llm_cap >= 0 ? st->llm_cap
-                                : std::max(st->llm[st->llm_max.Top()], st->llm_lb * (1 + kDone)))
-            : std::max(st->vit[st->vit_max.Top()], st->vit_lb * (1 + kDone));
+    const double cap = OtherCap(*st, vit_phase);
     const bool with_text = st->text_placed;
     std::vector<uint64_t>& by_load = st->by_load;
     by_load.resize(W);
