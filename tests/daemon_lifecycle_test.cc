@@ -25,6 +25,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_support.h"
+#include "tests/mounts.h"
 #include "tutti/v1/stager.grpc.pb.h"
 
 namespace tutti::e2e {
@@ -156,14 +157,7 @@ class Lifecycle : public ::testing::Test {
 };
 std::string* Lifecycle::dir_ = nullptr;
 
-bool Mounted(const std::string& mnt) {
-  std::ifstream m("/proc/mounts");
-  std::string line;
-  while (std::getline(m, line)) {
-    if (line.find(" " + mnt + " ") != std::string::npos) return true;
-  }
-  return false;
-}
+using ::tutti::mounts::Mounted;
 
 TEST_F(Lifecycle, PackerIsNotReadyWhileItLoadsAndStopsOnSigtermThen) {
 #ifndef TUTTI_SLOWFS_BINARY

@@ -7,26 +7,19 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "services/stager/stager_core.h"
 #include "services/stager/test_dataset.h"
+#include "tests/mounts.h"
 
 namespace tutti::stager {
 namespace {
 
 namespace fs = std::filesystem;
 
-bool Mounted(const std::string& mnt) {
-  std::ifstream m("/proc/mounts");
-  std::string line;
-  while (std::getline(m, line)) {
-    if (line.find(" " + mnt + " ") != std::string::npos) return true;
-  }
-  return false;
-}
+using ::tutti::mounts::Mounted;
 
 TEST(SlowfsTest, StalledImageIsSubstitutedByTheDeadline) {
   if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/fuse is not available";
