@@ -488,8 +488,12 @@ TEST(MpiTransport, ScratchReceivesOfAFailedAgreementAreWithdrawn) {
         size_t recv_size = plan.exchange().recv_bytes();
         uint64_t step = 30 + c;
         if (c == kRefuses && t->rank() == 1) --recv_size;
-        if (c == kSendsMore && t->rank() == 0) ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 4096));
-        if (c == kSplits && t->rank() == 0) ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
+        if (c == kSendsMore && t->rank() == 0) {
+          ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 4096));
+        }
+        if (c == kSplits && t->rank() == 0) {
+          ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
+        }
         if (c == kOtherStep && t->rank() == t->world_size() - 1) ++step;
         Buffers b(plan);
         const ExchangeContext ctx = ScratchContext(step, t->world_size());
