@@ -137,6 +137,13 @@ std::string RankList(const std::vector<int>& ranks) {
   return s;
 }
 
+// "step 12, forward exchange #3" (the step left out when unknown): where a
+// failed agreement happened, the same text on every rank.
+std::string AgreedWhere(uint64_t step, uint32_t dir, uint64_t seq) {
+  return absl::StrCat(step == kUnknownStep ? "" : absl::StrCat("step ", step, ", "), DirName(dir),
+                      " exchange #", seq);
+}
+
 }  // namespace
 
 // What ranks tell each other before an exchange. Plain bytes on the wire:
@@ -154,7 +161,9 @@ struct MpiTransport::Header {
   int32_t code = 0;  // absl::StatusCode of the sender's verdict
   uint32_t world = 0;
   uint32_t sender = 0;
-  char reason[176] = {};  // the sender's error message, truncated
+  uint32_t own_input = 0;  // verdict: 1 when it is the sender's refusal of its own input
+  uint32_t unused = 0;
+  char reason[936] = {};  // the sender's error message, truncated
 
   void SetStatus(const absl::Status& s) {
     code = static_cast<int32_t>(s.code());
@@ -461,7 +470,7 @@ void MpiTransport::Withdraw(const std::string& where, const std::vector<Header>&
 
 absl::Status MpiTransport::RunAgreement(const ExchangeLayout& layout, const absl::Status& local,
                                         Early* early) {
-  static_assert(sizeof(Header) == 256, "agreement messages are 256 bytes");
+  static_assert(sizeof(Header) == 1024, "agreement messages are 1 KiB");
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",
                    DirName(static_cast<uint32_t>(layout.direction)), " exchange #", seq_);
@@ -586,45 +595,45 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
   if (absl::IsDeadlineExceeded(round)) return timed_out(missing, "join the exchange");
   if (!round.ok()) return failed(round);
   const std::vector<Header> hellos = in;
+  // This rank's verdict: its own refusal, or the first disagreement it sees
+  // with a peer, worded with absolute ranks so that any rank can report it.
   absl::Status verdict = local;
+  const uint32_t me = rank_;
   for (uint32_t p = 0; p < size_ && verdict.ok(); ++p) {
     if (p == rank_) continue;
     const Header& h = in[p];
     auto refuse = [&](auto&&... parts) {
-      verdict = absl::FailedPreconditionError(absl::StrCat(where, ": ", parts...));
+      verdict = absl::FailedPreconditionError(absl::StrCat(parts...));
     };
+    const char* disagree =
+        ": the ranks' plans disagree (different steps or jobs, or a corrupt plan)";
     if (h.magic != kHelloMagic || h.sender != p || h.world != size_) {
-      refuse("rank ", p,
-             " sent a malformed agreement message (another library using this "
-             "communicator's tags?)");
+      refuse("rank ", me, " received a malformed agreement message from rank ", p,
+             " (another library using this communicator's tags?)");
     } else if (h.seq != seq_) {
-      refuse("rank ", p, " is at exchange #", h.seq, " but this rank is at #", seq_,
+      refuse("rank ", p, " is at exchange #", h.seq, " but rank ", me, " at #", seq_,
              ": the ranks called Exchange a different number of times");
     } else if (h.direction != static_cast<uint32_t>(layout.direction)) {
-      refuse("rank ", p, " runs the ", DirName(h.direction), " exchange but this rank the ",
+      refuse("rank ", p, " runs the ", DirName(h.direction), " exchange but rank ", me, " the ",
              DirName(static_cast<uint32_t>(layout.direction)));
     } else if (h.code != 0) {
       continue;  // it refused its own input and says why in round 2
     } else if (local.ok() && h.step != layout.step && h.step != kUnknownStep &&
                layout.step != kUnknownStep) {
-      refuse("rank ", p, " is exchanging step ", h.step, "'s plan but this rank step ", layout.step,
-             "'s");
+      refuse("rank ", p, " is exchanging step ", h.step, "'s plan but rank ", me, " step ",
+             layout.step, "'s (a rank skipped a step?)");
     } else if (local.ok() && h.sends_you != layout.recv_counts[p]) {
-      refuse("rank ", p, " sends ", h.sends_you, " bytes to rank ", rank_, " but rank ", rank_,
-             "'s plan expects ", layout.recv_counts[p],
-             " from it: the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+      refuse("rank ", p, " sends ", h.sends_you, " bytes to rank ", me, " but rank ", me,
+             "'s plan expects ", layout.recv_counts[p], " from it", disagree);
     } else if (local.ok() && h.expects_from_you != layout.send_counts[p]) {
-      refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", rank_, " but rank ",
-             rank_, "'s plan sends it ", layout.send_counts[p],
-             ": the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+      refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", me, " but rank ",
+             me, "'s plan sends it ", layout.send_counts[p], disagree);
     } else if (local.ok() && h.items_to_you != layout.recv_item_hashes[p]) {
-      refuse("rank ", p, " splits the ", h.sends_you, " bytes it sends to rank ", rank_,
-             " into other items than rank ", rank_,
-             "'s plan: the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+      refuse("rank ", p, " splits the ", h.sends_you, " bytes it sends to rank ", me,
+             " into other items than rank ", me, "'s plan", disagree);
     } else if (local.ok() && h.items_from_you != layout.send_item_hashes[p]) {
-      refuse("rank ", p, " expects the ", h.expects_from_you, " bytes from rank ", rank_,
-             " in other items than rank ", rank_,
-             "'s plan: the ranks' plans disagree (different steps or jobs, or a corrupt plan)");
+      refuse("rank ", p, " expects the ", h.expects_from_you, " bytes from rank ", me,
+             " in other items than rank ", me, "'s plan", disagree);
     }
   }
 
@@ -632,16 +641,38 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
   for (uint32_t p = 0; p < size_; ++p) {
     out[p].magic = kVerdictMagic;
     out[p].SetStatus(verdict);
+    out[p].own_input = local.ok() ? 0 : 1;
   }
   missing.clear();
   round = Round(kVerdictTag, out, &in, deadline, &missing);
   if (absl::IsDeadlineExceeded(round)) return timed_out(missing, "confirm the exchange");
   if (!round.ok()) return failed(round);
-  for (uint32_t p = 0; p < size_ && verdict.ok(); ++p) {
-    if (p == rank_ || in[p].code == 0) continue;
-    verdict =
-        absl::Status(static_cast<absl::StatusCode>(in[p].code),
-                     absl::StrCat(where, ": rank ", p, " refused the exchange: ", in[p].reason));
+  in[rank_] = out[rank_];
+  in[rank_].sender = rank_;
+  // Every rank reports the lowest rank's verdict, in the words that rank
+  // sent (so truncated alike), with that rank's step and exchange number.
+  int first = -1;
+  std::vector<int> refused_too;
+  for (uint32_t p = 0; p < size_; ++p) {
+    if (in[p].code == 0) continue;
+    if (first < 0) {
+      first = static_cast<int>(p);
+    } else if (in[p].own_input && in[first].own_input) {
+      refused_too.push_back(static_cast<int>(p));
+    }
+  }
+  if (first >= 0) {
+    const Header& v = in[first];
+    const std::string at = AgreedWhere(v.step, v.direction, v.seq);
+    const std::string reason(v.reason, strnlen(v.reason, sizeof(v.reason)));
+    verdict = absl::Status(
+        static_cast<absl::StatusCode>(v.code),
+        v.own_input ? absl::StrCat(at, ": rank ", first, " refused the exchange: ", reason,
+                                   refused_too.empty()
+                                       ? ""
+                                       : absl::StrCat(" (rank(s) ", RankList(refused_too),
+                                                      " refused too)"))
+                    : absl::StrCat(at, ": ", reason));
   }
   // Every rank reaches the same decision; on a refusal, what the peers
   // already sent is received and dropped, and this rank's sends complete.

@@ -45,6 +45,34 @@ std::unique_ptr<MpiTransport> MakeTransport(MpiTransportOptions o = TestOptions(
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
+// Every rank's status as "CODE: message", gathered onto every rank (the
+// tests' own MPI_COMM_WORLD collectives, after the transport's exchange).
+std::vector<std::string> EveryRanks(const absl::Status& s) {
+  const std::string mine = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+  const int n = static_cast<int>(mine.size());
+  std::vector<int> sizes(WorldSize()), offsets(WorldSize());
+  MPI_Allgather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  int total = 0;
+  for (uint32_t r = 0; r < WorldSize(); ++r) {
+    offsets[r] = total;
+    total += sizes[r];
+  }
+  std::string all(total, '\0');
+  MPI_Allgatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR,
+                 MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  for (uint32_t r = 0; r < WorldSize(); ++r) out.push_back(all.substr(offsets[r], sizes[r]));
+  return out;
+}
+
+// A failed agreement reads the same on every rank: code and message.
+void ExpectSameOnEveryRank(const absl::Status& s, const std::string& what = "") {
+  const std::vector<std::string> all = EveryRanks(s);
+  for (uint32_t r = 1; r < all.size(); ++r) {
+    EXPECT_EQ(all[r], all[0]) << "rank " << r << " vs rank 0 " << what;
+  }
+}
+
 TEST(MpiTransport, RanksMatchTheWorld) {
   auto t = MakeTransport();
   EXPECT_EQ(t->rank(), WorldRank());
@@ -137,11 +165,16 @@ TEST(MpiTransport, SendBufferSizeMismatchOnEveryRank) {
   absl::Status s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(),
                                ExchangeContext{7, t->world_size()});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // Every rank refused; each reports rank 0's reason and names the others.
+  EXPECT_THAT(Msg(s), HasSubstr("rank 0 refused the exchange: step 7, rank 0"));
   EXPECT_THAT(Msg(s), HasSubstr("send buffer size mismatch"));
   EXPECT_THAT(Msg(s),
-              HasSubstr("expected " + std::to_string(plan.exchange().send_bytes()) + " bytes"));
-  EXPECT_THAT(Msg(s), HasSubstr("given " + std::to_string(plan.exchange().send_bytes() + 1)));
-  EXPECT_THAT(Msg(s), HasSubstr("step 7, rank " + std::to_string(t->rank())));
+              HasSubstr("expected " + std::to_string(plans[0].exchange().send_bytes()) + " bytes"));
+  EXPECT_THAT(Msg(s), HasSubstr("given " + std::to_string(plans[0].exchange().send_bytes() + 1)));
+  if (t->world_size() > 1) {
+    EXPECT_THAT(Msg(s), HasSubstr("refused too"));
+  }
+  ExpectSameOnEveryRank(s);
   EXPECT_TRUE(b.RecvUntouched());
 }
 
@@ -155,12 +188,10 @@ TEST(MpiTransport, ReceiveBufferMismatchOnOneRankFailsEveryRankAndNothingMoves) 
   absl::Status s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), recv_size,
                                ExchangeContext{8, t->world_size()});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  if (t->rank() == bad) {
-    EXPECT_THAT(Msg(s), HasSubstr("receive buffer size mismatch"));
-  } else {
-    EXPECT_THAT(Msg(s), HasSubstr("rank " + std::to_string(bad) + " refused the exchange"));
-    EXPECT_THAT(Msg(s), HasSubstr("receive buffer size mismatch"));
-  }
+  EXPECT_THAT(Msg(s), HasSubstr("step 8, forward exchange #"));
+  EXPECT_THAT(Msg(s), HasSubstr("rank " + std::to_string(bad) + " refused the exchange"));
+  EXPECT_THAT(Msg(s), HasSubstr("receive buffer size mismatch"));
+  ExpectSameOnEveryRank(s);
   EXPECT_TRUE(b.RecvUntouched());
   // The transport is still usable.
   EXPECT_TRUE(ExchangeAndVerify(*t, plan, ExchangeContext{8, t->world_size()}, nullptr).ok());
@@ -213,19 +244,20 @@ TEST(MpiTransport, PlansThatDisagreeAreRefusedOnEveryRank) {
   auto plans = Plans(t->world_size(), 12);
   // Rank 0 believes it sends 8 more bytes to rank 2 than rank 2 expects.
   v1::RankPlan plan = plans[t->rank()];
-  if (t->rank() == 0) ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 8));
+  if (t->rank() == 0) {
+    ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 8));
+  }
   Buffers b(plan);
   absl::Status s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(),
                                ExchangeContext{12, t->world_size()});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  if (t->rank() == 2) {
-    EXPECT_THAT(Msg(s), HasSubstr("rank 0 sends " +
-                                  std::to_string(plans[0].exchange().sends(2).bytes() + 8) +
-                                  " bytes to rank 2 but rank 2's plan expects " +
-                                  std::to_string(plans[0].exchange().sends(2).bytes())));
-  } else if (t->rank() != 0) {
-    EXPECT_THAT(Msg(s), HasSubstr("refused the exchange"));
-  }
+  // Ranks 0 and 2 each see the disagreement; every rank reports rank 0's view.
+  EXPECT_THAT(Msg(s), HasSubstr("step 12, forward exchange #"));
+  EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects " +
+                                std::to_string(plans[0].exchange().sends(2).bytes()) +
+                                " bytes from rank 0 but rank 0's plan sends it " +
+                                std::to_string(plans[0].exchange().sends(2).bytes() + 8)));
+  ExpectSameOnEveryRank(s);
   EXPECT_TRUE(b.RecvUntouched());
 }
 
@@ -281,17 +313,10 @@ TEST(MpiTransport, PlansThatSplitAPairsBytesDifferentlyAreRefusedOnEveryRank) {
                                  ItemsOf(plan.exchange().recvs(), b.recv.data()), ctx)
               : t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(), ctx);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-    if (t->rank() == 2) {
-      EXPECT_THAT(Msg(s), HasSubstr("rank 0 splits the " +
-                                    std::to_string(plans[0].exchange().sends(2).bytes()) +
-                                    " bytes it sends to rank 2 into other items than rank 2's"));
-    } else if (t->rank() == 0) {
-      EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the " +
-                                    std::to_string(plans[0].exchange().sends(2).bytes()) +
-                                    " bytes from rank 0 in other items than rank 0's plan"));
-    } else {
-      EXPECT_THAT(Msg(s), HasSubstr("refused the exchange"));
-    }
+    EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the " +
+                                  std::to_string(plans[0].exchange().sends(2).bytes()) +
+                                  " bytes from rank 0 in other items than rank 0's plan"));
+    ExpectSameOnEveryRank(s, items ? "item-wise" : "contiguous");
     EXPECT_TRUE(b.RecvUntouched()) << (items ? "item-wise" : "contiguous");
     absl::Status next = ExchangeAndVerify(*t, plans[t->rank()], ctx, nullptr);
     ASSERT_TRUE(next.ok()) << next;
@@ -466,7 +491,9 @@ TEST(MpiTransport, ScratchReceivesArePostedBeforeTheAgreement) {
     EXPECT_TRUE(saw_flag) << "rank 0's bytes had not reached rank 1 after 10 s before rank " << late
                           << " joined the exchange";
   }
-  if (t->rank() == 1) EXPECT_TRUE(landed.load());
+  if (t->rank() == 1) {
+    EXPECT_TRUE(landed.load());
+  }
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
@@ -511,13 +538,14 @@ TEST(MpiTransport, ScratchReceivesOfAFailedAgreementAreWithdrawn) {
         EXPECT_EQ(s.code(), c == kRefuses ? absl::StatusCode::kInvalidArgument
                                           : absl::StatusCode::kFailedPrecondition)
             << what << ": " << s;
-        if (c == kSendsMore && t->rank() == 2) {
-          EXPECT_THAT(Msg(s), HasSubstr("rank 0 sends")) << what;
-        } else if (c == kSplits && t->rank() == 2) {
-          EXPECT_THAT(Msg(s), HasSubstr("rank 0 splits the")) << what;
-        } else if (c == kRefuses && t->rank() != 1) {
+        if (c == kSendsMore) {
+          EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects")) << what;
+        } else if (c == kSplits) {
+          EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the")) << what;
+        } else if (c == kRefuses) {
           EXPECT_THAT(Msg(s), HasSubstr("rank 1 refused the exchange")) << what;
         }
+        ExpectSameOnEveryRank(s, what);
         // Nothing of the failed exchange is left: the next one moves every byte.
         const ExchangeContext again = ScratchContext(30 + c, t->world_size());
         absl::Status next = items ? ItemsAndVerify(*t, plans[t->rank()], again)

@@ -87,11 +87,12 @@ class ExchangeTest(unittest.TestCase):
 
     def test_mpi_transport_bad_input(self):
         # The MPI transport posts its receives before the agreement (the outputs are
-        # scratch): bad input still fails every rank with the same error and cause, soon,
-        # and leaves nothing behind (each case's run ends cleanly). Each rank words the
-        # cause from its side (its own rank first; a pair's two ends each name the other).
+        # scratch): bad input still fails every rank with the same error and message (the
+        # lowest rank's verdict), soon, and leaves nothing behind (each case's run ends
+        # cleanly).
         want = {"shape": ("InvalidArgumentError", r"x has shape \[23, 16\] but"),
-                "skip": ("FailedPreconditionError", r"is exchanging step \d's plan but this rank"),
+                "skip": ("FailedPreconditionError",
+                         r"rank \d is exchanging step \d's plan but rank \d step \d's"),
                 "mismatch": ("FailedPreconditionError",
                              r"(splits the|expects the) \d+ bytes (it sends to|from) rank \d "
                              r"in(to)? other items than rank"),
@@ -104,6 +105,7 @@ class ExchangeTest(unittest.TestCase):
                 rc, out, rows = self.results("mpirun", case)
                 self.assertEqual(rc, 0, out[-3000:])
                 self.assertEqual(len(rows), 4, out[-3000:])
+                self.assertEqual(len({(r[0], r[2]) for r in rows}), 1, rows)  # the same everywhere
                 for r in rows:
                     self.assertEqual(r[0], cls, rows)
                     self.assertRegex(r[2], pattern, rows)
