@@ -86,6 +86,8 @@ TEST(BenchPackerIndexTest, PlansAnIndexFileWithASeqLenPerStage) {
                           "--hashes ", dir, "/data 2>&1"),
              &rc);
   ASSERT_EQ(rc, 0) << out;
+  // The progress line counts the steps the cell planned (stderr).
+  EXPECT_TRUE(absl::StrContains(out, "lpt          1 steps planned, 0 failed in ")) << out;
   const std::string index = dir + "/data/index.idx";
   out = Output(absl::StrCat(TUTTI_CLI, " bench packer --index ", index,
                             " --ranks 8 --stages 262144,1003520 --seq-lens 8192,16384 --steps 2 ",
@@ -157,7 +159,9 @@ TEST(PlanCheckTest, CorruptedPlansAreCaught) {
       ps.seq = 0;
       tokens += ps.cost.llm_tokens;
     }
-    if (tokens > d.seq_len) EXPECT_FALSE(tools::CheckPlan(**job, full).ok()) << post;
+    if (tokens > d.seq_len) {
+      EXPECT_FALSE(tools::CheckPlan(**job, full).ok()) << post;
+    }
     // Another LLM imbalance than the placement gives.
     if (!d.phases_from_dispatcher) {
       packer::StepPlanData wrong = d;

@@ -565,8 +565,10 @@ int RunBenchPacker(int argc, char** argv) {
         c.shape = *shape;
         const auto tc = Clock::now();
         RunCell(so, *index, steps, build_steps, post, hash_dir, index_path, &c);
-        std::fprintf(stderr, "  W=%u max_pixels=%llu %-12s %u steps in %.1f s\n", w,
-                     static_cast<unsigned long long>(px), Label(c).c_str(), c.steps, Ms(tc) / 1e3);
+        std::fprintf(stderr,
+                     "  W=%u max_pixels=%llu %-12s %zu steps planned, %u failed in %.1f s\n", w,
+                     static_cast<unsigned long long>(px), Label(c).c_str(), c.plan_ms.size(),
+                     c.failed, Ms(tc) / 1e3);
         cells.push_back(std::move(c));
       }
       AverageOverCommonSteps(cells.begin() + group, cells.end());

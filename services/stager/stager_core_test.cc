@@ -385,7 +385,9 @@ TEST(StagerCoreTest, RanksKilledAndResumedAreServedAgainOnTheSameStager) {
   auto take = [&](uint64_t step, uint32_t rank, uint64_t incarnation) {
     auto d = c.core->Acquire(step, rank, 20000, incarnation);
     EXPECT_TRUE(d.ok()) << "step " << step << " rank " << rank << ": " << d.status();
-    if (d.ok()) EXPECT_EQ(d->step(), step);
+    if (d.ok()) {
+      EXPECT_EQ(d->step(), step);
+    }
     return d;
   };
   for (uint64_t step = 0; step < 3; ++step) {
@@ -510,8 +512,10 @@ TEST(StagerCoreTest, AMemberChangedAfterIndexingIsNeverDecodedIntoABatch) {
 TEST(StagerCoreTest, AMemberDamagedInTheCacheIsReadAgainFromTheSource) {
   // The cached copy of a staged shard is damaged (a bad disk): the member
   // fails its checksum there, is read from the source, and is decoded right.
+  // The shard is staged and damaged before any plan names it: a batch
+  // assembled as soon as its shard is staged would otherwise race the damage.
   Core c("checksum-cache", {.shards = 1, .samples_per_shard = 12});
-  c.Plans(0, 1);
+  c.core->staging()->Request(c.data.shards[0], 0);
   ASSERT_TRUE(c.core->staging()->Wait({c.data.shards[0].name()}, absl::Now() + absl::Seconds(20)).ok());
   const v1::MemberRef& m = c.data.samples[7].images(0);
   {
@@ -520,6 +524,7 @@ TEST(StagerCoreTest, AMemberDamagedInTheCacheIsReadAgainFromTheSource) {
     f.seekp(static_cast<std::streamoff>(m.offset() + 100));
     f << std::string(64, 'Z');
   }
+  c.Plans(0, 1);
   for (uint32_t r : {2u, 3u}) {
     auto d = c.core->Acquire(0, r, 20000);
     ASSERT_TRUE(d.ok()) << d.status();
