@@ -5,7 +5,7 @@
 
 namespace tutti::packer {
 
-void BuildChunks(uint64_t max_patches, StepPlanData* plan) {
+void BuildChunks(uint64_t max_patches, const uint32_t* row_patches, StepPlanData* plan) {
   const uint32_t W = plan->enc_images.rows();
   plan->chunks.begin.assign(1, 0);
   plan->chunks.items.clear();
@@ -23,11 +23,11 @@ void BuildChunks(uint64_t max_patches, StepPlanData* plan) {
     plan->rank_chunks[r] = static_cast<uint32_t>(plan->chunk_patches.size());
     const uint32_t n = plan->enc_images.size(r);
     if (n == 0) continue;
-    const uint32_t* imgs = plan->enc_images.row(r);
+    const uint32_t* row = row_patches + plan->enc_images.begin[r];
     patches.resize(n);
     order.resize(n);
     for (uint32_t k = 0; k < n; ++k) {
-      patches[k] = plan->images[imgs[k]].patches;
+      patches[k] = row[k];
       order[k] = uint64_t{~patches[k]} << 32 | k;
     }
     // By decreasing patches, ties by position.

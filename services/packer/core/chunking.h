@@ -13,8 +13,10 @@
 
 namespace tutti::packer {
 
-// Fills plan->chunks, rank_chunks and chunk_patches from enc_images.
-void BuildChunks(uint64_t max_patches_per_chunk, StepPlanData* plan);
+// Fills plan->chunks, rank_chunks and chunk_patches from enc_images;
+// row_patches[j] is the patches of image enc_images.items[j] (the images'
+// patches in row order, so that no row reads the image records).
+void BuildChunks(uint64_t max_patches_per_chunk, const uint32_t* row_patches, StepPlanData* plan);
 
 }  // namespace tutti::packer
 

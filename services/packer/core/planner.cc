@@ -14,20 +14,34 @@ namespace tutti::packer {
 namespace {
 
 // Stable counting sort of ids [0, n) into rows by key(id); key is called
-// once per id (it reads large records).
-template <typename Key>
-void FillCsr(uint32_t n, uint32_t rows, Key key, Csr* csr) {
-  thread_local std::vector<uint32_t> keys, at;
+// once per id (it reads large records). With `payload` (may be null),
+// (*payload_out)[j] = payload(csr->items[j]) too, in the same pass.
+template <typename Key, typename Payload>
+void FillCsr(uint32_t n, uint32_t rows, Key key, Payload payload, Csr* csr,
+             std::vector<uint32_t>* payload_out) {
+  thread_local std::vector<uint32_t> keys, at, values;
   keys.resize(n);
+  if (payload_out != nullptr) values.resize(n);
   csr->begin.assign(rows + 1, 0);
   for (uint32_t i = 0; i < n; ++i) {
     keys[i] = key(i);
+    if (payload_out != nullptr) values[i] = payload(i);
     ++csr->begin[keys[i] + 1];
   }
   for (uint32_t r = 0; r < rows; ++r) csr->begin[r + 1] += csr->begin[r];
   at.assign(csr->begin.begin(), csr->begin.end() - 1);
   csr->items.resize(n);
-  for (uint32_t i = 0; i < n; ++i) csr->items[at[keys[i]]++] = i;
+  if (payload_out != nullptr) payload_out->resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t j = at[keys[i]]++;
+    csr->items[j] = i;
+    if (payload_out != nullptr) (*payload_out)[j] = values[i];
+  }
+}
+template <typename Key>
+void FillCsr(uint32_t n, uint32_t rows, Key key, Csr* csr) {
+  FillCsr(
+      n, rows, key, [](uint32_t) { return 0u; }, csr, nullptr);
 }
 
 PhaseSummary SummarizePhase(const std::vector<double>& per_rank, const std::vector<double>& before,
@@ -231,13 +245,15 @@ void LayOutStep(uint32_t max_patches_per_chunk, StepPlanData* out) {
   FillCsr(
       static_cast<uint32_t>(out->samples.size()), W * S,
       [&](uint32_t k) { return out->samples[k].rank * S + out->samples[k].seq; }, &out->docs);
+  thread_local std::vector<uint32_t> row_patches;  // enc_images' patches, in row order
   FillCsr(
       static_cast<uint32_t>(out->images.size()), W,
-      [&](uint32_t i) { return out->images[i].enc_rank; }, &out->enc_images);
+      [&](uint32_t i) { return out->images[i].enc_rank; },
+      [&](uint32_t i) { return out->images[i].patches; }, &out->enc_images, &row_patches);
   FillCsr(
       static_cast<uint32_t>(out->audio.size()), W,
       [&](uint32_t i) { return out->audio[i].enc_rank; }, &out->enc_audio);
-  BuildChunks(max_patches_per_chunk, out);
+  BuildChunks(max_patches_per_chunk, row_patches.data(), out);
   BuildExchange(out);
   BuildLoadExchange(out);
 }

@@ -101,18 +101,30 @@ void StreamSampler::PrepareStart(uint64_t epoch) {
   const uint64_t step_start = first / per_step_ * per_step_;
   const uint64_t tail = first - step_start;
   if (tail == 0) return;
-  std::vector<uint64_t> taken;
-  taken.reserve(tail);
-  for (uint64_t i = n_ - tail; i < n_; ++i) taken.push_back(Plain(epoch - 1, i));
-  std::sort(taken.begin(), taken.end());
+  // Both epochs' positions in batches (FeistelPermutation::Map); the taken
+  // samples as a bit set over the stream.
+  thread_local std::vector<uint64_t> taken, head, bits;
+  taken.resize(tail);
+  for (uint64_t i = 0; i < tail; ++i) taken[i] = n_ - tail + i;
+  FeistelPermutation(n_, Key(epoch - 1)).Map(taken.data(), tail, taken.data());
+  bits.assign(n_ / 64 + 1, 0);
+  for (const uint64_t x : taken) bits[x / 64] |= uint64_t{1} << (x % 64);
   // The step's share of the new epoch: the first per - tail samples of its
   // permutation that the step did not already take; the ones it did follow
-  // right behind, in permutation order.
+  // right behind, in permutation order. At most `tail` of the new epoch's
+  // first per positions were taken, so they hold the share.
   const uint64_t share = per_step_ - tail;
+  head.resize(per_step_);
+  for (uint64_t i = 0; i < per_step_; ++i) head[i] = i;
+  if (epoch != epoch_) {
+    epoch_ = epoch;
+    perm_ = FeistelPermutation(n_, Key(epoch));
+  }
+  perm_.Map(head.data(), per_step_, head.data());
   std::vector<uint64_t> later;
   for (uint64_t i = 0; start_.size() < share; ++i) {
-    const uint64_t x = Plain(epoch, i);
-    (std::binary_search(taken.begin(), taken.end(), x) ? later : start_).push_back(x);
+    const uint64_t x = head[i];
+    ((bits[x / 64] >> (x % 64)) & 1 ? later : start_).push_back(x);
   }
   start_.insert(start_.end(), later.begin(), later.end());
 }

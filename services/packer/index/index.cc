@@ -364,12 +364,32 @@ absl::Status Index::Validate() {
   text_samples_.reserve(n - vl);
   vl_samples_.reserve(vl);
   for (uint32_t s = 0; s < n; ++s) (is_vl(s) ? vl_samples_ : text_samples_).push_back(s);
+  // ShardOf's buckets: the shard of every (1 << kShardBucketBits)-th sample.
+  shard_bucket_.resize((n >> kShardBucketBits) + 2);
+  for (size_t b = 0; b < shard_bucket_.size(); ++b) {
+    const uint64_t first = uint64_t{b} << kShardBucketBits;
+    shard_bucket_[b] = SearchShard(0, static_cast<uint32_t>(shard_starts_.size()),
+                                   static_cast<uint32_t>(std::min<uint64_t>(first, UINT32_MAX)));
+  }
   return absl::OkStatus();
 }
 
-uint32_t Index::ShardOf(uint32_t sample) const {
-  auto it = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), sample);
+uint32_t Index::SearchShard(uint32_t lo, uint32_t hi, uint32_t sample) const {
+  auto it = std::upper_bound(shard_starts_.begin() + lo, shard_starts_.begin() + hi, sample);
   return static_cast<uint32_t>(it - shard_starts_.begin()) - 1;
+}
+
+uint32_t Index::ShardOf(uint32_t sample) const {
+  const size_t b = sample >> kShardBucketBits;
+  if (b + 1 >= shard_bucket_.size()) {
+    return SearchShard(0, static_cast<uint32_t>(shard_starts_.size()), sample);
+  }
+  // The shard lies between those of the bucket's first sample and the
+  // next bucket's (shard starts ascend).
+  const uint32_t lo = shard_bucket_[b];
+  const uint32_t hi =
+      std::min<uint32_t>(shard_bucket_[b + 1] + 1, static_cast<uint32_t>(shard_starts_.size()));
+  return SearchShard(lo + 1, hi, sample);
 }
 
 MediaView Index::media(uint32_t j) const {
@@ -394,7 +414,8 @@ std::string Index::MemberName(uint32_t s, uint16_t ext) const {
 
 uint64_t Index::memory_bytes() const {
   uint64_t b = size_ + (text_samples_.capacity() + vl_samples_.capacity()) * 4 +
-               shard_starts_.capacity() * 4 + shards_.capacity() * sizeof(IndexShard);
+               shard_starts_.capacity() * 4 + shard_bucket_.capacity() * 4 +
+               shards_.capacity() * sizeof(IndexShard);
   for (const auto& s : shards_) b += s.name.capacity();
   return b;
 }
@@ -575,7 +596,8 @@ std::string IndexWriter::Finish() const {
        media_.size() * sizeof(Index::MediaRecord)},
   };
   if (member_crcs_ && !text_tokens_.empty()) {
-    sections.push_back({kTcrc, reinterpret_cast<const char*>(text_crc_.data()), text_crc_.size() * 4});
+    sections.push_back(
+        {kTcrc, reinterpret_cast<const char*>(text_crc_.data()), text_crc_.size() * 4});
     sections.push_back(
         {kMcrc, reinterpret_cast<const char*>(media_crc_.data()), media_crc_.size() * 4});
   }

@@ -99,7 +99,8 @@ class Index {
   const std::string& source_dir() const { return source_dir_; }
   const std::string& origin() const { return origin_; }
 
-  // The shard holding a sample (binary search over shard starts).
+  // The shard holding a sample (a binary search over the shard starts of
+  // the sample's bucket of 1 << kShardBucketBits samples).
   uint32_t ShardOf(uint32_t sample) const;
 
   absl::string_view key(uint32_t s) const {
@@ -172,6 +173,9 @@ class Index {
   absl::Status ReadSections(Layout* layout);
   absl::Status CheckPadding(const Layout& layout) const;
   absl::Status BindSections(const Layout& layout);
+  // The last shard in [lo, hi) starting at or before `sample` (lo - 1 when
+  // none does).
+  uint32_t SearchShard(uint32_t lo, uint32_t hi, uint32_t sample) const;
   absl::Status ReadTables(const Layout& layout);
   absl::Status Validate();
 
@@ -194,6 +198,9 @@ class Index {
 
   std::vector<IndexShard> shards_;
   std::vector<uint32_t> shard_starts_;
+  // The shard of sample b << kShardBucketBits, for b up to n's bucket + 1.
+  static constexpr uint32_t kShardBucketBits = 8;
+  std::vector<uint32_t> shard_bucket_;
   std::vector<std::string> exts_;
   std::vector<std::pair<std::string, std::string>> meta_;
   std::string source_dir_;

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 
 #include "gtest/gtest.h"
@@ -28,6 +29,32 @@ std::string SmallIndex() {
   EXPECT_TRUE(w.AddSample("longer/key-2", 1000, &txt, {}).ok());
   EXPECT_TRUE(w.AddSample("k3", 0, nullptr, {img}).ok());
   return w.Finish();
+}
+
+// ShardOf against the shard table, for shards of 0 to 2,000 samples (a
+// bucket of ShardOf's lookup holding many shards, one, or part of one) and
+// empty shards in between.
+TEST(IndexTest, ShardOfFollowsTheShardTable) {
+  IndexWriter w;
+  MemberInput json{MemberKind::kJson, "json", 0, 10};
+  const uint32_t sizes[] = {3, 0, 1, 1, 700, 0, 0, 2000, 1, 257, 256, 255, 0, 5, 1000, 2};
+  uint32_t n = 0;
+  for (uint32_t sh = 0; sh < 16; ++sh) {
+    ASSERT_TRUE(w.AddShard(absl::StrCat("s/", sh, ".tar"), 1 << 20, 0).ok());
+    for (uint32_t k = 0; k < sizes[sh]; ++k, ++n) {
+      ASSERT_TRUE(w.AddSample(absl::StrCat("k", n), 1, &json, {}).ok());
+    }
+  }
+  auto index = Index::FromString(w.Finish(), "mem.idx");
+  ASSERT_TRUE(index.ok()) << index.status();
+  const Index& ix = **index;
+  ASSERT_EQ(ix.num_samples(), n);
+  uint32_t shard = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    while (shard + 1 < ix.num_shards() && ix.shard(shard + 1).first_sample <= s) ++shard;
+    ASSERT_EQ(ix.ShardOf(s), shard) << "sample " << s;
+    ASSERT_GT(ix.shard(shard).num_samples, 0u);
+  }
 }
 
 TEST(IndexTest, RoundTrip) {
@@ -131,7 +158,8 @@ TEST(IndexTest, ShardNamesThatLeaveTheSourceAreRefusedAtLoad) {
     auto index = Index::FromString(ResealedWith(good, "a/000.tar", bad), "evil.idx");
     ASSERT_FALSE(index.ok()) << bad;
     EXPECT_EQ(index.status().code(), absl::StatusCode::kDataLoss) << bad;
-    EXPECT_NE(index.status().message().find("shard name"), std::string::npos) << bad << ": " << index.status();
+    EXPECT_NE(index.status().message().find("shard name"), std::string::npos)
+        << bad << ": " << index.status();
     EXPECT_NE(index.status().message().find("evil.idx"), std::string::npos) << index.status();
   }
   auto latin1 = Index::FromString(ResealedWith(good, "a/000.tar", "a/\xE9\xE9\xE9.tar"), "l.idx");
