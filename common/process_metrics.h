@@ -18,7 +18,8 @@ const std::string& BuildCommit();
 
 // process_cpu_seconds_total, process_resident_memory_bytes,
 // process_virtual_memory_bytes, process_open_fds, process_max_fds,
-// process_start_time_seconds, and tutti_build_info{version,commit} = 1.
+// process_start_time_seconds, tutti_build_info{version,commit} = 1, and the
+// allocator's tutti_process_heap_in_use_bytes and tutti_process_heap_free_bytes.
 class ProcessMetrics final : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override;

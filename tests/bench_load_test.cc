@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -36,15 +37,26 @@ TEST(BenchLoad, EveryClientIsAnsweredAndEachRoundReportsLatencyCpuAndMemory) {
     for (const char* key :
          {"\"p50_ms\":", "\"p99_ms\":", "\"packer_cpu_cores\":", "\"packer_rss_bytes\":",
           "\"packer_rss_growth_bytes\":", "\"late_p99_ms\":", "\"packer_cpu_us_per_plan\":",
-          "\"driver_cpu_cores\":"}) {
+          "\"driver_cpu_cores\":", "\"packer_heap_in_use_bytes\":",
+          "\"packer_heap_growth_bytes\":"}) {
       EXPECT_THAT(line, HasSubstr(key));
     }
+    // The packer's heap in use, read from its /metrics (-1 if it could not be).
+    const std::string heap_key = "\"packer_heap_in_use_bytes\":";
+    const size_t at = line.find(heap_key);
+    ASSERT_NE(at, std::string::npos);
+    double heap = 0;
+    ASSERT_TRUE(absl::SimpleAtod(
+        line.substr(at + heap_key.size(), line.find(',', at) - at - heap_key.size()), &heap))
+        << line;
+    EXPECT_GT(heap, 1 << 20) << line;
   }
   // The growth from the end of round 2 to the end of the last, checked
   // against the limit.
-  EXPECT_THAT(rounds[1], HasSubstr("\"packer_rss_growth_bytes\":0}"));
+  EXPECT_THAT(rounds[1], HasSubstr("\"packer_rss_growth_bytes\":0,"));
+  EXPECT_THAT(rounds[1], HasSubstr("\"packer_heap_growth_bytes\":0}"));
   EXPECT_THAT(r.output, HasSubstr("packer RSS from round 2 to round 3: "));
-  EXPECT_THAT(r.output, HasSubstr("--max_rss_growth_mib 256.0): flat"));
+  EXPECT_THAT(r.output, HasSubstr("--max_rss_growth_mib 256.0): flat; heap in use "));
   RemoveTree(dir);
 }
 

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/http_client.h"
 
 namespace tutti::e2e {
 
@@ -115,15 +116,10 @@ class Daemon {
   std::string grpc_address_;  // as the port file names it
 };
 
-// GET http://127.0.0.1:port<target> (HTTP/1.0); the body, or an error naming
-// the port. Bounded by `timeout`.
-absl::StatusOr<std::string> HttpGet(int port, const std::string& target,
-                                    absl::Duration timeout = absl::Seconds(10));
+using ::tutti::HttpGet;  // common/http_client.h
 // A loopback TCP port that was free a moment ago.
 int FreeLoopbackPort();
-// The value of the sample line `name` (with labels, exactly as exposed) in a
-// Prometheus text exposition; nullopt when absent.
-std::optional<double> MetricValue(const std::string& exposition, const std::string& name);
+using ::tutti::MetricValue;  // common/http_client.h
 
 // `tutti gen-dataset --out dir` with small, fast defaults plus `extra` flags.
 absl::Status GenerateDataset(const std::string& dir, const std::vector<std::string>& extra = {});

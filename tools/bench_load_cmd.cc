@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/file_io.h"
+#include "common/http_client.h"
 #include "services/packer/bench/bench_workload.h"
 #include "services/packer/bench/synthetic.h"
 #include "tools/bench_load.h"
@@ -134,10 +135,9 @@ class Packerd {
             absl::StrCat("tutti-packerd exited: ", text.ok() ? *text : ""));
       }
       auto ports = tutti::ReadFileToString(port_file);
-      const size_t at = ports.ok() ? ports->find("grpc=") : std::string::npos;
-      const size_t nl = at == std::string::npos ? at : ports->find('\n', at);
       int port = 0;
-      if (nl != std::string::npos && absl::SimpleAtoi(ports->substr(at + 5, nl - at - 5), &port)) {
+      if (ports.ok() && PortIn(*ports, "grpc=", &port) &&
+          PortIn(*ports, "metrics=", &metrics_port_)) {
         address_ = absl::StrCat("127.0.0.1:", port);
         return absl::OkStatus();
       }
@@ -149,9 +149,26 @@ class Packerd {
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }
 
+  // The packer's heap in use (tutti_process_heap_in_use_bytes from its
+  // /metrics): what it has allocated, resident or not; -1 if unreadable.
+  double HeapInUse() const {
+    auto text = tutti::HttpGet(metrics_port_, "/metrics", absl::Seconds(30));
+    if (!text.ok()) return -1;
+    return tutti::MetricValue(*text, "tutti_process_heap_in_use_bytes").value_or(-1);
+  }
+
  private:
+  // The port after `key` on its line of the port file.
+  static bool PortIn(const std::string& ports, const std::string& key, int* port) {
+    const size_t at = ports.find(key);
+    const size_t nl = at == std::string::npos ? at : ports.find('\n', at);
+    return nl != std::string::npos &&
+           absl::SimpleAtoi(ports.substr(at + key.size(), nl - at - key.size()), port);
+  }
+
   pid_t pid_ = -1;
   std::string address_;
+  int metrics_port_ = 0;
 };
 
 // Plans steps [0, steps) through one client, then waits until the packer
@@ -305,16 +322,19 @@ int RunBenchLoad(int argc, char** argv) {
     return 1;
   }
   if (!json) {
-    std::printf("%5s %7s %9s %7s %8s %8s %8s %8s %8s %9s %10s %8s %9s %10s %10s\n", "round",
-                "clients",
-                "plans", "errors", "seconds", "p50_ms", "p99_ms", "max_ms", "rpc_p99", "late_p99",
-                "cpu_cores", "us/plan", "rss_MiB", "rss_d2_MiB", "drv_cores");
+    std::printf("%5s %7s %9s %7s %8s %8s %8s %8s %8s %9s %10s %8s %9s %10s %11s %10s\n",
+                "round", "clients", "plans", "errors", "seconds", "p50_ms", "p99_ms", "max_ms",
+                "rpc_p99", "late_p99", "cpu_cores", "us/plan", "rss_MiB", "rss_d2_MiB",
+                "heap_d2_MiB", "drv_cores");
   }
   // RSS growth is counted from the end of round 2: round 1 keeps what the
   // load needs at all (the served plans, connections' buffers), later
-  // rounds should keep nothing more.
+  // rounds should keep nothing more. The heap in use beside it tells memory
+  // the packer allocated from pages of what it had allocated already
+  // becoming resident.
   uint64_t second_rss = 0, errors = 0;
   int64_t last_growth = 0;
+  double second_heap = 0, heap_growth = 0;
   for (uint32_t r = 1; r <= rounds; ++r) {
     const ProcSample before = ReadProc(packer.pid()), self_before = ReadProc(::getpid());
     const tutti::tools::LoadRound lr = (*driver)->RunRound(r);
@@ -326,10 +346,14 @@ int RunBenchLoad(int argc, char** argv) {
     // The packer's CPU per plan served: what the load costs it, whatever
     // else the machine runs.
     const double us_per_plan = lr.plans > 0 ? cpu / lr.plans * 1e6 : 0;
+    // Read after the round's CPU: the scrape is not the load's cost.
+    const double heap = packer.HeapInUse();
     if (r <= 2) second_rss = after.rss_bytes;
+    if (r <= 2) second_heap = heap;
     const int64_t growth =
         static_cast<int64_t>(after.rss_bytes) - static_cast<int64_t>(second_rss);
     last_growth = growth;
+    heap_growth = heap - second_heap;
     errors += lr.errors;
     if (json) {
       std::printf(
@@ -339,22 +363,23 @@ int RunBenchLoad(int argc, char** argv) {
           "\"p99_ms\":%.3f,\"max_ms\":%.3f,\"get_plan_p50_ms\":%.3f,\"get_plan_p99_ms\":%.3f,"
           "\"stream_p50_ms\":%.3f,\"stream_p99_ms\":%.3f,\"late_p99_ms\":%.3f,"
           "\"packer_cpu_cores\":%.3f,\"packer_cpu_us_per_plan\":%.1f,\"driver_cpu_cores\":%.3f,"
-          "\"packer_rss_bytes\":%llu,\"packer_rss_growth_bytes\":%lld}\n",
+          "\"packer_rss_bytes\":%llu,\"packer_rss_growth_bytes\":%lld,"
+          "\"packer_heap_in_use_bytes\":%.0f,\"packer_heap_growth_bytes\":%.0f}\n",
           r, lr.clients, calls, interval_ms, static_cast<unsigned long long>(lr.unary_calls),
           static_cast<unsigned long long>(lr.streams), static_cast<unsigned long long>(lr.plans),
           static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms, lr.max_ms,
           lr.unary_p50_ms, lr.unary_p99_ms, lr.stream_p50_ms, lr.stream_p99_ms, lr.late_p99_ms,
           cores, us_per_plan, driver_cores, static_cast<unsigned long long>(after.rss_bytes),
-          static_cast<long long>(growth));
+          static_cast<long long>(growth), heap, heap_growth);
     } else {
       std::printf(
           "%5u %7u %9llu %7llu %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %10.2f %8.1f %9.1f %10.1f "
-          "%10.2f\n",
+          "%11.1f %10.2f\n",
           r,
           lr.clients, static_cast<unsigned long long>(lr.plans),
           static_cast<unsigned long long>(lr.errors), lr.seconds, lr.p50_ms, lr.p99_ms, lr.max_ms,
           lr.unary_p99_ms, lr.late_p99_ms, cores, us_per_plan, after.rss_bytes / 1048576.0,
-          growth / 1048576.0, driver_cores);
+          growth / 1048576.0, heap_growth / 1048576.0, driver_cores);
     }
     std::fflush(stdout);
     if (!lr.first_error.empty()) {
@@ -366,9 +391,9 @@ int RunBenchLoad(int argc, char** argv) {
     const bool flat = mib <= max_rss_growth_mib;
     std::fprintf(stderr,
                  "packer RSS from round 2 to round %u: %+.1f MiB (%.2f MiB a round; limit "
-                 "--max_rss_growth_mib %.1f): %s\n",
+                 "--max_rss_growth_mib %.1f): %s; heap in use %+.1f MiB\n",
                  rounds, mib, mib / (rounds - 2), max_rss_growth_mib,
-                 flat ? "flat" : "GROWS");
+                 flat ? "flat" : "GROWS", heap_growth / 1048576.0);
     if (!flat) return 1;
   }
   return errors == 0 ? 0 : 1;

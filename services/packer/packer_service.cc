@@ -15,16 +15,6 @@ ClientView ViewOf(const Request& req) {
   return c;
 }
 
-// The kept bytes of a plan as a response, without copying them: the slice
-// holds a reference to the bytes until gRPC has sent them.
-grpc::ByteBuffer AsByteBuffer(Packer::PlanBytes bytes) {
-  auto* held = new Packer::PlanBytes(std::move(bytes));
-  grpc::Slice slice(
-      const_cast<char*>((*held)->data()), (*held)->size(),
-      [](void* p) { delete static_cast<Packer::PlanBytes*>(p); }, held);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 // Streams the plans of [start, end) one write at a time; the next plan is
 // fetched when the previous write is done. gRPC completes a write once it
 // is buffered (flow control), not when the client has read it, so only a
@@ -77,6 +67,14 @@ class PlanStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 };
 
 }  // namespace
+
+grpc::ByteBuffer AsByteBuffer(Packer::PlanBytes bytes) {
+  auto* held = new Packer::PlanBytes(std::move(bytes));
+  grpc::Slice slice(
+      const_cast<char*>((*held)->data()), (*held)->size(),
+      [](void* p) { delete static_cast<Packer::PlanBytes*>(p); }, held);
+  return grpc::ByteBuffer(&slice, 1);
+}
 
 absl::Status PackerService::CheckRankList(int ranks) {
   const uint32_t world = packer_->job().world_size();

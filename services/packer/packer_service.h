@@ -28,6 +28,11 @@ inline constexpr int kMaxReportPhases = 32;
 // a stager holds one, a reconnecting one briefly two.
 inline constexpr uint32_t kDefaultMaxStreamsPerClient = 64;
 
+// The kept bytes of a plan as an answer, without copying them: one slice
+// over the bytes that holds a reference to them until gRPC has sent them
+// (and every copy of the buffer is gone).
+grpc::ByteBuffer AsByteBuffer(Packer::PlanBytes bytes);
+
 using RawPackerService = v1::Packer::WithRawCallbackMethod_GetJob<
     v1::Packer::WithRawCallbackMethod_GetPlan<v1::Packer::WithRawCallbackMethod_StreamPlans<
         v1::Packer::WithRawCallbackMethod_ReportTiming<v1::Packer::Service>>>>;

@@ -207,6 +207,32 @@ TEST_F(PackerTest, KeptBytesAreTheBuiltPlanAndAreServedAgainWithoutACopy) {
   EXPECT_EQ(GetBytes(3, c).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// An answer is the kept bytes themselves: one slice over them (no copy per
+// answer), holding them while gRPC sends it and letting go once it is gone.
+TEST_F(PackerTest, AnAnswerReferencesTheKeptBytesUntilItIsSent) {
+  ClientView c;
+  c.ranks = {0, 3};
+  auto kept = GetBytes(2, c);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const long held_before = kept->use_count();
+  {
+    grpc::ByteBuffer answer = AsByteBuffer(*kept);
+    EXPECT_EQ(kept->use_count(), held_before + 1);
+    grpc::ByteBuffer copy = answer;  // as gRPC holds it while writing
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(copy.Dump(&slices).ok());
+    ASSERT_EQ(slices.size(), 1u);
+    EXPECT_EQ(static_cast<const void*>(slices[0].begin()),
+              static_cast<const void*>((*kept)->data()));
+    EXPECT_EQ(slices[0].size(), (*kept)->size());
+    EXPECT_EQ(answer.Length(), (*kept)->size());
+    answer.Clear();
+    slices.clear();
+    EXPECT_EQ(kept->use_count(), held_before + 1);  // the copy still holds them
+  }
+  EXPECT_EQ(kept->use_count(), held_before);
+}
+
 // Requests for a plan not yet built, arriving together (as the clients of a
 // new step do): one builds it, the others wait for that build and get the
 // same bytes.
