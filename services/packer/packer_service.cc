@@ -53,7 +53,9 @@ class PlanStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         Finish(ToGrpcStatus(bytes.status()));
         return;
       }
-      bytes_ = AsByteBuffer(*std::move(bytes));
+      // Swapped in: assigning would copy the buffer (another allocation).
+      grpc::ByteBuffer answer = AsByteBuffer(*std::move(bytes));
+      bytes_.Swap(&answer);
       StartWrite(&bytes_);
     });
   }
@@ -112,7 +114,10 @@ grpc::ServerUnaryReactor* PackerService::GetPlan(grpc::CallbackServerContext* ct
       req.step(), ViewOf(req),
       [this, reactor, out, ticket = *std::move(ticket)](absl::StatusOr<Packer::PlanBytes> bytes) {
         packer_->CountServed(false, bytes.status());
-        if (bytes.ok()) *out = AsByteBuffer(*std::move(bytes));
+        if (bytes.ok()) {
+          grpc::ByteBuffer answer = AsByteBuffer(*std::move(bytes));
+          out->Swap(&answer);
+        }
         reactor->Finish(ToGrpcStatus(bytes.status()));
       });
   return reactor;
