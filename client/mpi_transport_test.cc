@@ -495,6 +495,10 @@ TEST(MpiTransport, ScratchReceivesArePostedBeforeTheAgreement) {
     EXPECT_TRUE(landed.load());
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  if (t->rank() == 0) {
+    std::remove(flag.c_str());
+    ::rmdir(dir);
+  }
 }
 
 // A failed agreement with receives posted early: every rank fails alike,

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -16,13 +17,27 @@
 namespace tutti {
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/tutti_fileio_XXXXXX";
-  return mkdtemp(tmpl);
-}
+// A new directory under the test's temporary directory, removed when the
+// test ends.
+class ScopedDir {
+ public:
+  ScopedDir() {
+    std::string tmpl = ::testing::TempDir() + "/tutti_fileio_XXXXXX";
+    path_ = mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
+  }
+  ~ScopedDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  operator std::string() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 TEST(FileIoTest, AtomicWriteThenRead) {
-  std::string dir = TempDir();
+  ScopedDir scoped;
+  const std::string dir = scoped;
   std::string path = dir + "/f.bin";
   ASSERT_TRUE(WriteFileAtomically(path, "hello").ok());
   ASSERT_TRUE(WriteFileAtomically(path, "world!").ok());
@@ -49,7 +64,8 @@ TEST(FileIoTest, MissingFileIsNotFound) {
 // once: the open does not wait for a writer. The read runs on a thread and,
 // should it block, a writer is opened to release it and the test fails.
 TEST(FileIoTest, WhatIsNoRegularFileIsRefusedWithoutBlocking) {
-  const std::string dir = TempDir();
+  ScopedDir scoped;
+  const std::string dir = scoped;
   const std::string fifo = dir + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   struct Case {
