@@ -80,30 +80,49 @@ class RankHeap {
   bool Less(uint32_t a, uint32_t b) const {
     return key_[a] < key_[b] || (key_[a] == key_[b] && a < b);
   }
+  // Up and Down move the rank at heap position i through a hole (one
+  // write per level, no swaps); the child to follow is chosen without a
+  // branch. The arrangement is the same as with swaps.
   void Up(uint32_t i) {
+    const uint32_t x = heap_[i];
+    const double kx = key_[x];
     while (i > 0) {
       const uint32_t p = (i - 1) / 2;
-      if (!Less(heap_[i], heap_[p])) break;
-      Swap(i, p);
+      const uint32_t hp = heap_[p];
+      const double kp = key_[hp];
+      if (!(kx < kp || (kx == kp && x < hp))) break;
+      heap_[i] = hp;
+      pos_[hp] = i;
       i = p;
     }
+    heap_[i] = x;
+    pos_[x] = i;
   }
   void Down(uint32_t i) {
     const uint32_t n = static_cast<uint32_t>(heap_.size());
+    const uint32_t x = heap_[i];
+    const double kx = key_[x];
     while (true) {
-      uint32_t s = i;
-      const uint32_t l = 2 * i + 1, r = l + 1;
-      if (l < n && Less(heap_[l], heap_[s])) s = l;
-      if (r < n && Less(heap_[r], heap_[s])) s = r;
-      if (s == i) break;
-      Swap(i, s);
-      i = s;
+      const uint32_t l = 2 * i + 1;
+      if (l >= n) break;
+      uint32_t c = l, hc = heap_[l];
+      double kc = key_[hc];
+      if (l + 1 < n) {
+        const uint32_t hr = heap_[l + 1];
+        const double kr = key_[hr];
+        // Bitwise, not short-circuit: a select, not a branch.
+        const bool right = (kr < kc) | ((kr == kc) & (hr < hc));
+        c = right ? l + 1 : l;
+        hc = right ? hr : hc;
+        kc = right ? kr : kc;
+      }
+      if (!(kc < kx || (kc == kx && hc < x))) break;
+      heap_[i] = hc;
+      pos_[hc] = i;
+      i = c;
     }
-  }
-  void Swap(uint32_t a, uint32_t b) {
-    std::swap(heap_[a], heap_[b]);
-    pos_[heap_[a]] = a;
-    pos_[heap_[b]] = b;
+    heap_[i] = x;
+    pos_[x] = i;
   }
 
   const double* key_ = nullptr;

@@ -90,6 +90,7 @@ class Rooms {
     img_cap_ = img_cap;
     used_.assign(size_t{ranks} * per, 0);
     img_.assign(img_cap > 0 ? size_t{ranks} * per : 0, 0);
+    max_room_.assign(ranks, seq_len);
   }
   uint32_t per() const { return per_; }
   // The sequence of rank r with the fewest tokens that takes `it` once
@@ -112,23 +113,29 @@ class Rooms {
     }
     return best;
   }
-  uint32_t MaxRoom(uint32_t r) const {
-    uint32_t room = 0;
-    for (uint32_t q = 0; q < per_; ++q) room = std::max(room, seq_len_ - used_[r * per_ + q]);
-    return room;
-  }
+  // The most tokens a sequence of rank r has room for.
+  uint32_t MaxRoom(uint32_t r) const { return max_room_[r]; }
   void Add(uint32_t slot, const PackItem& it) {
     used_[slot] += it.tokens;
     if (img_cap_ > 0) img_[slot] += it.image_tokens;
+    Remeasure(slot / per_);
   }
   void Remove(uint32_t slot, const PackItem& it) {
     used_[slot] -= it.tokens;
     if (img_cap_ > 0) img_[slot] -= it.image_tokens;
+    Remeasure(slot / per_);
   }
 
  private:
+  void Remeasure(uint32_t r) {
+    uint32_t room = 0;
+    for (uint32_t q = 0; q < per_; ++q) room = std::max(room, seq_len_ - used_[r * per_ + q]);
+    max_room_[r] = room;
+  }
+
   uint32_t per_ = 1, seq_len_ = 0, img_cap_ = 0;
   std::vector<uint32_t> used_, img_;
+  std::vector<uint32_t> max_room_;  // per rank: MaxRoom
 };
 
 // One modality's samples: their sequences, slots and per-rank lists.
@@ -195,7 +202,9 @@ struct State {
   std::vector<double> vit, llm, key, neg_vit, neg_llm;
   RankHeap vit_min, llm_min, vit_max, llm_max, lpt;
   Side text, vl;
-  std::vector<uint64_t> order, tmp;  // (~key bits << 32 | item), largest key first
+  std::vector<uint64_t> order, tmp;   // (~key bits << 32 | item), largest key first
+  std::vector<uint64_t> kept, moved;  // LptBatches: ranks whose key stayed, changed
+  std::vector<uint32_t> bits_of;      // LptBatches: each rank's key
   std::vector<std::pair<uint32_t, uint32_t>> sleeping;  // (max room, rank), a max-heap
   std::vector<uint32_t> fell_asleep;
   std::vector<double> scratch;
@@ -513,7 +522,13 @@ class TuttiStrategy final : public PackingStrategy {
     const std::vector<uint64_t>& order = st->order;
     Rooms& rooms = side->rooms;
     const uint32_t per = rooms.per();
+    // Every rank by (key, rank), ascending: each batch re-sorts only the
+    // ranks whose key changed and merges them with the rest.
     std::vector<uint64_t>& ranked = st->tmp;
+    std::vector<uint64_t>& kept = st->kept;
+    std::vector<uint64_t>& moved = st->moved;
+    std::vector<uint32_t>& bits_of = st->bits_of;
+    bool first = true;
     auto place = [&](uint32_t r, int q, uint32_t i) {
       const uint32_t slot = r * per + static_cast<uint32_t>(q);
       (*side->slot)[i] = slot;
@@ -528,15 +543,30 @@ class TuttiStrategy final : public PackingStrategy {
       for (size_t k = 0; k < n; ++k) {
         smallest = std::min(smallest, items[static_cast<uint32_t>(order[k0 + k])].tokens);
       }
-      ranked.resize(W);
+      bits_of.resize(W);
       for (uint32_t r = 0; r < W; ++r) {
         const float f = rooms.MaxRoom(r) < smallest ? HUGE_VALF : static_cast<float>((*load)[r]);
-        uint32_t bits;
-        std::memcpy(&bits, &f, 4);  // non-negative floats order like their bits
-        ranked[r] = uint64_t{bits} << 32 | r;
+        std::memcpy(&bits_of[r], &f, 4);  // non-negative floats order like their bits
       }
-      if (n < W) std::nth_element(ranked.begin(), ranked.begin() + n, ranked.end());
-      std::sort(ranked.begin(), ranked.begin() + n);
+      if (first) {
+        ranked.resize(W);
+        for (uint32_t r = 0; r < W; ++r) ranked[r] = uint64_t{bits_of[r]} << 32 | r;
+        std::sort(ranked.begin(), ranked.end());
+        first = false;
+      } else {
+        kept.clear();
+        moved.clear();
+        for (const uint64_t e : ranked) {
+          const uint32_t r = static_cast<uint32_t>(e);
+          if (bits_of[r] == e >> 32) {
+            kept.push_back(e);
+          } else {
+            moved.push_back(uint64_t{bits_of[r]} << 32 | r);
+          }
+        }
+        std::sort(moved.begin(), moved.end());
+        std::merge(kept.begin(), kept.end(), moved.begin(), moved.end(), ranked.begin());
+      }
       for (size_t k = 0; k < n; ++k) {
         const uint32_t i = static_cast<uint32_t>(order[k0 + k]);
         const PackItem& it = items[i];
