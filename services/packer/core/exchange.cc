@@ -20,40 +20,54 @@ void CountingSort(const std::vector<uint32_t>& in, uint32_t rows, const uint32_t
 }  // namespace
 
 void BuildExchange(StepPlanData* plan) {
-  const uint32_t W = plan->world_size;
   const uint32_t n = plan->num_encoder_items();
-  // Encoder and LLM rank of every item, once.
-  thread_local std::vector<uint32_t> ids, tmp, scratch_begin, enc, llm;
-  ids.resize(n);
+  thread_local std::vector<uint32_t> enc, llm;
   enc.resize(n);
   llm.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    enc[i] = plan->EncRank(i);
+    llm[i] = plan->LlmRank(i);
+  }
+  BuildExchange(enc.data(), llm.data(), plan);
+}
+
+void BuildExchange(const uint32_t* enc, const uint32_t* llm, StepPlanData* plan) {
+  const uint32_t W = plan->world_size;
+  const uint32_t n = plan->num_encoder_items();
+  thread_local std::vector<uint32_t> ids, tmp, scratch_begin;
+  ids.resize(n);
   bool all_self = true;
   for (uint32_t i = 0; i < n; ++i) {
     ids[i] = i;
-    enc[i] = plan->EncRank(i);
-    llm[i] = plan->LlmRank(i);
     all_self &= enc[i] == llm[i];
   }
   plan->inter_node_bytes = 0;
   plan->intra_node_bytes = 0;
   if (all_self) {
     // Pre-balancing: every rank sends its encoder outputs to itself.
-    CountingSort(ids, W, enc.data(), &plan->sends.begin, &plan->sends.items);
+    CountingSort(ids, W, enc, &plan->sends.begin, &plan->sends.items);
     plan->recvs = plan->sends;
     return;
   }
   // sends: by (encoder rank, LLM rank, item)
-  CountingSort(ids, W, llm.data(), &scratch_begin, &tmp);
-  CountingSort(tmp, W, enc.data(), &plan->sends.begin, &plan->sends.items);
+  CountingSort(ids, W, llm, &scratch_begin, &tmp);
+  CountingSort(tmp, W, enc, &plan->sends.begin, &plan->sends.items);
   // recvs: by (LLM rank, encoder rank, item)
-  CountingSort(ids, W, enc.data(), &scratch_begin, &tmp);
-  CountingSort(tmp, W, llm.data(), &plan->recvs.begin, &plan->recvs.items);
+  CountingSort(ids, W, enc, &scratch_begin, &tmp);
+  CountingSort(tmp, W, llm, &plan->recvs.begin, &plan->recvs.items);
   const uint32_t rpn = plan->ranks_per_node == 0 ? 1 : plan->ranks_per_node;
   for (uint32_t i = 0; i < n; ++i) {
     if (enc[i] == llm[i]) continue;
     (enc[i] / rpn == llm[i] / rpn ? plan->intra_node_bytes : plan->inter_node_bytes) +=
         plan->OutputBytes(i);
   }
+}
+
+void ClearLoadExchange(StepPlanData* plan) {
+  plan->remote_load_bytes = 0;
+  plan->load_sends.begin.assign(plan->world_size + 1, 0);
+  plan->load_sends.items.clear();
+  plan->load_recvs = plan->load_sends;
 }
 
 void BuildLoadExchange(StepPlanData* plan) {
@@ -83,9 +97,7 @@ void BuildLoadExchange(StepPlanData* plan) {
     if (plan->samples[i].text_remote) remote(I + A + i);
   }
   if (ids.empty()) {
-    plan->load_sends.begin.assign(W + 1, 0);
-    plan->load_sends.items.clear();
-    plan->load_recvs = plan->load_sends;
+    ClearLoadExchange(plan);
     return;
   }
   // sends: by (source, destination, item); recvs: by (destination, source, item)

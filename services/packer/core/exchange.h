@@ -16,6 +16,9 @@ namespace tutti::packer {
 
 // Fills plan->sends, recvs, inter_node_bytes and intra_node_bytes.
 void BuildExchange(StepPlanData* plan);
+// The same from every encoder item's encoder rank and LLM rank, as read
+// already (enc[i] = plan->EncRank(i), llm[i] = plan->LlmRank(i)).
+void BuildExchange(const uint32_t* enc, const uint32_t* llm, StepPlanData* plan);
 
 // The load exchange of post-balancing: every remote-loaded input (an image's
 // pixels, an audio clip's samples, a document's token ids) from the rank
@@ -23,6 +26,8 @@ void BuildExchange(StepPlanData* plan);
 // encoder rank / LLM rank), in the same layout. Fills plan->load_sends,
 // load_recvs and remote_load_bytes; empty lists when nothing is remote.
 void BuildLoadExchange(StepPlanData* plan);
+// What BuildLoadExchange fills when nothing is remote, without looking.
+void ClearLoadExchange(StepPlanData* plan);
 
 }  // namespace tutti::packer
 

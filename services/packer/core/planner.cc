@@ -65,6 +65,121 @@ PhaseSummary SummarizePhase(const std::vector<double>& per_rank, const std::vect
   return s;
 }
 
+// Per-rank totals and the phases' loads, accumulated record by record:
+// samples, then images, then audio clips, each in batch order.
+class Summary {
+ public:
+  Summary(bool post, StepPlanData* out) : post_(post), out_(out) {
+    const uint32_t W = out->world_size;
+    out->ranks.assign(W, RankTotals());
+    for (std::vector<double>* v :
+         {&b_.vit, &b_.llm, &b_.audio, &b_.vit_before, &b_.llm_before, &b_.audio_before}) {
+      v->assign(W, 0);
+    }
+  }
+  void Add(const PlannedSample& ps) {
+    RankTotals& r = out_->ranks[ps.rank];
+    r.llm += ps.cost.llm;
+    r.llm_tokens += ps.cost.llm_tokens;
+    r.image_tokens += ps.cost.image_tokens;
+    ++r.samples;
+    b_.llm[ps.rank] += ps.cost.llm;
+    b_.llm_before[ps.drawn_rank] += ps.cost.llm;
+    b_.vit_before[ps.drawn_rank] += ps.cost.vit;
+    b_.audio_before[ps.drawn_rank] += ps.cost.audio_cost;
+    largest_llm_ = std::max(largest_llm_, ps.cost.llm);
+    if (!post_) {
+      largest_vit_ = std::max(largest_vit_, ps.cost.vit);
+      largest_audio_ = std::max(largest_audio_, ps.cost.audio_cost);
+    }
+  }
+  void Add(const PlannedImage& im) {
+    RankTotals& r = out_->ranks[im.enc_rank];
+    r.vit += im.cost;
+    r.patches += im.patches;
+    ++r.images;
+    b_.vit[im.enc_rank] += im.cost;
+    if (post_) largest_vit_ = std::max(largest_vit_, im.cost);
+  }
+  void Add(const PlannedAudio& au) {
+    out_->ranks[au.enc_rank].audio += au.cost;
+    b_.audio[au.enc_rank] += au.cost;
+    if (post_) largest_audio_ = std::max(largest_audio_, au.cost);
+  }
+  // After every record: the phase summaries.
+  void Finish() {
+    out_->has_audio = !out_->audio.empty();
+    if (out_->phases_from_dispatcher) return;  // measured in the dispatcher's cost variant
+    out_->vit = SummarizePhase(b_.vit, b_.vit_before, largest_vit_);
+    out_->llm = SummarizePhase(b_.llm, b_.llm_before, largest_llm_);
+    out_->audio_phase = SummarizePhase(b_.audio, b_.audio_before, largest_audio_);
+  }
+
+ private:
+  struct Buffers {
+    std::vector<double> vit, llm, audio, vit_before, llm_before, audio_before;
+  };
+  static thread_local Buffers buffers_;
+  const bool post_;
+  StepPlanData* const out_;
+  Buffers& b_ = buffers_;
+  double largest_vit_ = 0, largest_llm_ = 0, largest_audio_ = 0;
+};
+thread_local Summary::Buffers Summary::buffers_;
+
+// LayOutStep, and with `summary` (may be null) the summary's pass in the
+// same reads of the records; the load exchange only when a load is remote.
+void LayOut(uint32_t max_patches_per_chunk, Summary* summary, StepPlanData* out) {
+  const uint32_t W = out->world_size;
+  const uint32_t S = out->seqs_per_rank();
+  const uint32_t I = static_cast<uint32_t>(out->images.size());
+  const uint32_t A = static_cast<uint32_t>(out->audio.size());
+  bool remote = false;
+  FillCsr(
+      static_cast<uint32_t>(out->samples.size()), W * S,
+      [&](uint32_t k) {
+        const PlannedSample& ps = out->samples[k];
+        if (summary != nullptr) summary->Add(ps);
+        remote |= ps.text_remote;
+        return ps.rank * S + ps.seq;
+      },
+      &out->docs);
+  // Every encoder item's encoder and LLM rank (the exchange), and the
+  // images' patches in row order (the chunks).
+  thread_local std::vector<uint32_t> row_patches, enc, llm;
+  enc.resize(I + A);
+  llm.resize(I + A);
+  FillCsr(
+      I, W,
+      [&](uint32_t i) {
+        const PlannedImage& im = out->images[i];
+        if (summary != nullptr) summary->Add(im);
+        remote |= im.remote_load;
+        enc[i] = im.enc_rank;
+        llm[i] = out->samples[im.owner].rank;
+        return im.enc_rank;
+      },
+      [&](uint32_t i) { return out->images[i].patches; }, &out->enc_images, &row_patches);
+  FillCsr(
+      A, W,
+      [&](uint32_t a) {
+        const PlannedAudio& au = out->audio[a];
+        if (summary != nullptr) summary->Add(au);
+        remote |= au.remote_load;
+        enc[I + a] = au.enc_rank;
+        llm[I + a] = out->samples[au.owner].rank;
+        return au.enc_rank;
+      },
+      &out->enc_audio);
+  BuildChunks(max_patches_per_chunk, row_patches.data(), out);
+  BuildExchange(enc.data(), llm.data(), out);
+  if (remote) {
+    BuildLoadExchange(out);
+  } else {
+    ClearLoadExchange(out);
+  }
+}
+
 }  // namespace
 
 absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
@@ -234,75 +349,22 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
         s, absl::StrCat("step ", step, " (curriculum[", out->stage, "], seq_len ", out->seq_len,
                         ", max_pixels ", out->max_pixels, ", strategy ", job.plan_strategy(), ")"));
   }
-  LayOutStep(job.config().batch().max_patches_per_chunk(), out);
-  SummarizeStep(job.config().post_balancing().enabled(), out);
+  Summary summary(job.config().post_balancing().enabled(), out);
+  LayOut(job.config().batch().max_patches_per_chunk(), &summary, out);
+  summary.Finish();
   return absl::OkStatus();
 }
 
 void LayOutStep(uint32_t max_patches_per_chunk, StepPlanData* out) {
-  const uint32_t W = out->world_size;
-  const uint32_t S = out->seqs_per_rank();
-  FillCsr(
-      static_cast<uint32_t>(out->samples.size()), W * S,
-      [&](uint32_t k) { return out->samples[k].rank * S + out->samples[k].seq; }, &out->docs);
-  thread_local std::vector<uint32_t> row_patches;  // enc_images' patches, in row order
-  FillCsr(
-      static_cast<uint32_t>(out->images.size()), W,
-      [&](uint32_t i) { return out->images[i].enc_rank; },
-      [&](uint32_t i) { return out->images[i].patches; }, &out->enc_images, &row_patches);
-  FillCsr(
-      static_cast<uint32_t>(out->audio.size()), W,
-      [&](uint32_t i) { return out->audio[i].enc_rank; }, &out->enc_audio);
-  BuildChunks(max_patches_per_chunk, row_patches.data(), out);
-  BuildExchange(out);
-  BuildLoadExchange(out);
+  LayOut(max_patches_per_chunk, nullptr, out);
 }
 
 void SummarizeStep(bool post, StepPlanData* out) {
-  const uint32_t W = out->world_size;
-  out->ranks.assign(W, RankTotals());
-  thread_local std::vector<double> vit, llm, audio, vit_before, llm_before, audio_before;
-  vit.assign(W, 0);
-  llm.assign(W, 0);
-  audio.assign(W, 0);
-  vit_before.assign(W, 0);
-  llm_before.assign(W, 0);
-  audio_before.assign(W, 0);
-  double largest_vit = 0, largest_llm = 0, largest_audio = 0;
-  for (const PlannedSample& ps : out->samples) {
-    RankTotals& r = out->ranks[ps.rank];
-    r.llm += ps.cost.llm;
-    r.llm_tokens += ps.cost.llm_tokens;
-    r.image_tokens += ps.cost.image_tokens;
-    ++r.samples;
-    llm[ps.rank] += ps.cost.llm;
-    llm_before[ps.drawn_rank] += ps.cost.llm;
-    vit_before[ps.drawn_rank] += ps.cost.vit;
-    audio_before[ps.drawn_rank] += ps.cost.audio_cost;
-    largest_llm = std::max(largest_llm, ps.cost.llm);
-    if (!post) {
-      largest_vit = std::max(largest_vit, ps.cost.vit);
-      largest_audio = std::max(largest_audio, ps.cost.audio_cost);
-    }
-  }
-  for (const PlannedImage& im : out->images) {
-    RankTotals& r = out->ranks[im.enc_rank];
-    r.vit += im.cost;
-    r.patches += im.patches;
-    ++r.images;
-    vit[im.enc_rank] += im.cost;
-    if (post) largest_vit = std::max(largest_vit, im.cost);
-  }
-  for (const PlannedAudio& au : out->audio) {
-    out->ranks[au.enc_rank].audio += au.cost;
-    audio[au.enc_rank] += au.cost;
-    if (post) largest_audio = std::max(largest_audio, au.cost);
-  }
-  out->has_audio = !out->audio.empty();
-  if (out->phases_from_dispatcher) return;  // measured in the dispatcher's cost variant
-  out->vit = SummarizePhase(vit, vit_before, largest_vit);
-  out->llm = SummarizePhase(llm, llm_before, largest_llm);
-  out->audio_phase = SummarizePhase(audio, audio_before, largest_audio);
+  Summary summary(post, out);
+  for (const PlannedSample& ps : out->samples) summary.Add(ps);
+  for (const PlannedImage& im : out->images) summary.Add(im);
+  for (const PlannedAudio& au : out->audio) summary.Add(au);
+  summary.Finish();
 }
 
 }  // namespace tutti::packer
