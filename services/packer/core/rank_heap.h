@@ -35,22 +35,26 @@ class RankHeap {
   int64_t FirstWhere(Take take) const {
     if (heap_.empty()) return -1;
     if (take(heap_[0])) return heap_[0];
-    thread_local std::vector<uint32_t> frontier;  // heap positions, a min-heap by Less
-    frontier.clear();
-    auto later = [&](uint32_t a, uint32_t b) { return Less(heap_[b], heap_[a]); };
-    for (uint32_t c = 1; c <= 2 && c < heap_.size(); ++c) {
-      frontier.push_back(c);
-      std::push_heap(frontier.begin(), frontier.end(), later);
-    }
-    while (!frontier.empty()) {
-      std::pop_heap(frontier.begin(), frontier.end(), later);
-      const uint32_t i = frontier.back();
-      frontier.pop_back();
-      if (take(heap_[i])) return heap_[i];
-      for (uint32_t c = 2 * i + 1; c <= 2 * i + 2 && c < heap_.size(); ++c) {
-        frontier.push_back(c);
-        std::push_heap(frontier.begin(), frontier.end(), later);
+    // The frontier (heap positions), best first: while it is small, an
+    // array scanned for its best; beyond, a heap. Either pops in the same
+    // order (no two ranks compare equal).
+    const uint32_t n = static_cast<uint32_t>(heap_.size());
+    uint32_t small[kSmallFrontier];
+    uint32_t ns = 0;
+    for (uint32_t c = 1; c <= 2 && c < n; ++c) small[ns++] = c;
+    while (ns > 0) {
+      uint32_t best = 0;
+      for (uint32_t f = 1; f < ns; ++f) {
+        if (Less(heap_[small[f]], heap_[small[best]])) best = f;
       }
+      const uint32_t i = small[best];
+      small[best] = small[--ns];
+      if (take(heap_[i])) return heap_[i];
+      if (ns + 2 > kSmallFrontier) {
+        small[ns++] = i;  // not visited again: its children replace it below
+        return FirstWhereInHeap(take, small, ns);
+      }
+      for (uint32_t c = 2 * i + 1; c <= 2 * i + 2 && c < n; ++c) small[ns++] = c;
     }
     return -1;
   }
@@ -77,6 +81,30 @@ class RankHeap {
   }
 
  private:
+  static constexpr uint32_t kSmallFrontier = 16;
+
+  // FirstWhere's walk on from a frontier of `count` positions whose last
+  // one was visited (its children are due).
+  template <typename Take>
+  int64_t FirstWhereInHeap(Take take, const uint32_t* start, uint32_t count) const {
+    thread_local std::vector<uint32_t> frontier;  // heap positions, a min-heap by Less
+    auto later = [&](uint32_t a, uint32_t b) { return Less(heap_[b], heap_[a]); };
+    frontier.assign(start, start + count - 1);
+    std::make_heap(frontier.begin(), frontier.end(), later);
+    uint32_t i = start[count - 1];
+    while (true) {
+      for (uint32_t c = 2 * i + 1; c <= 2 * i + 2 && c < heap_.size(); ++c) {
+        frontier.push_back(c);
+        std::push_heap(frontier.begin(), frontier.end(), later);
+      }
+      if (frontier.empty()) return -1;
+      std::pop_heap(frontier.begin(), frontier.end(), later);
+      i = frontier.back();
+      frontier.pop_back();
+      if (take(heap_[i])) return heap_[i];
+    }
+  }
+
   bool Less(uint32_t a, uint32_t b) const {
     return key_[a] < key_[b] || (key_[a] == key_[b] && a < b);
   }
