@@ -335,6 +335,7 @@ int RunBenchLoad(int argc, char** argv) {
   uint64_t second_rss = 0, errors = 0;
   int64_t last_growth = 0;
   double second_heap = 0, heap_growth = 0;
+  bool heap_known = false;
   for (uint32_t r = 1; r <= rounds; ++r) {
     const ProcSample before = ReadProc(packer.pid()), self_before = ReadProc(::getpid());
     const tutti::tools::LoadRound lr = (*driver)->RunRound(r);
@@ -353,7 +354,9 @@ int RunBenchLoad(int argc, char** argv) {
     const int64_t growth =
         static_cast<int64_t>(after.rss_bytes) - static_cast<int64_t>(second_rss);
     last_growth = growth;
-    heap_growth = heap - second_heap;
+    // A packer that does not export its heap (an older binary) reads -1.
+    heap_known = heap >= 0 && second_heap >= 0;
+    heap_growth = heap_known ? heap - second_heap : 0;
     errors += lr.errors;
     if (json) {
       std::printf(
@@ -391,9 +394,10 @@ int RunBenchLoad(int argc, char** argv) {
     const bool flat = mib <= max_rss_growth_mib;
     std::fprintf(stderr,
                  "packer RSS from round 2 to round %u: %+.1f MiB (%.2f MiB a round; limit "
-                 "--max_rss_growth_mib %.1f): %s; heap in use %+.1f MiB\n",
-                 rounds, mib, mib / (rounds - 2), max_rss_growth_mib,
-                 flat ? "flat" : "GROWS", heap_growth / 1048576.0);
+                 "--max_rss_growth_mib %.1f): %s; heap in use %s\n",
+                 rounds, mib, mib / (rounds - 2), max_rss_growth_mib, flat ? "flat" : "GROWS",
+                 heap_known ? absl::StrFormat("%+.1f MiB", heap_growth / 1048576.0).c_str()
+                            : "unknown (the packer exports no tutti_process_heap_in_use_bytes)");
     if (!flat) return 1;
   }
   return errors == 0 ? 0 : 1;
