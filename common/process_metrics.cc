@@ -112,15 +112,17 @@ std::vector<prometheus::MetricFamily> ProcessMetrics::Collect() const {
   // What the allocator has handed out and not had back, beside what it
   // holds free: with the resident size they tell memory the process keeps
   // from pages of memory it already had becoming resident.
-  const struct mallinfo2 heap = ::mallinfo2();
-  out.push_back(Family("tutti_process_heap_in_use_bytes",
-                       "Bytes allocated with malloc and not yet freed, in the arenas and mapped "
-                       "on their own (glibc mallinfo2 uordblks + hblkhd)",
-                       MetricType::Gauge, static_cast<double>(heap.uordblks + heap.hblkhd)));
-  out.push_back(Family("tutti_process_heap_free_bytes",
-                       "Bytes the allocator's arenas hold free for later allocations, resident "
-                       "or not (glibc mallinfo2 fordblks)",
-                       MetricType::Gauge, static_cast<double>(heap.fordblks)));
+  if (kHeapMetricsExported) {
+    const struct mallinfo2 heap = ::mallinfo2();
+    out.push_back(Family("tutti_process_heap_in_use_bytes",
+                         "Bytes allocated with malloc and not yet freed, in the arenas and mapped "
+                         "on their own (glibc mallinfo2 uordblks + hblkhd)",
+                         MetricType::Gauge, static_cast<double>(heap.uordblks + heap.hblkhd)));
+    out.push_back(Family("tutti_process_heap_free_bytes",
+                         "Bytes the allocator's arenas hold free for later allocations, resident "
+                         "or not (glibc mallinfo2 fordblks)",
+                         MetricType::Gauge, static_cast<double>(heap.fordblks)));
+  }
   out.push_back(Family("process_open_fds", "Number of open file descriptors", MetricType::Gauge,
                        OpenFds()));
   struct rlimit lim;

@@ -16,10 +16,28 @@ namespace tutti {
 const std::string& BuildVersion();
 const std::string& BuildCommit();
 
+// Whether this build allocates with glibc's malloc, whose figures the heap
+// metrics report: false in AddressSanitizer, ThreadSanitizer and
+// MemorySanitizer builds, whose own allocator replaces it (glibc's arenas
+// then hold next to nothing, so the metrics are not exported there).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kHeapMetricsExported = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+inline constexpr bool kHeapMetricsExported = false;
+#else
+inline constexpr bool kHeapMetricsExported = true;
+#endif
+#else
+inline constexpr bool kHeapMetricsExported = true;
+#endif
+
 // process_cpu_seconds_total, process_resident_memory_bytes,
 // process_virtual_memory_bytes, process_open_fds, process_max_fds,
-// process_start_time_seconds, tutti_build_info{version,commit} = 1, and the
-// allocator's tutti_process_heap_in_use_bytes and tutti_process_heap_free_bytes.
+// process_start_time_seconds, tutti_build_info{version,commit} = 1, and
+// (kHeapMetricsExported) the allocator's tutti_process_heap_in_use_bytes and
+// tutti_process_heap_free_bytes.
 class ProcessMetrics final : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override;

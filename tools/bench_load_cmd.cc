@@ -397,7 +397,8 @@ int RunBenchLoad(int argc, char** argv) {
                  "--max_rss_growth_mib %.1f): %s; heap in use %s\n",
                  rounds, mib, mib / (rounds - 2), max_rss_growth_mib, flat ? "flat" : "GROWS",
                  heap_known ? absl::StrFormat("%+.1f MiB", heap_growth / 1048576.0).c_str()
-                            : "unknown (the packer exports no tutti_process_heap_in_use_bytes)");
+                            : "unknown (the packer exports no tutti_process_heap_in_use_bytes: "
+                              "an older binary, or a sanitizer build)");
     if (!flat) return 1;
   }
   return errors == 0 ? 0 : 1;
