@@ -1,6 +1,7 @@
 // `tutti bench load` as a user runs it, small: a real tutti-packerd, every
 // client's calls answered, one JSON object per round with the documented
 // fields, and a failing run (nothing listening) reported as such.
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,34 @@ TEST(BenchLoad, EveryClientIsAnsweredAndEachRoundReportsLatencyCpuAndMemory) {
     EXPECT_THAT(r.output, HasSubstr("heap in use unknown (the packer exports no "));
   }
   RemoveTree(dir);
+}
+
+// Without --dir the work directory is the benchmark's own: gone after a
+// successful run, kept (and named) after a failed one.
+TEST(BenchLoad, ItsOwnWorkDirectoryIsRemovedAfterASuccessfulRun) {
+  const std::string tmp = MakeTempDir("bench_load_tmpdir");
+  auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(tmp)) {
+      names.push_back(e.path().filename().string());
+    }
+    return names;
+  };
+  RunResult r = RunCommand({TuttiCli(), "bench", "load", "--clients=4", "--rounds=1", "--calls=1",
+                            "--stream_plans=1", "--steps=2", "--seq_len=4096",
+                            std::string("--packerd=") + Packerd()},
+                           absl::Seconds(120), {"TMPDIR=" + tmp});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(entries().empty()) << r.output;
+  // A packer that cannot start: the directory stays, with the packer's log.
+  r = RunCommand({TuttiCli(), "bench", "load", "--clients=4", "--rounds=1", "--steps=2",
+                  "--seq_len=4096", "--packerd=/bin/false"},
+                 absl::Seconds(120), {"TMPDIR=" + tmp});
+  EXPECT_NE(r.status, 0) << r.output;
+  const std::vector<std::string> kept = entries();
+  ASSERT_EQ(kept.size(), 1u) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("kept " + tmp + "/" + kept[0]));
+  RemoveTree(tmp);
 }
 
 TEST(BenchLoad, RefusesZeroClients) {

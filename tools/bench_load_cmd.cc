@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -253,7 +255,9 @@ int RunBenchLoad(int argc, char** argv) {
   cli.Flag("steps", &steps, "steps planned before the load; the clients ask only for these");
   cli.Flag("seq_len", &seq_len, "the job's sequence length (tokens)");
   cli.Flag("timeout_s", &timeout_s, "a round ends after this, its unfinished calls failed");
-  cli.Flag("dir", &dir, "work directory for the job files (default: a new temporary one)");
+  cli.Flag("dir", &dir,
+           "work directory for the job files and the packer's log (default: a new one under "
+           "$TMPDIR or /tmp, removed after a successful run and kept after a failed one)");
   cli.Flag("packerd", &packerd, "tutti-packerd binary (default: from this build)");
   cli.Flag("packerd_args", &packerd_args,
            "more tutti-packerd flags, space-separated (e.g. \"--served_plan_precompute=none\")");
@@ -277,15 +281,32 @@ int RunBenchLoad(int argc, char** argv) {
     nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 2ull * clients + 256);
     setrlimit(RLIMIT_NOFILE, &nofile);
   }
-  if (dir.empty()) {
-    char tmpl[] = "/tmp/tutti-bench-load-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) {
-      std::perror("mkdtemp");
+  const bool own_dir = dir.empty();
+  if (own_dir) {
+    std::error_code ec;
+    std::string tmpl = (fs::temp_directory_path(ec) / "tutti-bench-load-XXXXXX").string();
+    if (ec || ::mkdtemp(tmpl.data()) == nullptr) {
+      std::fprintf(stderr, "tutti bench load: cannot create a work directory %s: %s\n",
+                   tmpl.c_str(), ec ? ec.message().c_str() : std::strerror(errno));
       return 1;
     }
     dir = tmpl;
   }
   fs::create_directories(dir);
+  // A work directory of its own is removed after a successful run (the
+  // packer has stopped by then); after a failure it is kept for the
+  // packer's log, and named.
+  bool succeeded = false;
+  absl::Cleanup tidy = [&] {
+    if (!own_dir) return;
+    std::error_code ec;
+    if (succeeded) {
+      fs::remove_all(dir, ec);
+    } else {
+      std::fprintf(stderr, "tutti bench load: kept %s (the packer's log is %s/packerd.log)\n",
+                   dir.c_str(), dir.c_str());
+    }
+  };
   auto t0 = Clock::now();
   uint32_t samples = 0;
   if (absl::Status s = WriteJob(dir, clients, seq_len, steps, &samples); !s.ok()) {
@@ -401,7 +422,8 @@ int RunBenchLoad(int argc, char** argv) {
                               "an older binary, or a sanitizer build)");
     if (!flat) return 1;
   }
-  return errors == 0 ? 0 : 1;
+  succeeded = errors == 0;
+  return succeeded ? 0 : 1;
 }
 
 }  // namespace
