@@ -172,9 +172,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def torchrun(c, script, args, timeout=600):
+def torchrun(c, script, args, timeout=600, launcher_args=()):
     """Runs `script` on every rank as c.nodes torchrun invocations (one per node, each
-    with its node's stager), rendezvous on loopback. Returns (returncode, outputs)."""
+    with its node's stager), rendezvous on loopback; `launcher_args` go to torchrun.
+    Returns (returncode, outputs)."""
     port = _free_port()
     procs = []
     n = c.per_node
@@ -182,7 +183,8 @@ def torchrun(c, script, args, timeout=600):
     for node in range(c.nodes):
         argv = [PYTHON, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
                 f"--nproc_per_node={n}", f"--node_rank={node}", "--master_addr=127.0.0.1",
-                f"--master_port={port}", "--redirects", maps, "--tee", maps, script, *args]
+                f"--master_port={port}", "--redirects", maps, "--tee", maps, *launcher_args,
+                script, *args]
         procs.append(subprocess.Popen(argv, env=c.env(node), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return _collect(procs, timeout)

@@ -126,7 +126,11 @@ class LauncherTest(unittest.TestCase):
     def test_torchrun_world_size_disagreeing_with_the_job(self):
         with cluster.cluster(post=True) as c:
             c.nodes, c.per_node = 1, 3  # torchrun starts 3 ranks for a 4-rank job
-            rc, out = cluster.torchrun(c, DIGEST, ["--steps", "1"], timeout=300)
+            # torchrun stops the other ranks once it sees one fail; polled every 20 s, it
+            # lets every rank (each failing at once, at its own pace on a loaded machine)
+            # say why first.
+            rc, out = cluster.torchrun(c, DIGEST, ["--steps", "1"], timeout=300,
+                                       launcher_args=["--monitor_interval", "20"])
         self.assertNotEqual(rc, 0)
         self.assertEqual(out.count("world size mismatch: this client runs with 3 ranks but job"), 3,
                          out[-3000:])
