@@ -94,7 +94,9 @@ def wait_for(what: str, check, timeout: float = 60.0, interval: float = 0.2):
             last = check()
             if last:
                 return last
-        except (OSError, http.client.HTTPException) as e:
+        # ValueError: a body that is not JSON yet (Prometheus answers its query API
+        # with an empty body while it starts).
+        except (OSError, http.client.HTTPException, ValueError) as e:
             last = e
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
