@@ -210,6 +210,22 @@ def mpirun_ranks(ranks: int, stagers: str, packer: str, steps: int, timeout: flo
                timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
+def processes_with_arg(text: str) -> set:
+    """PIDs of running (not zombie) processes with an argument containing `text`."""
+    pids = set()
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(text.encode() in a for a in args):
+            pids.add(int(entry.name))
+    return pids
+
+
 class Job:
     """A one-node job on loopback: the dataset, a packer, one stager (its argv
     optionally behind `stager_prefix`, e.g. a seccomp wrapper) and ranks."""
@@ -226,15 +242,24 @@ class Job:
         self.packer = Daemon("tutti-packerd", [
             PACKERD, f"--config={self.config}", "--listen=127.0.0.1:0", "--metrics=127.0.0.1:0",
             f"--port_file={self.dir}/packer.ports"], self.dir / "packer.log")
-        self.packer_ports = wait_port_file(self.packer, self.dir / "packer.ports")
-        self.packer_address = f"127.0.0.1:{self.packer_ports['grpc']}"
-        self.socket = f"unix://{self.dir}/stager.sock"
-        self.stager = Daemon("tutti-stagerd", [
-            *stager_prefix, STAGERD, f"--packer={self.packer_address}", "--node=0",
-            f"--source={self.dir}/dataset", f"--cache={self.dir}/cache", f"--listen={self.socket}",
-            "--metrics=127.0.0.1:0", f"--port_file={self.dir}/stager.ports", "--memory_budget=1G",
-            "--queue_depth=8", "--block_size=256K", *stager_flags], self.dir / "stager.log")
-        self.stager_ports = wait_port_file(self.stager, self.dir / "stager.ports")
+        self.stager = None
+        try:
+            self.packer_ports = wait_port_file(self.packer, self.dir / "packer.ports")
+            self.packer_address = f"127.0.0.1:{self.packer_ports['grpc']}"
+            self.socket = f"unix://{self.dir}/stager.sock"
+            self.stager = Daemon("tutti-stagerd", [
+                *stager_prefix, STAGERD, f"--packer={self.packer_address}", "--node=0",
+                f"--source={self.dir}/dataset", f"--cache={self.dir}/cache",
+                f"--listen={self.socket}", "--metrics=127.0.0.1:0",
+                f"--port_file={self.dir}/stager.ports", "--memory_budget=1G", "--queue_depth=8",
+                "--block_size=256K", *stager_flags], self.dir / "stager.log")
+            self.stager_ports = wait_port_file(self.stager, self.dir / "stager.ports")
+        except BaseException:
+            # A daemon that did not come up: nothing of the job is left running.
+            if self.stager is not None:
+                self.stager.stop()
+            self.packer.stop()
+            raise
 
     def run_ranks(self, steps: int = 3) -> subprocess.CompletedProcess:
         return mpirun_ranks(self.ranks, self.socket, self.packer_address, steps)

@@ -50,9 +50,13 @@ class Seccomp(unittest.TestCase):
 
     def test_uring_required_but_refused_fails_with_a_reason(self):
         prefix = ["/usr/bin/python3", WRAPPER, PROFILE, "--deny", IO_URING, "--"]
+        # The job's daemons name its own directory in their arguments.
+        before = dt.processes_with_arg("tutti-deploy-seccomp-refused-")
         with self.assertRaises(AssertionError) as e:
             dt.Job("seccomp-refused", stager_prefix=prefix, stager_flags=["--io_backend=uring"])
         self.assertIn("io_uring", str(e.exception))
+        # Its packer is stopped with it, not left running.
+        self.assertEqual(dt.processes_with_arg("tutti-deploy-seccomp-refused-") - before, set())
 
 
 if __name__ == "__main__":
