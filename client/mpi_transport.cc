@@ -647,8 +647,7 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
   round = Round(kVerdictTag, out, &in, deadline, &missing);
   if (absl::IsDeadlineExceeded(round)) return timed_out(missing, "confirm the exchange");
   if (!round.ok()) return failed(round);
-  in[rank_] = out[rank_];
-  in[rank_].sender = rank_;
+  in[rank_] = out[rank_];  // this rank's own verdict beside the others'
   // Every rank reports the lowest rank's verdict, in the words that rank
   // sent (so truncated alike), with that rank's step and exchange number.
   int first = -1;
