@@ -11,7 +11,11 @@
 namespace tutti {
 namespace {
 
-// How a transfer's bytes split into items (ExchangeLayout::send_item_hashes).
+constexpr uint64_t kRunSalt = 0x72756e73ULL << 32;  // "runs"
+
+// How a transfer's bytes split into items and its items into messages
+// (ExchangeLayout::send_item_hashes): a run of one item leaves the hash as it
+// was before runs existed.
 uint64_t ItemSizesHash(const v1::Transfer& transfer) {
   uint64_t h = 0;
   auto add = [&h](uint64_t bytes) {
@@ -19,6 +23,11 @@ uint64_t ItemSizesHash(const v1::Transfer& transfer) {
   };
   if (transfer.items_size() == 0) add(transfer.bytes());
   for (const v1::TransferItem& item : transfer.items()) add(item.bytes());
+  uint64_t first = 0;
+  for (uint32_t n : transfer.runs()) {
+    if (n > 1) h = SplitMix64Of(h ^ SplitMix64Of(kRunSalt ^ (first << 32 | n)));
+    first += n;
+  }
   return h;
 }
 
@@ -27,10 +36,11 @@ absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfe
                  const char* what, uint64_t declared_total, uint32_t comm_size,
                  const std::string& where, std::vector<uint64_t>* counts,
                  std::vector<uint64_t>* offsets, std::vector<uint64_t>* item_hashes,
-                 uint64_t* total) {
+                 std::vector<std::vector<uint32_t>>* runs, uint64_t* total) {
   counts->assign(comm_size, 0);
   offsets->assign(comm_size, 0);
   item_hashes->assign(comm_size, 0);
+  runs->assign(comm_size, {});
   uint64_t off = 0;
   int64_t prev_peer = -1;
   for (const v1::Transfer& t : transfers) {
@@ -59,6 +69,23 @@ absl::Status Lay(const google::protobuf::RepeatedPtrField<v1::Transfer>& transfe
             where, ": the plan's exchange ", what, " to/from peer ", t.peer(), " declares ",
             t.bytes(), " bytes but its items add up to ", items, " (a corrupt plan)"));
       }
+    }
+    if (t.runs_size() > 0) {
+      uint64_t in_runs = 0;
+      for (uint32_t n : t.runs()) {
+        if (n == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": the plan's exchange ", what, " to/from peer ", t.peer(),
+                           " has a run of no items (a corrupt plan)"));
+        }
+        in_runs += n;
+      }
+      if (in_runs != static_cast<uint64_t>(t.items_size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": the plan's exchange ", what, " to/from peer ", t.peer(), " has ",
+            t.items_size(), " items but its runs add up to ", in_runs, " (a corrupt plan)"));
+      }
+      (*runs)[t.peer()].assign(t.runs().begin(), t.runs().end());
     }
     if (t.bytes() > std::numeric_limits<uint64_t>::max() - off) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": transfer sizes overflow"));
@@ -109,6 +136,8 @@ ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t c
   l.recv_offsets.assign(comm_size, 0);
   l.send_item_hashes.assign(comm_size, 0);
   l.recv_item_hashes.assign(comm_size, 0);
+  l.send_runs.assign(comm_size, {});
+  l.recv_runs.assign(comm_size, {});
   return l;
 }
 
@@ -138,10 +167,10 @@ absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, Exc
   const bool fwd = dir != ExchangeDirection::kBackward;
   RETURN_IF_ERROR(Lay(fwd ? ex.sends() : ex.recvs(), fwd ? "send" : "receive",
                       fwd ? ex.send_bytes() : ex.recv_bytes(), comm_size, where, &l.send_counts,
-                      &l.send_offsets, &l.send_item_hashes, &l.send_bytes));
+                      &l.send_offsets, &l.send_item_hashes, &l.send_runs, &l.send_bytes));
   RETURN_IF_ERROR(Lay(fwd ? ex.recvs() : ex.sends(), fwd ? "receive" : "send",
                       fwd ? ex.recv_bytes() : ex.send_bytes(), comm_size, where, &l.recv_counts,
-                      &l.recv_offsets, &l.recv_item_hashes, &l.recv_bytes));
+                      &l.recv_offsets, &l.recv_item_hashes, &l.recv_runs, &l.recv_bytes));
   if (l.send_counts[comm_rank] != l.recv_counts[comm_rank]) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the plan sends ", l.send_counts[comm_rank],

@@ -67,7 +67,11 @@ struct ExchangeLayout {
   // its non-empty items in order; a transfer without items is one item of
   // its bytes; 0 when nothing moves). Both ends of a pair compute it from
   // their own plan, so a transport's agreement can compare the splits too.
+  // The split into messages hashes in too (Transfer.runs).
   std::vector<uint64_t> send_item_hashes, recv_item_hashes;
+  // Per peer, the plan's Transfer.runs: how many consecutive items move as
+  // one message (empty: one message per item).
+  std::vector<std::vector<uint32_t>> send_runs, recv_runs;
   uint64_t send_bytes = 0;
   uint64_t recv_bytes = 0;
 };
@@ -85,8 +89,9 @@ ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t c
 // communicator of `comm_size` ranks. FAILED_PRECONDITION when the plan was
 // made for another world size or belongs to another rank; INVALID_ARGUMENT
 // when the plan is inconsistent (a peer out of range, peers out of order or
-// repeated, a transfer whose items do not add up to its bytes, totals that do
-// not match, or a rank sending itself a different count than it receives).
+// repeated, a transfer whose items do not add up to its bytes or whose runs
+// do not add up to its items, totals that do not match, or a rank sending
+// itself a different count than it receives).
 absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, ExchangeDirection dir,
                                                    uint32_t comm_rank, uint32_t comm_size,
                                                    const ExchangeContext& ctx = {});

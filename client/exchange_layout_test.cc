@@ -149,5 +149,46 @@ TEST(ExchangeLayout, BufferSizesNameExpectedAndGiven) {
   EXPECT_THAT(Msg(s), HasSubstr("receive buffer size mismatch: expected 15 bytes"));
 }
 
+TEST(ExchangeLayout, RunsFollowTheirTransfersAndSplitTheHash) {
+  v1::RankPlan p = Plan(0);
+  auto* to2 = p.mutable_exchange()->mutable_sends(1);
+  auto l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
+  ASSERT_TRUE(l.ok()) << l.status();
+  const uint64_t item_wise = l->send_item_hashes[2];
+  EXPECT_TRUE(l->send_runs[2].empty());
+  // Runs of one item are one message per item: the same split as no runs.
+  to2->add_runs(1);
+  to2->add_runs(1);
+  l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->send_item_hashes[2], item_wise);
+  to2->clear_runs();
+  to2->add_runs(2);
+  l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_THAT(l->send_runs[2], ElementsAre(2));
+  EXPECT_NE(l->send_item_hashes[2], item_wise);
+  // Backward: the forward sends' runs are the receives'.
+  l = BuildExchangeLayout(p, ExchangeDirection::kBackward, 0, 3);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_THAT(l->recv_runs[2], ElementsAre(2));
+  EXPECT_TRUE(l->send_runs[2].empty());
+}
+
+TEST(ExchangeLayout, RunsThatDoNotAddUpToTheItemsAreRefused) {
+  v1::RankPlan p = Plan(0);
+  auto* to2 = p.mutable_exchange()->mutable_sends(1);
+  to2->add_runs(3);
+  auto l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
+  ASSERT_FALSE(l.ok());
+  EXPECT_THAT(Msg(l.status()), HasSubstr("has 2 items but its runs add up to 3"));
+  to2->clear_runs();
+  to2->add_runs(2);
+  to2->add_runs(0);
+  l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
+  ASSERT_FALSE(l.ok());
+  EXPECT_THAT(Msg(l.status()), HasSubstr("a run of no items"));
+}
+
 }  // namespace
 }  // namespace tutti
