@@ -46,7 +46,12 @@ class StageCoster {
   // The hot path of Image: true and *g set when the image resizes at this
   // stage; false when Image(media) fails (call it for the error).
   bool ImageGeometryOf(uint32_t media, ImageGeometry* g) const {
-    const uint32_t grid = grid_[media];
+    return GeometryOfGrid(grid_[media], g);
+  }
+  // The packed resized grid of an image (0: take Image's slow path), and
+  // ImageGeometryOf from it: for reading the grids apart from using them.
+  uint32_t Grid(uint32_t media) const { return grid_[media]; }
+  bool GeometryOfGrid(uint32_t grid, ImageGeometry* g) const {
     if (grid == 0) return false;
     g->grid_t = 1;
     g->grid_h = grid >> 16;
@@ -57,9 +62,7 @@ class StageCoster {
     g->llm_tokens = g->patches / (geometry_.merge_size * geometry_.merge_size);
     return true;
   }
-  void PrefetchImages(uint32_t first_media) const {
-    __builtin_prefetch(grid_.data() + first_media);
-  }
+  void PrefetchGrid(uint32_t first_media) const { __builtin_prefetch(grid_.data() + first_media); }
   uint32_t AudioTokens(uint32_t audio_ms) const;
   const CostModel& model() const { return model_; }
   const VisionGeometryOptions& geometry() const { return geometry_; }

@@ -44,6 +44,109 @@ void FillCsr(uint32_t n, uint32_t rows, Key key, Csr* csr) {
       n, rows, key, [](uint32_t) { return 0u; }, csr, nullptr);
 }
 
+// A candidate's index records (ReadSamples), by draw position.
+struct DrawnSample {
+  uint32_t sample, shard, text_tokens;
+  uint32_t media_at, media_count;  // its media: DrawnMedium [media_at, + media_count)
+};
+// An image (value: its packed grid at the stage, StageCoster::Grid) or audio
+// clip (value: its duration in ms) of a candidate.
+struct DrawnMedium {
+  uint32_t media, value;
+  bool image;
+};
+
+// Sorts entries (key << 32 | low), key < 2^bits, by key, stably: LSD radix
+// sort, 11 bits a pass, every pass's counts taken in one read.
+void SortByKey(uint32_t bits, std::vector<uint64_t>* v, std::vector<uint64_t>* tmp) {
+  constexpr uint32_t kDigit = 11, kBuckets = 1u << kDigit;
+  const uint32_t passes = (bits + kDigit - 1) / kDigit;
+  if (passes == 0) return;
+  thread_local std::vector<uint32_t> count;
+  count.assign(size_t{passes} * kBuckets, 0);
+  for (const uint64_t x : *v) {
+    for (uint32_t p = 0; p < passes; ++p)
+      ++count[p * kBuckets + ((x >> (32 + p * kDigit)) & (kBuckets - 1))];
+  }
+  tmp->resize(v->size());
+  for (uint32_t p = 0; p < passes; ++p) {
+    uint32_t* c = count.data() + p * kBuckets;
+    uint32_t sum = 0;
+    for (uint32_t b = 0; b < kBuckets; ++b) {
+      const uint32_t n = c[b];
+      c[b] = sum;
+      sum += n;
+    }
+    const uint32_t shift = 32 + p * kDigit;
+    uint64_t* out = tmp->data();
+    for (const uint64_t x : *v) out[c[(x >> shift) & (kBuckets - 1)]++] = x;
+    v->swap(*tmp);
+  }
+}
+
+// The candidates as (sample id << 32 | draw position), ascending: `local`
+// holds the NT text candidates' then the NV VL candidates' stream-local
+// indices; each stream's ids list ascends, so sorting by local index sorts
+// by sample id, and the two streams merge.
+void SampleOrder(const uint64_t* local, uint32_t NT, uint32_t NV,
+                 const std::vector<uint32_t>& text_ids, const std::vector<uint32_t>& vl_ids,
+                 std::vector<uint64_t>* order) {
+  thread_local std::vector<uint64_t> text, vl, tmp;
+  auto sorted = [&](const uint64_t* l, uint32_t n, uint32_t first, const std::vector<uint32_t>& ids,
+                    std::vector<uint64_t>* v) {
+    v->resize(n);
+    for (uint32_t i = 0; i < n; ++i) (*v)[i] = l[i] << 32 | (first + i);
+    uint32_t bits = 0;
+    while (bits < 32 && (uint64_t{1} << bits) < ids.size()) ++bits;
+    SortByKey(bits, v, &tmp);
+    for (uint64_t& e : *v) e = uint64_t{ids[e >> 32]} << 32 | static_cast<uint32_t>(e);
+  };
+  sorted(local, NT, 0, text_ids, &text);
+  sorted(local + NT, NV, NT, vl_ids, &vl);
+  order->resize(size_t{NT} + NV);
+  std::merge(text.begin(), text.end(), vl.begin(), vl.end(), order->begin());
+}
+
+// The index records of the candidates, read in `order` (SampleOrder: the
+// index's arrays are read ascending), into (*drawn)[draw position] and
+// *media (in the order read).
+void ReadSamples(const Index& ix, const StageCoster& coster, const std::vector<uint64_t>& order,
+                 std::vector<DrawnSample>* drawn, std::vector<DrawnMedium>* media) {
+  const size_t n = order.size();
+  drawn->resize(n);
+  media->clear();
+  if (n == 0) return;
+  // Ascending reads, but sparse ones: fetched ahead all the same. The shard
+  // follows the ascending ids (the last shard starting at or before each).
+  constexpr size_t kAhead = 16;
+  uint32_t shard = ix.ShardOf(static_cast<uint32_t>(order[0] >> 32));
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      ix.PrefetchSample(static_cast<uint32_t>(order[i + kAhead] >> 32));
+      __builtin_prefetch(drawn->data() + static_cast<uint32_t>(order[i + kAhead]), 1);
+    }
+    if (i + kAhead / 2 < n) {
+      const uint32_t ahead = static_cast<uint32_t>(order[i + kAhead / 2] >> 32);
+      ix.PrefetchMedia(ahead);
+      coster.PrefetchGrid(ix.media_begin(ahead));
+    }
+    const uint64_t e = order[i];
+    const uint32_t s = static_cast<uint32_t>(e >> 32);
+    DrawnSample& d = (*drawn)[static_cast<uint32_t>(e)];
+    while (shard + 1 < ix.num_shards() && ix.shard(shard + 1).first_sample <= s) ++shard;
+    d.sample = s;
+    d.shard = shard;
+    d.text_tokens = ix.text_tokens(s);
+    const uint32_t begin = ix.media_begin(s), end = ix.media_end(s);
+    d.media_at = static_cast<uint32_t>(media->size());
+    d.media_count = end - begin;
+    for (uint32_t j = begin; j < end; ++j) {
+      const bool image = ix.media_is_image(j);
+      media->push_back(DrawnMedium{j, image ? coster.Grid(j) : ix.media_audio_ms(j), image});
+    }
+  }
+}
+
 PhaseSummary SummarizePhase(const std::vector<double>& per_rank, const std::vector<double>& before,
                             double largest_item) {
   PhaseSummary s;
@@ -223,41 +326,34 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   const uint64_t audio_rate = cfg.audio().sample_rate();
   const uint64_t audio_max_samples = uint64_t{cfg.audio().max_seconds()} * audio_rate;
 
-  // Sample ids first (pure arithmetic), then the index records with
-  // prefetching: the draw is random access into a large index, so memory
-  // latency, not arithmetic, is what costs here.
+  // Three passes: the candidates' stream-local indices (pure arithmetic);
+  // the index records of the candidates in sample-id order, which makes the
+  // reads of the index ascending instead of random (the draw is otherwise
+  // bound by memory latency), into compact per-candidate records; then the
+  // plan's records in draw order.
   StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1), T);
   StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1), V);
-  thread_local std::vector<uint32_t> ids;
   thread_local std::vector<uint64_t> pos, local;
-  ids.resize(NT + NV);
   pos.resize(NT + NV);
   local.resize(NT + NV);
   CandidatePositions(step, T, V, in, pos.data());
   text_sampler.AtMany(pos.data(), NT, local.data());
   vl_sampler.AtMany(pos.data() + NT, NV, local.data() + NT);
-  for (uint32_t k = 0; k < NT + NV; ++k) ids[k] = static_cast<uint32_t>(local[k]);
+  thread_local std::vector<uint64_t> order;
+  thread_local std::vector<DrawnSample> drawn;
+  thread_local std::vector<DrawnMedium> media;
+  SampleOrder(local.data(), NT, NV, job.text_samples(), job.vl_samples(), &order);
+  ReadSamples(ix, coster, order, &drawn, &media);
   constexpr uint32_t kAhead = 16;
-  const uint32_t* text_ids = job.text_samples().data();
-  const uint32_t* vl_ids = job.vl_samples().data();
   for (uint32_t k = 0; k < NT + NV; ++k) {
-    if (k + kAhead < NT + NV)
-      __builtin_prefetch((k + kAhead < NT ? text_ids : vl_ids) + ids[k + kAhead]);
-    ids[k] = k < NT ? text_ids[ids[k]] : vl_ids[ids[k]];
-  }
-  for (uint32_t k = 0; k < std::min(NT + NV, kAhead); ++k) ix.PrefetchSample(ids[k]);
-  for (uint32_t k = 0; k < NT + NV; ++k) {
-    if (k + kAhead < NT + NV) ix.PrefetchSample(ids[k + kAhead]);
-    if (k + kAhead / 2 < NT + NV && k + kAhead / 2 >= NT) {
-      ix.PrefetchMedia(ids[k + kAhead / 2]);
-      coster.PrefetchImages(ix.media_begin(ids[k + kAhead / 2]));
-    }
+    if (k + kAhead < NT + NV) __builtin_prefetch(media.data() + drawn[k + kAhead].media_at);
     const bool vl = k >= NT;
-    const uint32_t s = ids[k];
+    const DrawnSample& d = drawn[k];
+    const uint32_t s = d.sample;
     PlannedSample& ps = out->samples[k];
     ps = PlannedSample();
     ps.sample = s;
-    ps.shard = ix.ShardOf(s);
+    ps.shard = d.shard;
     ps.drawn_rank = k % W;
     ps.vl = vl;
     ps.position = pos[k];
@@ -265,12 +361,13 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     ps.first_image = static_cast<uint32_t>(out->images.size());
     ps.first_audio = static_cast<uint32_t>(out->audio.size());
     SampleCost& c = ps.cost;
-    c.text_tokens = ix.text_tokens(s);
+    c.text_tokens = d.text_tokens;
     uint64_t tokens = c.text_tokens;
-    for (uint32_t j = ix.media_begin(s), e = ix.media_end(s); j < e; ++j) {
-      if (ix.media_is_image(j)) {
+    for (const DrawnMedium *m = media.data() + d.media_at, *e = m + d.media_count; m < e; ++m) {
+      const uint32_t j = m->media;
+      if (m->image) {
         ImageGeometry geometry;
-        if (!coster.ImageGeometryOf(j, &geometry)) {
+        if (!coster.GeometryOfGrid(m->value, &geometry)) {
           auto g = coster.Image(j);
           if (!g.ok()) {
             return absl::FailedPreconditionError(
@@ -298,7 +395,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
         tokens += g->llm_tokens + 2;
         ++c.images;
       } else {
-        const uint32_t ms = ix.media_audio_ms(j);
+        const uint32_t ms = m->value;
         PlannedAudio& au = out->audio.emplace_back();
         au.owner = k;
         au.media = j;

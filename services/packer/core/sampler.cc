@@ -25,7 +25,7 @@ FeistelPermutation::FeistelPermutation(uint64_t n, uint64_t key) : n_(n) {
   }
 }
 
-uint64_t FeistelPermutation::Encrypt(uint64_t x) const {
+inline __attribute__((always_inline)) uint64_t FeistelPermutation::Encrypt(uint64_t x) const {
   uint64_t left = x >> half_bits_, right = x & half_mask_;
   for (uint64_t rk : keys_) {
     // Round function: a keyed multiplicative hash (high bits of one 64-bit
@@ -144,15 +144,17 @@ void StreamSampler::AtMany(const uint64_t* pos, size_t count, uint64_t* out) {
     const uint64_t epoch = pos[k] / n_;
     // The reordered start of an epoch goes through At; a run of positions
     // of one epoch past it, through the permutation in one batch.
-    auto in_start = [&](uint64_t p) { return per_step_ > 0 && p / n_ > 0 && p % n_ < per_step_; };
-    if (in_start(pos[k])) {
+    const uint64_t first = epoch * n_;
+    const uint64_t start = per_step_ > 0 && epoch > 0 ? std::min(per_step_, n_) : 0;
+    if (pos[k] - first < start) {
       out[k] = At(pos[k]);
       ++k;
       continue;
     }
+    // The run: positions in [first + start, first + n).
     size_t e = k;
-    while (e < count && pos[e] / n_ == epoch && !in_start(pos[e])) {
-      out[e] = pos[e] % n_;
+    while (e < count && pos[e] >= first + start && pos[e] - first < n_) {
+      out[e] = pos[e] - first;
       ++e;
     }
     if (epoch != epoch_) {
