@@ -311,23 +311,34 @@ class PlanBuilder {
   uint64_t AddTransfers(const Csr& csr, uint32_t r, bool peer_is_llm,
                         google::protobuf::RepeatedPtrField<v1::Transfer>* out, uint32_t node,
                         uint32_t rpn, uint64_t* inter) {
+    // Runs (plan_version 3): consecutive items of one encoder whose places
+    // in the LLM rank's input_ids order follow each other (exchange.h).
+    const bool runs = !d_.out_pos.empty();
+    const uint32_t I = static_cast<uint32_t>(d_.images.size());
     uint64_t total = 0;
     v1::Transfer* t = nullptr;
+    uint32_t prev = 0;
     for (uint32_t k = 0; k < csr.size(r); ++k) {
       const uint32_t item = csr.row(r)[k];
       const uint32_t peer = peer_is_llm ? d_.LlmRank(item) : d_.EncRank(item);
+      const bool image = item < I;
       if (t == nullptr || t->peer() != peer) {
         t = out->Add();
         t->set_peer(peer);
+        if (runs) t->add_runs(1);
+      } else if (runs) {
+        if (image == (prev < I) && d_.out_pos[item] == d_.out_pos[prev] + 1) {
+          t->set_runs(t->runs_size() - 1, t->runs(t->runs_size() - 1) + 1);
+        } else {
+          t->add_runs(1);
+        }
       }
-      const bool image = item < d_.images.size();
-      const uint32_t owner =
-          image ? d_.images[item].owner : d_.audio[item - d_.images.size()].owner;
+      prev = item;
+      const uint32_t owner = image ? d_.images[item].owner : d_.audio[item - I].owner;
       v1::TransferItem* ti = t->add_items();
       ti->set_sample_id(d_.samples[owner].sample);
       ti->set_encoder(image ? v1::ENCODER_VISION : v1::ENCODER_AUDIO);
-      ti->set_index(image ? d_.images[item].image_index
-                          : d_.audio[item - d_.images.size()].audio_index);
+      ti->set_index(image ? d_.images[item].image_index : d_.audio[item - I].audio_index);
       const uint64_t bytes = d_.OutputBytes(item);
       ti->set_bytes(bytes);
       t->set_bytes(t->bytes() + bytes);

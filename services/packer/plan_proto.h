@@ -15,7 +15,7 @@
 namespace tutti::packer {
 
 // RankPlan.plan_version this packer writes (see plan.proto).
-inline constexpr uint32_t kPlanVersion = 2;
+inline constexpr uint32_t kPlanVersion = 3;
 
 // Builds the StepPlan for `ranks` (empty: all ranks, in order; otherwise
 // sorted and deduplicated). Only the samples and shards those ranks touch

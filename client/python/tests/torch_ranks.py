@@ -29,10 +29,21 @@ def check(cond, what):
         sys.exit(1)
 
 
-def step_batch(args, transport, rank, world, step):
-    rng = np.random.default_rng(1000 + step)
-    images, llm_of = synthetic.random_step(world, step, rng)
-    return synthetic.batch(world, rank, step, images, llm_of, HIDDEN, transport)
+def dropped_by(images, rank, step):
+    """Every fifth step (from step 2) each rank's batch lacks the images of the first sample
+    it encodes (a sample left out whole): zeros are sent in their place."""
+    mine = sorted({im[0] for im in images if im[4] == rank})
+    return tuple(mine[:1]) if step % 5 == 2 else ()
+
+
+def step_batch(args, transport, rank, world, step, images=None, llm_of=None):
+    """Step `step`'s random plan: laid out as tutti-packerd lays it out (runs), every fourth
+    step as plans before Transfer.runs (one message per item)."""
+    if images is None:
+        rng = np.random.default_rng(1000 + step)
+        images, llm_of = synthetic.random_step(world, step, rng)
+    return synthetic.batch(world, rank, step, images, llm_of, HIDDEN, transport,
+                           runs=step % 4 != 3, dropped=dropped_by(images, rank, step))
 
 
 def encoder_keys(batch):
@@ -47,12 +58,23 @@ def llm_keys(batch):
 
 def run_random(args, transport, rank, world):
     bytes_checked = 0
+    messages = items = 0
     for step in range(args.steps):
-        batch, seg = step_batch(args, transport, rank, world, step)
+        rng = np.random.default_rng(1000 + step)
+        images, llm_of = synthetic.random_step(world, step, rng)
+        batch, seg = step_batch(args, transport, rank, world, step, images, llm_of)
         try:
             x = torch.from_numpy(synthetic.pattern(encoder_keys(batch), HIDDEN, 0)).requires_grad_()
             emb = tutti.torch.exchange(x, batch)
             want = synthetic.pattern(llm_keys(batch), HIDDEN, 0)
+            # Rows of images their encoding rank's batch lacks arrive as zeros.
+            lacking = {(im[0], im[1]) for im in images
+                       if im[0] in dropped_by(images, im[4], step)}
+            row = 0
+            for key, n in llm_keys(batch):
+                if key in lacking:
+                    want[row:row + n] = 0
+                row += n
             check(np.array_equal(emb.detach().numpy(), want), f"step {step}: forward rows")
             grad = torch.from_numpy(synthetic.pattern(llm_keys(batch), HIDDEN, 5))
             if step % 2 == 0:
@@ -72,10 +94,29 @@ def run_random(args, transport, rank, world):
             if want_g.size:
                 check(np.array_equal(x.grad.numpy(), want_g), f"step {step}: backward rows")
             bytes_checked += 4 * (want.size + want_g.size)
+            if isinstance(transport, _exchange.TorchTransport):
+                # One message per run (per item without runs): forward this rank's sends,
+                # backward the gradients of what it received.
+                t = batch._tables()
+
+                def count(lists, runs):
+                    return sum(len(runs[p]) if runs[p] else len(lists[p])
+                               for p in range(world) if p != rank)
+
+                want_msgs = count(t.send_items, t.send_runs) + count(t.recv_items, t.recv_runs)
+                check(transport.messages_posted == want_msgs,
+                      f"step {step}: {transport.messages_posted} messages sent forward and "
+                      f"backward, the plan's runs say {want_msgs}")
+                messages += want_msgs
+                items += sum(len(t.send_items[p]) + len(t.recv_items[p])
+                             for p in range(world) if p != rank)
         finally:
             batch.release()
             seg.close()
-    print(f"OK rank {rank}: {args.steps} random steps, {bytes_checked} bytes checked", flush=True)
+    if items:  # the packer's layout moves a pair's items in fewer messages than items
+        check(messages < items, f"{messages} messages sent for {items} items")
+    print(f"OK rank {rank}: {args.steps} random steps, {bytes_checked} bytes checked, "
+          f"{messages} messages sent for {items} items", flush=True)
 
 
 def run_bad(args, transport, rank, world):
@@ -98,12 +139,19 @@ def run_bad(args, transport, rank, world):
                 # This rank's view of a pair splits the pair's rows into other items than
                 # the peer's (the same total): a corrupt plan the agreement must catch.
                 t = batch._tables()
-                items = next(its for its in t.send_items[:rank] + t.send_items[rank + 1:] +
-                             t.recv_items[:rank] + t.recv_items[rank + 1:]
-                             if any(n >= 2 for _, n in its))
+                items, runs = next(
+                    (lists[p], runs[p]) for lists, runs in ((t.send_items, t.send_runs),
+                                                            (t.recv_items, t.recv_runs))
+                    for p in range(world) if p != rank and any(n >= 2 for _, n in lists[p]))
                 k = next(k for k, (_, n) in enumerate(items) if n >= 2)
                 at, n = items[k]
                 items[k:k + 1] = [(at, 1), (at + 1 if at >= 0 else -1, n - 1)]
+                if runs:  # the two halves move in the run of the item they split
+                    j, first = 0, 0
+                    while first + runs[j] <= k:
+                        first += runs[j]
+                        j += 1
+                    runs[j] += 1
             if culprit and args.case == "mismatch":
                 # This rank's plan lists two of its items to a peer in the other order (their
                 # sizes differ): a plan of its own, consistent with its buffers, that the peer's

@@ -1,5 +1,6 @@
 #include "services/packer/core/exchange.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace tutti::packer {
@@ -15,6 +16,83 @@ void CountingSort(const std::vector<uint32_t>& in, uint32_t rows, const uint32_t
   at.assign(begin->begin(), begin->end() - 1);
   out->resize(in.size());
   for (uint32_t x : in) (*out)[at[key[x]]++] = x;
+}
+
+// Orders each sequence's documents by the rank that encodes their first
+// encoder item and lists every encoder item in its LLM rank's input_ids
+// order (`by_llm`, with plan->out_pos). False, changing nothing, when the
+// documents do not hold every encoder item exactly once.
+bool OrderForRuns(const uint32_t* enc, StepPlanData* plan, std::vector<uint32_t>* by_llm) {
+  const uint32_t W = plan->world_size;
+  const uint32_t S = plan->seqs_per_rank();
+  const uint32_t I = static_cast<uint32_t>(plan->images.size());
+  const uint32_t n = plan->num_encoder_items();
+  uint64_t held = 0;
+  for (uint32_t s : plan->docs.items) {
+    held += plan->samples[s].cost.images + plan->samples[s].cost.audio;
+  }
+  if (held != n || plan->docs.rows() != W * S) return false;
+  auto source = [&](uint32_t s) {  // encoder rank of its first item; W: none
+    const PlannedSample& ps = plan->samples[s];
+    return ps.cost.images > 0  ? enc[ps.first_image]
+           : ps.cost.audio > 0 ? enc[I + ps.first_audio]
+                               : W;
+  };
+  thread_local std::vector<uint64_t> keyed;
+  thread_local std::vector<uint32_t> row;
+  plan->out_pos.assign(n, 0);
+  by_llm->clear();
+  by_llm->reserve(n);
+  for (uint32_t r = 0; r < W; ++r) {
+    uint32_t image_pos = 0, audio_pos = 0;
+    bool ascending = true;
+    for (uint32_t g = r * S; g < (r + 1) * S; ++g) {
+      const uint32_t b = plan->docs.begin[g], e = plan->docs.begin[g + 1];
+      uint32_t* docs = plan->docs.items.data();
+      bool any = false;
+      if (e - b > 1) {
+        keyed.clear();
+        for (uint32_t k = b; k < e; ++k) {
+          const uint32_t src = source(docs[k]);
+          any |= src < W;
+          // Documents without encoder items keep their place at the end.
+          const uint64_t key = src == W ? 2 * uint64_t{W} : ascending ? src : W + (W - 1 - src);
+          keyed.push_back(key << 32 | (k - b));
+        }
+        std::sort(keyed.begin(), keyed.end());
+        row.assign(docs + b, docs + e);
+        for (uint32_t k = b; k < e; ++k) docs[k] = row[static_cast<uint32_t>(keyed[k - b])];
+      } else {
+        any = e > b && source(docs[b]) < W;
+      }
+      if (any) ascending = !ascending;
+      for (uint32_t k = b; k < e; ++k) {
+        const PlannedSample& ps = plan->samples[docs[k]];
+        for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
+          plan->out_pos[i] = image_pos++;
+          by_llm->push_back(i);
+        }
+        for (uint32_t a = ps.first_audio; a < ps.first_audio + ps.cost.audio; ++a) {
+          plan->out_pos[I + a] = audio_pos++;
+          by_llm->push_back(I + a);
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// Each rank's encoder images and audio clips in the order of its sends.
+void FollowSends(StepPlanData* plan) {
+  const uint32_t I = static_cast<uint32_t>(plan->images.size());
+  uint32_t image_at = 0, audio_at = 0;
+  for (uint32_t item : plan->sends.items) {
+    if (item < I) {
+      plan->enc_images.items[image_at++] = item;
+    } else {
+      plan->enc_audio.items[audio_at++] = item - I;
+    }
+  }
 }
 
 }  // namespace
@@ -43,18 +121,27 @@ void BuildExchange(const uint32_t* enc, const uint32_t* llm, StepPlanData* plan)
   }
   plan->inter_node_bytes = 0;
   plan->intra_node_bytes = 0;
+  plan->out_pos.clear();
   if (all_self) {
     // Pre-balancing: every rank sends its encoder outputs to itself.
     CountingSort(ids, W, enc, &plan->sends.begin, &plan->sends.items);
     plan->recvs = plan->sends;
     return;
   }
-  // sends: by (encoder rank, LLM rank, item)
-  CountingSort(ids, W, llm, &scratch_begin, &tmp);
-  CountingSort(tmp, W, enc, &plan->sends.begin, &plan->sends.items);
-  // recvs: by (LLM rank, encoder rank, item)
-  CountingSort(ids, W, enc, &scratch_begin, &tmp);
-  CountingSort(tmp, W, llm, &plan->recvs.begin, &plan->recvs.items);
+  if (OrderForRuns(enc, plan, &tmp)) {
+    // tmp: by (LLM rank, input_ids order). sends: by (encoder rank, LLM rank,
+    // input_ids order); recvs: by (LLM rank, encoder rank, input_ids order).
+    CountingSort(tmp, W, enc, &plan->sends.begin, &plan->sends.items);
+    CountingSort(plan->sends.items, W, llm, &plan->recvs.begin, &plan->recvs.items);
+    FollowSends(plan);
+  } else {
+    // sends: by (encoder rank, LLM rank, item)
+    CountingSort(ids, W, llm, &scratch_begin, &tmp);
+    CountingSort(tmp, W, enc, &plan->sends.begin, &plan->sends.items);
+    // recvs: by (LLM rank, encoder rank, item)
+    CountingSort(ids, W, enc, &scratch_begin, &tmp);
+    CountingSort(tmp, W, llm, &plan->recvs.begin, &plan->recvs.items);
+  }
   const uint32_t rpn = plan->ranks_per_node == 0 ? 1 : plan->ranks_per_node;
   for (uint32_t i = 0; i < n; ++i) {
     if (enc[i] == llm[i]) continue;

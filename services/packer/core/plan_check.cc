@@ -16,10 +16,10 @@ absl::Status Fail(const std::string& what) { return absl::InternalError(what); }
 bool Near(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, a, b}); }
 
 // Row r of `lists` must hold exactly the items x with from(x) == r, ordered
-// by (to(x), x); `want` says which items take part.
-template <typename Want, typename From, typename To>
+// by (to(x), order(x)); `want` says which items take part.
+template <typename Want, typename From, typename To, typename Order>
 absl::Status CheckLists(const char* what, const Csr& lists, uint32_t W, uint32_t n, Want want,
-                        From from, To to) {
+                        From from, To to, Order order) {
   if (lists.rows() != W) {
     return Fail(absl::StrCat(what, " lists have ", lists.rows(), " rows for ", W, " ranks"));
   }
@@ -34,7 +34,7 @@ absl::Status CheckLists(const char* what, const Csr& lists, uint32_t W, uint32_t
       if (seen[x]++) return Fail(absl::StrCat(what, ": item ", x, " is listed twice"));
       if (k > 0) {
         const uint32_t p = lists.row(r)[k - 1];
-        if (std::make_pair(to(p), p) >= std::make_pair(to(x), x)) {
+        if (std::make_pair(to(p), order(p)) >= std::make_pair(to(x), order(x))) {
           return Fail(absl::StrCat(what, " list of rank ", r, " is not ordered by peer, item"));
         }
       }
@@ -154,6 +154,59 @@ absl::Status CheckTotals(const StepPlanData& p) {
   return absl::OkStatus();
 }
 
+// Each encoder item's place in its LLM rank's input_ids (sequences in
+// order, a document's images then its audio clips) into `in_ids`, and its
+// place among the items of its encoder there against out_pos.
+absl::Status CheckInputIdsOrder(const StepPlanData& p, std::vector<uint32_t>* in_ids) {
+  const uint32_t W = p.world_size, S = p.seqs_per_rank();
+  const uint32_t I = static_cast<uint32_t>(p.images.size());
+  if (p.out_pos.size() != p.num_encoder_items()) {
+    return Fail(absl::StrCat("out_pos has ", p.out_pos.size(), " entries for ",
+                             p.num_encoder_items(), " encoder items"));
+  }
+  for (uint32_t r = 0; r < W; ++r) {
+    uint32_t at = 0, image_pos = 0, audio_pos = 0;
+    for (uint32_t g = r * S; g < (r + 1) * S; ++g) {
+      for (uint32_t k = 0; k < p.docs.size(g); ++k) {
+        const PlannedSample& ps = p.samples[p.docs.row(g)[k]];
+        for (uint32_t j = 0; j < ps.cost.images + ps.cost.audio; ++j) {
+          const bool image = j < ps.cost.images;
+          const uint32_t x = image ? ps.first_image + j : I + ps.first_audio + j - ps.cost.images;
+          if (p.out_pos[x] != (image ? image_pos : audio_pos)) {
+            return Fail(absl::StrCat("encoder item ", x, " is item ",
+                                     image ? image_pos : audio_pos, " of its kind in rank ", r,
+                                     "'s input_ids but out_pos says ", p.out_pos[x]));
+          }
+          ++(image ? image_pos : audio_pos);
+          (*in_ids)[x] = at++;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each rank's encoder images and audio clips in the order of its sends, so
+// that a pair's items are adjacent in the encoder's output.
+absl::Status CheckEncoderRowsFollowSends(const StepPlanData& p) {
+  const uint32_t I = static_cast<uint32_t>(p.images.size());
+  for (uint32_t r = 0; r < p.world_size; ++r) {
+    uint32_t image_at = 0, audio_at = 0;
+    for (uint32_t k = 0; k < p.sends.size(r); ++k) {
+      const uint32_t x = p.sends.row(r)[k];
+      const bool image = x < I;
+      const Csr& rows = image ? p.enc_images : p.enc_audio;
+      uint32_t& at = image ? image_at : audio_at;
+      if (at >= rows.size(r) || rows.row(r)[at] != (image ? x : x - I)) {
+        return Fail(absl::StrCat("rank ", r, "'s encoder ", image ? "images" : "audio clips",
+                                 " do not follow its send list at position ", at));
+      }
+      ++at;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckPlannedStep(const StepPlanData& p, const PlanCheckOptions& o) {
@@ -173,9 +226,23 @@ absl::Status CheckPlannedStep(const StepPlanData& p, const PlanCheckOptions& o) 
   auto all = [](uint32_t) { return true; };
   auto enc = [&](uint32_t x) { return p.EncRank(x); };
   auto llm = [&](uint32_t x) { return p.LlmRank(x); };
-  if (absl::Status s = CheckLists("forward send", p.sends, W, I, all, enc, llm); !s.ok()) return s;
-  if (absl::Status s = CheckLists("forward receive", p.recvs, W, I, all, llm, enc); !s.ok()) {
+  // With items that move, a pair's items follow the LLM rank's input_ids
+  // order (exchange.h), recomputed here from the documents; else batch order.
+  std::vector<uint32_t> in_ids(I);
+  for (uint32_t x = 0; x < I; ++x) in_ids[x] = x;
+  if (!p.out_pos.empty()) {
+    if (absl::Status s = CheckInputIdsOrder(p, &in_ids); !s.ok()) return s;
+  }
+  auto order = [&](uint32_t x) { return in_ids[x]; };
+  if (absl::Status s = CheckLists("forward send", p.sends, W, I, all, enc, llm, order); !s.ok()) {
     return s;
+  }
+  if (absl::Status s = CheckLists("forward receive", p.recvs, W, I, all, llm, enc, order);
+      !s.ok()) {
+    return s;
+  }
+  if (!p.out_pos.empty()) {
+    if (absl::Status s = CheckEncoderRowsFollowSends(p); !s.ok()) return s;
   }
   const uint32_t rpn = std::max<uint32_t>(1, p.ranks_per_node);
   uint64_t inter = 0, intra = 0;
@@ -192,10 +259,13 @@ absl::Status CheckPlannedStep(const StepPlanData& p, const PlanCheckOptions& o) 
   auto remote = [&](uint32_t x) { return p.IsRemoteLoad(x); };
   auto src = [&](uint32_t x) { return p.LoadSource(x); };
   auto dst = [&](uint32_t x) { return p.LoadDest(x); };
-  if (absl::Status s = CheckLists("load send", p.load_sends, W, L, remote, src, dst); !s.ok()) {
+  auto item = [](uint32_t x) { return x; };
+  if (absl::Status s = CheckLists("load send", p.load_sends, W, L, remote, src, dst, item);
+      !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckLists("load receive", p.load_recvs, W, L, remote, dst, src); !s.ok()) {
+  if (absl::Status s = CheckLists("load receive", p.load_recvs, W, L, remote, dst, src, item);
+      !s.ok()) {
     return s;
   }
   uint64_t load_bytes = 0;

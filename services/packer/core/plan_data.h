@@ -142,6 +142,11 @@ struct StepPlanData {
   std::vector<uint64_t> chunk_patches;
   Csr sends;  // row rank -> encoder items it sends, by (peer, item)
   Csr recvs;  // row rank -> encoder items it receives, by (peer, item)
+  // Post-balancing (items that move between ranks): every encoder item's
+  // place among its LLM rank's items of its encoder in input_ids order, the
+  // order of a pair's items (exchange.h); empty when every item stays on
+  // its rank (a pair's items are then in batch order).
+  std::vector<uint32_t> out_pos;
   // Post-balancing's load exchange (remote inputs, before the encoders run):
   // load items, by (peer, item); empty when every input is loaded locally.
   Csr load_sends;

@@ -274,8 +274,13 @@ void LayOut(uint32_t max_patches_per_chunk, Summary* summary, StepPlanData* out)
         return au.enc_rank;
       },
       &out->enc_audio);
-  BuildChunks(max_patches_per_chunk, row_patches.data(), out);
   BuildExchange(enc.data(), llm.data(), out);
+  if (!out->out_pos.empty()) {  // the encoder rows now follow the sends
+    for (size_t k = 0; k < row_patches.size(); ++k) {
+      row_patches[k] = out->images[out->enc_images.items[k]].patches;
+    }
+  }
+  BuildChunks(max_patches_per_chunk, row_patches.data(), out);
   if (remote) {
     BuildLoadExchange(out);
   } else {

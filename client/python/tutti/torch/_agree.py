@@ -37,13 +37,22 @@ def mix64(x):
     return x ^ (x >> 31)
 
 
-def item_sizes_hash(sizes):
-    """How a pair's bytes split into items: a hash of its non-empty items' byte sizes in
-    order (0: nothing moves), compared across ranks by the agreement."""
+_RUN_SALT = 0x72756E73 << 32  # "runs"
+
+
+def item_sizes_hash(sizes, runs=None):
+    """How a pair's bytes split into items and its items into messages: a hash of its
+    non-empty items' byte sizes in order and of its runs longer than one item (Transfer.runs;
+    0: nothing moves), compared across ranks by the agreement. The C++ layout's hash."""
     h = 0
     for n in sizes:
         if n:
             h = mix64(h ^ mix64(int(n)))
+    first = 0
+    for n in runs or ():
+        if n > 1:
+            h = mix64(h ^ mix64(_RUN_SALT ^ (first << 32 | n)))
+        first += n
     return h
 
 

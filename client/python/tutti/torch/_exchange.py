@@ -48,11 +48,23 @@ class _Tables:
                                           f"number of {rb}-byte rows")
             return n // rb
 
+        def runs_of(t, what):
+            runs = [int(n) for n in t.get("runs") or ()]
+            if runs and (min(runs) < 1 or sum(runs) != len(t["items"])):
+                raise _error("DATA_LOSS", (
+                    f"{where}: the plan's {what} to/from peer {t['peer']} has "
+                    f"{len(t['items'])} items but runs {runs} (a corrupt plan)"))
+            return runs
+
         send_index, self.send_rows = [], [0] * L.world_size
         # Per peer, each item's rows: (first row in x or in the output, rows); -1 = none here.
         self.send_items = [[] for _ in range(L.world_size)]
         self.recv_items = [[] for _ in range(L.world_size)]
+        # Per peer, how many consecutive items move as one message (plan.proto Transfer.runs).
+        self.send_runs = [[] for _ in range(L.world_size)]
+        self.recv_runs = [[] for _ in range(L.world_size)]
         for t in ex.get("sends") or []:
+            self.send_runs[int(t["peer"])] = runs_of(t, "sends")
             for item in t["items"]:
                 n = rows_of(item)
                 key = (int(item["sample_id"]), int(item.get("index") or 0))
@@ -65,6 +77,7 @@ class _Tables:
                 self.send_items[int(t["peer"])].append((at[0] if at else -1, n))
         recv_at, self.recv_rows, offset = {}, [0] * L.world_size, 0
         for t in ex.get("recvs") or []:
+            self.recv_runs[int(t["peer"])] = runs_of(t, "receives")
             for item in t["items"]:
                 n = rows_of(item)
                 recv_at[(int(item["sample_id"]), int(item.get("index") or 0))] = (offset, n)
@@ -301,7 +314,8 @@ class _Transport:
         out = x.new_empty((t.out_total, x.shape[1]))
         rb = x.shape[1] * x.element_size()
         self.move_items(state.batch, "forward", x, out, t.send_items, t.recv_items,
-                        [n * rb for n in t.send_rows], [n * rb for n in t.recv_rows])
+                        [n * rb for n in t.send_rows], [n * rb for n in t.recv_rows],
+                        t.send_runs, t.recv_runs)
         return out
 
     def items_backward(self, state, grad_out):
@@ -310,7 +324,8 @@ class _Transport:
         grad_x = (grad_out.new_empty if t.send_covers_x else grad_out.new_zeros)(state.x_shape)
         rb = grad_out.shape[1] * grad_out.element_size()
         self.move_items(state.batch, "backward", grad_out, grad_x, t.recv_items, t.send_items,
-                        [n * rb for n in t.recv_rows], [n * rb for n in t.send_rows])
+                        [n * rb for n in t.recv_rows], [n * rb for n in t.send_rows],
+                        t.recv_runs, t.send_runs)
         return grad_x
 
     def forward(self, state, x):
@@ -380,6 +395,9 @@ class TorchTransport(_Transport):
             store = None
         self.agreement = Agreement(control, self.rank, self.world, timeout_s, store)
         self._abandoned = []  # messages of exchanges that failed, kept with their memory
+        # Messages this rank sent in the last item-wise forward exchange and the backward
+        # exchanges since (one per run of a pair's items).
+        self.messages_posted = 0
         if self.backend == "nccl":
             warm = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
             dist.all_reduce(warm, group=self.group)  # NCCL's communicator, made by every rank
@@ -392,18 +410,22 @@ class TorchTransport(_Transport):
             state, grad_out)
 
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
-                   recv_bytes):
-        """One message per item, straight from `src` rows into `dst` rows (no staging
-        copies); both ends list a pair's items in the same order (plan.proto). The messages
-        are posted before the agreement and waited for only once it holds, so that the
-        agreement overlaps the transfer instead of preceding it. Each message's tag hashes
-        the exchange number, step, direction, the pair, the item's place in the pair's list
-        and its size: a message of another exchange, or of an item the two ends size
+                   recv_bytes, send_runs, recv_runs):
+        """One message per run of a pair's items (plan.proto Transfer.runs; per item without
+        runs), straight from `src` rows into `dst` rows: a run is adjacent at both ends, so
+        no staging copy, except for a run that is not adjacent on this rank's side (an image
+        this rank's batch lacks: zeros are sent, or its rows dropped), which is gathered or
+        scattered here. Both ends list a pair's items and runs in the same order. The
+        messages are posted before the agreement and waited for only once it holds, so that
+        the agreement overlaps the transfer instead of preceding it. Each message's tag
+        hashes the exchange number, step, direction, the pair, the message's place in the
+        pair's list and its size: a message of another exchange, or one the two ends size
         differently, matches nothing (no wrong rows, no size error) and stays pending, while
         the agreement fails every rank with the reason."""
         width = src.shape[1]
         row_bytes = width * src.element_size()
         scratch = {}
+        scatters = []  # (staged receive, its items) for runs not adjacent here
 
         def rows(t, at, n, zero):
             if at >= 0:
@@ -412,6 +434,25 @@ class TorchTransport(_Transport):
                 scratch[n] = src.new_zeros((n, width))
             return scratch[n] if zero else src.new_empty((n, width))
 
+        def messages(items, runs):
+            k = 0
+            for n in runs or [1] * len(items):
+                yield items[k:k + n]
+                k += n
+
+        def message(t, run, send):
+            """The run's rows as one tensor: a view when adjacent here, else staged."""
+            at = run[0][0]
+            total = sum(n for _, n in run)
+            adjacent = at >= 0 and all(b == a + m for (a, m), (b, _) in zip(run, run[1:]))
+            if adjacent:
+                return t[at:at + total], total
+            if send:
+                return torch.cat([rows(t, a, m, True) for a, m in run]), total
+            staged = src.new_empty((total, width))
+            scatters.append((staged, run))
+            return staged, total
+
         seq = self.agreement.seq + 1  # the number agree() gives this exchange
         base = _mix64(_mix64(seq) ^ _mix64(batch.step) ^ _DIRECTIONS[direction])
         me = self.rank
@@ -419,30 +460,40 @@ class TorchTransport(_Transport):
         for k in range(1, self.world):
             p = (me - k) % self.world
             pair = _mix64(base ^ (p << 32 | me))
-            for i, (at, n) in enumerate(recv_items[p]):
-                ops.append(dist.P2POp(dist.irecv, rows(dst, at, n, False), p, self.group,
-                                      _tag(pair, i, n * row_bytes)))
+            for i, run in enumerate(messages(recv_items[p], recv_runs[p])):
+                buf, n = message(dst, run, False)
+                ops.append(dist.P2POp(dist.irecv, buf, p, self.group, _tag(pair, i, n * row_bytes)))
         for k in range(1, self.world):
             p = (me + k) % self.world
             pair = _mix64(base ^ (me << 32 | p))
-            for i, (at, n) in enumerate(send_items[p]):
-                ops.append(dist.P2POp(dist.isend, rows(src, at, n, True), p, self.group,
-                                      _tag(pair, i, n * row_bytes)))
+            for i, run in enumerate(messages(send_items[p], send_runs[p])):
+                buf, n = message(src, run, True)
+                ops.append(dist.P2POp(dist.isend, buf, p, self.group, _tag(pair, i, n * row_bytes)))
         works = dist.batch_isend_irecv(ops) if ops else []
+        sends = sum(op.op is dist.isend for op in ops)
+        self.messages_posted = sends if direction == "forward" else self.messages_posted + sends
         try:
             self.agreement.agree(
                 batch.step, direction, send_bytes, recv_bytes,
-                send_items=[item_sizes_hash(n * row_bytes for _, n in its) for its in send_items],
-                recv_items=[item_sizes_hash(n * row_bytes for _, n in its) for its in recv_items])
+                send_items=[item_sizes_hash((n * row_bytes for _, n in its), runs)
+                            for its, runs in zip(send_items, send_runs)],
+                recv_items=[item_sizes_hash((n * row_bytes for _, n in its), runs)
+                            for its, runs in zip(recv_items, recv_runs)])
         except tutti.Error:
             # Messages with a rank that refused or disagrees never complete; their memory is
             # kept (a late peer could still read or write it), their tags are never reused.
-            self._abandoned.append((works, src, dst, scratch))
+            self._abandoned.append((works, src, dst, scratch, scatters))
             raise
         for (sa, n), (da, _) in zip(send_items[me], recv_items[me]):
             if da >= 0:
                 dst[da:da + n].copy_(rows(src, sa, n, True))
         self._wait_works(batch, direction, works)
+        for staged, run in scatters:
+            off = 0
+            for at, n in run:
+                if at >= 0:
+                    dst[at:at + n].copy_(staged[off:off + n])
+                off += n
 
     def _wait(self, batch, direction, ops):
         self._wait_works(batch, direction, dist.batch_isend_irecv(ops) if ops else [])
@@ -560,9 +611,10 @@ class MpiTransport(_Transport):
         return torch.from_numpy(a)
 
     def move_items(self, batch, direction, src, dst, send_items, recv_items, send_bytes,
-                   recv_bytes):
-        # The C++ transport reads and writes every item in place (its own agreement, which
-        # runs while the sends are under way).
+                   recv_bytes, send_runs, recv_runs):
+        # The C++ transport reads and writes every item in place, a run of a pair's items as
+        # one message (it reads the runs from the plan, as its own agreement, which runs
+        # while the sends are under way).
         # `dst` is a fresh output, read only when the exchange succeeds (scratch): the
         # receives are posted with the sends, so that the data moves while the ranks agree.
         send_offsets, recv_offsets = batch._tables().byte_offsets(

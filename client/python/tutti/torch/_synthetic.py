@@ -39,36 +39,90 @@ def random_step(world, step, rng, max_images=6):
     return images, llm_of
 
 
-def rank_plan(world, rank, images, llm_of, hidden, elem=4):
+def rank_plan(world, rank, images, llm_of, hidden, elem=4, runs=True):
+    """Rank `rank`'s plan. runs=True lays it out as tutti-packerd does from plan_version 3
+    on (services/packer/core/exchange.h): each sequence's documents ordered by the rank
+    that encodes their first image (alternately ascending and descending), a pair's items
+    in the LLM rank's input_ids order, each rank's encoder images following its sends, and
+    Transfer.runs; runs=False as plan_version 2 (batch order, one message per item)."""
     tokens = {(s, i): gh * gw // 4 for s, i, gh, gw, _, _ in images}
+    of_sample = {}
+    for im in images:
+        of_sample.setdefault(im[0], []).append(im)
+
+    def sequences(r):  # the LLM rank's sequences: lists of sample ids
+        sids = sorted(s for s, l in llm_of.items() if l == r)
+        half = len(sids) // 2
+        seqs = [sids[:half], sids[half:]]
+        if not runs:
+            return seqs
+        ascending = True
+        for q, seq in enumerate(seqs):
+            def key(sid):
+                ims = of_sample.get(sid)
+                if not ims:
+                    return 2 * world
+                return ims[0][4] if ascending else world + (world - 1 - ims[0][4])
+
+            seqs[q] = sorted(seq, key=key)  # stable: ties keep sample order
+            if any(of_sample.get(sid) for sid in seq):
+                ascending = not ascending
+        return seqs
+
+    layout = {r: sequences(r) for r in range(world)}
+    # Every image's place in its LLM rank's input_ids order.
+    at = {}
+    for r, seqs in layout.items():
+        n = 0
+        for seq in seqs:
+            for sid in seq:
+                for im in of_sample.get(sid, ()):
+                    at[(im[0], im[1])] = n
+                    n += 1
+    order = sorted(images, key=lambda im: (im[5], at[(im[0], im[1])])) if runs else images
 
     def transfers(pairs, peer_of):
         out = {}
-        for s, i, gh, gw, e, l in pairs:
-            out.setdefault(peer_of(e, l), []).append(
-                {"sample_id": s, "encoder": "ENCODER_VISION", "index": i,
-                 "bytes": tokens[(s, i)] * hidden * elem})
-        return [{"peer": p, "bytes": sum(it["bytes"] for it in its), "items": its}
-                for p, its in sorted(out.items())]
+        for im in pairs:
+            out.setdefault(peer_of(im[4], im[5]), []).append(im)
+        result = []
+        for p, ims in sorted(out.items()):
+            t = {"peer": p, "items": [{"sample_id": s, "encoder": "ENCODER_VISION", "index": i,
+                                       "bytes": tokens[(s, i)] * hidden * elem}
+                                      for s, i, _, _, _, _ in ims]}
+            t["bytes"] = sum(it["bytes"] for it in t["items"])
+            if runs:
+                lengths = [1]
+                for prev, im in zip(ims, ims[1:]):
+                    if at[(im[0], im[1])] == at[(prev[0], prev[1])] + 1:
+                        lengths[-1] += 1
+                    else:
+                        lengths.append(1)
+                t["runs"] = lengths
+            result.append(t)
+        return result
 
-    sends = transfers([im for im in images if im[4] == rank], lambda e, l: l)
-    recvs = transfers([im for im in images if im[5] == rank], lambda e, l: e)
-    docs = []
-    for sid in sorted(s for s, l in llm_of.items() if l == rank):
-        ims = [im for im in images if im[0] == sid]
-        n = sum(tokens[(im[0], im[1])] + 2 for im in ims) + 3
-        docs.append({"sample_id": sid, "offset": 0, "length": n,
-                     "encoder_tokens": sum(tokens[(im[0], im[1])] for im in ims),
-                     "images": [{"image_index": im[1], "grid_t": 1, "grid_h": im[2],
-                                 "grid_w": im[3], "llm_tokens": tokens[(im[0], im[1])]}
-                                for im in ims]})
-    half = len(docs) // 2
-    mbs = [{"modality": "MODALITY_VL", "sequences": [{"docs": docs[:half]}]},
-           {"modality": "MODALITY_VL", "sequences": [{"docs": docs[half:]}]}]
+    sends = transfers([im for im in order if im[4] == rank], lambda e, l: l)
+    recvs = transfers([im for im in order if im[5] == rank], lambda e, l: e)
+    mbs = []
+    for seq in layout[rank]:
+        docs = []
+        for sid in seq:
+            ims = of_sample.get(sid, [])
+            n = sum(tokens[(im[0], im[1])] + 2 for im in ims) + 3
+            docs.append({"sample_id": sid, "offset": 0, "length": n,
+                         "encoder_tokens": sum(tokens[(im[0], im[1])] for im in ims),
+                         "images": [{"image_index": im[1], "grid_t": 1, "grid_h": im[2],
+                                     "grid_w": im[3], "llm_tokens": tokens[(im[0], im[1])]}
+                                    for im in ims]})
+        mbs.append({"modality": "MODALITY_VL", "sequences": [{"docs": docs}]})
+    # Encoder images: in the order of the sends (runs) or of the batch (sends follow it).
+    mine = [im for im in order if im[4] == rank]
     enc = [{"encoder": "ENCODER_VISION",
             "images": [{"sample_id": s, "image_index": i, "grid_t": 1, "grid_h": gh,
-                        "grid_w": gw} for s, i, gh, gw, e, _ in images if e == rank]}]
-    return {"rank": rank, "plan_version": 2, "micro_batches": mbs, "encoders": enc,
+                        "grid_w": gw} for s, i, gh, gw, _, _ in mine]}]
+    return {"rank": rank, "plan_version": 3 if runs else 2, "micro_batches": mbs,
+            "encoders": enc,
             "exchange": {"sends": sends, "recvs": recvs,
                          "send_bytes": sum(t["bytes"] for t in sends),
                          "recv_bytes": sum(t["bytes"] for t in recvs)}}
@@ -77,8 +131,11 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4):
 class Segment:
     count = 0
 
-    def __init__(self, step, rank, plan, images, bf16=False, skipped=()):
-        mine = [im for im in images if im[4] == rank]
+    def __init__(self, step, rank, plan, images, bf16=False, skipped=(), dropped=()):
+        by_key = {(im[0], im[1]): im for im in images}
+        mine = [by_key[(ip["sample_id"], ip["image_index"])]
+                for e in plan["encoders"] for ip in e["images"]]  # in the plan's order
+        mine = [im for im in mine if im[0] not in dropped]  # samples the batch lacks
         px = np.concatenate([np.full((gh * gw, ROW), s % 251, np.float32)
                              for s, i, gh, gw, _, _ in mine]) if mine else np.zeros((0, ROW), np.float32)
         grid = np.array([[1, gh, gw] for _, _, gh, gw, _, _ in mine], np.int32).reshape(-1, 3)
@@ -129,10 +186,12 @@ class Segment:
         self.shm.unlink()
 
 
-def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=()):
-    """skipped: sample ids this rank's stager lists as skipped."""
-    plan = rank_plan(world, rank, images, llm_of, hidden)
-    seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped)
+def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=(),
+          runs=True, dropped=()):
+    """skipped: sample ids this rank's stager lists as skipped; dropped: sample ids whose
+    images this rank's batch lacks; runs: see rank_plan."""
+    plan = rank_plan(world, rank, images, llm_of, hidden, runs=runs)
+    seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped, dropped=dropped)
     raw = tutti.map_batch(seg.desc, copy_on_write=True)
     b = Batch(raw, job(world, hidden))
     b._transport = transport
