@@ -4,6 +4,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -454,6 +456,137 @@ std::string PlanHash(v1::StepPlan* plan) {
   const uint32_t a = Crc32c(bytes);
   const uint32_t b = Crc32cExtend(0x9E3779B9u, bytes.data(), bytes.size());
   return absl::StrCat(absl::Hex(a, absl::kZeroPad8), absl::Hex(b, absl::kZeroPad8));
+}
+
+namespace {
+
+using ItemKey = std::tuple<int, uint64_t, uint32_t>;  // (encoder, sample, index)
+
+// Per rank, every encoder item's row in its encoder output and in its LLM
+// input (images and audio clips counted apart).
+struct Rows {
+  std::map<ItemKey, uint32_t> enc, llm;
+};
+
+std::vector<Rows> RowsOf(const v1::StepPlan& plan) {
+  std::map<uint64_t, const v1::SampleInfo*> samples;
+  for (const auto& si : plan.samples()) samples[si.sample_id()] = &si;
+  std::vector<Rows> rows(plan.world_size());
+  for (const auto& rp : plan.ranks()) {
+    if (rp.rank() >= rows.size()) continue;
+    Rows& r = rows[rp.rank()];
+    for (const auto& ph : rp.encoders()) {
+      uint32_t row = 0;
+      for (const auto& ip : ph.images()) {
+        r.enc[{v1::ENCODER_VISION, ip.sample_id(), ip.image_index()}] = row++;
+      }
+      for (const auto& ap : ph.audio()) {
+        r.enc[{v1::ENCODER_AUDIO, ap.sample_id(), ap.audio_index()}] = row++;
+      }
+    }
+    uint32_t image_row = 0, audio_row = 0;
+    for (const auto& mb : rp.micro_batches()) {
+      for (const auto& seq : mb.sequences()) {
+        for (const auto& doc : seq.docs()) {
+          for (const auto& di : doc.images()) {
+            r.llm[{v1::ENCODER_VISION, doc.sample_id(), di.image_index()}] = image_row++;
+          }
+          auto it = samples.find(doc.sample_id());
+          const uint32_t first = doc.pieces() > 0 ? doc.first_audio() : 0;
+          const uint32_t n = doc.pieces() > 0     ? doc.audio_count()
+                             : it != samples.end() ? it->second->audio_size()
+                                                   : 0;
+          for (uint32_t a = first; a < first + n; ++a) {
+            r.llm[{v1::ENCODER_AUDIO, doc.sample_id(), a}] = audio_row++;
+          }
+        }
+      }
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* counts) {
+  const uint32_t W = plan.world_size();
+  if (static_cast<uint32_t>(plan.ranks_size()) != W) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step(), ": the plan holds ",
+                                                   plan.ranks_size(), " of ", W, " ranks"));
+  }
+  const std::vector<Rows> rows = RowsOf(plan);
+  auto key = [](const v1::TransferItem& it) {
+    return ItemKey{it.encoder(), it.sample_id(), it.index()};
+  };
+  auto fail = [&](uint32_t e, uint32_t r, auto... what) {
+    return absl::InternalError(
+        absl::StrCat("step ", plan.step(), ", rank ", e, " to rank ", r, ": ", what...));
+  };
+  auto row = [](const std::map<ItemKey, uint32_t>& m, const ItemKey& k) -> int64_t {
+    auto it = m.find(k);
+    return it == m.end() ? -1 : it->second;
+  };
+  for (const auto& rp : plan.ranks()) {
+    const uint32_t e = rp.rank();
+    for (const auto& t : rp.exchange().sends()) {
+      const uint32_t r = t.peer();
+      if (r >= W) return fail(e, r, "no such rank");
+      const v1::Transfer* back = nullptr;
+      for (const auto& u : plan.ranks(r).exchange().recvs()) {
+        if (u.peer() == e) back = &u;
+      }
+      if (back == nullptr) return fail(e, r, "the receiver lists no transfer from the sender");
+      if (back->items_size() != t.items_size() || back->runs_size() != t.runs_size()) {
+        return fail(e, r, "the two ends list ", t.items_size(), " / ", back->items_size(),
+                    " items in ", t.runs_size(), " / ", back->runs_size(), " runs");
+      }
+      for (int k = 0; k < t.items_size(); ++k) {
+        if (key(back->items(k)) != key(t.items(k))) return fail(e, r, "item ", k, " differs");
+      }
+      for (int j = 0; j < t.runs_size(); ++j) {
+        if (back->runs(j) != t.runs(j)) return fail(e, r, "run ", j, " differs");
+      }
+      if (counts != nullptr && r != e) {
+        counts->items += t.items_size();
+        counts->messages += t.runs_size() > 0 ? t.runs_size() : t.items_size();
+      }
+      if (t.runs_size() == 0) continue;  // one message per item
+      int k = 0;
+      for (int j = 0; j < t.runs_size(); ++j) {
+        const uint32_t n = t.runs(j);
+        if (n == 0 || k + static_cast<int>(n) > t.items_size()) {
+          return fail(e, r, "run ", j, " of ", n, " items does not fit the ", t.items_size(),
+                      " items");
+        }
+        const ItemKey first = key(t.items(k));
+        const int64_t enc0 = row(rows[e].enc, first), llm0 = row(rows[r].llm, first);
+        if (enc0 < 0 || llm0 < 0) {
+          return fail(e, r, "item ", k, " is not in the sender's encoder output or the "
+                      "receiver's documents");
+        }
+        for (uint32_t i = 1; i < n; ++i) {
+          const ItemKey next = key(t.items(k + i));
+          if (std::get<0>(next) != std::get<0>(first) || row(rows[e].enc, next) != enc0 + i ||
+              row(rows[r].llm, next) != llm0 + i) {
+            return fail(e, r, "run ", j, " is not adjacent at both ends at its item ", i);
+          }
+        }
+        k += static_cast<int>(n);
+        if (k < t.items_size()) {
+          const ItemKey last = key(t.items(k - 1)), next = key(t.items(k));
+          if (std::get<0>(next) == std::get<0>(last) &&
+              row(rows[e].enc, next) == row(rows[e].enc, last) + 1 &&
+              row(rows[r].llm, next) == row(rows[r].llm, last) + 1) {
+            return fail(e, r, "runs ", j, " and ", j + 1, " could be one message");
+          }
+        }
+      }
+      if (k != t.items_size()) {
+        return fail(e, r, "the runs hold ", k, " of ", t.items_size(), " items");
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tutti::packer

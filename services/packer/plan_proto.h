@@ -30,6 +30,17 @@ absl::Status CheckRanks(const Job& job, absl::Span<const uint32_t> ranks);
 
 void BuildJobInfo(const Job& job, v1::JobInfo* info);
 
+// Checks a whole step's exchange (every rank's plan) from the wire plans
+// alone: both ends of a pair list the same items and runs, and each run's
+// items are adjacent in the encoding rank's encoder output (EncoderPhase
+// order) and in the LLM rank's embeddings (input_ids order), as long as
+// that allows (plan.proto Transfer.runs). INTERNAL naming the step, the pair
+// and the run otherwise. Counts the items and messages moved between ranks.
+struct ExchangeRunCounts {
+  uint64_t items = 0, messages = 0;
+};
+absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* counts = nullptr);
+
 // Deterministic serialization of a plan without stats.plan_seconds (the
 // plan's identity): equal inputs give equal bytes.
 std::string PlanIdentityBytes(v1::StepPlan* plan);

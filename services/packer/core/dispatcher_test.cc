@@ -3,12 +3,14 @@
 // tutti-packerd serves.
 #include "services/packer/core/dispatcher.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/packer/bench/staging.h"
 #include "services/packer/core/plan_check.h"
@@ -433,13 +435,12 @@ TEST(DocImagesTest, EveryDocumentCarriesTheGridsOfItsImages) {
   }
 }
 
-// Transfer.runs, checked from the wire plans alone: a run's items are
-// adjacent in the encoding rank's encoder output (EncoderPhase order) and in
-// the LLM rank's image and audio embeddings (input_ids order); both ends of
-// a pair list the same items and runs; runs are as long as the layout
-// allows and fewer messages than items. Without post-balancing no item moves and no transfer has runs.
+// Transfer.runs, checked from the wire plans alone (CheckExchangeRuns): a
+// run's items are adjacent in the encoding rank's encoder output and in the
+// LLM rank's embeddings, both ends of a pair list the same items and runs,
+// runs are as long as the layout allows, and they are fewer messages than
+// items. Without post-balancing no item moves and no transfer has runs.
 TEST(ExchangeRunsTest, RunsAreAdjacentAtBothEndsAndFewerThanTheItems) {
-  using Key = std::tuple<int, uint64_t, uint32_t>;  // (encoder, sample, index)
   // 8 VL samples a rank in 4 sequences, so that a pair has several items to
   // move and a rank's items come from several sequences.
   auto many = [](std::string c) {
@@ -453,104 +454,80 @@ TEST(ExchangeRunsTest, RunsAreAdjacentAtBothEndsAndFewerThanTheItems) {
     ASSERT_NE(job, nullptr);
     Planner planner(job);
     const bool post = config.find("post_balancing") != std::string::npos;
-    uint64_t items = 0, messages = 0;
+    ExchangeRunCounts counts;
     for (uint64_t step = 0; step < 8; ++step) {
       const v1::StepPlan plan = Plan(planner, step);
-      std::map<uint64_t, const v1::SampleInfo*> samples;
-      for (const auto& si : plan.samples()) samples[si.sample_id()] = &si;
-      // Per rank, every item's row in its encoder output and in its LLM input.
-      std::vector<std::map<Key, uint32_t>> enc_row(plan.ranks_size()), llm_row(plan.ranks_size());
-      for (const auto& rp : plan.ranks()) {
-        for (const auto& ph : rp.encoders()) {
-          uint32_t row = 0;
-          for (const auto& ip : ph.images()) {
-            enc_row[rp.rank()][{v1::ENCODER_VISION, ip.sample_id(), ip.image_index()}] = row++;
-          }
-          for (const auto& ap : ph.audio()) {
-            enc_row[rp.rank()][{v1::ENCODER_AUDIO, ap.sample_id(), ap.audio_index()}] = row++;
-          }
-        }
-        uint32_t image_row = 0, audio_row = 0;
-        for (const auto& mb : rp.micro_batches()) {
-          for (const auto& seq : mb.sequences()) {
-            for (const auto& doc : seq.docs()) {
-              for (const auto& di : doc.images()) {
-                llm_row[rp.rank()][{v1::ENCODER_VISION, doc.sample_id(), di.image_index()}] =
-                    image_row++;
-              }
-              const uint32_t first = doc.pieces() > 0 ? doc.first_audio() : 0;
-              const uint32_t n = doc.pieces() > 0
-                                     ? doc.audio_count()
-                                     : static_cast<uint32_t>(
-                                           samples.at(doc.sample_id())->audio_size());
-              for (uint32_t a = first; a < first + n; ++a) {
-                llm_row[rp.rank()][{v1::ENCODER_AUDIO, doc.sample_id(), a}] = audio_row++;
-              }
-            }
-          }
-        }
-      }
-      auto key = [](const v1::TransferItem& it) {
-        return Key{it.encoder(), it.sample_id(), it.index()};
-      };
+      ASSERT_TRUE(CheckExchangeRuns(plan, &counts).ok()) << CheckExchangeRuns(plan);
       for (const auto& rp : plan.ranks()) {
         EXPECT_EQ(rp.plan_version(), 3u);
-        const uint32_t e = rp.rank();
         for (const auto& t : rp.exchange().sends()) {
-          const uint32_t r = t.peer();
-          const v1::Transfer* back = nullptr;
-          for (const auto& u : plan.ranks(r).exchange().recvs()) {
-            if (u.peer() == e) back = &u;
-          }
-          ASSERT_NE(back, nullptr) << "rank " << r << " does not receive from " << e;
-          ASSERT_EQ(back->items_size(), t.items_size());
-          for (int k = 0; k < t.items_size(); ++k) EXPECT_EQ(key(back->items(k)), key(t.items(k)));
-          EXPECT_EQ(std::vector<uint32_t>(back->runs().begin(), back->runs().end()),
-                    std::vector<uint32_t>(t.runs().begin(), t.runs().end()));
-          if (!post) {
-            EXPECT_EQ(t.runs_size(), 0) << "rank " << e << " to " << r;
-            continue;
-          }
-          ASSERT_GT(t.runs_size(), 0) << "step " << step << ": rank " << e << " to " << r;
-          int k = 0;
-          for (uint32_t n : t.runs()) {
-            ASSERT_GT(n, 0u);
-            ASSERT_LE(k + static_cast<int>(n), t.items_size());
-            const Key first = key(t.items(k));
-            for (uint32_t j = 1; j < n; ++j) {
-              const Key next = key(t.items(k + j));
-              EXPECT_EQ(std::get<0>(next), std::get<0>(first)) << "a run mixes encoders";
-              EXPECT_EQ(enc_row[e].at(next), enc_row[e].at(first) + j)
-                  << "step " << step << ": a run is not adjacent on encoding rank " << e;
-              EXPECT_EQ(llm_row[r].at(next), llm_row[r].at(first) + j)
-                  << "step " << step << ": a run is not adjacent on LLM rank " << r;
-            }
-            k += static_cast<int>(n);
-            // Runs are as long as they can be: the next run starts where the
-            // LLM rank's rows are not adjacent (or the encoder changes).
-            if (k < t.items_size()) {
-              const Key last = key(t.items(k - 1)), next = key(t.items(k));
-              EXPECT_TRUE(std::get<0>(next) != std::get<0>(last) ||
-                          llm_row[r].at(next) != llm_row[r].at(last) + 1)
-                  << "step " << step << ": two runs from rank " << e << " to " << r
-                  << " could be one";
-            }
-          }
-          EXPECT_EQ(k, t.items_size());
-          if (r != e) {
-            items += t.items_size();
-            messages += t.runs_size();
-          }
+          EXPECT_EQ(t.runs_size() > 0, post) << "step " << step << ": rank " << rp.rank();
         }
       }
     }
     if (post) {
       // Fewer messages than items (here about two thirds: a rank's four VL
       // sequences hold documents from up to four encoding ranks each).
-      EXPECT_GT(items, 0u);
-      EXPECT_LT(messages * 4, items * 3) << config << ": " << messages << " messages for "
-                                         << items << " items moved between ranks";
+      EXPECT_GT(counts.items, 0u);
+      EXPECT_LT(counts.messages * 4, counts.items * 3)
+          << config << ": " << counts.messages << " messages for " << counts.items
+          << " items moved between ranks";
     }
+  }
+}
+
+// The check is not blind: a plan whose encoder images are out of the sends'
+// order, whose documents moved, whose runs differ at the two ends or merge
+// items that are not adjacent, is refused.
+TEST(ExchangeRunsTest, TheCheckRefusesLayoutsThatBreakARun) {
+  auto job = JobOf(PostConfig());
+  ASSERT_NE(job, nullptr);
+  Planner planner(job);
+  const v1::StepPlan plan = Plan(planner, 1);
+  ASSERT_TRUE(CheckExchangeRuns(plan).ok());
+  // A run of at least two items between two ranks.
+  int rank = -1, transfer = -1;
+  for (const auto& rp : plan.ranks()) {
+    for (int k = 0; k < rp.exchange().sends_size(); ++k) {
+      for (uint32_t n : rp.exchange().sends(k).runs()) {
+        if (n > 1 && rank < 0) rank = rp.rank(), transfer = k;
+      }
+    }
+  }
+  ASSERT_GE(rank, 0) << "no run of two items in step 1";
+  {
+    v1::StepPlan p = plan;  // the sender's encoder images reversed
+    auto* images = p.mutable_ranks(rank)->mutable_encoders(0)->mutable_images();
+    std::reverse(images->begin(), images->end());
+    EXPECT_THAT(std::string(CheckExchangeRuns(p).message()), ::testing::HasSubstr("not adjacent"));
+  }
+  {
+    v1::StepPlan p = plan;  // the receiver's runs split one of the sender's
+    const uint32_t peer = p.ranks(rank).exchange().sends(transfer).peer();
+    for (auto& u : *p.mutable_ranks(peer)->mutable_exchange()->mutable_recvs()) {
+      if (u.peer() != static_cast<uint32_t>(rank)) continue;
+      for (int j = 0; j < u.runs_size(); ++j) {
+        if (u.runs(j) > 1) {
+          u.set_runs(j, u.runs(j) - 1);
+          u.mutable_runs()->Add(1);
+          break;
+        }
+      }
+    }
+    EXPECT_FALSE(CheckExchangeRuns(p).ok());
+  }
+  {
+    v1::StepPlan p = plan;  // one message for every item of every pair
+    for (auto& rp : *p.mutable_ranks()) {
+      for (auto* list : {rp.mutable_exchange()->mutable_sends(),
+                         rp.mutable_exchange()->mutable_recvs()}) {
+        for (auto& t : *list) {
+          t.clear_runs();
+          t.add_runs(t.items_size());
+        }
+      }
+    }
+    EXPECT_FALSE(CheckExchangeRuns(p).ok());
   }
 }
 
