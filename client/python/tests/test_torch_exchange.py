@@ -50,8 +50,10 @@ class ExchangeTest(unittest.TestCase):
 
     def results(self, launcher, case, timeout_s=10):
         rc, out = run(launcher, ["bad", "--case", case, "--timeout", str(timeout_s)], timeout=300)
-        # Ranks share mpirun's output stream: another rank's line may follow one on its line.
-        rows = re.findall(r"RESULT " + case + r" (\S+) ([\d.]+)s (.*?)(?=RESULT |\n|$)", out)
+        # Ranks share mpirun's (torchrun's) output stream: another rank's line (or torchrun's
+        # "[defaultN]:" prefix of it) may follow one on its line.
+        rows = re.findall(r"RESULT " + case + r" (\S+) ([\d.]+)s (.*?)(?=RESULT |\[default\d+\]:|\n|$)",
+                          out)
         return rc, out, rows
 
     def test_bad_input_fails_every_rank_alike(self):
