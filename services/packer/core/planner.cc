@@ -349,6 +349,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   thread_local std::vector<DrawnMedium> media;
   SampleOrder(local.data(), NT, NV, job.text_samples(), job.vl_samples(), &order);
   ReadSamples(ix, coster, order, &drawn, &media);
+  BeginAdmission(*out);
   constexpr uint32_t kAhead = 16;
   for (uint32_t k = 0; k < NT + NV; ++k) {
     if (k + kAhead < NT + NV) __builtin_prefetch(media.data() + drawn[k + kAhead].media_at);
@@ -425,6 +426,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     item.image_tokens = c.image_tokens;
     item.vit = c.vit;
     item.llm = c.llm;
+    AddAdmissionCandidate(k, *out);
   }
   out->deferred_in = std::move(in);
   return Admit(out);

@@ -103,6 +103,12 @@ class Planner {
   // Stage 1's admission over the drawn candidates in *out (samples in
   // candidate order): shapes long documents, admits each stream's longest
   // certainly packable prefix and sets out->deferred_out and the counts.
+  // Its per-candidate part runs during the draw, while each candidate's
+  // records are at hand: BeginAdmission once the arrays are sized, then
+  // AddAdmissionCandidate for every candidate k in order, once its images
+  // and audio clips are drawn; then Admit (all in one thread).
+  void BeginAdmission(const StepPlanData& out) const;
+  void AddAdmissionCandidate(uint32_t k, const StepPlanData& out) const;
   absl::Status Admit(StepPlanData* out) const;
   // The frontier entering `step` (see above), or RESOURCE_EXHAUSTED.
   absl::StatusOr<Frontier> FrontierEntering(uint64_t step) const;

@@ -360,46 +360,74 @@ absl::StatusOr<DeferralQueue> Planner::QueueEntering(uint64_t step) const {
   return q;
 }
 
+namespace {
+
+// Admit's candidates of the step being drawn, added by Draw as it costs
+// them (BeginAdmission, AddAdmissionCandidate): per candidate its outcome
+// and (for split and truncated ones) pieces; each stream's candidates.
+struct DrawnAdmission {
+  std::vector<LongDocOutcome> outcome;
+  std::vector<std::vector<DocPiece>> shaped;
+  std::vector<uint32_t> runs;
+  StreamCandidates c[2];
+  PackCertificate cert[2] = {PackCertificate(0, 1, 0), PackCertificate(0, 1, 0)};
+  LongDocuments policy = LongDocuments::kSplit;
+  bool reshape = false;
+};
+thread_local DrawnAdmission drawn_admission;
+
+}  // namespace
+
+void Planner::BeginAdmission(const StepPlanData& out) const {
+  DrawnAdmission& a = drawn_admission;
+  const uint32_t N = static_cast<uint32_t>(out.samples.size());
+  a.outcome.assign(N, LongDocOutcome::kWhole);
+  if (a.shaped.size() < N) a.shaped.resize(N);
+  a.reshape = false;
+  a.policy = job_->overflow().long_documents;
+  for (const bool vl : {false, true}) {
+    a.c[vl].Clear();
+    a.cert[vl] = Certificate(out.step, vl);
+  }
+}
+
+void Planner::AddAdmissionCandidate(uint32_t k, const StepPlanData& out) const {
+  DrawnAdmission& a = drawn_admission;
+  const bool vl = k >= out.text_items.size();
+  const uint32_t seq_len = out.seq_len;
+  const PlannedSample& ps = out.samples[k];
+  a.runs.clear();
+  if (ps.cost.llm_tokens > seq_len) {
+    for (uint32_t i = 0; i < ps.cost.images; ++i) {
+      a.runs.push_back(out.images[ps.first_image + i].llm_tokens + 2);
+    }
+    for (uint32_t i = 0; i < ps.cost.audio; ++i) {
+      a.runs.push_back(out.audio[ps.first_audio + i].tokens + 2);
+    }
+  }
+  a.outcome[k] = AddCandidate(a.cert[vl], seq_len, a.policy, ps.sample, ps.cost.llm_tokens,
+                              ps.cost.image_tokens, ps.cost.text_tokens, a.runs, ps.cost.images,
+                              &a.shaped[k], &a.c[vl]);
+  a.reshape |= a.outcome[k] != LongDocOutcome::kWhole;
+}
+
 absl::Status Planner::Admit(StepPlanData* out) const {
   const Job& job = *job_;
   const v1::JobConfig& cfg = job.config();
-  const uint32_t seq_len = out->seq_len;
   const uint32_t W = out->world_size;
-  const LongDocuments policy = job.overflow().long_documents;
   const CostModel& model = job.coster(out->stage).model();
   const uint32_t NT = static_cast<uint32_t>(out->text_items.size());
   const uint32_t N = static_cast<uint32_t>(out->samples.size());
   const DeferralQueue& in = out->deferred_in;
-  // Per candidate: its outcome and (for split and truncated ones) pieces.
-  thread_local std::vector<LongDocOutcome> outcome;
-  thread_local std::vector<std::vector<DocPiece>> shaped;
-  thread_local std::vector<uint32_t> runs;
-  outcome.assign(N, LongDocOutcome::kWhole);
-  if (shaped.size() < N) shaped.resize(N);
-  bool reshape = false;
+  DrawnAdmission& drawn = drawn_admission;
+  const std::vector<LongDocOutcome>& outcome = drawn.outcome;
+  const std::vector<std::vector<DocPiece>>& shaped = drawn.shaped;
+  bool reshape = drawn.reshape;
   uint32_t admitted[2] = {0, 0};
-  thread_local StreamCandidates c;
   Frontier next;
   for (const bool vl : {false, true}) {
     const uint32_t begin = vl ? NT : 0, end = vl ? N : NT;
-    const PackCertificate cert = Certificate(out->step, vl);
-    c.Clear();
-    for (uint32_t k = begin; k < end; ++k) {
-      const PlannedSample& ps = out->samples[k];
-      runs.clear();
-      if (ps.cost.llm_tokens > seq_len) {
-        for (uint32_t i = 0; i < ps.cost.images; ++i) {
-          runs.push_back(out->images[ps.first_image + i].llm_tokens + 2);
-        }
-        for (uint32_t i = 0; i < ps.cost.audio; ++i) {
-          runs.push_back(out->audio[ps.first_audio + i].tokens + 2);
-        }
-      }
-      outcome[k] =
-          AddCandidate(cert, seq_len, policy, ps.sample, ps.cost.llm_tokens, ps.cost.image_tokens,
-                       ps.cost.text_tokens, runs, ps.cost.images, &shaped[k], &c);
-      reshape |= outcome[k] != LongDocOutcome::kWhole;
-    }
+    const StreamCandidates& c = drawn.c[vl];
     const std::vector<uint64_t>& queued = vl ? in.vl : in.text;
     const uint64_t per =
         vl ? cfg.batch().vl_samples_per_step() : cfg.batch().text_samples_per_step();

@@ -140,6 +140,15 @@ class Rooms {
   std::vector<uint32_t> max_room_;  // per rank: MaxRoom
 };
 
+// (key, item) pairs in the order of std::pair's operator<, without its
+// three-way comparison of doubles (the search's hot comparison).
+struct KeyLess {
+  bool operator()(const std::pair<double, uint32_t>& a,
+                  const std::pair<double, uint32_t>& b) const {
+    return a.first < b.first || (a.first == b.first && a.second < b.second);
+  }
+};
+
 // One modality's samples: their sequences, slots and per-rank lists.
 struct Side {
   absl::Span<const PackItem> items;
@@ -188,7 +197,7 @@ struct Side {
     if (!fresh[Key::kId][r]) {
       v.clear();
       for (uint32_t i : lists[r]) v.emplace_back(key(items[i]), i);
-      std::sort(v.begin(), v.end());
+      std::sort(v.begin(), v.end(), KeyLess());
       fresh[Key::kId][r] = 1;
     }
     return v;
@@ -697,7 +706,7 @@ class TuttiStrategy final : public PackingStrategy {
     size_t at = 0;
     for (const auto& [ka, i] : mine) {
       const std::pair<double, uint32_t> want(ka - gap / 2, 0u);
-      while (at < partners.size() && partners[at] < want) ++at;
+      while (at < partners.size() && KeyLess()(partners[at], want)) ++at;
       for (size_t q = at > 2 ? at - 2 : 0; q < std::min(partners.size(), at + 2); ++q) {
         const double d = ka - partners[q].first;
         if (d > 0 && d < gap) consider(i, partners[q].second, d);
