@@ -54,21 +54,31 @@ void FeistelPermutation::Map(const uint64_t* in, size_t count, uint64_t* out) co
   }
   // One encryption of every position, then again of those still outside
   // [0, n), until none is: each pass a loop without branches whose
-  // iterations are independent, so their multiplications overlap.
+  // iterations are independent, so their multiplications overlap. The
+  // walks go by blocks, so that the positions still walking stay in a
+  // small list.
   for (size_t k = 0; k < count; ++k) out[k] = Encrypt(in[k]);
-  thread_local std::vector<size_t> walking;
-  walking.clear();
-  for (size_t k = 0; k < count; ++k) {
-    if (out[k] >= n_) walking.push_back(k);
-  }
-  while (!walking.empty()) {
-    for (size_t k : walking) out[k] = Encrypt(out[k]);
-    size_t kept = 0;
-    for (size_t k : walking) {
-      walking[kept] = k;
-      kept += out[k] >= n_;
+  constexpr size_t kBlock = 512;
+  uint32_t walking[kBlock];
+  for (size_t b = 0; b < count; b += kBlock) {
+    uint64_t* block = out + b;
+    const uint32_t size = static_cast<uint32_t>(std::min(kBlock, count - b));
+    uint32_t m = 0;
+    for (uint32_t k = 0; k < size; ++k) {
+      walking[m] = k;
+      m += block[k] >= n_;
     }
-    walking.resize(kept);
+    while (m > 0) {
+      uint32_t kept = 0;
+      for (uint32_t i = 0; i < m; ++i) {
+        const uint32_t k = walking[i];
+        const uint64_t y = Encrypt(block[k]);
+        block[k] = y;
+        walking[kept] = k;
+        kept += y >= n_;
+      }
+      m = kept;
+    }
   }
 }
 
