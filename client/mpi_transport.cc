@@ -331,6 +331,7 @@ int MpiTransport::DataTag(uint64_t seq) const {
 absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Status& local) {
   if (!broken_.ok()) return broken_;
   ++seq_;
+  messages_ = 0;
   if (!opts_.verify || size_ == 1) return local;
   return RunAgreement(layout, local, nullptr);
 }
@@ -339,10 +340,11 @@ absl::Status MpiTransport::AgreeAndMove(const ExchangeLayout& layout, const absl
                                         const ExchangeData& data) {
   if (!broken_.ok()) return broken_;
   ++seq_;
+  messages_ = 0;
   const bool verify = opts_.verify && size_ > 1;
   // A rank that refuses its own input posts nothing and reads no buffer.
   if (!local.ok()) return verify ? RunAgreement(layout, local, nullptr) : local;
-  Messages m = data.send_items != nullptr ? ItemMessages(*data.send_items, *data.recv_items)
+  Messages m = data.send_items != nullptr ? ItemMessages(layout, *data.send_items, *data.recv_items)
                                           : ContiguousMessages(layout, data.send, data.recv);
   m.keepalive = data.keepalive;
   if (!verify) return Deliver(layout, m, nullptr);
@@ -679,71 +681,6 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
   return verdict;
 }
 
-MpiTransport::Messages MpiTransport::ContiguousMessages(const ExchangeLayout& layout,
-                                                        const void* send, void* recv) const {
-  auto* in = static_cast<char*>(const_cast<void*>(send));
-  auto* out = static_cast<char*>(recv);
-  Messages m;
-  // Receives first, then sends, each rank starting with a different peer.
-  for (uint32_t k = 1; k < size_; ++k) {
-    const uint32_t p = (rank_ + size_ - k) % size_;
-    if (layout.recv_counts[p] > 0) {
-      m.pieces.push_back({true, p, out + layout.recv_offsets[p], layout.recv_counts[p]});
-    }
-  }
-  for (uint32_t k = 1; k < size_; ++k) {
-    const uint32_t p = (rank_ + k) % size_;
-    if (layout.send_counts[p] > 0) {
-      m.pieces.push_back({false, p, in + layout.send_offsets[p], layout.send_counts[p]});
-    }
-  }
-  if (layout.send_counts[rank_] > 0) {
-    m.own.push_back({out + layout.recv_offsets[rank_], in + layout.send_offsets[rank_],
-                     layout.send_counts[rank_]});
-  }
-  return m;
-}
-
-MpiTransport::Messages MpiTransport::ItemMessages(
-    const std::vector<std::vector<ItemBuffer>>& send,
-    const std::vector<std::vector<ItemBuffer>>& recv) const {
-  // Items without memory send zeros or receive into scratch, kept past a
-  // failure (a late peer may still complete those messages).
-  uint64_t largest = 0;
-  for (const auto* side : {&send, &recv}) {
-    for (const auto& items : *side) {
-      for (const ItemBuffer& b : items) {
-        if (b.data == nullptr) largest = std::max(largest, b.bytes);
-      }
-    }
-  }
-  Messages m;
-  auto spare = std::make_shared<std::vector<char>>(largest);
-  char* zeros = spare->data();
-  m.spare = spare;
-  // A message per item, read and written in place; a pair's items go in plan
-  // order on both ends, and messages with one tag between two ranks do not
-  // overtake each other.
-  auto add = [&](bool receive, uint32_t p, const std::vector<ItemBuffer>& items) {
-    for (const ItemBuffer& b : items) {
-      if (b.bytes > 0) {
-        m.pieces.push_back({receive, p, b.data ? static_cast<char*>(b.data) : zeros, b.bytes});
-      }
-    }
-  };
-  for (uint32_t k = 1; k < size_; ++k)
-    add(true, (rank_ + size_ - k) % size_, recv[(rank_ + size_ - k) % size_]);
-  for (uint32_t k = 1; k < size_; ++k) add(false, (rank_ + k) % size_, send[(rank_ + k) % size_]);
-  const auto& to_self = send[rank_];
-  const auto& from_self = recv[rank_];
-  for (size_t k = 0; k < std::min(to_self.size(), from_self.size()); ++k) {
-    if (from_self[k].data == nullptr) continue;
-    m.own.push_back({static_cast<char*>(from_self[k].data),
-                     static_cast<const char*>(to_self[k].data), from_self[k].bytes});
-  }
-  return m;
-}
-
 absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, void* recv) {
   return Deliver(layout, ContiguousMessages(layout, send, recv), nullptr);
 }
@@ -751,7 +688,7 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
 absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
                                      const std::vector<std::vector<ItemBuffer>>& send,
                                      const std::vector<std::vector<ItemBuffer>>& recv) {
-  return Deliver(layout, ItemMessages(send, recv), nullptr);
+  return Deliver(layout, ItemMessages(layout, send, recv), nullptr);
 }
 
 absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI_Request>* reqs,
@@ -773,6 +710,7 @@ absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI
                   : MpiStatus(MPI_Isend(piece.data + done, n, MPI_BYTE, peer, tag, comm_, &req),
                               "MPI_Isend"));
       reqs->push_back(req);
+      if (!receive) ++messages_;
       if (per_peer != nullptr) ++(*per_peer)[piece.peer];
       if (peers != nullptr) peers->push_back(piece.peer);
     }
@@ -809,7 +747,11 @@ absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages&
   absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
                                          absl::Now() + opts_.join_timeout, Polling::kBusy)
                                : posted;
-  if (s.ok()) return s;
+  if (s.ok()) {
+    // Staged receives reach their items only once every message completed.
+    for (const LocalCopy& c : m.scatter) std::memcpy(c.dst, c.src, c.bytes);
+    return s;
+  }
   // Withdraw what is still pending: receives are cancelled, sends released.
   for (size_t k = 0; k < reqs.size(); ++k) {
     if (reqs[k] == MPI_REQUEST_NULL) continue;

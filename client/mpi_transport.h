@@ -36,6 +36,17 @@
 // timeout, receives a late peer may still complete are left posted and the
 // exchange's memory (ExchangeContext.keepalive) is kept for the process's
 // life.
+//
+// Item by item (ExchangeItems), each of a pair's runs (Transfer.runs; a run
+// of one item per item without them) moves as one message, read and written
+// in place when the run's items lie back to back in this rank's memory.
+// Otherwise (an item without memory, items apart) that run alone is staged:
+// a send gathers it (zeros for items without memory) into memory the
+// transport owns (reused by later exchanges, grown to the largest need)
+// before posting, a receive lands in such memory and is scattered into the
+// items only once every message of the exchange completed. Both
+// ends of a pair agree on its runs (their item hashes cover them), so their
+// messages match one for one.
 #ifndef TUTTI_CLIENT_MPI_TRANSPORT_H_
 #define TUTTI_CLIENT_MPI_TRANSPORT_H_
 
@@ -107,6 +118,9 @@ class MpiTransport final : public Transport {
   uint64_t exchanges() const { return seq_; }
   // Exchanges with a transfer above max_count (sent in several messages).
   uint64_t large_exchanges() const { return large_exchanges_; }
+  // Data messages this rank posted to its peers in its latest exchange (a
+  // chunk of at most max_count bytes each; 0 when it moved nothing).
+  uint64_t messages_sent() const { return messages_; }
 
  protected:
   // Posts the sends, agrees, then receives (see above).
@@ -133,10 +147,12 @@ class MpiTransport final : public Transport {
     uint64_t bytes;
   };
   // An exchange's messages (receives, then sends, each rank starting with a
-  // different peer), its own part, and scratch kept past a failure.
+  // different peer), its own part, the copies out of staged receives once
+  // every message completed, and scratch kept past a failure.
   struct Messages {
     std::vector<Piece> pieces;
     std::vector<LocalCopy> own;
+    std::vector<LocalCopy> scatter;
     std::shared_ptr<void> spare;
     std::shared_ptr<void> keepalive;  // the caller's memory (ExchangeContext.keepalive)
   };
@@ -153,8 +169,12 @@ class MpiTransport final : public Transport {
     std::shared_ptr<void> keepalive;
   };
   Messages ContiguousMessages(const ExchangeLayout& layout, const void* send, void* recv) const;
-  Messages ItemMessages(const std::vector<std::vector<ItemBuffer>>& send,
-                        const std::vector<std::vector<ItemBuffer>>& recv) const;
+  // A message per run of the layout's send_runs / recv_runs (see above),
+  // staging in staging_.
+  struct ItemStaging;
+  Messages ItemMessages(const ExchangeLayout& layout,
+                        const std::vector<std::vector<ItemBuffer>>& send,
+                        const std::vector<std::vector<ItemBuffer>>& recv);
   // Posts the receives (or the sends) of `m` in order, in chunks of at most
   // max_count bytes; counts the messages per peer into `per_peer` and notes
   // each request's peer in `peers`, if set.
@@ -200,6 +220,8 @@ class MpiTransport final : public Transport {
   MpiTransportOptions opts_;
   uint64_t seq_ = 0;
   uint64_t large_exchanges_ = 0;
+  uint64_t messages_ = 0;                 // data messages sent in the latest exchange
+  std::shared_ptr<ItemStaging> staging_;  // item-wise exchanges' own memory, reused
   absl::Status broken_;  // set after a timeout; every later exchange fails with it
 
   // Refuses every later exchange, saying that the one at `where` `what`

@@ -422,6 +422,242 @@ TEST(MpiTransport, ScratchReceivesMoveEveryByte) {
   }
 }
 
+// How one side of an item-wise exchange holds its items.
+enum class Memory {
+  kFlat,     // back to back in plan order
+  kApart,    // every third item 16 bytes after the one before it
+  kMissing,  // some items without memory (sends zeros, drops what arrives)
+};
+
+// Whether `item` has no memory on a side held as `mem`: the sends and the
+// receives leave out different items.
+bool Missing(Memory mem, bool receive, const v1::TransferItem& item) {
+  return mem == Memory::kMissing && item.sample_id() % 3 == (receive ? 1u : 0u);
+}
+
+uint64_t BytesOf(const Transfers& list) {
+  uint64_t n = 0;
+  for (const v1::Transfer& t : list) n += t.bytes();
+  return n;
+}
+
+// One side's memory: `buf`, 0xAB where no item lies, and each item's place.
+struct ItemSide {
+  std::vector<uint8_t> buf;
+  std::vector<ItemBuffer> items;
+};
+
+// Lays `list`'s items out as `mem` says and writes `flat` (the items back to
+// back) into the items that have memory.
+ItemSide Hold(const Transfers& list, Memory mem, bool receive, const std::vector<uint8_t>& flat) {
+  std::vector<int64_t> at;
+  uint64_t size = 0;
+  for (const v1::Transfer& t : list) {
+    for (const v1::TransferItem& item : t.items()) {
+      if (Missing(mem, receive, item)) {
+        at.push_back(-1);
+        continue;
+      }
+      if (mem == Memory::kApart && at.size() % 3 == 0) size += 16;
+      at.push_back(static_cast<int64_t>(size));
+      size += item.bytes();
+    }
+  }
+  ItemSide s;
+  s.buf.assign(size, 0xAB);
+  uint64_t from = 0;
+  size_t k = 0;
+  for (const v1::Transfer& t : list) {
+    for (const v1::TransferItem& item : t.items()) {
+      uint8_t* d = at[k] < 0 ? nullptr : s.buf.data() + at[k];
+      if (d != nullptr && item.bytes() > 0) std::memcpy(d, flat.data() + from, item.bytes());
+      s.items.push_back({d, item.bytes()});
+      from += item.bytes();
+      ++k;
+    }
+  }
+  return s;
+}
+
+// The messages a rank posts to its peers for `list`: one per run (per item
+// without runs) in chunks of max_count, nothing for itself.
+uint64_t MessagesFor(const Transfers& list, uint32_t rank, uint64_t max_count) {
+  uint64_t messages = 0;
+  for (const v1::Transfer& t : list) {
+    if (t.peer() == rank) continue;
+    std::vector<uint32_t> runs(t.runs().begin(), t.runs().end());
+    if (runs.empty()) runs.assign(t.items_size(), 1);
+    int k = 0;
+    for (uint32_t n : runs) {
+      uint64_t bytes = 0;
+      for (uint32_t i = 0; i < n; ++i) bytes += t.items(k++).bytes();
+      messages += (bytes + max_count - 1) / max_count;
+    }
+  }
+  return messages;
+}
+
+// The item-wise exchange of `plan` in `dir`, the sends held as `send_mem` and
+// the receives as `recv_mem`: every byte of the receive side checked (the
+// pattern, zeros for items the sender has no memory for, 0xAB between
+// items), and the messages this rank posted counted.
+absl::Status HeldAndVerify(MpiTransport& t, const v1::RankPlan& plan, ExchangeDirection dir,
+                           Memory send_mem, Memory recv_mem, const ExchangeContext& ctx,
+                           uint64_t max_count) {
+  const bool fwd = dir == ExchangeDirection::kForward;
+  const Transfers& sends = fwd ? plan.exchange().sends() : plan.exchange().recvs();
+  const Transfers& recvs = fwd ? plan.exchange().recvs() : plan.exchange().sends();
+  const uint64_t salt = fwd ? kForwardSalt : kBackwardSalt;
+  std::vector<uint8_t> flat(BytesOf(sends));
+  RETURN_IF_ERROR(FillPattern(sends, salt, flat.data(), flat.size()));
+  const ItemSide out = Hold(sends, send_mem, false, flat);
+  flat.assign(BytesOf(recvs), 0xAB);
+  ItemSide in = Hold(recvs, recv_mem, true, flat);
+  RETURN_IF_ERROR(t.ExchangeItems(plan, dir, out.items, in.items, ctx));
+  RETURN_IF_ERROR(FillPattern(recvs, salt, flat.data(), flat.size()));
+  uint64_t at = 0;
+  for (const v1::Transfer& tr : recvs) {
+    for (const v1::TransferItem& item : tr.items()) {
+      if (Missing(send_mem, false, item)) std::memset(flat.data() + at, 0, item.bytes());
+      at += item.bytes();
+    }
+  }
+  const ItemSide want = Hold(recvs, recv_mem, true, flat);
+  for (size_t k = 0; k < want.buf.size(); ++k) {
+    if (in.buf[k] != want.buf[k]) {
+      return absl::DataLossError(absl::StrCat("byte ", k, " of the receive memory is ", in.buf[k],
+                                              ", expected ", want.buf[k]));
+    }
+  }
+  const uint64_t expected = MessagesFor(sends, t.rank(), max_count);
+  if (t.messages_sent() != expected) {
+    return absl::InternalError(absl::StrCat("posted ", t.messages_sent(), " messages, expected ",
+                                            expected, " (one per run and chunk)"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether `s` is OK on every rank (the tests' own MPI_COMM_WORLD collective).
+bool OkOnEveryRank(const absl::Status& s) {
+  int mine = s.ok() ? 1 : 0, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+// Each of a pair's runs moves as one message (a message per item without
+// runs): in place where its items lie back to back on this rank, staged where
+// they do not (items apart, items without memory on either end), forward and
+// backward, with scratch receives or not, in chunks too; every byte checked.
+TEST(MpiTransport, RunsMoveAsOneMessageEach) {
+  const std::pair<Memory, Memory> held[] = {
+      {Memory::kFlat, Memory::kFlat},     {Memory::kFlat, Memory::kApart},
+      {Memory::kMissing, Memory::kFlat},  {Memory::kMissing, Memory::kApart},
+      {Memory::kApart, Memory::kMissing}, {Memory::kMissing, Memory::kMissing}};
+  for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{1000}}) {
+    MpiTransportOptions opts = TestOptions();
+    opts.max_count = max_count;
+    auto t = MakeTransport(opts);
+    for (uint64_t seed = 300; seed < 312; ++seed) {
+      RandomExchangeOptions o;
+      o.world_size = t->world_size();
+      o.seed = seed;
+      o.max_items_per_pair = 8;
+      o.max_item_bytes = seed % 4 == 0 ? 100000 : 2000;
+      o.runs = seed % 6 != 0;  // and some plans without runs
+      const auto plans = RandomExchangePlans(o);
+      const ExchangeContext ctx =
+          seed % 2 ? ScratchContext(seed, o.world_size) : ExchangeContext{seed, o.world_size};
+      for (const auto& [send_mem, recv_mem] : held) {
+        for (const ExchangeDirection dir :
+             {ExchangeDirection::kForward, ExchangeDirection::kBackward}) {
+          absl::Status s =
+              HeldAndVerify(*t, plans[t->rank()], dir, send_mem, recv_mem, ctx, max_count);
+          EXPECT_TRUE(s.ok()) << "seed " << seed << ", " << ExchangeDirectionName(dir)
+                              << ", memory " << static_cast<int>(send_mem) << "/"
+                              << static_cast<int>(recv_mem) << ", max_count " << max_count << ": "
+                              << s;
+          if (!OkOnEveryRank(s)) return;  // all ranks stop together
+        }
+      }
+    }
+  }
+}
+
+// Items without memory on both sides of one rank, item by item: the zeros it
+// sends are not the memory that drops what arrives for it (large messages,
+// whose sends read their memory while other receives land).
+TEST(MpiTransport, ItemsWithoutMemorySendZerosWhileOthersArrive) {
+  auto t = MakeTransport();
+  for (uint64_t seed = 320; seed < 324; ++seed) {
+    RandomExchangeOptions o;
+    o.world_size = t->world_size();
+    o.seed = seed;
+    o.max_items_per_pair = 6;
+    o.max_item_bytes = 200000;
+    const auto plans = RandomExchangePlans(o);
+    for (const ExchangeDirection dir :
+         {ExchangeDirection::kForward, ExchangeDirection::kBackward}) {
+      absl::Status s = HeldAndVerify(*t, plans[t->rank()], dir, Memory::kMissing, Memory::kMissing,
+                                     ExchangeContext{seed, o.world_size}, INT_MAX);
+      EXPECT_TRUE(s.ok()) << "seed " << seed << ", " << ExchangeDirectionName(dir) << ": " << s;
+      if (!OkOnEveryRank(s)) return;
+    }
+  }
+}
+
+// Two ends that split a pair's items into different runs fail every rank
+// alike, item-wise and contiguous (their messages would not match), with the
+// message of other items; nothing is received and the next exchange moves
+// every byte.
+TEST(MpiTransport, PlansWhoseEndsDisagreeOnRunsAreRefusedOnEveryRank) {
+  auto t = MakeTransport();
+  if (t->world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  RandomExchangeOptions o;
+  o.world_size = t->world_size();
+  o.empty_pair_fraction = 0;
+  o.max_items_per_pair = 4;
+  o.max_item_bytes = 512;
+  o.runs = true;
+  std::vector<v1::RankPlan> plans;
+  for (o.seed = 41; plans.empty() || plans[0].exchange().sends(2).items_size() < 2; ++o.seed) {
+    plans = RandomExchangePlans(o);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const bool items = c < 2, scratch = c % 2;
+    v1::RankPlan plan = plans[t->rank()];
+    v1::Transfer* to2 = plan.mutable_exchange()->mutable_sends(2);
+    ASSERT_EQ(to2->peer(), 2u);
+    if (t->rank() == 0) {  // rank 0 groups its items to rank 2 otherwise than rank 2 does
+      const int n = to2->items_size();
+      const bool one_run = to2->runs_size() == 1;
+      to2->clear_runs();
+      to2->add_runs(one_run ? 1 : n);
+      if (one_run) to2->add_runs(n - 1);
+    }
+    Buffers b(plan);
+    const ExchangeContext ctx =
+        scratch ? ScratchContext(43, t->world_size()) : ExchangeContext{43, t->world_size()};
+    absl::Status s =
+        items ? t->ExchangeItems(plan, ExchangeDirection::kForward,
+                                 ItemsOf(plan.exchange().sends(), b.send.data()),
+                                 ItemsOf(plan.exchange().recvs(), b.recv.data()), ctx)
+              : t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(), ctx);
+    const std::string what =
+        absl::StrCat(items ? "item-wise" : "contiguous", scratch ? ", scratch receives" : "");
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << what << ": " << s;
+    EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the " +
+                                  std::to_string(plans[0].exchange().sends(2).bytes()) +
+                                  " bytes from rank 0 in other items than rank 0's plan"))
+        << what;
+    ExpectSameOnEveryRank(s, what);
+    if (!scratch) {
+      EXPECT_TRUE(b.RecvUntouched()) << what;
+    }
+    absl::Status next = ItemsAndVerify(*t, plans[t->rank()], ctx);
+    ASSERT_TRUE(next.ok()) << "after " << what << ": " << next;
+  }
+}
+
 // With scratch receive memory the data moves while the agreement waits: a
 // pair's bytes land before the last rank has joined the exchange (it joins
 // only once they have, or after 10 s).

@@ -88,7 +88,8 @@ class Transport {
   // order across transfers; backward: the forward recvs') and of its receive
   // list has its own buffer, whose size must be the item's. Same layout,
   // checks and agreement; the items move without staging copies where the
-  // transport can (MPI: a message per item), else UNIMPLEMENTED.
+  // transport can (MPI: a message per Transfer.runs run, or per item), else
+  // UNIMPLEMENTED.
   absl::Status ExchangeItems(const v1::RankPlan& plan, ExchangeDirection dir,
                              const std::vector<ItemBuffer>& send,
                              const std::vector<ItemBuffer>& recv, const ExchangeContext& ctx = {})

@@ -26,15 +26,29 @@ std::vector<v1::RankPlan> RandomExchangePlans(const RandomExchangeOptions& opts)
       }
     }
   }
+  // runs[src][dst], from a stream of their own.
+  std::vector<std::vector<std::vector<uint32_t>>> runs(w, std::vector<std::vector<uint32_t>>(w));
+  std::mt19937_64 run_rng(opts.seed ^ 0x72756e73ULL);
+  for (uint32_t src = 0; src < w && opts.runs; ++src) {
+    for (uint32_t dst = 0; dst < w; ++dst) {
+      for (uint64_t left = items[src][dst].size(); left > 0;) {
+        const uint64_t n = 1 + run_rng() % left;
+        runs[src][dst].push_back(static_cast<uint32_t>(n));
+        left -= n;
+      }
+    }
+  }
   std::vector<v1::RankPlan> plans(w);
   for (uint32_t r = 0; r < w; ++r) {
     plans[r].set_rank(r);
     v1::Exchange* ex = plans[r].mutable_exchange();
     auto add = [](google::protobuf::RepeatedPtrField<v1::Transfer>* list, uint32_t peer,
-                  const std::vector<v1::TransferItem>& its) -> uint64_t {
+                  const std::vector<v1::TransferItem>& its,
+                  const std::vector<uint32_t>& its_runs) -> uint64_t {
       if (its.empty()) return 0;
       v1::Transfer* t = list->Add();
       t->set_peer(peer);
+      for (uint32_t n : its_runs) t->add_runs(n);
       uint64_t bytes = 0;
       for (const auto& it : its) {
         *t->add_items() = it;
@@ -45,8 +59,8 @@ std::vector<v1::RankPlan> RandomExchangePlans(const RandomExchangeOptions& opts)
     };
     uint64_t sent = 0, received = 0;
     for (uint32_t p = 0; p < w; ++p) {
-      sent += add(ex->mutable_sends(), p, items[r][p]);
-      received += add(ex->mutable_recvs(), p, items[p][r]);
+      sent += add(ex->mutable_sends(), p, items[r][p], runs[r][p]);
+      received += add(ex->mutable_recvs(), p, items[p][r], runs[p][r]);
     }
     ex->set_send_bytes(sent);
     ex->set_recv_bytes(received);
