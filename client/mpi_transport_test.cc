@@ -37,6 +37,13 @@ MpiTransportOptions TestOptions() {
   return o;
 }
 
+// TestOptions() with messages of at most `max_count` bytes.
+MpiTransportOptions Chunked(uint64_t max_count) {
+  MpiTransportOptions o = TestOptions();
+  o.max_count = max_count;
+  return o;
+}
+
 std::unique_ptr<MpiTransport> MakeTransport(MpiTransportOptions o = TestOptions()) {
   auto t = MpiTransport::Create(MPI_COMM_WORLD, o);
   EXPECT_TRUE(t.ok()) << t.status();
@@ -403,9 +410,7 @@ absl::Status ItemsAndVerify(Transport& t, const v1::RankPlan& plan, const Exchan
 // contiguous and item by item, in chunks too.
 TEST(MpiTransport, ScratchReceivesMoveEveryByte) {
   for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{1000}}) {
-    MpiTransportOptions opts = TestOptions();
-    opts.max_count = max_count;
-    auto t = MakeTransport(opts);
+    auto t = MakeTransport(Chunked(max_count));
     for (uint64_t seed = 200; seed < 220; ++seed) {
       RandomExchangeOptions o;
       o.world_size = t->world_size();
@@ -554,9 +559,7 @@ TEST(MpiTransport, RunsMoveAsOneMessageEach) {
       {Memory::kMissing, Memory::kFlat},  {Memory::kMissing, Memory::kApart},
       {Memory::kApart, Memory::kMissing}, {Memory::kMissing, Memory::kMissing}};
   for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{1000}}) {
-    MpiTransportOptions opts = TestOptions();
-    opts.max_count = max_count;
-    auto t = MakeTransport(opts);
+    auto t = MakeTransport(Chunked(max_count));
     for (uint64_t seed = 300; seed < 312; ++seed) {
       RandomExchangeOptions o;
       o.world_size = t->world_size();
@@ -744,9 +747,7 @@ TEST(MpiTransport, ScratchReceivesArePostedBeforeTheAgreement) {
 TEST(MpiTransport, ScratchReceivesOfAFailedAgreementAreWithdrawn) {
   if (WorldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
   for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{70000}}) {
-    MpiTransportOptions opts = TestOptions();
-    opts.max_count = max_count;
-    auto t = MakeTransport(opts);
+    auto t = MakeTransport(Chunked(max_count));
     const auto plans = LargePlans(t->world_size(), 21);
     enum Case { kRefuses, kSendsMore, kSplits, kOtherStep, kCases };
     for (int items = 0; items < 2; ++items) {
