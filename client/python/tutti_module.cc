@@ -638,10 +638,11 @@ PYBIND11_MODULE(_tutti, m) {
         py::arg("dst"), py::arg("recv_offsets"), py::arg("step") = py::none(),
         py::arg("world_size") = py::none(), py::arg("scratch_recv") = false,
         absl::StrCat(
-            "The exchange item by item, without staging copies: item k of the direction's send "
-            "list\nis read at byte send_offsets[k] of `src`, receive item k written at "
-            "recv_offsets[k]\nof `dst` (-1: zeros sent / arrival dropped); sizes from the plan, "
-            "checked. ",
+            "The exchange item by item, in place: item k of the direction's send list\nis read "
+            "at byte send_offsets[k] of `src`, receive item k written at recv_offsets[k]\nof "
+            "`dst` (-1: zeros sent / arrival dropped); sizes from the plan, checked. A run of\n"
+            "a pair's items (Transfer.runs) moves as one message; one whose offsets are not "
+            "back to\nback here is staged through the transport's own memory. ",
             kScratchRecvDoc)
             .c_str());
   };
