@@ -21,6 +21,17 @@ std::string TempDir() {
   return dir;
 }
 
+// This process's directory goes when its tests end.
+class RemoveTempDir : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(TempDir(), ec);
+  }
+};
+::testing::Environment* const kRemoveTempDir =
+    ::testing::AddGlobalTestEnvironment(new RemoveTempDir);
+
 std::unique_ptr<IoBackend> Backend(bool uring) {
   if (!uring) return MakePreadBackend(4);
   auto b = MakeUringBackend(32);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
@@ -25,10 +26,29 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Directories Fresh made in this process, removed when its tests end.
+std::vector<std::string>& FreshDirs() {
+  static auto* dirs = new std::vector<std::string>;
+  return *dirs;
+}
+
+class RemoveFreshDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const std::string& dir : FreshDirs()) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  }
+};
+::testing::Environment* const kRemoveFreshDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveFreshDirs);
+
 std::string Fresh(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/core_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
+  FreshDirs().push_back(dir);
   return dir;
 }
 

@@ -180,14 +180,26 @@ def torchrun(c, script, args, timeout=600, launcher_args=()):
     procs = []
     n = c.per_node
     maps = ",".join(f"{i}:1" for i in range(n))  # Debian's torchrun needs per-rank maps
-    for node in range(c.nodes):
-        argv = [PYTHON, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
-                f"--nproc_per_node={n}", f"--node_rank={node}", "--master_addr=127.0.0.1",
-                f"--master_port={port}", "--redirects", maps, "--tee", maps, *launcher_args,
-                script, *args]
-        procs.append(subprocess.Popen(argv, env=c.env(node), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    return _collect(procs, timeout)
+    with torchrun_logs() as logs:
+        for node in range(c.nodes):
+            argv = [PYTHON, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
+                    f"--nproc_per_node={n}", f"--node_rank={node}", "--master_addr=127.0.0.1",
+                    f"--master_port={port}", "--redirects", maps, "--tee", maps,
+                    "--log_dir", os.path.join(logs, f"node{node}"), *launcher_args, script, *args]
+            procs.append(subprocess.Popen(argv, env=c.env(node), stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        return _collect(procs, timeout)
+
+
+@contextlib.contextmanager
+def torchrun_logs():
+    """A directory for torchrun's per-rank logs (--log_dir), removed afterwards: by default
+    torchrun leaves one under the system's temporary directory per run."""
+    logs = tempfile.mkdtemp(prefix="tutti-torchrun-")
+    try:
+        yield logs
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def mpirun(c, script, args, timeout=600):

@@ -15,16 +15,17 @@ RANKS = os.path.join(cluster.HERE, "torch_ranks.py")
 def run(launcher, args, timeout=600):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), cluster.HERE]),
                OMP_NUM_THREADS="1")
-    if launcher == "torchrun":
-        maps = "0:1,1:1,2:1,3:1"
-        argv = [cluster.PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "4",
-                "--master_port", str(cluster._free_port()), "--redirects", maps, "--tee", maps,
-                RANKS, *args]
-    else:
-        argv = ["mpirun", "-np", "4", "--oversubscribe", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
-                cluster.PYTHON, RANKS, *args, "--transport", "mpi"]
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
+    with cluster.torchrun_logs() as logs:
+        if launcher == "torchrun":
+            maps = "0:1,1:1,2:1,3:1"
+            argv = [cluster.PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "4",
+                    "--master_port", str(cluster._free_port()), "--redirects", maps, "--tee", maps,
+                    "--log_dir", logs, RANKS, *args]
+        else:
+            argv = ["mpirun", "-np", "4", "--oversubscribe", "-x", "PYTHONPATH", "-x",
+                    "OMP_NUM_THREADS", cluster.PYTHON, RANKS, *args, "--transport", "mpi"]
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout + p.stderr
 
 
 class ExchangeTest(unittest.TestCase):
