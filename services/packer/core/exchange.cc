@@ -27,52 +27,51 @@ bool OrderForRuns(const uint32_t* enc, StepPlanData* plan, std::vector<uint32_t>
   const uint32_t S = plan->seqs_per_rank();
   const uint32_t I = static_cast<uint32_t>(plan->images.size());
   const uint32_t n = plan->num_encoder_items();
-  uint64_t held = 0;
-  for (uint32_t s : plan->docs.items) {
-    held += plan->samples[s].cost.images + plan->samples[s].cost.audio;
-  }
-  if (held != n || plan->docs.rows() != W * S) return false;
-  auto source = [&](uint32_t s) {  // encoder rank of its first item; W: none
-    const PlannedSample& ps = plan->samples[s];
-    return ps.cost.images > 0  ? enc[ps.first_image]
-           : ps.cost.audio > 0 ? enc[I + ps.first_audio]
-                               : W;
+  if (plan->docs.rows() != W * S || plan->docs.items.size() != plan->samples.size()) return false;
+  uint64_t held = 0;  // read in record order: the documents hold every sample once
+  for (const PlannedSample& ps : plan->samples) held += ps.cost.images + ps.cost.audio;
+  if (held != n) return false;
+  // A document's encoder items, read once per document.
+  struct Doc {
+    uint32_t sample, source;  // source: encoder rank of its first item; W: none
+    uint32_t first_image, images, first_audio, audio;
   };
+  thread_local std::vector<Doc> docs_of;
   thread_local std::vector<uint64_t> keyed;
-  thread_local std::vector<uint32_t> row;
   plan->out_pos.assign(n, 0);
   by_llm->clear();
   by_llm->reserve(n);
+  uint32_t* docs = plan->docs.items.data();
   for (uint32_t r = 0; r < W; ++r) {
     uint32_t image_pos = 0, audio_pos = 0;
     bool ascending = true;
     for (uint32_t g = r * S; g < (r + 1) * S; ++g) {
       const uint32_t b = plan->docs.begin[g], e = plan->docs.begin[g + 1];
-      uint32_t* docs = plan->docs.items.data();
+      docs_of.clear();
+      keyed.clear();
       bool any = false;
-      if (e - b > 1) {
-        keyed.clear();
-        for (uint32_t k = b; k < e; ++k) {
-          const uint32_t src = source(docs[k]);
-          any |= src < W;
-          // Documents without encoder items keep their place at the end.
-          const uint64_t key = src == W ? 2 * uint64_t{W} : ascending ? src : W + (W - 1 - src);
-          keyed.push_back(key << 32 | (k - b));
-        }
-        std::sort(keyed.begin(), keyed.end());
-        row.assign(docs + b, docs + e);
-        for (uint32_t k = b; k < e; ++k) docs[k] = row[static_cast<uint32_t>(keyed[k - b])];
-      } else {
-        any = e > b && source(docs[b]) < W;
-      }
-      if (any) ascending = !ascending;
       for (uint32_t k = b; k < e; ++k) {
         const PlannedSample& ps = plan->samples[docs[k]];
-        for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
+        const uint32_t src = ps.cost.images > 0  ? enc[ps.first_image]
+                             : ps.cost.audio > 0 ? enc[I + ps.first_audio]
+                                                 : W;
+        any |= src < W;
+        docs_of.push_back({docs[k], src, ps.first_image, ps.cost.images, ps.first_audio,
+                           ps.cost.audio});
+        // Documents without encoder items keep their place at the end.
+        const uint64_t key = src == W ? 2 * uint64_t{W} : ascending ? src : W + (W - 1 - src);
+        keyed.push_back(key << 32 | (k - b));
+      }
+      if (e - b > 1) std::sort(keyed.begin(), keyed.end());
+      if (any) ascending = !ascending;
+      for (uint32_t k = b; k < e; ++k) {
+        const Doc& d = docs_of[static_cast<uint32_t>(keyed[k - b])];
+        docs[k] = d.sample;
+        for (uint32_t i = d.first_image; i < d.first_image + d.images; ++i) {
           plan->out_pos[i] = image_pos++;
           by_llm->push_back(i);
         }
-        for (uint32_t a = ps.first_audio; a < ps.first_audio + ps.cost.audio; ++a) {
+        for (uint32_t a = d.first_audio; a < d.first_audio + d.audio; ++a) {
           plan->out_pos[I + a] = audio_pos++;
           by_llm->push_back(I + a);
         }
