@@ -187,5 +187,58 @@ class VerdictTest(unittest.TestCase):
                       "rank 1's plan", msg)
 
 
+class HostPoolTest(unittest.TestCase):
+    """The exchange's CPU outputs come from blocks reused once no tensor uses them."""
+
+    def test_a_freed_output_s_memory_serves_the_next(self):
+        pool = _exchange._HostPool()
+        a = pool.empty((16, 8), torch.float32)
+        ptr = a.data_ptr()
+        del a
+        b = pool.empty((8, 8), torch.float32)  # smaller: the same block
+        self.assertEqual(b.data_ptr(), ptr)
+        self.assertEqual((b.shape, b.dtype), (torch.Size([8, 8]), torch.float32))
+
+    def test_memory_in_use_is_never_handed_out(self):
+        pool = _exchange._HostPool()
+        a = pool.empty((16, 8), torch.float32)
+        a.fill_(3)
+        kept = [a[2:5], a.numpy()[1], a.view(torch.uint8)]  # views of every kind
+        ptrs = {a.data_ptr()}
+        del a
+        live = []
+        for _ in range(6):
+            live.append(pool.empty((16, 8), torch.float32))
+            self.assertNotIn(live[-1].data_ptr(), ptrs)
+            live[-1].fill_(7)
+            ptrs.add(live[-1].data_ptr())
+        self.assertTrue(bool((kept[0] == 3).all()))
+        self.assertTrue(bool((kept[1] == 3).all()))
+        del live, kept
+        self.assertIn(pool.empty((16, 8), torch.float32).data_ptr(), ptrs)
+
+    def test_zeroed_on_request_bf16_and_empty_shapes(self):
+        pool = _exchange._HostPool()
+        a = pool.empty((4, 4), torch.float32)
+        a.fill_(1)
+        del a
+        z = pool.empty((4, 4), torch.float32, zero=True)
+        self.assertEqual(float(z.abs().sum()), 0.0)
+        del z
+        h = pool.empty((3, 4), torch.bfloat16)
+        self.assertEqual((h.dtype, tuple(h.shape)), (torch.bfloat16, (3, 4)))
+        self.assertEqual(tuple(pool.empty((0, 4), torch.float32).shape), (0, 4))
+
+    def test_idle_blocks_are_bounded(self):
+        pool = _exchange._HostPool(keep=2)
+        live = [pool.empty((n, 4), torch.float32) for n in (64, 8, 32, 16)]
+        del live
+        big = pool.empty((128, 4), torch.float32)  # fits no idle block: the smallest go
+        self.assertEqual(sorted(b.nbytes for b in pool.blocks), [1024, 2048])
+        del big  # two idle blocks now, the largest
+        self.assertEqual(pool.empty((64, 4), torch.float32).data_ptr(),
+                         pool.blocks[0].ctypes.data)
+
+
 if __name__ == "__main__":
     unittest.main()

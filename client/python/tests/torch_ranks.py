@@ -59,6 +59,8 @@ def llm_keys(batch):
 def run_random(args, transport, rank, world):
     bytes_checked = 0
     messages = items = 0
+    held = []  # the previous step's outputs, kept past their step, and what they held
+    seen, reused = set(), 0  # output memory: host blocks come back once free
     for step in range(args.steps):
         rng = np.random.default_rng(1000 + step)
         images, llm_of = synthetic.random_step(world, step, rng)
@@ -94,6 +96,17 @@ def run_random(args, transport, rank, world):
             if want_g.size:
                 check(np.array_equal(x.grad.numpy(), want_g), f"step {step}: backward rows")
             bytes_checked += 4 * (want.size + want_g.size)
+            # Outputs a trainer keeps past their step keep their rows: the next exchanges
+            # never write into memory a tensor still uses.
+            for t, rows, what in held:
+                check(np.array_equal(t.numpy(), rows), f"step {step}: the previous step's "
+                                                      f"{what}, kept, was overwritten")
+            held = [(emb.detach(), emb.detach().numpy().copy(), "embeddings")]
+            if x.grad is not None:
+                held.append((x.grad, x.grad.numpy().copy(), "gradient"))
+            if emb.numel():
+                reused += emb.data_ptr() in seen
+                seen.add(emb.data_ptr())
             if isinstance(transport, _exchange.TorchTransport):
                 # One message per run (per item without runs): forward this rank's sends,
                 # backward the gradients of what it received.
@@ -115,8 +128,11 @@ def run_random(args, transport, rank, world):
             seg.close()
     if items:  # the packer's layout moves a pair's items in fewer messages than items
         check(messages < items, f"{messages} messages sent for {items} items")
+    if args.steps >= 20:  # freed outputs' host memory serves later steps
+        check(reused > 0, f"no step's embeddings reused the memory of an earlier, freed one")
     print(f"OK rank {rank}: {args.steps} random steps, {bytes_checked} bytes checked, "
-          f"{messages} messages sent for {items} items", flush=True)
+          f"{messages} messages sent for {items} items, {reused} outputs in reused memory",
+          flush=True)
 
 
 def run_bad(args, transport, rank, world):

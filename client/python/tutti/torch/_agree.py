@@ -103,6 +103,14 @@ class Agreement:
         """refusal: None or (code name, message). send_items / recv_items: per peer, the
         item_sizes_hash of the pair's items (None: not compared). Raises tutti.Error on every
         rank alike."""
+        self.begin(step, direction, send_counts, recv_counts, refusal, send_items,
+                   recv_items)()
+
+    def begin(self, step, direction, send_counts, recv_counts, refusal=None, send_items=None,
+              recv_items=None):
+        """agree() in two halves: starts the all-reduce of this rank's summary and returns
+        the function that waits for it and raises as agree() does. What a rank does in
+        between (posting its messages) overlaps the all-reduce instead of delaying it."""
         if self.broken is not None:
             raise _error("FAILED_PRECONDITION", self.broken)
         self.seq += 1
@@ -119,16 +127,28 @@ class Agreement:
         if refusal is not None:
             h ^= _mix(np.asarray([_REFUSED ^ np.uint64(self.rank)]))[0]
         summary = torch.tensor([int(h.astype(np.int64))], dtype=torch.int64)
+        work = None
         if self.world > 1:
             try:
-                dist.all_reduce(summary, op=dist.ReduceOp.BXOR, group=self.group)
+                work = dist.all_reduce(summary, op=dist.ReduceOp.BXOR, group=self.group,
+                                       async_op=True)
             except RuntimeError as e:
                 self._timed_out(step, direction, "join the exchange", e)
-        if int(summary[0]) == 0:  # every rank sees the same sum: all agree, or none does
-            if refusal is not None:
-                raise _error(refusal[0], f"{self.where(step, direction)}: {refusal[1]}")
-            return
-        self._detail(step, direction, send_counts, recv_counts, refusal, send_items, recv_items)
+
+        def finish():
+            if work is not None:
+                try:
+                    work.wait()
+                except RuntimeError as e:
+                    self._timed_out(step, direction, "join the exchange", e)
+            if int(summary[0]) == 0:  # every rank sees the same sum: all agree, or none does
+                if refusal is not None:
+                    raise _error(refusal[0], f"{self.where(step, direction)}: {refusal[1]}")
+                return
+            self._detail(step, direction, send_counts, recv_counts, refusal, send_items,
+                         recv_items)
+
+        return finish
 
     def any(self, step, what, flag):
         """Whether any rank's flag is set (a MAX all-reduce within the deadline)."""

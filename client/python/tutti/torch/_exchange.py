@@ -8,6 +8,7 @@ backward pass runs the inverse exchange. Transports: the trainer's own
 torch.distributed group (gloo: batch_isend_irecv, NCCL: all_to_all_single),
 tutti's MPI transport, tutti's NCCL transport (mpirun), or none (one rank)."""
 import datetime
+import sys
 
 import numpy as np
 import torch
@@ -126,6 +127,20 @@ class _Tables:
             got = self._byte_offsets[key] = tuple(
                 [a * row_bytes if a >= 0 else -1 for per_peer in items for a, _ in per_peer]
                 for items in (send, recv))
+        return got
+
+
+    def item_hashes(self, direction, row_bytes, side):
+        """Per peer, the item_sizes_hash of what this rank sends (side "send") or receives
+        in the direction, as the agreement compares it; computed once per batch."""
+        key = (direction, row_bytes, side)
+        got = self._byte_offsets.get(key)
+        if got is None:
+            forward_send = (side == "send") == (direction == "forward")
+            items, runs = ((self.send_items, self.send_runs) if forward_send
+                           else (self.recv_items, self.recv_runs))
+            got = self._byte_offsets[key] = [
+                item_sizes_hash((n * row_bytes for _, n in its), r) for its, r in zip(items, runs)]
         return got
 
 
@@ -282,6 +297,43 @@ def share_skipped_images(batch):
 
 # ---- transports -------------------------------------------------------------
 
+class _HostPool:
+    """Host memory for the exchange's outputs, reused from step to step.
+
+    An autograd function returns a new tensor per call; on the CPU each one would be fresh
+    pages from the kernel (glibc maps large blocks and unmaps them when freed), a page fault
+    per 4 KiB written while the messages arrive, which on a loaded host costs more than
+    the copy. Here an output is a view of a block this pool keeps: a block is handed out
+    again only once no tensor uses it (the tensor's storage holds a reference to the
+    block, so its reference count says so), and at most `keep` idle blocks are kept."""
+
+    def __init__(self, keep=4):
+        self.keep = keep
+        self.blocks = []
+
+    def empty(self, shape, dtype, zero=False):
+        n = 1
+        for d in shape:
+            n *= int(d)
+        nbytes = n * torch.empty(0, dtype=dtype).element_size()
+        block = None
+        idle = [b for b in self.blocks if sys.getrefcount(b) <= 3]  # the list, b, the call
+        for b in idle:  # the smallest idle block that holds it
+            if b.nbytes >= nbytes and (block is None or b.nbytes < block.nbytes):
+                block = b
+        if block is None:
+            idle.sort(key=lambda b: b.nbytes)
+            while len(idle) >= self.keep:  # make room: drop the smallest idle block
+                drop = idle.pop(0)
+                self.blocks = [b for b in self.blocks if b is not drop]
+                del drop
+            block = np.empty(max(nbytes, 1), np.uint8)
+            self.blocks.append(block)
+        del idle
+        t = torch.from_numpy(block[:nbytes]).view(dtype).view(tuple(shape))
+        return t.zero_() if zero else t
+
+
 class _Transport:
     """Moves rows per peer; subclasses say how."""
 
@@ -307,11 +359,20 @@ class _Transport:
         recv = x.new_empty((t.recv_total, x.shape[1]))
         return send, recv
 
+    def _empty(self, like, shape, zero=False):
+        """An output like `like` (its dtype and device): on the CPU from the host pool."""
+        if like.device.type != "cpu":
+            return (like.new_zeros if zero else like.new_empty)(shape)
+        pool = self.__dict__.get("_pool")
+        if pool is None:
+            pool = self._pool = _HostPool()
+        return pool.empty(shape, like.dtype, zero)
+
     def items_forward(self, state, x):
         """Item by item, straight between x's rows and the output's: no staging copies."""
         t = state.tables
         x = x.contiguous()
-        out = x.new_empty((t.out_total, x.shape[1]))
+        out = self._empty(x, (t.out_total, x.shape[1]))
         rb = x.shape[1] * x.element_size()
         self.move_items(state.batch, "forward", x, out, t.send_items, t.recv_items,
                         [n * rb for n in t.send_rows], [n * rb for n in t.recv_rows],
@@ -321,7 +382,7 @@ class _Transport:
     def items_backward(self, state, grad_out):
         t = state.tables
         grad_out = grad_out.contiguous()
-        grad_x = (grad_out.new_empty if t.send_covers_x else grad_out.new_zeros)(state.x_shape)
+        grad_x = self._empty(grad_out, state.x_shape, zero=not t.send_covers_x)
         rb = grad_out.shape[1] * grad_out.element_size()
         self.move_items(state.batch, "backward", grad_out, grad_x, t.recv_items, t.send_items,
                         [n * rb for n in t.recv_rows], [n * rb for n in t.send_rows],
@@ -416,8 +477,9 @@ class TorchTransport(_Transport):
         no staging copy, except for a run that is not adjacent on this rank's side (an image
         this rank's batch lacks: zeros are sent, or its rows dropped), which is gathered or
         scattered here. Both ends list a pair's items and runs in the same order. The
-        messages are posted before the agreement and waited for only once it holds, so that
-        the agreement overlaps the transfer instead of preceding it. Each message's tag
+        agreement's all-reduce is started first, the messages are posted behind it and
+        waited for only once it holds: the agreement overlaps the transfer instead of
+        preceding it, and is not held up behind the bytes. Each message's tag
         hashes the exchange number, step, direction, the pair, the message's place in the
         pair's list and its size: a message of another exchange, or one the two ends size
         differently, matches nothing (no wrong rows, no size error) and stays pending, while
@@ -453,7 +515,14 @@ class TorchTransport(_Transport):
             scatters.append((staged, run))
             return staged, total
 
-        seq = self.agreement.seq + 1  # the number agree() gives this exchange
+        # The agreement's all-reduce goes first: posted behind this rank's messages it
+        # would wait for their bytes on a loaded machine (an isend writes what the socket
+        # takes before it returns), and every rank's agreement for every other's.
+        t = batch._tables()
+        finish = self.agreement.begin(batch.step, direction, send_bytes, recv_bytes,
+                                      send_items=t.item_hashes(direction, row_bytes, "send"),
+                                      recv_items=t.item_hashes(direction, row_bytes, "recv"))
+        seq = self.agreement.seq  # this exchange's number
         base = _mix64(_mix64(seq) ^ _mix64(batch.step) ^ _DIRECTIONS[direction])
         me = self.rank
         ops = []
@@ -472,21 +541,16 @@ class TorchTransport(_Transport):
         works = dist.batch_isend_irecv(ops) if ops else []
         sends = sum(op.op is dist.isend for op in ops)
         self.messages_posted = sends if direction == "forward" else self.messages_posted + sends
+        for (sa, n), (da, _) in zip(send_items[me], recv_items[me]):
+            if da >= 0:  # `dst` is a fresh output: written before the verdict, read after it
+                dst[da:da + n].copy_(rows(src, sa, n, True))
         try:
-            self.agreement.agree(
-                batch.step, direction, send_bytes, recv_bytes,
-                send_items=[item_sizes_hash((n * row_bytes for _, n in its), runs)
-                            for its, runs in zip(send_items, send_runs)],
-                recv_items=[item_sizes_hash((n * row_bytes for _, n in its), runs)
-                            for its, runs in zip(recv_items, recv_runs)])
+            finish()
         except tutti.Error:
             # Messages with a rank that refused or disagrees never complete; their memory is
             # kept (a late peer could still read or write it), their tags are never reused.
             self._abandoned.append((works, src, dst, scratch, scatters))
             raise
-        for (sa, n), (da, _) in zip(send_items[me], recv_items[me]):
-            if da >= 0:
-                dst[da:da + n].copy_(rows(src, sa, n, True))
         self._wait_works(batch, direction, works)
         for staged, run in scatters:
             off = 0

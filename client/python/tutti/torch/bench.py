@@ -15,10 +15,10 @@ peer on each end, gloo: each peer's rows gathered into a staging tensor and scat
 arrival), what tutti would gain by moving one message per pair instead of one per item.
 --runs N repeats each exchange case in fresh processes and reports every run.
 
-Ranks are started here (processes with torchrun's variables for gloo, mpirun for MPI), with
-glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_): an
-autograd function returns a new tensor per call, and without that each one is a page fault
-per 4 KiB; bare_fresh_ms shows the bare exchange into a new tensor each time.
+Ranks are started here (processes with torchrun's variables for gloo, mpirun for MPI), in
+the allocator's default settings: an autograd function returns a new tensor per call, whose
+host memory tutti.torch reuses from step to step; bare_fresh_ms shows the bare exchange into
+a new tensor each time.
 Synthetic batches (no daemons): random post-balanced plans, every image exchanged.
 Prints a table, or one JSON object with --json."""
 import argparse
@@ -305,10 +305,7 @@ def _free_port():
 def _launch(args, kind):
     me = [sys.executable, "-m", "tutti.torch.bench", "--rank-of", kind, "--images", str(args.images),
           "--hidden", str(args.hidden), "--repeats", str(args.repeats)]
-    # Large CPU tensors: keep freed memory in the heap instead of unmapping it, so that a
-    # fresh output tensor is not a page fault per 4 KiB (both sides run with it; see --help).
-    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="4294967296",
-               MALLOC_TRIM_THRESHOLD_="68719476736")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     if kind == "gloo":
         port = _free_port()
         procs = [subprocess.Popen(me, env=dict(env, RANK=str(r), WORLD_SIZE=str(args.ranks),
