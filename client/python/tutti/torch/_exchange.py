@@ -353,10 +353,10 @@ class _Transport:
         elif t.send_all_valid:
             send = x.index_select(0, t.send_index.to(x.device))
         else:
-            send = x.new_zeros((t.send_total, x.shape[1]))
+            send = self._empty(x, (t.send_total, x.shape[1]), zero=True)
             valid = torch.from_numpy(t.send_valid).to(x.device)
             send[valid] = x.index_select(0, t.send_index[t.send_valid].to(x.device))
-        recv = x.new_empty((t.recv_total, x.shape[1]))
+        recv = self._empty(x, (t.recv_total, x.shape[1]))
         return send, recv
 
     def _empty(self, like, shape, zero=False):
@@ -395,7 +395,8 @@ class _Transport:
         self.move(state.batch, "forward", send, recv, t.send_rows, t.recv_rows)
         if t.out_identity:
             return recv
-        return recv.index_select(0, t.out_index.to(recv.device))
+        return torch.index_select(recv, 0, t.out_index.to(recv.device),
+                                  out=self._empty(recv, (t.out_index.numel(), recv.shape[1])))
 
     def backward(self, state, grad_out):
         t = state.tables
@@ -403,13 +404,13 @@ class _Transport:
         if t.out_identity:
             g_recv = grad_out
         else:
-            g_recv = grad_out.new_zeros((t.recv_total, grad_out.shape[1]))
+            g_recv = self._empty(grad_out, (t.recv_total, grad_out.shape[1]), zero=True)
             g_recv.index_copy_(0, t.out_index.to(grad_out.device), grad_out)
-        g_send = grad_out.new_empty((t.send_total, grad_out.shape[1]))
+        g_send = self._empty(grad_out, (t.send_total, grad_out.shape[1]))
         self.move(state.batch, "backward", g_recv, g_send, t.recv_rows, t.send_rows)
         if t.send_identity:
             return g_send
-        grad_x = g_send.new_zeros(state.x_shape)
+        grad_x = self._empty(g_send, state.x_shape, zero=True)
         valid = torch.from_numpy(t.send_valid).to(g_send.device)
         grad_x.index_add_(0, t.send_index[t.send_valid].to(g_send.device), g_send[valid])
         return grad_x
