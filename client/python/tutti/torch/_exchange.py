@@ -301,7 +301,7 @@ class _HostPool:
     """Host memory for the exchange's outputs, reused from step to step.
 
     An autograd function returns a new tensor per call; on the CPU each one would be fresh
-    pages from the kernel (glibc maps large blocks and unmaps them when freed), a page fault
+    pages from the kernel (glibc gives large blocks back when they are freed), a page fault
     per 4 KiB written while the messages arrive, which on a loaded host costs more than
     the copy. Here an output is a view of a block this pool keeps: a block is handed out
     again only once no tensor uses it (the tensor's storage holds a reference to the
