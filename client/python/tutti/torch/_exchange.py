@@ -9,6 +9,7 @@ torch.distributed group (gloo: batch_isend_irecv, NCCL: all_to_all_single),
 tutti's MPI transport, tutti's NCCL transport (mpirun), or none (one rank)."""
 import datetime
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -310,8 +311,14 @@ class _HostPool:
     def __init__(self, keep=4):
         self.keep = keep
         self.blocks = []
+        self.lock = threading.Lock()  # a block is idle until its view exists: one at a time
 
     def empty(self, shape, dtype, zero=False):
+        with self.lock:
+            t = self._take(shape, dtype)
+        return t.zero_() if zero else t
+
+    def _take(self, shape, dtype):
         n = 1
         for d in shape:
             n *= int(d)
@@ -330,8 +337,7 @@ class _HostPool:
             block = np.empty(max(nbytes, 1), np.uint8)
             self.blocks.append(block)
         del idle
-        t = torch.from_numpy(block[:nbytes]).view(dtype).view(tuple(shape))
-        return t.zero_() if zero else t
+        return torch.from_numpy(block[:nbytes]).view(dtype).view(tuple(shape))
 
 
 class _Transport:
