@@ -8,6 +8,7 @@ backward pass runs the inverse exchange. Transports: the trainer's own
 torch.distributed group (gloo: batch_isend_irecv, NCCL: all_to_all_single),
 tutti's MPI transport, tutti's NCCL transport (mpirun), or none (one rank)."""
 import datetime
+import math
 import sys
 import threading
 
@@ -114,33 +115,32 @@ class _Tables:
         self.out_index = torch.from_numpy(oi.astype(np.int64))
         self.enc_total = L.enc_total
         self.row_bytes = rb
-        self._byte_offsets = {}
+        self._cached = {}  # byte_offsets and item_hashes, by direction and row size
 
     def byte_offsets(self, direction, row_bytes):
         """Every item's byte offset in the direction's source and destination (-1: no rows
         here), in the plan's order; computed once per batch and direction."""
         key = (direction, row_bytes)
-        got = self._byte_offsets.get(key)
+        got = self._cached.get(key)
         if got is None:
             send, recv = self.send_items, self.recv_items
             if direction == "backward":
                 send, recv = recv, send
-            got = self._byte_offsets[key] = tuple(
+            got = self._cached[key] = tuple(
                 [a * row_bytes if a >= 0 else -1 for per_peer in items for a, _ in per_peer]
                 for items in (send, recv))
         return got
-
 
     def item_hashes(self, direction, row_bytes, side):
         """Per peer, the item_sizes_hash of what this rank sends (side "send") or receives
         in the direction, as the agreement compares it; computed once per batch."""
         key = (direction, row_bytes, side)
-        got = self._byte_offsets.get(key)
+        got = self._cached.get(key)
         if got is None:
             forward_send = (side == "send") == (direction == "forward")
             items, runs = ((self.send_items, self.send_runs) if forward_send
                            else (self.recv_items, self.recv_runs))
-            got = self._byte_offsets[key] = [
+            got = self._cached[key] = [
                 item_sizes_hash((n * row_bytes for _, n in its), r) for its, r in zip(items, runs)]
         return got
 
@@ -319,10 +319,7 @@ class _HostPool:
         return t.zero_() if zero else t
 
     def _take(self, shape, dtype):
-        n = 1
-        for d in shape:
-            n *= int(d)
-        nbytes = n * torch.empty(0, dtype=dtype).element_size()
+        nbytes = math.prod(int(d) for d in shape) * torch.empty(0, dtype=dtype).element_size()
         block = None
         idle = [b for b in self.blocks if sys.getrefcount(b) <= 3]  # the list, b, the call
         for b in idle:  # the smallest idle block that holds it
@@ -333,10 +330,8 @@ class _HostPool:
             while len(idle) >= self.keep:  # make room: drop the smallest idle block
                 drop = idle.pop(0)
                 self.blocks = [b for b in self.blocks if b is not drop]
-                del drop
             block = np.empty(max(nbytes, 1), np.uint8)
             self.blocks.append(block)
-        del idle
         return torch.from_numpy(block[:nbytes]).view(dtype).view(tuple(shape))
 
 
