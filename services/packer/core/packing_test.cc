@@ -232,6 +232,37 @@ TEST(PackingTest, TuttiIsNoSlowerThanAnyPeerOnEitherPhase) {
   }
 }
 
+// Small worlds with five VL samples per rank, where a partition's
+// differencing finds combinations single moves and swaps do not: tutti's ViT
+// phase is no slower than Karmarkar-Karp's or LPT's (exactly, not within the
+// search's stopping tolerance), and its LLM phase stays within 1%.
+TEST(PackingTest, TuttiMatchesThePartitionPeersOnFewVlSamplesPerRank) {
+  auto vit = [](const PackItem& it) { return it.vit; };
+  auto llm = [](const PackItem& it) { return it.llm; };
+  for (uint32_t ranks : {4u, 8u, 16u}) {
+    for (uint64_t seed : {21u, 22u, 23u, 24u}) {
+      const auto text = RandomItems(ranks * 12, false, seed, 3000);
+      const auto vl = RandomItems(ranks * 5, true, seed + 100, 4000);
+      const PackProblem p = Problem(text, vl, ranks);
+      auto run = [&](const std::string& name) {
+        auto s = MakeStrategy({name, 6, 256});
+        PackResult r;
+        EXPECT_TRUE((*s)->Pack(p, &r).ok()) << name;
+        const Loads l = Check(p, r);
+        return std::pair{OverBound(l.vit, p.vl, {}, +vit), OverBound(l.llm, p.text, p.vl, +llm)};
+      };
+      const auto tutti = run("tutti");
+      for (const char* peer : {"lpt", "kk"}) {
+        const auto other = run(peer);
+        EXPECT_LE(tutti.first, std::max(other.first, 1 + 1e-4) + 1e-9)
+            << "ViT, W=" << ranks << " seed " << seed << " vs " << peer << " (LLM " << tutti.second
+            << " vs " << other.second << ")";
+      }
+      EXPECT_LT(tutti.second, 1.01) << "W=" << ranks << " seed " << seed;
+    }
+  }
+}
+
 TEST(PackingTest, SeedHeuristicFollowsTheSeed) {
   // N = 2, seed-v1: image samples to the open bin with fewest image tokens,
   // the fullest bin emitted when nothing fits, packs dealt in emit order.

@@ -31,6 +31,18 @@
 //      less than kStall of its bound, or the budget (Budget(), passes
 //      charged to it) is spent. Every stop is counted in rounds and pairs,
 //      never in time, so plans do not depend on the machine.
+//   5. Up to kSeededUpTo ranks (where a plan costs a few milliseconds),
+//      steps 2-4 again with the VL deal of step 2 taken from Karmarkar-Karp's
+//      and from LPT's partition of the VL samples by ViT cost (a sample
+//      whose part's rank has no room, or holds a large document beyond the
+//      budget, goes to the least loaded rank that takes it), and the plan
+//      whose slower phase (maximum over its bound, counted from kDone
+//      over it) is the fastest is kept; equal ones by the sum of both, then
+//      the earlier. The search never
+//      makes a phase worse, so where every sample keeps its part's rank a
+//      seeded plan's ViT maximum is at most the peer's. Small worlds hold few VL samples per rank, where a
+//      partition's differencing finds combinations the ViT search's single
+//      moves and swaps cannot reach.
 // Within a rank a sample goes to the sequence of its modality with the fewest
 // tokens that has room for its tokens and image tokens. Ranks without room
 // for the next sample sleep until the samples get small enough (the choice
@@ -39,6 +51,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -82,6 +95,10 @@ constexpr double kSmall = 0.05;
 constexpr uint32_t kBatchDivisor = 4;
 // Items fetched ahead when items are visited in key order.
 constexpr size_t kPrefetch = 16;
+// Up to this many ranks, the plan is also searched from each of these
+// peers' VL deals (Pack).
+constexpr uint32_t kSeededUpTo = 256;
+constexpr const char* kSeeds[] = {"kk", "lpt"};
 
 // Token and image-token use of every sequence of one modality.
 class Rooms {
@@ -262,6 +279,19 @@ struct Progress {
   }
 };
 
+// A plan's two phases: each one's maximum over its lower bound.
+struct Score {
+  double vit = 0, llm = 0;
+  // The slower phase lower (both within kDone of their bounds count as
+  // equal: where the search stops), or the same and the sum of both lower.
+  bool Better(const Score& o) const {
+    const double mine = std::max({vit, llm, 1 + kDone});
+    const double theirs = std::max({o.vit, o.llm, 1 + kDone});
+    if (mine != theirs) return mine < theirs;
+    return vit + llm < o.vit + o.llm;
+  }
+};
+
 // A phase's maximum.
 double Max(const State& st, bool vit_phase) {
   return vit_phase ? st.vit[st.vit_max.Top()] : st.llm[st.llm_max.Top()];
@@ -273,6 +303,35 @@ class TuttiStrategy final : public PackingStrategy {
   const std::string& name() const override { return name_; }
 
   absl::Status Pack(const PackProblem& p, PackResult* out) const override {
+    Score score;
+    RETURN_IF_ERROR(PackFrom(p, nullptr, out, &score));
+    if (p.ranks < 2 || p.ranks > kSeededUpTo || !p.balance_vit || p.vl.size() < 2) {
+      return absl::OkStatus();
+    }
+    // Small worlds: steps 2-4 again from each peer's VL deal (step 5).
+    PackProblem vl_only = p;
+    vl_only.text = {};
+    vl_only.text_lead = {};
+    thread_local PackResult seed, alt;
+    thread_local std::vector<uint32_t> rank;
+    for (const char* name : kSeeds) {
+      if (!MakePeerStrategy(name)->Pack(vl_only, &seed).ok()) continue;
+      rank.resize(p.vl.size());
+      for (size_t i = 0; i < rank.size(); ++i) rank[i] = seed.vl_slot[i] / p.vl_seqs_per_rank;
+      Score alt_score;
+      if (!PackFrom(p, &rank, &alt, &alt_score).ok() || !alt_score.Better(score)) continue;
+      std::swap(*out, alt);
+      score = alt_score;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Steps 1-4: the plan, its VL samples dealt from `vl_rank` (a rank per
+  // sample) when given, else by ViT cost; `score`: both phases' maxima over
+  // their lower bounds (the ViT one 0 when not balanced).
+  absl::Status PackFrom(const PackProblem& p, const std::vector<uint32_t>* vl_rank,
+                        PackResult* out, Score* score) const {
     thread_local State st;
     const uint32_t W = p.ranks;
     for (auto* v : {&st.vit, &st.llm, &st.key, &st.neg_vit, &st.neg_llm}) v->assign(W, 0.0);
@@ -327,8 +386,9 @@ class TuttiStrategy final : public PackingStrategy {
         st.llm[r] += it.llm;
         st.vit[r] += it.vit;
       };
-      absl::Status s = p.balance_vit ? Lpt(p, &st, &vl, VitOf(), &vl_load, allowed, placed)
-                                     : Lpt(p, &st, &vl, LlmOf(), &vl_load, allowed, placed);
+      absl::Status s = vl_rank != nullptr ? Seeded(p, &st, *vl_rank, allowed, placed)
+                       : p.balance_vit    ? Lpt(p, &st, &vl, VitOf(), &vl_load, allowed, placed)
+                                          : Lpt(p, &st, &vl, LlmOf(), &vl_load, allowed, placed);
       if (absl::IsFailedPrecondition(s)) {
         // VL sequences too tight for cost order (it strands room a large
         // sample needs): again by tokens, largest first onto the rank with
@@ -380,10 +440,48 @@ class TuttiStrategy final : public PackingStrategy {
         if (!moved) break;
       }
     }
+    double vit_max = 0, llm_max = 0;
+    for (uint32_t r = 0; r < W; ++r) {
+      vit_max = std::max(vit_max, st.vit[r]);
+      llm_max = std::max(llm_max, st.llm[r]);
+    }
+    score->llm = llm_max / st.llm_lb;
+    score->vit = p.balance_vit && st.vit_lb > 0 ? vit_max / st.vit_lb : 0.0;
     return absl::OkStatus();
   }
 
- private:
+  // The VL samples of st->order (by decreasing ViT cost) each onto its rank
+  // in `rank` where one of its VL sequences has room and allowed(rank,
+  // sample), else onto the rank with the least ViT cost that takes it
+  // (allowed ones first).
+  template <typename Allowed, typename Placed>
+  absl::Status Seeded(const PackProblem& p, State* st, const std::vector<uint32_t>& rank,
+                      Allowed allowed, Placed placed) const {
+    Side& vl = st->vl;
+    Rooms& rooms = vl.rooms;
+    for (const uint64_t entry : st->order) {
+      const uint32_t i = static_cast<uint32_t>(entry);
+      const PackItem& it = vl.items[i];
+      int64_t r = rank[i];
+      int q = allowed(rank[i], it) ? rooms.Fit(rank[i], it) : -1;
+      for (int pass = 0; pass < 2 && q < 0; ++pass) {
+        r = -1;
+        for (uint32_t c = 0; c < p.ranks; ++c) {
+          if (r >= 0 && st->vit[c] >= st->vit[r]) continue;
+          if (pass == 0 && !allowed(c, it)) continue;
+          const int qc = rooms.Fit(c, it);
+          if (qc >= 0) r = c, q = qc;
+        }
+      }
+      if (q < 0) return NoRoom(p, vl, it);
+      const uint32_t slot = static_cast<uint32_t>(r) * rooms.per() + static_cast<uint32_t>(q);
+      (*vl.slot)[i] = slot;
+      rooms.Add(slot, it);
+      placed(static_cast<uint32_t>(r), it);
+    }
+    return absl::OkStatus();
+  }
+
   // Lower bounds max(mean, largest item) of both phases, and the LLM
   // budget of ranks holding a large document.
   static void Bounds(const PackProblem& p, State* st) {
