@@ -263,6 +263,40 @@ TEST(PackingTest, TuttiMatchesThePartitionPeersOnFewVlSamplesPerRank) {
   }
 }
 
+// Tight VL sequences, where dealing by ViT cost and then by tokens both
+// strand the room a large sample needs: wherever Karmarkar-Karp's or LPT's
+// partition fits the samples, tutti fits them too (it starts again from
+// that partition) instead of failing the step.
+TEST(PackingTest, TuttiFitsWhereverAPeerFits) {
+  int rescued = 0;
+  for (uint64_t seed = 1; seed <= 2500; ++seed) {
+    std::mt19937_64 rng(seed);
+    const uint32_t W = 2 + rng() % 3;
+    std::vector<PackItem> vl(W * 3 + rng() % 3);
+    for (auto& it : vl) {
+      it.tokens = 100 + rng() % 900;
+      it.image_tokens = it.tokens / 2;
+      it.vit = 1 + rng() % 1000;
+      it.llm = it.tokens;
+    }
+    PackProblem p;
+    p.ranks = W;
+    p.seq_len = 1000;
+    p.vl_seqs_per_rank = 2;
+    p.vl = vl;
+    PackResult r;
+    bool peer_fits = false;
+    for (const char* peer : {"kk", "lpt"})
+      peer_fits |= (*MakeStrategy({peer, 6, 256}))->Pack(p, &r).ok();
+    const absl::Status s = (*MakeStrategy({"tutti", 6, 256}))->Pack(p, &r);
+    if (!peer_fits) continue;
+    ++rescued;
+    ASSERT_TRUE(s.ok()) << "seed " << seed << ": " << s;
+    Check(p, r);
+  }
+  EXPECT_GT(rescued, 100);
+}
+
 TEST(PackingTest, SeedHeuristicFollowsTheSeed) {
   // N = 2, seed-v1: image samples to the open bin with fewest image tokens,
   // the fullest bin emitted when nothing fits, packs dealt in emit order.

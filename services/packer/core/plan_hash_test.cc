@@ -213,7 +213,7 @@ constexpr Pinned kPinned[] = {
     {"W4 post ilp",
      "8056d5867b9a32ac 6961ce3f1ef775f6 53889320bffd8dc2 304a9e6bfe6bb7ec 232eafff30698d57 7532ceb194082cd7 267cd3f69a69d0d7"},
     {"W64 tutti",
-     "c23667ad34a35f17 54f4b5996b5d733c a3ede42ccbe0dacf 4ed6e4c683f71b4a a05820c7e255929f 00a8e8256b4ada5e 64b8b477cfcaf417"},
+     "c23667ad34a35f17 54f4b5996b5d733c a3ede42ccbe0dacf 4ed6e4c683f71b4a 486304a2b09cc730 00a8e8256b4ada5e ae50b791bd2ab048"},
     {"W64 post fast",
      "0f4073c9011c9559 4ad1cc2f278d5173 70221beaf2fc6aab 21ccef5e4200994d ab15daa54c172540 134c79841b1a6ff0 57e59573bc964f8c"},
 };

@@ -32,17 +32,19 @@
 //      charged to it) is spent. Every stop is counted in rounds and pairs,
 //      never in time, so plans do not depend on the machine.
 //   5. Up to kSeededUpTo ranks (where a plan costs a few milliseconds),
-//      steps 2-4 again with the VL deal of step 2 taken from Karmarkar-Karp's
-//      and from LPT's partition of the VL samples by ViT cost (a sample
-//      whose part's rank has no room, or holds a large document beyond the
-//      budget, goes to the least loaded rank that takes it), and the plan
-//      whose slower phase (maximum over its bound, counted from kDone
-//      over it) is the fastest is kept; equal ones by the sum of both, then
-//      the earlier. The search never
-//      makes a phase worse, so where every sample keeps its part's rank a
-//      seeded plan's ViT maximum is at most the peer's. Small worlds hold few VL samples per rank, where a
-//      partition's differencing finds combinations the ViT search's single
-//      moves and swaps cannot reach.
+//      and at any W when neither order of step 2 fits the VL samples into
+//      their sequences, steps 2-4 again with the VL deal of step 2 taken
+//      from Karmarkar-Karp's and from LPT's partition of the VL samples by
+//      ViT cost (placed by decreasing tokens; a sample whose part's rank
+//      has no room, or holds a large document beyond the budget, goes to
+//      the least loaded rank that takes it), and the plan whose slower
+//      phase (maximum over its bound, counted from kDone over it) is the
+//      fastest is kept; equal ones by the sum of both, then the earlier.
+//      The search never makes a phase worse, so where every sample keeps
+//      its part's rank a seeded plan's ViT maximum is at most the peer's.
+//      Small worlds hold few VL samples per rank, where a partition's
+//      differencing finds combinations the ViT search's single moves and
+//      swaps cannot reach.
 // Within a rank a sample goes to the sequence of its modality with the fewest
 // tokens that has room for its tokens and image tokens. Ranks without room
 // for the next sample sleep until the samples get small enough (the choice
@@ -304,11 +306,14 @@ class TuttiStrategy final : public PackingStrategy {
 
   absl::Status Pack(const PackProblem& p, PackResult* out) const override {
     Score score;
-    RETURN_IF_ERROR(PackFrom(p, nullptr, out, &score));
-    if (p.ranks < 2 || p.ranks > kSeededUpTo || !p.balance_vit || p.vl.size() < 2) {
-      return absl::OkStatus();
+    const absl::Status first = PackFrom(p, nullptr, out, &score);
+    if (!first.ok() && !absl::IsFailedPrecondition(first)) return first;
+    // Small worlds, and a step whose VL samples neither order fits: steps
+    // 2-4 again from each peer's VL deal (step 5).
+    if (p.ranks < 2 || (first.ok() && p.ranks > kSeededUpTo) || !p.balance_vit || p.vl.size() < 2) {
+      return first;
     }
-    // Small worlds: steps 2-4 again from each peer's VL deal (step 5).
+    bool have = first.ok();
     PackProblem vl_only = p;
     vl_only.text = {};
     vl_only.text_lead = {};
@@ -319,19 +324,22 @@ class TuttiStrategy final : public PackingStrategy {
       rank.resize(p.vl.size());
       for (size_t i = 0; i < rank.size(); ++i) rank[i] = seed.vl_slot[i] / p.vl_seqs_per_rank;
       Score alt_score;
-      if (!PackFrom(p, &rank, &alt, &alt_score).ok() || !alt_score.Better(score)) continue;
+      if (!PackFrom(p, &rank, &alt, &alt_score).ok() || (have && !alt_score.Better(score))) {
+        continue;
+      }
       std::swap(*out, alt);
       score = alt_score;
+      have = true;
     }
-    return absl::OkStatus();
+    return have ? absl::OkStatus() : first;
   }
 
  private:
   // Steps 1-4: the plan, its VL samples dealt from `vl_rank` (a rank per
   // sample) when given, else by ViT cost; `score`: both phases' maxima over
   // their lower bounds (the ViT one 0 when not balanced).
-  absl::Status PackFrom(const PackProblem& p, const std::vector<uint32_t>* vl_rank,
-                        PackResult* out, Score* score) const {
+  absl::Status PackFrom(const PackProblem& p, const std::vector<uint32_t>* vl_rank, PackResult* out,
+                        Score* score) const {
     thread_local State st;
     const uint32_t W = p.ranks;
     for (auto* v : {&st.vit, &st.llm, &st.key, &st.neg_vit, &st.neg_llm}) v->assign(W, 0.0);
@@ -371,7 +379,9 @@ class TuttiStrategy final : public PackingStrategy {
     // then the ViT search among VL samples alone.
     if (!p.vl.empty()) {
       auto all = [](const PackItem&) { return true; };
-      if (p.balance_vit) {
+      if (vl_rank != nullptr) {
+        Order(vl, TokensOf(), all, &st);  // the ranks are given: fit first
+      } else if (p.balance_vit) {
         Order(vl, VitOf(), all, &st);
       } else {
         Order(vl, LlmOf(), all, &st);
@@ -450,7 +460,7 @@ class TuttiStrategy final : public PackingStrategy {
     return absl::OkStatus();
   }
 
-  // The VL samples of st->order (by decreasing ViT cost) each onto its rank
+  // The VL samples of st->order (by decreasing tokens) each onto its rank
   // in `rank` where one of its VL sequences has room and allowed(rank,
   // sample), else onto the rank with the least ViT cost that takes it
   // (allowed ones first).
