@@ -199,23 +199,27 @@ double OverBound(const std::vector<double>& load, absl::Span<const PackItem> a,
   return bound > 0 ? mx / bound : 1;
 }
 
+// A strategy's plan of p (checked), each phase's slowest rank over its
+// lower bound: (ViT, LLM).
+std::pair<double, double> PhasesOverBound(const PackProblem& p, const std::string& name) {
+  auto vit = [](const PackItem& it) { return it.vit; };
+  auto llm = [](const PackItem& it) { return it.llm; };
+  auto s = MakeStrategy({name, 6, 256});
+  PackResult r;
+  EXPECT_TRUE((*s)->Pack(p, &r).ok()) << name;
+  const Loads l = Check(p, r);
+  return {OverBound(l.vit, p.vl, {}, +vit), OverBound(l.llm, p.text, p.vl, +llm)};
+}
+
 // On each phase tutti's slowest rank is no slower than the best peer's, on
 // the same items under the same constraints, over several worlds and mixes.
 TEST(PackingTest, TuttiIsNoSlowerThanAnyPeerOnEitherPhase) {
-  auto vit = [](const PackItem& it) { return it.vit; };
-  auto llm = [](const PackItem& it) { return it.llm; };
   for (uint32_t ranks : {16u, 32u, 64u}) {
     for (uint64_t seed : {11u, 12u, 13u}) {
       const auto text = RandomItems(ranks * 22, false, seed, 3000);
       const auto vl = RandomItems(ranks * 4, true, seed + 100, 4000);
       const PackProblem p = Problem(text, vl, ranks);
-      auto run = [&](const std::string& name) {
-        auto s = MakeStrategy({name, 6, 256});
-        PackResult r;
-        EXPECT_TRUE((*s)->Pack(p, &r).ok()) << name;
-        const Loads l = Check(p, r);
-        return std::pair{OverBound(l.vit, p.vl, {}, +vit), OverBound(l.llm, p.text, p.vl, +llm)};
-      };
+      auto run = [&](const std::string& name) { return PhasesOverBound(p, name); };
       const auto tutti = run("tutti");
       for (const char* peer : {"lpt", "kk", "multipack"}) {
         const auto other = run(peer);
@@ -237,20 +241,12 @@ TEST(PackingTest, TuttiIsNoSlowerThanAnyPeerOnEitherPhase) {
 // phase is no slower than Karmarkar-Karp's or LPT's (exactly, not within the
 // search's stopping tolerance), and its LLM phase stays within 1%.
 TEST(PackingTest, TuttiMatchesThePartitionPeersOnFewVlSamplesPerRank) {
-  auto vit = [](const PackItem& it) { return it.vit; };
-  auto llm = [](const PackItem& it) { return it.llm; };
   for (uint32_t ranks : {4u, 8u, 16u}) {
     for (uint64_t seed : {21u, 22u, 23u, 24u}) {
       const auto text = RandomItems(ranks * 12, false, seed, 3000);
       const auto vl = RandomItems(ranks * 5, true, seed + 100, 4000);
       const PackProblem p = Problem(text, vl, ranks);
-      auto run = [&](const std::string& name) {
-        auto s = MakeStrategy({name, 6, 256});
-        PackResult r;
-        EXPECT_TRUE((*s)->Pack(p, &r).ok()) << name;
-        const Loads l = Check(p, r);
-        return std::pair{OverBound(l.vit, p.vl, {}, +vit), OverBound(l.llm, p.text, p.vl, +llm)};
-      };
+      auto run = [&](const std::string& name) { return PhasesOverBound(p, name); };
       const auto tutti = run("tutti");
       for (const char* peer : {"lpt", "kk"}) {
         const auto other = run(peer);
