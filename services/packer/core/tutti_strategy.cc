@@ -301,7 +301,9 @@ double Max(const State& st, bool vit_phase) {
 
 class TuttiStrategy final : public PackingStrategy {
  public:
-  explicit TuttiStrategy(uint32_t rounds) : rounds_(rounds) {}
+  explicit TuttiStrategy(uint32_t rounds) : rounds_(rounds) {
+    for (const char* name : kSeeds) seeds_.push_back(MakePeerStrategy(name));
+  }
   const std::string& name() const override { return name_; }
 
   absl::Status Pack(const PackProblem& p, PackResult* out) const override {
@@ -319,8 +321,8 @@ class TuttiStrategy final : public PackingStrategy {
     vl_only.text_lead = {};
     thread_local PackResult seed, alt;
     thread_local std::vector<uint32_t> rank;
-    for (const char* name : kSeeds) {
-      if (!MakePeerStrategy(name)->Pack(vl_only, &seed).ok()) continue;
+    for (const std::unique_ptr<PackingStrategy>& peer : seeds_) {
+      if (!peer->Pack(vl_only, &seed).ok()) continue;
       rank.resize(p.vl.size());
       for (size_t i = 0; i < rank.size(); ++i) rank[i] = seed.vl_slot[i] / p.vl_seqs_per_rank;
       Score alt_score;
@@ -460,6 +462,23 @@ class TuttiStrategy final : public PackingStrategy {
     return absl::OkStatus();
   }
 
+  // The rank with the least load that has a sequence for `it` (its
+  // sequence in *q), allowed ranks first; -1 when none has.
+  template <typename Allowed>
+  static int64_t LeastLoadedTaker(const Rooms& rooms, uint32_t W, const std::vector<double>& load,
+                                  const PackItem& it, Allowed allowed, int* q) {
+    int64_t best = -1;
+    for (int pass = 0; pass < 2 && best < 0; ++pass) {
+      for (uint32_t c = 0; c < W; ++c) {
+        if (best >= 0 && load[c] >= load[best]) continue;
+        if (pass == 0 && !allowed(c, it)) continue;
+        const int qc = rooms.Fit(c, it);
+        if (qc >= 0) best = c, *q = qc;
+      }
+    }
+    return best;
+  }
+
   // The VL samples of st->order (by decreasing tokens) each onto its rank
   // in `rank` where one of its VL sequences has room and allowed(rank,
   // sample), else onto the rank with the least ViT cost that takes it
@@ -474,16 +493,8 @@ class TuttiStrategy final : public PackingStrategy {
       const PackItem& it = vl.items[i];
       int64_t r = rank[i];
       int q = allowed(rank[i], it) ? rooms.Fit(rank[i], it) : -1;
-      for (int pass = 0; pass < 2 && q < 0; ++pass) {
-        r = -1;
-        for (uint32_t c = 0; c < p.ranks; ++c) {
-          if (r >= 0 && st->vit[c] >= st->vit[r]) continue;
-          if (pass == 0 && !allowed(c, it)) continue;
-          const int qc = rooms.Fit(c, it);
-          if (qc >= 0) r = c, q = qc;
-        }
-      }
-      if (q < 0) return NoRoom(p, vl, it);
+      if (q < 0) r = LeastLoadedTaker(rooms, p.ranks, st->vit, it, allowed, &q);
+      if (r < 0) return NoRoom(p, vl, it);
       const uint32_t slot = static_cast<uint32_t>(r) * rooms.per() + static_cast<uint32_t>(q);
       (*vl.slot)[i] = slot;
       rooms.Add(slot, it);
@@ -706,15 +717,7 @@ class TuttiStrategy final : public PackingStrategy {
           q = allowed(r, it) ? rooms.Fit(r, it) : -1;
         }
         if (q < 0) {
-          int64_t best = -1;
-          for (int pass = 0; pass < 2 && best < 0; ++pass) {
-            for (uint32_t c = 0; c < W; ++c) {
-              if (best >= 0 && (*load)[c] >= (*load)[best]) continue;
-              if (pass == 0 && !allowed(c, it)) continue;
-              const int qc = rooms.Fit(c, it);
-              if (qc >= 0) best = c, q = qc;
-            }
-          }
+          const int64_t best = LeastLoadedTaker(rooms, W, *load, it, allowed, &q);
           if (best < 0) return NoRoom(p, *side, it);
           r = static_cast<uint32_t>(best);
         }
@@ -1034,6 +1037,7 @@ class TuttiStrategy final : public PackingStrategy {
 
   const std::string name_ = "tutti";
   uint32_t rounds_;
+  std::vector<std::unique_ptr<PackingStrategy>> seeds_;  // kSeeds
 };
 
 }  // namespace
