@@ -360,6 +360,12 @@ absl::Status MpiTransport::AgreeAndMove(const ExchangeLayout& layout, const absl
     posted = Post(m, /*receive=*/true, &early.recv_reqs, nullptr, &early.recv_peer);
   }
   if (posted.ok()) posted = Post(m, /*receive=*/false, &early.reqs, &early.to_peer);
+  if (posted.ok() && data.scratch_recv) {
+    // The receive memory is scratch: this rank's own items are copied while
+    // the agreement's all-reduce is under way instead of after it.
+    CopyOwn(m);
+    m.own.clear();
+  }
   RETURN_IF_ERROR(RunAgreement(layout, posted, &early));
   return Deliver(layout, m, &early);
 }
@@ -628,8 +634,8 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
       refuse("rank ", p, " sends ", h.sends_you, " bytes to rank ", me, " but rank ", me,
              "'s plan expects ", layout.recv_counts[p], " from it", disagree);
     } else if (local.ok() && h.expects_from_you != layout.send_counts[p]) {
-      refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", me, " but rank ",
-             me, "'s plan sends it ", layout.send_counts[p], disagree);
+      refuse("rank ", p, " expects ", h.expects_from_you, " bytes from rank ", me, " but rank ", me,
+             "'s plan sends it ", layout.send_counts[p], disagree);
     } else if (local.ok() && h.items_to_you != layout.recv_item_hashes[p]) {
       refuse("rank ", p, " splits the ", h.sends_you, " bytes it sends to rank ", me,
              " into other items than rank ", me, "'s plan", disagree);
@@ -668,12 +674,12 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
     const std::string reason(v.reason, strnlen(v.reason, sizeof(v.reason)));
     verdict = absl::Status(
         static_cast<absl::StatusCode>(v.code),
-        v.own_input ? absl::StrCat(at, ": rank ", first, " refused the exchange: ", reason,
-                                   refused_too.empty()
-                                       ? ""
-                                       : absl::StrCat(" (rank(s) ", RankList(refused_too),
-                                                      " refused too)"))
-                    : absl::StrCat(at, ": ", reason));
+        v.own_input
+            ? absl::StrCat(at, ": rank ", first, " refused the exchange: ", reason,
+                           refused_too.empty()
+                               ? ""
+                               : absl::StrCat(" (rank(s) ", RankList(refused_too), " refused too)"))
+            : absl::StrCat(at, ": ", reason));
   }
   // Every rank reaches the same decision; on a refusal, what the peers
   // already sent is received and dropped, and this rank's sends complete.
@@ -718,6 +724,16 @@ absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI
   return absl::OkStatus();
 }
 
+void MpiTransport::CopyOwn(const Messages& m) {
+  for (const LocalCopy& c : m.own) {
+    if (c.src == nullptr) {
+      std::memset(c.dst, 0, c.bytes);
+    } else {
+      std::memcpy(c.dst, c.src, c.bytes);
+    }
+  }
+}
+
 absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages& m, Early* early) {
   bool large = false;
   for (const Piece& piece : m.pieces) large |= piece.count > opts_.max_count;
@@ -737,13 +753,7 @@ absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages&
   } else if (posted.ok()) {
     posted = Post(m, /*receive=*/false, &reqs, nullptr);
   }
-  for (const LocalCopy& c : m.own) {
-    if (c.src == nullptr) {
-      std::memset(c.dst, 0, c.bytes);
-    } else {
-      std::memcpy(c.dst, c.src, c.bytes);
-    }
-  }
+  CopyOwn(m);
   absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
                                          absl::Now() + opts_.join_timeout, Polling::kBusy)
                                : posted;

@@ -168,6 +168,8 @@ class MpiTransport final : public Transport {
     std::shared_ptr<void> spare;
     std::shared_ptr<void> keepalive;
   };
+  // The rank's items to itself (a null source: zeros).
+  static void CopyOwn(const Messages& m);
   Messages ContiguousMessages(const ExchangeLayout& layout, const void* send, void* recv) const;
   // A message per run of the layout's send_runs / recv_runs (see above),
   // staging in staging_.
@@ -222,7 +224,7 @@ class MpiTransport final : public Transport {
   uint64_t large_exchanges_ = 0;
   uint64_t messages_ = 0;                 // data messages sent in the latest exchange
   std::shared_ptr<ItemStaging> staging_;  // item-wise exchanges' own memory, reused
-  absl::Status broken_;  // set after a timeout; every later exchange fails with it
+  absl::Status broken_;                   // set after a timeout; every later exchange fails with it
 
   // Refuses every later exchange, saying that the one at `where` `what`
   // ("timed out", "failed while moving data"); FinishMpi then aborts.
