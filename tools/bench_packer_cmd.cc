@@ -21,6 +21,7 @@
 #include "services/packer/bench/bench_workload.h"
 #include "services/packer/bench/synthetic.h"
 #include "services/packer/core/job.h"
+#include "services/packer/core/partition_bound.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/core/seed_stream.h"
 #include "services/packer/index/index.h"
@@ -49,6 +50,8 @@ double ThreadCpuMs() {
 struct StepQuality {
   double vit = 0, vit_lb = 0, llm = 0, llm_lb = 0, tokens = 0, img_std = 0, img_mean = 0;
   double vit_drawn = 0, llm_drawn = 0;
+  // Max over the partition bound (partition_bound.h) of each phase.
+  double vit_pb = 0, llm_pb = 0;
 };
 
 struct Cell {
@@ -65,8 +68,32 @@ struct Cell {
   std::string error;
 };
 
+// The slowest rank over the partition bound of the phase's items: the ViT
+// cost of each VL sample with its tokens, which share the rank's VL
+// sequences (of each image alone when post-balancing deals images one by
+// one), the LLM cost of each sample with its tokens, which share all of the
+// rank's sequences.
+double OverPartitionBound(const packer::StepPlanData& d, bool vit, bool per_image) {
+  const packer::PhaseSummary& ph = vit ? d.vit : d.llm;
+  double bound = 0;
+  if (vit && per_image) {
+    std::vector<double> items;
+    for (const auto& im : d.images) items.push_back(im.cost);
+    bound = packer::PartitionLowerBound(std::move(items), d.world_size, ph.max);
+  } else {
+    std::vector<std::pair<double, double>> items;
+    for (const auto& ps : d.samples) {
+      if (vit && !ps.vl) continue;
+      items.emplace_back(vit ? ps.cost.vit : ps.cost.llm, ps.cost.llm_tokens);
+    }
+    const double room = double{d.seq_len} * (vit ? d.vl_seqs : d.seqs_per_rank());
+    bound = packer::PartitionLowerBound(items, d.world_size, room, ph.max);
+  }
+  return bound > 0 ? ph.max / bound : 1;
+}
+
 // Per-step quality numbers from a plan.
-StepQuality Measure(const packer::StepPlanData& d) {
+StepQuality Measure(const packer::StepPlanData& d, bool partition_bound, bool per_image) {
   StepQuality q;
   const uint32_t W = d.world_size, S = d.seqs_per_rank();
   double tmax = 0, tsum = 0;
@@ -81,6 +108,10 @@ StepQuality Measure(const packer::StepPlanData& d) {
   q.llm_lb = d.llm.lower_bound > 0 ? d.llm.max / d.llm.lower_bound : 1;
   q.vit_drawn = d.vit.imbalance_before;
   q.llm_drawn = d.llm.imbalance_before;
+  if (partition_bound) {
+    q.vit_pb = OverPartitionBound(d, true, per_image);
+    q.llm_pb = OverPartitionBound(d, false, per_image);
+  }
   // Image tokens per VL pack (sequence), over every VL sequence of the step.
   double sum = 0, sq = 0;
   const uint32_t packs = W * d.vl_seqs;
@@ -120,11 +151,12 @@ void AverageOverCommonSteps(std::vector<Cell>::iterator begin, std::vector<Cell>
       m.vit += q.vit, m.vit_lb += q.vit_lb, m.llm += q.llm, m.llm_lb += q.llm_lb;
       m.tokens += q.tokens, m.img_std += q.img_std, m.img_mean += q.img_mean;
       m.vit_drawn += q.vit_drawn, m.llm_drawn += q.llm_drawn;
+      m.vit_pb += q.vit_pb, m.llm_pb += q.llm_pb;
       ++n;
     }
     if (n > 0) {
       for (double* v : {&m.vit, &m.vit_lb, &m.llm, &m.llm_lb, &m.tokens, &m.img_std, &m.img_mean,
-                        &m.vit_drawn, &m.llm_drawn}) {
+                        &m.vit_drawn, &m.llm_drawn, &m.vit_pb, &m.llm_pb}) {
         *v /= n;
       }
     }
@@ -149,8 +181,8 @@ std::string CellName(const Cell& c) {
 
 // `index_path`: the index file the written configs name (with --hashes).
 void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer::Index> index,
-             uint64_t steps, uint64_t build_steps, bool post, const std::string& hash_dir,
-             const std::string& index_path, Cell* c) {
+             uint64_t steps, uint64_t build_steps, bool post, bool partition_bound,
+             const std::string& hash_dir, const std::string& index_path, Cell* c) {
   v1::JobConfig config = packer::SeedConfig(wo, c->shape, c->ranks, c->max_pixels, c->strategy,
                                             std::max<uint32_t>(1, c->bins), post);
   // The job a daemon would load from the written config: index_path is part
@@ -177,7 +209,7 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
       continue;
     }
     c->plan_ms.push_back(ms);
-    c->per_step.back() = Measure(d);
+    c->per_step.back() = Measure(d, partition_bound, post);
     if (s < build_steps || !hash_dir.empty()) {
       const double t1 = ThreadCpuMs();
       (void)packer::BuildStepPlan(**job, d, {}, &plan);
@@ -205,7 +237,8 @@ std::string Label(const Cell& c) {
              : c.strategy;
 }
 
-void PrintTable(const std::vector<Cell>& cells) {
+// `bounds`: with the columns over the partition bound (--partition-bound).
+void PrintTable(const std::vector<Cell>& cells, bool bounds) {
   uint32_t last_ranks = 0;
   uint64_t last_px = 0;
   for (const Cell& c : cells) {
@@ -218,18 +251,21 @@ void PrintTable(const std::vector<Cell>& cells) {
           c.ranks, static_cast<unsigned long long>(c.max_pixels), c.seq_len, c.shape.text_seqs,
           c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples, c.shape.mean_text_tokens,
           c.shape.mean_vl_tokens);
-      std::printf("  %-12s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %6s\n", "strategy", "plan_ms",
-                  "p99_ms", "build_ms", "vit", "vit/lb", "llm", "llm/lb", "tokens", "img_std",
-                  "vit_drw", "failed");
+      std::printf("  %-12s %8s %8s %8s %8s %8s %8s %8s ", "strategy", "plan_ms", "p99_ms",
+                  "build_ms", "vit", "vit/lb", "llm", "llm/lb");
+      if (bounds) std::printf("%8s %8s ", "vit/pb", "llm/pb");
+      std::printf("%8s %9s %8s %6s\n", "tokens", "img_std", "vit_drw", "failed");
     }
     if (c.plan_ms.empty()) {
       std::printf("  %-12s  no step planned: %s\n", Label(c).c_str(), c.error.c_str());
       continue;
     }
-    std::printf("  %-12s %8.2f %8.2f %8.1f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %8.3f %6u\n",
-                Label(c).c_str(), Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
-                Quantile(c.build_ms, 0.5), c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb,
-                c.mean.tokens, c.mean.img_std, c.mean.vit_drawn, c.failed);
+    std::printf("  %-12s %8.2f %8.2f %8.1f %8.3f %8.3f %8.3f %8.3f ", Label(c).c_str(),
+                Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99), Quantile(c.build_ms, 0.5),
+                c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb);
+    if (bounds) std::printf("%8.3f %8.3f ", c.mean.vit_pb, c.mean.llm_pb);
+    std::printf("%8.3f %9.0f %8.3f %6u\n", c.mean.tokens, c.mean.img_std, c.mean.vit_drawn,
+                c.failed);
   }
 }
 
@@ -242,7 +278,7 @@ std::string JsonEscape(const std::string& in) {
   return out;
 }
 
-void PrintJson(const std::vector<Cell>& cells) {
+void PrintJson(const std::vector<Cell>& cells, bool bounds) {
   std::printf("[\n");
   for (size_t i = 0; i < cells.size(); ++i) {
     const Cell& c = cells[i];
@@ -254,12 +290,17 @@ void PrintJson(const std::vector<Cell>& cells) {
         "\"build_ms_median\": %.3f, \"vit_imbalance\": %.5f, \"vit_imbalance_vs_lb\": %.5f, "
         "\"llm_imbalance\": %.5f, \"llm_imbalance_vs_lb\": %.5f, \"llm_tokens_imbalance\": %.5f, "
         "\"image_tokens_std\": %.2f, \"image_tokens_mean\": %.2f, \"vit_imbalance_drawn\": %.5f, "
-        "\"llm_imbalance_drawn\": %.5f%s%s%s}%s\n",
+        "\"llm_imbalance_drawn\": %.5f%s%s%s%s}%s\n",
         c.strategy.c_str(), c.bins, c.ranks, static_cast<unsigned long long>(c.max_pixels),
         c.seq_len, c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples,
         c.steps, c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
         Quantile(c.build_ms, 0.5), c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb,
         c.mean.tokens, c.mean.img_std, c.mean.img_mean, c.mean.vit_drawn, c.mean.llm_drawn,
+        bounds ? absl::StrFormat(", \"vit_imbalance_vs_partition_bound\": %.5f, "
+                                 "\"llm_imbalance_vs_partition_bound\": %.5f",
+                                 c.mean.vit_pb, c.mean.llm_pb)
+                     .c_str()
+               : "",
         c.error.empty() ? "" : ", \"error\": \"", JsonEscape(c.error).c_str(),
         c.error.empty() ? "" : "\"", i + 1 < cells.size() ? "," : "");
   }
@@ -406,7 +447,7 @@ int SeedStreamBench(const packer::SeedWorkloadOptions& wo,
 int RunBenchPacker(int argc, char** argv) {
   std::string ranks_text = "8,64,512,2560", stages_text = "1003520,16777216", only;
   uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0;
-  bool json = false, post = false, seed_stream = false;
+  bool json = false, post = false, seed_stream = false, partition_bound = false;
   std::string tmp_dir = "/tmp", hash_dir, index_path, seq_lens_text;
   packer::SeedWorkloadOptions wo;
   Cli cli("tutti bench packer [options]",
@@ -438,6 +479,11 @@ int RunBenchPacker(int argc, char** argv) {
   cli.Flag("post-balancing", &post,
            "plan with batch post-balancing (the strategy is then not used; see tutti bench "
            "exchange)");
+  cli.Flag("partition-bound", &partition_bound,
+           "also report each phase's slowest rank over the partition bound, the largest "
+           "makespan bin-packing bounds prove impossible for the step's items "
+           "(services/packer/core/partition_bound.h; columns vit/pb, llm/pb; about 15 s a "
+           "step at W = 2560)");
   cli.Flag("samples", &samples, "synthetic dataset size (0: enough for the largest world)");
   cli.Flag("seed", &wo.seed, "seed of the synthetic dataset and the jobs");
   cli.Flag("json", &json, "print a JSON array (one object per strategy, world size and stage)");
@@ -564,7 +610,7 @@ int RunBenchPacker(int argc, char** argv) {
         c.seq_len = so.seq_len;
         c.shape = *shape;
         const auto tc = Clock::now();
-        RunCell(so, *index, steps, build_steps, post, hash_dir, index_path, &c);
+        RunCell(so, *index, steps, build_steps, post, partition_bound, hash_dir, index_path, &c);
         std::fprintf(stderr,
                      "  W=%u max_pixels=%llu %-12s %zu steps planned, %u failed in %.1f s\n", w,
                      static_cast<unsigned long long>(px), Label(c).c_str(), c.plan_ms.size(),
@@ -575,7 +621,7 @@ int RunBenchPacker(int argc, char** argv) {
     }
   }
   if (json) {
-    PrintJson(cells);
+    PrintJson(cells, partition_bound);
   } else {
     std::printf("packer benchmark, %s, fill %.2f, %llu steps per cell%s\n",
                 real_index ? absl::StrCat("index ", index_path).c_str() : "seed workload", wo.fill,
@@ -583,10 +629,11 @@ int RunBenchPacker(int argc, char** argv) {
     std::printf(
         "columns: plan/p99 = planning-core CPU ms per step (one thread); build = StepPlan for "
         "all ranks (CPU ms);\n  vit, llm = max/mean cost across ranks; /lb = max over "
-        "max(mean, largest item); tokens = LLM-token max/mean;\n  img_std = std-dev of "
+        "max(mean, largest item); /pb (with --partition-bound) = max over the\n  partition bound; "
+        "tokens = LLM-token max/mean;\n  img_std = std-dev of "
         "image tokens per VL pack; vit_drw = ViT max/mean of the drawn split;\n  averaged over "
         "the steps every strategy planned; failed = steps this strategy could not plan\n");
-    PrintTable(cells);
+    PrintTable(cells, partition_bound);
   }
   return 0;
 }

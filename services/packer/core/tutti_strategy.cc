@@ -25,7 +25,10 @@
 //      step 2, of the LLM phase here): the k-th slowest rank with the k-th
 //      fastest, k = 0, 1, ..., which evens out many ranks at once (a round
 //      fixes one); then rounds, each from the slowest rank of a phase to
-//      the least loaded ranks, alternating between the phases (LLM, then
+//      the least loaded ranks (kReceivers of them; in the ViT phase
+//      kWideReceivers when none of those takes a change: at a low
+//      max-pixel stage the ranks with the least ViT cost are often those
+//      whose VL sequences are full), alternating between the phases (LLM, then
 //      ViT) until neither can improve, the maximum sits within kDone of its
 //      lower bound, the last kStallRounds rounds of a phase lowered it by
 //      less than kStall of its bound, or the budget (Budget(), passes
@@ -64,8 +67,13 @@
 namespace tutti::packer {
 namespace {
 
-// Least loaded ranks a local-search round tries as partners.
+// Least loaded ranks a local-search round tries as partners; a ViT round
+// that finds no change among them tries again with kWideReceivers (the
+// ranks with the least ViT cost may be the ones whose VL sequences or LLM
+// budget are full). In the LLM phase the wider retry gains less than 0.0001
+// of the bound and costs a fifth of the plan time at W = 2560.
 constexpr uint32_t kReceivers = 6;
+constexpr uint32_t kWideReceivers = 64;
 // Pair passes per phase before its rounds, and the fast ranks a slow one
 // tries in a pass: in the ViT phase several, since the fastest ranks may be
 // ones the LLM cap closes to VL samples.
@@ -895,6 +903,11 @@ class TuttiStrategy final : public PackingStrategy {
   // One round of a phase: the best change off its slowest rank. False when
   // there is none (or the phase sits on its lower bound).
   bool Round(const PackProblem& p, State* st, bool vit_phase) const {
+    return RoundWith(p, st, vit_phase, kReceivers) ||
+           (vit_phase && p.ranks > kReceivers && RoundWith(p, st, vit_phase, kWideReceivers));
+  }
+
+  bool RoundWith(const PackProblem& p, State* st, bool vit_phase, uint32_t width) const {
     const double lower_bound = vit_phase ? st->vit_lb : st->llm_lb;
     std::vector<double>& load = vit_phase ? st->vit : st->llm;
     std::vector<double>& other = vit_phase ? st->llm : st->vit;
@@ -906,9 +919,9 @@ class TuttiStrategy final : public PackingStrategy {
     // Receivers: the least loaded ranks, the least loaded ones with room
     // for the smallest of hi's items (a full rank takes only swaps), and in
     // the LLM phase the ranks with the least ViT cost (for VL samples).
-    uint32_t receivers[3 * kReceivers];
+    uint32_t receivers[3 * kWideReceivers];
     const RankHeap& heap = vit_phase ? st->vit_min : st->llm_min;
-    uint32_t n = heap.Smallest(kReceivers, receivers);
+    uint32_t n = heap.Smallest(width, receivers);
     const Side& movable = vit_phase || !with_text ? st->vl : st->text;
     uint32_t smallest = UINT32_MAX;
     for (uint32_t i : movable.lists[hi]) smallest = std::min(smallest, movable.items[i].tokens);
@@ -919,11 +932,11 @@ class TuttiStrategy final : public PackingStrategy {
         if (++visited > kRoomScan) return true;
         if (movable.rooms.MaxRoom(r) < smallest) return false;
         if (std::find(receivers, receivers + n_least, r) == receivers + n_least) receivers[n++] = r;
-        return n >= n_least + kReceivers;
+        return n >= n_least + width;
       });
     }
     const uint32_t n_own = n;
-    if (!vit_phase && p.balance_vit) n += st->vit_min.Smallest(kReceivers, receivers + n);
+    if (!vit_phase && p.balance_vit) n += st->vit_min.Smallest(width, receivers + n);
     Change best{h * (1 - kGain)};
     for (uint32_t k = 0; k < n; ++k) {
       const uint32_t lo = receivers[k];

@@ -1,0 +1,137 @@
+#include "services/packer/core/partition_bound.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+
+namespace tutti::packer {
+namespace {
+
+// Dual feasible functions u_k for k = 1 .. kMaxDff.
+constexpr uint32_t kMaxDff = 48;
+// Binary-search probes between the simple bound and the known partition.
+constexpr int kProbes = 40;
+// Mixes of the two dimensions tried (lambda = 1 / kMixSteps, ...).
+constexpr int kMixSteps = 10;
+// Relative slack on every "more than" so that rounding never proves a
+// capacity impossible that is not.
+constexpr double kEps = 1e-9;
+
+// u_k(x) for x in [0, 1]: x when (k+1) x is whole (within rounding, which
+// keeps the function at or below its exact value), floor((k+1) x) / k
+// otherwise.
+double Dff(double x, uint32_t k) {
+  const double y = (k + 1) * x;
+  const double f = std::floor(y);
+  if (y - f < kEps || f + 1 - y < kEps) return x;
+  return f / k;
+}
+
+}  // namespace
+
+bool ProvablyOverfull(const std::vector<double>& sorted, uint32_t ranks, double capacity) {
+  // (Every test below reads the items relative to `capacity`.)
+  const size_t n = sorted.size();
+  if (n == 0 || ranks == 0) return n > 0;
+  if (capacity <= 0) return true;
+  const double slack = capacity * kEps;
+  if (sorted[0] > capacity + slack) return true;
+  const double total = std::accumulate(sorted.begin(), sorted.end(), 0.0);
+  if (total > ranks * capacity * (1 + kEps)) return true;
+  // Prefix sums of the decreasing items; Count(t): items above t.
+  std::vector<double> prefix(n + 1, 0.0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + sorted[i];
+  auto count_above = [&](double t) {
+    return static_cast<size_t>(
+        std::upper_bound(sorted.begin(), sorted.end(), t, std::greater<double>()) - sorted.begin());
+  };
+  auto count_at_least = [&](double t) {
+    return static_cast<size_t>(
+        std::lower_bound(sorted.begin(), sorted.end(), t, std::greater<double>()) - sorted.begin());
+  };
+  // Martello-Toth L2 over K in {0} and every item size up to C / 2.
+  const size_t half = count_above(capacity / 2 + slack);  // J1 and J2
+  const double s12 = prefix[half];
+  auto l2_proves = [&](double k) {
+    const size_t j1 = std::min(half, count_above(capacity - k + slack));
+    const size_t j2 = half - j1;
+    const double s2 = s12 - prefix[j1];
+    const size_t j3_end = k > 0 ? count_at_least(k) : n;
+    const double s3 = prefix[j3_end] - prefix[half];
+    const double spill = s3 - (j2 * capacity - s2);
+    const double more = spill > slack * n ? std::ceil(spill / capacity - kEps) : 0.0;
+    return j1 + j2 + more > ranks + kEps;
+  };
+  if (l2_proves(0)) return true;
+  for (size_t i = n; i-- > half;) {
+    if (i + 1 < n && sorted[i] == sorted[i + 1]) continue;
+    if (sorted[i] > 0 && l2_proves(sorted[i])) return true;
+  }
+  for (uint32_t k = 1; k <= kMaxDff; ++k) {
+    double sum = 0;
+    for (double w : sorted) sum += Dff(std::min(1.0, w / capacity), k);
+    if (sum > ranks * (1 + kEps) + kEps) return true;
+  }
+  return false;
+}
+
+double PartitionLowerBound(const std::vector<std::pair<double, double>>& items, uint32_t ranks,
+                           double room, double upper) {
+  std::vector<double> costs;
+  costs.reserve(items.size());
+  for (const auto& [cost, size] : items) costs.push_back(cost);
+  double lo = PartitionLowerBound(costs, ranks, upper);
+  if (room <= 0 || items.empty() || ranks == 0) return lo;
+  // Mixed sizes lambda cost / C + (1 - lambda) size / room: every rank holds
+  // at most 1 of them when its cost is at most C and its size fits.
+  std::vector<double> mixed(items.size());
+  auto proves = [&](double capacity) {
+    for (int step = 1; step < kMixSteps; ++step) {
+      const double lambda = static_cast<double>(step) / kMixSteps;
+      for (size_t i = 0; i < items.size(); ++i) {
+        mixed[i] = std::min(
+            1.0, lambda * items[i].first / capacity + (1 - lambda) * items[i].second / room);
+      }
+      std::sort(mixed.begin(), mixed.end(), std::greater<double>());
+      if (ProvablyOverfull(mixed, ranks, 1.0)) return true;
+    }
+    return false;
+  };
+  double hi = upper;
+  for (int probe = 0; probe < kProbes && hi > lo * (1 + 1e-7); ++probe) {
+    const double mid = (lo + hi) / 2;
+    if (proves(mid)) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+double PartitionLowerBound(std::vector<double> items, uint32_t ranks, double upper) {
+  if (items.empty() || ranks == 0) return 0;
+  std::sort(items.begin(), items.end(), std::greater<double>());
+  const size_t n = items.size();
+  const double total = std::accumulate(items.begin(), items.end(), 0.0);
+  double lo = std::max(total / ranks, items[0]);
+  // Pigeonhole: some rank holds k + 1 of the k W + 1 largest items.
+  std::vector<double> prefix(n + 1, 0.0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + items[i];
+  for (size_t k = 1; k * ranks + 1 <= n; ++k) {
+    lo = std::max(lo, prefix[k * ranks + 1] - prefix[k * ranks - k]);
+  }
+  double hi = upper;
+  for (int probe = 0; probe < kProbes && hi > lo * (1 + 1e-7); ++probe) {
+    const double mid = (lo + hi) / 2;
+    if (ProvablyOverfull(items, ranks, mid)) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+}  // namespace tutti::packer
