@@ -18,14 +18,15 @@ constexpr int kMixSteps = 10;
 // capacity impossible that is not.
 constexpr double kEps = 1e-9;
 
-// u_k(x) for x in [0, 1]: x when (k+1) x is whole (within rounding, which
-// keeps the function at or below its exact value), floor((k+1) x) / k
-// otherwise.
+// u_k(x) for x in [0, 1]: x when (k+1) x is whole, floor((k+1) x) / k
+// otherwise. Within rounding of a whole m, the least of what the exact value
+// may be (x, or (m - 1) / k just below m; m / k above it is more than x), so
+// that the sum never exceeds its exact value.
 double Dff(double x, uint32_t k) {
   const double y = (k + 1) * x;
-  const double f = std::floor(y);
-  if (y - f < kEps || f + 1 - y < kEps) return x;
-  return f / k;
+  const double m = std::round(y);
+  if (std::abs(y - m) < kEps) return std::min(x, std::max(0.0, m - 1) / k);
+  return std::floor(y) / k;
 }
 
 }  // namespace
