@@ -29,6 +29,22 @@ double Dff(double x, uint32_t k) {
   return std::floor(y) / k;
 }
 
+// The largest capacity in [lo, hi] that `proves` shows impossible, by
+// bisection; lo itself when none is (each probe stands on its own, so the
+// result is a bound whether or not `proves` is monotone).
+template <typename Proves>
+double Bisect(double lo, double hi, Proves proves) {
+  for (int probe = 0; probe < kProbes && hi > lo * (1 + 1e-7); ++probe) {
+    const double mid = (lo + hi) / 2;
+    if (proves(mid)) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 }  // namespace
 
 bool ProvablyOverfull(const std::vector<double>& sorted, uint32_t ranks, double capacity) {
@@ -40,7 +56,7 @@ bool ProvablyOverfull(const std::vector<double>& sorted, uint32_t ranks, double 
   if (sorted[0] > capacity + slack) return true;
   const double total = std::accumulate(sorted.begin(), sorted.end(), 0.0);
   if (total > ranks * capacity * (1 + kEps)) return true;
-  // Prefix sums of the decreasing items; Count(t): items above t.
+  // Prefix sums of the decreasing items.
   std::vector<double> prefix(n + 1, 0.0);
   for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + sorted[i];
   auto count_above = [&](double t) {
@@ -99,16 +115,7 @@ double PartitionLowerBound(const std::vector<std::pair<double, double>>& items, 
     }
     return false;
   };
-  double hi = upper;
-  for (int probe = 0; probe < kProbes && hi > lo * (1 + 1e-7); ++probe) {
-    const double mid = (lo + hi) / 2;
-    if (proves(mid)) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
+  return Bisect(lo, upper, proves);
 }
 
 double PartitionLowerBound(std::vector<double> items, uint32_t ranks, double upper) {
@@ -123,16 +130,7 @@ double PartitionLowerBound(std::vector<double> items, uint32_t ranks, double upp
   for (size_t k = 1; k * ranks + 1 <= n; ++k) {
     lo = std::max(lo, prefix[k * ranks + 1] - prefix[k * ranks - k]);
   }
-  double hi = upper;
-  for (int probe = 0; probe < kProbes && hi > lo * (1 + 1e-7); ++probe) {
-    const double mid = (lo + hi) / 2;
-    if (ProvablyOverfull(items, ranks, mid)) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
+  return Bisect(lo, upper, [&](double c) { return ProvablyOverfull(items, ranks, c); });
 }
 
 }  // namespace tutti::packer
