@@ -86,7 +86,7 @@ double OverPartitionBound(const packer::StepPlanData& d, bool vit, bool per_imag
       if (vit && !ps.vl) continue;
       items.emplace_back(vit ? ps.cost.vit : ps.cost.llm, ps.cost.llm_tokens);
     }
-    const double room = double{d.seq_len} * (vit ? d.vl_seqs : d.seqs_per_rank());
+    const double room = static_cast<double>(d.seq_len) * (vit ? d.vl_seqs : d.seqs_per_rank());
     bound = packer::PartitionLowerBound(items, d.world_size, room, ph.max);
   }
   return bound > 0 ? ph.max / bound : 1;
