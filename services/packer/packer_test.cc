@@ -80,10 +80,16 @@ TEST_F(PackerTest, ServesThePlannersPlansAndPlansAhead) {
   ASSERT_TRUE(BuildStepPlan(*job_, d, {}, &direct).ok());
   EXPECT_EQ(PlanHash(&served), PlanHash(&direct));
   EXPECT_GT(served.stats().plan_seconds(), 0);
-  // The window plans steps 3..6 ahead of the client.
-  for (int i = 0; i < 200 && window_->Peek(6) == nullptr; ++i)
-    absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_NE(window_->Peek(6), nullptr);
+  // The window plans steps 3..6 ahead of the client. Two workers finish them
+  // in any order, so wait for every one of them, not only the last.
+  auto all_planned = [&] {
+    for (uint64_t s = 3; s <= 6; ++s) {
+      if (window_->Peek(s) == nullptr) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 500 && !all_planned(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(all_planned());
   EXPECT_EQ(window_->Peek(7), nullptr);
   EXPECT_EQ(window_->head(), 3u);
   EXPECT_GE(metrics_->steps_planned.Value(), 4);
