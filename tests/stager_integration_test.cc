@@ -254,9 +254,14 @@ TEST(StagerDaemonTest, PackerRestartMidStreamLosesAndRepeatsNoStep) {
       // the same address.
       env.packer_server->Shutdown(std::chrono::system_clock::now());
       env.packer_server.reset();
-      absl::SleepFor(absl::Milliseconds(300));
-      received_before = MetricValue(HttpGet(server.metrics_port(), "/metrics"),
-                                    "tutti_stager_plans_received_total");
+      // Plans sent before the packer died may still be on their way in.
+      const absl::Time give_up = absl::Now() + absl::Seconds(20);
+      do {
+        received_before = MetricValue(HttpGet(server.metrics_port(), "/metrics"),
+                                      "tutti_stager_plans_received_total");
+        if (received_before >= kDiesAt) break;
+        absl::SleepFor(absl::Milliseconds(20));
+      } while (absl::Now() < give_up);
       ASSERT_EQ(received_before, kDiesAt);
       second = std::make_unique<FixturePacker>(env.data, env.job, kSteps);
       auto s = StartGrpcServer("127.0.0.1:" + std::to_string(port), {second.get()}, &env.packer_port);
