@@ -14,6 +14,9 @@ constexpr uint32_t kMaxDff = 48;
 constexpr int kProbes = 40;
 // Mixes of the two dimensions tried (lambda = 1 / kMixSteps, ...).
 constexpr int kMixSteps = 10;
+// Sizes in the knapsack of LargeItemBound are counted in this many parts
+// of the room (rounded so that the knapsack's value can only be larger).
+constexpr uint32_t kRoomParts = 1024;
 // Relative slack on every "more than" so that rounding never proves a
 // capacity impossible that is not.
 constexpr double kEps = 1e-9;
@@ -43,6 +46,60 @@ double Bisect(double lo, double hi, Proves proves) {
     }
   }
   return lo;
+}
+
+// No two items larger than half the room share a rank, so the rank of
+// such an item i holds at most its cost plus the most that the smaller
+// items fit into the room it leaves: cap_i = cost_i + K(room - size_i), K
+// a knapsack over the items of at most half the room (sizes rounded down
+// and rooms up to kRoomParts parts, which can only raise K). Then any
+// makespan C has sum_i min(C, cap_i) + (W - large) C >= the total cost;
+// the least such C. 0 without large items; `upper` when more large items
+// than ranks.
+double LargeItemBound(const std::vector<std::pair<double, double>>& items, uint32_t ranks,
+                      double room, double upper) {
+  const double part = room / kRoomParts;
+  std::vector<double> best(kRoomParts + 1, 0.0);  // knapsack value per parts of room
+  std::vector<double> large_cost, large_size;
+  double total = 0;
+  for (const auto& [cost, size] : items) {
+    total += cost;
+    if (size > room / 2) {
+      large_cost.push_back(cost);
+      large_size.push_back(size);
+      continue;
+    }
+    const uint32_t w = static_cast<uint32_t>(std::floor(size / part));
+    for (uint32_t c = kRoomParts; c >= w && c != UINT32_MAX; --c) {
+      best[c] = std::max(best[c], best[c - w] + cost);
+    }
+  }
+  if (large_cost.empty()) return 0;
+  if (large_cost.size() > ranks) return upper;
+  std::vector<double> caps;
+  for (size_t i = 0; i < large_cost.size(); ++i) {
+    const double left = std::max(0.0, room - large_size[i]);
+    const uint32_t parts =
+        std::min<uint32_t>(kRoomParts, static_cast<uint32_t>(std::ceil(left / part - kEps)));
+    caps.push_back(large_cost[i] + best[parts]);
+  }
+  const double others = ranks - static_cast<double>(caps.size());
+  auto holds = [&](double c) {
+    double sum = others * c;
+    for (double cap : caps) sum += std::min(c, cap);
+    return sum >= total * (1 - kEps);
+  };
+  if (others == 0 && !holds(HUGE_VAL)) return upper;  // the large ranks cannot hold it all
+  double lo = 0, hi = std::max(upper, total);
+  for (int probe = 0; probe < 2 * kProbes; ++probe) {
+    const double mid = (lo + hi) / 2;
+    if (holds(mid)) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return lo;  // below every C that holds, within the probes
 }
 
 }  // namespace
@@ -100,6 +157,7 @@ double PartitionLowerBound(const std::vector<std::pair<double, double>>& items, 
   for (const auto& [cost, size] : items) costs.push_back(cost);
   double lo = PartitionLowerBound(costs, ranks, upper);
   if (room <= 0 || items.empty() || ranks == 0) return lo;
+  lo = std::max(lo, std::min(upper, LargeItemBound(items, ranks, room, upper)));
   // Mixed sizes lambda cost / C + (1 - lambda) size / room: every rank holds
   // at most 1 of them when its cost is at most C and its size fits.
   std::vector<double> mixed(items.size());

@@ -35,8 +35,11 @@ double PartitionLowerBound(std::vector<double> items, uint32_t ranks, double upp
 // holds items of at most `room` size in all (a rank's VL samples share its
 // VL sequences' tokens), so a makespan C is also impossible when the mixed
 // sizes lambda cost / C + (1 - lambda) size / room (lambda = 0.1 ... 0.9)
-// fail the tests above with capacity 1. At least the bound of the costs
-// alone.
+// fail the tests above with capacity 1; and no two items larger than half
+// the room share a rank, so the rank of each such item holds at most its
+// cost plus what the smaller items fit into the room it leaves (a
+// knapsack), which the other ranks' share must make up. At least the bound
+// of the costs alone.
 double PartitionLowerBound(const std::vector<std::pair<double, double>>& items, uint32_t ranks,
                            double room, double upper);
 

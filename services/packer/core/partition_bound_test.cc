@@ -115,6 +115,35 @@ TEST(PartitionBoundTest, SizesSharingARoomTightenTheBound) {
   EXPECT_GT(tighter, 10);
 }
 
+// Rooms that items larger than half of them bind: still never above the
+// best assignment that fits, and above the costs' own bound where they do.
+TEST(PartitionBoundTest, LargeItemsAgainstTheBestAssignment) {
+  std::mt19937_64 rng(11);
+  int tighter = 0, feasible = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const uint32_t ranks = 2 + trial % 3;
+    const size_t n = 4 + rng() % 6;
+    std::vector<std::pair<double, double>> items(n);
+    std::vector<double> costs;
+    double total_cost = 0;
+    for (auto& [cost, size] : items) {
+      cost = std::uniform_real_distribution<double>(0.1, 3.0)(rng);
+      size = std::uniform_real_distribution<double>(0.05, 1.0)(rng);
+      costs.push_back(cost);
+      total_cost += cost;
+    }
+    const double room = 1.0;
+    const double opt = BruteForceMakespan2D(items, ranks, room);
+    if (opt >= total_cost) continue;  // nothing fits the room
+    ++feasible;
+    const double bound = PartitionLowerBound(items, ranks, room, opt);
+    EXPECT_LE(bound, opt * (1 + 1e-9)) << "trial " << trial;
+    if (bound > PartitionLowerBound(costs, ranks, opt) * 1.01) ++tighter;
+  }
+  EXPECT_GT(feasible, 80);
+  EXPECT_GT(tighter, 20);
+}
+
 // Equal items: some rank holds ceil(n / W) of them.
 TEST(PartitionBoundTest, EqualItemsNeedTheRoundedUpCount) {
   const std::vector<double> items(41, 1.0);
@@ -134,6 +163,22 @@ TEST(PartitionBoundTest, DualFeasibleFunctionsSeeMixedSizes) {
   const double bound = PartitionLowerBound(items, 2, 1.68);
   EXPECT_GT(bound, 1.6);
   EXPECT_LE(bound, 1.68);
+}
+
+// A sample whose tokens fill its rank's room holds that rank alone: on two
+// ranks, (1, 10) and four of (5, 1) with room 10 need 20 on one rank,
+// where the mean is 10.5.
+TEST(PartitionBoundTest, AnItemFillingItsRoomHoldsItsRankAlone) {
+  std::vector<std::pair<double, double>> items(4, {5.0, 1.0});
+  items.emplace_back(1.0, 10.0);
+  EXPECT_NEAR(PartitionLowerBound(items, 2, 10.0, 20.0), 20.0, 1e-6);
+  // A large item leaving room for one small one: (1, 9) + (5, 1) beside
+  // three of (5, 1): 15.
+  items.back() = {1.0, 9.0};
+  EXPECT_NEAR(PartitionLowerBound(items, 2, 10.0, 20.0), 15.0, 1e-6);
+  // More large items than ranks: nothing fits, the bound is the known plan.
+  std::vector<std::pair<double, double>> three(3, {1.0, 6.0});
+  EXPECT_EQ(PartitionLowerBound(three, 2, 10.0, 7.0), 7.0);
 }
 
 TEST(PartitionBoundTest, EmptyOrNoRanks) {

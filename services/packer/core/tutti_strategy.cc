@@ -28,7 +28,9 @@
 //      the least loaded ranks (kReceivers of them; in the ViT phase
 //      kWideReceivers when none of those takes a change: at a low
 //      max-pixel stage the ranks with the least ViT cost are often those
-//      whose VL sequences are full), alternating between the phases (LLM, then
+//      whose VL sequences are full, and when those take none either, the
+//      best re-division of the two ranks' VL samples in every way: Resplit),
+//      alternating between the phases (LLM, then
 //      ViT) until neither can improve, the maximum sits within kDone of its
 //      lower bound, the last kStallRounds rounds of a phase lowered it by
 //      less than kStall of its bound, or the budget (Budget(), passes
@@ -74,6 +76,10 @@ namespace {
 // of the bound and costs a fifth of the plan time at W = 2560.
 constexpr uint32_t kReceivers = 6;
 constexpr uint32_t kWideReceivers = 64;
+// A ViT round that finds no move or swap even among kWideReceivers ranks
+// re-splits the VL samples of the slowest rank and a receiver in every way
+// when the two hold at most this many (2^n assignments each).
+constexpr uint32_t kResplitItems = 12;
 // Pair passes per phase before its rounds, and the fast ranks a slow one
 // tries in a pass: in the ViT phase several, since the fastest ranks may be
 // ones the LLM cap closes to VL samples.
@@ -122,6 +128,8 @@ class Rooms {
     max_room_.assign(ranks, seq_len);
   }
   uint32_t per() const { return per_; }
+  uint32_t seq_len() const { return seq_len_; }
+  uint32_t img_cap() const { return img_cap_; }
   // The sequence of rank r with the fewest tokens that takes `it` once
   // `out` (an item in sequence out_slot of rank r, or none) has left it;
   // ties go to the lower sequence. -1 when none does.
@@ -252,6 +260,7 @@ struct State {
   double llm_cap = -1;            // the ViT search's LLM cap; -1: the LLM maximum
   bool text_placed = false;
   std::vector<uint64_t> by_load;  // PairPass: (load bits << 32 | rank), fastest first
+  std::vector<uint32_t> both;     // Resplit: the two ranks' VL samples
   uint64_t pair_tries = 0;        // rank pairs the last pair pass tried
 };
 
@@ -858,20 +867,7 @@ class TuttiStrategy final : public PackingStrategy {
     const double dl = a.llm - (b ? b->llm : 0.0);
     st->llm[from] -= dl;
     st->llm[c.to] += dl;
-    if (c.comp >= 0) {  // a text document between the same two ranks
-      Side& text = st->text;
-      const uint32_t t = static_cast<uint32_t>(c.comp);
-      const PackItem& doc = text.items[t];
-      const uint32_t src = text.RankOf(t);
-      text.Unlist(t);
-      text.rooms.Remove((*text.slot)[t], doc);
-      (*text.slot)[t] =
-          c.comp_to * text.rooms.per() + static_cast<uint32_t>(text.rooms.Fit(c.comp_to, doc));
-      text.rooms.Add((*text.slot)[t], doc);
-      text.Relist(t);
-      st->llm[src] -= doc.llm;
-      st->llm[c.comp_to] += doc.llm;
-    }
+    if (c.comp >= 0) MoveText(static_cast<uint32_t>(c.comp), c.comp_to, st);
     if (s.vl) {
       const double dv = a.vit - (b ? b->vit : 0.0);
       st->vit[from] -= dv;
@@ -889,6 +885,21 @@ class TuttiStrategy final : public PackingStrategy {
     }
   }
 
+  // Text document t to rank `to` (a text sequence of which has room for
+  // it), with both ranks' LLM cost; the caller updates the heaps.
+  static void MoveText(uint32_t t, uint32_t to, State* st) {
+    Side& text = st->text;
+    const PackItem& doc = text.items[t];
+    const uint32_t src = text.RankOf(t);
+    text.Unlist(t);
+    text.rooms.Remove((*text.slot)[t], doc);
+    (*text.slot)[t] = to * text.rooms.per() + static_cast<uint32_t>(text.rooms.Fit(to, doc));
+    text.rooms.Add((*text.slot)[t], doc);
+    text.Relist(t);
+    st->llm[src] -= doc.llm;
+    st->llm[to] += doc.llm;
+  }
+
   // What a change in one phase may raise the other phase to: its maximum
   // (or, before the text documents are placed, the LLM budget), and at
   // least the point where its own search would stop (kDone over its bound).
@@ -903,8 +914,126 @@ class TuttiStrategy final : public PackingStrategy {
   // One round of a phase: the best change off its slowest rank. False when
   // there is none (or the phase sits on its lower bound).
   bool Round(const PackProblem& p, State* st, bool vit_phase) const {
-    return RoundWith(p, st, vit_phase, kReceivers) ||
-           (vit_phase && p.ranks > kReceivers && RoundWith(p, st, vit_phase, kWideReceivers));
+    if (RoundWith(p, st, vit_phase, kReceivers)) return true;
+    if (!vit_phase) return false;
+    return (p.ranks > kReceivers && RoundWith(p, st, vit_phase, kWideReceivers)) ||
+           Resplit(st);
+  }
+
+  // The best division of the VL samples of the slowest ViT rank and one of
+  // the kWideReceivers least loaded ranks between the two: every
+  // assignment (a Gray-code walk, one sample changes rank a step), keeping
+  // both ranks' VL tokens and image tokens within their VL sequence and
+  // their LLM cost within the cap. It reaches the exchanges of several
+  // samples for several that a round's moves and swaps cannot, where the
+  // VL sequences' room binds. One VL sequence per rank; two ranks holding
+  // more than kResplitItems VL samples are passed over. False when no
+  // division lowers the slower of the two below the slowest rank.
+  bool Resplit(State* st) const {
+    Side& vl = st->vl;
+    const Rooms& rooms = vl.rooms;
+    if (rooms.per() != 1) return false;
+    const uint32_t hi = st->vit_max.Top();
+    const double h = st->vit[hi];
+    if (h <= st->vit_lb * (1 + kDone) || vl.lists[hi].size() >= kResplitItems) return false;
+    const double cap = OtherCap(*st, true);
+    const uint32_t seq_len = rooms.seq_len(), img_cap = rooms.img_cap();
+    uint32_t receivers[kWideReceivers];
+    const uint32_t n = st->vit_min.Smallest(kWideReceivers, receivers);
+    double best = h * (1 - kGain);
+    uint32_t best_lo = 0, best_mask = 0, best_comp_to = 0;
+    int64_t best_comp = -1;
+    bool found = false;
+    const bool with_text = st->text_placed;
+    std::vector<uint32_t>& both = st->both;
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t lo = receivers[k];
+      if (lo == hi || st->vit[lo] >= h) continue;
+      const size_t m = vl.lists[hi].size() + vl.lists[lo].size();
+      if (m > kResplitItems || m < 2) continue;
+      both.assign(vl.lists[hi].begin(), vl.lists[hi].end());
+      both.insert(both.end(), vl.lists[lo].begin(), vl.lists[lo].end());
+      // Sums over all of both, and over the samples on hi (bit set).
+      double vit_all = 0, llm_all = 0, vit_hi = 0, llm_hi = 0;
+      uint64_t tok_all = 0, img_all = 0, tok_hi = 0, img_hi = 0;
+      for (size_t x = 0; x < m; ++x) {
+        const PackItem& it = vl.items[both[x]];
+        vit_all += it.vit, llm_all += it.llm, tok_all += it.tokens, img_all += it.image_tokens;
+        if (x < vl.lists[hi].size()) {
+          vit_hi += it.vit, llm_hi += it.llm, tok_hi += it.tokens, img_hi += it.image_tokens;
+        }
+      }
+      // LLM cost of each rank without its VL samples.
+      const double llm_base_hi = st->llm[hi] - llm_hi, llm_base_lo = st->llm[lo] - (llm_all - llm_hi);
+      const uint32_t start = (1u << vl.lists[hi].size()) - 1;
+      for (uint32_t g = 1; g < (1u << m); ++g) {
+        const int x = __builtin_ctz(g);
+        const PackItem& it = vl.items[both[x]];
+        const uint32_t mask = start ^ g ^ (g >> 1);
+        if (mask >> x & 1) {
+          vit_hi += it.vit, llm_hi += it.llm, tok_hi += it.tokens, img_hi += it.image_tokens;
+        } else {
+          vit_hi -= it.vit, llm_hi -= it.llm, tok_hi -= it.tokens, img_hi -= it.image_tokens;
+        }
+        const double value = std::max(vit_hi, vit_all - vit_hi);
+        if (value >= best) continue;
+        if (tok_hi > seq_len || tok_all - tok_hi > seq_len) continue;
+        if (img_cap > 0 && (img_hi > img_cap || img_all - img_hi > img_cap)) continue;
+        // A division that raises one rank's LLM cost above the cap may
+        // take a text document of that rank to the other (as a round's
+        // changes do).
+        const double new_hi = llm_base_hi + llm_hi, new_lo = llm_base_lo + (llm_all - llm_hi);
+        int64_t t = -1;
+        uint32_t t_to = 0;
+        if (new_hi > cap || new_lo > cap) {
+          if (!with_text || (new_hi > cap && new_lo > cap)) continue;
+          const bool from_hi = new_hi > cap;
+          t_to = from_hi ? lo : hi;
+          t = Compensation(st->text, from_hi ? hi : lo, t_to, (from_hi ? new_hi : new_lo) - cap,
+                           cap - (from_hi ? new_lo : new_hi));
+          if (t < 0) continue;
+        }
+        best = value, best_lo = lo, best_mask = mask, found = true;
+        best_comp = t, best_comp_to = t_to;
+      }
+    }
+    if (!found) return false;
+    // The samples whose rank changes leave first, then take their new rank.
+    both.assign(vl.lists[hi].begin(), vl.lists[hi].end());
+    both.insert(both.end(), vl.lists[best_lo].begin(), vl.lists[best_lo].end());
+    const size_t on_hi = vl.lists[hi].size();
+    uint32_t movers[kResplitItems], to[kResplitItems], count = 0;
+    for (size_t x = 0; x < both.size(); ++x) {
+      const bool was_hi = x < on_hi, stays_hi = best_mask >> x & 1;
+      if (was_hi == stays_hi) continue;
+      movers[count] = both[x];
+      to[count++] = stays_hi ? hi : best_lo;
+    }
+    for (uint32_t c = 0; c < count; ++c) {
+      const uint32_t i = movers[c];
+      vl.Unlist(i);
+      vl.rooms.Remove((*vl.slot)[i], vl.items[i]);
+    }
+    for (uint32_t c = 0; c < count; ++c) {
+      const uint32_t i = movers[c];
+      const PackItem& it = vl.items[i];
+      const uint32_t from = to[c] == hi ? best_lo : hi;
+      (*vl.slot)[i] = to[c];  // one VL sequence per rank
+      vl.rooms.Add(to[c], it);
+      vl.Relist(i);
+      st->vit[from] -= it.vit, st->vit[to[c]] += it.vit;
+      st->llm[from] -= it.llm, st->llm[to[c]] += it.llm;
+    }
+    if (best_comp >= 0) MoveText(static_cast<uint32_t>(best_comp), best_comp_to, st);
+    for (uint32_t r : {hi, best_lo}) {
+      st->neg_llm[r] = -st->llm[r];
+      st->neg_vit[r] = -st->vit[r];
+      st->llm_min.Update(r);
+      st->llm_max.Update(r);
+      st->vit_min.Update(r);
+      st->vit_max.Update(r);
+    }
+    return true;
   }
 
   bool RoundWith(const PackProblem& p, State* st, bool vit_phase, uint32_t width) const {
