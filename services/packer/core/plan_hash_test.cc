@@ -15,6 +15,10 @@
 // Re-pinned when tutti began to search small worlds (up to 256 ranks) again
 // from Karmarkar-Karp's and LPT's VL deals and keep the better plan: three
 // tutti jobs (W16, W16 img_cap, W64) changed.
+// Re-pinned when tutti's ViT search began to re-divide two ranks' VL
+// samples in every way where no move or swap helps (and for the next
+// slowest ranks when the slowest has none): step 0 of W16 and W16 img_cap
+// changed.
 //
 // TUTTI_PRINT_PLAN_HASHES=1 prints the table as C++ to paste below.
 #include <algorithm>
@@ -201,9 +205,9 @@ constexpr Pinned kPinned[] = {
     {"W16 seed-v2 N=4",
      "c190b993fe5cbfa3 eab309d7e2d3c35b 3c82bb011f5f0d83 743c95b1c9257783 8c3349a79a3e6f87 fd21d4f4ea149459 423f6aa6a7e24708"},
     {"W16 tutti",
-     "16d88e2177b32f08 79d9a4de461105f9 d3417ecacd90a60c f5169c7fb6688f07 a2529905cfca478d bed6724bafc2c2d9 d1cb8ca3fe497d6f"},
+     "a821fd660513b606 79d9a4de461105f9 d3417ecacd90a60c f5169c7fb6688f07 a2529905cfca478d bed6724bafc2c2d9 d1cb8ca3fe497d6f"},
     {"W16 tutti img_cap",
-     "b41dd61cd5767735 b1b4fccf8e7c5de8 064c1794189dcf52 2f84d3646cfac01c 0b525d6966ca83e1 b2ee3102a3fa8190 9fcebcbab04c4d76"},
+     "26cc66c68bfe2da6 b1b4fccf8e7c5de8 064c1794189dcf52 2f84d3646cfac01c 0b525d6966ca83e1 b2ee3102a3fa8190 9fcebcbab04c4d76"},
     {"W16 post fast",
      "a20c54cb539b2f67 7593520644766112 52ca08964fbc8070 7b32c3d630a7246b 3aefed4d406234ed b5ec19cdf07b3653 66742d9bd5a523ae"},
     {"W16 post padded",

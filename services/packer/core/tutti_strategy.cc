@@ -28,8 +28,8 @@
 //      the least loaded ranks (kReceivers of them; in the ViT phase
 //      kWideReceivers when none of those takes a change: at a low
 //      max-pixel stage the ranks with the least ViT cost are often those
-//      whose VL sequences are full, and when those take none either, the
-//      best re-division of the two ranks' VL samples in every way: Resplit),
+//      whose VL sequences are full; when those take none either, the best
+//      division of two ranks' VL samples in every way: Resplit),
 //      alternating between the phases (LLM, then
 //      ViT) until neither can improve, the maximum sits within kDone of its
 //      lower bound, the last kStallRounds rounds of a phase lowered it by
@@ -80,6 +80,8 @@ constexpr uint32_t kWideReceivers = 64;
 // re-splits the VL samples of the slowest rank and a receiver in every way
 // when the two hold at most this many (2^n assignments each).
 constexpr uint32_t kResplitItems = 12;
+// Slowest ranks a re-split is tried for, slowest first.
+constexpr uint32_t kResplitSlow = 8;
 // Pair passes per phase before its rounds, and the fast ranks a slow one
 // tries in a pass: in the ViT phase several, since the fastest ranks may be
 // ones the LLM cap closes to VL samples.
@@ -261,6 +263,9 @@ struct State {
   bool text_placed = false;
   std::vector<uint64_t> by_load;  // PairPass: (load bits << 32 | rank), fastest first
   std::vector<uint32_t> both;     // Resplit: the two ranks' VL samples
+  uint64_t vl_changes = 0;        // changes that moved VL samples
+  uint64_t resplit_failed = UINT64_MAX;  // vl_changes when Resplit last found nothing
+  bool resplit_failed_with_text = false;
   uint64_t pair_tries = 0;        // rank pairs the last pair pass tried
 };
 
@@ -375,6 +380,8 @@ class TuttiStrategy final : public PackingStrategy {
     vl.vl = true;
     vl.rooms.Init(W, p.vl_seqs_per_rank, p.seq_len, p.img_cap);
     st.text_placed = false;
+    st.vl_changes = 0;
+    st.resplit_failed = UINT64_MAX;
     Bounds(p, &st);
     const uint64_t budget = Budget(W);
     uint64_t vit_rounds = 0, llm_rounds = 0;
@@ -869,6 +876,7 @@ class TuttiStrategy final : public PackingStrategy {
     st->llm[c.to] += dl;
     if (c.comp >= 0) MoveText(static_cast<uint32_t>(c.comp), c.comp_to, st);
     if (s.vl) {
+      ++st->vl_changes;
       const double dv = a.vit - (b ? b->vit : 0.0);
       st->vit[from] -= dv;
       st->vit[c.to] += dv;
@@ -924,27 +932,59 @@ class TuttiStrategy final : public PackingStrategy {
   // the kWideReceivers least loaded ranks between the two: every
   // assignment (a Gray-code walk, one sample changes rank a step), keeping
   // both ranks' VL tokens and image tokens within their VL sequence and
-  // their LLM cost within the cap. It reaches the exchanges of several
-  // samples for several that a round's moves and swaps cannot, where the
-  // VL sequences' room binds. One VL sequence per rank; two ranks holding
+  // their LLM cost within the cap (or, with a text document taken along,
+  // as a round's changes may). It reaches the exchanges of several samples
+  // for several that a round's moves and swaps cannot, where the VL
+  // sequences' room binds. When the slowest rank has none, the same for
+  // the next kResplitSlow - 1 slowest ones with the kReceivers least
+  // loaded: that lowers no maximum, but gives the slowest rank other
+  // partners to divide with. One VL sequence per rank; two ranks holding
   // more than kResplitItems VL samples are passed over. False when no
-  // division lowers the slower of the two below the slowest rank.
+  // division lowers the slower of the two below the rank it was tried for.
   bool Resplit(State* st) const {
     Side& vl = st->vl;
+    if (vl.rooms.per() != 1) return false;
+    const uint32_t top = st->vit_max.Top();
+    if (st->vit[top] <= st->vit_lb * (1 + kDone)) return false;
+    // Tried once per arrangement of the VL samples (and once more when the
+    // text documents are placed): the LLM rounds in between seldom open a
+    // division the last try did not find, and trying costs 2^n a pair.
+    const bool with_text = st->text_placed;
+    if (st->resplit_failed == st->vl_changes && st->resplit_failed_with_text == with_text) {
+      return false;
+    }
+    // The slowest rank first; when it has no division, the next slowest
+    // ones (lowering them changes what the slowest can be divided with).
+    uint32_t slow[kResplitSlow];
+    const uint32_t n = st->vit_max.Smallest(kResplitSlow, slow);
+    for (uint32_t k = 0; k < n; ++k) {
+      if (ResplitRank(st, slow[k], k == 0 ? kWideReceivers : kReceivers)) {
+        ++st->vl_changes;
+        return true;
+      }
+    }
+    st->resplit_failed = st->vl_changes;
+    st->resplit_failed_with_text = with_text;
+    return false;
+  }
+
+  // Resplit for the rank hi: the best division of its VL samples with one
+  // of the kWideReceivers least loaded ranks that brings both below hi's
+  // ViT cost, applied. False when there is none.
+  bool ResplitRank(State* st, uint32_t hi, uint32_t width) const {
+    Side& vl = st->vl;
     const Rooms& rooms = vl.rooms;
-    if (rooms.per() != 1) return false;
-    const uint32_t hi = st->vit_max.Top();
     const double h = st->vit[hi];
-    if (h <= st->vit_lb * (1 + kDone) || vl.lists[hi].size() >= kResplitItems) return false;
+    if (vl.lists[hi].size() >= kResplitItems) return false;
+    const bool with_text = st->text_placed;
     const double cap = OtherCap(*st, true);
     const uint32_t seq_len = rooms.seq_len(), img_cap = rooms.img_cap();
     uint32_t receivers[kWideReceivers];
-    const uint32_t n = st->vit_min.Smallest(kWideReceivers, receivers);
+    const uint32_t n = st->vit_min.Smallest(width, receivers);
     double best = h * (1 - kGain);
     uint32_t best_lo = 0, best_mask = 0, best_comp_to = 0;
     int64_t best_comp = -1;
     bool found = false;
-    const bool with_text = st->text_placed;
     std::vector<uint32_t>& both = st->both;
     for (uint32_t k = 0; k < n; ++k) {
       const uint32_t lo = receivers[k];
