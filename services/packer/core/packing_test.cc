@@ -8,6 +8,7 @@
 #include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "services/packer/core/dispatcher.h"
+#include "services/packer/core/overflow.h"
 #include "services/packer/core/partition_bound.h"
 
 namespace tutti::packer {
@@ -374,6 +375,68 @@ TEST(PackingTest, TuttiFitsWhereverAPeerFits) {
     Check(p, r);
   }
   EXPECT_GT(rescued, 100);
+}
+
+// Steps filled to within a sample of their room, where neither cost order,
+// the token order nor a peer's deal fits the samples: wherever first-fit
+// decreasing fits them (what admission guarantees), tutti fits them too
+// and balances them from there, instead of failing the step and leaving
+// the planner's first-fit placement as it is.
+TEST(PackingTest, TuttiPacksWhereverFirstFitPacksAndBalancesIt) {
+  const auto first_fit = MakeFirstFitStrategy();
+  int tight = 0;
+  double tutti_sum = 0, first_fit_sum = 0;  // ViT over max(mean, largest)
+  for (uint64_t seed = 1; seed <= 800; ++seed) {
+    std::mt19937_64 rng(seed);
+    const uint32_t W = 4 + rng() % 5;
+    std::vector<PackItem> vl, text;
+    uint64_t vl_tokens = 0, text_tokens = 0;
+    while (vl_tokens < W * 8192ull * 96 / 100) {
+      PackItem it;
+      it.tokens = 200 + rng() % 2800;
+      it.image_tokens = it.tokens / 2;
+      it.vit = it.image_tokens * (1 + it.image_tokens / 4096.0) * (0.5 + rng() % 100 / 100.0);
+      it.llm = it.tokens * (1 + it.tokens / 8192.0);
+      vl_tokens += it.tokens;
+      vl.push_back(it);
+    }
+    while (text_tokens < W * 2 * 8192ull * 97 / 100) {
+      PackItem it;
+      it.tokens = 100 + rng() % 1900;
+      it.llm = it.tokens * (1 + it.tokens / 8192.0);
+      text_tokens += it.tokens;
+      text.push_back(it);
+    }
+    PackProblem p;
+    p.ranks = W;
+    p.seq_len = 8192;
+    p.text_seqs_per_rank = 2;
+    p.vl_seqs_per_rank = 1;
+    p.text = text;
+    p.vl = vl;
+    PackResult ff;
+    if (!first_fit->Pack(p, &ff).ok()) continue;
+    PackResult r;
+    bool other_fits = false;
+    for (const char* peer : {"kk", "lpt", "multipack"}) {
+      other_fits |= (*MakeStrategy({peer, 6, 256}))->Pack(p, &r).ok();
+    }
+    const absl::Status s = (*MakeStrategy({"tutti", 6, 256}))->Pack(p, &r);
+    ASSERT_TRUE(s.ok()) << "seed " << seed << ": " << s;
+    if (other_fits) continue;
+    ++tight;
+    const Loads l = Check(p, r), f = Check(p, ff);
+    double lb = 0, sum = 0;
+    for (const PackItem& it : vl) lb = std::max(lb, it.vit), sum += it.vit;
+    lb = std::max(lb, sum / W);
+    tutti_sum += *std::max_element(l.vit.begin(), l.vit.end()) / lb;
+    first_fit_sum += *std::max_element(f.vit.begin(), f.vit.end()) / lb;
+  }
+  EXPECT_GT(tight, 30);
+  // ViT cost over max(mean, largest) on average over the steps no peer
+  // fits: 1.08 against first fit's 1.21.
+  EXPECT_LT(tutti_sum / tight, 1.1);
+  EXPECT_LT(tutti_sum / tight, first_fit_sum / tight - 0.1);
 }
 
 TEST(PackingTest, SeedHeuristicFollowsTheSeed) {

@@ -50,6 +50,11 @@
 //      Small worlds hold few VL samples per rank, where a partition's
 //      differencing finds combinations the ViT search's single moves and
 //      swaps cannot reach.
+//   6. When none of these fits the samples into their sequences (a step
+//      filled to within a sample of its room), first-fit decreasing by
+//      tokens places them (admission admits only what it packs,
+//      overflow.h) and step 4 evens out both phases from there, so that
+//      such a step is balanced rather than left at first fit's placement.
 // Within a rank a sample goes to the sequence of its modality with the fewest
 // tokens that has room for its tokens and image tokens. Ranks without room
 // for the next sample sleep until the samples get small enough (the choice
@@ -63,6 +68,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/packer/core/overflow.h"
 #include "services/packer/core/packing.h"
 #include "services/packer/core/rank_heap.h"
 
@@ -261,12 +267,12 @@ struct State {
   double llm_budget = 0;          // LLM cost allowed on a rank holding a large document
   double llm_cap = -1;            // the ViT search's LLM cap; -1: the LLM maximum
   bool text_placed = false;
-  std::vector<uint64_t> by_load;  // PairPass: (load bits << 32 | rank), fastest first
-  std::vector<uint32_t> both;     // Resplit: the two ranks' VL samples
-  uint64_t vl_changes = 0;        // changes that moved VL samples
+  std::vector<uint64_t> by_load;         // PairPass: (load bits << 32 | rank), fastest first
+  std::vector<uint32_t> both;            // Resplit: the two ranks' VL samples
+  uint64_t vl_changes = 0;               // changes that moved VL samples
   uint64_t resplit_failed = UINT64_MAX;  // vl_changes when Resplit last found nothing
   bool resplit_failed_with_text = false;
-  uint64_t pair_tries = 0;        // rank pairs the last pair pass tried
+  uint64_t pair_tries = 0;  // rank pairs the last pair pass tried
 };
 
 // Keys as types, so that the hot loops inline them.
@@ -330,14 +336,28 @@ class TuttiStrategy final : public PackingStrategy {
 
   absl::Status Pack(const PackProblem& p, PackResult* out) const override {
     Score score;
-    const absl::Status first = PackFrom(p, nullptr, out, &score);
+    const absl::Status first = PackFrom(p, nullptr, nullptr, out, &score);
     if (!first.ok() && !absl::IsFailedPrecondition(first)) return first;
+    bool have = first.ok();
     // Small worlds, and a step whose VL samples neither order fits: steps
     // 2-4 again from each peer's VL deal (step 5).
-    if (p.ranks < 2 || (first.ok() && p.ranks > kSeededUpTo) || !p.balance_vit || p.vl.size() < 2) {
-      return first;
+    if (p.ranks >= 2 && (!first.ok() || p.ranks <= kSeededUpTo) && p.balance_vit &&
+        p.vl.size() >= 2) {
+      Seed(p, out, &score, &have);
     }
-    bool have = first.ok();
+    if (have) return absl::OkStatus();
+    // Nothing above fits the samples into their sequences: first-fit
+    // decreasing by tokens (what admission guarantees to pack, overflow.h),
+    // then the search from there (step 6).
+    thread_local PackResult fitted;
+    if (!first_fit_->Pack(p, &fitted).ok()) return first;
+    return PackFrom(p, nullptr, &fitted, out, &score).ok() ? absl::OkStatus() : first;
+  }
+
+ private:
+  // Step 5: steps 2-4 from each of kSeeds' VL deals, keeping the plan with
+  // the better Score in *out (*have: whether *out holds a plan).
+  void Seed(const PackProblem& p, PackResult* out, Score* score, bool* have) const {
     PackProblem vl_only = p;
     vl_only.text = {};
     vl_only.text_lead = {};
@@ -348,22 +368,22 @@ class TuttiStrategy final : public PackingStrategy {
       rank.resize(p.vl.size());
       for (size_t i = 0; i < rank.size(); ++i) rank[i] = seed.vl_slot[i] / p.vl_seqs_per_rank;
       Score alt_score;
-      if (!PackFrom(p, &rank, &alt, &alt_score).ok() || (have && !alt_score.Better(score))) {
+      if (!PackFrom(p, &rank, nullptr, &alt, &alt_score).ok() ||
+          (*have && !alt_score.Better(*score))) {
         continue;
       }
       std::swap(*out, alt);
-      score = alt_score;
-      have = true;
+      *score = alt_score;
+      *have = true;
     }
-    return have ? absl::OkStatus() : first;
   }
 
- private:
   // Steps 1-4: the plan, its VL samples dealt from `vl_rank` (a rank per
-  // sample) when given, else by ViT cost; `score`: both phases' maxima over
+  // sample) when given, else by ViT cost; or, with `placed`, step 4 alone
+  // from that placement of every sample. `score`: both phases' maxima over
   // their lower bounds (the ViT one 0 when not balanced).
-  absl::Status PackFrom(const PackProblem& p, const std::vector<uint32_t>* vl_rank, PackResult* out,
-                        Score* score) const {
+  absl::Status PackFrom(const PackProblem& p, const std::vector<uint32_t>* vl_rank,
+                        const PackResult* placed, PackResult* out, Score* score) const {
     thread_local State st;
     const uint32_t W = p.ranks;
     for (auto* v : {&st.vit, &st.llm, &st.key, &st.neg_vit, &st.neg_llm}) v->assign(W, 0.0);
@@ -388,74 +408,89 @@ class TuttiStrategy final : public PackingStrategy {
     auto anywhere = [](uint32_t, const PackItem&) { return true; };
     auto nothing = [](uint32_t, const PackItem&) {};
 
-    // 1. Text documents large against the LLM lower bound claim their
-    // ranks first (pre-balancing: VL samples then avoid those ranks).
-    const bool giants = p.balance_vit && !p.vl.empty();
-    const double giant = giants ? kGiant * st.llm_lb : HUGE_VAL;
-    std::vector<uint8_t>& holds_giant = st.holds_giant;
-    holds_giant.assign(W, 0);
-    if (giants) {
-      Order(
-          text, LlmOf(), [&](const PackItem& it) { return it.llm >= giant; }, &st);
-      RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf(), &st.llm, anywhere,
-                          [&](uint32_t r, const PackItem&) { holds_giant[r] = 1; }));
-    }
-    // 2. VL samples by ViT cost (by LLM cost when the encoders are dealt
-    // elsewhere), onto ranks whose large documents leave them LLM room,
-    // then the ViT search among VL samples alone.
-    if (!p.vl.empty()) {
-      auto all = [](const PackItem&) { return true; };
-      if (vl_rank != nullptr) {
-        Order(vl, TokensOf(), all, &st);  // the ranks are given: fit first
-      } else if (p.balance_vit) {
-        Order(vl, VitOf(), all, &st);
-      } else {
-        Order(vl, LlmOf(), all, &st);
+    if (placed != nullptr) {
+      // Every sample where `placed` puts it; only the search (step 4) runs.
+      *out = *placed;
+      for (uint32_t i = 0; i < p.text.size(); ++i) {
+        text.rooms.Add(out->text_slot[i], p.text[i]);
+        st.llm[text.RankOf(i)] += p.text[i].llm;
       }
-      std::vector<double>& vl_load = st.scratch;
-      vl_load.assign(W, 0.0);
-      const double room = st.llm_budget;
-      auto allowed = [&](uint32_t r, const PackItem& it) {
-        return !holds_giant[r] || st.llm[r] + it.llm <= room;
-      };
-      auto placed = [&](uint32_t r, const PackItem& it) {
-        st.llm[r] += it.llm;
-        st.vit[r] += it.vit;
-      };
-      absl::Status s = vl_rank != nullptr ? Seeded(p, &st, *vl_rank, allowed, placed)
-                       : p.balance_vit    ? Lpt(p, &st, &vl, VitOf(), &vl_load, allowed, placed)
-                                          : Lpt(p, &st, &vl, LlmOf(), &vl_load, allowed, placed);
-      if (absl::IsFailedPrecondition(s)) {
-        // VL sequences too tight for cost order (it strands room a large
-        // sample needs): again by tokens, largest first onto the rank with
-        // the fewest VL tokens, which packs what fits; the ViT search below
-        // then evens out the cost.
-        vl.rooms.Init(W, p.vl_seqs_per_rank, p.seq_len, p.img_cap);
+      for (uint32_t i = 0; i < p.vl.size(); ++i) {
+        vl.rooms.Add(out->vl_slot[i], p.vl[i]);
+        st.llm[vl.RankOf(i)] += p.vl[i].llm;
+        st.vit[vl.RankOf(i)] += p.vl[i].vit;
+      }
+      st.text_placed = true;
+    } else {
+      // 1. Text documents large against the LLM lower bound claim their
+      // ranks first (pre-balancing: VL samples then avoid those ranks).
+      const bool giants = p.balance_vit && !p.vl.empty();
+      const double giant = giants ? kGiant * st.llm_lb : HUGE_VAL;
+      std::vector<uint8_t>& holds_giant = st.holds_giant;
+      holds_giant.assign(W, 0);
+      if (giants) {
+        Order(
+            text, LlmOf(), [&](const PackItem& it) { return it.llm >= giant; }, &st);
+        RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf(), &st.llm, anywhere,
+                            [&](uint32_t r, const PackItem&) { holds_giant[r] = 1; }));
+      }
+      // 2. VL samples by ViT cost (by LLM cost when the encoders are dealt
+      // elsewhere), onto ranks whose large documents leave them LLM room,
+      // then the ViT search among VL samples alone.
+      if (!p.vl.empty()) {
+        auto all = [](const PackItem&) { return true; };
+        if (vl_rank != nullptr) {
+          Order(vl, TokensOf(), all, &st);  // the ranks are given: fit first
+        } else if (p.balance_vit) {
+          Order(vl, VitOf(), all, &st);
+        } else {
+          Order(vl, LlmOf(), all, &st);
+        }
+        std::vector<double>& vl_load = st.scratch;
         vl_load.assign(W, 0.0);
-        st.vit.assign(W, 0.0);
-        st.llm.assign(W, 0.0);
-        for (uint32_t i = 0; i < p.text.size(); ++i) {
-          if (p.text[i].llm >= giant) st.llm[text.RankOf(i)] += p.text[i].llm;
+        const double room = st.llm_budget;
+        auto allowed = [&](uint32_t r, const PackItem& it) {
+          return !holds_giant[r] || st.llm[r] + it.llm <= room;
+        };
+        auto add_loads = [&](uint32_t r, const PackItem& it) {
+          st.llm[r] += it.llm;
+          st.vit[r] += it.vit;
+        };
+        absl::Status s = vl_rank != nullptr ? Seeded(p, &st, *vl_rank, allowed, add_loads)
+                         : p.balance_vit ? Lpt(p, &st, &vl, VitOf(), &vl_load, allowed, add_loads)
+                                         : Lpt(p, &st, &vl, LlmOf(), &vl_load, allowed, add_loads);
+        if (absl::IsFailedPrecondition(s)) {
+          // VL sequences too tight for cost order (it strands room a large
+          // sample needs): again by tokens, largest first onto the rank with
+          // the fewest VL tokens, which packs what fits; the ViT search below
+          // then evens out the cost.
+          vl.rooms.Init(W, p.vl_seqs_per_rank, p.seq_len, p.img_cap);
+          vl_load.assign(W, 0.0);
+          st.vit.assign(W, 0.0);
+          st.llm.assign(W, 0.0);
+          for (uint32_t i = 0; i < p.text.size(); ++i) {
+            if (p.text[i].llm >= giant) st.llm[text.RankOf(i)] += p.text[i].llm;
+          }
+          Order(vl, TokensOf(), all, &st);
+          s = Lpt(p, &st, &vl, TokensOf(), &vl_load, allowed, add_loads);
         }
-        Order(vl, TokensOf(), all, &st);
-        s = Lpt(p, &st, &vl, TokensOf(), &vl_load, allowed, placed);
-      }
-      RETURN_IF_ERROR(s);
-      if (p.balance_vit && W > 1) {
-        StartSearch(p, &st);
-        st.llm_cap = st.llm_budget;
-        Passes(p, &st, true, budget, &vit_rounds);
-        Progress vp;
-        while (vit_rounds < budget && vp.Go(Max(st, true), st.vit_lb) && Round(p, &st, true)) {
-          ++vit_rounds;
+        RETURN_IF_ERROR(s);
+        if (p.balance_vit && W > 1) {
+          StartSearch(p, &st);
+          st.llm_cap = st.llm_budget;
+          Passes(p, &st, true, budget, &vit_rounds);
+          Progress vp;
+          while (vit_rounds < budget && vp.Go(Max(st, true), st.vit_lb) && Round(p, &st, true)) {
+            ++vit_rounds;
+          }
         }
       }
+      // 3. The other text documents, on top.
+      Order(
+          text, LlmOf(), [&](const PackItem& it) { return it.llm < giant; }, &st);
+      RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf(), &st.llm, anywhere, nothing));
+      st.text_placed = true;
     }
-    // 3. The other text documents, on top.
-    Order(
-        text, LlmOf(), [&](const PackItem& it) { return it.llm < giant; }, &st);
-    RETURN_IF_ERROR(Lpt(p, &st, &text, LlmOf(), &st.llm, anywhere, nothing));
-    st.text_placed = true;
     // 4. Both phases, alternating.
     if (W > 1) {
       StartSearch(p, &st);
@@ -924,8 +959,7 @@ class TuttiStrategy final : public PackingStrategy {
   bool Round(const PackProblem& p, State* st, bool vit_phase) const {
     if (RoundWith(p, st, vit_phase, kReceivers)) return true;
     if (!vit_phase) return false;
-    return (p.ranks > kReceivers && RoundWith(p, st, vit_phase, kWideReceivers)) ||
-           Resplit(st);
+    return (p.ranks > kReceivers && RoundWith(p, st, vit_phase, kWideReceivers)) || Resplit(st);
   }
 
   // The best division of the VL samples of the slowest ViT rank and one of
@@ -1004,7 +1038,8 @@ class TuttiStrategy final : public PackingStrategy {
         }
       }
       // LLM cost of each rank without its VL samples.
-      const double llm_base_hi = st->llm[hi] - llm_hi, llm_base_lo = st->llm[lo] - (llm_all - llm_hi);
+      const double llm_base_hi = st->llm[hi] - llm_hi,
+                   llm_base_lo = st->llm[lo] - (llm_all - llm_hi);
       const uint32_t start = (1u << vl.lists[hi].size()) - 1;
       for (uint32_t g = 1; g < (1u << m); ++g) {
         const int x = __builtin_ctz(g);
@@ -1219,7 +1254,8 @@ class TuttiStrategy final : public PackingStrategy {
 
   const std::string name_ = "tutti";
   uint32_t rounds_;
-  std::vector<std::unique_ptr<PackingStrategy>> seeds_;  // kSeeds
+  std::vector<std::unique_ptr<PackingStrategy>> seeds_;                  // kSeeds
+  std::unique_ptr<PackingStrategy> first_fit_ = MakeFirstFitStrategy();  // step 6
 };
 
 }  // namespace
