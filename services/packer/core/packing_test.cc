@@ -407,13 +407,10 @@ TEST(PackingTest, TuttiPacksWhereverFirstFitPacksAndBalancesIt) {
       text_tokens += it.tokens;
       text.push_back(it);
     }
-    PackProblem p;
-    p.ranks = W;
+    PackProblem p = Problem(text, vl, W);
     p.seq_len = 8192;
+    p.img_cap = 0;
     p.text_seqs_per_rank = 2;
-    p.vl_seqs_per_rank = 1;
-    p.text = text;
-    p.vl = vl;
     PackResult ff;
     if (!first_fit->Pack(p, &ff).ok()) continue;
     PackResult r;

@@ -53,6 +53,21 @@ double BruteForceMakespan2D(const std::vector<std::pair<double, double>>& items,
   return best;
 }
 
+// n (cost, size) items, costs uniform in [min_cost, 3), sizes in
+// [min_size, 1); the costs also into *costs.
+std::vector<std::pair<double, double>> RandomItems2D(size_t n, double min_cost, double min_size,
+                                                     std::mt19937_64* rng,
+                                                     std::vector<double>* costs) {
+  std::vector<std::pair<double, double>> items(n);
+  costs->clear();
+  for (auto& [cost, size] : items) {
+    cost = std::uniform_real_distribution<double>(min_cost, 3.0)(*rng);
+    size = std::uniform_real_distribution<double>(min_size, 1.0)(*rng);
+    costs->push_back(cost);
+  }
+  return items;
+}
+
 double Simple(const std::vector<double>& items, uint32_t ranks) {
   return std::max(std::accumulate(items.begin(), items.end(), 0.0) / ranks,
                   *std::max_element(items.begin(), items.end()));
@@ -81,67 +96,51 @@ TEST(PartitionBoundTest, IsAValidBoundAtLeastTheSimpleOne) {
   EXPECT_GT(tighter, 50);
 }
 
-// With sizes that share a room per rank: never above the best assignment
-// that fits, never below the costs' own bound, and above it where the room
-// binds (samples whose tokens fill the VL sequences).
-TEST(PartitionBoundTest, SizesSharingARoomTightenTheBound) {
-  std::mt19937_64 rng(5);
-  int tighter = 0, feasible = 0;
-  for (int trial = 0; trial < 200; ++trial) {
-    const uint32_t ranks = 2 + trial % 2;
-    const size_t n = 5 + rng() % 5;
-    std::vector<std::pair<double, double>> items(n);
+// Random (cost, size) instances on 2 to 1 + rank_kinds ranks, n items from
+// min_n up: the bound is never above the best assignment that fits nor
+// below the costs' own bound. The room is 1, or with room_slack > 0 the
+// mean size per rank times room_slack. Counts the instances something fits
+// and those where the bound is over 1% above the costs' own.
+struct Trials {
+  int feasible = 0, tighter = 0;
+};
+Trials AgainstBestAssignment(uint64_t seed, int trials, uint32_t rank_kinds, size_t min_n,
+                             double min_cost, double min_size, double room_slack) {
+  std::mt19937_64 rng(seed);
+  Trials t;
+  for (int trial = 0; trial < trials; ++trial) {
+    const uint32_t ranks = 2 + trial % rank_kinds;
+    const size_t n = min_n + rng() % 5 + (rank_kinds > 2 ? rng() % 2 : 0);
     std::vector<double> costs;
-    double total_size = 0;
-    for (auto& [cost, size] : items) {
-      cost = std::uniform_real_distribution<double>(0.2, 3.0)(rng);
-      size = std::uniform_real_distribution<double>(0.1, 1.0)(rng);
-      total_size += size;
-      costs.push_back(cost);
-    }
-    const double room = total_size / ranks * 1.1;
+    const auto items = RandomItems2D(n, min_cost, min_size, &rng, &costs);
+    double total_size = 0, total_cost = 0;
+    for (const auto& [cost, size] : items) total_size += size, total_cost += cost;
+    const double room = room_slack > 0 ? total_size / ranks * room_slack : 1.0;
     const double opt = BruteForceMakespan2D(items, ranks, room);
-    double total_cost = 0;
-    for (double c : costs) total_cost += c;
     if (opt >= total_cost) continue;  // nothing fits the room
-    ++feasible;
+    ++t.feasible;
     const double bound = PartitionLowerBound(items, ranks, room, opt);
-    EXPECT_LE(bound, opt * (1 + 1e-9)) << "trial " << trial;
+    EXPECT_LE(bound, opt * (1 + 1e-9)) << "seed " << seed << " trial " << trial;
     const double alone = PartitionLowerBound(costs, ranks, opt);
-    EXPECT_GE(bound, alone * (1 - 1e-12)) << "trial " << trial;
-    if (bound > alone * 1.01) ++tighter;
+    EXPECT_GE(bound, alone * (1 - 1e-12)) << "seed " << seed << " trial " << trial;
+    if (bound > alone * 1.01) ++t.tighter;
   }
-  EXPECT_GT(feasible, 100);
-  EXPECT_GT(tighter, 10);
+  return t;
 }
 
-// Rooms that items larger than half of them bind: still never above the
-// best assignment that fits, and above the costs' own bound where they do.
+// With sizes that share a room per rank: above the costs' own bound where
+// the room binds (samples whose tokens fill the VL sequences).
+TEST(PartitionBoundTest, SizesSharingARoomTightenTheBound) {
+  const Trials t = AgainstBestAssignment(5, 200, 2, 5, 0.2, 0.1, 1.1);
+  EXPECT_GT(t.feasible, 100);
+  EXPECT_GT(t.tighter, 10);
+}
+
+// Rooms that items larger than half of them bind.
 TEST(PartitionBoundTest, LargeItemsAgainstTheBestAssignment) {
-  std::mt19937_64 rng(11);
-  int tighter = 0, feasible = 0;
-  for (int trial = 0; trial < 300; ++trial) {
-    const uint32_t ranks = 2 + trial % 3;
-    const size_t n = 4 + rng() % 6;
-    std::vector<std::pair<double, double>> items(n);
-    std::vector<double> costs;
-    double total_cost = 0;
-    for (auto& [cost, size] : items) {
-      cost = std::uniform_real_distribution<double>(0.1, 3.0)(rng);
-      size = std::uniform_real_distribution<double>(0.05, 1.0)(rng);
-      costs.push_back(cost);
-      total_cost += cost;
-    }
-    const double room = 1.0;
-    const double opt = BruteForceMakespan2D(items, ranks, room);
-    if (opt >= total_cost) continue;  // nothing fits the room
-    ++feasible;
-    const double bound = PartitionLowerBound(items, ranks, room, opt);
-    EXPECT_LE(bound, opt * (1 + 1e-9)) << "trial " << trial;
-    if (bound > PartitionLowerBound(costs, ranks, opt) * 1.01) ++tighter;
-  }
-  EXPECT_GT(feasible, 80);
-  EXPECT_GT(tighter, 20);
+  const Trials t = AgainstBestAssignment(11, 300, 3, 4, 0.1, 0.05, 0);
+  EXPECT_GT(t.feasible, 80);
+  EXPECT_GT(t.tighter, 20);
 }
 
 // Equal items: some rank holds ceil(n / W) of them.
