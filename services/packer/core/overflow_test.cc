@@ -187,6 +187,13 @@ TEST(OverflowTest, ImageCapNearTheLoadLimitKeepsUpForHundredsOfSteps) {
   EXPECT_GT(d.steps, steps / 4) << "the cap hardly binds";
   EXPECT_LE(d.most, (*job)->config().batch().vl_samples_per_step());
   ExpectEachPositionOnce(**job, run, steps);
+  // tutti packs what admission admits wherever first fit does, and balances
+  // it: no step goes to the planner's first-fit fallback (before: 135 of
+  // 400, LLM 1.047 over the bound on average), LLM 1.002.
+  EXPECT_EQ(run.fallback, 0u);
+  double llm = 0;
+  for (const StepPlanData& p : run.plans) llm += p.llm.max / p.llm.lower_bound;
+  EXPECT_LT(llm / steps, 1.01);
   for (size_t i = 0; i + 1 < run.plans.size(); ++i) {
     ASSERT_EQ(run.plans[i].deferred_out, run.plans[i + 1].deferred_in) << "step " << i;
   }
