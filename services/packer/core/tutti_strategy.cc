@@ -272,8 +272,7 @@ struct State {
   std::vector<uint32_t> both;            // Resplit: the two ranks' VL samples
   uint64_t vl_changes = 0;               // changes that moved VL samples
   uint64_t resplit_failed = UINT64_MAX;  // vl_changes when Resplit last found nothing
-  bool resplit_failed_with_text = false;
-  uint64_t pair_tries = 0;  // rank pairs the last pair pass tried
+  uint64_t pair_tries = 0;               // rank pairs the last pair pass tried
 };
 
 // Keys as types, so that the hot loops inline them.
@@ -401,8 +400,6 @@ class TuttiStrategy final : public PackingStrategy {
     vl.vl = true;
     vl.rooms.Init(W, p.vl_seqs_per_rank, p.seq_len, p.img_cap);
     st.text_placed = false;
-    st.vl_changes = 0;
-    st.resplit_failed = UINT64_MAX;
     Bounds(p, &st);
     const uint64_t budget = Budget(W);
     uint64_t vit_rounds = 0, llm_rounds = 0;
@@ -815,6 +812,21 @@ class TuttiStrategy final : public PackingStrategy {
     return best;
   }
 
+  // Whether new LLM costs a_cost of rank a and b_cost of rank b keep within
+  // `cap`, with a text document of `comp` (when given) taken from the one
+  // above it to the other: then its item in *t and its new rank in *t_to
+  // (*t stays -1 when none needs to move).
+  static bool WithinCap(const Side* comp, uint32_t a, double a_cost, uint32_t b, double b_cost,
+                        double cap, int64_t* t, uint32_t* t_to) {
+    if (a_cost <= cap && b_cost <= cap) return true;
+    if (comp == nullptr || (a_cost > cap && b_cost > cap)) return false;
+    const bool from_a = a_cost > cap;
+    *t_to = from_a ? b : a;
+    *t = Compensation(*comp, from_a ? a : b, *t_to, (from_a ? a_cost : b_cost) - cap,
+                      cap - (from_a ? b_cost : a_cost));
+    return *t >= 0;
+  }
+
   // The best change of `side` between `hi` and `lo` in the phase `load`
   // (key = the item's cost in that phase), keeping the other phase's loads
   // (`other`, costs `okey`) at most `cap`; with `comp` (the ViT phase), a
@@ -841,14 +853,7 @@ class TuttiStrategy final : public PackingStrategy {
       if (bind_other) {
         const double od = okey(a) - (b ? okey(*b) : 0.0);
         const double new_lo = other[lo] + od, new_hi = other[hi] - od;
-        if (new_lo > cap || new_hi > cap) {
-          if (comp == nullptr || (new_lo > cap && new_hi > cap)) return;
-          const bool from_lo = new_lo > cap;
-          t_to = from_lo ? hi : lo;
-          t = Compensation(*comp, from_lo ? lo : hi, t_to, (from_lo ? new_lo : new_hi) - cap,
-                           cap - (from_lo ? new_hi : new_lo));
-          if (t < 0) return;
-        }
+        if (!WithinCap(comp, lo, new_lo, hi, new_hi, cap, &t, &t_to)) return;
       }
       *best = Change{value, &side, i, j, lo, t, t_to};
     };
@@ -919,15 +924,19 @@ class TuttiStrategy final : public PackingStrategy {
       st->vit[from] -= dv;
       st->vit[c.to] += dv;
     }
-    for (uint32_t r : {from, c.to}) {
-      st->neg_llm[r] = -st->llm[r];
-      st->llm_min.Update(r);
-      st->llm_max.Update(r);
-      if (s.vl) {
-        st->neg_vit[r] = -st->vit[r];
-        st->vit_min.Update(r);
-        st->vit_max.Update(r);
-      }
+    for (uint32_t r : {from, c.to}) Reheap(r, s.vl, st);
+  }
+
+  // Rank r's place in the LLM heaps, and in the ViT heaps too when `vit`,
+  // after its loads changed.
+  static void Reheap(uint32_t r, bool vit, State* st) {
+    st->neg_llm[r] = -st->llm[r];
+    st->llm_min.Update(r);
+    st->llm_max.Update(r);
+    if (vit) {
+      st->neg_vit[r] = -st->vit[r];
+      st->vit_min.Update(r);
+      st->vit_max.Update(r);
     }
   }
 
@@ -983,13 +992,10 @@ class TuttiStrategy final : public PackingStrategy {
     if (vl.rooms.per() != 1) return false;
     const uint32_t top = st->vit_max.Top();
     if (st->vit[top] <= st->vit_lb * (1 + kDone)) return false;
-    // Tried once per arrangement of the VL samples (and once more when the
-    // text documents are placed): the LLM rounds in between seldom open a
+    // Tried once per arrangement of the VL samples in each search
+    // (StartSearch forgets): the LLM rounds in between seldom open a
     // division the last try did not find, and trying costs 2^n a pair.
-    const bool with_text = st->text_placed;
-    if (st->resplit_failed == st->vl_changes && st->resplit_failed_with_text == with_text) {
-      return false;
-    }
+    if (st->resplit_failed == st->vl_changes) return false;
     // The slowest rank first; when it has no division, the next slowest
     // ones (lowering them changes what the slowest can be divided with).
     uint32_t slow[kResplitSlow];
@@ -1001,7 +1007,6 @@ class TuttiStrategy final : public PackingStrategy {
       }
     }
     st->resplit_failed = st->vl_changes;
-    st->resplit_failed_with_text = with_text;
     return false;
   }
 
@@ -1013,7 +1018,7 @@ class TuttiStrategy final : public PackingStrategy {
     const Rooms& rooms = vl.rooms;
     const double h = st->vit[hi];
     if (vl.lists[hi].size() >= kResplitItems) return false;
-    const bool with_text = st->text_placed;
+    const Side* text = st->text_placed ? &st->text : nullptr;
     const double cap = OtherCap(*st, true);
     const uint32_t seq_len = rooms.seq_len(), img_cap = rooms.img_cap();
     uint32_t receivers[kWideReceivers];
@@ -1063,14 +1068,7 @@ class TuttiStrategy final : public PackingStrategy {
         const double new_hi = llm_base_hi + llm_hi, new_lo = llm_base_lo + (llm_all - llm_hi);
         int64_t t = -1;
         uint32_t t_to = 0;
-        if (new_hi > cap || new_lo > cap) {
-          if (!with_text || (new_hi > cap && new_lo > cap)) continue;
-          const bool from_hi = new_hi > cap;
-          t_to = from_hi ? lo : hi;
-          t = Compensation(st->text, from_hi ? hi : lo, t_to, (from_hi ? new_hi : new_lo) - cap,
-                           cap - (from_hi ? new_lo : new_hi));
-          if (t < 0) continue;
-        }
+        if (!WithinCap(text, hi, new_hi, lo, new_lo, cap, &t, &t_to)) continue;
         best = value, best_lo = lo, best_mask = mask, found = true;
         best_comp = t, best_comp_to = t_to;
       }
@@ -1103,14 +1101,7 @@ class TuttiStrategy final : public PackingStrategy {
       st->llm[from] -= it.llm, st->llm[to[c]] += it.llm;
     }
     if (best_comp >= 0) MoveText(static_cast<uint32_t>(best_comp), best_comp_to, st);
-    for (uint32_t r : {hi, best_lo}) {
-      st->neg_llm[r] = -st->llm[r];
-      st->neg_vit[r] = -st->vit[r];
-      st->llm_min.Update(r);
-      st->llm_max.Update(r);
-      st->vit_min.Update(r);
-      st->vit_max.Update(r);
-    }
+    for (uint32_t r : {hi, best_lo}) Reheap(r, true, st);
     return true;
   }
 
@@ -1245,6 +1236,7 @@ class TuttiStrategy final : public PackingStrategy {
     st->vit_min.Init(W, st->vit.data());
     st->llm_max.Init(W, st->neg_llm.data());
     st->vit_max.Init(W, st->neg_vit.data());
+    st->resplit_failed = UINT64_MAX;
   }
 
   // Local-search rounds per phase: improvement_rounds, times the square
