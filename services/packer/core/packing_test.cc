@@ -431,7 +431,7 @@ TEST(PackingTest, TuttiPacksWhereverFirstFitPacksAndBalancesIt) {
   }
   EXPECT_GT(tight, 30);
   // ViT cost over max(mean, largest) on average over the steps no peer
-  // fits: 1.08 against first fit's 1.21.
+  // fits: 1.09 against first fit's 1.21 (36 steps).
   EXPECT_LT(tutti_sum / tight, 1.1);
   EXPECT_LT(tutti_sum / tight, first_fit_sum / tight - 0.1);
 }
