@@ -124,16 +124,11 @@ absl::Status DocumentRuns(const StageCoster& coster, const Index& ix, uint32_t s
 }
 
 PackCertificate::PackCertificate(uint32_t bins, uint32_t seq_len, uint32_t img_cap)
-    : bins_(bins), seq_len_(std::max<uint32_t>(seq_len, 1)), img_cap_(img_cap) {}
-
-uint32_t PackCertificate::Size(uint32_t tokens, uint32_t image_tokens) const {
-  auto scaled = [](uint64_t x, uint64_t cap) {
-    return static_cast<uint32_t>(std::min<uint64_t>(kUnit, (x * kUnit + cap - 1) / cap));
-  };
-  uint32_t s = scaled(tokens, seq_len_);
-  if (img_cap_ > 0) s = std::max(s, scaled(image_tokens, img_cap_));
-  return s;
-}
+    : bins_(bins),
+      seq_len_(std::max<uint32_t>(seq_len, 1)),
+      img_cap_(img_cap),
+      inv_seq_len_(1.0 / seq_len_),
+      inv_img_cap_(img_cap > 0 ? 1.0 / img_cap : 0) {}
 
 // First-fit decreasing fails at an item x only if every bin is fuller than
 // kUnit - x. Items above kUnit / 2 ("large", NL of them) go one to a bin, so

@@ -28,6 +28,7 @@
 #ifndef TUTTI_SERVICES_PACKER_CORE_OVERFLOW_H_
 #define TUTTI_SERVICES_PACKER_CORE_OVERFLOW_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -86,7 +87,11 @@ class PackCertificate {
   // `bins`: W x the stream's sequences per rank; img_cap 0 = no cap.
   PackCertificate(uint32_t bins, uint32_t seq_len, uint32_t img_cap);
   // An item's size in fixed point (kUnit = a whole sequence).
-  uint32_t Size(uint32_t tokens, uint32_t image_tokens) const;
+  uint32_t Size(uint32_t tokens, uint32_t image_tokens) const {
+    uint32_t s = Scaled(tokens, seq_len_, inv_seq_len_);
+    if (img_cap_ > 0) s = std::max(s, Scaled(image_tokens, img_cap_, inv_img_cap_));
+    return s;
+  }
   // Whether first-fit decreasing certainly packs items of these sizes.
   bool Holds(absl::Span<const uint32_t> sizes) const;
   // The longest prefix of candidates (candidate c holds sizes
@@ -99,8 +104,21 @@ class PackCertificate {
   static constexpr uint32_t kUnit = 1u << 20;
 
  private:
+  // min(kUnit, ceil(x kUnit / cap)) without a division (one a candidate
+  // and constraint of every step): the quotient through the reciprocal,
+  // corrected to the exact one.
+  static uint32_t Scaled(uint64_t x, uint64_t cap, double inv) {
+    if (x >= cap) return kUnit;
+    const uint64_t n = x * kUnit + cap - 1;  // < 2^52: exact as a double
+    uint64_t q = static_cast<uint64_t>(static_cast<double>(n) * inv);
+    while (q > 0 && q * cap > n) --q;
+    while ((q + 1) * cap <= n) ++q;
+    return static_cast<uint32_t>(q);
+  }
+
   uint64_t bins_;
   uint32_t seq_len_, img_cap_;
+  double inv_seq_len_, inv_img_cap_;
 };
 
 // A step's candidate stream positions: the text queue, the step's own text

@@ -451,6 +451,37 @@ TEST(OverflowTest, ShapeDocumentNeverCutsARun) {
   EXPECT_EQ(ShapeDocument(100, {3000}, 8192, LongDocuments::kSplit, &p), LongDocOutcome::kWhole);
 }
 
+TEST(OverflowTest, CertificateSizesAreTheExactCeilingOfTheirShare) {
+  // min(kUnit, ceil(x kUnit / cap)) for every cap the config allows, at the
+  // edges of each quotient and at random.
+  const uint64_t unit = PackCertificate::kUnit;
+  auto want = [&](uint64_t x, uint64_t cap) {
+    return static_cast<uint32_t>(std::min<uint64_t>(unit, (x * unit + cap - 1) / cap));
+  };
+  uint64_t state = 88172645463325252ull;
+  auto next = [&] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return state;
+  };
+  for (const uint64_t cap : {1ull, 2ull, 3ull, 7ull, 1000ull, 4096ull, 5200ull, 8191ull, 8192ull,
+                             40960ull, 1000003ull, 16777216ull, 0x7FFFFFFFull, 0xFFFFFFFFull}) {
+    const PackCertificate tokens(4, static_cast<uint32_t>(cap), 0);
+    const PackCertificate images(4, 1u << 31, static_cast<uint32_t>(cap));
+    std::vector<uint64_t> xs = {0, 1, cap - 1, cap, cap + 1, 0xFFFFFFFFull};
+    for (uint64_t q = 1; q < 64; ++q) {
+      const uint64_t at = cap * q / 64;  // near each 64th of the cap
+      for (const uint64_t d : {0ull, 1ull}) xs.push_back(at + d), xs.push_back(at > d ? at - d : 0);
+    }
+    for (int i = 0; i < 2000; ++i) xs.push_back(next() % (2 * cap + 2));
+    for (const uint64_t x64 : xs) {
+      const uint32_t x = static_cast<uint32_t>(std::min<uint64_t>(x64, 0xFFFFFFFFull));
+      ASSERT_EQ(tokens.Size(x, 0), want(x, cap)) << x << " tokens, seq_len " << cap;
+      ASSERT_EQ(images.Size(0, x), std::max(want(0, 1u << 31), want(x, cap)))
+          << x << " image tokens, cap " << cap;
+    }
+  }
+}
+
 TEST(OverflowTest, TheCertificateIsClosedUnderSubsetsAndFirstFitPacksWhatItAdmits) {
   const PackCertificate cert(8, 8192, 0);
   std::vector<uint32_t> sizes;

@@ -349,7 +349,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   thread_local std::vector<DrawnMedium> media;
   SampleOrder(local.data(), NT, NV, job.text_samples(), job.vl_samples(), &order);
   ReadSamples(ix, coster, order, &drawn, &media);
-  BeginAdmission(*out);
+  DrawnAdmission& admission = BeginAdmission(*out);
   constexpr uint32_t kAhead = 16;
   // The round-robin deal's rank (k % W), and the step's own positions
   // (drawn at `step`) told apart from waiting ones without a division.
@@ -431,7 +431,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     item.image_tokens = c.image_tokens;
     item.vit = c.vit;
     item.llm = c.llm;
-    AddAdmissionCandidate(k, *out);
+    AddAdmissionCandidate(admission, k, *out);
   }
   out->deferred_in = std::move(in);
   return Admit(out);

@@ -48,6 +48,7 @@
 namespace tutti::packer {
 
 struct StreamCandidates;  // planner_overflow.cc
+struct DrawnAdmission;    // planner_overflow.cc
 
 // Each stream's frontier: its positions below it are planned or skipped.
 struct Frontier {
@@ -105,10 +106,11 @@ class Planner {
   // certainly packable prefix and sets out->deferred_out and the counts.
   // Its per-candidate part runs during the draw, while each candidate's
   // records are at hand: BeginAdmission once the arrays are sized, then
-  // AddAdmissionCandidate for every candidate k in order, once its images
-  // and audio clips are drawn; then Admit (all in one thread).
-  void BeginAdmission(const StepPlanData& out) const;
-  void AddAdmissionCandidate(uint32_t k, const StepPlanData& out) const;
+  // AddAdmissionCandidate with what BeginAdmission returned for every
+  // candidate k in order, once its images and audio clips are drawn; then
+  // Admit (all in one thread).
+  DrawnAdmission& BeginAdmission(const StepPlanData& out) const;
+  void AddAdmissionCandidate(DrawnAdmission& a, uint32_t k, const StepPlanData& out) const;
   absl::Status Admit(StepPlanData* out) const;
   // The frontier entering `step` (see above), or RESOURCE_EXHAUSTED.
   absl::StatusOr<Frontier> FrontierEntering(uint64_t step) const;

@@ -14,16 +14,20 @@ namespace tutti::packer {
 
 // One stream's candidates for admission: their items' certificate sizes and
 // items (tokens and image tokens; candidate c holds sizes[begin[c],
-// begin[c + 1])) and sample ids.
+// begin[c + 1])) and sample ids. Only candidates below the frontier need
+// their items (the lead of a step, AdmitStream): those a step draws itself
+// keep none (with_items false), since the step's own arrays hold them.
 struct StreamCandidates {
   std::vector<uint32_t> sizes, begin{0};
   std::vector<PackItem> items;
   std::vector<uint32_t> ids;
-  void Clear() {
+  bool with_items = true;
+  void Clear(bool keep_items = true) {
     sizes.clear();
     begin.assign(1, 0);
     items.clear();
     ids.clear();
+    with_items = keep_items;
   }
   uint32_t size() const { return static_cast<uint32_t>(ids.size()); }
   // Appends `o`'s candidates.
@@ -50,10 +54,12 @@ LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongD
   LongDocOutcome outcome = LongDocOutcome::kWhole;
   auto add = [&](uint32_t tokens, uint32_t images) {
     c->sizes.push_back(cert.Size(tokens, images));
-    PackItem item;
-    item.tokens = tokens;
-    item.image_tokens = images;
-    c->items.push_back(item);
+    if (c->with_items) {
+      PackItem item;
+      item.tokens = tokens;
+      item.image_tokens = images;
+      c->items.push_back(item);
+    }
   };
   if (llm_tokens <= seq_len) {
     add(llm_tokens, image_tokens);
@@ -225,7 +231,12 @@ absl::StatusOr<StreamAdmission> Planner::AdmitStream(uint64_t step, bool vl, uin
     if (g == 0) break;
   }
   if (lead != nullptr && a.lead < f) {
+    // Candidates below f came from CostPositions, with their items.
     const uint32_t from = c->begin[a.lead - lo], to = c->begin[f - lo];
+    if (to > c->items.size()) {
+      return absl::InternalError(
+          absl::StrCat("step ", step, ": admission lost the items of its lead"));
+    }
     lead->assign(c->items.begin() + from, c->items.begin() + to);
   }
   absl::MutexLock lock(&mu_);
@@ -360,8 +371,6 @@ absl::StatusOr<DeferralQueue> Planner::QueueEntering(uint64_t step) const {
   return q;
 }
 
-namespace {
-
 // Admit's candidates of the step being drawn, added by Draw as it costs
 // them (BeginAdmission, AddAdmissionCandidate): per candidate its outcome
 // and (for split and truncated ones) pieces; each stream's candidates.
@@ -374,11 +383,12 @@ struct DrawnAdmission {
   LongDocuments policy = LongDocuments::kSplit;
   bool reshape = false;
 };
-thread_local DrawnAdmission drawn_admission;
 
+namespace {
+thread_local DrawnAdmission drawn_admission;
 }  // namespace
 
-void Planner::BeginAdmission(const StepPlanData& out) const {
+DrawnAdmission& Planner::BeginAdmission(const StepPlanData& out) const {
   DrawnAdmission& a = drawn_admission;
   const uint32_t N = static_cast<uint32_t>(out.samples.size());
   a.outcome.assign(N, LongDocOutcome::kWhole);
@@ -386,24 +396,30 @@ void Planner::BeginAdmission(const StepPlanData& out) const {
   a.reshape = false;
   a.policy = job_->overflow().long_documents;
   for (const bool vl : {false, true}) {
-    a.c[vl].Clear();
+    a.c[vl].Clear(/*keep_items=*/false);
     a.cert[vl] = Certificate(out.step, vl);
   }
+  return a;
 }
 
-void Planner::AddAdmissionCandidate(uint32_t k, const StepPlanData& out) const {
-  DrawnAdmission& a = drawn_admission;
+void Planner::AddAdmissionCandidate(DrawnAdmission& a, uint32_t k, const StepPlanData& out) const {
   const bool vl = k >= out.text_items.size();
   const uint32_t seq_len = out.seq_len;
   const PlannedSample& ps = out.samples[k];
+  if (ps.cost.llm_tokens <= seq_len) {  // whole: one item (AddCandidate's first case)
+    StreamCandidates& c = a.c[vl];
+    c.ids.push_back(ps.sample);
+    c.sizes.push_back(a.cert[vl].Size(ps.cost.llm_tokens, ps.cost.image_tokens));
+    c.begin.push_back(static_cast<uint32_t>(c.sizes.size()));
+    return;  // outcome[k] is kWhole from BeginAdmission
+  }
+  // Longer than seq_len: shaped from its runs.
   a.runs.clear();
-  if (ps.cost.llm_tokens > seq_len) {
-    for (uint32_t i = 0; i < ps.cost.images; ++i) {
-      a.runs.push_back(out.images[ps.first_image + i].llm_tokens + 2);
-    }
-    for (uint32_t i = 0; i < ps.cost.audio; ++i) {
-      a.runs.push_back(out.audio[ps.first_audio + i].tokens + 2);
-    }
+  for (uint32_t i = 0; i < ps.cost.images; ++i) {
+    a.runs.push_back(out.images[ps.first_image + i].llm_tokens + 2);
+  }
+  for (uint32_t i = 0; i < ps.cost.audio; ++i) {
+    a.runs.push_back(out.audio[ps.first_audio + i].tokens + 2);
   }
   a.outcome[k] = AddCandidate(a.cert[vl], seq_len, a.policy, ps.sample, ps.cost.llm_tokens,
                               ps.cost.image_tokens, ps.cost.text_tokens, a.runs, ps.cost.images,
