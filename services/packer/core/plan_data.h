@@ -17,29 +17,29 @@ namespace tutti::packer {
 inline constexpr uint32_t kTokenIdBytes = 4;
 
 struct PlannedSample {
-  uint32_t sample = 0;      // index sample id
-  uint32_t shard = 0;       // index shard holding its members
-  uint32_t drawn_rank = 0;  // the rank that drew it (round-robin deal)
-  bool vl = false;
+  uint32_t sample = 0;       // index sample id
+  uint32_t shard = 0;        // index shard holding its members
+  uint32_t drawn_rank = 0;   // the rank that drew it (round-robin deal)
   uint32_t rank = 0;         // LLM-phase rank
   uint32_t seq = 0;          // sequence within the rank: text sequences first, then VL
-  SampleCost cost;           // at the step's stage
   uint32_t first_image = 0;  // its images: images[first_image, first_image + cost.images)
   uint32_t first_audio = 0;
   // Post-balancing: the shard is not staged on the LLM rank's node, so its
   // token ids come through the load exchange from text_source.
-  bool text_remote = false;
   uint32_t text_source = 0;
+  bool text_remote = false;
+  bool vl = false;
+  // A document longer than seq_len (overflow.h): piece `piece` of `pieces`
+  // (pieces 0: the whole document), its text tokens from text_begin
+  // (cost.text_tokens of them); truncated: its text was cut to fit.
+  bool truncated = false;
+  uint32_t piece = 0, pieces = 0;
+  uint32_t text_begin = 0;
+  SampleCost cost;  // at the step's stage
   // Its stream position (sampler.h) and the step whose draw it belongs to
   // (earlier than the plan's step when it was deferred).
   uint64_t position = 0;
   uint64_t drawn_step = 0;
-  // A document longer than seq_len (overflow.h): piece `piece` of `pieces`
-  // (pieces 0: the whole document), its text tokens from text_begin
-  // (cost.text_tokens of them); truncated: its text was cut to fit.
-  uint32_t piece = 0, pieces = 0;
-  uint32_t text_begin = 0;
-  bool truncated = false;
 };
 
 // What the overflow policy did in a step (tutti.v1.OverflowStats).
@@ -69,14 +69,14 @@ struct PlannedImage {
   uint32_t height = 0, width = 0, grid_h = 0, grid_w = 0;
   uint32_t patches = 0;
   uint32_t llm_tokens = 0;
-  double cost = 0;
   uint32_t enc_rank = 0;
-  uint64_t output_bytes = 0;
-  uint64_t input_bytes = 0;  // pixel_values bytes (patches x row bytes)
   // Post-balancing: the shard is not staged on the encoder rank's node, so
   // the pixels come through the load exchange from load_source.
-  bool remote_load = false;
   uint32_t load_source = 0;
+  bool remote_load = false;
+  double cost = 0;
+  uint64_t output_bytes = 0;
+  uint64_t input_bytes = 0;  // pixel_values bytes (patches x row bytes)
 };
 
 struct PlannedAudio {
