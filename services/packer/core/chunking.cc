@@ -4,6 +4,42 @@
 #include <vector>
 
 namespace tutti::packer {
+namespace {
+
+// Positions 0..n-1 of `patches` by decreasing patches, ties by position,
+// into the low 32 bits of *order. Sorted as (~patches << 32 | position) up
+// to kSmallSort items; above, by an LSD radix sort of the positions on
+// max - patches, 8 bits a pass (stable, so ties keep their order): a rank
+// holds tens of images, where comparison sorts mispredict most branches.
+void SortDecreasing(const std::vector<uint32_t>& patches, std::vector<uint64_t>* order) {
+  constexpr uint32_t kSmallSort = 16;
+  const uint32_t n = static_cast<uint32_t>(patches.size());
+  order->resize(n);
+  if (n <= kSmallSort) {
+    for (uint32_t k = 0; k < n; ++k) (*order)[k] = uint64_t{~patches[k]} << 32 | k;
+    std::sort(order->begin(), order->end());
+    return;
+  }
+  const uint32_t top = *std::max_element(patches.begin(), patches.end());
+  thread_local std::vector<uint32_t> pos, tmp;
+  pos.resize(n);
+  tmp.resize(n);
+  for (uint32_t k = 0; k < n; ++k) pos[k] = k;
+  uint32_t spread = top - *std::min_element(patches.begin(), patches.end());
+  for (uint32_t shift = 0; spread >> shift != 0 && shift < 32; shift += 8) {
+    uint32_t count[257] = {};
+    for (uint32_t k = 0; k < n; ++k) ++count[((top - patches[k]) >> shift & 0xFF) + 1];
+    for (uint32_t d = 0; d < 256; ++d) count[d + 1] += count[d];
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t p = pos[k];
+      tmp[count[(top - patches[p]) >> shift & 0xFF]++] = p;
+    }
+    pos.swap(tmp);
+  }
+  for (uint32_t k = 0; k < n; ++k) (*order)[k] = pos[k];
+}
+
+}  // namespace
 
 void BuildChunks(uint64_t max_patches, const uint32_t* row_patches, StepPlanData* plan) {
   const uint32_t W = plan->enc_images.rows();
@@ -24,14 +60,21 @@ void BuildChunks(uint64_t max_patches, const uint32_t* row_patches, StepPlanData
     const uint32_t n = plan->enc_images.size(r);
     if (n == 0) continue;
     const uint32_t* row = row_patches + plan->enc_images.begin[r];
-    patches.resize(n);
-    order.resize(n);
-    for (uint32_t k = 0; k < n; ++k) {
-      patches[k] = row[k];
-      order[k] = uint64_t{~patches[k]} << 32 | k;
+    // All of the rank's images within the limit: first-fit decreasing puts
+    // them in one chunk, in position order (the common case below the
+    // largest stages), so the sort is not needed.
+    uint64_t total = 0;
+    for (uint32_t k = 0; k < n; ++k) total += row[k];
+    if (total <= max_patches) {
+      const size_t base = plan->chunks.items.size();
+      plan->chunks.items.resize(base + n);
+      for (uint32_t k = 0; k < n; ++k) plan->chunks.items[base + k] = k;
+      plan->chunks.begin.push_back(static_cast<uint32_t>(base + n));
+      plan->chunk_patches.push_back(total);
+      continue;
     }
-    // By decreasing patches, ties by position.
-    std::sort(order.begin(), order.end());
+    patches.assign(row, row + n);
+    SortDecreasing(patches, &order);
     fill.clear();
     chunk_of.resize(n);
     for (const uint64_t entry : order) {

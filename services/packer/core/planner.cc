@@ -249,9 +249,10 @@ void LayOut(uint32_t max_patches_per_chunk, Summary* summary, StepPlanData* out)
       &out->docs);
   // Every encoder item's encoder and LLM rank (the exchange), and the
   // images' patches in row order (the chunks).
-  thread_local std::vector<uint32_t> row_patches, enc, llm;
+  thread_local std::vector<uint32_t> row_patches, enc, llm, image_patches;
   enc.resize(I + A);
   llm.resize(I + A);
+  image_patches.resize(I);
   FillCsr(
       I, W,
       [&](uint32_t i) {
@@ -260,9 +261,10 @@ void LayOut(uint32_t max_patches_per_chunk, Summary* summary, StepPlanData* out)
         remote |= im.remote_load;
         enc[i] = im.enc_rank;
         llm[i] = out->samples[im.owner].rank;
+        image_patches[i] = im.patches;
         return im.enc_rank;
       },
-      [&](uint32_t i) { return out->images[i].patches; }, &out->enc_images, &row_patches);
+      [&](uint32_t i) { return image_patches[i]; }, &out->enc_images, &row_patches);
   FillCsr(
       A, W,
       [&](uint32_t a) {
@@ -276,8 +278,10 @@ void LayOut(uint32_t max_patches_per_chunk, Summary* summary, StepPlanData* out)
       &out->enc_audio);
   BuildExchange(enc.data(), llm.data(), out);
   if (!out->out_pos.empty()) {  // the encoder rows now follow the sends
+    // From the images' patches in image order (4 bytes an image, not a
+    // record read at random).
     for (size_t k = 0; k < row_patches.size(); ++k) {
-      row_patches[k] = out->images[out->enc_images.items[k]].patches;
+      row_patches[k] = image_patches[out->enc_images.items[k]];
     }
   }
   BuildChunks(max_patches_per_chunk, row_patches.data(), out);
