@@ -360,7 +360,17 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   uint32_t drawn_rank = 0;
   const uint64_t own_text = step * T, own_vl = step * V;
   for (uint32_t k = 0; k < NT + NV; ++k, drawn_rank = drawn_rank + 1 == W ? 0 : drawn_rank + 1) {
-    if (k + kAhead < NT + NV) __builtin_prefetch(media.data() + drawn[k + kAhead].media_at);
+    if (k + kAhead < NT + NV) {
+      __builtin_prefetch(media.data() + drawn[k + kAhead].media_at);
+      // The records written next, fetched for writing ahead of the stores
+      // (they were last written a step ago: out of the caches by now).
+      const char* next = reinterpret_cast<const char*>(out->samples.data() + k + kAhead);
+      __builtin_prefetch(next, 1);
+      __builtin_prefetch(next + 64, 1);
+      if (out->images.size() + kAhead < out->images.capacity()) {
+        __builtin_prefetch(out->images.data() + out->images.size() + kAhead, 1);
+      }
+    }
     const bool vl = k >= NT;
     const DrawnSample& d = drawn[k];
     const uint32_t s = d.sample;

@@ -71,6 +71,7 @@
 #include "common/status.h"
 #include "services/packer/core/overflow.h"
 #include "services/packer/core/packing.h"
+#include "services/packer/core/radix_sort.h"
 #include "services/packer/core/rank_heap.h"
 
 namespace tutti::packer {
@@ -259,6 +260,7 @@ struct State {
   Side text, vl;
   std::vector<uint64_t> order, tmp;   // (~key bits << 32 | item), largest key first
   std::vector<uint64_t> kept, moved;  // LptBatches: ranks whose key stayed, changed
+  std::vector<uint64_t> radix;        // RadixSort64's scratch
   std::vector<uint32_t> bits_of;      // LptBatches: each rank's key
   std::vector<std::pair<uint32_t, uint32_t>> sleeping;  // (max room, rank), a max-heap
   std::vector<uint32_t> fell_asleep;
@@ -748,7 +750,7 @@ class TuttiStrategy final : public PackingStrategy {
       if (first) {
         ranked.resize(W);
         for (uint32_t r = 0; r < W; ++r) ranked[r] = uint64_t{bits_of[r]} << 32 | r;
-        std::sort(ranked.begin(), ranked.end());
+        RadixSort64(&ranked, &st->radix);
         first = false;
       } else {
         kept.clear();
@@ -761,7 +763,7 @@ class TuttiStrategy final : public PackingStrategy {
             moved.push_back(uint64_t{bits_of[r]} << 32 | r);
           }
         }
-        std::sort(moved.begin(), moved.end());
+        RadixSort64(&moved, &st->radix);
         std::merge(kept.begin(), kept.end(), moved.begin(), moved.end(), ranked.begin());
       }
       for (size_t k = 0; k < n; ++k) {
@@ -1190,7 +1192,7 @@ class TuttiStrategy final : public PackingStrategy {
       std::memcpy(&bits, &f, 4);  // non-negative floats order like their bits
       by_load[r] = uint64_t{bits} << 32 | r;
     }
-    std::sort(by_load.begin(), by_load.end());
+    RadixSort64(&by_load, &st->radix);
     bool moved = false;
     uint32_t b = 0;
     const double stop = lower_bound * (1 + kDone);
