@@ -132,8 +132,14 @@ absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_
                         std::max<uint64_t>(stream.size(), 1), per);
   std::vector<uint32_t> runs;
   std::vector<DocPiece> pieces;
+  // The stream-local indices of [lo, hi) in one batch (StreamSampler::AtMany).
+  thread_local std::vector<uint64_t> positions, local;
+  positions.resize(hi - lo);
+  local.resize(hi - lo);
+  for (uint64_t p = lo; p < hi; ++p) positions[p - lo] = p;
+  sampler.AtMany(positions.data(), positions.size(), local.data());
   for (uint64_t p = lo; p < hi; ++p) {
-    const uint32_t s = stream[sampler.At(p)];
+    const uint32_t s = stream[local[p - lo]];
     ASSIGN_OR_RETURN(SampleCost cost, coster.Cost(s));
     runs.clear();
     uint32_t image_runs = 0;

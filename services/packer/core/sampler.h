@@ -33,6 +33,9 @@ class FeistelPermutation {
   // out[k] = (*this)(in[k]) for k < count (out may be in): several
   // positions at once, so that their encryptions overlap.
   void Map(const uint64_t* in, size_t count, uint64_t* out) const;
+  // Map without its AVX-512 path (what CPUs without it run): the same
+  // results.
+  void MapPortable(const uint64_t* in, size_t count, uint64_t* out) const;
   uint64_t size() const { return n_; }
 
  private:

@@ -98,14 +98,21 @@ TEST(SamplerTest, EveryStepAndEveryEpochDrawsEachSampleOnce) {
 // across epoch boundaries (the reordered start of an epoch), out of order
 // (deferred positions ahead of the step's own), and every lane count.
 TEST(SamplerTest, BatchesMapLikeSinglePositions) {
-  for (uint64_t n : {1ull, 2ull, 5ull, 97ull, 1000ull, 65537ull}) {
+  // Sizes just above and at powers of 4 (the longest and shortest cycle
+  // walks), and counts around the batches' vectors of 8 and groups of 32.
+  for (uint64_t n : {1ull, 2ull, 5ull, 97ull, 1000ull, 4097ull, 65536ull, 65537ull, 1048577ull,
+                     (1ull << 40) + 3}) {
     FeistelPermutation perm(n, 9 + n);
     std::vector<uint64_t> in, out;
     for (uint64_t i = 0; i < std::min<uint64_t>(n, 3000); ++i) in.push_back(i * 7 % n);
-    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, in.size()}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{31},
+                         size_t{32}, size_t{33}, size_t{65}, in.size()}) {
       count = std::min(count, in.size());
       out.assign(count, UINT64_MAX);
       perm.Map(in.data(), count, out.data());
+      for (size_t k = 0; k < count; ++k) ASSERT_EQ(out[k], perm(in[k])) << n << " " << k;
+      out.assign(count, UINT64_MAX);
+      perm.MapPortable(in.data(), count, out.data());
       for (size_t k = 0; k < count; ++k) ASSERT_EQ(out[k], perm(in[k])) << n << " " << k;
     }
     std::vector<uint64_t> same = in;  // in place
