@@ -3,10 +3,42 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "services/packer/core/post_balancing/post_balancing.h"
 
 namespace tutti::packer {
 namespace {
+
+// Each sample's rank and sequence from its slot (rank * per + sequence):
+// `per` a constant of the loop for the usual few sequences a rank, so that
+// the division is a multiplication.
+template <uint32_t kPer>
+void PlaceSlotsBy(const std::vector<uint32_t>& slots, uint32_t per, uint32_t first_seq,
+                  absl::Span<PlannedSample> samples) {
+  const uint32_t d = kPer > 0 ? kPer : per;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    PlannedSample& ps = samples[k];
+    ps.rank = slots[k] / d;
+    ps.seq = first_seq + slots[k] % d;
+    ps.text_remote = false;
+    ps.text_source = ps.rank;
+  }
+}
+void PlaceSlots(const std::vector<uint32_t>& slots, uint32_t per, uint32_t first_seq,
+                absl::Span<PlannedSample> samples) {
+  switch (per) {
+    case 1:
+      return PlaceSlotsBy<1>(slots, per, first_seq, samples);
+    case 2:
+      return PlaceSlotsBy<2>(slots, per, first_seq, samples);
+    case 3:
+      return PlaceSlotsBy<3>(slots, per, first_seq, samples);
+    case 4:
+      return PlaceSlotsBy<4>(slots, per, first_seq, samples);
+    default:
+      return PlaceSlotsBy<0>(slots, per, first_seq, samples);
+  }
+}
 
 class ColocatedDispatcher final : public Dispatcher {
  public:
@@ -33,18 +65,8 @@ class ColocatedDispatcher final : public Dispatcher {
       return absl::IsFailedPrecondition(s) ? AsCapacityError(std::move(s)) : s;
     }
     const uint32_t T = static_cast<uint32_t>(plan->text_items.size());
-    for (uint32_t k = 0; k < plan->samples.size(); ++k) {
-      PlannedSample& ps = plan->samples[k];
-      if (k < T) {
-        ps.rank = r.text_slot[k] / plan->text_seqs;
-        ps.seq = r.text_slot[k] % plan->text_seqs;
-      } else {
-        ps.rank = r.vl_slot[k - T] / plan->vl_seqs;
-        ps.seq = plan->text_seqs + r.vl_slot[k - T] % plan->vl_seqs;
-      }
-      ps.text_remote = false;
-      ps.text_source = ps.rank;
-    }
+    PlaceSlots(r.text_slot, plan->text_seqs, 0, absl::MakeSpan(plan->samples).subspan(0, T));
+    PlaceSlots(r.vl_slot, plan->vl_seqs, plan->text_seqs, absl::MakeSpan(plan->samples).subspan(T));
     for (PlannedImage& im : plan->images) {
       im.enc_rank = im.load_source = plan->samples[im.owner].rank;
       im.remote_load = false;

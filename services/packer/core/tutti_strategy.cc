@@ -218,6 +218,10 @@ struct Side {
       fresh[k].assign(W, 0);
     }
   }
+  // Item i off its rank's list (before its slot changes), and onto its
+  // new rank's (after). Sorted's lists of the two ranks are kept sorted
+  // in place: the same order as sorting again (keys and items are unique
+  // pairs), without a sort after every change.
   void Unlist(uint32_t i) {
     const uint32_t r = RankOf(i);
     std::vector<uint32_t>& l = lists[r];
@@ -225,15 +229,27 @@ struct Side {
     l[pos[i]] = last;
     pos[last] = pos[i];
     l.pop_back();
-    fresh[0][r] = fresh[1][r] = 0;
+    for (int k = 0; k < 2; ++k) {
+      if (!fresh[k][r]) continue;
+      std::vector<std::pair<double, uint32_t>>& v = sorted[k][r];
+      const std::pair<double, uint32_t> entry(KeyOf(k, i), i);
+      v.erase(std::lower_bound(v.begin(), v.end(), entry, KeyLess()));
+    }
   }
   void Relist(uint32_t i) {
     const uint32_t r = RankOf(i);
     std::vector<uint32_t>& l = lists[r];
     pos[i] = static_cast<uint32_t>(l.size());
     l.push_back(i);
-    fresh[0][r] = fresh[1][r] = 0;
+    for (int k = 0; k < 2; ++k) {
+      if (!fresh[k][r]) continue;
+      std::vector<std::pair<double, uint32_t>>& v = sorted[k][r];
+      const std::pair<double, uint32_t> entry(KeyOf(k, i), i);
+      v.insert(std::lower_bound(v.begin(), v.end(), entry, KeyLess()), entry);
+    }
   }
+  // Sorted's key k (VitOf::kId, LlmOf::kId) of item i.
+  double KeyOf(int k, uint32_t i) const { return k == 0 ? items[i].vit : items[i].llm; }
   // Rank r's items as (key, item), sorted; kept until the rank's list
   // changes.
   template <typename Key>
@@ -286,6 +302,7 @@ struct LlmOf {
   static constexpr int kId = 1;
   double operator()(const PackItem& it) const { return it.llm; }
 };
+static_assert(VitOf::kId == 0 && LlmOf::kId == 1, "Side::KeyOf reads the keys by these ids");
 struct TokensOf {
   double operator()(const PackItem& it) const { return it.tokens; }
 };
