@@ -76,10 +76,10 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
     in_vl = ps.vl;
     if (ps.piece > 0) continue;  // the first piece stands for its document
     const uint64_t pos = ps.position, drawn = per[v] ? pos / per[v] : 0;
-    if (ps.sample != (*ids[v])[samplers[v].At(pos)] || ps.drawn_step != drawn ||
-        drawn > p.step || drawn + H < p.step || (any[v] && pos <= last[v])) {
+    if (ps.sample != (*ids[v])[samplers[v].At(pos)] || drawn > p.step || drawn + H < p.step ||
+        (any[v] && pos <= last[v])) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " is planned at stream position ", pos,
-                                     " (drawn at step ", ps.drawn_step,
+                                     " (drawn at step ", drawn,
                                      "), which the stream or the order does not give it"));
     }
     if (drawn < p.step && !std::binary_search(queued[v]->begin(), queued[v]->end(), pos)) {
@@ -143,8 +143,8 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
     }
     if ((!whole && !truncated && ps.pieces == 0) ||
         (whole && (ps.cost.image_tokens != c->image_tokens || !Close(ps.cost.vit, c->vit))) ||
-        ps.cost.llm_tokens > seq_len || !Close(ps.cost.llm, job.coster(stage).model().Llm(
-                                                              ps.cost.llm_tokens))) {
+        ps.cost.llm_tokens > seq_len ||
+        !Close(ps.cost.llm, job.coster(stage).model().Llm(ps.cost.llm_tokens))) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " is planned with ", ps.cost.llm_tokens,
                                      " tokens / ", ps.cost.image_tokens,
                                      " image tokens, the index "

@@ -36,10 +36,10 @@ struct PlannedSample {
   uint32_t piece = 0, pieces = 0;
   uint32_t text_begin = 0;
   SampleCost cost;  // at the step's stage
-  // Its stream position (sampler.h) and the step whose draw it belongs to
-  // (earlier than the plan's step when it was deferred).
+  // Its stream position (sampler.h): the step whose draw it belongs to is
+  // position / the stream's samples per step (earlier than the plan's step
+  // when it was deferred).
   uint64_t position = 0;
-  uint64_t drawn_step = 0;
 };
 
 // What the overflow policy did in a step (tutti.v1.OverflowStats).

@@ -355,10 +355,8 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   ReadSamples(ix, coster, order, &drawn, &media);
   DrawnAdmission& admission = BeginAdmission(*out);
   constexpr uint32_t kAhead = 16;
-  // The round-robin deal's rank (k % W), and the step's own positions
-  // (drawn at `step`) told apart from waiting ones without a division.
+  // The round-robin deal's rank (k % W), without a division.
   uint32_t drawn_rank = 0;
-  const uint64_t own_text = step * T, own_vl = step * V;
   for (uint32_t k = 0; k < NT + NV; ++k, drawn_rank = drawn_rank + 1 == W ? 0 : drawn_rank + 1) {
     if (k + kAhead < NT + NV) {
       __builtin_prefetch(media.data() + drawn[k + kAhead].media_at);
@@ -381,8 +379,6 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     ps.drawn_rank = drawn_rank;
     ps.vl = vl;
     ps.position = pos[k];
-    const uint64_t own = vl ? own_vl : own_text, per = vl ? V : T;
-    ps.drawn_step = pos[k] - own < per ? step : pos[k] / per;
     ps.first_image = static_cast<uint32_t>(out->images.size());
     ps.first_audio = static_cast<uint32_t>(out->audio.size());
     SampleCost& c = ps.cost;
