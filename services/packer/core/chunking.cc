@@ -25,8 +25,8 @@ void SortDecreasing(const std::vector<uint32_t>& patches, std::vector<uint64_t>*
   pos.resize(n);
   tmp.resize(n);
   for (uint32_t k = 0; k < n; ++k) pos[k] = k;
-  uint32_t spread = top - *std::min_element(patches.begin(), patches.end());
-  for (uint32_t shift = 0; spread >> shift != 0 && shift < 32; shift += 8) {
+  const uint32_t spread = top - *std::min_element(patches.begin(), patches.end());
+  for (uint32_t shift = 0; shift < 32 && spread >> shift != 0; shift += 8) {
     uint32_t count[257] = {};
     for (uint32_t k = 0; k < n; ++k) ++count[((top - patches[k]) >> shift & 0xFF) + 1];
     for (uint32_t d = 0; d < 256; ++d) count[d + 1] += count[d];
