@@ -91,7 +91,8 @@ TUTTI_WIDE void MapWide(const uint64_t* in, size_t count, uint64_t* out, uint64_
   for (int r = 0; r < 4; ++r) k.rk[r] = _mm512_set1_epi64(static_cast<int64_t>(keys[r]));
   const __m512i limit = _mm512_set1_epi64(static_cast<int64_t>(n));
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  alignas(64) uint64_t value[2][kWideBlock + 8], place[2][kWideBlock + 8];
+  // The walking lists (33 KB), off the stack of whichever thread plans.
+  alignas(64) static thread_local uint64_t value[2][kWideBlock + 8], place[2][kWideBlock + 8];
   for (size_t b = 0; b < count; b += kWideBlock) {
     const size_t size = std::min(kWideBlock, count - b);
     uint64_t* block = out + b;
