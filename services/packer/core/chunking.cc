@@ -60,9 +60,9 @@ void BuildChunks(uint64_t max_patches, const uint32_t* row_patches, StepPlanData
     const uint32_t n = plan->enc_images.size(r);
     if (n == 0) continue;
     const uint32_t* row = row_patches + plan->enc_images.begin[r];
-    // All of the rank's images within the limit: first-fit decreasing puts
-    // them in one chunk, in position order (the common case below the
-    // largest stages), so the sort is not needed.
+    // All of the rank's images within the limit (few or small images):
+    // first-fit decreasing puts them in one chunk, in position order, so
+    // the sort is not needed.
     uint64_t total = 0;
     for (uint32_t k = 0; k < n; ++k) total += row[k];
     if (total <= max_patches) {
