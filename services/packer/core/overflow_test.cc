@@ -366,65 +366,71 @@ std::string LongDocumentConfig(const std::string& overflow) {
                       overflow);
 }
 
+// Under colocated packing and post-balancing alike: a split VL document's
+// later pieces hold its text alone and still go to VL sequences (post-
+// balancing refused such a step as "VL but has no images or audio").
 TEST(OverflowTest, ALongDocumentUnderEachPolicy) {
   const auto index = LongDocumentIndex();
-  for (const std::string policy : {"", "split", "truncate", "skip"}) {
-    SCOPED_TRACE(policy);
-    auto job = testing::MakeJob(
-        LongDocumentConfig(policy.empty() ? ""
-                                          : absl::StrCat("overflow { long_documents: '", policy,
-                                                         "' max_skip_fraction: 0.05 }")),
-        index);
-    ASSERT_TRUE(job.ok()) << job.status();
-    const PlannedRun run = PlanSteps(*job, 0, 40);  // two epochs of each stream
-    ASSERT_EQ(run.plans.size(), 40u);
-    uint64_t split = 0, pieces = 0, truncated = 0, skipped = 0, long_planned = 0;
-    for (const StepPlanData& d : run.plans) {
-      split += d.overflow.split_documents;
-      pieces += d.overflow.split_pieces;
-      truncated += d.overflow.truncated;
-      skipped += d.overflow.skipped;
-      v1::StepPlan plan;
-      ASSERT_TRUE(BuildStepPlan(**job, d, {}, &plan).ok());
-      for (const PlannedSample& ps : d.samples) {
-        EXPECT_LE(ps.cost.llm_tokens, 8192u);
-        const uint32_t full = ps.vl ? 7000 : 20000;
-        if (ps.pieces > 0 || ps.truncated) ++long_planned;
-        if (ps.truncated) {
-          EXPECT_EQ(ps.cost.llm_tokens, 8192u);
-          EXPECT_EQ(ps.cost.images, ps.vl ? 3 : 0);
-          EXPECT_LT(ps.cost.text_tokens, full);
+  for (const bool post : {false, true})
+    for (const std::string policy : {"", "split", "truncate", "skip"}) {
+      SCOPED_TRACE(absl::StrCat(policy, post ? ", post-balancing" : ""));
+      auto job =
+          testing::MakeJob(LongDocumentConfig(absl::StrCat(
+                               policy.empty() ? ""
+                                              : absl::StrCat("overflow { long_documents: '", policy,
+                                                             "' max_skip_fraction: 0.05 }"),
+                               post ? " post_balancing { enabled: true }" : "")),
+                           index);
+      ASSERT_TRUE(job.ok()) << job.status();
+      const PlannedRun run = PlanSteps(*job, 0, 40);  // two epochs of each stream
+      ASSERT_EQ(run.plans.size(), 40u);
+      uint64_t split = 0, pieces = 0, truncated = 0, skipped = 0, long_planned = 0;
+      for (const StepPlanData& d : run.plans) {
+        split += d.overflow.split_documents;
+        pieces += d.overflow.split_pieces;
+        truncated += d.overflow.truncated;
+        skipped += d.overflow.skipped;
+        v1::StepPlan plan;
+        ASSERT_TRUE(BuildStepPlan(**job, d, {}, &plan).ok());
+        for (const PlannedSample& ps : d.samples) {
+          EXPECT_LE(ps.cost.llm_tokens, 8192u);
+          const uint32_t full = ps.vl ? 7000 : 20000;
+          if (ps.pieces > 0 || ps.truncated) ++long_planned;
+          if (ps.truncated) {
+            EXPECT_EQ(ps.cost.llm_tokens, 8192u);
+            EXPECT_EQ(ps.cost.images, ps.vl ? 3 : 0);
+            EXPECT_LT(ps.cost.text_tokens, full);
+          }
         }
-      }
-      for (const auto& rank : plan.ranks()) {
-        for (const auto& mb : rank.micro_batches()) {
-          for (const auto& seq : mb.sequences()) {
-            for (const auto& doc : seq.docs()) {
-              if (doc.pieces() == 0) continue;
-              EXPECT_LT(doc.piece(), doc.pieces());
-              // Text-only pieces before the last fill a sequence.
-              if (mb.modality() == v1::MODALITY_TEXT && doc.piece() + 1 < doc.pieces()) {
-                EXPECT_EQ(doc.length(), 8192u);
-                EXPECT_EQ(doc.text_begin(), doc.piece() * 8192u);
+        for (const auto& rank : plan.ranks()) {
+          for (const auto& mb : rank.micro_batches()) {
+            for (const auto& seq : mb.sequences()) {
+              for (const auto& doc : seq.docs()) {
+                if (doc.pieces() == 0) continue;
+                EXPECT_LT(doc.piece(), doc.pieces());
+                // Text-only pieces before the last fill a sequence.
+                if (mb.modality() == v1::MODALITY_TEXT && doc.piece() + 1 < doc.pieces()) {
+                  EXPECT_EQ(doc.length(), 8192u);
+                  EXPECT_EQ(doc.text_begin(), doc.piece() * 8192u);
+                }
               }
             }
           }
         }
       }
+      // 12 long text and 6 long VL documents per epoch of each stream.
+      if (policy.empty() || policy == "split") {
+        EXPECT_EQ(split, 36u);
+        EXPECT_EQ(pieces, 24u * 3 + 12u * 2);  // 20,000 = 3 x 8192; 11,000 = 2
+        EXPECT_EQ(truncated + skipped, 0u);
+      } else if (policy == "truncate") {
+        EXPECT_EQ(truncated, 36u);
+        EXPECT_EQ(split + skipped, 0u);
+      } else {
+        EXPECT_EQ(skipped, 36u);
+        EXPECT_EQ(split + truncated + long_planned, 0u);
+      }
     }
-    // 12 long text and 6 long VL documents per epoch of each stream.
-    if (policy.empty() || policy == "split") {
-      EXPECT_EQ(split, 36u);
-      EXPECT_EQ(pieces, 24u * 3 + 12u * 2);  // 20,000 = 3 x 8192; 11,000 = 2
-      EXPECT_EQ(truncated + skipped, 0u);
-    } else if (policy == "truncate") {
-      EXPECT_EQ(truncated, 36u);
-      EXPECT_EQ(split + skipped, 0u);
-    } else {
-      EXPECT_EQ(skipped, 36u);
-      EXPECT_EQ(split + truncated + long_planned, 0u);
-    }
-  }
 }
 
 TEST(OverflowTest, ShapeDocumentNeverCutsARun) {

@@ -237,7 +237,10 @@ absl::Status ValidateStep(const StepPlanData& step, const ShardAvailability& av,
           who(), " has ", llm_tokens, " LLM tokens; a document needs 1 to seq_len (", sl.seq_len,
           ") tokens: drop or truncate it when sampling, or raise seq_len"));
     }
-    if (s.vl != (items[k] > 0)) {
+    // A piece of a split VL document may hold text alone (its images went
+    // to other pieces); it still belongs in the VL sequences.
+    const bool vl_text_piece = s.vl && s.pieces > 1;
+    if (s.vl != (items[k] > 0) && !vl_text_piece) {
       return absl::InvalidArgumentError(absl::StrCat(
           who(),
           s.vl ? " is VL but has no images or audio" : " is text-only but has images or audio",
