@@ -4,6 +4,7 @@
 #include "services/packer/core/overflow.h"
 
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -325,7 +326,9 @@ std::shared_ptr<const Index> LongDocumentIndex() {
   IndexWriter w;
   w.SetSourceDir("long");
   for (uint32_t s = 0; s < 600; ++s) {
-    if (s % 100 == 0) EXPECT_TRUE(w.AddShard(absl::StrCat("l-", s / 100, ".tar"), 1 << 30, 0).ok());
+    if (s % 100 == 0) {
+      EXPECT_TRUE(w.AddShard(absl::StrCat("l-", s / 100, ".tar"), 1 << 30, 0).ok());
+    }
     const bool vl = s % 5 == 4;
     const bool longer = vl ? s % 100 == 9 : s % 50 == 3;
     const uint32_t text = vl ? (longer ? 7000 : 60) : (longer ? 20000 : 400);
@@ -516,6 +519,45 @@ TEST(OverflowTest, TheCertificateIsClosedUnderSubsetsAndFirstFitPacksWhatItAdmit
   for (const auto& [slot, t] : tokens) EXPECT_LE(t, 8192u) << "slot " << slot;
 }
 
+// FirstFitPrefix sorts a window's sizes once for all its probes: the same
+// prefix as a binary search that runs first-fit decreasing on each probe's
+// prefix, on windows of one- to three-piece candidates, sizes from tiny to a
+// whole sequence, near and far from what the bins hold.
+TEST(OverflowTest, FirstFitPrefixIsTheBinarySearchOverFirstFitDecreasing) {
+  std::mt19937 rng(12);
+  auto reference = [](absl::Span<const uint32_t> sizes, absl::Span<const uint32_t> begin,
+                      uint32_t bins) {
+    const uint32_t n = static_cast<uint32_t>(begin.size()) - 1;
+    if (FirstFitPacks(sizes.subspan(0, begin[n]), bins)) return n;
+    uint32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      (FirstFitPacks(sizes.subspan(0, begin[mid]), bins) ? lo : hi) = mid;
+    }
+    return lo;
+  };
+  uint32_t partial = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const uint32_t bins = rng() % 24;
+    const uint32_t n = rng() % 120;
+    const uint32_t max_size = 1 + rng() % PackCertificate::kUnit;
+    std::vector<uint32_t> sizes, begin{0};
+    for (uint32_t c = 0; c < n; ++c) {
+      const uint32_t pieces = 1 + (rng() % 8 == 0 ? rng() % 3 : 0);
+      for (uint32_t k = 0; k < pieces; ++k) {
+        // Repeated sizes too: equal items are where an order could differ.
+        sizes.push_back(rng() % 4 == 0 ? max_size / 2 : 1 + rng() % max_size);
+      }
+      begin.push_back(static_cast<uint32_t>(sizes.size()));
+    }
+    const uint32_t want = reference(sizes, begin, bins);
+    ASSERT_EQ(FirstFitPrefix(sizes, begin, bins), want)
+        << "trial " << trial << ": " << n << " candidates, " << bins << " bins";
+    partial += want > 0 && want < n;
+  }
+  EXPECT_GT(partial, 40u);  // the binary search itself was exercised
+}
+
 // Bad input.
 
 TEST(OverflowBadInputTest, APolicyThatWouldSkipTooMuchIsRefusedAtLoad) {
@@ -544,7 +586,9 @@ std::shared_ptr<const Index> HeavyIndex() {
   IndexWriter w;
   w.SetSourceDir("heavy");
   for (uint32_t s = 0; s < 400; ++s) {
-    if (s % 100 == 0) EXPECT_TRUE(w.AddShard(absl::StrCat("h-", s / 100, ".tar"), 1 << 30, 0).ok());
+    if (s % 100 == 0) {
+      EXPECT_TRUE(w.AddShard(absl::StrCat("h-", s / 100, ".tar"), 1 << 30, 0).ok());
+    }
     MemberInput json{MemberKind::kJson, "json", uint64_t{s % 100} << 20, 4900 * 6};
     std::vector<MemberInput> media;
     if (s % 4 == 3) {

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "services/packer/core/chunking.h"
 #include "services/packer/core/exchange.h"
+#include "services/packer/core/radix_sort.h"
 #include "services/packer/core/sampler.h"
 #include "tutti/v1/common.pb.h"
 
@@ -56,34 +57,6 @@ struct DrawnMedium {
   bool image;
 };
 
-// Sorts entries (key << 32 | low), key < 2^bits, by key, stably: LSD radix
-// sort, 11 bits a pass, every pass's counts taken in one read.
-void SortByKey(uint32_t bits, std::vector<uint64_t>* v, std::vector<uint64_t>* tmp) {
-  constexpr uint32_t kDigit = 11, kBuckets = 1u << kDigit;
-  const uint32_t passes = (bits + kDigit - 1) / kDigit;
-  if (passes == 0) return;
-  thread_local std::vector<uint32_t> count;
-  count.assign(size_t{passes} * kBuckets, 0);
-  for (const uint64_t x : *v) {
-    for (uint32_t p = 0; p < passes; ++p)
-      ++count[p * kBuckets + ((x >> (32 + p * kDigit)) & (kBuckets - 1))];
-  }
-  tmp->resize(v->size());
-  for (uint32_t p = 0; p < passes; ++p) {
-    uint32_t* c = count.data() + p * kBuckets;
-    uint32_t sum = 0;
-    for (uint32_t b = 0; b < kBuckets; ++b) {
-      const uint32_t n = c[b];
-      c[b] = sum;
-      sum += n;
-    }
-    const uint32_t shift = 32 + p * kDigit;
-    uint64_t* out = tmp->data();
-    for (const uint64_t x : *v) out[c[(x >> shift) & (kBuckets - 1)]++] = x;
-    v->swap(*tmp);
-  }
-}
-
 // The candidates as (sample id << 32 | draw position), ascending: `local`
 // holds the NT text candidates' then the NV VL candidates' stream-local
 // indices; each stream's ids list ascends, so sorting by local index sorts
@@ -98,7 +71,7 @@ void SampleOrder(const uint64_t* local, uint32_t NT, uint32_t NV,
     for (uint32_t i = 0; i < n; ++i) (*v)[i] = l[i] << 32 | (first + i);
     uint32_t bits = 0;
     while (bits < 32 && (uint64_t{1} << bits) < ids.size()) ++bits;
-    SortByKey(bits, v, &tmp);
+    SortByUpper32(bits, v, &tmp);
     for (uint64_t& e : *v) e = uint64_t{ids[e >> 32]} << 32 | static_cast<uint32_t>(e);
   };
   sorted(local, NT, 0, text_ids, &text);

@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "services/packer/core/overflow.h"
 #include "services/packer/core/planner.h"
+#include "services/packer/core/radix_sort.h"
 #include "services/packer/core/sampler.h"
 
 namespace tutti::packer {
@@ -86,14 +87,18 @@ LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongD
 uint32_t RepeatLimit(const StreamCandidates& c, uint32_t a, bool own) {
   const uint32_t n = c.size();
   if (own) return n;
-  thread_local std::vector<std::pair<uint32_t, uint32_t>> seen;  // (sample, candidate)
-  seen.clear();
-  for (uint32_t i = a; i < n; ++i) seen.emplace_back(c.ids[i], i);
-  std::sort(seen.begin(), seen.end());
-  uint32_t limit = n;
-  for (size_t i = 1; i < seen.size(); ++i) {
-    if (seen[i].first == seen[i - 1].first) limit = std::min(limit, seen[i].second);
+  // A bit per sample id (an index of millions of samples: a few hundred
+  // KB), set as the candidates come and cleared after.
+  thread_local std::vector<uint64_t> seen;
+  uint32_t limit = a;
+  for (; limit < n; ++limit) {
+    const uint32_t s = c.ids[limit];
+    if (s / 64 >= seen.size()) seen.resize(s / 64 + 1, 0);
+    const uint64_t bit = uint64_t{1} << (s % 64);
+    if (seen[s / 64] & bit) break;
+    seen[s / 64] |= bit;
   }
+  for (uint32_t i = a; i < limit; ++i) seen[c.ids[i] / 64] = 0;
   return limit;
 }
 
@@ -133,14 +138,50 @@ absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_
   std::vector<uint32_t> runs;
   std::vector<DocPiece> pieces;
   // The stream-local indices of [lo, hi) in one batch (StreamSampler::AtMany).
+  const uint32_t n = static_cast<uint32_t>(hi - lo);
   thread_local std::vector<uint64_t> positions, local;
-  positions.resize(hi - lo);
-  local.resize(hi - lo);
+  positions.resize(n);
+  local.resize(n);
   for (uint64_t p = lo; p < hi; ++p) positions[p - lo] = p;
   sampler.AtMany(positions.data(), positions.size(), local.data());
-  for (uint64_t p = lo; p < hi; ++p) {
-    const uint32_t s = stream[local[p - lo]];
-    ASSIGN_OR_RETURN(SampleCost cost, coster.Cost(s));
+  // Their costs in sample-id order (a stream's ids ascend with its local
+  // indices), so that the index is read ascending as the draw reads it
+  // (Planner::Draw) instead of at random; the candidates then follow in
+  // position order. A costing that fails is reported for the first
+  // position it fails at, as a walk in position order would.
+  struct Costed {
+    uint32_t llm_tokens, image_tokens, text_tokens;
+  };
+  thread_local std::vector<uint64_t> order, tmp;
+  thread_local std::vector<Costed> costed;
+  order.resize(n);
+  for (uint32_t i = 0; i < n; ++i) order[i] = local[i] << 32 | i;
+  uint32_t bits = 0;
+  while (bits < 32 && (uint64_t{1} << bits) < stream.size()) ++bits;
+  SortByUpper32(bits, &order, &tmp);
+  costed.resize(n);
+  uint32_t failed = n;
+  absl::Status failure;
+  constexpr uint32_t kAhead = 16;
+  for (uint32_t k = 0; k < n; ++k) {
+    if (k + kAhead < n) ix.PrefetchSample(stream[order[k + kAhead] >> 32]);
+    if (k + kAhead / 2 < n) {
+      const uint32_t ahead = stream[order[k + kAhead / 2] >> 32];
+      ix.PrefetchMedia(ahead);
+      coster.PrefetchGrid(ix.media_begin(ahead));
+    }
+    const uint32_t i = static_cast<uint32_t>(order[k]);
+    absl::StatusOr<SampleCost> cost = coster.Cost(stream[order[k] >> 32]);
+    if (!cost.ok()) {
+      if (i < failed) failed = i, failure = cost.status();
+      continue;
+    }
+    costed[i] = Costed{cost->llm_tokens, cost->image_tokens, cost->text_tokens};
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    if (i == failed) return failure;
+    const uint32_t s = stream[local[i]];
+    const Costed& cost = costed[i];
     runs.clear();
     uint32_t image_runs = 0;
     if (cost.llm_tokens > seq_len) RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));

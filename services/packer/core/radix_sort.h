@@ -1,6 +1,7 @@
-// Ascending sort of 64-bit values: the strategies' rank orders, (load bits
-// << 32 | rank), sorted hundreds of times a step, where a comparison sort
-// mispredicts about every other branch.
+// Radix sorts of 64-bit values: the strategies' rank orders, (load bits <<
+// 32 | rank), sorted hundreds of times a step, where a comparison sort
+// mispredicts about every other branch; and the draw's candidates by
+// sample id.
 #ifndef TUTTI_SERVICES_PACKER_CORE_RADIX_SORT_H_
 #define TUTTI_SERVICES_PACKER_CORE_RADIX_SORT_H_
 
@@ -31,6 +32,36 @@ inline void RadixSort64(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp) {
     for (uint32_t d = 0; d < 256; ++d) count[d + 1] += count[d];
     uint64_t* out = tmp->data();
     for (const uint64_t x : *v) out[count[x >> shift & 0xFF]++] = x;
+    v->swap(*tmp);
+  }
+}
+
+// Sorts entries (key << 32 | low), key < 2^bits, by key, stably: an LSD
+// radix sort, 11 bits a pass, every pass's counts taken in one read. *tmp:
+// scratch.
+inline void SortByUpper32(uint32_t bits, std::vector<uint64_t>* v, std::vector<uint64_t>* tmp) {
+  constexpr uint32_t kDigit = 11, kBuckets = 1u << kDigit;
+  const uint32_t passes = (bits + kDigit - 1) / kDigit;
+  if (passes == 0) return;
+  thread_local std::vector<uint32_t> count;
+  count.assign(size_t{passes} * kBuckets, 0);
+  for (const uint64_t x : *v) {
+    for (uint32_t p = 0; p < passes; ++p) {
+      ++count[p * kBuckets + ((x >> (32 + p * kDigit)) & (kBuckets - 1))];
+    }
+  }
+  tmp->resize(v->size());
+  for (uint32_t p = 0; p < passes; ++p) {
+    uint32_t* c = count.data() + p * kBuckets;
+    uint32_t sum = 0;
+    for (uint32_t b = 0; b < kBuckets; ++b) {
+      const uint32_t n = c[b];
+      c[b] = sum;
+      sum += n;
+    }
+    const uint32_t shift = 32 + p * kDigit;
+    uint64_t* out = tmp->data();
+    for (const uint64_t x : *v) out[c[(x >> shift) & (kBuckets - 1)]++] = x;
     v->swap(*tmp);
   }
 }
