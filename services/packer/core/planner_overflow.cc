@@ -222,9 +222,11 @@ absl::StatusOr<StreamAdmission> Planner::AdmitStream(uint64_t step, bool vl, uin
   const uint32_t bins = cert.bins();
   // The window: candidates of positions [lo, end); at first the step's own.
   thread_local StreamCandidates own, below, merged;
+  // Items are kept only for a lead (candidates below f).
+  const bool with_items = lead != nullptr;
   const StreamCandidates* c = drawn;
   if (c == nullptr) {
-    own.Clear();
+    own.Clear(with_items);
     RETURN_IF_ERROR(CostPositions(step, vl, f, end, &own));
     c = &own;
   }
@@ -246,10 +248,10 @@ absl::StatusOr<StreamAdmission> Planner::AdmitStream(uint64_t step, bool vl, uin
       // Extend the window down to g (at least doubling what lies below f).
       const uint64_t want = 2 * std::max<uint64_t>(f - lo, q);
       const uint64_t new_lo = std::min(g, f > want ? f - want : 0);
-      below.Clear();
+      below.Clear(with_items);
       RETURN_IF_ERROR(CostPositions(step, vl, new_lo, lo, &below));
       below.Append(*c);
-      merged = below;
+      std::swap(merged, below);  // below is cleared before its next use
       c = &merged;
       lo = new_lo;
     }
