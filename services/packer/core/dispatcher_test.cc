@@ -364,7 +364,9 @@ TEST(PostBalancingTest, ImageCapHoldsInEveryMode) {
     EXPECT_GE(planned, kSteps * 2 / 3) << mode;
     // Post-balancing breaks it without the cap (colocated tutti spreads VL
     // image tokens evenly enough to stay under it here).
-    if (post) EXPECT_GT(over_without_cap, 0u) << mode << ": the cap does not bind";
+    if (post) {
+      EXPECT_GT(over_without_cap, 0u) << mode << ": the cap does not bind";
+    }
   }
 }
 

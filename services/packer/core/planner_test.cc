@@ -432,7 +432,9 @@ TEST(PlannerTest, AnIndependentAuditAgreesWithEveryPlan) {
       EXPECT_FALSE(AuditPlanAgainstJob(**job, moved).ok()) << mode;
       StepPlanData wrong = d;
       wrong.llm.max *= 1.01;
-      if (!d.phases_from_dispatcher) EXPECT_FALSE(AuditPlanAgainstJob(**job, wrong).ok()) << mode;
+      if (!d.phases_from_dispatcher) {
+        EXPECT_FALSE(AuditPlanAgainstJob(**job, wrong).ok()) << mode;
+      }
     }
   }
 }
