@@ -197,35 +197,6 @@ uint32_t PackCertificate::LongestPrefix(absl::Span<const uint32_t> sizes,
 }
 
 namespace {
-bool FirstFitPacksSorted(const std::vector<uint64_t>& by_size, uint32_t candidates, uint32_t bins);
-}  // namespace
-
-// Whether first-fit decreasing packs a prefix depends only on the sizes in
-// decreasing order (equal sizes are interchangeable), so the window's sizes
-// are sorted once and each probe of the binary search takes those of its
-// prefix's candidates from that order.
-uint32_t FirstFitPrefix(absl::Span<const uint32_t> sizes, absl::Span<const uint32_t> begin,
-                        uint32_t bins) {
-  const uint32_t n = static_cast<uint32_t>(begin.size()) - 1;
-  // ~size << 32 | candidate: ascending is by decreasing size.
-  thread_local std::vector<uint64_t> by_size, tmp;
-  by_size.clear();
-  for (uint32_t c = 0; c < n; ++c) {
-    for (uint32_t k = begin[c]; k < begin[c + 1]; ++k) {
-      by_size.push_back(uint64_t{~sizes[k]} << 32 | c);
-    }
-  }
-  RadixSort64(&by_size, &tmp);
-  if (FirstFitPacksSorted(by_size, n, bins)) return n;
-  uint32_t lo = 0, hi = n;  // packs lo, not hi
-  while (hi - lo > 1) {
-    const uint32_t mid = lo + (hi - lo) / 2;
-    (FirstFitPacksSorted(by_size, mid, bins) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
-namespace {
 
 // Max tree over bins' free room: the first bin with room for x in O(log B).
 class FirstFit {
@@ -278,8 +249,7 @@ bool FirstFitPacksSorted(const std::vector<uint64_t>& by_size, uint32_t candidat
   FirstFit ff(bins);
   for (const uint64_t e : by_size) {
     if (static_cast<uint32_t>(e) >= candidates) continue;
-    if (bins == 0) return false;
-    if (ff.Place(~static_cast<uint32_t>(e >> 32)) < 0) return false;
+    if (bins == 0 || ff.Place(~static_cast<uint32_t>(e >> 32)) < 0) return false;
   }
   return true;
 }
@@ -359,6 +329,31 @@ void CandidatePositions(uint64_t step, uint32_t T, uint32_t V, const DeferralQue
 
 bool FirstFitPacks(absl::Span<const uint32_t> sizes, uint32_t bins) {
   return FirstFitDecreasing(sizes, bins, nullptr);
+}
+
+// Whether first-fit decreasing packs a prefix depends only on the sizes in
+// decreasing order (equal sizes are interchangeable), so the window's sizes
+// are sorted once and each probe of the binary search takes those of its
+// prefix's candidates from that order.
+uint32_t FirstFitPrefix(absl::Span<const uint32_t> sizes, absl::Span<const uint32_t> begin,
+                        uint32_t bins) {
+  const uint32_t n = static_cast<uint32_t>(begin.size()) - 1;
+  // ~size << 32 | candidate: ascending is by decreasing size.
+  thread_local std::vector<uint64_t> by_size, tmp;
+  by_size.clear();
+  for (uint32_t c = 0; c < n; ++c) {
+    for (uint32_t k = begin[c]; k < begin[c + 1]; ++k) {
+      by_size.push_back(uint64_t{~sizes[k]} << 32 | c);
+    }
+  }
+  RadixSort64(&by_size, &tmp);
+  if (FirstFitPacksSorted(by_size, n, bins)) return n;
+  uint32_t lo = 0, hi = n;  // packs lo, not hi
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    (FirstFitPacksSorted(by_size, mid, bins) ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 std::unique_ptr<PackingStrategy> MakeFirstFitStrategy() {

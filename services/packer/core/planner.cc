@@ -69,9 +69,7 @@ void SampleOrder(const uint64_t* local, uint32_t NT, uint32_t NV,
                     std::vector<uint64_t>* v) {
     v->resize(n);
     for (uint32_t i = 0; i < n; ++i) (*v)[i] = l[i] << 32 | (first + i);
-    uint32_t bits = 0;
-    while (bits < 32 && (uint64_t{1} << bits) < ids.size()) ++bits;
-    SortByUpper32(bits, v, &tmp);
+    SortByUpper32(ids.size(), v, &tmp);
     for (uint64_t& e : *v) e = uint64_t{ids[e >> 32]} << 32 | static_cast<uint32_t>(e);
   };
   sorted(local, NT, 0, text_ids, &text);

@@ -156,9 +156,7 @@ absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_
   thread_local std::vector<Costed> costed;
   order.resize(n);
   for (uint32_t i = 0; i < n; ++i) order[i] = local[i] << 32 | i;
-  uint32_t bits = 0;
-  while (bits < 32 && (uint64_t{1} << bits) < stream.size()) ++bits;
-  SortByUpper32(bits, &order, &tmp);
+  SortByUpper32(stream.size(), &order, &tmp);
   costed.resize(n);
   uint32_t failed = n;
   absl::Status failure;

@@ -36,11 +36,14 @@ inline void RadixSort64(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp) {
   }
 }
 
-// Sorts entries (key << 32 | low), key < 2^bits, by key, stably: an LSD
-// radix sort, 11 bits a pass, every pass's counts taken in one read. *tmp:
-// scratch.
-inline void SortByUpper32(uint32_t bits, std::vector<uint64_t>* v, std::vector<uint64_t>* tmp) {
+// Sorts entries (key << 32 | low), key < key_limit, by key, stably: an LSD
+// radix sort, 11 bits a pass over the key's bits, every pass's counts taken
+// in one read. *tmp: scratch.
+inline void SortByUpper32(uint64_t key_limit, std::vector<uint64_t>* v,
+                          std::vector<uint64_t>* tmp) {
   constexpr uint32_t kDigit = 11, kBuckets = 1u << kDigit;
+  uint32_t bits = 0;
+  while (bits < 32 && (uint64_t{1} << bits) < key_limit) ++bits;
   const uint32_t passes = (bits + kDigit - 1) / kDigit;
   if (passes == 0) return;
   thread_local std::vector<uint32_t> count;
