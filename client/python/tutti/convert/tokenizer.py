@@ -69,6 +69,10 @@ class SentencePieceTokenizer:
         i = self._sp.piece_to_id(token)
         return None if self._sp.is_unknown(i) else i
 
+    def encode_text(self, text: str) -> List[int]:
+        """The library's own encode of a whole text (the benchmark's baseline)."""
+        return self._sp.encode(text)
+
     def encode(self, text: str, spans: Spans = ()) -> Tuple[List[int], List[Tuple[int, int]]]:
         cuts = sorted({p for span in spans for p in span if 0 < p < len(text)})
         bounds = [0, *cuts, len(text)]
@@ -106,6 +110,10 @@ class HfTokenizer:
 
     def token_id(self, token: str) -> Optional[int]:
         return self._tk.token_to_id(token)
+
+    def encode_text(self, text: str) -> List[int]:
+        """The library's own encode of a whole text (the benchmark's baseline)."""
+        return self._tk.encode(text, add_special_tokens=False).ids
 
     def encode(self, text: str, spans: Spans = ()) -> Tuple[List[int], List[Tuple[int, int]]]:
         enc = self._tk.encode(text, add_special_tokens=False)
