@@ -55,6 +55,8 @@ class ConvertCase(unittest.TestCase):
     def check_sample(self, sample, ref, turns):
         ids, trained, images = ref.sample(turns)
         doc = json.loads(sample["json"])
+        self.assertEqual(sample["json"], json.dumps(doc, sort_keys=True, separators=(",", ":"),
+                                                    ensure_ascii=False).encode())
         self.assertEqual(doc["schema"], 2)
         self.assertEqual(doc["input_ids"], ids)
         self.assertEqual(doc["trained"], trained)
@@ -213,6 +215,18 @@ class FormatsTest(ConvertCase):
         ids = json.loads(samples["000000000"]["json"])["input_ids"]
         self.assertEqual(ids.count(size + 1), 1)
         self.assertTrue(all(i < size for i in ids if i != size + 1))
+
+
+class ShardFormatTest(unittest.TestCase):
+    def test_member_headers_are_tarfiles_with_fixed_metadata(self):
+        import tarfile
+
+        from tutti.convert.shards import member_header
+        for name, size in (("000000001.json", 123), ("000000001.10.webp", 8 ** 11 - 1),
+                           ("k" * 100, 0), ("\u00e9" * 30, 5)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
+            self.assertEqual(member_header(name, size), info.tobuf(format=tarfile.USTAR_FORMAT))
 
 
 class TemplatesTest(ConvertCase):

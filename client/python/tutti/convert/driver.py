@@ -78,15 +78,16 @@ class Context:
 
     def __init__(self, o: ConvertOptions):
         try:
+            date = datetime.fromisoformat(o.template_date)
+        except ValueError as e:
+            raise ConvertError(f"--template-date {o.template_date}: {e}") from None
+        try:
             self.tokenizer = tokenizers.load(o.tokenizer, o.tokenizer_kind)
             tok_dir = o.tokenizer if os.path.isdir(o.tokenizer) else None
             source, self.template_origin = load_source(o.chat_template, tok_dir)
-            date = datetime.fromisoformat(o.template_date)
             self.template = ChatTemplate(source, {**self.tokenizer.special_tokens, **o.template_vars}, date)
         except (tokenizers.TokenizerSetupError, TemplateSetupError) as e:
             raise ConvertError(str(e)) from None
-        except ValueError as e:
-            raise ConvertError(f"--template-date {o.template_date}: {e}") from None
         self.template_sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
         self.vocab = resolve_vocabulary(self.tokenizer, o.vision_ids, o.audio_ids, o.image_placeholder_id)
         self.builder = SampleBuilder(self.tokenizer, self.template, self.vocab, o.limits)
@@ -94,7 +95,8 @@ class Context:
         self.key_width = 9
 
     def convert(self, task) -> list:
-        """("sample", Sample) or ("skip", reason, "where: why") per record of the task."""
+        """("sample", its tar members' bytes, Sample.stats) or ("skip", reason, "where: why")
+        per record of the task."""
         base = os.path.dirname(os.path.abspath(task.path))
         out = []
         for name, raw in inputs.read(task):
@@ -103,7 +105,8 @@ class Context:
                     raise raw
                 record = formats.parse(raw, self.formats, base)
                 key = f"{task.index + len(out):0{self.key_width}d}"
-                out.append(("sample", self.builder.build(key, record)))
+                sample = self.builder.build(key, record)
+                out.append(("sample", shards.sample_bytes(sample), sample.stats()))
             except Skip as s:
                 out.append(("skip", s.reason, f"{name}: {s.message}"))
             except Exception as e:  # a defect, not bad input: stop, naming the record
@@ -189,13 +192,16 @@ def run(o: ConvertOptions, stderr=None) -> Report:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are the parallelism
     context = Context(o)
     try:
-        files = inputs.discover(o.inputs)
+        files = inputs.discover(o.inputs, exclude=o.out)
         scanned = [inputs.InputFile(p) for p in files]
     except inputs.InputError as e:
         raise ConvertError(str(e)) from None
     records = sum(f.count for f in scanned)
     context.key_width = max(9, len(str(max(records - 1, 0))))
-    kept = _prepare_out(o, o.fingerprint(context, files))
+    try:
+        kept = _prepare_out(o, o.fingerprint(context, files))
+    except OSError as e:
+        raise ConvertError(f"--out {o.out}: {e}") from None
     first = kept[-1].end_record if kept else 0
     writer = shards.ShardWriter(o.out, shards.ShardLog(o.out), o.shard_size, o.samples_per_shard,
                                 len(kept), first, o.examples)
@@ -210,7 +216,7 @@ def run(o: ConvertOptions, stderr=None) -> Report:
                                    f"{task.count} records in a task, read {len(results)}); rerun")
             for offset, result in enumerate(results):
                 if result[0] == "sample":
-                    writer.add_sample(task.index + offset, result[1])
+                    writer.add_sample(task.index + offset, result[1], result[2])
                     continue
                 if o.strict:
                     raise ConvertError(f"{result[2]} [{result[1]}] (--strict: a skipped record "
@@ -220,6 +226,8 @@ def run(o: ConvertOptions, stderr=None) -> Report:
             done += len(results)
             progress.update(done, skipped, writer.next_shard)
         tail = writer.finish(records)
+    except OSError as e:  # writing: a full disk, a lost mount
+        raise ConvertError(f"writing {o.out}: {e}; rerun the same command to resume") from None
     finally:
         writer.abandon()
     progress.update(done, skipped, writer.next_shard, final=True)

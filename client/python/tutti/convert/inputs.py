@@ -30,12 +30,16 @@ class InputError(Exception):
     """An input file that cannot be read at all."""
 
 
-def discover(paths: List[str]) -> List[str]:
+def discover(paths: List[str], exclude: str = "") -> List[str]:
+    """The input files: paths as given, directories' files sorted by path (leaving out
+    those under `exclude`, the output directory)."""
     out = []
+    skip = os.path.join(os.path.abspath(exclude), "") if exclude else None
     for p in paths:
         if os.path.isdir(p):
             found = sorted(os.path.join(d, n) for d, _, names in os.walk(p) for n in names
-                           if n.endswith(EXTENSIONS))
+                           if n.endswith(EXTENSIONS) and not
+                           (skip and os.path.abspath(os.path.join(d, n)).startswith(skip)))
             if not found:
                 raise InputError(f"{p}: no {', '.join(EXTENSIONS)} files in it")
             out += found

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import images as image_io
 from .records import ASSISTANT, Record, Skip, check_conversation
-from .template import IMAGE_CLOSE, IMAGE_OPEN, RESERVED, ChatTemplate
+from .template import IMAGE_CLOSE, IMAGE_OPEN, RESERVED, RESERVED_UTF8_PREFIX, ChatTemplate
 from .tokenizer import MARKER_TOKENS
 
 SCHEMA = 2
@@ -74,12 +74,19 @@ class Sample:
     def size(self) -> int:
         return sum(len(data) for _, data in self.members)
 
+    def stats(self) -> Tuple[int, int, int]:
+        """(tokens, trained tokens, images), what the summary counts."""
+        return self.tokens, self.trained_tokens, self.images
+
 
 class SampleBuilder:
     def __init__(self, tokenizer, template: Optional[ChatTemplate], vocab: Vocabulary, limits: Limits):
         self.tokenizer, self.template, self.vocab, self.limits = tokenizer, template, vocab, limits
-        self._reserved = vocab.reserved
         self._placeholder = vocab.placeholders["image"]
+        # Ids text must not encode to: the tokenizer's unknown token, and the reserved ids
+        # it has tokens for (ids appended after its vocabulary it never gives).
+        self._reserved = frozenset(i for i in vocab.reserved if i < tokenizer.vocab_size)
+        self._refused = self._reserved | ({tokenizer.unk_id} if tokenizer.unk_id is not None else set())
 
     def build(self, key: str, record: Record) -> Sample:
         check_conversation(record)
@@ -94,9 +101,7 @@ class SampleBuilder:
         if len(ids) > self.limits.max_tokens:
             raise Skip("too_many_tokens", f"{len(ids)} tokens, over --max-tokens {self.limits.max_tokens}")
         loaded = [image_io.load(record.images[i], self.limits.images) for i in order]
-        doc = {"schema": SCHEMA, "input_ids": ids, "trained": [list(s) for s in spans]}
-        if record.source is not None:
-            doc["source"] = record.source
+        meta = None
         if record.meta:
             try:
                 meta = _dumps(record.meta)
@@ -105,8 +110,7 @@ class SampleBuilder:
             if len(meta) > self.limits.max_meta_bytes:
                 raise Skip("too_large", f"meta is {len(meta)} bytes as JSON, over --max-meta-bytes "
                            f"{self.limits.max_meta_bytes}")
-            doc["meta"] = record.meta
-        members = [(f"{key}.json", _dumps(doc))]
+        members = [(f"{key}.json", sample_json(ids, spans, record.source, meta))]
         members += [(f"{key}.{n}.{im.ext}", im.data) for n, im in enumerate(loaded)]
         sample = Sample(key, members, len(ids), sum(e - b for b, e in spans), len(loaded))
         if sample.size > self.limits.max_sample_bytes:
@@ -147,27 +151,27 @@ class SampleBuilder:
 
     def _encode(self, text: str, spans):
         ids, token_spans = self.tokenizer.encode(text, spans)
+        if self._refused.isdisjoint(ids):
+            return ids, token_spans
         unk = self.tokenizer.unk_id
         if unk is not None and unk in ids:
             chars = [c for c in sorted(set(text)) if unk in self.tokenizer.encode(c)[0]]
             shown = ", ".join(repr(c) for c in chars[:8]) or "a sequence of the text"
             raise Skip("unencodable", f"the tokenizer has no token for {shown}")
-        if not self._reserved.isdisjoint(ids):
-            found = sorted(self._reserved.intersection(ids))
-            raise Skip("placeholder_in_text", f"the text holds reserved token ids {found} "
-                       "(image/audio placeholders and markers)")
-        return ids, token_spans
+        found = sorted(self._reserved.intersection(ids))
+        raise Skip("placeholder_in_text", f"the text holds reserved token ids {found} "
+                   "(image/audio placeholders and markers)")
 
 
 def _check_text(text: str) -> None:
-    found = RESERVED.search(text)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Skip("unencodable", f"the text is not valid Unicode ({e.reason} at {e.start})") from None
+    found = RESERVED_UTF8_PREFIX in data and RESERVED.search(text)
     if found:
         raise Skip("unencodable", f"the text holds U+{ord(found.group()):04X}, a noncharacter "
                    "reserved for internal use")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise Skip("unencodable", f"the text is not valid Unicode ({e.reason} at {e.start})") from None
 
 
 def _merge(spans: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -182,3 +186,16 @@ def _merge(spans: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
 
 def _dumps(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sample_json(ids: List[int], spans, source: Optional[str], meta: Optional[bytes]) -> bytes:
+    """k.json as _dumps writes it (keys sorted, no spaces). The id lists, most of its bytes,
+    are written by repr, which is faster at them than the generic encoder."""
+    out = [b'{"input_ids":', repr(ids).replace(" ", "").encode()]
+    if meta is not None:
+        out += [b',"meta":', meta]
+    out.append(b',"schema":%d' % SCHEMA)
+    if source is not None:
+        out += [b',"source":', _dumps(source)]
+    out += [b',"trained":', repr([list(s) for s in spans]).replace(" ", "").encode(), b"}"]
+    return b"".join(out)

@@ -13,7 +13,7 @@ import json
 import os
 import tarfile
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .sample import Sample
 
@@ -27,14 +27,26 @@ def shard_name(n: int) -> str:
     return f"shard-{n:06d}.tar"
 
 
+def member_header(name: str, size: int) -> bytes:
+    """A ustar header with fixed metadata: mode 0644, uid/gid 0, mtime 0, no owner names
+    (what tarfile writes for such a TarInfo, without its per-member cost)."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100:  # sample keys are record numbers: never reached
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
+        return info.tobuf(format=tarfile.GNU_FORMAT, encoding="utf-8", errors="strict")
+    h = bytearray(BLOCK)
+    h[:len(raw)] = raw
+    h[100:148] = b"0000644\0" b"0000000\0" b"0000000\0" + b"%011o\0" % size + b"00000000000\0"
+    h[148:156] = b" " * 8
+    h[156:157] = tarfile.REGTYPE
+    h[257:265] = tarfile.POSIX_MAGIC
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
 def member_bytes(name: str, data: bytes) -> bytes:
-    """A ustar member with fixed metadata (mtime 0, uid/gid 0, mode 0644, no owner names)."""
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    header = info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
-    return header + data + b"\0" * (-len(data) % BLOCK)
+    return member_header(name, len(data)) + data + b"\0" * (-len(data) % BLOCK)
 
 
 def sample_bytes(sample: Sample) -> bytes:
@@ -54,12 +66,12 @@ class Tally:
     skipped: Dict[str, int] = field(default_factory=dict)
     examples: Dict[str, List[str]] = field(default_factory=dict)
 
-    def add_sample(self, s: Sample, size: int) -> None:
+    def add_sample(self, stats: Tuple[int, int, int], size: int) -> None:
         self.records += 1
         self.samples += 1
-        self.images += s.images
-        self.tokens += s.tokens
-        self.trained_tokens += s.trained_tokens
+        self.tokens += stats[0]
+        self.trained_tokens += stats[1]
+        self.images += stats[2]
         self.sample_bytes += size
 
     def add_skip(self, reason: str, example: str, keep: int) -> None:
@@ -150,8 +162,8 @@ class ShardWriter:
         self._bytes = 0
         self._tally = Tally()
 
-    def add_sample(self, index: int, sample: Sample) -> None:
-        data = sample_bytes(sample)
+    def add_sample(self, index: int, data: bytes, stats: Tuple[int, int, int]) -> None:
+        """Record `index`'s sample: its tar members' bytes and Sample.stats()."""
         if self._tally.samples and (
                 self._bytes + len(data) + len(END_OF_ARCHIVE) > self.shard_size or
                 (self.samples_per_shard and self._tally.samples >= self.samples_per_shard)):
@@ -160,7 +172,7 @@ class ShardWriter:
             self._file = open(self._partial(), "wb")
         self._file.write(data)
         self._bytes += len(data)
-        self._tally.add_sample(sample, len(data))
+        self._tally.add_sample(stats, len(data))
 
     def add_skip(self, reason: str, example: str) -> None:
         self._tally.add_skip(reason, example, self.keep)

@@ -33,15 +33,15 @@ IMAGE_OPEN, IMAGE_CLOSE = "\ufdd2", "\ufdd3"
 TURN_OPEN, TURN_CLOSE = "\ufdd4", "\ufdd5"
 PROBE_TEXT = "\ufdd6"
 RESERVED = re.compile("[\ufdd0-\ufdef]")
+RESERVED_UTF8_PREFIX = "\ufdd0".encode()[:2]  # every one of them starts so in UTF-8
 _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
-_MARKS = re.compile("[\ufdd0\ufdd1\ufdd4\ufdd5]")
 
 # ChatML as Qwen2-VL writes it (a default system turn, images as vision_start,
 # image_pad, vision_end), with the assistant's turns marked for training.
-DEFAULT_TEMPLATE = r"""{%- for message in messages %}
-{%- if loop.first and message['role'] != 'system' %}
+DEFAULT_TEMPLATE = r"""{%- if messages and messages[0]['role'] != 'system' %}
 {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
 {%- endif %}
+{%- for message in messages %}
 {{- '<|im_start|>' + message['role'] + '\n' }}
 {%- if message['content'] is string %}
 {%- set text = message['content'] %}
@@ -155,11 +155,15 @@ class ChatTemplate:
         return {"role": role, "content": "".join(pieces)}
 
     def _probe_content_format(self) -> str:
-        probe = [{"role": "user", "content": [{"type": "text", "text": PROBE_TEXT}]}]
-        try:
-            return "parts" if PROBE_TEXT in self.render(probe) else "string"
-        except Skip:
-            return "string"
+        """One string when the template writes it (the marks make images text, and a
+        string is the cheaper render), else a list of text parts."""
+        for form, content in (("string", PROBE_TEXT), ("parts", [{"type": "text", "text": PROBE_TEXT}])):
+            try:
+                if self.render([{"role": "user", "content": content}]).count(PROBE_TEXT) == 1:
+                    return form
+            except Skip:
+                pass
+        return "string"
 
     def _probe_assistant_surroundings(self) -> Optional[Tuple[str, str]]:
         """What the template writes between the generation prompt and an assistant
@@ -214,25 +218,26 @@ class ChatTemplate:
 
 
 def _strip_marks(text: str, open_mark: str, close_mark: str):
-    """The text without its marks, and the [begin, end) spans the mark pairs enclosed."""
-    out, spans, pos, begin = [], [], 0, None
-    length = 0
-    for m in _MARKS.finditer(text):
-        out.append(text[pos:m.start()])
-        length += m.start() - pos
-        pos = m.end()
-        mark = m.group()
-        if mark == open_mark and begin is None:
-            begin = length
-        elif mark == close_mark and begin is not None:
-            spans.append((begin, length))
-            begin = None
-        elif mark in (open_mark, close_mark):
+    """The text without the marks, and the [begin, end) spans their pairs enclosed."""
+    out, spans, pos, length = [], [], 0, 0
+    while True:
+        begin = text.find(open_mark, pos)
+        if begin < 0:
+            break
+        end = text.find(close_mark, begin + 1)
+        if end < 0:
+            raise Skip("template_error", "a {% generation %} block is not closed")
+        if 0 <= text.find(close_mark, pos, begin) or 0 <= text.find(open_mark, begin + 1, end):
             raise Skip("template_error", "the template's assistant marks are unbalanced "
                        "(a {% generation %} block inside another?)")
+        out += [text[pos:begin], text[begin + 1:end]]
+        length += begin - pos
+        spans.append((length, length + end - begin - 1))
+        length += end - begin - 1
+        pos = end + 1
+    if text.find(close_mark, pos) >= 0:
+        raise Skip("template_error", "the template's assistant marks are unbalanced")
     out.append(text[pos:])
-    if begin is not None:
-        raise Skip("template_error", "a {% generation %} block is not closed")
     return "".join(out), spans
 
 

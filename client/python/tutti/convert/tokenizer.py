@@ -64,6 +64,7 @@ class SentencePieceTokenizer:
         self._control = {sp.id_to_piece(i): i for i in range(self.vocab_size) if sp.is_control(i)}
         names = sorted(self._control, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
+        self._control_starts = sorted({n[0] for n in names if n})  # a quick test before the split
 
     def token_id(self, token: str) -> Optional[int]:
         i = self._sp.piece_to_id(token)
@@ -81,7 +82,8 @@ class SentencePieceTokenizer:
         for begin, end in zip(bounds, bounds[1:]):
             token_at[begin] = len(ids)
             piece = text[begin:end]
-            for chunk in self._split.split(piece) if self._split else (piece,):
+            split = self._split and any(c in piece for c in self._control_starts)
+            for chunk in self._split.split(piece) if split else (piece,):
                 control = self._control.get(chunk)
                 if control is not None:
                     ids.append(control)
