@@ -201,6 +201,36 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("nothing.jsonl: no such file", r.stderr)
 
+    @unittest.skipUnless(os.path.exists(TOOL), "needs TUTTI_BUILD_DIR with tools/tutti built")
+    def test_tutti_index_reads_every_sample(self):
+        out = os.path.join(self.dir, "indexed")
+        r = self.convert(dataset(os.path.join(self.dir, "index-data"), 60, seed=4), out,
+                         "--samples-per-shard", "16", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        written = json.loads(r.stdout)["total"]
+        with open(os.path.join(out, "tutti_dataset.json")) as f:
+            vocab = json.load(f)["tokenizer"]["vocab_size"]
+        r = subprocess.run([TOOL, "index", "--source", out, "--out", os.path.join(self.dir, "i.tutti"),
+                            "--vocab-size", str(vocab)], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = r.stdout + r.stderr
+        self.assertRegex(text, rf"\b{written['samples']} samples\b")
+        self.assertRegex(text, rf"\b{written['images']} images\b")
+        self.assertNotIn("skipped", text)
+        self.assertNotIn("ignored", text)
+
+    def test_benchmark_runs(self):
+        bench = ([TOOL, "bench", "convert"] if os.path.exists(TOOL)
+                 else [sys.executable, "-m", "tutti.convert.bench"])
+        r = subprocess.run(bench + ["--samples", "40", "--repeats", "1", "--workers", "2", "--json"],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        result = json.loads(r.stdout)
+        self.assertEqual(result["samples"], 40)
+        self.assertEqual(sorted(result["convert"]), ["1", "2"])
+        for key in ("overhead", "overhead_cpu", "tokenizer_samples_per_s"):
+            self.assertGreater(result[key] + 1, 0, key)
+
     def test_progress_line_is_redrawn_on_a_terminal(self):
         inputs = dataset(os.path.join(self.dir, "tty"), 30, seed=3)
         master, slave = pty.openpty()

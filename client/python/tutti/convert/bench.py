@@ -174,19 +174,24 @@ def main(argv=None) -> int:
         result["overhead_cpu"] = one["cpu_us_per_sample"] / result["tokenizer_cpu_us_per_sample"] - 1
         for w, r in result["convert"].items():
             r["speedup"] = r["samples_per_s"] / one["samples_per_s"]
+            # CPU per sample at 1 worker over at W: W times it is the speed-up W free cores give.
+            r["cpu_efficiency"] = one["cpu_us_per_sample"] / r["cpu_us_per_sample"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if a.json:
         print(json.dumps(result, sort_keys=True))
         return 0
     print(f"{result['samples']} samples, {result['tokens_per_sample']:.0f} tokens each "
-          f"({result['tokenizer']} tokenizer), best of {a.repeats}, {os.cpu_count()} CPUs")
-    print(f"  {'case':12} {'samples/s':>10} {'per core':>10} {'speed-up':>9} {'CPU us/sample':>14}")
+          f"({result['tokenizer']} tokenizer), best of {a.repeats}")
+    print(f"  {'case':12} {'samples/s':>10} {'per core':>10} {'speed-up':>9} {'CPU us/sample':>14} "
+          f"{'CPU efficiency':>15}")
     print(f"  {'tokenizer':12} {result['tokenizer_samples_per_s']:10.0f} "
           f"{result['tokenizer_samples_per_s']:10.0f} {'':>9} {result['tokenizer_cpu_us_per_sample']:14.0f}")
     for w, r in result["convert"].items():
         print(f"  {'convert_' + str(w):12} {r['samples_per_s']:10.0f} {r['samples_per_s_per_core']:10.0f} "
-              f"{r['speedup']:8.2f}x {r['cpu_us_per_sample']:14.0f}")
+              f"{r['speedup']:8.2f}x {r['cpu_us_per_sample']:14.0f} {r['cpu_efficiency']:15.2f}")
+    print(f"  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; CPU efficiency: CPU time "
+          "per sample with 1 worker over with W (W x it = the speed-up on W idle cores)")
     for name, key in (("wall time", "overhead"), ("CPU time", "overhead_cpu")):
         verdict = "met" if result[key] <= 0.25 else "NOT met"
         print(f"converter overhead over the tokenizer alone, one core, {name}: "
