@@ -226,8 +226,8 @@ def run(o: ConvertOptions, stderr=None) -> Report:
             done += len(results)
             progress.update(done, skipped, writer.next_shard)
         tail = writer.finish(records)
-    except OSError as e:  # writing: a full disk, a lost mount
-        raise ConvertError(f"writing {o.out}: {e}; rerun the same command to resume") from None
+    except OSError as e:  # a full disk, a lost mount, an input gone
+        raise ConvertError(f"{e} (rerun the same command to resume)") from None
     finally:
         writer.abandon()
     progress.update(done, skipped, writer.next_shard, final=True)
