@@ -219,6 +219,23 @@ class CommandTest(unittest.TestCase):
         self.assertNotIn("skipped", text)
         self.assertNotIn("ignored", text)
 
+    def test_converts_where_the_compiled_extension_does_not_load(self):
+        import tutti
+        package = os.path.join(self.dir, "pure")
+        shutil.copytree(os.path.dirname(tutti.__file__), os.path.join(package, "tutti"),
+                        ignore=shutil.ignore_patterns("_tutti*", "__pycache__"))
+        env = {**os.environ, "PYTHONPATH": package}
+        inputs = dataset(os.path.join(self.dir, "pure-data"), 10, seed=5)
+        r = subprocess.run([sys.executable, "-m", "tutti.convert", "--tokenizer", self.sp, "--out",
+                            os.path.join(self.dir, "pure-out"), "--json", *inputs],
+                           capture_output=True, text=True, env=env, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertGreater(json.loads(r.stdout)["total"]["samples"], 10)
+        r = subprocess.run([sys.executable, "-c", "import tutti; tutti.Client"], capture_output=True,
+                           text=True, env=env, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("tutti.Client needs tutti's compiled extension, which did not load", r.stderr)
+
     def test_benchmark_runs(self):
         bench = ([TOOL, "bench", "convert"] if os.path.exists(TOOL)
                  else [sys.executable, "-m", "tutti.convert.bench"])
