@@ -156,11 +156,15 @@ class FormatsTest(ConvertCase):
              "texts": [{"user": "describe it", "assistant": "a tree"},
                        {"user": "and now <image> this", "assistant": "a house"}]},
             {"images": [], "texts": [{"user": "yes or no", "assistant": "yes"}]},
+            # Rows exported from HF datasets: images as {"bytes": base64, "path"}.
+            {"images": [{"bytes": base64.b64encode(self.images["d.webp"]).decode(), "path": "x.webp"}],
+             "texts": [{"user": "what", "assistant": "a tree"}]},
         ]
         report, manifest, samples = self.convert(records)
-        self.assertEqual(report.total.samples, 3, report.total.examples)
+        self.assertEqual(report.total.samples, 4, report.total.examples)
         ref = self.reference(manifest)
-        a, b, c = (("image", os.path.join(self.dir, "img", n)) for n in ("a.jpg", "b.png", "c.jpg"))
+        a, b, c, d = (("image", os.path.join(self.dir, "img", n)) for n in ("a.jpg", "b.png", "c.jpg", "d.webp"))
+        self.check_sample(samples["000000003"], ref, [("user", [d, "what"]), ("assistant", ["a tree"])])
         doc = self.check_sample(samples["000000000"], ref, [
             ("user", [a, b, "what is in this image"]), ("assistant", ["two cats"]),
             ("user", ["which is big"]), ("assistant", ["the left one"])])
@@ -227,6 +231,29 @@ class ShardFormatTest(unittest.TestCase):
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
             self.assertEqual(member_header(name, size), info.tobuf(format=tarfile.USTAR_FORMAT))
+
+
+class TokenSpansTest(unittest.TestCase):
+    def test_character_spans_map_to_the_tokens_overlapping_them(self):
+        # The Hugging Face adapter's mapping, on the offsets a real tokenizer gives
+        # (SentencePiece's, with its zero-width dummy prefix and multi-character pieces).
+        import sentencepiece
+
+        from tutti.convert.tokenizer import token_spans
+        with tempfile.TemporaryDirectory() as d:
+            sp = sentencepiece.SentencePieceProcessor(
+                model_file=fx.train_sentencepiece(os.path.join(d, "sp"), fx.CHATML))
+        text = "<|im_start|>user\nwhat is in this image<|im_end|>\n<|im_start|>assistant\na red cat<|im_end|>"
+        pieces = sp.encode(text, out_type="immutable_proto").pieces
+        offsets = [(p.begin, p.end) for p in pieces]
+        answer = text.index("a red cat")
+        for b, e in ((answer, len(text)), (0, 5), (answer + 2, answer + 5), (3, 3)):
+            (first, last), = token_spans(offsets, [(b, e)])
+            overlapping = [i for i, (tb, te) in enumerate(offsets) if tb < e and te > b]
+            if overlapping:
+                self.assertEqual((first, last), (overlapping[0], overlapping[-1] + 1), (b, e))
+            else:
+                self.assertEqual(first, last)
 
 
 class TemplatesTest(ConvertCase):

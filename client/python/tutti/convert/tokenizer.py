@@ -119,15 +119,19 @@ class HfTokenizer:
 
     def encode(self, text: str, spans: Spans = ()) -> Tuple[List[int], List[Tuple[int, int]]]:
         enc = self._tk.encode(text, add_special_tokens=False)
-        if not spans:
-            return enc.ids, []
-        begins = [b for b, _ in enc.offsets]
-        ends = [e for _, e in enc.offsets]
-        out = []
-        for b, e in spans:
-            first = bisect.bisect_right(ends, b)  # the first token ending after b
-            out.append((first, max(first, bisect.bisect_left(begins, e))))  # up to one starting at e
-        return enc.ids, out
+        return enc.ids, (token_spans(enc.offsets, spans) if spans else [])
+
+
+def token_spans(offsets: Sequence[Tuple[int, int]], spans: Spans) -> List[Tuple[int, int]]:
+    """Character spans as token spans, from each token's [begin, end) characters (in order):
+    the tokens whose characters overlap the span."""
+    begins = [b for b, _ in offsets]
+    ends = [e for _, e in offsets]
+    out = []
+    for b, e in spans:
+        first = bisect.bisect_right(ends, b)  # the first token ending after b
+        out.append((first, max(first, bisect.bisect_left(begins, e))))  # up to one starting at e
+    return out
 
 
 def _load_hf(directory: str) -> Optional[HfTokenizer]:
