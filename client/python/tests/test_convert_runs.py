@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -253,17 +254,16 @@ class CommandTest(unittest.TestCase):
         master, slave = pty.openpty()
         p = subprocess.Popen(command() + ["--tokenizer", self.sp, "--out", os.path.join(self.dir, "tty-out"),
                                           *inputs], stdout=subprocess.DEVNULL, stderr=slave)
+        # The slave stays open here, so what the run wrote stays readable after it exits.
+        text, deadline = b"", time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.1)[0]:
+                text += os.read(master, 65536)
+            elif p.poll() is not None:
+                break
         os.close(slave)
-        text = b""
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            text += chunk
-        self.assertEqual(p.wait(timeout=120), 0)
+        os.close(master)
+        self.assertEqual(p.wait(timeout=10), 0)
         self.assertRegex(text.decode(), r"\rconvert: 38/38 records \(100%\)")
 
 
