@@ -219,6 +219,15 @@ class FormatsTest(ConvertCase):
         ids = json.loads(samples["000000000"]["json"])["input_ids"]
         self.assertEqual(ids.count(size + 1), 1)
         self.assertTrue(all(i < size for i in ids if i != size + 1))
+        # Given vision ids past the vocabulary: the audio ids come after them.
+        report, manifest, samples = self.convert([{"conversations": [
+            {"from": "human", "value": "what"}, {"from": "gpt", "value": "a cat"}]}],
+            tokenizer=sp_path, vision_ids=[size + 10, size + 11, size + 12])
+        self.assertEqual([manifest["markers"][k] for k in ("audio_start", "audio_pad", "audio_end")],
+                         [size + 13, size + 14, size + 15])
+        self.assertEqual(manifest["tokenizer"]["vocab_size"], size + 16)
+        with self.assertRaisesRegex(ConvertError, "marker ids must be distinct"):
+            self.convert([], tokenizer=sp_path, vision_ids=[5, 5, 6])
 
 
 class ShardFormatTest(unittest.TestCase):

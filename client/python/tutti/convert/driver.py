@@ -89,7 +89,11 @@ class Context:
         except (tokenizers.TokenizerSetupError, TemplateSetupError) as e:
             raise ConvertError(str(e)) from None
         self.template_sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
-        self.vocab = resolve_vocabulary(self.tokenizer, o.vision_ids, o.audio_ids, o.image_placeholder_id)
+        try:
+            self.vocab = resolve_vocabulary(self.tokenizer, o.vision_ids, o.audio_ids,
+                                            o.image_placeholder_id)
+        except ValueError as e:
+            raise ConvertError(f"--vision-ids / --audio-ids: {e}") from None
         self.builder = SampleBuilder(self.tokenizer, self.template, self.vocab, o.limits)
         self.formats = o.formats
         self.key_width = 9

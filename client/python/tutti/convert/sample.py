@@ -47,15 +47,21 @@ def resolve_vocabulary(tokenizer, vision_ids: Optional[List[int]] = None,
                        audio_ids: Optional[List[int]] = None,
                        image_placeholder: Optional[int] = None) -> Vocabulary:
     """Markers from the flags, else the tokenizer's own tokens (<|vision_start|>, ...),
-    else new ids after its vocabulary; the image placeholder is image_pad unless given."""
-    next_id = tokenizer.vocab_size
-    markers = {}
+    else new ids after its vocabulary (and after any given); the image placeholder is
+    image_pad unless given. ValueError when the markers are not six distinct ids."""
+    groups = {}
     for group, given in (("vision", vision_ids), ("audio", audio_ids)):
-        names = _GROUPS[group]
-        ids = list(given) if given else [tokenizer.token_id(MARKER_TOKENS[n]) for n in names]
-        if any(i is None for i in ids):
+        ids = list(given) if given else [tokenizer.token_id(MARKER_TOKENS[n]) for n in _GROUPS[group]]
+        groups[group] = None if None in ids else ids
+    known = [i for ids in groups.values() if ids for i in ids]
+    next_id = max([tokenizer.vocab_size] + [i + 1 for i in known])
+    markers = {}
+    for group, ids in groups.items():
+        if ids is None:
             ids, next_id = list(range(next_id, next_id + 3)), next_id + 3
-        markers.update(zip(names, ids))
+        markers.update(zip(_GROUPS[group], ids))
+    if len(set(markers.values())) != len(markers):
+        raise ValueError(f"the marker ids must be distinct: {markers}")
     placeholders = {"image": markers["image_pad"] if image_placeholder is None else image_placeholder,
                     "audio": markers["audio_pad"]}
     top = max([*markers.values(), *placeholders.values()]) + 1
