@@ -79,6 +79,12 @@ bool HaveAvx2() {
   return have;
 }
 
+// A sum from its high-part and low-part sums (kSplit; the half is in the
+// low one), shifted to 8 bits (not yet clipped).
+__attribute__((target("avx2"))) inline __m256i JoinSums(__m256i high, __m256i low) {
+  return _mm256_srai_epi32(_mm256_add_epi32(_mm256_slli_epi32(high, kSplit), low), kPrecision);
+}
+
 // Weights of the horizontal pass laid out for the kernel, which computes two
 // output pixels at once, one per 128-bit lane, two taps per step: per pair
 // of pixels (x, x + 1) and step, 16 int16 of the weights' high parts: (w0 w1)
@@ -284,24 +290,26 @@ __attribute__((target("avx2"))) void HorizontalRowBlocksAvx2(const uint8_t* src,
       const uint8_t* s = src + size_t{3} * b.start[k] + 32 * third;
       const __m256i* w =
           reinterpret_cast<const __m256i*>(b.weights.data()) + b.offset[k] + 8 * third;
-      __m256i h[4] = {zero, zero, zero, zero}, l[4] = {half, half, half, half};
+      // Named accumulators (not arrays) so that they stay in registers.
+      __m256i h0 = zero, h1 = zero, h2 = zero, h3 = zero;
+      __m256i l0 = half, l1 = half, l2 = half, l3 = half;
       for (int pr = 0; pr < b.pairs[k]; ++pr, s += 6, w += 24) {
         const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
         const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 3));
         const __m256i lo = _mm256_unpacklo_epi8(va, vb), hi = _mm256_unpackhi_epi8(va, vb);
-        const __m256i px[4] = {_mm256_unpacklo_epi8(lo, zero), _mm256_unpackhi_epi8(lo, zero),
-                               _mm256_unpacklo_epi8(hi, zero), _mm256_unpackhi_epi8(hi, zero)};
-        for (int a = 0; a < 4; ++a) {
-          h[a] = _mm256_add_epi32(h[a], _mm256_madd_epi16(px[a], _mm256_loadu_si256(w + a)));
-          l[a] = _mm256_add_epi32(l[a], _mm256_madd_epi16(px[a], _mm256_loadu_si256(w + 4 + a)));
-        }
+        const __m256i p0 = _mm256_unpacklo_epi8(lo, zero), p1 = _mm256_unpackhi_epi8(lo, zero);
+        const __m256i p2 = _mm256_unpacklo_epi8(hi, zero), p3 = _mm256_unpackhi_epi8(hi, zero);
+        h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(p0, _mm256_loadu_si256(w)));
+        h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(p1, _mm256_loadu_si256(w + 1)));
+        h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(p2, _mm256_loadu_si256(w + 2)));
+        h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(p3, _mm256_loadu_si256(w + 3)));
+        l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(p0, _mm256_loadu_si256(w + 4)));
+        l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(p1, _mm256_loadu_si256(w + 5)));
+        l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(p2, _mm256_loadu_si256(w + 6)));
+        l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(p3, _mm256_loadu_si256(w + 7)));
       }
-      __m256i a[4];
-      for (int i = 0; i < 4; ++i) {
-        a[i] =
-            _mm256_srai_epi32(_mm256_add_epi32(_mm256_slli_epi32(h[i], kSplit), l[i]), kPrecision);
-      }
-      const __m256i a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+      const __m256i a0 = JoinSums(h0, l0), a1 = JoinSums(h1, l1);
+      const __m256i a2 = JoinSums(h2, l2), a3 = JoinSums(h3, l3);
       const __m256i out =
           _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + size_t{3} * x0 + 32 * third), out);
@@ -320,30 +328,45 @@ __attribute__((target("avx2"))) void VerticalRowAvx2(const uint8_t* const* rows,
                                                      int count, size_t bytes, uint8_t* dst) {
   const __m256i zero = _mm256_setzero_si256();
   const __m256i half = _mm256_set1_epi32(kHalf);
+  // The row's weights, high and low parts of each pair of taps, once.
+  struct alignas(32) Vector {
+    __m256i v;
+  };
+  thread_local std::vector<Vector> weights;
+  const int pairs = (count + 1) / 2;
+  weights.resize(2 * static_cast<size_t>(pairs));
+  for (int pr = 0; pr < pairs; ++pr) {
+    const int32_t w0 = k[2 * pr], w1 = 2 * pr + 1 < count ? k[2 * pr + 1] : 0;
+    weights[2 * pr].v = WeightPair(WeightHigh(w0), WeightHigh(w1));
+    weights[2 * pr + 1].v = WeightPair(WeightLow(w0), WeightLow(w1));
+  }
+  const Vector* wv = weights.data();
   size_t i = 0;
   for (; i + 32 <= bytes; i += 32) {
-    __m256i h[4] = {zero, zero, zero, zero}, l[4] = {half, half, half, half};
-    for (int t = 0; t < count; t += 2) {
-      const bool pair = t + 1 < count;
-      const int32_t w1 = pair ? k[t + 1] : 0;
-      const __m256i wh = WeightPair(WeightHigh(k[t]), WeightHigh(w1));
-      const __m256i wl = WeightPair(WeightLow(k[t]), WeightLow(w1));
+    // Named accumulators (not arrays) so that they stay in registers.
+    __m256i h0 = zero, h1 = zero, h2 = zero, h3 = zero;
+    __m256i l0 = half, l1 = half, l2 = half, l3 = half;
+    for (int pr = 0; pr < pairs; ++pr) {
+      const int t = 2 * pr;
+      const __m256i wh = wv[t].v, wl = wv[t + 1].v;
       const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t] + i));
-      const __m256i vb =
-          pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t + 1] + i)) : zero;
+      const __m256i vb = t + 1 < count
+                             ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t + 1] + i))
+                             : zero;
       const __m256i lo = _mm256_unpacklo_epi8(va, vb), hi = _mm256_unpackhi_epi8(va, vb);
-      const __m256i px[4] = {_mm256_unpacklo_epi8(lo, zero), _mm256_unpackhi_epi8(lo, zero),
-                             _mm256_unpacklo_epi8(hi, zero), _mm256_unpackhi_epi8(hi, zero)};
-      for (int a = 0; a < 4; ++a) {
-        h[a] = _mm256_add_epi32(h[a], _mm256_madd_epi16(px[a], wh));
-        l[a] = _mm256_add_epi32(l[a], _mm256_madd_epi16(px[a], wl));
-      }
+      const __m256i p0 = _mm256_unpacklo_epi8(lo, zero), p1 = _mm256_unpackhi_epi8(lo, zero);
+      const __m256i p2 = _mm256_unpacklo_epi8(hi, zero), p3 = _mm256_unpackhi_epi8(hi, zero);
+      h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(p0, wh));
+      h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(p1, wh));
+      h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(p2, wh));
+      h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(p3, wh));
+      l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(p0, wl));
+      l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(p1, wl));
+      l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(p2, wl));
+      l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(p3, wl));
     }
-    __m256i a[4];
-    for (int j = 0; j < 4; ++j) {
-      a[j] = _mm256_srai_epi32(_mm256_add_epi32(_mm256_slli_epi32(h[j], kSplit), l[j]), kPrecision);
-    }
-    const __m256i a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    const __m256i a0 = JoinSums(h0, l0), a1 = JoinSums(h1, l1);
+    const __m256i a2 = JoinSums(h2, l2), a3 = JoinSums(h3, l3);
     // The per-lane unpacks above and the per-lane packs here cancel out:
     // the bytes come back in order.
     const __m256i out = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
