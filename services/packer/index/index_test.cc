@@ -115,7 +115,7 @@ std::string ResealedWith(std::string bytes, const std::string& from, const std::
   uint32_t sections;
   std::memcpy(&sections, p + 12, 4);
   for (uint32_t i = 0; i < sections; ++i) {
-    char* e = p + 64 + i * 24;
+    char* e = p + 64 + i * 32;
     uint64_t off, n;
     std::memcpy(&off, e + 8, 8);
     std::memcpy(&n, e + 16, 8);
@@ -123,7 +123,7 @@ std::string ResealedWith(std::string bytes, const std::string& from, const std::
     std::memcpy(e + 4, &crc, 4);
   }
   uint32_t crc = Crc32cExtend(0, p, 60);
-  crc = Crc32cExtend(crc, p + 64, size_t{sections} * 24);
+  crc = Crc32cExtend(crc, p + 64, size_t{sections} * 32);
   std::memcpy(p + 60, &crc, 4);
   return bytes;
 }
