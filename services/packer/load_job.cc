@@ -1,6 +1,11 @@
 #include "services/packer/load_job.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/heap_usage.h"
 #include "common/job_config.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -23,7 +28,7 @@ const char* UnservableFix(const std::string& why) {
 
 absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
     const std::string& config_path, const std::string& index_override, const JobOptions& options,
-    const std::function<void(v1::JobConfig*)>& edit) {
+    const std::function<void(v1::JobConfig*)>& edit, LoadJobStats* stats) {
   if (config_path.empty()) {
     return absl::InvalidArgumentError(
         "no job config given; pass --config FILE (a text tutti.v1.JobConfig, see "
@@ -39,9 +44,34 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
                      " has no index_path and no --index was given; build an "
                      "index with `tutti index --source DIR --out FILE` and pass --index FILE"));
   }
+  LoadJobStats local;
+  LoadJobStats& st = stats ? *stats : local;
+  auto t0 = absl::Now();
   ASSIGN_OR_RETURN(std::shared_ptr<const Index> index, LoadIndex(config.index_path()));
+  st.index_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  st.samples = index->num_samples();
+  st.index_mapped_bytes = index->mapped_bytes();
+  st.index_heap_bytes = index->heap_bytes();
+  const double n = static_cast<double>(std::max<uint64_t>(st.samples, 1));
+  kLog.Info("index loaded", {{"path", index->origin()},
+                             {"samples", st.samples},
+                             {"shards", index->num_shards()},
+                             {"seconds", absl::StrFormat("%.3f", st.index_seconds)},
+                             {"mapped_bytes", st.index_mapped_bytes},
+                             {"heap_bytes", st.index_heap_bytes},
+                             {"mapped_bytes_per_sample", absl::StrFormat("%.2f", st.index_mapped_bytes / n)},
+                             {"heap_bytes_per_sample", absl::StrFormat("%.4f", st.index_heap_bytes / n)}});
+  const uint64_t heap0 = HeapInUseBytes();
+  t0 = absl::Now();
   auto job = Job::Create(std::move(config), std::move(index), options);
   if (!job.ok()) return Annotate(job.status(), absl::StrCat("job config ", config_path));
+  st.job_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  const uint64_t heap1 = HeapInUseBytes();
+  st.job_heap_bytes = heap1 > heap0 ? heap1 - heap0 : 0;
+  kLog.Info("job built over the index",
+            {{"seconds", absl::StrFormat("%.3f", st.job_seconds)},
+             {"heap_bytes", st.job_heap_bytes},
+             {"heap_bytes_per_sample", absl::StrFormat("%.2f", st.job_heap_bytes / n)}});
   for (const auto& [why, n] : (*job)->unservable()) {
     kLog.Warning("samples left out of the plans: the stager would refuse them",
                  {{"reason", why},

@@ -25,11 +25,14 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   Readiness& ready = host_->readiness();
   ready.Require(kIndex, "loading the job config and the index");
   ready.Require(kPlans, "the first plan is not computed yet");
-  ASSIGN_OR_RETURN(job_, LoadJob(options_.config_path, options_.index_path));
+  LoadJobStats loaded;
+  ASSIGN_OR_RETURN(job_, LoadJob(options_.config_path, options_.index_path, {}, nullptr, &loaded));
   ready.Set(kIndex, absl::OkStatus());
   if (stop.requested()) return absl::CancelledError("stopped while starting");
   metrics_ = std::make_unique<PackerMetrics>(*host_->registry());
   metrics_->index_samples.Set(job_->index().num_samples());
+  metrics_->SetMemory(loaded.samples, loaded.index_mapped_bytes, loaded.index_heap_bytes,
+                      loaded.job_heap_bytes);
   metrics_->SetUnplanned(job_->unservable());
   PlanWindowOptions wo;
   wo.window = job_->config().plan_window();

@@ -381,6 +381,7 @@ void Builder::Commit() {
     const ShardTask& t = tasks_[next_commit_];
     if (t.prev_bad >= 0) {
       const IndexBadShard& b = prev_->bad_shards()[t.prev_bad];
+      ++rep_.shards_reused;
       LeftOut(t, absl::DataLossError(b.why), b.size, b.mtime_ns);
     } else if (t.prev_shard >= 0) {
       CommitReused(t);
