@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/heap_usage.h"
 #include "common/job_config.h"
@@ -52,15 +51,6 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
   st.samples = index->num_samples();
   st.index_mapped_bytes = index->mapped_bytes();
   st.index_heap_bytes = index->heap_bytes();
-  const double n = static_cast<double>(std::max<uint64_t>(st.samples, 1));
-  kLog.Info("index loaded", {{"path", index->origin()},
-                             {"samples", st.samples},
-                             {"shards", index->num_shards()},
-                             {"seconds", absl::StrFormat("%.3f", st.index_seconds)},
-                             {"mapped_bytes", st.index_mapped_bytes},
-                             {"heap_bytes", st.index_heap_bytes},
-                             {"mapped_bytes_per_sample", absl::StrFormat("%.2f", st.index_mapped_bytes / n)},
-                             {"heap_bytes_per_sample", absl::StrFormat("%.4f", st.index_heap_bytes / n)}});
   const uint64_t heap0 = HeapInUseBytes();
   t0 = absl::Now();
   auto job = Job::Create(std::move(config), std::move(index), options);
@@ -68,10 +58,6 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
   st.job_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   const uint64_t heap1 = HeapInUseBytes();
   st.job_heap_bytes = heap1 > heap0 ? heap1 - heap0 : 0;
-  kLog.Info("job built over the index",
-            {{"seconds", absl::StrFormat("%.3f", st.job_seconds)},
-             {"heap_bytes", st.job_heap_bytes},
-             {"heap_bytes_per_sample", absl::StrFormat("%.2f", st.job_heap_bytes / n)}});
   for (const auto& [why, n] : (*job)->unservable()) {
     kLog.Warning("samples left out of the plans: the stager would refuse them",
                  {{"reason", why},

@@ -26,10 +26,9 @@ struct LoadJobStats {
 
 // Reads a text JobConfig, applies defaults, replaces index_path with
 // `index_override` when that is not empty, loads the index and creates the
-// job, and logs what the index and the job hold in memory per sample.
-// Errors name the file and the fix. `edit`, when given, changes the config
-// before the defaults are applied (e.g. `tutti plan --world-size`). `stats`
-// (may be null) receives the figures logged.
+// job. Errors name the file and the fix. `edit`, when given, changes the
+// config before the defaults are applied (e.g. `tutti plan --world-size`).
+// `stats` (may be null) receives the time and memory loading took.
 absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
     const std::string& config_path, const std::string& index_override,
     const JobOptions& options = {}, const std::function<void(v1::JobConfig*)>& edit = nullptr,
