@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <thread>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
@@ -69,6 +72,56 @@ constexpr Known kKnown[] = {
     {fmt::kTcrc, fmt::Rows::kSamples, 4, false},
     {fmt::kMcrc, fmt::Rows::kMedia, 4, false},
 };
+
+// Runs fn over [0, n) in ranges on up to 16 threads (one range when n is
+// small); the error of the lowest range that failed, so the error names
+// what a loop from 0 would have met first.
+absl::Status InRanges(uint64_t n, const std::function<absl::Status(uint64_t, uint64_t)>& fn) {
+  constexpr uint64_t kMinPerRange = uint64_t{1} << 20;
+  const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t ranges = std::clamp<uint64_t>(n / kMinPerRange, 1, std::min<uint64_t>(cores, 16));
+  if (ranges == 1) return fn(0, n);
+  std::vector<absl::Status> status(ranges);
+  std::vector<std::thread> threads;
+  for (uint64_t r = 0; r < ranges; ++r) {
+    threads.emplace_back([&, r] { status[r] = fn(n * r / ranges, n * (r + 1) / ranges); });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+// The CRC-32C of n bytes, large ones in pieces on several threads.
+uint32_t SectionCrc(const char* p, uint64_t n) {
+  constexpr uint64_t kPiece = uint64_t{16} << 20;
+  const uint64_t pieces = (n + kPiece - 1) / kPiece;
+  if (pieces <= 1) return Crc32cExtend(0, p, n);
+  std::vector<uint32_t> crcs(pieces);
+  (void)InRanges(pieces * (uint64_t{1} << 20), [&](uint64_t b, uint64_t e) {
+    for (uint64_t i = b >> 20; i < (e >> 20); ++i) {
+      crcs[i] = Crc32cExtend(0, p + i * kPiece, std::min(kPiece, n - i * kPiece));
+    }
+    return absl::OkStatus();
+  });
+  uint32_t crc = crcs[0];
+  for (uint64_t i = 1; i < pieces; ++i) {
+    crc = Crc32cCombine(crc, crcs[i], std::min(kPiece, n - i * kPiece));
+  }
+  return crc;
+}
+
+// Whether every byte is below 0x80 (then every string cut from them is UTF-8).
+bool AllAscii(const char* p, uint64_t n) {
+  uint64_t acc = 0;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    acc |= w;
+  }
+  for (; i < n; ++i) acc |= static_cast<unsigned char>(p[i]);
+  return (acc & 0x8080808080808080ull) == 0;
+}
 
 const Known* FindKnown(uint32_t tag) {
   for (const Known& k : kKnown) {
@@ -238,7 +291,7 @@ absl::Status Index::ReadSections(Layout* layout) {
       return Damaged(origin_, absl::StrCat("section ", name, " has ", e.bytes, " bytes, expected ",
                                            rows * e.row_bytes));
     }
-    if (Crc32cExtend(0, p + e.offset, e.bytes) != e.crc32c) {
+    if (SectionCrc(p + e.offset, e.bytes) != e.crc32c) {
       return Damaged(origin_, absl::StrCat("section ", name, " checksum mismatch"));
     }
     const Known* known = FindKnown(e.tag);
@@ -396,7 +449,7 @@ absl::Status Index::ValidateSample(uint32_t s, uint64_t shard_size) const {
       media_begin_[s + 1] < media_begin_[s] || media_begin_[s + 1] > num_media_) {
     return Damaged(origin_, absl::StrCat("sample ", s, " has a bad key or media range"));
   }
-  if (!IsValidUtf8(key(s))) {
+  if (!keys_ascii_ && !IsValidUtf8(key(s))) {
     return Damaged(origin_, absl::StrCat("sample ", s, " has a key that is not UTF-8"));
   }
   const MemberKind tk = text_kind(s);
@@ -420,16 +473,23 @@ absl::Status Index::ValidateSample(uint32_t s, uint64_t shard_size) const {
   return absl::OkStatus();
 }
 
-// Every sample in exactly one stream, the one its members say, in order.
+// Every sample in exactly one stream, the one its members say: each
+// stream ascends, holds only samples of its kind, and the two hold n
+// between them (so each holds all of its kind).
 absl::Status Index::ValidateStreams() const {
-  uint32_t t = 0, v = 0;
   const uint32_t n_text = num_text_, n_vl = num_samples_ - num_text_;
-  for (uint32_t s = 0; s < num_samples_; ++s) {
-    const bool ok = is_vl(s) ? (v < n_vl && vl_stream_[v++] == s)
-                             : (t < n_text && text_stream_[t++] == s);
-    if (!ok) {
-      return Damaged(origin_, absl::StrCat("sample ", s, " is not in its sampling stream"));
-    }
+  for (const auto& [stream, size, vl] :
+       {std::tuple{text_stream_, n_text, false}, std::tuple{vl_stream_, n_vl, true}}) {
+    RETURN_IF_ERROR(InRanges(size, [&, stream = stream, vl = vl](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i) {
+        const uint32_t s = stream[i];
+        if (s >= num_samples_ || is_vl(s) != vl || (i > 0 && stream[i - 1] >= s)) {
+          return Damaged(origin_, absl::StrCat("the ", vl ? "VL" : "text-only",
+                                               " sampling stream is wrong at its entry ", i));
+        }
+      }
+      return absl::OkStatus();
+    }));
   }
   return absl::OkStatus();
 }
@@ -456,12 +516,19 @@ absl::Status Index::Validate() {
       return Damaged(origin_, bad.message());
     }
   }
-  for (uint32_t sh = 0; sh < shards_.size(); ++sh) {
-    const IndexShard& shard = shards_[sh];
-    for (uint32_t s = shard.first_sample; s < shard.first_sample + shard.num_samples; ++s) {
-      RETURN_IF_ERROR(ValidateSample(s, shard.size));
+  keys_ascii_ = AllAscii(keys_, keys_bytes_);
+  RETURN_IF_ERROR(InRanges(n, [&](uint64_t b, uint64_t e) {
+    for (uint64_t s = b; s < e;) {
+      const uint32_t sh = ShardOfUnchecked(static_cast<uint32_t>(s));
+      const uint64_t end =
+          std::min<uint64_t>(e, uint64_t{shards_[sh].first_sample} + shards_[sh].num_samples);
+      if (end <= s) return Damaged(origin_, "shard table does not cover every sample");
+      for (; s < end; ++s) {
+        RETURN_IF_ERROR(ValidateSample(static_cast<uint32_t>(s), shards_[sh].size));
+      }
     }
-  }
+    return absl::OkStatus();
+  }));
   RETURN_IF_ERROR(ValidateStreams());
   // ShardOf's buckets: the shard of every (1 << kShardBucketBits)-th sample.
   shard_bucket_.resize((n >> kShardBucketBits) + 2);
@@ -471,6 +538,10 @@ absl::Status Index::Validate() {
                                    static_cast<uint32_t>(std::min<uint64_t>(first, UINT32_MAX)));
   }
   return absl::OkStatus();
+}
+
+uint32_t Index::ShardOfUnchecked(uint32_t sample) const {
+  return SearchShard(0, static_cast<uint32_t>(shard_starts_.size()), sample);
 }
 
 uint32_t Index::SearchShard(uint32_t lo, uint32_t hi, uint32_t sample) const {

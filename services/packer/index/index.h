@@ -214,6 +214,8 @@ class Index {
   // The last shard in [lo, hi) starting at or before `sample` (lo - 1 when
   // none does).
   uint32_t SearchShard(uint32_t lo, uint32_t hi, uint32_t sample) const;
+  // ShardOf by a search of the whole shard table (before the buckets exist).
+  uint32_t ShardOfUnchecked(uint32_t sample) const;
 
   std::shared_ptr<const char> data_;  // the file's bytes: mapped or on the heap
   size_t size_ = 0;
@@ -230,6 +232,7 @@ class Index {
   const uint32_t* media_begin_ = nullptr;  // n+1
   const char* keys_ = nullptr;
   uint64_t keys_bytes_ = 0;
+  bool keys_ascii_ = false;  // every key byte below 0x80: no key needs a UTF-8 check
   const MediaRecord* media_ = nullptr;
   const uint32_t* text_crc_ = nullptr;   // n, or null
   const uint32_t* media_crc_ = nullptr;  // m, or null
