@@ -21,10 +21,9 @@ namespace {
 absl::Status ReadError(const std::string& name, uint64_t offset, int64_t r,
                        absl::Duration timeout) {
   if (r == -ETIMEDOUT) {
-    return absl::DeadlineExceededError(absl::StrCat("read of ", name, " at offset ", offset,
-                                                    " did not finish within ",
-                                                    absl::FormatDuration(timeout),
-                                                    " (the file system stalls)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("read of ", name, " at offset ", offset, " did not finish within ",
+                     absl::FormatDuration(timeout), " (the file system stalls)"));
   }
   return ErrnoStatus(static_cast<int>(-r), absl::StrCat("read ", name, " at offset ", offset));
 }
@@ -85,7 +84,11 @@ struct ReadAheadFile::State {
 
   State(IoService* io, int fd, uint64_t size, std::string name, const ReadAheadOptions& o,
         Consume consume)
-      : io(io), fd(fd), size(size), name(std::move(name)), options(o),
+      : io(io),
+        fd(fd),
+        size(size),
+        name(std::move(name)),
+        options(o),
         consume(std::move(consume)) {}
   ~State() { ::close(fd); }
 
@@ -190,8 +193,9 @@ ReadAheadFile::ReadAheadFile(IoService* io, int fd, uint64_t size, std::string n
   ReadAheadOptions o = options;
   o.chunk_bytes = std::max<size_t>(4096, o.chunk_bytes / 4096 * 4096);
   o.depth = std::max(1u, o.depth);
-  state_ = std::make_shared<State>(io, fd, size, std::move(name), o,
-                                   consume ? std::move(consume) : [](uint64_t, absl::string_view) {});
+  state_ = std::make_shared<State>(
+      io, fd, size, std::move(name), o,
+      consume ? std::move(consume) : [](uint64_t, absl::string_view) {});
   state_->self = state_;
   absl::MutexLock l(&state_->mu);
   state_->TopUp(0);
@@ -204,9 +208,9 @@ absl::Status ReadAheadFile::ReadAt(uint64_t offset, size_t n, char* out, size_t*
   absl::MutexLock l(&s.mu);
   *got = 0;
   if (offset < s.last_start) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("read of ", name_, " at offset ", offset, " after a read at ", s.last_start,
-                     ": the read-ahead window has moved on"));
+    return absl::FailedPreconditionError(absl::StrCat("read of ", name_, " at offset ", offset,
+                                                      " after a read at ", s.last_start,
+                                                      ": the read-ahead window has moved on"));
   }
   s.last_start = offset;
   RETURN_IF_ERROR(s.Release(offset));

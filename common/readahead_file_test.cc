@@ -136,8 +136,7 @@ TEST_P(ReadAheadFileTest, OpenRefusesWhatTheStagerRefuses) {
   ASSERT_EQ(::mkfifo((dir_ + "/fifo.tar").c_str(), 0600), 0);
   auto fifo = OpenThroughIoService(&io, *root_, "fifo.tar", "fifo.tar", absl::Seconds(30));
   ASSERT_FALSE(fifo.ok());
-  EXPECT_NE(fifo.status().message().find("not a regular file"), std::string::npos)
-      << fifo.status();
+  EXPECT_NE(fifo.status().message().find("not a regular file"), std::string::npos) << fifo.status();
   std::filesystem::create_symlink("/etc/hostname", dir_ + "/out.tar");
   auto out = OpenThroughIoService(&io, *root_, "out.tar", "out.tar", absl::Seconds(30));
   ASSERT_FALSE(out.ok());

@@ -205,7 +205,7 @@ void IndexSeeds(const fs::path& dir, const std::string& jpeg, const std::string&
   a.Add("000001.0.jpg", jpeg);
   a.Add("000001.1.png", png);
   a.Add("000002.txt", "a caption");
-  a.Add("000002.wav", std::string(44, '\0'));  // a bad audio header: skipped
+  a.Add("000002.wav", std::string(44, '\0'));       // a bad audio header: skipped
   a.Add("000003.json", R"({"input_ids": [1, 2})");  // bad JSON: skipped
   tutti::TarWriter b;
   b.Add("sub/000004.json", R"({"input_ids": [5]})");

@@ -63,7 +63,8 @@ bool TimeBuild(IndexBuildOptions o, const std::string& source, uint32_t rounds, 
     auto built = packer::BuildIndex(o, &report, nullptr);
     times.push_back(SecondsSince(t0));
     if (!built.ok()) {
-      std::fprintf(stderr, "tutti bench index: %s\n", std::string(built.status().message()).c_str());
+      std::fprintf(stderr, "tutti bench index: %s\n",
+                   std::string(built.status().message()).c_str());
       return false;
     }
     row->samples = report.samples;
@@ -149,10 +150,10 @@ LoadResult MeasureLoad(const std::string& path, bool cold, bool job) {
     } else {
       c.error = std::string(index.status().message()).substr(0, 200);
     }
-    const std::string out = absl::StrFormat(
-        "%d %.6f %u %u %u %u %u %u %.6f %u\n%s", c.ok, c.seconds, c.samples, c.file_bytes,
-        c.heap_bytes, c.heap_growth, c.rss_file, c.rss_anon, c.job_seconds, c.job_heap_growth,
-        c.error);
+    const std::string out =
+        absl::StrFormat("%d %.6f %u %u %u %u %u %u %.6f %u\n%s", c.ok, c.seconds, c.samples,
+                        c.file_bytes, c.heap_bytes, c.heap_growth, c.rss_file, c.rss_anon,
+                        c.job_seconds, c.job_heap_growth, c.error);
     (void)!::write(fds[1], out.data(), out.size());
     ::_exit(0);
   }
@@ -179,8 +180,8 @@ std::string ReaderName(const IndexBuildOptions& o) {
                         ", 1 read in flight each");
   }
   return absl::StrCat("read-ahead, ", o.threads, " shard", o.threads == 1 ? "" : "s", " x ",
-                      o.io_depth, " read", o.io_depth == 1 ? "" : "s", " of ",
-                      o.read_bytes >> 10, " KiB in flight");
+                      o.io_depth, " read", o.io_depth == 1 ? "" : "s", " of ", o.read_bytes >> 10,
+                      " KiB in flight");
 }
 
 int RunBenchIndex(int argc, char** argv) {
@@ -341,28 +342,29 @@ int RunBenchIndex(int argc, char** argv) {
               "samples/s", "MB/s", "vs per-hdr", "vs 1 read");
   for (const ReadRow& r : rows) {
     const double ph = baseline(r, 2), one_s = baseline(r, 1);
-    std::printf("%-16s %-44s %9.3f %11.0f %9.1f %11.1fx %11.1fx\n", r.fs.c_str(),
-                r.reader.c_str(), r.seconds, r.samples / r.seconds, r.bytes / r.seconds / 1e6,
-                ph / r.seconds, one_s / r.seconds);
+    std::printf("%-16s %-44s %9.3f %11.0f %9.1f %11.1fx %11.1fx\n", r.fs.c_str(), r.reader.c_str(),
+                r.seconds, r.samples / r.seconds, r.bytes / r.seconds / 1e6, ph / r.seconds,
+                one_s / r.seconds);
   }
   std::printf("every reader wrote the same index: %s\n", same ? "yes" : "NO");
   if (!skip_load) {
     std::printf("\nindex of %llu samples, %.2f GB (%.1f bytes/sample):\n",
                 static_cast<unsigned long long>(cold.samples), cold.file_bytes / 1e9,
                 cold.samples ? double(cold.file_bytes) / cold.samples : 0.0);
-    std::printf("%-26s %9s %13s %13s %13s %13s\n", "load", "seconds", "RSS file MB",
-                "RSS anon MB", "heap MB", "heap B/sample");
-    for (const auto& [name, r] : {std::pair{"cold (pages not cached)", &cold},
-                                  std::pair{"warm (pages cached)", &warm}}) {
-      std::printf("%-26s %9.2f %13.1f %13.1f %13.2f %13.4f\n", name, r->seconds,
-                  r->rss_file / 1e6, r->rss_anon / 1e6, r->heap_growth / 1e6,
+    std::printf("%-26s %9s %13s %13s %13s %13s\n", "load", "seconds", "RSS file MB", "RSS anon MB",
+                "heap MB", "heap B/sample");
+    for (const auto& [name, r] :
+         {std::pair{"cold (pages not cached)", &cold}, std::pair{"warm (pages cached)", &warm}}) {
+      std::printf("%-26s %9.2f %13.1f %13.1f %13.2f %13.4f\n", name, r->seconds, r->rss_file / 1e6,
+                  r->rss_anon / 1e6, r->heap_growth / 1e6,
                   r->samples ? double(r->heap_growth) / r->samples : 0.0);
     }
     if (job && warm.ok) {
-      std::printf("packer job over it (Job::Create, 64 ranks): %.2f s, heap %.1f MB (%.2f "
-                  "B/sample)\n",
-                  warm.job_seconds, warm.job_heap_growth / 1e6,
-                  warm.samples ? double(warm.job_heap_growth) / warm.samples : 0.0);
+      std::printf(
+          "packer job over it (Job::Create, 64 ranks): %.2f s, heap %.1f MB (%.2f "
+          "B/sample)\n",
+          warm.job_seconds, warm.job_heap_growth / 1e6,
+          warm.samples ? double(warm.job_heap_growth) / warm.samples : 0.0);
     }
   }
   return same && (skip_load || (cold.ok && warm.ok)) ? 0 : 1;

@@ -56,15 +56,16 @@ void PrintWritten(const std::string& out, uint64_t samples) {
 void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
   const double s = std::max(1e-6, seconds);
   if (built) {
-    std::fprintf(stderr,
-                 "indexed %u of %u shards in %.1f s (%.1f MB/s read): %llu samples (%llu text-only, %llu "
-                 "vision-language; %llu images, %llu audio clips)\n",
-                 report.shards_indexed, report.shards_total, s, report.bytes_read / s / 1e6,
-                 static_cast<unsigned long long>(report.samples),
-                 static_cast<unsigned long long>(report.text_samples),
-                 static_cast<unsigned long long>(report.vl_samples),
-                 static_cast<unsigned long long>(report.images),
-                 static_cast<unsigned long long>(report.audio));
+    std::fprintf(
+        stderr,
+        "indexed %u of %u shards in %.1f s (%.1f MB/s read): %llu samples (%llu text-only, %llu "
+        "vision-language; %llu images, %llu audio clips)\n",
+        report.shards_indexed, report.shards_total, s, report.bytes_read / s / 1e6,
+        static_cast<unsigned long long>(report.samples),
+        static_cast<unsigned long long>(report.text_samples),
+        static_cast<unsigned long long>(report.vl_samples),
+        static_cast<unsigned long long>(report.images),
+        static_cast<unsigned long long>(report.audio));
   }
   if (!report.skipped.empty()) {
     uint64_t total = 0;
@@ -125,9 +126,8 @@ class ProgressLine {
     last_ = now;
     const double s = std::max(1e-6, SecondsSince(t0_));
     const double bytes_rate = p.bytes_done / s;
-    const double eta = bytes_rate > 0
-                           ? (p.bytes_total - std::min(p.bytes_total, p.bytes_done)) / bytes_rate
-                           : 0;
+    const double eta =
+        bytes_rate > 0 ? (p.bytes_total - std::min(p.bytes_total, p.bytes_done)) / bytes_rate : 0;
     std::fprintf(stderr, "%s[%u/%u shards] %llu samples  %.0f samples/s  %.1f MB/s  ETA %s%s",
                  tty_ ? "\r" : "", p.shards_done, p.shards_total,
                  static_cast<unsigned long long>(p.samples), (p.samples - base_samples_) / s,
@@ -243,8 +243,8 @@ int RunIndex(int argc, char** argv) {
   }
   o.read_bytes = read_kb << 10;
   if (reader == "readahead" || reader == "per-header") {
-    o.reader = reader == "readahead" ? packer::ShardReader::kReadAhead
-                                     : packer::ShardReader::kPerHeader;
+    o.reader =
+        reader == "readahead" ? packer::ShardReader::kReadAhead : packer::ShardReader::kPerHeader;
   } else {
     std::fprintf(stderr, "tutti index: --reader is readahead or per-header, not '%s'\n",
                  reader.c_str());
@@ -272,8 +272,8 @@ int RunIndex(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   ProgressLine line;
   IndexBuildReport report;
-  absl::Status built = packer::BuildIndexFile(
-      o, out, &report, [&line](const IndexBuildProgress& p) { line(p); });
+  absl::Status built =
+      packer::BuildIndexFile(o, out, &report, [&line](const IndexBuildProgress& p) { line(p); });
   line.Finish();
   o.previous.reset();  // unmapped: the new file replaced it
   if (!report.not_incremental.empty()) {

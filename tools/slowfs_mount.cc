@@ -30,7 +30,8 @@ bool Mounted(const std::string& mnt) {
 std::string SlowfsBinary(const std::string& given) {
   if (!given.empty()) return given;
   const fs::path self = fs::read_symlink("/proc/self/exe");
-  for (auto p : {self.parent_path() / "slowfs" / "tutti-slowfs", self.parent_path() / "tutti-slowfs"}) {
+  for (auto p :
+       {self.parent_path() / "slowfs" / "tutti-slowfs", self.parent_path() / "tutti-slowfs"}) {
     if (fs::exists(p)) return p.string();
   }
   return "tutti-slowfs";
@@ -40,14 +41,15 @@ SlowfsMount::SlowfsMount(const std::string& bin, const std::string& src, const s
                          double latency_ms, std::vector<std::string> stalls)
     : mnt_(mnt) {
   // A mount left by an interrupted run ("transport endpoint is not connected") goes first.
-  std::system(absl::StrCat("fusermount3 -u -q '", mnt, "' 2>/dev/null || umount -l '", mnt,
-                           "' 2>/dev/null")
-                  .c_str());
+  std::system(
+      absl::StrCat("fusermount3 -u -q '", mnt, "' 2>/dev/null || umount -l '", mnt, "' 2>/dev/null")
+          .c_str());
   std::error_code ec;
   fs::create_directories(mnt, ec);
   pid_ = ::fork();
   if (pid_ == 0) {
-    std::vector<std::string> args = {"tutti-slowfs", src, mnt, absl::StrCat("--latency_ms=", latency_ms)};
+    std::vector<std::string> args = {"tutti-slowfs", src, mnt,
+                                     absl::StrCat("--latency_ms=", latency_ms)};
     for (const auto& s : stalls) args.push_back("--stall=" + s);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

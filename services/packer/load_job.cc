@@ -25,9 +25,11 @@ const char* UnservableFix(const std::string& why) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
-    const std::string& config_path, const std::string& index_override, const JobOptions& options,
-    const std::function<void(v1::JobConfig*)>& edit, LoadJobStats* stats) {
+absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
+                                                   const std::string& index_override,
+                                                   const JobOptions& options,
+                                                   const std::function<void(v1::JobConfig*)>& edit,
+                                                   LoadJobStats* stats) {
   if (config_path.empty()) {
     return absl::InvalidArgumentError(
         "no job config given; pass --config FILE (a text tutti.v1.JobConfig, see "

@@ -61,9 +61,8 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get(),
                                              options_.max_streams_per_client);
   GrpcServerOptions grpc_options;
-  RETURN_IF_ERROR(ApplyRpcGateOptions(gate_.get(), options_.listen,
-                                      [](const std::string& w) { kLog.Warning(w); },
-                                      &grpc_options));
+  RETURN_IF_ERROR(ApplyRpcGateOptions(
+      gate_.get(), options_.listen, [](const std::string& w) { kLog.Warning(w); }, &grpc_options));
   RETURN_IF_ERROR(
       host_->ServeGrpc(options_.listen, {service_.get()}, "tutti.v1.Packer", grpc_options));
   // Ready once the window has planned its first step (or says why it cannot).

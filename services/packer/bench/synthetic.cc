@@ -58,7 +58,7 @@ absl::Status Generate(const SyntheticOptions& o, IndexWriter* w) {
     if (s % per_shard == 0) {
       // Shard sizes are a generous bound of the fabricated member layout.
       RETURN_IF_ERROR(w->AddShard(absl::StrFormat("synthetic-%06u.tar", s / per_shard),
-                                 uint64_t{per_shard} << 30, 0));
+                                  uint64_t{per_shard} << 30, 0));
     }
     const bool vl = rng.Uniform() < o.vl_fraction;
     uint32_t text = 0;
@@ -130,8 +130,9 @@ absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
 absl::Status WriteSyntheticIndex(const SyntheticOptions& o, const std::string& path) {
   IndexWriter w;
   const size_t slash = path.find_last_of('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   RETURN_IF_ERROR(w.SpillTo(dir));
   RETURN_IF_ERROR(Generate(o, &w));
   return w.WriteFile(path);

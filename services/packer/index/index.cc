@@ -590,9 +590,9 @@ std::string Index::meta(absl::string_view key) const {
 }
 
 uint64_t Index::heap_bytes() const {
-  uint64_t b = (mapped_ ? 0 : size_) + shard_starts_.capacity() * 4 +
-               shard_bucket_.capacity() * 4 + shards_.capacity() * sizeof(IndexShard) +
-               exts_.capacity() * sizeof(std::string) + skips_.capacity() * sizeof(IndexSkip) +
+  uint64_t b = (mapped_ ? 0 : size_) + shard_starts_.capacity() * 4 + shard_bucket_.capacity() * 4 +
+               shards_.capacity() * sizeof(IndexShard) + exts_.capacity() * sizeof(std::string) +
+               skips_.capacity() * sizeof(IndexSkip) +
                bad_shards_.capacity() * sizeof(IndexBadShard) + origin_.capacity() +
                source_dir_.capacity();
   for (const auto& s : shards_) b += s.name.capacity();
@@ -623,8 +623,9 @@ absl::StatusOr<std::shared_ptr<const Index>> LoadIndex(const std::string& path) 
   // Loading reads the whole file once, in order; planning reads at random.
   ::madvise(map, size, MADV_SEQUENTIAL);
   ::madvise(map, size, MADV_WILLNEED);
-  std::shared_ptr<const char> bytes(static_cast<const char*>(map),
-                                    [size](const char* p) { ::munmap(const_cast<char*>(p), size); });
+  std::shared_ptr<const char> bytes(static_cast<const char*>(map), [size](const char* p) {
+    ::munmap(const_cast<char*>(p), size);
+  });
   auto index = Index::Open(std::move(bytes), size, /*mapped=*/true, path);
   if (index.ok()) ::madvise(map, size, MADV_RANDOM);
   return index;

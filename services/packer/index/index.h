@@ -49,10 +49,10 @@ inline bool IsImage(MemberKind k) {
 absl::string_view MemberKindName(MemberKind k);
 
 struct IndexShard {
-  std::string name;       // relative to the source directory
-  uint64_t size = 0;      // bytes
-  int64_t mtime_ns = 0;   // modification time when it was read (0: unknown)
-  uint32_t crc32c = 0;    // of the whole file
+  std::string name;      // relative to the source directory
+  uint64_t size = 0;     // bytes
+  int64_t mtime_ns = 0;  // modification time when it was read (0: unknown)
+  uint32_t crc32c = 0;   // of the whole file
   uint32_t first_sample = 0;
   uint32_t num_samples = 0;
 };

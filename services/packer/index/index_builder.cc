@@ -148,10 +148,10 @@ absl::StatusOr<std::vector<ShardTask>> PlanShards(const IndexBuildOptions& o,
   if (prev != nullptr) rep->not_incremental = Unusable(*prev, o, source);
   if (prev == nullptr || !rep->not_incremental.empty()) {
     if (o.append) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--append adds shards to the index at --out, but ",
-          prev == nullptr ? "there is none" : rep->not_incremental,
-          "; run without --append to index every shard"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--append adds shards to the index at --out, but ",
+                       prev == nullptr ? "there is none" : rep->not_incremental,
+                       "; run without --append to index every shard"));
     }
     return tasks;
   }
@@ -184,8 +184,8 @@ absl::StatusOr<std::vector<ShardTask>> PlanShards(const IndexBuildOptions& o,
     }
     Recorded& r = it->second;
     r.listed = true;
-    const bool same = t.listed.mtime_ns != 0 && r.size == t.listed.size &&
-                      r.mtime_ns == t.listed.mtime_ns;
+    const bool same =
+        t.listed.mtime_ns != 0 && r.size == t.listed.size && r.mtime_ns == t.listed.mtime_ns;
     if (!same && o.append) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--append: shard ", absl::CHexEscape(t.listed.name),
@@ -329,8 +329,8 @@ absl::Status Builder::Run() {
   writer_->AddMeta("builder", "tutti index");
   writer_->AddMeta("options", IndexOptionsMeta(o_));
 
-  const uint32_t threads = std::max<uint32_t>(
-      1, std::min<uint32_t>(o_.threads, static_cast<uint32_t>(to_read_.size())));
+  const uint32_t threads =
+      std::max<uint32_t>(1, std::min<uint32_t>(o_.threads, static_cast<uint32_t>(to_read_.size())));
   // Results wait to be committed in order: a worker keeps at most this many
   // shards ahead of the first one not committed.
   ahead_ = size_t{4} * threads;
@@ -454,8 +454,8 @@ void Builder::LeftOut(const ShardTask& t, const absl::Status& why, uint64_t size
                       int64_t mtime_ns) {
   const std::string& rel = t.listed.name;
   // Recorded as read (UTF-8, as every string of the index).
-  const std::string reason = IsValidUtf8(why.message()) ? std::string(why.message())
-                                                        : absl::CHexEscape(why.message());
+  const std::string reason =
+      IsValidUtf8(why.message()) ? std::string(why.message()) : absl::CHexEscape(why.message());
   if (!o_.skip_bad_shards) {
     failure_ = absl::Status(
         why.code(),

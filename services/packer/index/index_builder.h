@@ -91,7 +91,7 @@ struct IndexBuildOptions {
 struct IndexBuildProgress {
   uint32_t shards_done = 0;  // read, reused from the previous index, or left out
   uint32_t shards_total = 0;
-  uint64_t samples = 0;  // indexed so far (reused ones included)
+  uint64_t samples = 0;     // indexed so far (reused ones included)
   uint64_t bytes_done = 0;  // of the shards to read
   uint64_t bytes_total = 0;
 };
@@ -99,8 +99,8 @@ struct IndexBuildProgress {
 struct IndexBuildReport {
   uint32_t shards_total = 0;
   uint32_t shards_indexed = 0;
-  uint32_t shards_read = 0;    // read this time (the rest came from the previous index)
-  uint32_t shards_reused = 0;  // unchanged since the previous index, not read
+  uint32_t shards_read = 0;     // read this time (the rest came from the previous index)
+  uint32_t shards_reused = 0;   // unchanged since the previous index, not read
   uint32_t shards_removed = 0;  // in the previous index, gone from the source
   std::string not_incremental;  // why the previous index was not used ("" when it was)
   uint64_t samples = 0;
@@ -110,12 +110,12 @@ struct IndexBuildReport {
   uint64_t audio = 0;
   uint64_t bytes = 0;
   uint64_t bytes_read = 0;
-  uint64_t ignored_members = 0;               // extensions the index does not use
-  std::map<std::string, uint64_t> skipped;    // reason -> samples
+  uint64_t ignored_members = 0;                     // extensions the index does not use
+  std::map<std::string, uint64_t> skipped;          // reason -> samples
   std::map<std::string, uint64_t> skipped_members;  // reason -> tar members not read ("link")
-  std::vector<std::string> skipped_examples;  // first few "shard:key: why" (names escaped)
-  std::vector<std::string> bad_shards;        // "name: why": unreadable, truncated, corrupt,
-                                              // empty, no members, a name that is not UTF-8
+  std::vector<std::string> skipped_examples;        // first few "shard:key: why" (names escaped)
+  std::vector<std::string> bad_shards;              // "name: why": unreadable, truncated, corrupt,
+                                                    // empty, no members, a name that is not UTF-8
 };
 
 // A shard as listed: its name under the source, size and modification time.

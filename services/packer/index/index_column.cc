@@ -53,8 +53,8 @@ absl::Status IndexColumn::SpillTo(const std::string& dir) {
     std::string tmpl = absl::StrCat(dir, "/.tutti-index-column-XXXXXX");
     fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
     if (fd < 0) {
-      return ErrnoStatus(errno, absl::StrCat("create a temporary file in ", dir,
-                                             " for the index being written"));
+      return ErrnoStatus(
+          errno, absl::StrCat("create a temporary file in ", dir, " for the index being written"));
     }
     ::unlink(tmpl.c_str());
   }
@@ -105,8 +105,8 @@ absl::Status IndexColumn::WriteTo(int fd, uint64_t offset) const {
     }
     block.resize(std::min<size_t>(n, 4 << 20));
     RETURN_IF_ERROR(ReadAll(fd_, block.data(), block.size(), static_cast<uint64_t>(in)));
-    RETURN_IF_ERROR(WriteAll(fd, block.data(), block.size(), static_cast<uint64_t>(out),
-                             "write the index"));
+    RETURN_IF_ERROR(
+        WriteAll(fd, block.data(), block.size(), static_cast<uint64_t>(out), "write the index"));
     in += static_cast<loff_t>(block.size());
     out += static_cast<loff_t>(block.size());
   }

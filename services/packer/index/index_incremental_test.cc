@@ -62,8 +62,7 @@ class IncrementalIndexTest : public ::testing::Test {
     EXPECT_EQ(inc_report.not_incremental, "");
     EXPECT_EQ(inc_report.shards_read, reads);
     EXPECT_EQ(inc_report.shards_removed, removed);
-    EXPECT_EQ(inc_report.shards_reused + inc_report.shards_read,
-              full_report.shards_read);
+    EXPECT_EQ(inc_report.shards_reused + inc_report.shards_read, full_report.shards_read);
     EXPECT_EQ(inc_report.samples, full_report.samples);
     EXPECT_EQ(inc_report.skipped, full_report.skipped);
     EXPECT_EQ(inc_report.bad_shards, full_report.bad_shards);

@@ -36,8 +36,8 @@ TEST(IndexReadersTest, EveryReaderGivesTheSameIndex) {
   dir.Write("a/001.tar", MixedShard(40, 31));
   const std::string cut = MixedShard(71, 20);
   dir.Write("b/002.tar", cut.substr(0, cut.size() / 2 + 100));  // truncated: left out
-  dir.Write("b/003.tar", std::string(3000, 'j'));         // not a tar
-  dir.Write("c/004.tar", "");                             // empty
+  dir.Write("b/003.tar", std::string(3000, 'j'));               // not a tar
+  dir.Write("c/004.tar", "");                                   // empty
   dir.Write("c/005.tar", MixedShard(100, 9));
   dir.Write("c/006.tar", MixedShard(200, 1));
 

@@ -8,10 +8,9 @@
 #include "common/crc32c.h"
 #include "common/file_io.h"
 #include "common/heap_usage.h"
-#include "services/packer/index/index_format.h"
-
 #include "gtest/gtest.h"
 #include "services/packer/bench/synthetic.h"
+#include "services/packer/index/index_format.h"
 
 namespace tutti::packer {
 namespace {
@@ -294,9 +293,8 @@ TEST(IndexTest, AnUnknownSectionIsIgnoredUnlessRequired) {
   auto extra = Index::FromString(WithSection(good, tag, 0, fmt::Rows::kSamples, 4, column), "x");
   ASSERT_TRUE(extra.ok()) << extra.status();
   EXPECT_EQ((*extra)->num_samples(), 4u);
-  auto required =
-      Index::FromString(WithSection(good, tag, fmt::kRequired, fmt::Rows::kSamples, 4, column),
-                        "new.idx");
+  auto required = Index::FromString(
+      WithSection(good, tag, fmt::kRequired, fmt::Rows::kSamples, 4, column), "new.idx");
   ASSERT_FALSE(required.ok());
   EXPECT_EQ(required.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(required.status().message().find("PLCH"), std::string::npos) << required.status();

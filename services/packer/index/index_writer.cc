@@ -46,8 +46,8 @@ struct IndexWriter::Section {
 };
 
 IndexWriter::IndexWriter() {
-  for (auto* c : {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_,
-                  &media_, &text_crc_, &media_crc_, &text_stream_, &vl_stream_}) {
+  for (auto* c : {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_, &media_,
+                  &text_crc_, &media_crc_, &text_stream_, &vl_stream_}) {
     *c = std::make_unique<IndexColumn>();
   }
   key_off_->Push(uint32_t{0});
@@ -57,8 +57,8 @@ IndexWriter::IndexWriter() {
 IndexWriter::~IndexWriter() = default;
 
 absl::Status IndexWriter::SpillTo(const std::string& dir) {
-  for (auto* c : {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_,
-                  &media_, &text_crc_, &media_crc_, &text_stream_, &vl_stream_}) {
+  for (auto* c : {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_, &media_,
+                  &text_crc_, &media_crc_, &text_stream_, &vl_stream_}) {
     RETURN_IF_ERROR((*c)->SpillTo(dir));
   }
   return absl::OkStatus();
@@ -96,8 +96,8 @@ void IndexWriter::AddSkipped(absl::string_view reason, uint32_t count) {
 absl::Status IndexWriter::AddBadShard(const std::string& name, uint64_t size, int64_t mtime_ns,
                                       absl::string_view why) {
   RETURN_IF_ERROR(CheckRelativeName(name, "shard"));
-  bad_shards_.push_back(IndexBadShard{
-      name, size, mtime_ns, IsValidUtf8(why) ? std::string(why) : absl::CHexEscape(why)});
+  bad_shards_.push_back(IndexBadShard{name, size, mtime_ns,
+                                      IsValidUtf8(why) ? std::string(why) : absl::CHexEscape(why)});
   return absl::OkStatus();
 }
 
@@ -392,8 +392,8 @@ absl::Status IndexWriter::WriteFile(const std::string& path) const {
       if (sections[i].table) {
         const std::string& t = *sections[i].table;
         for (size_t done = 0; done < t.size();) {
-          const ssize_t w = ::pwrite(fd, t.data() + done, t.size() - done,
-                                     static_cast<off_t>(offsets[i] + done));
+          const ssize_t w =
+              ::pwrite(fd, t.data() + done, t.size() - done, static_cast<off_t>(offsets[i] + done));
           if (w < 0 && errno == EINTR) continue;
           if (w <= 0) return ErrnoStatus(w < 0 ? errno : EIO, absl::StrCat("write ", tmp));
           done += static_cast<size_t>(w);
@@ -421,7 +421,9 @@ absl::Status IndexWriter::WriteFile(const std::string& path) const {
     return s;
   }
   const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

@@ -104,8 +104,8 @@ struct ShardScanner::Group {
 void ShardScanner::Probe(const RandomAccessFile& f, Member* m) {
   const std::string last = LastExtension(m->ext);
   if (ImageKindFromExtension(last) != ImageKind::kUnknown) {
-    m->image = ReadHeader(f, m->offset, m->size,
-                          [](absl::string_view b) { return ReadImageHeader(b); });
+    m->image =
+        ReadHeader(f, m->offset, m->size, [](absl::string_view b) { return ReadImageHeader(b); });
   } else if (last == "wav") {
     m->wav =
         ReadHeader(f, m->offset, m->size, [](absl::string_view b) { return ReadWavHeader(b); });

@@ -69,8 +69,7 @@ absl::Status ChecksumPass(const RandomAccessFile& file, ShardChecksums* sums);
 class ShardScanner {
  public:
   // `rel` names the shard (relative to the source) in examples and errors.
-  ShardScanner(const IndexBuildOptions& options, const std::string& rel)
-      : o_(options), rel_(rel) {}
+  ShardScanner(const IndexBuildOptions& options, const std::string& rel) : o_(options), rel_(rel) {}
 
   // Scans `file`. The members' checksums are added to `sums` as the walk
   // finds them; `finish` then feeds the rest of the file to `sums` (a
