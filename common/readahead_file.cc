@@ -69,6 +69,27 @@ absl::StatusOr<OpenedFile> OpenThroughIoService(IoService* io, const RootDir& ro
 }
 
 // ---------------------------------------------------------------------------
+// ReadAheadBufferPool
+
+std::unique_ptr<char[]> ReadAheadBufferPool::Take() {
+  {
+    absl::MutexLock l(&mu_);
+    if (!free_.empty()) {
+      std::unique_ptr<char[]> b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+  }
+  return std::unique_ptr<char[]>(new char[bytes_]);
+}
+
+void ReadAheadBufferPool::Give(std::unique_ptr<char[]> buffer) {
+  if (buffer == nullptr) return;
+  absl::MutexLock l(&mu_);
+  if (free_.size() < keep_) free_.push_back(std::move(buffer));
+}
+
+// ---------------------------------------------------------------------------
 // ReadAheadFile
 
 // Shared with the IoService's callbacks and held by every operation, so the
@@ -90,7 +111,13 @@ struct ReadAheadFile::State {
         name(std::move(name)),
         options(o),
         consume(std::move(consume)) {}
-  ~State() { ::close(fd); }
+  ~State() {
+    ::close(fd);
+    // Every operation has ended (each held this state): the buffers are free.
+    if (options.pool == nullptr) return;
+    for (auto& b : free_buffers) options.pool->Give(std::move(b));
+    for (auto& c : chunks) options.pool->Give(std::move(c->buf));
+  }
 
   // Issues reads while the window allows, up to covering `want_end`.
   void TopUp(uint64_t want_end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -136,6 +163,8 @@ void ReadAheadFile::State::TopUp(uint64_t want_end) {
     if (!free_buffers.empty()) {
       c->buf = std::move(free_buffers.back());
       free_buffers.pop_back();
+    } else if (options.pool != nullptr) {
+      c->buf = options.pool->Take();
     } else {
       c->buf.reset(new char[chunk]);
     }
@@ -193,6 +222,7 @@ ReadAheadFile::ReadAheadFile(IoService* io, int fd, uint64_t size, std::string n
   ReadAheadOptions o = options;
   o.chunk_bytes = std::max<size_t>(4096, o.chunk_bytes / 4096 * 4096);
   o.depth = std::max(1u, o.depth);
+  if (o.pool != nullptr && o.pool->buffer_bytes() != o.chunk_bytes) o.pool = nullptr;
   state_ = std::make_shared<State>(
       io, fd, size, std::move(name), o,
       consume ? std::move(consume) : [](uint64_t, absl::string_view) {});

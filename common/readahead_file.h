@@ -22,16 +22,36 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/file_io.h"
 #include "common/root_dir.h"
 #include "common/uring_file.h"
 
 namespace tutti {
+
+// Read buffers shared by the ReadAheadFiles of one reader, so that a file
+// does not fault in fresh memory for each of its reads. Thread-safe.
+class ReadAheadBufferPool {
+ public:
+  // Buffers of `buffer_bytes`; at most `keep` are kept when given back.
+  ReadAheadBufferPool(size_t buffer_bytes, size_t keep) : bytes_(buffer_bytes), keep_(keep) {}
+  size_t buffer_bytes() const { return bytes_; }
+  std::unique_ptr<char[]> Take();
+  void Give(std::unique_ptr<char[]> buffer);
+
+ private:
+  const size_t bytes_;
+  const size_t keep_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<char[]>> free_ ABSL_GUARDED_BY(mu_);
+};
 
 struct ReadAheadOptions {
   // Bytes per read (a multiple of 4096). Default 1 MiB: an NFS rsize, a
@@ -41,6 +61,9 @@ struct ReadAheadOptions {
   unsigned depth = 8;
   // A read not done by then fails the file. Default 5 minutes.
   absl::Duration read_timeout = absl::Minutes(5);
+  // Where the read buffers come from and go back to (used when its
+  // buffers are of chunk_bytes). Default none: the file's own.
+  std::shared_ptr<ReadAheadBufferPool> pool;
 };
 
 // A file opened beneath a root through an IoService, with what fstat(2)

@@ -207,7 +207,8 @@ absl::StatusOr<std::vector<ShardTask>> PlanShards(const IndexBuildOptions& o,
 }
 
 // Reads one shard (opened through `io`), as `options.reader` says.
-ShardResult ReadShard(const IndexBuildOptions& o, IoService* io, const RootDir& root,
+ShardResult ReadShard(const IndexBuildOptions& o, IoService* io,
+                      const std::shared_ptr<ReadAheadBufferPool>& pool, const RootDir& root,
                       const std::string& rel) {
   const std::string path = (fs::path(o.source_dir) / rel).string();
   ShardResult bad;
@@ -226,6 +227,7 @@ ShardResult ReadShard(const IndexBuildOptions& o, IoService* io, const RootDir& 
     ra.chunk_bytes = o.read_bytes;
     ra.depth = o.io_depth;
     ra.read_timeout = o.read_timeout;
+    ra.pool = pool;
     ReadAheadFile file(io, f->fd, f->size, path, ra,
                        [&sums](uint64_t off, absl::string_view bytes) { sums.Feed(off, bytes); });
     r = scanner.Scan(file, &sums, [&file] { return file.Drain(); });
@@ -284,6 +286,7 @@ class Builder {
   std::vector<size_t> to_read_;  // into tasks_
   std::unique_ptr<RootDir> root_;
   std::unique_ptr<IoService> io_;
+  std::shared_ptr<ReadAheadBufferPool> pool_;
   size_t ahead_ = 0;
 
   absl::Mutex mu_;
@@ -325,6 +328,10 @@ absl::Status Builder::Run() {
   if (!to_read_.empty()) {
     ASSIGN_OR_RETURN(io_, MakeIoService(o_));
   }
+  // Read buffers shared by the shards, so each shard does not fault in its own.
+  const uint64_t chunk = std::max<uint64_t>(4096, o_.read_bytes / 4096 * 4096);
+  pool_ = std::make_shared<ReadAheadBufferPool>(
+      chunk, size_t{std::max(1u, o_.threads)} * (std::max(1u, o_.io_depth) + 2));
   writer_->SetSourceDir(source);
   writer_->AddMeta("builder", "tutti index");
   writer_->AddMeta("options", IndexOptionsMeta(o_));
@@ -367,7 +374,7 @@ void Builder::Worker() {
       if (!failure_.ok() || next_ >= to_read_.size()) return;
       i = to_read_[next_++];
     }
-    ShardResult r = ReadShard(o_, io_.get(), *root_, tasks_[i].listed.name);
+    ShardResult r = ReadShard(o_, io_.get(), pool_, *root_, tasks_[i].listed.name);
     absl::MutexLock l(&mu_);
     prog_.bytes_done += tasks_[i].listed.size;
     done_.emplace(i, std::move(r));
