@@ -296,22 +296,25 @@ absl::Status IoServiceFile::ReadAt(uint64_t offset, size_t n, char* out, size_t*
   n = static_cast<size_t>(std::min<uint64_t>(n, size_ - offset));
   // Into a buffer of the operation's own: a read past its deadline may
   // still be running in the kernel after this returns. The IoService keeps
-  // the buffer and the descriptor until it ends.
-  struct Op {
-    std::shared_ptr<int> fd;
-    std::unique_ptr<char[]> buf;
-  };
-  auto keep = std::make_shared<Op>(Op{fd_, std::unique_ptr<char[]>(new char[n])});
+  // the buffer and the descriptor until it ends; the next read reuses the
+  // buffer only when nothing else holds it.
+  if (buffer_ == nullptr || buffer_.use_count() > 1 || buffer_->bytes < n) {
+    buffer_ = std::make_shared<Buffer>();
+    buffer_->data.reset(new char[std::max<size_t>(n, 4096)]);
+    buffer_->bytes = std::max<size_t>(n, 4096);
+    buffer_->fd = fd_;
+  }
+  std::shared_ptr<Buffer> keep = buffer_;
   IoOp op;
   op.kind = IoOp::Kind::kRead;
   op.fd = *fd_;
-  op.buf = keep->buf.get();
+  op.buf = keep->data.get();
   op.len = n;
   op.offset = offset;
   const int64_t r = io_->Run(op, absl::Now() + timeout_, keep);
   if (r < 0) return ReadError(name_, offset, r, timeout_);
   *got = static_cast<size_t>(r);
-  std::memcpy(out, keep->buf.get(), *got);
+  std::memcpy(out, keep->data.get(), *got);
   if (*got < n) return Shrank(name_, offset + *got, size_);
   return absl::OkStatus();
 }

@@ -119,8 +119,14 @@ class IoServiceFile final : public RandomAccessFile {
   const std::string& name() const override { return name_; }
 
  private:
+  struct Buffer {
+    std::unique_ptr<char[]> data;
+    size_t bytes = 0;
+    std::shared_ptr<int> fd;  // kept open while a read holds the buffer
+  };
   IoService* io_;
-  std::shared_ptr<int> fd_;  // closed when the last operation holding it ends
+  std::shared_ptr<int> fd_;                 // closed when the last operation holding it ends
+  mutable std::shared_ptr<Buffer> buffer_;  // the last read's, reused
   const uint64_t size_;
   const std::string name_;
   const absl::Duration timeout_;
