@@ -118,6 +118,28 @@ TEST_P(ReadAheadFileTest, AFailedReadFailsTheFile) {
   EXPECT_EQ(consumed, 40960u);
 }
 
+// A read the file system never answers fails the file at its deadline,
+// naming the file and the offset; the file can then be dropped.
+TEST_P(ReadAheadFileTest, AStalledReadFailsAtItsDeadline) {
+  IoFault stall;
+  stall.path_contains = "f.bin";
+  stall.stall = true;
+  stall.min_offset = 8192;
+  IoService io(Backend({stall}));
+  const OpenedFile f = Open(&io);
+  ReadAheadOptions o;
+  o.chunk_bytes = 4096;
+  o.depth = 2;
+  o.read_timeout = absl::Seconds(1);
+  auto file = std::make_unique<ReadAheadFile>(&io, f.fd, f.size, "f.bin", o, nullptr);
+  std::string buf(100, '\0');
+  ASSERT_TRUE(file->ReadExactly(4000, 100, buf.data()).ok());
+  absl::Status s = file->ReadExactly(9000, 100, buf.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("f.bin at offset 8192"), std::string::npos) << s;
+  file.reset();
+}
+
 // One read at a time, each where it is asked for.
 TEST_P(ReadAheadFileTest, IoServiceFileReadsWhereAsked) {
   IoService io(Backend());
