@@ -121,6 +121,14 @@ struct ReadAheadFile::State {
 
   // Issues reads while the window allows, up to covering `want_end`.
   void TopUp(uint64_t want_end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits for a chunk's read; a wait of a millisecond or more (a file
+  // system that answers slower than the reader reads) doubles the window.
+  void Wait(Chunk* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (c->done) return;
+    const absl::Time t0 = absl::Now();
+    mu.Await(absl::Condition(&c->done));
+    if (absl::Now() - t0 >= absl::Milliseconds(1)) window = std::min(options.depth, window * 2);
+  }
   // Waits for the front chunk; the error it ended with, if any.
   absl::Status WaitFront() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Consumes and drops the chunks that end at or before `offset`.
@@ -142,6 +150,9 @@ struct ReadAheadFile::State {
   uint64_t released ABSL_GUARDED_BY(mu) = 0;
   uint64_t last_start ABSL_GUARDED_BY(mu) = 0;
   unsigned pending ABSL_GUARDED_BY(mu) = 0;
+  // Reads kept in flight: from 2 up to options.depth as reads keep the
+  // reader waiting, so a file the page cache serves holds few buffers.
+  unsigned window ABSL_GUARDED_BY(mu) = 2;
   uint64_t reads ABSL_GUARDED_BY(mu) = 0;
   absl::Status failed ABSL_GUARDED_BY(mu);
 };
@@ -154,9 +165,9 @@ absl::Status ReadAheadFile::State::ChunkStatus(const Chunk& c) const {
 
 void ReadAheadFile::State::TopUp(uint64_t want_end) {
   const uint64_t chunk = options.chunk_bytes;
-  const uint64_t limit = (want_end + chunk - 1) / chunk * chunk + uint64_t{options.depth} * chunk;
+  const uint64_t limit = (want_end + chunk - 1) / chunk * chunk + uint64_t{window} * chunk;
   while (failed.ok() && issued_end < size && issued_end < limit &&
-         (issued_end < want_end || pending < options.depth)) {
+         (issued_end < want_end || pending < window)) {
     auto c = std::make_unique<Chunk>();
     c->offset = issued_end;
     c->len = static_cast<size_t>(std::min<uint64_t>(chunk, size - issued_end));
@@ -194,7 +205,7 @@ void ReadAheadFile::State::TopUp(uint64_t want_end) {
 
 absl::Status ReadAheadFile::State::WaitFront() {
   Chunk* c = chunks.front().get();
-  mu.Await(absl::Condition(&c->done));
+  Wait(c);
   return ChunkStatus(*c);
 }
 
@@ -228,6 +239,7 @@ ReadAheadFile::ReadAheadFile(IoService* io, int fd, uint64_t size, std::string n
       consume ? std::move(consume) : [](uint64_t, absl::string_view) {});
   state_->self = state_;
   absl::MutexLock l(&state_->mu);
+  state_->window = std::min(2u, o.depth);
   state_->TopUp(0);
 }
 
@@ -251,7 +263,7 @@ absl::Status ReadAheadFile::ReadAt(uint64_t offset, size_t n, char* out, size_t*
     State::Chunk& c = *cp;
     if (c.offset >= end) break;
     if (c.offset + c.len <= offset) continue;
-    s.mu.Await(absl::Condition(&c.done));
+    s.Wait(&c);
     s.failed = s.ChunkStatus(c);
     RETURN_IF_ERROR(s.failed);
     const uint64_t from = std::max(offset, c.offset), to = std::min(end, c.offset + c.len);

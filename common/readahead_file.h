@@ -57,7 +57,9 @@ struct ReadAheadOptions {
   // Bytes per read (a multiple of 4096). Default 1 MiB: an NFS rsize, a
   // FUSE request.
   size_t chunk_bytes = size_t{1} << 20;
-  // Reads in flight ahead of the reader. Default 8.
+  // Reads in flight ahead of the reader, at most: a file starts with 2
+  // and doubles them while its reads keep the reader waiting (1 ms or more),
+  // so a file the page cache serves holds few buffers. Default 8.
   unsigned depth = 8;
   // A read not done by then fails the file. Default 5 minutes.
   absl::Duration read_timeout = absl::Minutes(5);
