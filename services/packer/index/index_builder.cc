@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cpu_count.h"
 #include "common/readahead_file.h"
 #include "common/root_dir.h"
 #include "common/status.h"
@@ -104,6 +105,8 @@ absl::StatusOr<std::vector<ListedShard>> ListShards(const std::string& dir,
   if (refused != nullptr) *refused = std::move(left_out);
   return out;
 }
+
+uint32_t DefaultIndexThreads() { return std::clamp(UsableCpus(), 2u, 8u); }
 
 std::string IndexOptionsMeta(const IndexBuildOptions& o) {
   return absl::StrFormat(

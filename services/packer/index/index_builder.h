@@ -26,6 +26,9 @@
 
 namespace tutti::packer {
 
+// The CPUs this process may use (common/cpu_count.h), at least 2, at most 8.
+uint32_t DefaultIndexThreads();
+
 // How shards are read.
 enum class ShardReader {
   // Each shard front to back in read_bytes reads, io_depth of them in
@@ -40,8 +43,9 @@ enum class ShardReader {
 struct IndexBuildOptions {
   // Directory holding the .tar shards (searched recursively, sorted by path).
   std::string source_dir;
-  // Shards read at once. Default 8.
-  uint32_t threads = 8;
+  // Shards read at once. Default: the CPUs this process may use, 2 to 8
+  // (DefaultIndexThreads); with io_depth reads each, 16 to 64 in flight.
+  uint32_t threads = DefaultIndexThreads();
   ShardReader reader = ShardReader::kReadAhead;
   // Reads in flight per shard (kReadAhead). Default 8.
   uint32_t io_depth = 8;
