@@ -71,5 +71,24 @@ TEST(IndexCommand, RerunReadsOnlyNewShardsAndWritesWhatAFullRunWrites) {
   RemoveTree(dir);
 }
 
+// The benchmark runs its readers, finds them agreeing, and loads an index
+// (small sizes: this checks the command, not the speed).
+TEST(IndexCommand, BenchIndexComparesTheReadersAndLoadsAnIndex) {
+  const std::string dir = MakeTempDir("bench_index");
+  RunResult r = RunCommand(
+      {TuttiCli(), "bench", "index", "--dir=" + dir, "--samples=30", "--samples_per_shard=10",
+       "--max_megapixels=0.1", "--rounds=1", "--skip_slowfs", "--load_samples=20000", "--json"},
+      absl::Seconds(240));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"reader\": \"per-header, 1 shard, 1 read in flight each\""));
+  EXPECT_THAT(r.output, HasSubstr("\"samples\": 30,"));
+  EXPECT_THAT(r.output, Not(HasSubstr("\"same_index\": false")));
+  EXPECT_THAT(r.output, HasSubstr("\"case\": \"index_load\", \"cache\": \"cold\", \"ok\": true, "
+                                  "\"samples\": 20000"));
+  r = RunCommand({TuttiCli(), "bench", "index", "--threads=0"}, absl::Seconds(30));
+  EXPECT_EQ(r.status, 2) << r.output;
+  RemoveTree(dir);
+}
+
 }  // namespace
 }  // namespace tutti::e2e

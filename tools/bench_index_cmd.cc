@@ -186,7 +186,8 @@ std::string ReaderName(const IndexBuildOptions& o) {
 
 int RunBenchIndex(int argc, char** argv) {
   Cli cli("tutti bench index [--dir DIR] [--json] [options]",
-          "Samples per second of `tutti index` over a generated WebDataset on the local disk and "
+          "Samples per second of `tutti index` (its build, in this process, less writing the "
+          "file) over a generated WebDataset on the local disk and "
           "through tutti-slowfs (--latency_ms per open and read), side by side: tutti's reader "
           "(each shard front to back, --threads shards x --io_depth reads in flight), the same "
           "reader with one read in flight, and the per-header reader (every tar header, image "
@@ -220,6 +221,14 @@ int RunBenchIndex(int argc, char** argv) {
   cli.Flag("json", &json, "one JSON object per row instead of tables");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (samples == 0 || per_shard == 0 || rounds == 0 || slow_rounds == 0 || threads == 0 ||
+      io_depth == 0 || read_kb == 0 || read_kb % 4 != 0 || load_samples == 0) {
+    std::fprintf(stderr,
+                 "tutti bench index: --samples, --samples_per_shard, --rounds, --slow_rounds, "
+                 "--threads, --io_depth and --load_samples must be at least 1, --read_kb a "
+                 "multiple of 4\n");
+    return 2;
+  }
   fs::create_directories(dir);
 
   // The dataset, written once and kept for later runs.
