@@ -316,7 +316,11 @@ absl::Status Builder::Run() {
                      " left out in all; pass --skip-bad-shards to index the other shards)"));
   }
   rep_.bad_shards = refused;
-  const std::string source = fs::absolute(o_.source_dir).lexically_normal().string();
+  // The source as recorded, and as a rerun must name it to reuse the index
+  // ("data" and "data/" alike).
+  fs::path source_path = fs::absolute(o_.source_dir).lexically_normal();
+  if (source_path.filename().empty()) source_path = source_path.parent_path();
+  const std::string source = source_path.string();
   ASSIGN_OR_RETURN(tasks_, PlanShards(o_, source, std::move(listed), &rep_));
   prev_ = o_.previous.get();
   prog_.shards_total = rep_.shards_total;
