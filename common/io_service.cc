@@ -109,7 +109,6 @@ void IoService::TimeOutQueued(Req& r, absl::Time now) {
 
 void IoService::IssueWaiting() {
   const unsigned limit = opts_.per_file_limit;
-  const absl::Time now = absl::Now();
   for (auto w = waiting_.begin(); w != waiting_.end() && Busy() < backend_->capacity();) {
     const uint64_t id = *w;
     auto it = reqs_.find(id);
@@ -118,7 +117,7 @@ void IoService::IssueWaiting() {
       continue;
     }
     Req& r = it->second;
-    if (r.deadline <= now) {
+    if (const absl::Time now = absl::Now(); r.deadline <= now) {
       // Too late to send (the thread ran late, or it waited here): not the
       // file system's doing, and not worth a worker now.
       w = waiting_.erase(w);
@@ -223,17 +222,23 @@ void IoService::TimeOut(absl::Time now) {
       continue;
     }
     if (r.in_backend) {
-      // Sent and not answered: the file system's doing. The operation
-      // stays in the backend (and counts against its file's bound) until
-      // it really ends.
+      // It stays in the backend (and counts against its file's bound)
+      // until it really ends.
       r.timed_out = true;
-      last_timeout_ =
-          Timeout{r.sent - r.accepted, r.deadline - r.sent, now - r.deadline, in_backend_};
       r.stuck = true;
       ++stuck_;
       if (r.op.file != 0) ++files_[r.op.file].stuck;
-      timeouts_.fetch_add(1);
-      r.done(-ETIMEDOUT);
+      if (r.sent < r.deadline) {
+        // Sent in time and not answered: the file system's doing.
+        last_timeout_ =
+            Timeout{r.sent - r.accepted, r.deadline - r.sent, now - r.deadline, in_backend_};
+        timeouts_.fetch_add(1);
+        r.done(-ETIMEDOUT);
+      } else {
+        // The service thread handed it over only after its deadline (it
+        // was not run in time): the file system never had a chance.
+        TimeOutQueued(r, now);
+      }
       backend_->Cancel(it->first);
       ++it;
     } else {

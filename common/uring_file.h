@@ -177,9 +177,10 @@ class FaultInjectingBackend final : public IoBackend {
 inline constexpr int64_t kNotRegularFile = -ENXIO;
 
 // IoService's answer when an operation's deadline passed before it was sent
-// to the backend: it waited behind the backend's capacity or its file's
-// bound, or the service thread was not run in time (short of CPU). Not the
-// file system's doing, unlike -ETIMEDOUT (sent, and not answered in time).
+// to the backend (or while the service thread was still handing it over):
+// it waited behind the backend's capacity or its file's bound, or the
+// service thread was not run in time (short of CPU). Not the file system's
+// doing, unlike -ETIMEDOUT (sent in time, and not answered).
 inline constexpr int64_t kTimedOutQueued = -ETIME;
 // IoService's answer, at once, to an operation on a file whose bound
 // (IoServiceOptions::per_file_limit) is held entirely by operations that
@@ -269,7 +270,7 @@ class IoService {
     IoOp op;
     absl::Time deadline;
     absl::Time accepted;
-    absl::Time sent = absl::InfiniteFuture();  // first sent to the backend
+    absl::Time sent = absl::InfiniteFuture();  // first in the backend (its Submit returned)
     Done done;
     std::shared_ptr<void> keepalive;
     size_t done_bytes = 0;
