@@ -228,6 +228,7 @@ void IoService::TimeOut(absl::Time now) {
       r.stuck = true;
       ++stuck_;
       if (r.op.file != 0) ++files_[r.op.file].stuck;
+      PublishStats();  // before the callback, which may look
       if (r.sent < r.deadline) {
         // Sent in time and not answered: the file system's doing.
         last_timeout_ =
