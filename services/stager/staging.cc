@@ -160,14 +160,21 @@ void StagingEngine::Stop() {
       if (f->reserved) cache_->Abort(name);
     }
     active_.clear();
-    all_returned = free_buffers_.size() == buffers_.size();
+    size_t live = 0;
+    for (char* b : buffers_) live += b != nullptr;
+    all_returned = free_buffers_.size() == live;
   }
   cv_.SignalAll();
-  // Buffers stay allocated if an operation could not be cancelled; otherwise free them.
+  // A buffer an operation still holds (it could not be cancelled) stays
+  // allocated; the others are freed.
+  absl::MutexLock l(&mu_);
   if (!had_io || all_returned) {
     for (char* b : buffers_) std::free(b);
+  } else {
+    for (int b : free_buffers_) std::free(buffers_[b]);
   }
   buffers_.clear();
+  free_buffers_.clear();
 }
 
 IoServiceStats StagingEngine::io_stats() const { return io_ ? io_->stats() : IoServiceStats{}; }
@@ -187,25 +194,28 @@ IoOp StagingEngine::SourceOp(const File& f, IoOp::Kind kind) {
 }
 
 absl::Status StagingEngine::Stalled(const File& f, const std::string& what, int64_t r) const {
+  // A later Request (the next plan that names the shard) tries it again,
+  // after RetryAfter.
+  constexpr char kLater[] = ": the shard is given up for now, a later request tries it again";
   const std::string shard = absl::StrCat("shard ", f.ref.name(), ": ");
   if (r == kFileStalled) {
     return absl::DeadlineExceededError(
         absl::StrCat(shard, "its last ", opts_.file_queue_depth, " operations on ", f.src_path,
-                     " have not returned (the source stalls on this file): ", what,
-                     " not sent; the copy is tried again later, once one returns"));
+                     " have not returned (the source stalls on this file), so ", what,
+                     " was not sent", kLater));
   }
   if (r == kTimedOutQueued) {
     const IoService::Timeout& t = io_->last_timeout();
     return absl::DeadlineExceededError(absl::StrCat(
-        shard, what, " of ", f.src_path, " waited ", absl::FormatDuration(opts_.op_timeout),
-        " in the stager's queue without being sent to the file system (its I/O thread ran ",
+        shard, what, " of ", f.src_path, " waited ", absl::FormatDuration(t.queued),
+        " in the stager's queue and was never sent to the file system (its I/O thread ran ",
         absl::FormatDuration(t.lag), " late, ", t.ahead,
-        " operations in flight): the stager is short of CPU, not the source; tried again later"));
+        " operations in flight): the stager is short of CPU, not the source stalling", kLater));
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      shard, "the source did not answer ", what, " of ", f.src_path, " within ",
-      absl::FormatDuration(opts_.op_timeout),
-      " (it stalls); the operation is left to the kernel and the copy tried again later"));
+  return absl::DeadlineExceededError(
+      absl::StrCat(shard, "the source did not answer ", what, " of ", f.src_path, " within ",
+                   absl::FormatDuration(opts_.op_timeout),
+                   " (it stalls; the operation is left to the kernel)", kLater));
 }
 
 void StagingEngine::SetListener(std::function<void(const std::string&, ShardState)> fn) {
@@ -471,7 +481,7 @@ void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
 
 void StagingEngine::IssueReads(const std::shared_ptr<File>& f) {
   while (!f->failed && f->next_offset < f->size && !free_buffers_.empty() && !stopping_ &&
-         f->reads < opts_.file_queue_depth) {
+         f->reads < FileDepth()) {
     const int b = free_buffers_.back();
     free_buffers_.pop_back();
     const uint64_t offset = f->next_offset;
@@ -486,7 +496,7 @@ void StagingEngine::IssueReads(const std::shared_ptr<File>& f) {
     op.buf = buffers_[b];
     op.len = f->src_direct ? RoundUp(len) : len;
     op.offset = offset;
-    op.buf_index = b;
+    op.buf_index = BufIndex(b);
     io_->Submit(op, OpDeadline(),
                 [this, f, b, offset, len, lease](int64_t r) { OnRead(f, b, offset, len, r, lease); },
                 lease);
@@ -499,6 +509,7 @@ void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offse
   --f->in_flight;
   --f->reads;
   if (stopping_) return;
+  if (IsTimeout(r)) ReplaceBuffer(b);
   if (f->failed) return Fail(f, f->error);
   if (r < 0) {
     if (IsTimeout(r) || r == kFileStalled) {
@@ -526,7 +537,7 @@ void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offse
   op.buf = buffers_[b];
   op.len = wlen;
   op.offset = offset;
-  op.buf_index = b;
+  op.buf_index = BufIndex(b);
   // The write holds the read's lease: the buffer returns to the pool after it.
   io_->Submit(op, OpDeadline(), [this, f, b, len](int64_t r2) { OnWritten(f, b, len, r2); }, lease);
 }
@@ -535,6 +546,7 @@ void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len,
   absl::MutexLock l(&mu_);
   --f->in_flight;
   if (stopping_) return;
+  if (IsTimeout(r)) ReplaceBuffer(b);
   if (f->failed) return Fail(f, f->error);
   if (r < 0) {
     absl::Status s = ErrnoStatus(static_cast<int>(-r), absl::StrCat("write ", f->tmp_path));
@@ -681,8 +693,30 @@ void StagingEngine::Done(const std::shared_ptr<File>& f, ShardState state) {
 
 void StagingEngine::ReturnBuffer(int buffer) {
   absl::MutexLock l(&mu_);
+  if (lost_.erase(buffer) > 0) {
+    // Another buffer took its place meanwhile.
+    std::free(buffers_[buffer]);
+    buffers_[buffer] = nullptr;
+    return;
+  }
   free_buffers_.push_back(buffer);
   if (!stopping_) Pump();
+}
+
+void StagingEngine::ReplaceBuffer(int buffer) {
+  if (stopping_ || replaced_ >= opts_.queue_depth || !lost_.insert(buffer).second) return;
+  void* p = nullptr;
+  if (::posix_memalign(&p, kAlign, opts_.block_size) != 0) {
+    lost_.erase(buffer);
+    return;
+  }
+  ++replaced_;
+  buffers_.push_back(static_cast<char*>(p));
+  free_buffers_.push_back(static_cast<int>(buffers_.size() - 1));
+}
+
+unsigned StagingEngine::FileDepth() const {
+  return std::max(1u, std::min(opts_.file_queue_depth, opts_.queue_depth - 1));
 }
 
 }  // namespace tutti::stager

@@ -130,6 +130,16 @@ class StagingEngine {
   // Records the outcome and tells the listener (with mu_ released meanwhile).
   void Done(const std::shared_ptr<File>& f, ShardState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnBuffer(int buffer);  // a lease ended: the kernel is done with the buffer
+  // The operation using `buffer` timed out and may stay stuck with it: a
+  // new buffer takes its place in the pool.
+  void ReplaceBuffer(int buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The registered buffer index for an operation on `buffer`, or -1.
+  int BufIndex(int buffer) const {
+    return buffer < static_cast<int>(opts_.queue_depth) ? buffer : -1;
+  }
+  // Reads of one shard in flight: file_queue_depth, one short of the
+  // queue depth so a stalled shard never takes every buffer.
+  unsigned FileDepth() const;
   absl::Time OpDeadline() const { return absl::Now() + opts_.op_timeout; }
   // An operation on the shard's source file (bounded per file, may stall).
   static IoOp SourceOp(const File& f, IoOp::Kind kind);
@@ -145,12 +155,19 @@ class StagingEngine {
   std::unique_ptr<IoBackend> injected_;
   std::unique_ptr<RootDir> source_;  // outlives io_
   std::unique_ptr<IoService> io_;
-  std::vector<char*> buffers_;  // aligned, registered when registered_
   bool registered_ = false;
 
   mutable absl::Mutex mu_;
   mutable absl::CondVar cv_;  // a shard was staged or failed (for Wait)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Aligned block buffers by index; the first queue_depth are registered
+  // when registered_. A buffer whose operation timed out and stays stuck in
+  // the kernel is replaced by a new one (at most queue_depth of them), so a
+  // stalled file never holds the copy's buffers for good; it is freed if the
+  // operation ever returns (nullptr from then on).
+  std::vector<char*> buffers_ ABSL_GUARDED_BY(mu_);
+  std::set<int> lost_ ABSL_GUARDED_BY(mu_);  // replaced, still held by a stuck operation
+  unsigned replaced_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> free_buffers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ShardStatusInfo> status_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> failed_at_ ABSL_GUARDED_BY(mu_);
