@@ -128,13 +128,15 @@ void IoService::IssueWaiting() {
     }
     if (limit > 0 && r.op.file != 0) {
       auto f = files_.find(r.op.file);
-      if (f != files_.end() && f->second.in_backend >= limit) {
-        if (f->second.stuck < limit) {
-          ++w;  // waits for one of its file's operations to end
-          continue;
-        }
+      const bool full = f != files_.end() && f->second.in_backend >= limit;
+      if (full && f->second.stuck < limit) {
+        ++w;  // waits for one of its file's operations to end
+        continue;
+      }
+      if (full || (f != files_.end() && absl::Now() < f->second.refuse_until)) {
         // Every slot of its file is held by an operation that never
-        // returned: answered now rather than left to wait for its deadline.
+        // returned, or its last operations all went unanswered: answered
+        // now rather than left to wait for its deadline.
         w = waiting_.erase(w);
         stalled_refusals_.fetch_add(1);
         r.done(kFileStalled);
@@ -173,9 +175,15 @@ void IoService::Complete(uint64_t id, int64_t result) {
     if (r.op.file != 0) {
       auto f = files_.find(r.op.file);
       if (f != files_.end()) {
-        --f->second.in_backend;
-        if (r.stuck) --f->second.stuck;
-        if (f->second.in_backend == 0) files_.erase(f);
+        FileState& fs = f->second;
+        --fs.in_backend;
+        if (r.stuck) --fs.stuck;
+        // Answered in time (whatever the answer): the file is alive.
+        if (!r.timed_out && result != -ECANCELED) {
+          fs.timeouts = 0;
+          fs.refuse_until = absl::InfinitePast();
+        }
+        if (fs.in_backend == 0 && fs.timeouts == 0) files_.erase(f);
       }
     }
     if (r.stuck) {
@@ -227,10 +235,15 @@ void IoService::TimeOut(absl::Time now) {
       r.timed_out = true;
       r.stuck = true;
       ++stuck_;
-      if (r.op.file != 0) ++files_[r.op.file].stuck;
+      FileState* file = r.op.file != 0 ? &files_[r.op.file] : nullptr;
+      if (file != nullptr) ++file->stuck;
       PublishStats();  // before the callback, which may look
       if (r.sent < r.deadline) {
         // Sent in time and not answered: the file system's doing.
+        if (file != nullptr && opts_.per_file_limit > 0 &&
+            ++file->timeouts >= opts_.per_file_limit) {
+          file->refuse_until = now + opts_.stalled_file_retry;
+        }
         last_timeout_ =
             Timeout{r.sent - r.accepted, r.deadline - r.sent, now - r.deadline, in_backend_};
         timeouts_.fetch_add(1);

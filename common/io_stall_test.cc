@@ -169,6 +169,46 @@ TEST_P(StalledFileTest, HoldsItsBoundOnlyAndOthersCarryOn) {
 INSTANTIATE_TEST_SUITE_P(Backends, StalledFileTest, ::testing::Bool(),
                          [](const auto& i) { return i.param ? "io_uring" : "pread"; });
 
+// A file whose reads are ended by their cancel but never answered (a FUSE
+// read interrupted at its deadline, as the pread pool does): none stays
+// stuck, yet after `per_file_limit` of them in a row its reads are refused
+// at once for stalled_file_retry, then sent again; an answer ends that.
+TEST(IoServiceTimeoutTest, AFileThatKeepsTimingOutIsRefusedForAWhileThenTriedAgain) {
+  const std::string path = Dir() + "/flaky.bin";
+  ASSERT_TRUE(WriteFileAtomically(path, std::string(8192, 'f')).ok());
+  IoFault stall;  // cancellable: ends with -ECANCELED at the deadline
+  stall.path_contains = "flaky.bin";
+  stall.stall = true;
+  stall.min_offset = 4096;  // the first page answers
+  IoServiceOptions opts;
+  opts.per_file_limit = 2;
+  opts.stalled_file_retry = absl::Seconds(1);
+  IoService io(
+      std::make_unique<FaultInjectingBackend>(Backend(true, 8), std::vector<IoFault>{stall}), opts);
+  const int fd = OpenFile(io, path);
+  ASSERT_GE(fd, 0);
+  const uint64_t key = FileKey("flaky.bin");
+  std::string buf(4096, '\0');
+  auto read_at = [&](uint64_t offset) {
+    IoOp r = ReadOf(fd, buf.data(), buf.size(), key);
+    r.offset = offset;
+    return io.Run(r, absl::Now() + absl::Milliseconds(100));
+  };
+  EXPECT_EQ(read_at(4096), -ETIMEDOUT);
+  EXPECT_EQ(read_at(4096), -ETIMEDOUT);
+  for (int i = 0; i < 100 && io.stats().stuck > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(io.stats().stuck, 0u) << "the cancels ended them";
+  EXPECT_EQ(read_at(0), kFileStalled) << "refused at once, even a read that would answer";
+  absl::SleepFor(absl::Milliseconds(1100));
+  EXPECT_EQ(read_at(4096), -ETIMEDOUT) << "tried again after stalled_file_retry";
+  EXPECT_EQ(read_at(0), kFileStalled) << "one more timeout refuses it again";
+  absl::SleepFor(absl::Milliseconds(1100));
+  EXPECT_EQ(read_at(0), 4096) << "tried again, answered";
+  EXPECT_EQ(read_at(4096), -ETIMEDOUT) << "an answer ended the refusals";
+  EXPECT_EQ(io.stats().stalled_refusals, 2u);
+  ::close(fd);
+}
+
 // The service thread held up (as a host short of CPU holds it up) while an
 // operation's deadline passes: it is answered kTimedOutQueued, never sent,
 // with the lateness measured, not -ETIMEDOUT as if the file system had

@@ -182,10 +182,10 @@ inline constexpr int64_t kNotRegularFile = -ENXIO;
 // service thread was not run in time (short of CPU). Not the file system's
 // doing, unlike -ETIMEDOUT (sent in time, and not answered).
 inline constexpr int64_t kTimedOutQueued = -ETIME;
-// IoService's answer, at once, to an operation on a file whose bound
-// (IoServiceOptions::per_file_limit) is held entirely by operations that
-// timed out and have not returned: the file is stalled, and is tried again
-// once one of them returns.
+// IoService's answer, at once, to an operation on a file that stalls: its
+// bound (IoServiceOptions::per_file_limit) is held entirely by operations
+// that timed out and have not returned, or that many of its operations in a
+// row got no answer in time and stalled_file_retry has not passed since.
 inline constexpr int64_t kFileStalled = -EBUSY;
 inline bool IsTimeout(int64_t result) { return result == -ETIMEDOUT || result == kTimedOutQueued; }
 
@@ -197,6 +197,12 @@ struct IoServiceOptions {
   // mount). Further operations of the file wait for one to end; once all
   // of them are stuck, they are answered kFileStalled at once. 0: no bound.
   unsigned per_file_limit = 0;
+  // Once per_file_limit operations of a file in a row got no answer in time
+  // (stuck, or ended only by their cancel), its operations are answered
+  // kFileStalled at once for this long, then sent again; the next one that
+  // gets no answer in time starts another such wait, one answered in time
+  // ends them.
+  absl::Duration stalled_file_retry = absl::Seconds(10);
   // How long stopping waits for cancelled operations to end before it
   // keeps their memory and the backend alive instead (never for ones that
   // were stuck already).
@@ -259,6 +265,7 @@ class IoService {
   };
   const Timeout& last_timeout() const { return last_timeout_; }
   unsigned per_file_limit() const { return opts_.per_file_limit; }
+  absl::Duration stalled_file_retry() const { return opts_.stalled_file_retry; }
   unsigned capacity() const { return backend_->capacity(); }
   // True after stopping left an operation stuck in the kernel (its memory
   // was deliberately kept).
@@ -283,6 +290,8 @@ class IoService {
   struct FileState {
     unsigned in_backend = 0;  // stuck ones included
     unsigned stuck = 0;
+    unsigned timeouts = 0;  // operations in a row that got no answer in time
+    absl::Time refuse_until = absl::InfinitePast();
   };
   void Loop();
   // Sends what waits while the backend has room, each file within its bound.

@@ -32,9 +32,10 @@ std::string MemberReader::IoWaitCause(const Handle& h, const std::string& what, 
                                       absl::Time start) const {
   const IoService& io = *IoOf(h);
   if (result == kFileStalled) {
-    return absl::StrCat("skipped at once: the shard stalls at the source, its last ",
+    return absl::StrCat("skipped at once: the shard stalls at the source (its last ",
                         io.per_file_limit(), " reads of ", *h.path,
-                        " have not returned (its members are read again once one does)");
+                        " got no answer in time); its reads are sent again after ",
+                        absl::FormatDuration(io.stalled_file_retry()));
   }
   const IoService::Timeout& t = io.last_timeout();
   const absl::Duration waited = absl::Now() - start;

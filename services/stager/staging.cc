@@ -201,7 +201,7 @@ absl::Status StagingEngine::Stalled(const File& f, const std::string& what, int6
   if (r == kFileStalled) {
     return absl::DeadlineExceededError(
         absl::StrCat(shard, "its last ", opts_.file_queue_depth, " operations on ", f.src_path,
-                     " have not returned (the source stalls on this file), so ", what,
+                     " got no answer in time (the source stalls on this file), so ", what,
                      " was not sent", kLater));
   }
   if (r == kTimedOutQueued) {
