@@ -120,6 +120,7 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   wo.window = opts_.window;
   wo.memory_budget_bytes = opts_.memory_budget_bytes;
   wo.stage_wait = opts_.stage_wait_ms ? absl::Milliseconds(opts_.stage_wait_ms) : deadline;
+  stage_wait_ = wo.stage_wait;
   wo.default_acquire_timeout_ms =
       std::min(opts_.default_acquire_timeout_ms, opts_.max_acquire_timeout_ms);
   wo.total_steps = job.total_steps();
@@ -465,8 +466,17 @@ void StagerCore::Tick(Callbacks* cbs) {
     if (!window_->Ready(job, now, cbs)) job->Discard();  // released or moved past meanwhile
   }
   auto shard_state = [this](const std::string& shard) { return ShardStateOf(shard); };
+  // A copy that has made no progress for the stage wait (its source stalls)
+  // is not waited for: the batch reads that shard's members from the source.
+  auto build_state = [this, now](const std::string& shard) {
+    const ShardStatusInfo st = staging_->Status(shard);
+    if (st.state == ShardState::kStaging && now - st.progress_at > stage_wait_) {
+      return ShardState::kFailed;
+    }
+    return st.state;
+  };
   window_->StartBuilds(
-      now, shard_state,
+      now, build_state,
       [this](const std::shared_ptr<const v1::StepPlan>& plan, int index) {
         return MakeBatch(plan, index);
       },

@@ -205,6 +205,7 @@ class StagerCore {
   std::unique_ptr<MemberReader> reader_;
   std::unique_ptr<ThreadPool> pool_;
   BuildContext ctx_;
+  absl::Duration stage_wait_;  // BatchWindowOptions::stage_wait
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // scheduler and plan intake wake-ups

@@ -334,6 +334,7 @@ void StagingEngine::StartFile(std::shared_ptr<File> f) {
   const std::string name = f->ref.name();
   f->start = absl::Now();
   status_[name].state = ShardState::kStaging;
+  status_[name].progress_at = f->start;
   active_[name] = f;
   auto src = JoinUnder(opts_.source_dir, name);
   if (!src.ok()) {
@@ -558,7 +559,9 @@ void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len,
     return Fail(f, s);
   }
   f->written += len;
-  status_[f->ref.name()].bytes = f->written;
+  ShardStatusInfo& info = status_[f->ref.name()];
+  info.bytes = f->written;
+  info.progress_at = absl::Now();
   if (metrics_) metrics_->staged_bytes.Increment(static_cast<double>(len));
   if (f->written == f->size && f->in_flight == 0) return Finish(f);
   IssueReads(f);
