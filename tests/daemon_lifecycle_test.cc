@@ -212,8 +212,7 @@ TEST_F(Lifecycle, StagerStopsPromptlyWithReadsStalledInFlight) {
   if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/fuse is not available";
   for (const char* backend : {"uring", "pread"}) {
     SCOPED_TRACE(backend);
-    const std::string mnt =
-        fs::path(Dir() + "/stalled-mnt-" + backend).lexically_normal().string();
+    const std::string mnt = fs::path(Dir() + "/stalled-mnt-" + backend).lexically_normal().string();
     fs::create_directories(mnt);
     std::string stalled;  // the first shard the index names
     for (const auto& e : fs::directory_iterator(Dir() + "/src")) {
@@ -256,8 +255,9 @@ TEST_F(Lifecycle, StagerStopsPromptlyWithReadsStalledInFlight) {
     (*stager)->process().Signal(SIGTERM);
     const std::optional<int> status = (*stager)->process().Wait(kStopBound);
     rank.join();
-    ASSERT_TRUE(status.has_value()) << "still running " << absl::FormatDuration(kStopBound)
-                                    << " after SIGTERM\n" << (*stager)->log();
+    ASSERT_TRUE(status.has_value())
+        << "still running " << absl::FormatDuration(kStopBound) << " after SIGTERM\n"
+        << (*stager)->log();
     EXPECT_EQ(*status, 0) << (*stager)->log();
     EXPECT_LT(absl::Now() - signalled, absl::Seconds(5)) << (*stager)->log();
     EXPECT_TRUE((*packer)->Stop().ok());

@@ -4,9 +4,9 @@
 // whose source stops answering (naming it, reporting progress meanwhile)
 // and finishes, refuses a cache a running daemon holds, and explains bad
 // options.
-#include <sys/file.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -119,27 +119,28 @@ TEST_F(StageCommand, AStalledShardIsGivenUpNamedAndTheRestStaged) {
     SCOPED_TRACE(backend);
     const std::string mnt = dir_ + "/mnt-" + backend;
     fs::create_directories(mnt);
-    auto fuse = Process::Start({TUTTI_SLOWFS_BINARY, dir_ + "/ds", mnt, "--latency_ms=1",
-                                "--stall=" + stalled},
-                               dir_ + "/slowfs-" + backend + ".log");
+    auto fuse = Process::Start(
+        {TUTTI_SLOWFS_BINARY, dir_ + "/ds", mnt, "--latency_ms=1", "--stall=" + stalled},
+        dir_ + "/slowfs-" + backend + ".log");
     ASSERT_TRUE(fuse.ok()) << fuse.status();
     for (int i = 0; i < 250 && !mounts::Mounted(mnt) && (*fuse)->Running(); ++i) {
       absl::SleepFor(absl::Milliseconds(20));
     }
     if (!mounts::Mounted(mnt)) GTEST_SKIP() << "could not mount tutti-slowfs: " << (*fuse)->log();
     const std::string cache = dir_ + "/cache-" + backend;
-    RunResult r = RunCommand({TuttiCli(), "stage", "--index=" + dir_ + "/index.tutti",
-                              "--source=" + mnt, "--cache=" + cache, "--queue-depth=4",
-                              "--block-size=64K", "--staging-timeout-ms=4000", "--progress-s=1",
-                              std::string("--io-backend=") + backend},
-                             absl::Seconds(60));
+    RunResult r = RunCommand(
+        {TuttiCli(), "stage", "--index=" + dir_ + "/index.tutti", "--source=" + mnt,
+         "--cache=" + cache, "--queue-depth=4", "--block-size=64K", "--staging-timeout-ms=4000",
+         "--progress-s=1", std::string("--io-backend=") + backend},
+        absl::Seconds(60));
     EXPECT_FALSE(r.timed_out) << r.output;
     EXPECT_EQ(r.status, 1) << r.output;
     EXPECT_LT(r.seconds, 30) << r.output;
     EXPECT_THAT(r.output, HasSubstr("waiting on " + stalled));
-    EXPECT_THAT(r.output, HasSubstr("tutti stage: shard " + stalled + ": the source did not answer"));
-    EXPECT_THAT(r.output, HasSubstr(absl::StrCat("staged ", shards_.size() - 1, " of ",
-                                                 shards_.size())));
+    EXPECT_THAT(r.output,
+                HasSubstr("tutti stage: shard " + stalled + ": the source did not answer"));
+    EXPECT_THAT(r.output,
+                HasSubstr(absl::StrCat("staged ", shards_.size() - 1, " of ", shards_.size())));
     EXPECT_THAT(r.output, HasSubstr("1 failed (named above): " + stalled + " not staged"));
     for (const std::string& s : shards_) {
       if (s != stalled) EXPECT_EQ(Slurp(cache + "/" + s), Slurp(dir_ + "/ds/" + s)) << s;

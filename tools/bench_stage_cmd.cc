@@ -394,7 +394,8 @@ bool StalledShard(const std::string& dir, const std::string& slowfs, bool uring,
   row->tutti = so.steps / std::max(1e-9, stalled.seconds);
   row->baseline = so.steps / std::max(1e-9, healthy.seconds);
   row->extra = absl::StrFormat(
-      ", \"steps\": %u, \"healthy_members_skipped\": %d, \"stalled_members_skipped\": %d, \"lost_steps\": %d, "
+      ", \"steps\": %u, \"healthy_members_skipped\": %d, \"stalled_members_skipped\": %d, "
+      "\"lost_steps\": %d, "
       "\"worst_wait_ms\": %.1f, \"worst_wait_ms_without\": %.1f, \"stuck_ops\": %.0f, "
       "\"refused_reads\": %.0f, \"members_skipped_without\": %d",
       so.steps, stalled.healthy_skipped, stalled.stalled_skipped, stalled.lost, stalled.worst_ms,
@@ -540,7 +541,8 @@ int RunBenchStage(int argc, char** argv) {
         uring ? "stalled_shard_steps_vs_none_uring" : "stalled_shard_steps_vs_none_pread";
     if (skip_small || !wanted(name)) continue;
     if (uring && !tutti::ResolveIoBackend(tutti::IoBackendChoice::kUring).ok()) continue;
-    std::fprintf(stderr, "stalled shard (%s): %u steps with one of four shards stalled, then none ...\n",
+    std::fprintf(stderr,
+                 "stalled shard (%s): %u steps with one of four shards stalled, then none ...\n",
                  uring ? "io_uring" : "pread", so.steps);
     so.latency_ms = latency_ms;
     Row row;

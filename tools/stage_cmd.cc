@@ -15,10 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
@@ -167,7 +166,8 @@ int RunStage(int argc, char** argv) {
   const absl::Duration every = tty ? absl::Seconds(1) : absl::Seconds(progress_s);
   const bool periodic = !quiet && progress_s > 0;
   absl::Time next_line = absl::Now() + every;
-  std::map<std::string, std::pair<uint64_t, absl::Time>> moved;  // shard -> (bytes, when they changed)
+  std::map<std::string, std::pair<uint64_t, absl::Time>>
+      moved;  // shard -> (bytes, when they changed)
   uint32_t staged = 0, failed = 0;
   uint64_t staged_bytes = 0;
   for (;;) {
@@ -203,10 +203,10 @@ int RunStage(int argc, char** argv) {
       const uint64_t copied = staged_bytes + copying;
       const double rate = (copied - std::min(copied, bytes_before)) / secs;
       const double eta = rate > 0 ? (total - std::min(total, copied)) / rate : 0;
-      std::string line = absl::StrFormat(
-          "[%u/%zu shards] %s of %s  %s/s  ETA %.0f s", staged, refs.size(),
-          FormatBytes(copied).c_str(), FormatBytes(total).c_str(),
-          FormatBytes(static_cast<uint64_t>(rate)).c_str(), eta);
+      std::string line =
+          absl::StrFormat("[%u/%zu shards] %s of %s  %s/s  ETA %.0f s", staged, refs.size(),
+                          FormatBytes(copied).c_str(), FormatBytes(total).c_str(),
+                          FormatBytes(static_cast<uint64_t>(rate)).c_str(), eta);
       if (failed) absl::StrAppend(&line, "  ", failed, " failed");
       if (!done && still >= std::min(absl::Seconds(5), o.op_timeout / 4)) {
         absl::StrAppend(&line, "  waiting on ", slowest, ": no progress for ",
@@ -230,9 +230,9 @@ int RunStage(int argc, char** argv) {
     }
   }
   engine.Stop();
-  std::printf("staged %u of %zu shards into %s (%u were cached already), %s in %.1f s%s\n",
-              staged, refs.size(), cache_dir.c_str(), cached_before,
-              FormatBytes(staged_bytes).c_str(), SecondsSince(t0),
+  std::printf("staged %u of %zu shards into %s (%u were cached already), %s in %.1f s%s\n", staged,
+              refs.size(), cache_dir.c_str(), cached_before, FormatBytes(staged_bytes).c_str(),
+              SecondsSince(t0),
               failed ? absl::StrCat("; ", failed, " failed (named above): ",
                                     absl::StrJoin(not_staged, ", "), " not staged")
                            .c_str()

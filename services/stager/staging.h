@@ -67,7 +67,7 @@ struct ShardStatusInfo {
   ShardState state = ShardState::kUnknown;
   uint64_t bytes = 0;  // staged: its size; staging: copied so far
   absl::Status error;
-  uint32_t failures = 0;  // failed copies in a row
+  uint32_t failures = 0;   // failed copies in a row
   absl::Time progress_at;  // staging: when the copy started or last wrote a block
 };
 
