@@ -54,19 +54,21 @@ class Results {
   // Waits until n results are in (or 10 s).
   std::vector<int64_t> Await(size_t n) {
     absl::MutexLock l(&mu_);
-    auto in = [&] {
-      size_t k = 0;
-      for (int64_t r : results_) k += r != kPending;
-      return k >= n;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&in), absl::Seconds(10));
+    want_ = n;
+    mu_.AwaitWithTimeout(absl::Condition(this, &Results::Enough), absl::Seconds(10));
     return results_;
   }
   static constexpr int64_t kPending = INT64_MIN;
 
  private:
+  bool Enough() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    size_t k = 0;
+    for (int64_t r : results_) k += r != kPending;
+    return k >= want_;
+  }
   absl::Mutex mu_;
   std::vector<int64_t> results_ ABSL_GUARDED_BY(mu_);
+  size_t want_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 int OpenFile(IoService& io, const std::string& path) {
