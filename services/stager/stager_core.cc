@@ -120,6 +120,7 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   wo.window = opts_.window;
   wo.memory_budget_bytes = opts_.memory_budget_bytes;
   wo.stage_wait = opts_.stage_wait_ms ? absl::Milliseconds(opts_.stage_wait_ms) : deadline;
+  stage_wait_ = wo.stage_wait;
   wo.default_acquire_timeout_ms =
       std::min(opts_.default_acquire_timeout_ms, opts_.max_acquire_timeout_ms);
   wo.total_steps = job.total_steps();
@@ -166,17 +167,31 @@ absl::Status StagerCore::StartParts(const v1::JobInfo& job) {
 }
 
 absl::Status StagerCore::StartReader() {
-  std::unique_ptr<IoBackend> backend = std::move(read_backend_);
-  if (!backend && opts_.staging.use_io_uring) {
-    auto b = MakeUringBackend(opts_.read_queue_depth, opts_.read_queue_depth);
-    if (!b.ok()) return Annotate(b.status(), "cannot set up io_uring for member reads");
-    backend = std::move(*b);
-  } else if (!backend) {
-    backend = MakePreadBackend(16);
+  // Cache and source reads on services of their own (each io_uring ring is
+  // served by its own thread, whose io_uring workers are its own): a stalled
+  // source never holds up a read from the cache.
+  auto make = [&](const char* what) -> absl::StatusOr<std::unique_ptr<IoBackend>> {
+    if (!opts_.staging.use_io_uring) return MakePreadBackend(16);
+    // Twice the depth in workers: room for reads stuck on a stalled file,
+    // which no longer count against the depth.
+    auto b = MakeUringBackend(opts_.read_queue_depth, 2 * opts_.read_queue_depth);
+    if (!b.ok()) return Annotate(b.status(), absl::StrCat("cannot set up io_uring for ", what));
+    return std::move(*b);
+  };
+  std::unique_ptr<IoBackend> source = std::move(read_backend_);
+  if (!source) {
+    ASSIGN_OR_RETURN(source, make("member reads from the source"));
   }
-  read_io_ = std::make_unique<IoService>(std::move(backend));
+  ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> cache, make("member reads from the cache"));
+  if (opts_.source_file_reads == 0) {
+    return absl::InvalidArgumentError("source reads of one shard in flight must be at least 1");
+  }
+  IoServiceOptions source_options;
+  source_options.per_file_limit = opts_.source_file_reads;
+  source_io_ = std::make_unique<IoService>(std::move(source), source_options);
+  cache_io_ = std::make_unique<IoService>(std::move(cache));
   reader_ = std::make_unique<MemberReader>(&staging_->source_root(), cache_.get(), staging_.get(),
-                                           read_io_.get(), metrics_.get());
+                                           cache_io_.get(), source_io_.get(), metrics_.get());
   return absl::OkStatus();
 }
 
@@ -193,7 +208,10 @@ void StagerCore::Stop() {
   cv_.SignalAll();
   for (auto& cb : cbs) cb();
   if (scheduler_.joinable()) scheduler_.join();
-  read_io_.reset();  // ends reads (callbacks may still queue decodes)
+  // Ends reads (callbacks may still queue decodes); a read stuck in the
+  // kernel is not waited for.
+  source_io_.reset();
+  cache_io_.reset();
   pool_.reset();     // finishes running decodes, drops queued ones
   {
     absl::MutexLock l(&mu_);
@@ -448,14 +466,41 @@ void StagerCore::Tick(Callbacks* cbs) {
     if (!window_->Ready(job, now, cbs)) job->Discard();  // released or moved past meanwhile
   }
   auto shard_state = [this](const std::string& shard) { return ShardStateOf(shard); };
+  // A copy that has made no progress for the stage wait (its source stalls)
+  // is not waited for: the batch reads that shard's members from the source.
+  auto build_state = [this, now](const std::string& shard) {
+    const ShardStatusInfo st = staging_->Status(shard);
+    if (st.state == ShardState::kStaging && now - st.progress_at > stage_wait_) {
+      return ShardState::kFailed;
+    }
+    return st.state;
+  };
   window_->StartBuilds(
-      now, shard_state,
+      now, build_state,
       [this](const std::shared_ptr<const v1::StepPlan>& plan, int index) {
         return MakeBatch(plan, index);
       },
       cbs);
   window_->Tick(absl::Now(), *intake_, shard_state, cbs);
   FollowWindow();
+  PublishIo();
+}
+
+void StagerCore::PublishIo() {
+  if (!metrics_) return;
+  const IoServiceStats now[] = {staging_->io_stats(), source_io_->stats(), cache_io_->stats()};
+  for (size_t i = 0; i < 3; ++i) {
+    const char* io = kIoPaths[i];
+    IoServiceStats& last = published_io_[i];
+    auto add = [](prometheus::Counter& c, uint64_t now_n, uint64_t& last_n) {
+      if (now_n > last_n) c.Increment(static_cast<double>(now_n - last_n));
+      last_n = now_n;
+    };
+    add(metrics_->IoTimeouts(io, "file_system"), now[i].timeouts, last.timeouts);
+    add(metrics_->IoTimeouts(io, "queue"), now[i].queued_timeouts, last.queued_timeouts);
+    add(metrics_->IoStalledRefusals(io), now[i].stalled_refusals, last.stalled_refusals);
+    metrics_->IoStalledOperations(io).Set(static_cast<double>(now[i].stuck));
+  }
 }
 
 absl::Status StagerCore::Live() const {

@@ -76,14 +76,23 @@ struct StagerOptions {
   IoBackendChoice io_backend = IoBackendChoice::kAuto;  // staging and member reads: io_uring,
                                         // pread threads, or io_uring unless refused (auto);
                                         // decides staging.use_io_uring at Start
-  unsigned read_queue_depth = 128;      // member reads in flight
+  unsigned read_queue_depth = 128;      // member reads in flight, from the cache and from
+                                        // the source each (their own I/O services)
+  // Member reads of one shard at the source in flight, stuck ones included
+  // (IoServiceOptions::per_file_limit): a shard whose source stops
+  // answering holds at most this many source-read workers, and once they
+  // are all stuck its members are skipped at once (reason deadline) until
+  // one returns. With staging.file_queue_depth, keep it under a FUSE
+  // mount's background limit (12 by default).
+  unsigned source_file_reads = 4;
 };
 
 class StagerCore {
  public:
   using AcquireDone = std::function<void(absl::StatusOr<v1::BatchDescriptor>)>;
 
-  // Backends: null = built from the options; tests inject fault doubles.
+  // Backends: null = built from the options; tests inject fault doubles
+  // (read_backend: member reads from the source).
   StagerCore(StagerOptions options, std::shared_ptr<StagerMetrics> metrics,
              std::unique_ptr<IoBackend> staging_backend = nullptr,
              std::unique_ptr<IoBackend> read_backend = nullptr);
@@ -170,6 +179,8 @@ class StagerCore {
   absl::Status StartReader();
   void Loop();
   void Tick(Callbacks* cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The I/O services' timeouts and stalled operations into the metrics.
+  void PublishIo() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<WindowBatch>> MakeBatch(
       const std::shared_ptr<const v1::StepPlan>& plan, int rank_index);
   void OnBatchReady(const std::shared_ptr<BatchJob>& job);
@@ -193,10 +204,12 @@ class StagerCore {
   std::optional<SegmentNames> names_;
   std::unique_ptr<ShardCache> cache_;
   std::unique_ptr<StagingEngine> staging_;
-  std::unique_ptr<IoService> read_io_;
+  std::unique_ptr<IoService> cache_io_;   // member reads from the cache
+  std::unique_ptr<IoService> source_io_;  // member reads from the source
   std::unique_ptr<MemberReader> reader_;
   std::unique_ptr<ThreadPool> pool_;
   BuildContext ctx_;
+  absl::Duration stage_wait_;  // BatchWindowOptions::stage_wait
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // scheduler and plan intake wake-ups
@@ -205,6 +218,8 @@ class StagerCore {
   std::optional<NodeRanks> ranks_ ABSL_GUARDED_BY(mu_);
   std::optional<PlanIntake> intake_ ABSL_GUARDED_BY(mu_);
   std::optional<BatchWindow> window_ ABSL_GUARDED_BY(mu_);
+  // What PublishIo last saw of each I/O service (kIoPaths order).
+  IoServiceStats published_io_[3] ABSL_GUARDED_BY(mu_);
 
   // Batches built, handed from the decode/read threads to the scheduler.
   absl::Mutex done_mu_ ABSL_ACQUIRED_AFTER(mu_);
