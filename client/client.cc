@@ -278,14 +278,16 @@ absl::StatusOr<Batch> Client::Next() {
     }
   });
   if (absl::IsDeadlineExceeded(s)) {
-    // The stager says what the batch still waits for (a plan, shards, the
-    // window); a deadline that expired in transit says nothing.
+    // The stager says what the batch still waits for (a plan, shards, a
+    // rank not done with an earlier step, the window); a deadline that
+    // expired in transit says nothing.
     const bool stager_reason = absl::StrContains(s.message(), "was not ready within");
-    return absl::DeadlineExceededError(
-        absl::StrCat(where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
-                     " (ClientOptions.batch_timeout)",
-                     stager_reason ? absl::StrCat(": ", s.message())
-                                   : "; the stager may be starved of I/O: see its metrics"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
+        " (ClientOptions.batch_timeout)",
+        stager_reason ? absl::StrCat(": ", s.message())
+                      : "; the call's deadline passed before tutti-stagerd answered (the daemon "
+                        "or the connection to it is stalled: see its log and metrics)"));
   }
   RETURN_IF_ERROR(Annotate(s, where));
   if (desc.step() != step || desc.rank() != rank_) {

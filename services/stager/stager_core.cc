@@ -245,6 +245,9 @@ absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
     }
     if (metrics_) metrics_->plans_received.Increment();
     bad = intake_->Take(plan);
+    // Sent again after the window moved back: the plan of a step is the same
+    // every time (seed, step), and the one held is kept.
+    if (bad.ok() && window_->HasPlan(step)) return absl::OkStatus();
     auto shared = std::make_shared<const v1::StepPlan>(std::move(plan));
     std::vector<const v1::ShardRef*> stage = ShardsToStage(*shared);
     if (bad.ok()) {
@@ -282,7 +285,7 @@ absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnatio
   FollowWindow();
   bool moved = false;
   RETURN_IF_ERROR(window_->Admit(step, rank, &moved));
-  if (moved) intake_->Restart(step);
+  if (moved) intake_->Restart(window_->base());
   return intake_->ErrorFor(step);
 }
 

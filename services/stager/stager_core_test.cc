@@ -314,10 +314,10 @@ TEST(StagerCoreTest, BatchesStayWithinTheMemoryBudget) {
       << too_big.status();
 }
 
-TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
+TEST(StagerCoreTest, WindowMovesToAnyStepWhileWhatIsInUseStaysInsideIt) {
   // A job resuming from a checkpoint asks for an earlier (or much later)
-  // step than the daemon had got to: the window moves there, but only while
-  // no batch is held and no client waits.
+  // step than the daemon had got to: the window moves there, as long as
+  // every batch held or waited for stays inside it.
   Core c("seek", {.shards = 2, .samples_per_shard = 6});
   c.Plans(0, 3);
   for (uint64_t step = 0; step < 2; ++step) {
@@ -361,9 +361,36 @@ TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
   ASSERT_TRUE(c.core->Acquire(0, 3, 20000).ok());
   ASSERT_TRUE(c.core->Release(0, 3).ok());
   ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // base is 1 now; rank 3 holds step 1
-  auto past = c.core->Acquire(0, 2, 100);
-  EXPECT_EQ(past.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_NE(past.status().message().find("rank 3 holds step 1"), std::string::npos) << past.status();
+  far = c.core->Acquire(30, 2, 100);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(far.status().message().find("rank 3 holds step 1"), std::string::npos) << far.status();
+  // A step before it, a step from what rank 3 holds: the window moves back
+  // (plans are asked for from there again) and rank 3 keeps its batch.
+  std::optional<absl::StatusOr<v1::BatchDescriptor>> past;
+  c.core->AcquireAsync(0, 2, 20000, [&](absl::StatusOr<v1::BatchDescriptor> r) {
+    std::lock_guard<std::mutex> l(m);
+    past = std::move(r);
+  });
+  want = c.core->WaitPlanWanted(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(want.step, 0u);
+  EXPECT_EQ(want.generation, 2u);
+  for (uint64_t s = 0; s < 2; ++s) {
+    ASSERT_TRUE(c.core->AddPlan(testing::MakePlan(c.data, c.job, s, {2, 3}, 3), want.generation).ok());
+  }
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard<std::mutex> l(m);
+      if (past.has_value()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> l(m);
+    ASSERT_TRUE(past.has_value());
+    ASSERT_TRUE(past->ok()) << past->status();
+    EXPECT_EQ((*past)->step(), 0u);
+  }
+  EXPECT_TRUE(c.core->Release(1, 3).ok());
 }
 
 // The two kill-and-resume scenarios, on one stager that keeps running:
