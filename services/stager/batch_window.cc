@@ -213,34 +213,24 @@ bool BatchWindow::Renews(uint32_t rank) const {
   return it != presence_.end() && it->second.renews;
 }
 
-absl::Status BatchWindow::Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs) {
-  if (incarnation == 0) return absl::OkStatus();
+void BatchWindow::NewProcess(uint32_t rank, uint64_t incarnation, Callbacks* cbs) {
   uint64_t& current = incarnation_[rank];
-  if (current == incarnation) return absl::OkStatus();
-  std::vector<uint64_t>& replaced = replaced_[rank];
-  if (std::find(replaced.begin(), replaced.end(), incarnation) != replaced.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " is now served to a newer process (incarnation ", absl::Hex(current),
-        "); this one (", absl::Hex(incarnation), ") was replaced and must stop"));
-  }
-  if (current != 0) {
-    kLog.Info("a new process for the rank: what the old one held or waited for is reclaimed",
-              {{"rank", rank},
-               {"old_incarnation", absl::Hex(current)},
-               {"incarnation", absl::Hex(incarnation)}});
-    replaced.push_back(current);
-    if (replaced.size() > 4) replaced.erase(replaced.begin());
-    Reclaim(rank, cbs);
-  }
+  kLog.Info("a new process for the rank: what an earlier one held or waited for is reclaimed",
+            {{"job", opts_.job_id},
+             {"rank", rank},
+             {"old_incarnation", absl::Hex(current)},
+             {"incarnation", absl::Hex(incarnation)}});
   current = incarnation;
+  Reclaim(rank, cbs);
   presence_.erase(rank);  // the new process says whether it renews with its first call
   TrySeek(cbs);
-  return absl::OkStatus();
 }
 
 void BatchWindow::Reclaim(uint32_t rank, Callbacks* cbs) {
-  const absl::Status gone = absl::AbortedError(absl::StrCat(
-      "rank ", rank, " restarted (a new process asked for it): this call of the old one is void"));
+  const absl::Status gone = absl::AbortedError(
+      absl::StrCat("rank ", rank,
+                   " restarted (a new process registered for it): this call of the old one is "
+                   "void"));
   AnswerWaiters(rank, gone, cbs);
   for (auto& [step, s] : steps_) {
     auto it = s.slots.find(rank);

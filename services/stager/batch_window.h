@@ -9,12 +9,12 @@
 // steps asked for outside it, and advances it as every local rank releases
 // its first step.
 //
-// Ranks that come and go. Every client process names itself with an
-// incarnation (a random id fixed for the process). A new incarnation of a
-// rank means its old process is gone (it died and was restarted, or the job
-// was restarted from a checkpoint): everything the old one held or waited for
-// is reclaimed (batches freed, built again if asked for; waiting calls
-// answered ABORTED), never anything another rank holds.
+// Ranks that come and go. A rank's process registers (rank_processes.h
+// issues it an incarnation). A new process of a rank means its old process
+// is gone (it died and was restarted, or the job was restarted from a
+// checkpoint): everything the old one, or calls naming no process, held or
+// waited for is reclaimed (batches freed, built again if asked for; waiting
+// calls answered ABORTED), never anything another rank holds.
 //
 // Moves. The window hands out the batches of steps base .. base + 2 x window
 // - 1 and builds those of its first `window` steps. A step asked for outside
@@ -112,14 +112,14 @@ class BatchWindow {
   const BatchWindowOptions& options() const { return opts_; }
 
   // ---- clients (the rank is local)
-  // Records which process serves `rank` (incarnation 0: a client that names
-  // none, nothing recorded). A new incarnation reclaims the old one's holds
-  // and waits. FAILED_PRECONDITION for an incarnation already replaced (a
-  // process that outlived its successor's start: it must stop).
-  absl::Status Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs);
-  // After Incarnate: the rank's current process called at `now` (incarnation
-  // 0: nothing recorded). renews: whether it renews its leases (AcquireBatch
-  // says; nullopt: as before). A rank taken as gone is back.
+  // A new process registered for `rank` (RankProcesses issued it
+  // `incarnation`): everything an earlier process of the rank, or a call
+  // naming none, held or waited for is reclaimed (see Ranks that come and go).
+  void NewProcess(uint32_t rank, uint64_t incarnation, Callbacks* cbs);
+  // The rank's current process, checked by the caller, called at `now`
+  // (incarnation 0: a call naming none, nothing recorded). renews: whether
+  // it renews its leases (AcquireBatch says; nullopt: as before). A rank
+  // taken as gone is back.
   void Heard(uint32_t rank, uint64_t incarnation, absl::Time now, std::optional<bool> renews);
   // After Heard: the rank's current process still holds the batches of
   // `steps`: their leases start again at `now`. *lost gets the steps named
@@ -289,8 +289,7 @@ class BatchWindow {
   bool shards_changed_ = false;
   std::vector<SeekWaiter> seeks_;
   bool moved_ = false;                                  // TrySeek moved the window
-  std::map<uint32_t, uint64_t> incarnation_;            // rank -> its current process
-  std::map<uint32_t, std::vector<uint64_t>> replaced_;  // rank -> the last few replaced ones
+  std::map<uint32_t, uint64_t> incarnation_;  // rank -> its current process (for log lines)
   std::map<uint32_t, Presence> presence_;               // rank -> its current process's calls
   absl::Time clock_ = absl::InfinitePast();             // the latest time a call passed in
   absl::Time last_expire_ = absl::InfinitePast();       // the last ExpireLeases

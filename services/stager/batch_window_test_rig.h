@@ -132,7 +132,7 @@ struct Rig {
   // Rank `rank`'s process (incarnation 0xA0 + rank), a client that renews its
   // leases, calls.
   void Hello(uint32_t rank, BatchWindow::Callbacks* cbs) {
-    ASSERT_TRUE(window.Incarnate(rank, 0xA0 + rank, cbs).ok());
+    window.NewProcess(rank, 0xA0 + rank, cbs);
     window.Heard(rank, 0xA0 + rank, now, true);
   }
   // Ranks 2 and 3 (renewing clients) with staged plans for steps [0, to),
