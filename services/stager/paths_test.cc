@@ -292,7 +292,7 @@ TEST_P(ChecksumReread, ReadsAgainOnlyBeneathTheSource) {
       EXPECT_EQ(s.sample_id(), 7u) << s.DebugString();
       outside += s.reason() == "outside_root";
     }
-    ASSERT_TRUE(core.Release(0, r, 0, std::nullopt).ok());
+    ASSERT_TRUE(core.Release(0, r, {}, std::nullopt).ok());
   }
   EXPECT_EQ(outside, 1);
   EXPECT_EQ(metrics->checksum_rereads.Value(), 1);

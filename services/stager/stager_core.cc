@@ -263,6 +263,9 @@ absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
     }
     if (metrics_) metrics_->plans_received.Increment();
     bad = intake_->Take(plan);
+    // Sent again after the window moved back: the plan of a step is the same
+    // every time (seed, step), and the one held is kept.
+    if (bad.ok() && window_->HasPlan(step)) return absl::OkStatus();
     auto shared = std::make_shared<const v1::StepPlan>(std::move(plan));
     std::vector<const v1::ShardRef*> stage = ShardsToStage(*shared);
     if (bad.ok()) {
@@ -285,8 +288,7 @@ void StagerCore::PlanFailed(uint64_t step, const absl::Status& status, uint64_t 
 }
 
 // ------------------------------------------------------------ clients
-absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnation,
-                               bool renews_leases, Callbacks* cbs) {
+absl::Status StagerCore::LocalRank(uint32_t rank) {
   if (!started_ || stopping_) {
     return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   }
@@ -294,14 +296,44 @@ absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnatio
     RETURN_IF_ERROR(ranks_->Learn(rank));
     cv_.SignalAll();  // plan intake can start
   }
-  RETURN_IF_ERROR(ranks_->CheckLocal(rank));
-  RETURN_IF_ERROR(window_->Incarnate(rank, incarnation, cbs));
-  window_->Heard(rank, incarnation, absl::Now(), renews_leases);
-  FollowWindow();
+  return ranks_->CheckLocal(rank);
+}
+
+absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, const ProcessKey& caller,
+                               bool renews_leases) {
+  RETURN_IF_ERROR(LocalRank(rank));
+  RETURN_IF_ERROR(processes_.Check(rank, caller));
+  window_->Heard(rank, caller.incarnation, absl::Now(), renews_leases);
   bool moved = false;
   RETURN_IF_ERROR(window_->Admit(step, rank, &moved));
-  if (moved) intake_->Restart(step);
+  if (moved) intake_->Restart(window_->base());
   return intake_->ErrorFor(step);
+}
+
+absl::StatusOr<ProcessKey> StagerCore::RegisterRank(uint32_t rank) {
+  Callbacks cbs;
+  ProcessKey issued;
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(LocalRank(rank));
+    uint64_t replaced = 0;
+    issued = processes_.Register(rank, &replaced);
+    kLog.Info("a process registered for the rank", {{"job", config_.job_id()},
+                                                    {"rank", rank},
+                                                    {"incarnation", absl::Hex(issued.incarnation)},
+                                                    {"replaces", absl::Hex(replaced)}});
+    window_->NewProcess(rank, issued.incarnation, &cbs);
+    FollowWindow();
+    ApplyShardSets();
+  }
+  cv_.SignalAll();
+  for (auto& cb : cbs) cb();
+  return issued;
+}
+
+absl::Status StagerCore::CheckCaller(uint32_t rank, const ProcessKey& caller) const {
+  absl::MutexLock l(&mu_);
+  return processes_.Check(rank, caller);
 }
 
 void StagerCore::FollowWindow() {
@@ -317,12 +349,12 @@ absl::Status StagerCore::CheckAcquireTimeout(uint32_t timeout_ms) const {
 }
 
 void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
-                              uint64_t incarnation, bool renews_leases) {
+                              const ProcessKey& caller, bool renews_leases) {
   if (absl::Status s = CheckAcquireTimeout(timeout_ms); !s.ok()) return done(s);
   Callbacks cbs;
   {
     absl::MutexLock l(&mu_);
-    absl::Status s = Admit(step, rank, incarnation, renews_leases, &cbs);
+    absl::Status s = Admit(step, rank, caller, renews_leases);
     if (!s.ok()) {
       cbs.push_back([d = std::move(done), s] { d(s); });
     } else {
@@ -336,7 +368,8 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
 }
 
 absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t rank,
-                                                        uint32_t timeout_ms, uint64_t incarnation,
+                                                        uint32_t timeout_ms,
+                                                        const ProcessKey& caller,
                                                         bool renews_leases) {
   absl::Mutex m;
   std::optional<absl::StatusOr<v1::BatchDescriptor>> result;
@@ -346,7 +379,7 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
         absl::MutexLock l(&m);
         result = std::move(r);
       },
-      incarnation, renews_leases);
+      caller, renews_leases);
   absl::MutexLock l(&m);
   m.Await(absl::Condition(
       +[](std::optional<absl::StatusOr<v1::BatchDescriptor>>* r) { return r->has_value(); },
@@ -354,7 +387,7 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
   return std::move(*result);
 }
 
-absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnation,
+absl::Status StagerCore::Release(uint64_t step, uint32_t rank, const ProcessKey& caller,
                                  std::optional<double> waited) {
   if (waited && !(std::isfinite(*waited) && *waited >= 0 && *waited <= kMaxWaitSeconds)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -368,9 +401,10 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
   {
     absl::MutexLock l(&mu_);
     if (!ranks_ || !ranks_->known()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "release of step ", step, " rank ", rank, ": no batch was handed out yet (--node=auto "
-          "learns the node from the first AcquireBatch)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("release of step ", step, " rank ", rank,
+                       ": no batch was handed out yet (--node=auto "
+                       "learns the node from the first rank that registers or asks for a batch)"));
     }
     RETURN_IF_ERROR(ranks_->CheckLocal(rank));
     // Batches are handed out only inside [base, base + 2 * window) (see
@@ -382,10 +416,11 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
           "release of step ", step, " rank ", rank, ": no batch that far ahead was handed out "
           "(batches are handed out for steps ", window_->base(), "..", far - 1, " now)"));
     }
-    // A release from a replaced process must not release its successor's batch.
-    result = window_->Incarnate(rank, incarnation, &cbs);
+    // Only the rank's process releases its batches: not a replaced one (its
+    // successor's), nor another process naming an invented incarnation or none.
+    result = processes_.Check(rank, caller);
     if (result.ok()) {
-      window_->Heard(rank, incarnation, absl::Now(), std::nullopt);
+      window_->Heard(rank, caller.incarnation, absl::Now(), std::nullopt);
       window_->Release(step, rank, &cbs);
       FollowWindow();
       ApplyShardSets();
@@ -396,36 +431,24 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
   return result;
 }
 
-absl::StatusOr<std::vector<uint64_t>> StagerCore::RenewLeases(uint32_t rank, uint64_t incarnation,
+absl::StatusOr<std::vector<uint64_t>> StagerCore::RenewLeases(uint32_t rank,
+                                                              const ProcessKey& caller,
                                                               const std::vector<uint64_t>& steps) {
-  if (incarnation == 0) {
+  if (caller.incarnation == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a lease renewal of rank ", rank, " must name its process (incarnation 0)"));
   }
-  Callbacks cbs;
   std::vector<uint64_t> lost;
-  absl::Status result;
-  {
-    absl::MutexLock l(&mu_);
-    if (!started_ || stopping_) {
-      return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
-    }
-    // Before the first AcquireBatch under --node=auto nothing was handed
-    // out: every step named is lost (a live client keeps renewing).
-    if (!ranks_->known()) return steps;
-    RETURN_IF_ERROR(ranks_->CheckLocal(rank));
-    result = window_->Incarnate(rank, incarnation, &cbs);
-    if (result.ok()) {
-      const absl::Time now = absl::Now();
-      window_->Heard(rank, incarnation, now, true);
-      window_->Renew(rank, steps, now, &lost);
-      FollowWindow();
-      ApplyShardSets();
-    }
+  absl::MutexLock l(&mu_);
+  if (!started_ || stopping_) {
+    return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   }
-  cv_.SignalAll();
-  for (auto& cb : cbs) cb();
-  if (!result.ok()) return result;
+  // A process registers only once the node is known (--node=auto).
+  if (ranks_->known()) RETURN_IF_ERROR(ranks_->CheckLocal(rank));
+  RETURN_IF_ERROR(processes_.Check(rank, caller));
+  const absl::Time now = absl::Now();
+  window_->Heard(rank, caller.incarnation, now, true);
+  window_->Renew(rank, steps, now, &lost);
   return lost;
 }
 

@@ -11,11 +11,11 @@
 
 ABSL_FLAG(std::string, packer, "127.0.0.1:7070",
           "tutti-packerd address: HOST:PORT or unix:///PATH/TO.sock");
-ABSL_FLAG(
-    std::string, node, "0",
-    "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
-    "learn it from the first AcquireBatch (node = rank / ranks_per_node), as a DaemonSet must; "
-    "a later client of another node is then refused");
+ABSL_FLAG(std::string, node, "0",
+          "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
+          "learn it from the first rank that registers or asks for a batch (node = rank / "
+          "ranks_per_node), as a DaemonSet must; "
+          "a later client of another node is then refused");
 ABSL_FLAG(std::string, source, "",
           "dataset source directory (e.g. an NFS mount) holding the shards; required");
 ABSL_FLAG(std::string, cache, "",
