@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
+#include "common/sample_json.h"
 #include "common/smart_resize.h"
 #include "common/status.h"
 
@@ -446,44 +447,21 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
-  const size_t first = json.find_first_not_of(" \t\r\n");
-  if (first == absl::string_view::npos || json[first] != '{') {
-    return absl::DataLossError(absl::StrCat(
-        "is not a JSON object (", json.size(), " bytes starting with '",
-        absl::CHexEscape(json.substr(first == absl::string_view::npos ? 0 : first, 8)),
-        "'); the member changed after indexing, re-index the dataset"));
+  auto doc = ParseSampleJson(json);
+  if (!doc.ok()) {
+    const size_t first = json.find_first_not_of(" \t\r\n");
+    if (first == absl::string_view::npos || json[first] != '{') {
+      return absl::DataLossError(absl::StrCat(
+          "is not a JSON object (", json.size(), " bytes starting with '",
+          absl::CHexEscape(json.substr(first == absl::string_view::npos ? 0 : first, 8)),
+          "'); the member changed after indexing, re-index the dataset"));
+    }
+    return doc.status();
   }
-  const size_t key = json.find("\"input_ids\"");
-  if (key == absl::string_view::npos) {
+  if (!doc->has_input_ids) {
     return absl::NotFoundError("has no \"input_ids\" (pre-tokenise the dataset)");
   }
-  size_t i = key + 11;
-  auto skip = [&] {
-    while (i < json.size() && absl::ascii_isspace(static_cast<unsigned char>(json[i]))) ++i;
-  };
-  skip();
-  if (i >= json.size() || json[i] != ':') return absl::DataLossError("malformed JSON after \"input_ids\"");
-  ++i;
-  skip();
-  if (i >= json.size() || json[i] != '[') return absl::DataLossError("\"input_ids\" is not a list");
-  ++i;
-  std::vector<int32_t> out;
-  while (true) {
-    skip();
-    if (i >= json.size()) return absl::DataLossError("\"input_ids\" list is not closed (truncated JSON)");
-    if (json[i] == ']') break;
-    size_t j = i;
-    while (j < json.size() && (absl::ascii_isdigit(static_cast<unsigned char>(json[j])) || json[j] == '-')) ++j;
-    int32_t v;
-    if (j == i || !absl::SimpleAtoi(json.substr(i, j - i), &v)) {
-      return absl::DataLossError(absl::StrCat("\"input_ids\" holds a non-integer at byte ", i));
-    }
-    out.push_back(v);
-    i = j;
-    skip();
-    if (i < json.size() && json[i] == ',') ++i;
-  }
-  return out;
+  return std::move(doc->input_ids);
 }
 
 std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n) {

@@ -117,7 +117,8 @@ class BatchLayout {
   uint64_t total_ = 0;
 };
 
-// input_ids from a WebDataset k.json ({"input_ids": [1, 2, ...], ...}).
+// input_ids from a WebDataset k.json ({"input_ids": [1, 2, ...], ...}), read
+// by common/sample_json.h as the index reads it (the top-level field only).
 // NOT_FOUND when it has none, DATA_LOSS when malformed.
 absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json);
 

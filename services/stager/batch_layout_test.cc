@@ -106,9 +106,12 @@ TEST(BatchLayoutTest, InconsistentPlanIsRefused) {
 }
 
 TEST(BatchLayoutTest, ParsesInputIds) {
-  auto ids = ParseInputIds(R"({"text": "x", "input_ids": [1, 22 ,-3]})");
+  auto ids = ParseInputIds(R"({"text": "x", "input_ids": [1, 22 ,3]})");
   ASSERT_TRUE(ids.ok());
-  EXPECT_EQ(*ids, (std::vector<int32_t>{1, 22, -3}));
+  EXPECT_EQ(*ids, (std::vector<int32_t>{1, 22, 3}));
+  // What the index refuses is refused here too (it reads with the same reader).
+  EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, -3]})").status().code(),
+            absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"tokens": 5})").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, 2)").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(), absl::StatusCode::kDataLoss);
