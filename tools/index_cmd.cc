@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_io.h"
+#include "common/sample_json.h"
 #include "common/uring_file.h"
 #include "services/packer/bench/synthetic.h"
 #include "services/packer/index/index.h"
@@ -212,6 +213,12 @@ int RunIndex(int argc, char** argv) {
   cli.Flag("vocab-size", &o.vocab_size,
            "token ids in k.json's input_ids must be below this (the tokenizer's vocabulary); "
            "0 = any non-negative int32");
+  cli.Flag("image-placeholder-id", &o.image_placeholder_id,
+           "the id that stands for each image in a schema-2 k.json (default: the dataset's "
+           "tutti_dataset.json placeholders.image; -1 and no manifest: none)");
+  cli.Flag("audio-placeholder-id", &o.audio_placeholder_id,
+           "the id that stands for each audio clip in a schema-2 k.json (default: the "
+           "manifest's placeholders.audio)");
   cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
            "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
   cli.Flag("max-images-per-sample", &o.max_images_per_sample,
@@ -227,6 +234,20 @@ int RunIndex(int argc, char** argv) {
   if (out.empty()) {
     std::fprintf(stderr, "tutti index: --out FILE is required (see --help)\n");
     return 2;
+  }
+  // The dataset's manifest (`tutti convert` writes one) gives what the flags leave unset.
+  if (const std::string path = o.source_dir + "/" + kDatasetManifestName;
+      !o.source_dir.empty() && std::filesystem::exists(path)) {
+    auto text = ReadFileToString(path);
+    auto m = text.ok() ? ParseDatasetManifest(*text) : text.status();
+    if (!m.ok()) {
+      std::fprintf(stderr, "tutti index: %s: %s (rewrite it with tutti convert, or remove it)\n",
+                   path.c_str(), std::string(m.status().message()).c_str());
+      return 2;
+    }
+    if (o.image_placeholder_id < 0) o.image_placeholder_id = m->image_placeholder_id;
+    if (o.audio_placeholder_id < 0) o.audio_placeholder_id = m->audio_placeholder_id;
+    if (o.vocab_size == 0) o.vocab_size = m->vocab_size;
   }
   if (o.max_images_per_sample == 0 || o.max_shard_members == 0) {
     std::fprintf(stderr,

@@ -92,6 +92,9 @@ struct ShardScanner::Member {
   absl::StatusOr<ImageHeader> image = absl::UnknownError("not probed");
   absl::StatusOr<AudioHeader> wav = absl::UnknownError("not probed");
   absl::Status json_read;  // reading k.json failed
+  // k.json as read (its ids dropped once counted: a shard's samples are
+  // checked after the walk), and its text tokens.
+  absl::StatusOr<SampleJson> json = absl::UnknownError("not probed");
   absl::StatusOr<uint32_t> json_tokens = absl::UnknownError("not probed");
 };
 
@@ -115,7 +118,19 @@ void ShardScanner::Probe(const RandomAccessFile& f, Member* m) {
       m->json_read = bytes.status();
       return;
     }
-    m->json_tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size);
+    SampleJsonOptions jo;
+    jo.vocab_size = o_.vocab_size;
+    jo.image_placeholder_id = o_.image_placeholder_id;
+    jo.audio_placeholder_id = o_.audio_placeholder_id;
+    m->json = ParseSampleJson(*bytes, jo);
+    if (!m->json.ok()) {
+      m->json_tokens = m->json.status();
+      return;
+    }
+    m->json_tokens = TokenCount(*m->json, o_.bytes_per_token);
+    m->json->input_ids = {};
+    m->json->trained = {};
+    m->json->meta = {};
   }
 }
 
@@ -285,6 +300,20 @@ void ShardScanner::ScanSample(Group* g, const ShardChecksums& sums, ShardResult*
     }
     if (!json->json_read.ok()) {
       return Skip(r, g->key, "read_error", std::string(json->json_read.message()));
+    }
+    if (json->json.ok()) {
+      const size_t audio =
+          std::count_if(media.begin(), media.end(), [](const auto& m) { return m.second; });
+      absl::Status st = CheckPlaceholders(*json->json, images, audio);
+      if (!st.ok()) {
+        const bool unknown = o_.image_placeholder_id < 0 && o_.audio_placeholder_id < 0;
+        return Skip(r, g->key, "placeholder_mismatch",
+                    absl::StrCat(g->key, ".json: ", st.message(),
+                                 unknown ? " (no placeholder id is known: the index takes them "
+                                           "from the dataset's tutti_dataset.json or "
+                                           "--image-placeholder-id/--audio-placeholder-id)"
+                                         : ""));
+      }
     }
     const auto& tokens = json->json_tokens;
     if (tokens.ok()) {
