@@ -61,13 +61,15 @@ class BatchLayout::PlanSamples {
   absl::StatusOr<const v1::SampleInfo*> Get(uint64_t id) const {
     auto it = samples_.find(id);
     if (it == samples_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where_, " names sample ", id, " but carries no SampleInfo for it; the packer sent an "
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, " names sample ", id,
+                       " but carries no SampleInfo for it; the packer sent an "
           "incomplete plan (ask it with this node's ranks)"));
     }
     if (it->second->shard() >= static_cast<uint32_t>(step_.shards_size())) {
       return absl::InvalidArgumentError(absl::StrCat(where_, ": sample ", id, " names shard ",
-                                                     it->second->shard(), " of ", step_.shards_size()));
+                                                     it->second->shard(), " of ",
+                                                     step_.shards_size()));
     }
     return it->second;
   }
@@ -95,8 +97,8 @@ absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v
     }
   }
   // Documents, in micro-batch then sequence order.
-  VisionGeometryOptions geo = GeometryOptions(config, step.max_pixels() ? step.max_pixels()
-                                                                       : config.vision().max_pixels());
+  VisionGeometryOptions geo =
+      GeometryOptions(config, step.max_pixels() ? step.max_pixels() : config.vision().max_pixels());
   if (step.min_pixels()) geo.min_pixels = step.min_pixels();
   uint64_t tokens = 0;
   uint32_t seq_index = 0;
@@ -193,9 +195,8 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
     // those); then its audio clips and its part of the text.
     for (const auto& di : slot.images()) {
       if (di.image_index() >= static_cast<uint32_t>(s->images_size())) {
-        return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
-                                                       slot.sample_id(), " has no image ",
-                                                       di.image_index()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            samples.where(), ": sample ", slot.sample_id(), " has no image ", di.image_index()));
       }
       const uint32_t computed = image_tokens(s->images(static_cast<int>(di.image_index())));
       if (!planned_images) {
@@ -218,9 +219,9 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   if (slot.pieces() > 0) {
     if (uint64_t{slot.first_audio()} + slot.audio_count() >
         static_cast<uint64_t>(s->audio_size())) {
-      return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
-                                                     slot.sample_id(), " has no audio clips ",
-                                                     slot.first_audio(), "+", slot.audio_count()));
+      return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ", slot.sample_id(),
+                                                     " has no audio clips ", slot.first_audio(),
+                                                     "+", slot.audio_count()));
     }
     for (uint32_t a = slot.first_audio(); a < slot.first_audio() + slot.audio_count(); ++a) {
       enc.emplace_back(AudioTokens(s->audio(static_cast<int>(a)), audio_cfg_), true);
@@ -263,6 +264,10 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   }
   d.text_offset = static_cast<uint32_t>(prefix);
   d.text_length = static_cast<uint32_t>(d.length - prefix);
+  d.piece = slot.pieces() > 0;
+  d.image_begin = static_cast<uint32_t>(doc_images_);
+  for (const auto& e : enc) d.image_count += e.second ? 0 : 1;
+  doc_images_ += d.image_count;
   *tokens += d.length;
   docs_.push_back(d);
   doc_encoders_.push_back(std::move(enc));
@@ -288,6 +293,8 @@ void BatchLayout::PlaceArrays(uint64_t tokens) {
   Add("seq_offsets", v1::DTYPE_INT32, {seq_docs_.size() + 1}, 4);
   Add("micro_batch_offsets", v1::DTYPE_INT32, {mb_seqs_.size() + 1}, 4);
   Add("doc_sample_ids", v1::DTYPE_INT64, {n_doc}, 8);
+  Add("loss_mask", v1::DTYPE_UINT8, {tokens}, 1);
+  Add("doc_image_starts", v1::DTYPE_INT32, {doc_images_}, 4);
   if (!audio_.empty()) {
     uint64_t total = 0;
     for (const auto& a : audio_) total += a.samples;
@@ -312,13 +319,20 @@ void BatchLayout::WriteFixed(char* base) const {
   auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
   auto* cu = reinterpret_cast<int32_t*>(base + Get("cu_seqlens").offset);
   auto* doc_ids = reinterpret_cast<int64_t*>(base + Get("doc_sample_ids").offset);
+  auto* starts = reinterpret_cast<int32_t*>(base + Get("doc_image_starts").offset);
+  const Array& loss = Get("loss_mask");
+  std::memset(base + loss.offset, 1, loss.nbytes);
   cu[0] = 0;
   for (size_t d = 0; d < docs_.size(); ++d) {
     const DocItem& doc = docs_[d];
     int32_t* t = input + doc.token_offset;
+    int32_t* start = starts + doc.image_begin;
     for (const auto& [n, is_audio] : doc_encoders_[d]) {
-      *t++ = static_cast<int32_t>(is_audio ? audio_cfg_.audio_start_id() : vision_.vision_start_id());
-      const int32_t pad = static_cast<int32_t>(is_audio ? audio_cfg_.audio_pad_id() : vision_.image_pad_id());
+      if (!is_audio) *start++ = static_cast<int32_t>(t + 1 - (input + doc.token_offset));
+      *t++ =
+          static_cast<int32_t>(is_audio ? audio_cfg_.audio_start_id() : vision_.vision_start_id());
+      const int32_t pad =
+          static_cast<int32_t>(is_audio ? audio_cfg_.audio_pad_id() : vision_.image_pad_id());
       std::fill(t, t + n, pad);
       t += n;
       *t++ = static_cast<int32_t>(is_audio ? audio_cfg_.audio_end_id() : vision_.vision_end_id());
@@ -336,7 +350,8 @@ void BatchLayout::WriteFixed(char* base) const {
   }
   auto* mb = reinterpret_cast<int32_t*>(base + Get("micro_batch_offsets").offset);
   mb[0] = 0;
-  for (size_t m = 0; m < mb_seqs_.size(); ++m) mb[m + 1] = mb[m] + static_cast<int32_t>(mb_seqs_[m]);
+  for (size_t m = 0; m < mb_seqs_.size(); ++m)
+    mb[m + 1] = mb[m] + static_cast<int32_t>(mb_seqs_[m]);
   if (!audio_.empty()) {
     auto* len = reinterpret_cast<int32_t*>(base + Get("audio_lengths").offset);
     for (size_t i = 0; i < audio_.size(); ++i) len[i] = static_cast<int32_t>(audio_[i].samples);
@@ -353,6 +368,88 @@ void BatchLayout::WriteText(char* base, size_t doc, const std::vector<int32_t>& 
   const std::vector<int32_t> fitted = FitTokens(d.text_begin > 0 ? piece : tokens, d.text_length);
   if (fitted.empty()) return;  // a document of markers only: no text to write
   std::memcpy(input + d.token_offset + d.text_offset, fitted.data(), fitted.size() * 4);
+}
+
+void BatchLayout::WriteDocument(char* base, size_t doc, const SampleJson& json) const {
+  const DocItem& d = docs_[doc];
+  const auto& enc = doc_encoders_[doc];
+  const std::vector<int32_t>& ids = json.input_ids;
+  // Per input_ids index: 0 text, 1 an image placeholder, 2 an audio one.
+  std::vector<uint8_t> kind(ids.size(), 0);
+  if (json.schema == 2) {
+    for (uint32_t i : json.image_positions) kind[i] = 1;
+    for (uint32_t i : json.audio_positions) kind[i] = 2;
+  }
+  std::vector<uint8_t> trained(ids.size(), json.has_trained ? 0 : 1);
+  for (const auto& [b, e] : json.trained) std::fill(trained.begin() + b, trained.begin() + e, 1);
+  std::vector<size_t> image_items, audio_items;  // indices into enc, in order
+  for (size_t k = 0; k < enc.size(); ++k) (enc[k].second ? audio_items : image_items).push_back(k);
+  auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset) + d.token_offset;
+  auto* loss = reinterpret_cast<uint8_t*>(base + Get("loss_mask").offset) + d.token_offset;
+  // In place: where each run starts, if every run fits the planned length.
+  std::vector<uint64_t> run_at(ids.size(), 0);
+  bool in_place = json.schema == 2 && !d.piece && !enc.empty() &&
+                  json.image_positions.size() == image_items.size() &&
+                  json.audio_positions.size() == audio_items.size();
+  if (in_place) {
+    uint64_t p = 0;
+    size_t ii = 0, ai = 0;
+    for (size_t i = 0; i < ids.size() && in_place && p < d.length; ++i) {
+      if (kind[i] == 0) {
+        ++p;
+        continue;
+      }
+      run_at[i] = p;
+      p += enc[kind[i] == 1 ? image_items[ii++] : audio_items[ai++]].first + 2;
+      in_place = p <= d.length;
+    }
+    in_place = in_place && ii == image_items.size() && ai == audio_items.size();
+  }
+  if (in_place) {
+    auto* starts =
+        reinterpret_cast<int32_t*>(base + Get("doc_image_starts").offset) + d.image_begin;
+    uint64_t p = 0;
+    size_t ii = 0, ai = 0;
+    for (size_t i = 0; i < ids.size() && p < d.length; ++i) {
+      if (kind[i] == 0) {
+        input[p] = ids[i];
+        loss[p++] = trained[i];
+        continue;
+      }
+      const bool audio = kind[i] == 2;
+      const uint32_t n = enc[audio ? audio_items[ai++] : image_items[ii++]].first;
+      if (!audio) *starts++ = static_cast<int32_t>(run_at[i] + 1);
+      input[p++] =
+          static_cast<int32_t>(audio ? audio_cfg_.audio_start_id() : vision_.vision_start_id());
+      std::fill(input + p, input + p + n,
+                static_cast<int32_t>(audio ? audio_cfg_.audio_pad_id() : vision_.image_pad_id()));
+      p += n;
+      input[p++] =
+          static_cast<int32_t>(audio ? audio_cfg_.audio_end_id() : vision_.vision_end_id());
+      std::fill(loss + run_at[i], loss + p, 0);
+    }
+    // Shorter than planned (the member changed since indexing): zeros, untrained.
+    std::fill(input + p, input + d.length, 0);
+    std::fill(loss + p, loss + d.length, 0);
+    return;
+  }
+  // Runs first (WriteFixed wrote them), then the text less its placeholders.
+  std::vector<int32_t> text;
+  std::vector<uint8_t> text_trained;
+  text.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (kind[i] != 0) continue;
+    text.push_back(ids[i]);
+    text_trained.push_back(trained[i]);
+  }
+  WriteText(base, doc, text);
+  if (!json.has_trained || d.text_length == 0 || text.empty()) return;
+  // As WriteText fits the text: from text_begin, repeated to the length.
+  const size_t from = d.text_begin > 0 ? std::min<size_t>(d.text_begin, text.size()) : 0;
+  const size_t n = text.size() - from;
+  for (uint32_t k = 0; k < d.text_length; ++k) {
+    loss[d.text_offset + k] = n == 0 ? 0 : text_trained[from + k % n];
+  }
 }
 
 std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<bool>& image_dropped,
@@ -392,7 +489,9 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
   auto* cu = reinterpret_cast<int32_t*>(base + Get("cu_seqlens").offset);
   auto* doc_ids = reinterpret_cast<int64_t*>(base + Get("doc_sample_ids").offset);
   auto* seq = reinterpret_cast<int32_t*>(base + Get("seq_offsets").offset);
-  uint64_t tok = 0;
+  auto* loss = reinterpret_cast<uint8_t*>(base + Get("loss_mask").offset);
+  auto* starts = reinterpret_cast<int32_t*>(base + Get("doc_image_starts").offset);
+  uint64_t tok = 0, kept_starts = 0;
   size_t kd = 0, d = 0;
   seq[0] = 0;
   for (size_t s = 0; s < seq_docs_.size(); ++s) {
@@ -401,7 +500,12 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
       const DocItem& doc = docs_[d];
       if (doc.token_offset != tok) {
         std::memmove(input + tok, input + doc.token_offset, size_t{doc.length} * 4);
+        std::memmove(loss + tok, loss + doc.token_offset, doc.length);
       }
+      if (doc.image_begin != kept_starts) {
+        std::memmove(starts + kept_starts, starts + doc.image_begin, size_t{doc.image_count} * 4);
+      }
+      kept_starts += doc.image_count;
       tok += doc.length;
       doc_ids[kd] = static_cast<int64_t>(doc.sample_id);
       cu[++kd] = static_cast<int32_t>(tok);
@@ -411,6 +515,10 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
   cu[0] = 0;
   find("input_ids").shape[0] = tok;
   find("input_ids").nbytes = tok * 4;
+  find("loss_mask").shape[0] = tok;
+  find("loss_mask").nbytes = tok;
+  find("doc_image_starts").shape[0] = kept_starts;
+  find("doc_image_starts").nbytes = kept_starts * 4;
   find("cu_seqlens").shape[0] = kd + 1;
   find("cu_seqlens").nbytes = (kd + 1) * 4;
   find("doc_sample_ids").shape[0] = kd;
@@ -446,8 +554,9 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
   return descs;
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
-  auto doc = ParseSampleJson(json);
+absl::StatusOr<SampleJson> ParseTextMember(absl::string_view json,
+                                           const SampleJsonOptions& options) {
+  auto doc = ParseSampleJson(json, options);
   if (!doc.ok()) {
     const size_t first = json.find_first_not_of(" \t\r\n");
     if (first == absl::string_view::npos || json[first] != '{') {
@@ -461,6 +570,19 @@ absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
   if (!doc->has_input_ids) {
     return absl::NotFoundError("has no \"input_ids\" (pre-tokenise the dataset)");
   }
+  return doc;
+}
+
+absl::StatusOr<SampleJson> ParseTextMember(absl::string_view json, const v1::JobConfig& config) {
+  SampleJsonOptions o;
+  o.image_placeholder_id = config.vision().image_pad_id();
+  o.audio_placeholder_id = config.audio().audio_pad_id();
+  return ParseTextMember(json, o);
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
+  auto doc = ParseTextMember(json, SampleJsonOptions{});
+  if (!doc.ok()) return doc.status();
   return std::move(doc->input_ids);
 }
 
@@ -472,7 +594,9 @@ std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n) {
 }
 
 absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate, uint64_t samples) {
-  auto le16 = [&](size_t o) { return uint32_t(uint8_t(b[o])) | (uint32_t(uint8_t(b[o + 1])) << 8); };
+  auto le16 = [&](size_t o) {
+    return uint32_t(uint8_t(b[o])) | (uint32_t(uint8_t(b[o + 1])) << 8);
+  };
   auto le32 = [&](size_t o) { return le16(o) | (le16(o + 2) << 16); };
   if (b.size() < 12 || b.substr(0, 4) != "RIFF" || b.substr(8, 4) != "WAVE") {
     return absl::DataLossError("not a RIFF/WAVE file");
@@ -482,7 +606,8 @@ absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate,
   for (size_t o = 12; o + 8 <= b.size();) {
     const absl::string_view id = b.substr(o, 4);
     const uint64_t len = le32(o + 4);
-    if (o + 8 + len > b.size()) return absl::DataLossError("WAV chunk runs past the end (truncated)");
+    if (o + 8 + len > b.size())
+      return absl::DataLossError("WAV chunk runs past the end (truncated)");
     if (id == "fmt " && len >= 16) {
       format = le16(o + 8);
       channels = le16(o + 10);
@@ -494,10 +619,13 @@ absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate,
     }
     o += 8 + len + (len & 1);
   }
-  if (channels == 0 || src_rate == 0 || data.empty()) return absl::DataLossError("WAV has no fmt or data chunk");
+  if (channels == 0 || src_rate == 0 || data.empty())
+    return absl::DataLossError("WAV has no fmt or data chunk");
   const uint32_t bytes = bits / 8;
-  if (!((format == 1 && (bits == 8 || bits == 16 || bits == 24 || bits == 32)) || (format == 3 && bits == 32))) {
-    return absl::InvalidArgumentError(absl::StrCat("WAV format ", format, " with ", bits, " bits is not supported"));
+  if (!((format == 1 && (bits == 8 || bits == 16 || bits == 24 || bits == 32)) ||
+        (format == 3 && bits == 32))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WAV format ", format, " with ", bits, " bits is not supported"));
   }
   const size_t frames = data.size() / (bytes * channels);
   std::vector<float> mono(frames, 0.0f);
