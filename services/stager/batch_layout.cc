@@ -594,39 +594,11 @@ std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n) {
 }
 
 absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate, uint64_t samples) {
-  auto le16 = [&](size_t o) {
-    return uint32_t(uint8_t(b[o])) | (uint32_t(uint8_t(b[o + 1])) << 8);
-  };
-  auto le32 = [&](size_t o) { return le16(o) | (le16(o + 2) << 16); };
-  if (b.size() < 12 || b.substr(0, 4) != "RIFF" || b.substr(8, 4) != "WAVE") {
-    return absl::DataLossError("not a RIFF/WAVE file");
-  }
-  uint32_t format = 0, channels = 0, src_rate = 0, bits = 0;
-  absl::string_view data;
-  for (size_t o = 12; o + 8 <= b.size();) {
-    const absl::string_view id = b.substr(o, 4);
-    const uint64_t len = le32(o + 4);
-    if (o + 8 + len > b.size())
-      return absl::DataLossError("WAV chunk runs past the end (truncated)");
-    if (id == "fmt " && len >= 16) {
-      format = le16(o + 8);
-      channels = le16(o + 10);
-      src_rate = le32(o + 12);
-      bits = le16(o + 22);
-      if (format == 0xFFFE && len >= 26) format = le16(o + 32);
-    } else if (id == "data") {
-      data = b.substr(o + 8, len);
-    }
-    o += 8 + len + (len & 1);
-  }
-  if (channels == 0 || src_rate == 0 || data.empty())
-    return absl::DataLossError("WAV has no fmt or data chunk");
-  const uint32_t bytes = bits / 8;
-  if (!((format == 1 && (bits == 8 || bits == 16 || bits == 24 || bits == 32)) ||
-        (format == 3 && bits == 32))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WAV format ", format, " with ", bits, " bits is not supported"));
-  }
+  // The index's parser (common/media_header.h): what it accepted is what decodes here.
+  ASSIGN_OR_RETURN(const AudioHeader h, ReadWavHeader(b));
+  const uint32_t format = h.format, channels = h.channels, src_rate = h.sample_rate,
+                 bits = h.bits_per_sample, bytes = bits / 8;
+  const absl::string_view data = b.substr(h.data_offset, h.data_size);
   const size_t frames = data.size() / (bytes * channels);
   std::vector<float> mono(frames, 0.0f);
   for (size_t f = 0; f < frames; ++f) {

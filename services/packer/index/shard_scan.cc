@@ -111,7 +111,9 @@ void ShardScanner::Probe(const RandomAccessFile& f, Member* m) {
         ReadHeader(f, m->offset, m->size, [](absl::string_view b) { return ReadImageHeader(b); });
   } else if (last == "wav") {
     m->wav =
-        ReadHeader(f, m->offset, m->size, [](absl::string_view b) { return ReadWavHeader(b); });
+        ReadHeader(f, m->offset, m->size, [size = m->size](absl::string_view b) {
+          return ReadWavHeader(b, size);
+        });
   } else if (m->ext == "json" && m->size <= o_.max_text_bytes) {
     auto bytes = f.ReadString(m->offset, m->size);
     if (!bytes.ok()) {
