@@ -146,15 +146,15 @@ class Segment:
         for mb in plan["micro_batches"]:
             for seq in mb["sequences"]:
                 for d in seq["docs"]:
-                    if interleave:  # each image after a text token, the last text trained
+                    if interleave:  # 7, image 0, 8, the other images, 9; 9 trained
                         begin = len(ids)
+                        ids += [7]
                         for k, im in enumerate(d["images"]):
-                            ids += [7 + k % 3]
                             starts.append(len(ids) + 1 - begin)
                             ids += [START] + [PAD] * im["llm_tokens"] + [END]
-                        loss += [0] * (len(ids) - begin)
-                        ids += [8, 9]
-                        loss += [0, 1]
+                            ids += [8] if k == 0 else []
+                        ids += [9] if d["images"] else [8, 9]
+                        loss += [0] * (len(ids) - begin - 1) + [1]
                     else:
                         for im in d["images"]:
                             starts.append(len(ids) + 1 - cu[-1])
