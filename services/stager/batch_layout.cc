@@ -61,15 +61,13 @@ class BatchLayout::PlanSamples {
   absl::StatusOr<const v1::SampleInfo*> Get(uint64_t id) const {
     auto it = samples_.find(id);
     if (it == samples_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where_, " names sample ", id,
-                       " but carries no SampleInfo for it; the packer sent an "
+      return absl::InvalidArgumentError(absl::StrCat(
+          where_, " names sample ", id, " but carries no SampleInfo for it; the packer sent an "
           "incomplete plan (ask it with this node's ranks)"));
     }
     if (it->second->shard() >= static_cast<uint32_t>(step_.shards_size())) {
       return absl::InvalidArgumentError(absl::StrCat(where_, ": sample ", id, " names shard ",
-                                                     it->second->shard(), " of ",
-                                                     step_.shards_size()));
+                                                     it->second->shard(), " of ", step_.shards_size()));
     }
     return it->second;
   }
@@ -97,8 +95,8 @@ absl::StatusOr<BatchLayout> BatchLayout::Build(const v1::StepPlan& step, const v
     }
   }
   // Documents, in micro-batch then sequence order.
-  VisionGeometryOptions geo =
-      GeometryOptions(config, step.max_pixels() ? step.max_pixels() : config.vision().max_pixels());
+  VisionGeometryOptions geo = GeometryOptions(config, step.max_pixels() ? step.max_pixels()
+                                                                       : config.vision().max_pixels());
   if (step.min_pixels()) geo.min_pixels = step.min_pixels();
   uint64_t tokens = 0;
   uint32_t seq_index = 0;
@@ -195,8 +193,9 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
     // those); then its audio clips and its part of the text.
     for (const auto& di : slot.images()) {
       if (di.image_index() >= static_cast<uint32_t>(s->images_size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            samples.where(), ": sample ", slot.sample_id(), " has no image ", di.image_index()));
+        return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
+                                                       slot.sample_id(), " has no image ",
+                                                       di.image_index()));
       }
       const uint32_t computed = image_tokens(s->images(static_cast<int>(di.image_index())));
       if (!planned_images) {
@@ -219,9 +218,9 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   if (slot.pieces() > 0) {
     if (uint64_t{slot.first_audio()} + slot.audio_count() >
         static_cast<uint64_t>(s->audio_size())) {
-      return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ", slot.sample_id(),
-                                                     " has no audio clips ", slot.first_audio(),
-                                                     "+", slot.audio_count()));
+      return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
+                                                     slot.sample_id(), " has no audio clips ",
+                                                     slot.first_audio(), "+", slot.audio_count()));
     }
     for (uint32_t a = slot.first_audio(); a < slot.first_audio() + slot.audio_count(); ++a) {
       enc.emplace_back(AudioTokens(s->audio(static_cast<int>(a)), audio_cfg_), true);
@@ -350,8 +349,7 @@ void BatchLayout::WriteFixed(char* base) const {
   }
   auto* mb = reinterpret_cast<int32_t*>(base + Get("micro_batch_offsets").offset);
   mb[0] = 0;
-  for (size_t m = 0; m < mb_seqs_.size(); ++m)
-    mb[m + 1] = mb[m] + static_cast<int32_t>(mb_seqs_[m]);
+  for (size_t m = 0; m < mb_seqs_.size(); ++m) mb[m + 1] = mb[m] + static_cast<int32_t>(mb_seqs_[m]);
   if (!audio_.empty()) {
     auto* len = reinterpret_cast<int32_t*>(base + Get("audio_lengths").offset);
     for (size_t i = 0; i < audio_.size(); ++i) len[i] = static_cast<int32_t>(audio_[i].samples);

@@ -70,8 +70,7 @@ class BatchLayout {
   // Validates the plan against itself (every named sample present, image
   // sizes patch-aligned) and lays the arrays out, each 64-byte aligned.
   static absl::StatusOr<BatchLayout> Build(const v1::StepPlan& step, const v1::RankPlan& rank,
-                                           const v1::JobConfig& config,
-                                           const PatchifyParams& params);
+                                           const v1::JobConfig& config, const PatchifyParams& params);
 
   uint64_t total_bytes() const { return total_; }
   const std::vector<ImageItem>& images() const { return images_; }
@@ -83,6 +82,7 @@ class BatchLayout {
   void WriteFixed(char* base) const;
   // Writes a document's text tokens fitted to its planned text length.
   void WriteText(char* base, size_t doc, const std::vector<int32_t>& tokens) const;
+
   // Writes a document from its k.json. A schema-2 document (not a piece of
   // a split one) with one placeholder per planned image and audio clip gets
   // each one's run (vision_start, image_pad x n, vision_end) where its
@@ -91,7 +91,6 @@ class BatchLayout {
   // runs lead and the text less its placeholders follows (WriteText).
   // loss_mask is 0 on the tokens outside the document's trained spans.
   void WriteDocument(char* base, size_t doc, const SampleJson& json) const;
-
   // Removes dropped images, documents and audio clips (compacting the arrays
   // in place) and returns the final array descriptions.
   std::vector<v1::ArrayDesc> Finalize(char* base, const std::vector<bool>& image_dropped,
@@ -126,8 +125,8 @@ class BatchLayout {
   std::vector<uint32_t> seq_docs_;     // documents per sequence
   std::vector<uint32_t> mb_seqs_;      // sequences per micro-batch
   std::vector<std::vector<std::pair<uint32_t, bool>>> doc_encoders_;  // per doc: (tokens, is_audio)
-  uint64_t doc_images_ = 0;  // entries of doc_image_starts
   std::vector<Array> arrays_;
+  uint64_t doc_images_ = 0;  // entries of doc_image_starts
   uint64_t total_ = 0;
 };
 
@@ -145,8 +144,7 @@ absl::StatusOr<SampleJson> ParseTextMember(absl::string_view json, const v1::Job
 std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n);
 
 // Decodes a WAV clip to mono float32 at `rate`, fitted to `samples`.
-absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view bytes, uint32_t rate,
-                                             uint64_t samples);
+absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view bytes, uint32_t rate, uint64_t samples);
 
 }  // namespace tutti::stager
 

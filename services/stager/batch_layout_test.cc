@@ -14,8 +14,7 @@ namespace tutti::stager {
 namespace {
 
 TEST(BatchLayoutTest, ArraysFollowThePlan) {
-  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds",
-                                    {.shards = 1, .samples_per_shard = 3});
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds", {.shards = 1, .samples_per_shard = 3});
   v1::JobInfo job = testing::MakeJob(data, 2, 2);
   v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
   const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
@@ -50,6 +49,7 @@ TEST(BatchLayoutTest, ArraysFollowThePlan) {
   EXPECT_EQ(by["input_ids"].shape(0), static_cast<uint64_t>(cu[2]));
 }
 
+// A piece of a split document (overflow.long_documents "split") holds only
 // A schema-2 document: its image's run where its placeholder is, the text
 // around it, and the loss mask 0 outside its trained spans.
 TEST(BatchLayoutTest, ASchemaTwoDocumentHasItsImageRunAtItsPlaceholder) {
@@ -137,7 +137,6 @@ TEST(BatchLayoutTest, ARunThePlannedLengthWouldCutKeepsTheLeadingLayout) {
   EXPECT_EQ(out[doc.length - 1], static_cast<int32_t>(20 + doc.text_length - 1));
 }
 
-// A piece of a split document (overflow.long_documents "split") holds only
 // the images it lists and the text from its text_begin.
 TEST(BatchLayoutTest, APieceOfASplitDocumentHoldsItsPartOfTheText) {
   auto data = testing::WriteDataset(::testing::TempDir() + "/layout_piece",
@@ -177,8 +176,7 @@ TEST(BatchLayoutTest, APieceOfASplitDocumentHoldsItsPartOfTheText) {
 }
 
 TEST(BatchLayoutTest, InconsistentPlanIsRefused) {
-  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds2",
-                                    {.shards = 1, .samples_per_shard = 2});
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds2", {.shards = 1, .samples_per_shard = 2});
   v1::JobInfo job = testing::MakeJob(data, 1, 1);
   v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 2);
   const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
@@ -203,8 +201,7 @@ TEST(BatchLayoutTest, ParsesInputIds) {
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"tokens": 5})").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, 2)").status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(), absl::StatusCode::kDataLoss);
   // Not JSON at all (a member swapped after indexing): said as such.
   auto binary = ParseInputIds(std::string("\x89PNG\r\n\x1a\n....", 12));
   ASSERT_EQ(binary.status().code(), absl::StatusCode::kDataLoss);
@@ -229,7 +226,8 @@ TEST(BatchLayoutTest, EncoderTokensBelowWhatTheItemsNeedAreRefused) {
   slot->set_encoder_tokens(1);
   auto layout = BatchLayout::Build(plan, plan.ranks(0), job.config(), p);
   EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument) << layout.status();
-  EXPECT_NE(layout.status().message().find("encoder tokens"), std::string::npos) << layout.status();
+  EXPECT_NE(layout.status().message().find("encoder tokens"), std::string::npos)
+      << layout.status();
 }
 
 // `plan` as a packer of plan_version 2 writes it: every document lists its
@@ -343,8 +341,7 @@ std::string FloatWav(const std::vector<float>& samples, uint16_t channels) {
 TEST(BatchLayoutTest, WavWithNonFiniteSamplesIsRefusedAndLoudStereoStaysFinite) {
   // A NaN or infinite sample would reach the batch and the loss (found by
   // fuzz/wav_decode_fuzzer).
-  for (float bad :
-       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     auto pcm = DecodeWav(FloatWav({0.5f, bad, 0.25f, 0.f}, 1), 8000, 4);
     EXPECT_EQ(pcm.status().code(), absl::StatusCode::kDataLoss) << pcm.status();
   }
