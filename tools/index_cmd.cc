@@ -83,6 +83,19 @@ void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
                  static_cast<unsigned long long>(n), n == 1 ? "" : "s", reason.c_str());
   }
   for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
+  if (!report.unknown_fields.empty()) {
+    uint64_t total = 0;
+    std::string fields;
+    for (const auto& [field, n] : report.unknown_fields) {
+      total += n;
+      absl::StrAppend(&fields, fields.empty() ? "" : ", ", field, " ", n);
+    }
+    std::fprintf(stderr,
+                 "warning: %llu top-level k.json field%s that sample schema 2 does not define "
+                 "(not used): %s\n",
+                 static_cast<unsigned long long>(total), total == 1 ? "" : "s", fields.c_str());
+    for (const auto& e : report.unknown_field_examples) std::fprintf(stderr, "  %s\n", e.c_str());
+  }
   if (report.ignored_members > 0) {
     std::fprintf(stderr, "ignored %llu members with extensions the index does not use\n",
                  static_cast<unsigned long long>(report.ignored_members));

@@ -468,6 +468,10 @@ void Builder::CommitRead(const ShardTask& t, ShardResult r) {
   for (auto& e : r.examples) {
     if (rep_.skipped_examples.size() < 16) rep_.skipped_examples.push_back(std::move(e));
   }
+  for (const auto& [k, v] : r.unknown_fields) rep_.unknown_fields[k] += v;
+  for (auto& e : r.unknown_examples) {
+    if (rep_.unknown_field_examples.size() < 4) rep_.unknown_field_examples.push_back(std::move(e));
+  }
 }
 
 void Builder::LeftOut(const ShardTask& t, const absl::Status& why, uint64_t size,

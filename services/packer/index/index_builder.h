@@ -127,6 +127,11 @@ struct IndexBuildReport {
   std::vector<std::string> skipped_examples;        // first few "shard:key: why" (names escaped)
   std::vector<std::string> bad_shards;              // "name: why": unreadable, truncated, corrupt,
                                                     // empty, no members, a name that is not UTF-8
+  // Top-level fields of schema-2 k.json documents the schema does not define,
+  // in the shards read this time (a warning): field -> samples, the first few
+  // "shard:key.json: \"field\"".
+  std::map<std::string, uint64_t> unknown_fields;
+  std::vector<std::string> unknown_field_examples;
 };
 
 // A shard as listed: its name under the source, size and modification time.

@@ -1,5 +1,6 @@
 // Schema-2 samples (interleaved: one placeholder id per image at its place)
 // through the index builder: their text tokens, and what it refuses.
+#include <map>
 #include <string>
 
 #include "common/tar.h"
@@ -28,7 +29,7 @@ TEST(IndexSchema2Test, PlaceholdersAreCheckedAndNotCountedAsText) {
   t.Add("ok.0.jpg", Encode(".jpg", 64, 48));
   t.Add("ok.1.png", Encode(".png", 30, 20));
   t.Add("ok.0.wav", Wav(16000, 1600));
-  t.Add("text.json", Doc("7, 8, 9"));      // text only
+  t.Add("text.json", Doc("7, 8, 9", R"(, "labels": [1], "extra": {})"));  // text only
   t.Add("fewer.json", Doc("1, 1001, 2"));  // one placeholder, two images
   t.Add("fewer.0.jpg", Encode(".jpg", 64, 48));
   t.Add("fewer.1.jpg", Encode(".jpg", 64, 48));
@@ -62,6 +63,10 @@ TEST(IndexSchema2Test, PlaceholdersAreCheckedAndNotCountedAsText) {
   EXPECT_EQ(ix.text_tokens(1), 3u);
   EXPECT_EQ(report.skipped["placeholder_mismatch"], 5u) << all;
   EXPECT_EQ(report.skipped["bad_json"], 1u) << all;
+  // Fields the schema does not define: counted and named, not refused.
+  EXPECT_EQ(report.unknown_fields, (std::map<std::string, uint64_t>{{"extra", 1}, {"labels", 1}}));
+  ASSERT_EQ(report.unknown_field_examples.size(), 2u);
+  EXPECT_EQ(report.unknown_field_examples[0], "s.tar:text.json: \"extra\"");
   for (const char* want : {
            "s.tar:fewer: fewer.json: input_ids hold 1 image placeholders but the sample has 2",
            "s.tar:more: more.json: input_ids hold 2 image placeholders but the sample has 1",

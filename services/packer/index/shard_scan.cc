@@ -206,6 +206,20 @@ void ShardScanner::Skip(ShardResult* r, const std::string& key, const std::strin
   }
 }
 
+void ShardScanner::CountUnknownFields(const SampleJson& json, const std::string& key,
+                                      ShardResult* r) {
+  constexpr size_t kMaxNames = 32;  // distinct names kept; the rest count as "(other)"
+  for (const std::string& field : json.unknown_fields) {
+    std::string name = absl::CHexEscape(field.substr(0, 64));
+    if (r->unknown_fields.size() >= kMaxNames && !r->unknown_fields.count(name)) name = "(other)";
+    ++r->unknown_fields[name];
+    if (r->unknown_examples.size() < 4) {
+      r->unknown_examples.push_back(
+          absl::StrCat(rel_, ":", absl::CHexEscape(key), ".json: \"", name, "\""));
+    }
+  }
+}
+
 void ShardScanner::ScanSample(Group* g, const ShardChecksums& sums, ShardResult* r) {
   if (!g->bad_name.empty()) {
     return Skip(r, g->key, "bad_name",
@@ -317,6 +331,7 @@ void ShardScanner::ScanSample(Group* g, const ShardChecksums& sums, ShardResult*
                                          : ""));
       }
     }
+    if (json->json.ok()) CountUnknownFields(*json->json, g->key, r);
     const auto& tokens = json->json_tokens;
     if (tokens.ok()) {
       s.text_tokens = *tokens;

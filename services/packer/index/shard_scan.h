@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "common/file_io.h"
+#include "common/sample_json.h"
 #include "services/packer/index/index.h"
 #include "services/packer/index/index_builder.h"
 
@@ -39,6 +40,10 @@ struct ShardResult {
   std::map<std::string, uint64_t> skipped_members;
   std::vector<std::string> examples;
   uint64_t ignored = 0;
+  // Top-level fields of schema-2 k.json documents the schema does not
+  // define (not an error): field -> samples, the first few named.
+  std::map<std::string, uint64_t> unknown_fields;
+  std::vector<std::string> unknown_examples;
 };
 
 // CRC-32C of a file and of byte ranges of it (members), from the file's
@@ -85,6 +90,7 @@ class ShardScanner {
   void Skip(ShardResult* r, const std::string& key, const std::string& reason,
             const std::string& detail);
   void ScanSample(Group* g, const ShardChecksums& sums, ShardResult* r);
+  void CountUnknownFields(const SampleJson& json, const std::string& key, ShardResult* r);
 
   const IndexBuildOptions& o_;
   const std::string& rel_;
