@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
+#include "common/job_limits.h"
 #include "common/status.h"
 
 namespace tutti {
@@ -221,6 +222,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
         "world_size ", c.world_size(), " is not a multiple of ranks_per_node ", c.ranks_per_node(),
         "; every node runs the same number of ranks"));
   }
+  RETURN_IF_ERROR(CheckJobLimits(c));
   const auto& v = c.vision();
   if (v.mean_size() != 3 || v.std_size() != 3) {
     return absl::InvalidArgumentError("vision.mean and vision.std need exactly 3 values (RGB)");
