@@ -444,6 +444,14 @@ TEST_F(Lifecycle, BadUsageExitsTwoNamingTheFlagAndItsRange) {
     EXPECT_EQ(r.status, 2) << c.flag << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr(c.expect)) << c.flag;
   }
+  // Flags each in range whose product the daemon allocates at start.
+  std::vector<std::string> buffers = base;
+  buffers.push_back("--queue_depth=4096");
+  buffers.push_back("--block_size=64M");
+  RunResult b = RunCommand(buffers, absl::Seconds(30));
+  EXPECT_EQ(b.status, 2) << b.output;
+  EXPECT_THAT(b.output, HasSubstr("--queue_depth 4096 x --block_size 64M is more than 4G of "
+                                  "staging buffers"));
   RunResult p = RunCommand({Packerd(), "--config=x", "--plan_threads=0"}, absl::Seconds(30));
   EXPECT_EQ(p.status, 2) << p.output;
   EXPECT_THAT(p.output, HasSubstr("--plan_threads 0 is out of range: use 1..256"));

@@ -124,7 +124,7 @@ int RunIndex(int argc, char** argv) {
       "--noskip-bad-shards). --out's directory is created if missing.");
   cli.Flag("source", &o.source_dir, "directory holding the .tar shards");
   cli.Flag("out", &out, "index file to write (replaced atomically)");
-  cli.Flag("threads", &o.threads, "shards read in parallel");
+  cli.Flag("threads", &o.threads, "shards read in parallel", 1, 256);
   cli.Flag("skip-bad-shards", &o.skip_bad_shards,
            "leave out truncated/corrupt shards and report them (--noskip-bad-shards: fail)");
   cli.Flag("bytes-per-token", &o.bytes_per_token,
@@ -135,23 +135,18 @@ int RunIndex(int argc, char** argv) {
   cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
            "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
   cli.Flag("max-images-per-sample", &o.max_images_per_sample,
-           "skip samples with more images than this (vision.max_images_per_sample)");
+           "skip samples with more images than this (vision.max_images_per_sample)", 1, 1024);
   cli.Flag("max-shard-members", &o.max_shard_members,
-           "leave out (and report) a shard with more tar members than this");
+           "leave out (and report) a shard with more tar members than this", 1, 1u << 24);
   cli.Flag("synthetic", &synthetic,
            "instead of reading shards, write a synthetic index of this many samples (the "
-           "benchmark workload; for scale tests)");
+           "benchmark workload; for scale tests; 0 = read shards)",
+           0, UINT32_MAX);
   cli.Flag("synthetic-seed", &synthetic_seed, "seed of the synthetic index");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
   if (out.empty()) {
     std::fprintf(stderr, "tutti index: --out FILE is required (see --help)\n");
-    return 2;
-  }
-  if (o.max_images_per_sample == 0 || o.max_shard_members == 0) {
-    std::fprintf(stderr,
-                 "tutti index: --max-images-per-sample and --max-shard-members must be at least "
-                 "1\n");
     return 2;
   }
   if (synthetic > 0) return RunSynthetic(out, synthetic, synthetic_seed);

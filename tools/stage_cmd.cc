@@ -49,9 +49,9 @@ int RunStage(int argc, char** argv) {
   cli.Flag("capacity", &capacity_text,
            "bytes the cache may hold, e.g. 500G (0 = no limit); shards beyond it are left out");
   cli.Flag("first", &first, "stage only the first N shards of the index (0 = all)");
-  cli.Flag("queue-depth", &queue_depth, "reads and writes in flight");
+  cli.Flag("queue-depth", &queue_depth, "reads and writes in flight", 1, 4096);
   cli.Flag("block-size", &block_text, "bytes per read/write, a multiple of 4K (e.g. 1M)");
-  cli.Flag("max-files", &max_files, "shards copied at the same time");
+  cli.Flag("max-files", &max_files, "shards copied at the same time", 1, 4096);
   cli.Flag("direct", &direct, "O_DIRECT writes into the cache (--nodirect: page cache)");
   cli.Flag("quiet", &quiet, "no progress line");
   cli.Flag("path-resolve", &resolve_text,
@@ -67,10 +67,15 @@ int RunStage(int argc, char** argv) {
   if (!ParseByteSize(capacity_text, &capacity)) {
     return Fail(absl::StrCat("--capacity '", capacity_text, "' is not a size (e.g. 500G, 0)"));
   }
-  if (!ParseByteSize(block_text, &block) || block == 0 || block % 4096 != 0) {
-    return Fail(absl::StrCat("--block-size '", block_text, "' must be a multiple of 4K (e.g. 1M)"));
+  if (!ParseByteSize(block_text, &block) || block == 0 || block % 4096 != 0 ||
+      block > stager::kMaxStagingBlock) {
+    return Fail(absl::StrCat("--block-size '", block_text,
+                             "' must be a multiple of 4K up to 64M (e.g. 1M)"));
   }
-  if (queue_depth == 0 || max_files == 0) return Fail("--queue-depth and --max-files must be >= 1");
+  if (uint64_t{queue_depth} * block > stager::kMaxStagingBuffers) {
+    return Fail(absl::StrCat("--queue-depth ", queue_depth, " x --block-size ", block_text,
+                             " is more than 4G of staging buffers; lower one of them"));
+  }
   absl::StatusOr<ResolveMode> resolve = ParseResolveMode(resolve_text);
   if (!resolve.ok()) return Fail(std::string(resolve.status().message()));
 
