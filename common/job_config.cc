@@ -296,14 +296,17 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   return absl::OkStatus();
 }
 
-std::string JobFingerprint(const v1::JobConfig& config) {
+std::string JobFingerprint(const v1::JobConfig& config, absl::string_view index_id) {
+  v1::JobConfig identity = config;
+  identity.clear_index_path();
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);
     google::protobuf::io::CodedOutputStream coded(&out);
     coded.SetSerializationDeterministic(true);
-    config.SerializeToCodedStream(&coded);
+    identity.SerializeToCodedStream(&coded);
   }
+  absl::StrAppend(&bytes, "\nindex ", index_id);
   const uint32_t a = Crc32c(bytes);
   const uint32_t b = Crc32cExtend(0x9E3779B9u, bytes.data(), bytes.size());
   return absl::StrCat(absl::Hex(a, absl::kZeroPad8), absl::Hex(b, absl::kZeroPad8));

@@ -26,10 +26,24 @@ TEST(JobConfigTest, DefaultsAndStages) {
   EXPECT_EQ(StageAt(c, 0).seq_len(), 4096u);
   EXPECT_EQ(StageAt(c, 99).seq_len(), 4096u);
   EXPECT_EQ(StageAt(c, 100).max_pixels(), 16000000u);
-  EXPECT_EQ(JobFingerprint(c), JobFingerprint(c));
+  EXPECT_EQ(JobFingerprint(c, "i"), JobFingerprint(c, "i"));
   auto d = c;
   d.set_seed(8);
-  EXPECT_NE(JobFingerprint(c), JobFingerprint(d));
+  EXPECT_NE(JobFingerprint(c, "i"), JobFingerprint(d, "i"));
+}
+
+// The fingerprint covers what determines the plans: the index's content
+// identity, not how its path is spelled.
+TEST(JobConfigTest, FingerprintCoversTheIndexContentNotItsPath) {
+  auto c = Parse("batch { text_samples_per_step: 4 }");
+  auto relative = c, absolute = c;
+  relative.set_index_path("data/index.tutti");
+  absolute.set_index_path("/work/data/index.tutti");
+  EXPECT_EQ(JobFingerprint(relative, "0123456789abcdef"),
+            JobFingerprint(absolute, "0123456789abcdef"));
+  EXPECT_EQ(JobFingerprint(c, "0123456789abcdef"), JobFingerprint(absolute, "0123456789abcdef"));
+  EXPECT_NE(JobFingerprint(relative, "0123456789abcdef"),
+            JobFingerprint(relative, "fedcba9876543210"));
 }
 
 TEST(JobConfigTest, ParseErrorNamesLine) {

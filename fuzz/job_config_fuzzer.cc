@@ -153,7 +153,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!parsed.ok()) return 0;
   JobConfig config = *parsed;
   tutti::ApplyJobDefaults(&config);
-  (void)tutti::JobFingerprint(config);
+  (void)tutti::JobFingerprint(config, "fuzz");
   if (!tutti::ValidateJobConfig(config).ok()) return 0;
   const uint64_t sequences = CheckProducts(config);
   for (uint64_t step : {uint64_t{0}, uint64_t{1} << 20, ~uint64_t{0}}) {

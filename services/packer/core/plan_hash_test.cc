@@ -22,6 +22,9 @@
 // Re-pinned when tutti began to deal VL samples under 5% of a rank's mean
 // ViT cost in batches, as it deals small text documents: W16, W16 img_cap
 // and W64 tutti changed (and W64 tutti's rank subsets).
+// Re-pinned when the fingerprint every plan carries began to cover the
+// index's content identity instead of the config's index_path: every hash
+// changed; with config_fingerprint cleared, no plan did.
 //
 // TUTTI_PRINT_PLAN_HASHES=1 prints the table as C++ to paste below.
 #include <algorithm>
@@ -186,43 +189,43 @@ struct Pinned {
 // with plan_version 2 written, only the post-balanced jobs' hashes changed.
 constexpr Pinned kPinned[] = {
     {"W4 greedy",
-     "917d7b2485fd089c 528ef21261dd88bc ed5bdde309d227be 59b44b1e92550357 c6e38724adc33a63 4983dc694670a06b d5ec3498d1fa7259"},
+     "09c356221d43259a 597032c46a23486a a94117ae4dc8edf3 f3e5cee6380486af 1d0146887621fbcf 9700284398f35441 b0caf9c9b4dcbf08"},
     {"W4 seed-v1 N=2",
-     "4b81bb2dcf273b58 16b9cc404c7d5ae8 dbe9e274b8a44ed8 3b4c9f70d116ea2c 9d35c212e55ee34c e3f23dfce905dbbd c7c50e340d3b247a"},
+     "2f07bb23aba13b56 e655546abc91c2c2 6de045310eade99d c6b790142cede548 876c3142ff07101c e94ae694e3bd00d5 f99322e4336d08aa"},
     {"W4 seed-v2 N=4",
-     "e602d8080637717d 175bbc094c06c72b cf46b6ae2b9fa0dc 69f4a155900bc5e0 c92ee468de79094e f765200e310844ef 16d7eb781a4d7d27"},
+     "1861fd2df8545458 5d81cf8106dcb4a3 e45195e500888397 8a7d83497382e7fc 00bbdf7f17ec3259 0279282ec4144ccf 80547a948cceeccb"},
     {"W4 tutti",
-     "e56e9594dde636e7 9feba58828c8765f ca1597db4ee85eb5 b60e53fc0a63409b c45c653ea942184b c3b3d92d0d125cb5 c419ce7ccb424cc0"},
+     "347583470cfd2034 6958815bde7b528c e70b52af63f69bc1 04bff318b8d2e07f 051ec1156800bc60 ee2cee97208d6b0f 31f3cbb13ea8490d"},
     {"W4 tutti img_cap",
-     "e66b6871dee3cb02 c556dfe572750c32 8ecc7fb50a31b6db 39f9f8f28594eb95 dcd17737b1cf0a42 1b1df9ccd5bc7c54 3f4f3de83014bf54"},
+     "2c0f43cb1487e0b8 fb6d1fe54c4ecc32 e21f544d66e29d23 8ab4e9bd36d9fada 8fdf9341e2c1ee34 1c8fae32d22e2baa 67b5df3868ee5d84"},
     {"W4 post fast",
-     "e96e485aa2ca225b 38533b02831b50b1 a80ca73aaaeb0ac9 a57ebd28f38cc392 4200bbde6a811195 80e45488c7621ae0 6119ba61b373a2bf"},
+     "42ef2197094b4b96 63695d24d8213697 1386305611619da5 b573febae3818000 352c98ee1dad32a5 2871f51b6ff7bb73 e641fae9342be237"},
     {"W4 post padded",
-     "c27b154b54728a5c 75b528ac563ac451 66922d1890b15e00 8c6a2080590e62e9 82ed4347dec9929a 83af673a3015b786 0e306ccea26bd4e2"},
+     "bfcc9a6129c50576 4124aaa562ab4658 24ab4a73d288396b af5f63527a3b213b 5c1ff2a7003b237a 4c3bc68bff811637 6f42321fc3198a33"},
     {"W4 post restricted",
-     "01958b5cb11343d6 4ec9c450d573f3d5 9badba2a50499409 f2e34f64d6ca9463 acfb7c2972693d3f a9095ba467a7cb34 4d53eab965d240f2"},
+     "befec1ab0e780921 a41262673fa855e2 8064b8ed4b8096ce 85a933bfa180e8b8 ee1d36f7308f77e1 3db069f3f31ef963 3a7fc98912fe63c2"},
     {"W16 greedy",
-     "8f895476d7b122aa 32585e22cce057c4 f726e3e780bac9b9 9749a823ef7bcb00 6b14c09d06908cd6 12b5b50b923d5ec6 042e56985eeeed73"},
+     "cd1f6703952711df 4200bc0ebcb8b5e8 a35f698bd4c343d5 2cf2de8354c0bda0 7f11d43312959878 60abf05de0231b90 f5cf19a3af0fa248"},
     {"W16 seed-v1 N=2",
-     "6ef43ed551554dba e607188da145f8e5 a148b466c7893afe 413c54bc4cae8eb4 33da5a7e461fde34 bf42899b71912433 8715ac6b4323b8a0"},
+     "77722f6748d35c08 13165af05454ba98 88b6a8fdee772665 6b3e378f66aced87 16592b2b639caf61 0ecccd68c01f60c0 b7b67125738065ee"},
     {"W16 seed-v2 N=4",
-     "c190b993fe5cbfa3 eab309d7e2d3c35b 3c82bb011f5f0d83 743c95b1c9257783 8c3349a79a3e6f87 fd21d4f4ea149459 423f6aa6a7e24708"},
+     "df8ef5afe042f39f c111b4fcc9717e70 00dea62b230310a9 e9fac6db54e324e9 49a06e595fad4879 3cbe23f52b8b6358 2cfa0b19c92726b7"},
     {"W16 tutti",
-     "a821fd660513b606 79d9a4de461105f9 d3417ecacd90a60c f5169c7fb6688f07 a2529905cfca478d ee7b9697c74d9b08 d1cb8ca3fe497d6f"},
+     "038e8d9baebcc6fb 9fddbd18a0151c3f 8b96c49295471c54 63f01f65208e0c1d b439f1c9d9a12f41 b9630d65905500fa af35b14680b7408a"},
     {"W16 tutti img_cap",
-     "26cc66c68bfe2da6 b1b4fccf8e7c5de8 064c1794189dcf52 2f84d3646cfac01c 0b525d6966ca83e1 947df288bd4bff17 9fcebcbab04c4d76"},
+     "3a9d997e97afd21e 6268f9e45da058c3 9575fff18ba42737 7bb82fe838c63c90 fddd8f61904551e9 ef6d37b0c65b3a2f f24a930dddc862c1"},
     {"W16 post fast",
-     "a20c54cb539b2f67 7593520644766112 52ca08964fbc8070 7b32c3d630a7246b 3aefed4d406234ed b5ec19cdf07b3653 66742d9bd5a523ae"},
+     "ceb97aa23f2e010e 32da2eb5033f1da1 2d592832302fa0d4 1379bb5d58ec5ce0 198eaf8963037629 fe1fcce5bb88e37b 383f64f38bee6ac6"},
     {"W16 post padded",
-     "7194d81b794b41e1 e142e911f4ea7b20 49df007b0a64f31f 93dc9deab30ac00a 8dc59402d7fb9b69 1355175b20d9b575 4554b6bca496c124"},
+     "4091e367484e7a9d 2596bff3303e2dc2 d14fe52a92f4164e e9da73aec90c2e4e 752244e12f1c4b8a df91fdeeec1d5fc0 a0e8f3b5412a842d"},
     {"W16 post restricted",
-     "7476f5d751011e13 0d58140c0721b7d5 c3441feface76f59 fa55030afde7ae90 39383b63d1e96fef 055a6342399844b6 b71d0f600a91fc32"},
+     "611e0d414469e685 10377ef81a4edd21 f1ecd9959e4fa923 9c3a8dec9b882076 884d4d73609c19ff 2096a8a41c548f50 f3e564a24e6997f0"},
     {"W4 post ilp",
-     "8056d5867b9a32ac 6961ce3f1ef775f6 53889320bffd8dc2 304a9e6bfe6bb7ec 232eafff30698d57 7532ceb194082cd7 267cd3f69a69d0d7"},
+     "5bfe5cdda032bbf7 a905cde4de93762d 04d4578ee8a1496c 59006dec9721446b d7730733c434259b 2b573b99ca6dd9ff 3c7c4ef280694dd3"},
     {"W64 tutti",
-     "f61bd8d54dfd2412 adac6642491dfd97 b333ba38601053c5 a3acc2f0f3bf1545 486304a2b09cc730 81568e563cad2524 4207947be042abf0"},
+     "361dd99e8dfb2559 f41672be10a7e96b 96b2ada14591445c 5003838000105435 d034708e28cbb31c 5a83550fe778fe7d 4d114cdeef547355"},
     {"W64 post fast",
-     "0f4073c9011c9559 4ad1cc2f278d5173 70221beaf2fc6aab 21ccef5e4200994d ab15daa54c172540 134c79841b1a6ff0 57e59573bc964f8c"},
+     "518307205fdfe1b0 31a841285cf4dc74 ca18229f48c653de 25bd734746710554 993de5fe7e3f1a1b 2a0232bd225424c9 757caca29e0f765d"},
 };
 // clang-format on
 
@@ -269,13 +272,13 @@ std::string SubsetHashesOf(const PinCase& c) {
 constexpr Pinned kPinnedSubsets[] = {
     // clang-format off
     {"W16 greedy",
-     "b2eac193 225f8550 2dc87117 38770b15 2096834d 5cad6b40 fed98ab1 efc7f13b a616ad8a 942f6068"},
+     "adbfb0cf 88e115fe ec83633a 4b2ed89a feabdd15 5f33fc3c 4950ce56 47798ec0 84e203db a69cfc1e"},
     {"W16 post fast",
-     "9dc90afe acae8e62 2a67f048 d33936ca e76c8ea6 60c2ce8e 0576257b 90288a23 991b4872 46e98666"},
+     "6edb3d79 0d231c9a 43445849 5d0dc8d0 e5966220 0c740421 c33ee620 f25f92d5 897032e1 96aead53"},
     {"W16 post restricted",
-     "098e3211 89bd0a03 97a43b50 c4a1dc2c 7f0e7fc7 8d7bb41e 9588ef40 0187f11a 78e9bca7 da11dca9"},
+     "77332ab0 eca97ca6 ccd965c2 02219977 557b1dce 8e315f74 198828a9 cff91d28 db1e12b8 8e74987b"},
     {"W64 tutti",
-     "b510cd5e 9e7f8005 839a42cb 7af0845e fb4128c1 8cb37e47 20c5f8f4 6ed6ce26 a2f085b6 bdcd9134"},
+     "f95b6678 5b02f981 ec756316 662d052c 792975b4 a5ecca17 3549c27e d150fa07 82be781e 53be9341"},
     // clang-format on
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -195,6 +196,22 @@ absl::Status Index::ReadSections(Layout* layout) {
     }
     layout->sections[tag] = {p + off, bytes};
   }
+  // The content's identity: the version, the counts and each section's
+  // tag, size and checksum in tag order, the metadata left out.
+  std::vector<std::array<uint64_t, 2>> entries;
+  for (uint32_t i = 0; i < layout->num_sections; ++i) {
+    const char* e = p + kHeaderBytes + i * kSectionEntryBytes;
+    const uint32_t tag = Get<uint32_t>(e);
+    if (tag == kMeta) continue;
+    entries.push_back({uint64_t{tag} << 32 | Get<uint32_t>(e + 4), Get<uint64_t>(e + 16)});
+  }
+  std::sort(entries.begin(), entries.end());
+  std::string id_bytes(p + 8, 4);                // version
+  id_bytes.append(p + 24, 24);                   // samples, media, shards, extensions
+  for (const auto& entry : entries) id_bytes.append(reinterpret_cast<const char*>(&entry), 16);
+  const uint32_t a = Crc32c(id_bytes);
+  const uint32_t b = Crc32cExtend(0x9E3779B9u, id_bytes.data(), id_bytes.size());
+  content_id_ = absl::StrCat(absl::Hex(a, absl::kZeroPad8), absl::Hex(b, absl::kZeroPad8));
   return absl::OkStatus();
 }
 

@@ -98,6 +98,12 @@ class Index {
   uint64_t dataset_bytes() const { return dataset_bytes_; }
   const std::string& source_dir() const { return source_dir_; }
   const std::string& origin() const { return origin_; }
+  // The identity of what the index holds, for the job's fingerprint: a
+  // digest of its format version, its counts and the checksums of every
+  // section but the build metadata (source directory, builder, skip
+  // counts). Where the file lies and how its path is spelled do not enter
+  // it, nor where the shards were indexed from. 16 hex digits.
+  const std::string& content_id() const { return content_id_; }
 
   // The shard holding a sample (a binary search over the shard starts of
   // the sample's bucket of 1 << kShardBucketBits samples).
@@ -204,6 +210,7 @@ class Index {
   std::vector<std::string> exts_;
   std::vector<std::pair<std::string, std::string>> meta_;
   std::string source_dir_;
+  std::string content_id_;
   uint64_t dataset_bytes_ = 0;
   std::vector<uint32_t> text_samples_;
   std::vector<uint32_t> vl_samples_;
