@@ -372,6 +372,43 @@ TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
   EXPECT_FALSE(fs::exists(segment)) << segment;
 }
 
+// SIGHUP (a closed terminal, an operator's reload) never ends a daemon: it
+// is logged and ignored, serving goes on and SIGTERM still ends it with 0.
+// The start-up banner is printed once in text logs (stdout and stderr in one
+// log here, as a terminal, journald or kubectl logs show them).
+TEST_F(Lifecycle, SighupIsLoggedAndIgnoredAndTheBannerIsPrintedOnce) {
+  auto count = [](const std::string& log, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  // Waits (generously) until `what` is in d's log `n` times.
+  auto await = [&](Daemon* d, const std::string& what, size_t n) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up && count(d->log(), what) < n && d->process().Running()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return count(d->log(), what);
+  };
+  Both both = StartBoth("hup");
+  ASSERT_TRUE(both.stager != nullptr);
+  for (Daemon* d : {both.packer.get(), both.stager.get()}) {
+    ASSERT_TRUE(AwaitReadiness(d->metrics_port(), true).ok()) << d->name() << "\n" << d->log();
+    EXPECT_EQ(await(d, " listening on ", 1), 1u) << d->name() << "\n" << d->log();
+    for (size_t i = 1; i <= 2; ++i) {
+      d->process().Signal(SIGHUP);
+      EXPECT_EQ(await(d, "SIGHUP received and ignored", i), i) << d->name() << "\n" << d->log();
+      ASSERT_TRUE(d->process().Running()) << d->name() << " died of SIGHUP\n" << d->log();
+    }
+    EXPECT_TRUE(AwaitReadiness(d->metrics_port(), true).ok()) << d->name();
+    EXPECT_EQ(count(d->log(), " listening on "), 1u)
+        << d->name() << ": the banner printed more than once\n"
+        << d->log();
+  }
+  EXPECT_TRUE(both.stager->Stop().ok());
+  EXPECT_TRUE(both.packer->Stop().ok());
+}
+
 TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
   Both both = StartBoth("idle");
   ASSERT_TRUE(both.stager != nullptr);
