@@ -4,6 +4,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/tar.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_support.h"
@@ -110,6 +111,38 @@ TEST(TuttiCommand, VersionAndOutOfRangeValuesNameTheRange) {
                  absl::Seconds(60));
   EXPECT_EQ(p.status, 1) << p.output;
   EXPECT_THAT(p.output, HasSubstr("batch.vl_micro_batch 2147483647 is outside its range 1..1024"));
+  RemoveTree(dir);
+}
+
+// `tutti index` says which k.json fields it does not read (counted, the
+// first few named) and refuses token ids beyond the vocabulary by default,
+// naming the sample and the flag.
+TEST(TuttiCommand, IndexNamesUnknownJsonFieldsAndTheVocabulary) {
+  const std::string dir = MakeTempDir("tutti_index_cmd");
+  TarWriter t;
+  t.Add("a.json", R"({"input_ids": [1, 2], "url": "http://x"})");
+  t.Add("b.json", R"({"input_id": [1, 2], "text": "abcdefgh", "url": "http://y"})");
+  t.Add("c.json", R"({"input_ids": [1, 200000]})");
+  std::ofstream(dir + "/s.tar", std::ios::binary) << t.Finish();
+  RunResult r = RunCommand(
+      {TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti"}, absl::Seconds(60));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("warning: 2 k.json members carry fields tutti does not read, "
+                                  "ignored: \"input_id\" (1), \"url\" (2)"));
+  EXPECT_THAT(r.output, HasSubstr("s.tar:c: c.json: input_ids[1] is 200000, outside the "
+                                  "vocabulary [0, 151936) (--vocab-size)"));
+  EXPECT_THAT(r.output, HasSubstr("1 sample holds token ids at or above --vocab-size 151936 (the "
+                                  "default, Qwen2-VL's)"));
+  r = RunCommand({TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti",
+                  "--vocab-size=262144"},
+                 absl::Seconds(60));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("3 samples"));
+  r = RunCommand({TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti",
+                  "--vocab-size=0"},
+                 absl::Seconds(60));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--vocab-size 0 is out of range: use 1..2147483648"));
   RemoveTree(dir);
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_io.h"
@@ -52,7 +53,8 @@ int WriteIndex(const std::string& out, const std::string& bytes, uint64_t sample
 
 // What the build found: shards and samples indexed, what was skipped and
 // why, bad shards. Printed whether or not an index could be written.
-void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
+void PrintReport(const IndexBuildReport& report, bool built, double seconds,
+                 uint64_t vocab_size) {
   const double s = std::max(1e-6, seconds);
   if (built) {
     std::fprintf(stderr,
@@ -80,6 +82,34 @@ void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
                  static_cast<unsigned long long>(n), n == 1 ? "" : "s", reason.c_str());
   }
   for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
+  if (auto it = report.skipped.find("token_out_of_vocab"); it != report.skipped.end()) {
+    std::fprintf(stderr,
+                 "%llu %s token ids at or above --vocab-size %llu%s: if the dataset was "
+                 "tokenised with another vocabulary, pass --vocab-size with that tokenizer's size\n",
+                 static_cast<unsigned long long>(it->second),
+                 it->second == 1 ? "sample holds" : "samples hold",
+                 static_cast<unsigned long long>(vocab_size),
+                 vocab_size == packer::kDefaultVocabSize ? " (the default, Qwen2-VL's)" : "");
+  }
+  if (report.unknown_json_members > 0) {
+    // Counted, the first few named: a misspelt input_ids shows here.
+    std::string fields;
+    size_t named = 0;
+    for (const auto& [field, n] : report.unknown_json_fields) {
+      if (named++ == 8) break;
+      absl::StrAppend(&fields, fields.empty() ? "" : ", ", "\"", absl::CHexEscape(field), "\" (",
+                      n, ")");
+    }
+    if (report.unknown_json_fields.size() > 8 || report.unknown_json_other > 0) {
+      absl::StrAppend(&fields, " and others");
+    }
+    std::fprintf(stderr,
+                 "warning: %llu k.json member%s carry fields tutti does not read, ignored: %s "
+                 "(tutti reads input_ids, else num_tokens or token_count, else text for an "
+                 "estimate; check for a misspelt name)\n",
+                 static_cast<unsigned long long>(report.unknown_json_members),
+                 report.unknown_json_members == 1 ? "" : "s", fields.c_str());
+  }
   if (report.ignored_members > 0) {
     std::fprintf(stderr, "ignored %llu members with extensions the index does not use\n",
                  static_cast<unsigned long long>(report.ignored_members));
@@ -130,8 +160,10 @@ int RunIndex(int argc, char** argv) {
   cli.Flag("bytes-per-token", &o.bytes_per_token,
            "bytes per token when estimating from k.txt or a JSON \"text\" field");
   cli.Flag("vocab-size", &o.vocab_size,
-           "token ids in k.json's input_ids must be below this (the tokenizer's vocabulary); "
-           "0 = any non-negative int32");
+           "token ids in k.json's input_ids must be below this: the tokenizer's vocabulary "
+           "(the default is Qwen2-VL's, as the job config's default image token ids); a sample "
+           "with an id at or above it is skipped (token_out_of_vocab), named",
+           1, uint64_t{1} << 31);
   cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
            "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
   cli.Flag("max-images-per-sample", &o.max_images_per_sample,
@@ -177,7 +209,7 @@ int RunIndex(int argc, char** argv) {
   IndexBuildReport report;
   auto bytes = packer::BuildIndex(o, &report, progress);
   if (tty) std::fprintf(stderr, "\n");
-  PrintReport(report, bytes.ok(), SecondsSince(t0));
+  PrintReport(report, bytes.ok(), SecondsSince(t0), o.vocab_size);
   if (!bytes.ok()) {
     std::fprintf(stderr, "tutti index: %s\n", std::string(bytes.status().message()).c_str());
     return 1;

@@ -46,6 +46,10 @@ struct ShardResult {
   std::map<std::string, uint64_t> skipped_members;
   std::vector<std::string> examples;
   uint64_t ignored = 0;
+  // k.json fields tutti does not read: members carrying any, and per name.
+  uint64_t unknown_json_members = 0;
+  std::map<std::string, uint64_t> unknown_json_fields;  // at most 32 names
+  uint64_t unknown_json_other = 0;
 };
 
 struct RawMember {
@@ -287,7 +291,26 @@ class ShardScanner {
       }
       auto bytes = f.ReadString(json->offset, json->size);
       if (!bytes.ok()) return Skip(r, g->key, "read_error", std::string(bytes.status().message()));
-      auto tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size);
+      std::vector<std::string> unknown;
+      auto tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size, &unknown);
+      if (!unknown.empty()) {
+        ++r->unknown_json_members;
+        for (const std::string& field : unknown) {
+          auto it = r->unknown_json_fields.find(field);
+          if (it != r->unknown_json_fields.end()) {
+            ++it->second;
+          } else if (r->unknown_json_fields.size() < 32) {
+            r->unknown_json_fields.emplace(field, 1);
+          } else {
+            ++r->unknown_json_other;
+          }
+        }
+      }
+      if (tokens.status().code() == absl::StatusCode::kOutOfRange) {
+        return Skip(r, g->key, "token_out_of_vocab",
+                    absl::StrCat(g->key, ".json: ", tokens.status().message(),
+                                 " (--vocab-size)"));
+      }
       if (tokens.ok()) {
         s.text_tokens = *tokens;
         have_tokens = true;
@@ -425,6 +448,7 @@ absl::StatusOr<std::string> BuildIndex(
   IndexWriter writer;
   writer.SetSourceDir(fs::absolute(options.source_dir).lexically_normal().string());
   writer.AddMeta("builder", "tutti index");
+  writer.AddMeta("vocab_size", absl::StrCat(options.vocab_size));
   std::mutex mu;
   std::map<size_t, ShardResult> done;  // finished out of order, not yet committed
   size_t next_commit = 0;
@@ -475,6 +499,18 @@ absl::StatusOr<std::string> BuildIndex(
       for (const auto& [k, v] : r.skipped_members) rep.skipped_members[k] += v;
       for (auto& e : r.examples) {
         if (rep.skipped_examples.size() < 16) rep.skipped_examples.push_back(std::move(e));
+      }
+      rep.unknown_json_members += r.unknown_json_members;
+      rep.unknown_json_other += r.unknown_json_other;
+      for (const auto& [field, n] : r.unknown_json_fields) {
+        auto it = rep.unknown_json_fields.find(field);
+        if (it != rep.unknown_json_fields.end()) {
+          it->second += n;
+        } else if (rep.unknown_json_fields.size() < 32) {
+          rep.unknown_json_fields.emplace(field, n);
+        } else {
+          rep.unknown_json_other += n;
+        }
       }
     }
   };
