@@ -1,6 +1,8 @@
 // `tutti simulate` as a user runs it on a job config: a per-phase balance
 // table (and JSON), a stop with the reason at the dataset's end, and clear
-// errors for a missing config or a start past the end.
+// errors for a missing config or a start past the end. And the `tutti`
+// command's --version, its numeric flags' ranges and `tutti index`'s report
+// of k.json fields and token ids.
 #include <fstream>
 #include <string>
 
@@ -114,7 +116,7 @@ TEST(TuttiCommand, VersionAndOutOfRangeValuesNameTheRange) {
   RemoveTree(dir);
 }
 
-// `tutti index` says which k.json fields it does not read (counted, the
+// `tutti index` says which k.json fields it does not know (counted, the
 // first few named) and refuses token ids beyond the vocabulary by default,
 // naming the sample and the flag.
 TEST(TuttiCommand, IndexNamesUnknownJsonFieldsAndTheVocabulary) {
@@ -123,11 +125,13 @@ TEST(TuttiCommand, IndexNamesUnknownJsonFieldsAndTheVocabulary) {
   t.Add("a.json", R"({"input_ids": [1, 2], "url": "http://x"})");
   t.Add("b.json", R"({"input_id": [1, 2], "text": "abcdefgh", "url": "http://y"})");
   t.Add("c.json", R"({"input_ids": [1, 200000]})");
+  t.Add("d.json", R"({"input_ids":[1,2],"meta":{"id":"7"},"schema":2,"source":"x",)"
+                  R"("trained":[[0,2]]})");
   std::ofstream(dir + "/s.tar", std::ios::binary) << t.Finish();
   RunResult r = RunCommand(
       {TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti"}, absl::Seconds(60));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("warning: 2 k.json members carry fields tutti does not read, "
+  EXPECT_THAT(r.output, HasSubstr("warning: 2 k.json members carry fields tutti does not know, "
                                   "ignored: \"input_id\" (1), \"url\" (2)"));
   EXPECT_THAT(r.output, HasSubstr("s.tar:c: c.json: input_ids[1] is 200000, outside the "
                                   "vocabulary [0, 151936) (--vocab-size)"));
@@ -137,10 +141,10 @@ TEST(TuttiCommand, IndexNamesUnknownJsonFieldsAndTheVocabulary) {
                   "--vocab-size=262144"},
                  absl::Seconds(60));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("3 samples"));
-  r = RunCommand({TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti",
-                  "--vocab-size=0"},
-                 absl::Seconds(60));
+  EXPECT_THAT(r.output, HasSubstr("4 samples"));
+  r = RunCommand(
+      {TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti", "--vocab-size=0"},
+      absl::Seconds(60));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--vocab-size 0 is out of range: use 1..2147483648"));
   RemoveTree(dir);

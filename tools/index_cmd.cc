@@ -53,8 +53,7 @@ int WriteIndex(const std::string& out, const std::string& bytes, uint64_t sample
 
 // What the build found: shards and samples indexed, what was skipped and
 // why, bad shards. Printed whether or not an index could be written.
-void PrintReport(const IndexBuildReport& report, bool built, double seconds,
-                 uint64_t vocab_size) {
+void PrintReport(const IndexBuildReport& report, bool built, double seconds, uint64_t vocab_size) {
   const double s = std::max(1e-6, seconds);
   if (built) {
     std::fprintf(stderr,
@@ -83,13 +82,14 @@ void PrintReport(const IndexBuildReport& report, bool built, double seconds,
   }
   for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
   if (auto it = report.skipped.find("token_out_of_vocab"); it != report.skipped.end()) {
-    std::fprintf(stderr,
-                 "%llu %s token ids at or above --vocab-size %llu%s: if the dataset was "
-                 "tokenised with another vocabulary, pass --vocab-size with that tokenizer's size\n",
-                 static_cast<unsigned long long>(it->second),
-                 it->second == 1 ? "sample holds" : "samples hold",
-                 static_cast<unsigned long long>(vocab_size),
-                 vocab_size == packer::kDefaultVocabSize ? " (the default, Qwen2-VL's)" : "");
+    std::fprintf(
+        stderr,
+        "%llu %s token ids at or above --vocab-size %llu%s: if the dataset was "
+        "tokenised with another vocabulary, pass --vocab-size with that tokenizer's size\n",
+        static_cast<unsigned long long>(it->second),
+        it->second == 1 ? "sample holds" : "samples hold",
+        static_cast<unsigned long long>(vocab_size),
+        vocab_size == packer::kDefaultVocabSize ? " (the default, Qwen2-VL's)" : "");
   }
   if (report.unknown_json_members > 0) {
     // Counted, the first few named: a misspelt input_ids shows here.
@@ -97,16 +97,16 @@ void PrintReport(const IndexBuildReport& report, bool built, double seconds,
     size_t named = 0;
     for (const auto& [field, n] : report.unknown_json_fields) {
       if (named++ == 8) break;
-      absl::StrAppend(&fields, fields.empty() ? "" : ", ", "\"", absl::CHexEscape(field), "\" (",
-                      n, ")");
+      absl::StrAppend(&fields, fields.empty() ? "" : ", ", "\"", absl::CHexEscape(field), "\" (", n,
+                      ")");
     }
     if (report.unknown_json_fields.size() > 8 || report.unknown_json_other > 0) {
       absl::StrAppend(&fields, " and others");
     }
     std::fprintf(stderr,
-                 "warning: %llu k.json member%s carry fields tutti does not read, ignored: %s "
-                 "(tutti reads input_ids, else num_tokens or token_count, else text for an "
-                 "estimate; check for a misspelt name)\n",
+                 "warning: %llu k.json member%s carry fields tutti does not know, ignored: %s "
+                 "(a sample has input_ids, trained, schema, source and meta, or num_tokens, "
+                 "token_count or text to count from; check for a misspelt name)\n",
                  static_cast<unsigned long long>(report.unknown_json_members),
                  report.unknown_json_members == 1 ? "" : "s", fields.c_str());
   }

@@ -73,7 +73,7 @@ struct IndexBuildReport {
   std::vector<std::string> skipped_examples;  // first few "shard:key: why" (names escaped)
   std::vector<std::string> bad_shards;        // "name: why": unreadable, truncated, corrupt,
                                               // empty, no members, a name that is not UTF-8
-  // k.json fields tutti does not read (text_tokens.h): the k.json members
+  // k.json fields tutti does not know (text_tokens.h): the k.json members
   // that carry any, and per field name the members that carry it (the
   // first 32 names met; the fields met under other names counted in
   // unknown_json_other).

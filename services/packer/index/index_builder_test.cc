@@ -357,10 +357,11 @@ TEST_F(IndexBuilderTest, BadInputIdsSkipTheSampleNamingIt) {
 
 // Without --vocab-size the ids are checked against the default vocabulary
 // (Qwen2-VL's, as the job config's image token ids), not any int32; the
-// k.json fields tutti does not read are counted and named.
+// k.json fields tutti does not know are counted and named.
 TEST_F(IndexBuilderTest, TheVocabularyIsBoundedByDefaultAndUnknownFieldsAreCounted) {
   TarWriter t;
-  t.Add("ok.json", R"({"input_ids": [1, 151935], "url": "http://x", "source": "web"})");
+  t.Add("ok.json",
+        R"({"input_ids": [1, 151935], "url": "http://x", "lang": "en", "source": "web"})");
   t.Add("typo.json", R"({"input_id": [1, 2], "text": "abcdefgh", "url": "http://y"})");
   t.Add("beyond.json", R"({"input_ids": [1, 151936]})");
   t.Add("plain.json", R"({"input_ids": [3]})");
@@ -379,7 +380,7 @@ TEST_F(IndexBuilderTest, TheVocabularyIsBoundedByDefaultAndUnknownFieldsAreCount
                              "vocabulary [0, 151936) (--vocab-size)"));
   EXPECT_EQ(report.unknown_json_members, 2u);
   EXPECT_EQ(report.unknown_json_fields,
-            (std::map<std::string, uint64_t>{{"input_id", 1}, {"source", 1}, {"url", 2}}));
+            (std::map<std::string, uint64_t>{{"input_id", 1}, {"lang", 1}, {"url", 2}}));
   EXPECT_EQ(report.unknown_json_other, 0u);
 }
 

@@ -184,6 +184,17 @@ class JsonReader {
   std::string error_;
 };
 
+// The fields of a sample's k.json that tutti knows: the token counts read
+// here and the rest of the sample schema (trained spans, schema version,
+// source, meta) that tutti convert writes.
+bool IsSampleField(absl::string_view key) {
+  for (absl::string_view known :
+       {"input_ids", "num_tokens", "token_count", "text", "trained", "schema", "source", "meta"}) {
+    if (key == known) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token) {
@@ -228,8 +239,7 @@ absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per
         if (!r.String(nullptr, &text_bytes)) break;
         have_text = true;
       } else {
-        if (unknown_fields != nullptr && key != "input_ids" && key != "num_tokens" &&
-            key != "token_count" && key != "text" && unknown_fields->size() < 16) {
+        if (unknown_fields != nullptr && !IsSampleField(key) && unknown_fields->size() < 16) {
           unknown_fields->push_back(key.substr(0, 64));
         }
         if (!r.Skip()) break;

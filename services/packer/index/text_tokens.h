@@ -30,8 +30,9 @@ uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token);
 // non-negative integers, naming the first bad element; OUT_OF_RANGE naming
 // it when one is at or above vocab_size (0: 2^31, what an int32 batch
 // holds); NOT_FOUND when it has none of the fields above. `unknown_fields`
-// (may be null) receives the top-level fields other than those above (at
-// most 16, each cut to 64 bytes): what tutti does not read.
+// (may be null) receives the top-level fields that are neither those above
+// nor the rest of tutti's sample schema ("trained", "schema", "source",
+// "meta"), at most 16, each cut to 64 bytes: what tutti does not know.
 absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token,
                                         uint64_t vocab_size = 0,
                                         std::vector<std::string>* unknown_fields = nullptr);

@@ -60,14 +60,17 @@ TEST(TextTokensTest, InputIdsMustBeTokenIds) {
 TEST(TextTokensTest, UnknownFieldsAreNamed) {
   std::vector<std::string> unknown;
   auto n = JsonTokenCount(
-      R"({"url": "x", "input_id": [1, 2], "text": "abcd", "meta": {"input_ids": [9]}})", 4, 0,
+      R"({"url": "x", "input_id": [1, 2], "text": "abcd", "extra": {"input_ids": [9]}})", 4, 0,
       &unknown);
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 1u);  // from "text": the misspelt list is not read
-  EXPECT_EQ(unknown, (std::vector<std::string>{"url", "input_id", "meta"}));
+  EXPECT_EQ(unknown, (std::vector<std::string>{"url", "input_id", "extra"}));
   unknown.clear();
-  ASSERT_TRUE(JsonTokenCount(R"({"input_ids": [1], "num_tokens": 1, "token_count": 1})", 4, 0,
-                             &unknown)
+  // The sample schema's fields are known, read here or not.
+  ASSERT_TRUE(JsonTokenCount(R"({"input_ids": [1, 2], "meta": {"id": "7"}, "num_tokens": 2,)"
+                             R"( "schema": 2, "source": "llava", "token_count": 2,)"
+                             R"( "trained": [[0, 1]]})",
+                             4, 0, &unknown)
                   .ok());
   EXPECT_TRUE(unknown.empty());
   std::string many = "{";
