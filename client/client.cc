@@ -40,6 +40,49 @@ std::pair<std::string, std::string> FirstEnv(const std::function<const char*(con
   return {};
 }
 
+// Reports a waiting call's progress (ClientOptions.progress): at most once
+// per interval, the first time one interval after the call began.
+class ProgressReporter {
+ public:
+  ProgressReporter(const ClientOptions& o, int64_t step)
+      : fn_(o.progress_interval > absl::ZeroDuration() ? o.progress : nullptr),
+        interval_(o.progress_interval),
+        step_(step),
+        start_(absl::Now()),
+        next_(start_ + interval_) {}
+
+  bool on() const { return fn_ != nullptr; }
+  // When the next report is due (never when off).
+  absl::Time due() const { return on() ? next_ : absl::InfiniteFuture(); }
+  // Reports `waiting_for` if a report is due.
+  void Maybe(absl::string_view waiting_for) {
+    const absl::Time now = absl::Now();
+    if (!on() || now < next_) return;
+    while (next_ <= now) next_ += interval_;
+    fn_(WaitProgress{step_, absl::ToDoubleSeconds(now - start_), std::string(waiting_for)});
+  }
+
+ private:
+  std::function<void(const WaitProgress&)> fn_;
+  absl::Duration interval_;
+  int64_t step_;
+  absl::Time start_;
+  absl::Time next_;
+};
+
+// What the stager says a batch still waits for, from its "the batch for step
+// S rank R was not ready within D: ..." answer.
+std::string StagerPending(absl::string_view message) {
+  const size_t at = message.find("was not ready within ");
+  const size_t colon = at == absl::string_view::npos ? at : message.find(": ", at);
+  if (colon == absl::string_view::npos) return std::string(message);
+  return absl::StrCat("the stager says: ", message.substr(colon + 2));
+}
+
+// The shortest interval between progress reports: Next() asks the stager
+// again after each one.
+constexpr absl::Duration kMinProgressInterval = absl::Milliseconds(100);
+
 absl::Status PositiveDuration(absl::Duration d, const char* name) {
   if (d <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -124,6 +167,13 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(
   RETURN_IF_ERROR(PositiveDuration(opts.report_timeout, "report_timeout"));
   RETURN_IF_ERROR(PositiveDuration(opts.initial_backoff, "initial_backoff"));
   RETURN_IF_ERROR(PositiveDuration(opts.max_backoff, "max_backoff"));
+  if (opts.progress_interval != absl::ZeroDuration() &&
+      opts.progress_interval < kMinProgressInterval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.progress_interval must be zero (no reports) or at least ",
+                     absl::FormatDuration(kMinProgressInterval), ", got ",
+                     absl::FormatDuration(opts.progress_interval)));
+  }
   ASSIGN_OR_RETURN(opts.security, ResolveSecurityOptions(opts.security, getenv));
   return opts;
 }
@@ -188,10 +238,20 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
       v1::Packer::NewStub(MakeSecureChannel(opts.packer_address, opts.security, me)));
 
   const std::string at_packer = absl::StrCat("GetJob from tutti-packerd at ", opts.packer_address);
+  ProgressReporter progress(opts, -1);
+  // A daemon that is not available yet (starting, or not there): reported.
+  auto absent = [&](const char* daemon, const std::string& address, const absl::Status& r) {
+    if (absl::IsUnavailable(r)) {
+      progress.Maybe(absl::StrCat(daemon, " at ", address, " is not available yet: ", r.message()));
+    }
+    return r;
+  };
   absl::Status s = RetryUnavailable(c->Policy(opts.connect_timeout), at_packer, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(opts.rpc_timeout));
-    return FromGrpcStatus(c->impl_->packer->GetJob(&ctx, v1::GetJobRequest(), &c->impl_->job));
+    return absent(
+        "tutti-packerd", opts.packer_address,
+        FromGrpcStatus(c->impl_->packer->GetJob(&ctx, v1::GetJobRequest(), &c->impl_->job)));
   });
   if (absl::IsUnavailable(s)) {
     return absl::UnavailableError(absl::StrCat(s.message(),
@@ -212,8 +272,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   s = RetryUnavailable(c->Policy(opts.connect_timeout), at_stager, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(opts.rpc_timeout));
-    return FromGrpcStatus(
-        c->impl_->stager->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
+    return absent("tutti-stagerd", opts.stager_address,
+                  FromGrpcStatus(c->impl_->stager->GetStageStatus(&ctx, v1::GetStageStatusRequest(),
+                                                                  &status)));
   });
   if (absl::IsUnavailable(s)) {
     return absl::UnavailableError(absl::StrCat(s.message(),
@@ -252,13 +313,19 @@ absl::StatusOr<Batch> Client::Next() {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + options_.batch_timeout;
   v1::BatchDescriptor desc;
+  ProgressReporter progress(options_, static_cast<int64_t>(step));
   absl::Status s = RetryUnavailable(Policy(options_.batch_timeout), where, [&]() -> absl::Status {
     while (true) {
-      const absl::Duration left = deadline - absl::Now();
+      const absl::Time now = absl::Now();
+      const absl::Duration left = deadline - now;
       if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("out of time");
       // The stager bounds one wait (--max_acquire_timeout_ms, at least a
-      // minute): a longer batch_timeout is asked for a minute at a time.
-      const absl::Duration wait = std::min(left, kAcquireWaitPerCall);
+      // minute): a longer batch_timeout is asked for a minute at a time; with
+      // progress reports, until the next report is due.
+      absl::Duration wait = std::min(left, kAcquireWaitPerCall);
+      if (progress.on()) {
+        wait = std::min(wait, std::max(progress.due() - now, kMinProgressInterval));
+      }
       grpc::ClientContext ctx;
       // The stager waits up to timeout_ms for the batch; the RPC gets a little more.
       ctx.set_deadline(Deadline(wait + absl::Seconds(5)));
@@ -270,11 +337,20 @@ absl::StatusOr<Batch> Client::Next() {
       req.set_timeout_ms(
           static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait))));
       absl::Status r = FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
-      // The stager's own "not ready within" with time left: ask again.
-      if (!absl::IsDeadlineExceeded(r) || wait == left ||
-          !absl::StrContains(r.message(), "was not ready within")) {
-        return r;
+      if (absl::IsDeadlineExceeded(r) && wait != left && absl::Now() < deadline) {
+        // Time is left: ask again, whether the stager said what the batch
+        // waits for or did not answer in time at all (stalled or overloaded).
+        progress.Maybe(
+            absl::StrContains(r.message(), "was not ready within")
+                ? StagerPending(r.message())
+                : absl::StrCat("tutti-stagerd at ", options_.stager_address, ": ", r.message()));
+        continue;
       }
+      if (absl::IsUnavailable(r)) {
+        progress.Maybe(absl::StrCat("tutti-stagerd at ", options_.stager_address,
+                                    " is not available: ", r.message()));
+      }
+      return r;
     }
   });
   if (absl::IsDeadlineExceeded(s)) {

@@ -29,6 +29,7 @@
 #include "services/stager/test_dataset.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/slowfs_mount.h"
 
 namespace {
 
@@ -138,59 +139,8 @@ double FioWrite(const std::string& dir, uint64_t bytes) {
   return bw > 0 ? static_cast<double>(bytes) / bw : -1;
 }
 
-std::string SlowfsBinary(const std::string& given) {
-  if (!given.empty()) return given;
-  const fs::path self = fs::read_symlink("/proc/self/exe");
-  for (auto p : {self.parent_path() / "slowfs" / "tutti-slowfs", self.parent_path() / "tutti-slowfs"}) {
-    if (fs::exists(p)) return p.string();
-  }
-  return "tutti-slowfs";
-}
-
-// tutti-slowfs over `src` on `mnt` for the lifetime of the object.
-class Emulator {
- public:
-  Emulator(const std::string& bin, const std::string& src, const std::string& mnt,
-           double latency_ms, std::vector<std::string> stalls = {})
-      : mnt_(mnt) {
-    // A mount left by an interrupted run ("transport endpoint is not connected") goes first.
-    Sh(absl::StrCat("fusermount3 -u -q '", mnt, "' 2>/dev/null || umount -l '", mnt, "' 2>/dev/null"));
-    std::error_code ec;
-    fs::create_directories(mnt, ec);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::vector<std::string> args = {"tutti-slowfs", src, mnt, absl::StrCat("--latency_ms=", latency_ms)};
-      for (const auto& s : stalls) args.push_back("--stall=" + s);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      std::freopen("/dev/null", "w", stdout);  // keep --json output clean
-      ::execv(bin.c_str(), argv.data());
-      ::_exit(127);
-    }
-    for (int i = 0; i < 200 && !mounted_; ++i) {
-      ::usleep(20000);
-      mounted_ = ShOut("grep -c ' " + mnt + " ' /proc/mounts").find('1') == 0;
-    }
-    if (!mounted_) {
-      std::fprintf(stderr, "tutti bench stage: could not mount %s with %s (no FUSE?)\n", mnt.c_str(),
-                   bin.c_str());
-    }
-  }
-  ~Emulator() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    Sh(absl::StrCat("fusermount3 -u -q '", mnt_, "' 2>/dev/null"));
-  }
-  bool ok() const { return mounted_; }
-
- private:
-  std::string mnt_;
-  pid_t pid_ = -1;
-  bool mounted_ = false;
-};
+using tutti::tools::SlowfsBinary;
+using Emulator = tutti::tools::SlowfsMount;
 
 struct Row {
   std::string name, unit, baseline_name;

@@ -487,8 +487,14 @@ void StagerCore::Loop() {
 }
 
 // ------------------------------------------------------------ staging status
+bool StagerCore::Started() const {
+  absl::MutexLock l(&mu_);
+  return started_;
+}
+
 v1::StageStatus StagerCore::GetStageStatus() const {
   v1::StageStatus out;
+  if (!Started()) return out;  // the cache and staging are set up by Start()
   for (const auto& info : staging_->Snapshot()) {
     switch (info.state) {
       case ShardState::kStaged:

@@ -154,6 +154,10 @@ class StagerCore {
   absl::Status CheckAcquireTimeout(uint32_t timeout_ms) const;
 
   // ---- staging status
+  // Whether Start() succeeded: before it (the daemon waits for its job from
+  // the packer) there is no cache or staging to report on.
+  bool Started() const;
+  // Empty before Start().
   v1::StageStatus GetStageStatus() const;
 
   StagingEngine* staging() { return staging_.get(); }

@@ -962,5 +962,17 @@ TEST(StagerCoreTest, BadSetupIsAClearError) {
   EXPECT_NE(s2.message().find("--node 5"), std::string::npos);
 }
 
+TEST(StagerCoreTest, StageStatusBeforeStartIsEmpty) {
+  // A client may ask while the daemon still waits for its job from the
+  // packer: there is no cache or staging yet, and nothing to dereference.
+  StagerOptions o;
+  o.cache_dir = Fresh("unstarted") + "/cache";
+  StagerCore core(o, nullptr);
+  EXPECT_FALSE(core.Started());
+  const v1::StageStatus st = core.GetStageStatus();
+  EXPECT_EQ(st.shards_size(), 0);
+  EXPECT_EQ(st.cache_capacity_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace tutti::stager

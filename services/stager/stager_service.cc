@@ -24,6 +24,10 @@ grpc::ServerUnaryReactor* StagerService::GetStageStatus(grpc::CallbackServerCont
   return ServeUnary<v1::GetStageStatusRequest, v1::StageStatus>(
       gate_, ctx, in, out,
       [this](const v1::GetStageStatusRequest&, v1::StageStatus* resp, auto done) {
+        if (!core_->Started()) {
+          return done(absl::UnavailableError(
+              "tutti-stagerd is starting: it has no job from its packer yet; retry"));
+        }
         *resp = core_->GetStageStatus();
         done(absl::OkStatus());
       });
