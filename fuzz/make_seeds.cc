@@ -258,17 +258,25 @@ void RequestSeeds(const fs::path& dir) {
   acquire.set_step(5);
   acquire.set_rank(1);
   acquire.set_timeout_ms(1000);
+  acquire.set_incarnation(0x5eed);
+  acquire.set_key(std::string(16, 'k'));
   seed("acquire_batch", 5, acquire);
   tutti::v1::ReleaseBatchRequest release;
   release.set_step(5);
   release.set_rank(1);
+  release.set_incarnation(0x5eed);
+  release.set_key(std::string(16, 'k'));
   seed("release_batch", 6, release);
   tutti::v1::RenewLeasesRequest renew;
   renew.set_rank(1);
   renew.set_incarnation(0x5eed);
+  renew.set_key(std::string(16, 'k'));
   renew.add_steps(5);
   renew.add_steps(6);
   seed("renew_leases", 7, renew);
+  tutti::v1::RegisterRankRequest register_rank;
+  register_rank.set_rank(1);
+  seed("register_rank", 8, register_rank);
 }
 
 }  // namespace
