@@ -24,7 +24,9 @@
 // and W64 tutti changed (and W64 tutti's rank subsets).
 // Re-pinned when the fingerprint every plan carries began to cover the
 // index's content identity instead of the config's index_path: every hash
-// changed; with config_fingerprint cleared, no plan did.
+// changed; with config_fingerprint cleared, no plan did. Re-pinned again
+// when that identity came to leave out the shards' modification times and
+// the build's records of skips: the fingerprint alone changed.
 //
 // TUTTI_PRINT_PLAN_HASHES=1 prints the table as C++ to paste below.
 #include <algorithm>
@@ -189,43 +191,43 @@ struct Pinned {
 // with plan_version 2 written, only the post-balanced jobs' hashes changed.
 constexpr Pinned kPinned[] = {
     {"W4 greedy",
-     "09c356221d43259a 597032c46a23486a a94117ae4dc8edf3 f3e5cee6380486af 1d0146887621fbcf 9700284398f35441 b0caf9c9b4dcbf08"},
+     "a92e8e18bdaefda0 39a768700af412de e2d0589e0659a2c3 7dd50ef8b63446b1 e8dd928c83fd2fcb 66698346699aff44 3c8418f438925e35"},
     {"W4 seed-v1 N=2",
-     "2f07bb23aba13b56 e655546abc91c2c2 6de045310eade99d c6b790142cede548 876c3142ff07101c e94ae694e3bd00d5 f99322e4336d08aa"},
+     "6f085d51ebaedd24 7c4780272683168f 6a529616091f3aba f04817711a12622d 0b52c2447339e31a cb00e687c1f700c6 6cbb55d8a6457f96"},
     {"W4 seed-v2 N=4",
-     "1861fd2df8545458 5d81cf8106dcb4a3 e45195e500888397 8a7d83497382e7fc 00bbdf7f17ec3259 0279282ec4144ccf 80547a948cceeccb"},
+     "7d3e86289d0b2f5d a83274b0f36f0f92 5935e3febdecf58c a7bfe27f5e4086ca 431a03c6544deee0 47bcf4c681d19027 b903f409b5996256"},
     {"W4 tutti",
-     "347583470cfd2034 6958815bde7b528c e70b52af63f69bc1 04bff318b8d2e07f 051ec1156800bc60 ee2cee97208d6b0f 31f3cbb13ea8490d"},
+     "bdfbbc4e85731f3d 36d5351281f6e6c5 cd36b3c249cb7aac 4635452cfa58564b f09e2a0e9d80577b 87a7a443490621db 58c23c385799be84"},
     {"W4 tutti img_cap",
-     "2c0f43cb1487e0b8 fb6d1fe54c4ecc32 e21f544d66e29d23 8ab4e9bd36d9fada 8fdf9341e2c1ee34 1c8fae32d22e2baa 67b5df3868ee5d84"},
+     "f41b6098cc93c3eb dda6dfe26a850c35 b60fe31532f22a7b 2fa7425b93ca513c e08d01438d937c36 d4a1f0e81a007570 03fec3270ca5419b"},
     {"W4 post fast",
-     "42ef2197094b4b96 63695d24d8213697 1386305611619da5 b573febae3818000 352c98ee1dad32a5 2871f51b6ff7bb73 e641fae9342be237"},
+     "e97470a7a2d01aa6 bce4be3e07acd58d d2a144b8d046e94b 56b7697f004517c5 a853257c80d28f37 4cb75a5f0b311437 afccb9907da6a14e"},
     {"W4 post padded",
-     "bfcc9a6129c50576 4124aaa562ab4658 24ab4a73d288396b af5f63527a3b213b 5c1ff2a7003b237a 4c3bc68bff811637 6f42321fc3198a33"},
+     "94a5086802ac977f 7e6ae1675de50d9a 7624cada8007b9c2 aaa4bcdd7fc0feb4 977e3610cb5ae7cd 7a7c2ca6c9c6fc1a 2c9677d280cdcffe"},
     {"W4 post restricted",
-     "befec1ab0e780921 a41262673fa855e2 8064b8ed4b8096ce 85a933bfa180e8b8 ee1d36f7308f77e1 3db069f3f31ef963 3a7fc98912fe63c2"},
+     "c084893d700241b7 d72d91d34c97a656 6acea9dea12a87fd aa5fd6338e760d34 e90bbdbb3799fcad fbc6eab935687a29 a700741b8f81de50"},
     {"W16 greedy",
-     "cd1f6703952711df 4200bc0ebcb8b5e8 a35f698bd4c343d5 2cf2de8354c0bda0 7f11d43312959878 60abf05de0231b90 f5cf19a3af0fa248"},
+     "d6aae4eb8e929237 8c2e6a1c729663fa 4cff28f43b6302aa d83d5ce7a00f3fc4 d79133f0ba157fbb 30f5917cb07d7ab1 641e08263edeb3cd"},
     {"W16 seed-v1 N=2",
-     "77722f6748d35c08 13165af05454ba98 88b6a8fdee772665 6b3e378f66aced87 16592b2b639caf61 0ecccd68c01f60c0 b7b67125738065ee"},
+     "374577e008e4048f c1aa94b386e874db 10a11b63766095fb fba537f4f637edfc 03c0748d7605f0c7 b0bf29027e6c84aa 9aefc5965ed9d15d"},
     {"W16 seed-v2 N=4",
-     "df8ef5afe042f39f c111b4fcc9717e70 00dea62b230310a9 e9fac6db54e324e9 49a06e595fad4879 3cbe23f52b8b6358 2cfa0b19c92726b7"},
+     "cdd88a69f2148c59 0e9e41c306fe8b4f 5f07bbe27cda0d60 404374cafd5a96f8 f4685255e2657475 21e0b6bb36d5f616 9a1919537fc434fd"},
     {"W16 tutti",
-     "038e8d9baebcc6fb 9fddbd18a0151c3f 8b96c49295471c54 63f01f65208e0c1d b439f1c9d9a12f41 b9630d65905500fa af35b14680b7408a"},
+     "84a93b3d299b705d d65654e0e99ef5c7 7367e55a6db63d9c c754feba842aedc2 e53e8c7088a652f8 fbf14f50d2c742cf b4e2bc809b604d4c"},
     {"W16 tutti img_cap",
-     "3a9d997e97afd21e 6268f9e45da058c3 9575fff18ba42737 7bb82fe838c63c90 fddd8f61904551e9 ef6d37b0c65b3a2f f24a930dddc862c1"},
+     "82c9dc122ffb9772 775188fd489929da 53c9ad464d187580 8458aa09c726b971 627e79cd0fe6a745 54ba685b7d8c65c4 a0ba76f18f38873d"},
     {"W16 post fast",
-     "ceb97aa23f2e010e 32da2eb5033f1da1 2d592832302fa0d4 1379bb5d58ec5ce0 198eaf8963037629 fe1fcce5bb88e37b 383f64f38bee6ac6"},
+     "79f5181f886263b3 07c97c83362c4f97 805283de9d240b38 3f136a6c74868dd1 12c537406848eee0 00d6b21b45419d85 a0a4142513751a10"},
     {"W16 post padded",
-     "4091e367484e7a9d 2596bff3303e2dc2 d14fe52a92f4164e e9da73aec90c2e4e 752244e12f1c4b8a df91fdeeec1d5fc0 a0e8f3b5412a842d"},
+     "2b4e280c2391b1f6 6b8e91477e260376 8eed0cf1cd56ff95 1e5d97a03e8bca40 d5181f138f261078 5848f1456bc4536b 3accadd1db0eda49"},
     {"W16 post restricted",
-     "611e0d414469e685 10377ef81a4edd21 f1ecd9959e4fa923 9c3a8dec9b882076 884d4d73609c19ff 2096a8a41c548f50 f3e564a24e6997f0"},
+     "98c31ceebdb4f72a 7109732d7b70d0f4 e1f8b84b8e5bc8fd 44ea476c4358eaf6 d90f895831deddd4 33f93c7f0f3b1b8b 60343a05ddb8c957"},
     {"W4 post ilp",
-     "5bfe5cdda032bbf7 a905cde4de93762d 04d4578ee8a1496c 59006dec9721446b d7730733c434259b 2b573b99ca6dd9ff 3c7c4ef280694dd3"},
+     "dee319ae252ffe84 2b84b3735c1208ba e64ee3890a3bfd6b 289645e1e6b76c66 492bde965a6cfc3e f63908bb1703eadd d3f29eed6fe79dcc"},
     {"W64 tutti",
-     "361dd99e8dfb2559 f41672be10a7e96b 96b2ada14591445c 5003838000105435 d034708e28cbb31c 5a83550fe778fe7d 4d114cdeef547355"},
+     "1774a847ac925480 1fa6c06ffb175bba c0c993f113ea7a0c 40daf21210c925a7 7350dc908baf1f02 d5e36e976818c5e5 3c24021c9e613d97"},
     {"W64 post fast",
-     "518307205fdfe1b0 31a841285cf4dc74 ca18229f48c653de 25bd734746710554 993de5fe7e3f1a1b 2a0232bd225424c9 757caca29e0f765d"},
+     "25c0556b2b9cb3fb 1a6575937739e8cf 2cf71dbbae296cfa aa519c20c99dea33 5a33a951bd3156b4 156a30501d3c2624 a1bbe9e04ac8331f"},
 };
 // clang-format on
 
@@ -272,13 +274,13 @@ std::string SubsetHashesOf(const PinCase& c) {
 constexpr Pinned kPinnedSubsets[] = {
     // clang-format off
     {"W16 greedy",
-     "adbfb0cf 88e115fe ec83633a 4b2ed89a feabdd15 5f33fc3c 4950ce56 47798ec0 84e203db a69cfc1e"},
+     "0dc5cb8f 6a0a9922 f217a9f4 3a74d0a2 43c4bde6 ead4a6bc e821a8e0 93653f15 d0595ba5 baa00f3e"},
     {"W16 post fast",
-     "6edb3d79 0d231c9a 43445849 5d0dc8d0 e5966220 0c740421 c33ee620 f25f92d5 897032e1 96aead53"},
+     "9bdcf1f3 0f8abe36 fdcb9f7f d912bc82 6b50a4f4 a1743553 7a0d0373 8dcd49d6 290a5e52 65971ce2"},
     {"W16 post restricted",
-     "77332ab0 eca97ca6 ccd965c2 02219977 557b1dce 8e315f74 198828a9 cff91d28 db1e12b8 8e74987b"},
+     "246b6860 a98799db 4693205f 2cbf69c4 21189288 4dbf1db4 4bc01fe2 bb474e24 844ad4e6 2bb5bc3d"},
     {"W64 tutti",
-     "f95b6678 5b02f981 ec756316 662d052c 792975b4 a5ecca17 3549c27e d150fa07 82be781e 53be9341"},
+     "c8d193dc 7e71e23b 131ab670 aee4e27f 3004522e 398703dd d3aca1a8 2542f8d8 803e0bee ae828fb6"},
     // clang-format on
 };
 
