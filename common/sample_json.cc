@@ -10,7 +10,9 @@
 namespace tutti {
 namespace {
 
-using Json = nlohmann::json;
+// Objects keep their keys in the order of the document (unknown fields are
+// named in that order, "meta" passes through as written).
+using Json = nlohmann::ordered_json;
 
 // A value as the error names it: its JSON, at most 40 bytes.
 std::string Shown(const Json& v) {
@@ -35,8 +37,9 @@ absl::Status ReadInputIds(const Json& v, uint64_t limit, SampleJson* out) {
     }
     const bool negative = e.is_number_integer() && !e.is_number_unsigned() && e.get<int64_t>() < 0;
     if (negative || e.get<uint64_t>() >= limit) {
-      return absl::DataLossError(absl::StrCat("input_ids[", i, "] is ", Shown(e),
-                                              ", outside the vocabulary [0, ", limit, ")"));
+      const std::string why = absl::StrCat("input_ids[", i, "] is ", Shown(e),
+                                           ", outside the vocabulary [0, ", limit, ")");
+      return negative ? absl::DataLossError(why) : absl::OutOfRangeError(why);
     }
     out->input_ids.push_back(static_cast<int32_t>(e.get<uint64_t>()));
   }
@@ -149,6 +152,15 @@ absl::StatusOr<SampleJson> ParseSampleJson(absl::string_view text, const SampleJ
       if (id == o.audio_placeholder_id) out.audio_positions.push_back(static_cast<uint32_t>(i));
     }
   }
+  for (const auto& [key, value] : doc.items()) {
+    if (out.unknown_fields.size() == kMaxUnknownFields) break;
+    bool known = false;
+    for (const char* k : {"input_ids", "num_tokens", "token_count", "text", "trained", "schema",
+                          "source", "meta"}) {
+      known |= key == k;
+    }
+    if (!known) out.unknown_fields.push_back(key.substr(0, 64));
+  }
   if (out.schema != 2) return out;
   if (auto it = doc.find("trained"); it != doc.end()) {
     if (absl::Status s = ReadTrained(*it, &out); !s.ok()) return s;
@@ -163,12 +175,6 @@ absl::StatusOr<SampleJson> ParseSampleJson(absl::string_view text, const SampleJ
     if (out.meta.size() > o.max_meta_bytes) {
       return absl::DataLossError(absl::StrCat(
           "\"meta\" is ", out.meta.size(), " bytes as JSON, over the limit of ", o.max_meta_bytes));
-    }
-  }
-  for (const auto& [key, value] : doc.items()) {
-    if (key != "schema" && key != "input_ids" && key != "trained" && key != "source" &&
-        key != "meta") {
-      out.unknown_fields.push_back(key);
     }
   }
   return out;

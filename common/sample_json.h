@@ -15,7 +15,9 @@
 //                Absent: every text token is trained;
 //   "source":    a string, passed to the trainer;
 //   "meta":      an object, passed to the trainer verbatim (bounded size).
-// Unknown top-level fields of a schema-2 document are listed, not refused.
+// Top-level fields neither schema knows ("input_ids", "num_tokens",
+// "token_count", "text", "trained", "schema", "source", "meta") are listed,
+// not refused: at most 16, in the document's order, each cut to 64 bytes.
 //
 // Parsed with nlohmann-json (Debian's nlohmann-json3-dev), never throwing.
 #ifndef TUTTI_COMMON_SAMPLE_JSON_H_
@@ -48,6 +50,8 @@ struct SampleJsonOptions {
   int max_depth = 64;
 };
 
+inline constexpr size_t kMaxUnknownFields = 16;
+
 struct SampleJson {
   int schema = 1;
   bool has_input_ids = false;
@@ -61,8 +65,8 @@ struct SampleJson {
   std::vector<uint32_t> image_positions;               // input_ids indices of image placeholders
   std::vector<uint32_t> audio_positions;               // and of audio placeholders
   std::string source;
-  std::string meta;  // compact JSON of "meta", empty when absent
-  std::vector<std::string> unknown_fields;
+  std::string meta;                         // compact JSON of "meta", empty when absent
+  std::vector<std::string> unknown_fields;  // see above
 
   // input_ids less the placeholders: the text tokens.
   uint64_t text_tokens() const {
@@ -72,7 +76,8 @@ struct SampleJson {
 
 // Parses a whole k.json member. DATA_LOSS naming the field when it is not a
 // JSON object, or a field above has the wrong type or a bad value (the first
-// bad input_ids element named by its index); never NOT_FOUND: a document
+// bad input_ids element named by its index); OUT_OF_RANGE naming it when an
+// id is an integer at or above the vocabulary; never NOT_FOUND: a document
 // without any token field parses, with has_input_ids false and no count.
 absl::StatusOr<SampleJson> ParseSampleJson(absl::string_view json,
                                            const SampleJsonOptions& options = {});

@@ -17,7 +17,7 @@ TEST(SampleJsonTest, SchemaOneIsTodaysDocument) {
   EXPECT_EQ(s->input_ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_FALSE(s->has_trained);
   EXPECT_TRUE(s->meta.empty());  // a schema-1 document's fields are the user's
-  EXPECT_TRUE(s->unknown_fields.empty());
+  EXPECT_EQ(s->unknown_fields, (std::vector<std::string>{"id"}));  // named, not refused
   auto counted = ParseSampleJson(R"({"num_tokens": 7, "text": "abc"})");
   ASSERT_TRUE(counted.ok());
   EXPECT_FALSE(counted->has_input_ids);
@@ -109,12 +109,20 @@ TEST(SampleJsonTest, BadDocuments) {
            {R"({"schema": 2, "input_ids": [], "source": 5})", "\"source\""},
            {R"({"schema": 2, "input_ids": [], "meta": [1]})", "\"meta\""},
            {R"({"input_ids": [1, -3]})", "input_ids[1] is -3, outside"},
+           {R"({"input_ids": [1, 2, 3.5]})", "input_ids[2] is 3.5, not an integer"},
            {R"({"num_tokens": 1.5})", "not a token count"},
        }) {
     auto s = ParseSampleJson(json);
     ASSERT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << json;
     EXPECT_NE(s.status().message().find(what), std::string::npos) << s.status();
   }
+  // An id beyond the vocabulary: OUT_OF_RANGE.
+  SampleJsonOptions vocab;
+  vocab.vocab_size = 100;
+  auto past = ParseSampleJson(R"({"input_ids": [1, 100]})", vocab);
+  ASSERT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(past.status().message().find("input_ids[1] is 100, outside the vocabulary [0, 100)"),
+            std::string::npos);
   // Deep nesting is refused, not recursed into.
   const std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
   auto d = ParseSampleJson(deep);

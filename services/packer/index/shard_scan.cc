@@ -96,6 +96,7 @@ struct ShardScanner::Member {
   // checked after the walk), and its text tokens.
   absl::StatusOr<SampleJson> json = absl::UnknownError("not probed");
   absl::StatusOr<uint32_t> json_tokens = absl::UnknownError("not probed");
+  std::vector<std::string> json_unknown;  // k.json fields tutti does not know
 };
 
 struct ShardScanner::Group {
@@ -133,6 +134,7 @@ void ShardScanner::Probe(const RandomAccessFile& f, Member* m) {
     m->json->input_ids = {};
     m->json->trained = {};
     m->json->meta = {};
+    m->json_unknown = m->json->unknown_fields;
   }
 }
 
@@ -203,20 +205,6 @@ void ShardScanner::Skip(ShardResult* r, const std::string& key, const std::strin
   ++r->skipped[reason];
   if (r->examples.size() < 8) {
     r->examples.push_back(absl::StrCat(rel_, ":", absl::CHexEscape(key), ": ", detail));
-  }
-}
-
-void ShardScanner::CountUnknownFields(const SampleJson& json, const std::string& key,
-                                      ShardResult* r) {
-  constexpr size_t kMaxNames = 32;  // distinct names kept; the rest count as "(other)"
-  for (const std::string& field : json.unknown_fields) {
-    std::string name = absl::CHexEscape(field.substr(0, 64));
-    if (r->unknown_fields.size() >= kMaxNames && !r->unknown_fields.count(name)) name = "(other)";
-    ++r->unknown_fields[name];
-    if (r->unknown_examples.size() < 4) {
-      r->unknown_examples.push_back(
-          absl::StrCat(rel_, ":", absl::CHexEscape(key), ".json: \"", name, "\""));
-    }
   }
 }
 
@@ -331,8 +319,24 @@ void ShardScanner::ScanSample(Group* g, const ShardChecksums& sums, ShardResult*
                                          : ""));
       }
     }
-    if (json->json.ok()) CountUnknownFields(*json->json, g->key, r);
+    if (!json->json_unknown.empty()) {
+      ++r->unknown_json_members;
+      for (const std::string& field : json->json_unknown) {
+        auto it = r->unknown_json_fields.find(field);
+        if (it != r->unknown_json_fields.end()) {
+          ++it->second;
+        } else if (r->unknown_json_fields.size() < 32) {
+          r->unknown_json_fields.emplace(field, 1);
+        } else {
+          ++r->unknown_json_other;
+        }
+      }
+    }
     const auto& tokens = json->json_tokens;
+    if (tokens.status().code() == absl::StatusCode::kOutOfRange) {
+      return Skip(r, g->key, "token_out_of_vocab",
+                  absl::StrCat(g->key, ".json: ", tokens.status().message(), " (--vocab-size)"));
+    }
     if (tokens.ok()) {
       s.text_tokens = *tokens;
       have_tokens = true;

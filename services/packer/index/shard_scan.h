@@ -40,10 +40,10 @@ struct ShardResult {
   std::map<std::string, uint64_t> skipped_members;
   std::vector<std::string> examples;
   uint64_t ignored = 0;
-  // Top-level fields of schema-2 k.json documents the schema does not
-  // define (not an error): field -> samples, the first few named.
-  std::map<std::string, uint64_t> unknown_fields;
-  std::vector<std::string> unknown_examples;
+  // k.json fields tutti does not know: members carrying any, and per name.
+  uint64_t unknown_json_members = 0;
+  std::map<std::string, uint64_t> unknown_json_fields;  // at most 32 names
+  uint64_t unknown_json_other = 0;
 };
 
 // CRC-32C of a file and of byte ranges of it (members), from the file's
@@ -90,7 +90,6 @@ class ShardScanner {
   void Skip(ShardResult* r, const std::string& key, const std::string& reason,
             const std::string& detail);
   void ScanSample(Group* g, const ShardChecksums& sums, ShardResult* r);
-  void CountUnknownFields(const SampleJson& json, const std::string& key, ShardResult* r);
 
   const IndexBuildOptions& o_;
   const std::string& rel_;

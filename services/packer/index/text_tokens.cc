@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace tutti::packer {
 
@@ -20,11 +22,13 @@ absl::StatusOr<uint32_t> TokenCount(const SampleJson& s, double bytes_per_token)
 }
 
 absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token,
-                                        uint64_t vocab_size) {
+                                        uint64_t vocab_size,
+                                        std::vector<std::string>* unknown_fields) {
   SampleJsonOptions o;
   o.vocab_size = vocab_size;
   auto s = ParseSampleJson(json, o);
   if (!s.ok()) return s.status();
+  if (unknown_fields != nullptr) *unknown_fields = std::move(s->unknown_fields);
   return TokenCount(*s, bytes_per_token);
 }
 
