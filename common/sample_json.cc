@@ -1,8 +1,13 @@
 #include "common/sample_json.h"
 
+#include <simdjson.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -77,9 +82,10 @@ absl::Status ReadTrained(const Json& v, SampleJson* out) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<SampleJson> ParseSampleJson(absl::string_view text, const SampleJsonOptions& o) {
+// The reference reader: every document the fast reader below does not take
+// whole (any refusal, and the rare forms it leaves alone) is read here, so
+// refusals and their messages come from one place.
+absl::StatusOr<SampleJson> ParseWithNlohmann(absl::string_view text, const SampleJsonOptions& o) {
   bool too_deep = false;
   const Json::parser_callback_t depth_check = [&](int depth, Json::parse_event_t, Json&) {
     if (depth > o.max_depth) too_deep = true;
@@ -178,6 +184,173 @@ absl::StatusOr<SampleJson> ParseSampleJson(absl::string_view text, const SampleJ
     }
   }
   return out;
+}
+
+// The fast reader, simdjson's DOM: it validates the whole document as strictly
+// as the reference reader (UTF-8, escapes, surrogates, control characters,
+// numbers, trailing bytes) and reads the fields from its tape. It returns
+// nullopt, and the reference reader then decides, for every document it does
+// not accept as is: a refusal of any kind, nesting near the depth limit,
+// repeated top-level keys (the reference keeps the last value at the first
+// place), and a 0 that may have been written "-0" where an unsigned integer is
+// required (the reference refuses "-0" there). What it accepts, the reference
+// reader accepts with the same result.
+class FastReader {
+ public:
+  FastReader(absl::string_view text, const SampleJsonOptions& o) : text_(text), o_(o) {}
+
+  std::optional<SampleJson> Read() {
+    if (o_.max_depth < 2) return std::nullopt;
+    // One parser per thread, its buffers reused from document to document.
+    thread_local simdjson::dom::parser parser;
+    const size_t depth = static_cast<size_t>(o_.max_depth) - 1;
+    if (parser.max_depth() != depth &&
+        parser.allocate(std::max<size_t>(parser.capacity(), text_.size()), depth) !=
+            simdjson::SUCCESS) {
+      return std::nullopt;
+    }
+    simdjson::dom::object doc;
+    if (parser.parse(text_.data(), text_.size()).get(doc) != simdjson::SUCCESS) {
+      return std::nullopt;
+    }
+    minus_zero_ = text_.find("-0") != absl::string_view::npos;
+    SampleJson out;
+    // The top-level fields by name, each seen once.
+    std::optional<simdjson::dom::element> schema, input_ids, num_tokens, token_count, text, trained,
+        source, meta;
+    std::vector<std::string_view> keys;
+    for (simdjson::dom::key_value_pair field : doc) {
+      keys.push_back(field.key);
+      std::optional<simdjson::dom::element>* slot = nullptr;
+      if (field.key == "schema")
+        slot = &schema;
+      else if (field.key == "input_ids")
+        slot = &input_ids;
+      else if (field.key == "num_tokens")
+        slot = &num_tokens;
+      else if (field.key == "token_count")
+        slot = &token_count;
+      else if (field.key == "text")
+        slot = &text;
+      else if (field.key == "trained")
+        slot = &trained;
+      else if (field.key == "source")
+        slot = &source;
+      else if (field.key == "meta")
+        slot = &meta;
+      if (slot != nullptr) {
+        *slot = field.value;
+      } else if (out.unknown_fields.size() < kMaxUnknownFields) {
+        out.unknown_fields.emplace_back(field.key.substr(0, 64));
+      }
+    }
+    if (keys.size() > 1) {
+      std::sort(keys.begin(), keys.end());
+      if (std::adjacent_find(keys.begin(), keys.end()) != keys.end()) return std::nullopt;
+    }
+    if (schema) {
+      const std::optional<uint64_t> v = Unsigned(*schema);
+      if (!v || *v < 1 || *v > 2) return std::nullopt;
+      out.schema = static_cast<int>(*v);
+    }
+    if (input_ids) {
+      if (!ReadIds(*input_ids, &out)) return std::nullopt;
+    } else if (out.schema == 2) {
+      return std::nullopt;
+    }
+    for (const auto* count : {&num_tokens, &token_count}) {
+      if (out.token_count || !*count || !(*count)->is_number()) continue;
+      const std::optional<uint64_t> v = Unsigned(**count);
+      if (!v || *v > 4000000000u) return std::nullopt;
+      out.token_count = *v;
+    }
+    if (text && text->is_string()) out.text_bytes = text->get_string_length().value_unsafe();
+    if (out.schema != 2) return out;
+    if (trained && !ReadSpans(*trained, &out)) return std::nullopt;
+    if (source) {
+      std::string_view s;
+      if (source->get_string().get(s) != simdjson::SUCCESS) return std::nullopt;
+      out.source = std::string(s);
+    }
+    if (meta) {
+      if (!meta->is_object()) return std::nullopt;
+      // The compact form is the reference's (its escapes and number forms):
+      // the object, minified with every value as parsed, read back by it.
+      const Json m = Json::parse(simdjson::minify(*meta), nullptr, /*allow_exceptions=*/false);
+      if (!m.is_object()) return std::nullopt;
+      out.meta = m.dump(-1, ' ', false, Json::error_handler_t::replace);
+      if (out.meta.size() > o_.max_meta_bytes) return std::nullopt;
+    }
+    return out;
+  }
+
+ private:
+  // An integer written without '-', as the reference's unsigned numbers.
+  std::optional<uint64_t> Unsigned(simdjson::dom::element v) const {
+    if (v.type() == simdjson::dom::element_type::UINT64) return v.get_uint64().value_unsafe();
+    if (v.type() != simdjson::dom::element_type::INT64) return std::nullopt;
+    const int64_t i = v.get_int64().value_unsafe();
+    if (i < 0 || (i == 0 && minus_zero_)) return std::nullopt;
+    return static_cast<uint64_t>(i);
+  }
+
+  // The hot path: every id an integer in [0, limit), placeholders noted.
+  bool ReadIds(simdjson::dom::element v, SampleJson* out) const {
+    simdjson::dom::array ids;
+    if (v.get_array().get(ids) != simdjson::SUCCESS) return false;
+    const size_t n = ids.size();  // saturates at 0xFFFFFF: a lower bound
+    if (n > 4000000000u) return false;
+    const uint64_t limit = o_.vocab_size == 0 ? uint64_t{INT32_MAX} + 1 : o_.vocab_size;
+    out->input_ids.reserve(n);
+    for (simdjson::dom::element e : ids) {
+      if (e.type() != simdjson::dom::element_type::INT64) return false;
+      const int64_t id = e.get_int64().value_unsafe();
+      if (id < 0 || static_cast<uint64_t>(id) >= limit) {
+        return false;  // a float, a string, a negative or too large id: refused
+      }
+      if (id == o_.image_placeholder_id) out->image_positions.push_back(out->input_ids.size());
+      if (id == o_.audio_placeholder_id) out->audio_positions.push_back(out->input_ids.size());
+      out->input_ids.push_back(static_cast<int32_t>(id));
+    }
+    if (out->input_ids.size() > 4000000000u) return false;
+    out->has_input_ids = true;
+    return true;
+  }
+
+  bool ReadSpans(simdjson::dom::element v, SampleJson* out) const {
+    simdjson::dom::array spans;
+    if (v.get_array().get(spans) != simdjson::SUCCESS) return false;
+    const uint64_t n = out->input_ids.size();
+    uint64_t prev_end = 0;
+    for (simdjson::dom::element s : spans) {
+      simdjson::dom::array pair;
+      if (s.get_array().get(pair) != simdjson::SUCCESS) return false;
+      std::optional<uint64_t> be[2];
+      size_t k = 0;
+      for (simdjson::dom::element x : pair) {
+        if (k == 2) return false;
+        be[k++] = Unsigned(x);
+      }
+      if (k != 2 || !be[0] || !be[1]) return false;
+      const uint64_t b = *be[0], e = *be[1];
+      if (b > e || e > n || b < prev_end) return false;
+      prev_end = e;
+      out->trained.emplace_back(static_cast<uint32_t>(b), static_cast<uint32_t>(e));
+    }
+    out->has_trained = true;
+    return true;
+  }
+
+  absl::string_view text_;
+  const SampleJsonOptions& o_;
+  bool minus_zero_ = false;  // the text holds "-0" somewhere
+};
+
+}  // namespace
+
+absl::StatusOr<SampleJson> ParseSampleJson(absl::string_view text, const SampleJsonOptions& o) {
+  if (std::optional<SampleJson> fast = FastReader(text, o).Read()) return *std::move(fast);
+  return ParseWithNlohmann(text, o);
 }
 
 absl::Status CheckPlaceholders(const SampleJson& s, size_t images, size_t audio) {

@@ -19,7 +19,9 @@
 // "token_count", "text", "trained", "schema", "source", "meta") are listed,
 // not refused: at most 16, in the document's order, each cut to 64 bytes.
 //
-// Parsed with nlohmann-json (Debian's nlohmann-json3-dev), never throwing.
+// Parsed with simdjson (Debian's libsimdjson-dev); a document it does not
+// accept as is (every refusal) is read again with nlohmann-json
+// (nlohmann-json3-dev), whose words the refusal messages are. Never throws.
 #ifndef TUTTI_COMMON_SAMPLE_JSON_H_
 #define TUTTI_COMMON_SAMPLE_JSON_H_
 
