@@ -203,7 +203,9 @@ class FastReader {
     if (o_.max_depth < 2) return std::nullopt;
     // One parser per thread, its buffers reused from document to document.
     thread_local simdjson::dom::parser parser;
-    const size_t depth = static_cast<size_t>(o_.max_depth) - 1;
+    // simdjson's max_depth d reads d - 1 nested arrays and objects, the
+    // reference max_depth + 1: the top-level object and max_depth below it.
+    const size_t depth = static_cast<size_t>(o_.max_depth) + 1;
     if (parser.max_depth() != depth &&
         parser.allocate(std::max<size_t>(parser.capacity(), text_.size()), depth) !=
             simdjson::SUCCESS) {

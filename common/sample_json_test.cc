@@ -136,6 +136,62 @@ TEST(SampleJsonTest, BadDocuments) {
   EXPECT_NE(big.status().message().find("over the limit of 8"), std::string::npos);
 }
 
+// Forms at the edges of what a reader may do differently: each read as the
+// nlohmann reader reads it (the refusal messages are its words).
+TEST(SampleJsonTest, EdgeForms) {
+  // A repeated key: the last value, named once at its first place.
+  auto dup = ParseSampleJson(R"({"x": 1, "input_ids": [1], "input_ids": [2, 3], "x": 2})");
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  EXPECT_EQ(dup->input_ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(dup->unknown_fields, (std::vector<std::string>{"x"}));
+  // "-0": a token id 0, but not an unsigned span bound, schema or count.
+  auto zero = ParseSampleJson(R"({"input_ids": [-0, 1], "text": "2020-01"})");
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->input_ids, (std::vector<int32_t>{0, 1}));
+  auto spans = ParseSampleJson(R"({"schema": 2, "input_ids": [1, 2], "trained": [[0, 1]]})");
+  ASSERT_TRUE(spans.ok()) << spans.status();
+  EXPECT_EQ(spans->trained, (Spans{{0, 1}}));
+  for (const char* json : {R"({"schema": 2, "input_ids": [1], "trained": [[-0, 1]]})",
+                           R"({"schema": -0, "input_ids": [1]})", R"({"num_tokens": -0})"}) {
+    EXPECT_EQ(ParseSampleJson(json).status().code(), absl::StatusCode::kDataLoss) << json;
+  }
+  // A byte order mark is skipped; numbers past 64 bits are floats, fine in
+  // the user's fields and refused as ids.
+  auto bom = ParseSampleJson("\xEF\xBB\xBF{\"input_ids\": [7]}");
+  ASSERT_TRUE(bom.ok()) << bom.status();
+  EXPECT_EQ(bom->input_ids, (std::vector<int32_t>{7}));
+  auto wide = ParseSampleJson(R"({"input_ids": [1], "x": 123456789012345678901234567890})");
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ(wide->unknown_fields, (std::vector<std::string>{"x"}));
+  EXPECT_EQ(ParseSampleJson(R"({"input_ids": [18446744073709551615]})").status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ParseSampleJson(R"({"input_ids": [1e2]})").status().code(),
+            absl::StatusCode::kDataLoss);
+  // Strings: a lone surrogate or a raw control character is not JSON.
+  for (std::string json :
+       {std::string(R"({"text": "\udc00"})"), std::string("{\"text\": \"a\x01\"}"),
+        std::string(R"({"text": "\x"})")}) {
+    auto s = ParseSampleJson(json);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << json;
+    EXPECT_NE(s.status().message().find("invalid JSON"), std::string::npos) << s.status();
+  }
+  // meta's compact form: escapes and numbers as the reference writes them.
+  auto meta = ParseSampleJson(
+      R"({"schema": 2, "input_ids": [], "meta": {"a": 1e2, "b": "\u00e9\u0001\/", "c": -0,)"
+      R"( "d": 1.10, "e": {"z": [], "y": {}}, "a2": 1, "a2": 2}})");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->meta,
+            "{\"a\":100.0,\"b\":\"\xC3\xA9\\u0001/\",\"c\":0,\"d\":1.1,\"e\":{\"z\":[],\"y\":{}},"
+            "\"a2\":2}");
+  // Nesting: max_depth levels below the document's object are read.
+  for (int levels : {62, 63, 64, 65, 66}) {
+    const std::string json = "{\"input_ids\": [1], \"x\": " + std::string(levels, '[') + "1" +
+                             std::string(levels, ']') + "}";
+    auto s = ParseSampleJson(json);
+    EXPECT_EQ(s.ok(), levels <= 64 - 1) << levels << " " << s.status();
+  }
+}
+
 TEST(SampleJsonTest, DatasetManifest) {
   auto m = ParseDatasetManifest(R"({"format": "tutti-dataset", "schema": 2,
       "tokenizer": {"kind": "sentencepiece", "vocab_size": 1006},
