@@ -264,20 +264,34 @@ void PrintPeerComparison(std::vector<Cell>::const_iterator begin,
                          std::vector<Cell>::const_iterator end) {
   for (auto t = begin; t != end; ++t) {
     if (t->strategy != "tutti") continue;
-    uint32_t steps = 0, vit_behind = 0, llm_behind = 0;
+    uint32_t steps = 0, behind[2] = {0, 0};
+    std::string worst[2];  // the step where tutti trails the most, per phase
+    double worst_by[2] = {0, 0};
     for (size_t s = 0; s < t->per_step.size(); ++s) {
       if (!t->per_step[s]) continue;
-      double vit = 1e300, llm = 1e300;
+      double best[2] = {1e300, 1e300};
+      std::string who[2];
       for (auto p = begin; p != end; ++p) {
         if (p->strategy == "tutti" || p->strategy == "sequential") continue;
         if (s >= p->per_step.size() || !p->per_step[s]) continue;
-        vit = std::min(vit, p->per_step[s]->vit_lb);
-        llm = std::min(llm, p->per_step[s]->llm_lb);
+        const double f[2] = {p->per_step[s]->vit_lb, p->per_step[s]->llm_lb};
+        for (int k = 0; k < 2; ++k) {
+          if (f[k] < best[k]) best[k] = f[k], who[k] = p->strategy;
+        }
       }
-      if (vit == 1e300) continue;
+      if (best[0] == 1e300) continue;
       ++steps;
-      vit_behind += t->per_step[s]->vit_lb > vit + kPeerSlack;
-      llm_behind += t->per_step[s]->llm_lb > llm + kPeerSlack;
+      const double own[2] = {t->per_step[s]->vit_lb, t->per_step[s]->llm_lb};
+      for (int k = 0; k < 2; ++k) {
+        const double by = own[k] - best[k];
+        if (by <= kPeerSlack) continue;
+        ++behind[k];
+        if (by > worst_by[k]) {
+          worst_by[k] = by;
+          worst[k] =
+              absl::StrFormat(" (step %zu: %.5f against %s's %.5f)", s, own[k], who[k], best[k]);
+        }
+      }
     }
     if (steps == 0) continue;
     double fewest = -1;
@@ -288,9 +302,10 @@ void PrintPeerComparison(std::vector<Cell>::const_iterator begin,
     }
     const double own = t->mean.inter_node_bytes + t->mean.remote_load_bytes;
     std::printf(
-        "  %s against the best peer of each step: ViT behind in %u of %u steps, LLM in %u; "
+        "  %s against the best peer of each step: ViT behind in %u of %u steps%s, LLM in %u%s; "
         "inter-node bytes %.3gx the fewest of a peer's\n",
-        Label(*t).c_str(), vit_behind, steps, llm_behind, fewest > 0 ? own / fewest : 0.0);
+        Label(*t).c_str(), behind[0], steps, worst[0].c_str(), behind[1], worst[1].c_str(),
+        fewest > 0 ? own / fewest : 0.0);
   }
 }
 

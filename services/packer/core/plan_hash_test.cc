@@ -215,9 +215,9 @@ constexpr Pinned kPinned[] = {
     {"W16 tutti img_cap",
      "26cc66c68bfe2da6 b1b4fccf8e7c5de8 064c1794189dcf52 2f84d3646cfac01c 0b525d6966ca83e1 947df288bd4bff17 9fcebcbab04c4d76"},
     {"W16 post fast",
-     "a20c54cb539b2f67 b68e57c9471784ff 52ca08964fbc8070 7b32c3d630a7246b 3aefed4d406234ed b5ec19cdf07b3653 66742d9bd5a523ae"},
+     "a20c54cb539b2f67 f5cf8792038de179 2c6f0c69d369aceb 7b32c3d630a7246b 3aefed4d406234ed b5ec19cdf07b3653 66742d9bd5a523ae"},
     {"W16 post padded",
-     "7194d81b794b41e1 e96760093c9bf1bb 49df007b0a64f31f 93dc9deab30ac00a 8dc59402d7fb9b69 1355175b20d9b575 4554b6bca496c124"},
+     "7194d81b794b41e1 a0a678d9dd676fa6 65257331d1fb2a1a 93dc9deab30ac00a 8dc59402d7fb9b69 1355175b20d9b575 4554b6bca496c124"},
     {"W16 post restricted",
      "4a30be0382d2a4ee 0e4b3db85528fd67 ebf8757e0653d20c f42b34618625e5bb 42aefa05e1fb5154 85f8a8b7b93a8f43 2be0d8a63262c236"},
     {"W4 post ilp",
@@ -225,7 +225,7 @@ constexpr Pinned kPinned[] = {
     {"W64 tutti",
      "f61bd8d54dfd2412 adac6642491dfd97 b333ba38601053c5 a3acc2f0f3bf1545 486304a2b09cc730 81568e563cad2524 4207947be042abf0"},
     {"W64 post fast",
-     "dbb8f7a2d14dcfd8 4ad1cc2f278d5173 70221beaf2fc6aab 21ccef5e4200994d ab15daa54c172540 134c79841b1a6ff0 57e59573bc964f8c"},
+     "09252bf0d53bb9bd 4ad1cc2f278d5173 70221beaf2fc6aab 21ccef5e4200994d ab15daa54c172540 134c79841b1a6ff0 57e59573bc964f8c"},
 };
 // clang-format on
 
@@ -274,7 +274,7 @@ constexpr Pinned kPinnedSubsets[] = {
     {"W16 greedy",
      "b2eac193 225f8550 2dc87117 38770b15 2096834d 5cad6b40 fed98ab1 efc7f13b a616ad8a 942f6068"},
     {"W16 post fast",
-     "75059b91 bef01412 49a4810f 6485238c 4d495d0f 60c2ce8e 0576257b 90288a23 991b4872 46e98666"},
+     "f6acb513 3d593a90 ca0daf8d e72c0d0e cee0738d 60c2ce8e 0576257b 90288a23 991b4872 46e98666"},
     {"W16 post restricted",
      "1a501b25 9a632337 847a1264 d77ff518 6cd056f3 13f117ba 0b024ce4 4f65a584 54d0f468 934fa1ec"},
     {"W64 tutti",

@@ -349,7 +349,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     n.insert(std::lower_bound(n.begin(), n.end(), e), e);
     (*rank)[i] = to;
   };
-  constexpr uint32_t kTargets = 8;
+  constexpr uint32_t kTargets = 8, kWideTargets = 64;
   std::vector<uint32_t> targets;
   const uint64_t max_steps = uint64_t{rounds} * W;
   for (uint64_t step = 0; step < max_steps; ++step) {
@@ -416,13 +416,15 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
       }
       search();
     }
-    if (!found) {
+    // When none of the few least loaded ranks takes a change (few items a
+    // rank), the next ones may: up to kWideTargets.
+    for (uint32_t want : {kTargets, kWideTargets}) {
+      if (found) break;
       targets.clear();
       uint32_t far = 0;
-      for (auto it = order.begin(); it != order.end() && far < kTargets; ++it) {
+      for (auto it = order.begin(); it != order.end() && far < want; ++it) {
         if (node(it->second) == ntop) continue;
-        targets.push_back(it->second);
-        ++far;
+        if (far++ >= (want == kTargets ? 0 : kTargets)) targets.push_back(it->second);
       }
       search();
     }
