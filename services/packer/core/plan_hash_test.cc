@@ -219,7 +219,7 @@ constexpr Pinned kPinned[] = {
     {"W16 post padded",
      "7194d81b794b41e1 a0a678d9dd676fa6 65257331d1fb2a1a 93dc9deab30ac00a 8dc59402d7fb9b69 1355175b20d9b575 4554b6bca496c124"},
     {"W16 post restricted",
-     "4a30be0382d2a4ee 0e4b3db85528fd67 ebf8757e0653d20c f42b34618625e5bb 42aefa05e1fb5154 85f8a8b7b93a8f43 2be0d8a63262c236"},
+     "ddc2ad52869ff79d 0e4b3db85528fd67 0b56664dcf7d8553 c3c444250b80f5f9 42aefa05e1fb5154 f0ba87d3d74c2503 982710206c15ba76"},
     {"W4 post ilp",
      "8056d5867b9a32ac 6961ce3f1ef775f6 53889320bffd8dc2 4e875e30701eb4d1 232eafff30698d57 7532ceb194082cd7 267cd3f69a69d0d7"},
     {"W64 tutti",
@@ -276,7 +276,7 @@ constexpr Pinned kPinnedSubsets[] = {
     {"W16 post fast",
      "f6acb513 3d593a90 ca0daf8d e72c0d0e cee0738d 60c2ce8e 0576257b 90288a23 991b4872 46e98666"},
     {"W16 post restricted",
-     "1a501b25 9a632337 847a1264 d77ff518 6cd056f3 13f117ba 0b024ce4 4f65a584 54d0f468 934fa1ec"},
+     "1a501b25 9a632337 847a1264 d77ff518 6cd056f3 0ae163af 121238f1 19b44ebb ff736b16 aebd5cc6"},
     {"W64 tutti",
      "b510cd5e 9e7f8005 839a42cb 7af0845e fb4128c1 8cb37e47 20c5f8f4 6ed6ce26 a2f085b6 bdcd9134"},
     // clang-format on

@@ -311,17 +311,22 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     double weight, load_weight;
     bool operator<(const Entry& o) const { return cost != o.cost ? cost < o.cost : item < o.item; }
   };
-  std::vector<std::vector<Entry>> members(W);
-  {
-    std::vector<uint32_t> count(W, 0);
-    for (uint32_t r : *rank) ++count[r];
-    for (uint32_t r = 0; r < W; ++r) members[r].reserve(count[r] + 4);
-  }
+  // Kept across calls on this thread: a W = 2560 step lists 200,000 items,
+  // and fresh lists every step would be fresh pages every step.
+  thread_local std::vector<std::vector<Entry>> members;
+  if (members.size() < W) members.resize(W);
+  for (uint32_t r = 0; r < W; ++r) members[r].clear();
   for (uint32_t i = 0; i < rank->size(); ++i) {
     members[(*rank)[i]].push_back({p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
                                    static_cast<double>(load_weight[i])});
   }
-  for (auto& m : members) std::sort(m.begin(), m.end());
+  // Sorted when first read: a step touches the slowest ranks and the least
+  // loaded ones, not always all of them.
+  std::vector<uint8_t> sorted(W, 0);
+  auto list = [&](uint32_t r) -> std::vector<Entry>& {
+    if (!sorted[r]) std::sort(members[r].begin(), members[r].end()), sorted[r] = 1;
+    return members[r];
+  };
   std::vector<double> node_load(p.cluster.nodes(), 0.0);
   for (uint32_t r = 0; r < W; ++r) node_load[p.cluster.node_of(r)] += load[r];
   std::set<std::pair<double, uint32_t>> order;  // (load, rank)
@@ -343,9 +348,9 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
   auto move = [&](uint32_t i, uint32_t from, uint32_t to) {
     const Entry e{p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
                   static_cast<double>(load_weight[i])};
-    auto& m = members[from];
+    auto& m = list(from);
     m.erase(std::lower_bound(m.begin(), m.end(), e));
-    auto& n = members[to];
+    auto& n = list(to);
     n.insert(std::lower_bound(n.begin(), n.end(), e), e);
     (*rank)[i] = to;
   };
@@ -372,7 +377,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
       if (better)
         found = true, best_free = free, best_key = key, best_v = v, bi = i, bj = j, bt = t;
     };
-    const std::vector<Entry>& mine = members[top];
+    const std::vector<Entry>& mine = list(top);
     // Moves, then (if none lowers the pair) swaps of i (top) with a smaller
     // j (t): top drops by d = c_i - c_j, t rises by d; the best d is the one
     // closest to half their gap. Both lists ascend, so the partners are
@@ -390,7 +395,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
       for (uint32_t t : targets) {
         const uint32_t nt = node(t);
         const double gap = peak - load[t];
-        const std::vector<Entry>& theirs = members[t];
+        const std::vector<Entry>& theirs = list(t);
         size_t k = 0;
         for (const Entry& x : mine) {
           const double want = x.cost - gap / 2;
@@ -411,8 +416,18 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     // ranks elsewhere.
     targets.clear();
     if (node_load[ntop] <= target * rpn) {
+      // The node's two least loaded other ranks: the widest gaps to top.
+      uint32_t a = kNone, b = kNone;
       for (uint32_t r = ntop * rpn; r < (ntop + 1) * rpn; ++r) {
-        if (r != top) targets.push_back(r);
+        if (r == top) continue;
+        if (a == kNone || load[r] < load[a]) {
+          b = a, a = r;
+        } else if (b == kNone || load[r] < load[b]) {
+          b = r;
+        }
+      }
+      for (uint32_t r : {a, b}) {
+        if (r != kNone) targets.push_back(r);
       }
       search();
     }

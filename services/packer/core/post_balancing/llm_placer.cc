@@ -148,10 +148,11 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
   }
   ordered_active_ = true;
   std::vector<uint32_t> targets, swap_targets;
+  std::vector<double> here;
   constexpr size_t kSortedSwaps = 3;
   // Unpadded, a doc adds its own cost to a rank; padded, possibly nothing.
   const double min_add = p_.padded ? 0.0 : 1.0;
-  // Buying balance with bytes takes at most rounds x min(W, 256) steps: at
+  // Buying balance with bytes takes at most rounds x min(W, 128) steps: at
   // W = 2560, rounds x W steps would cost more than the rest of the plan.
   const uint64_t max_steps =
       uint64_t{rounds} * (fewest ? std::min<uint32_t>(W, kFewestBytesRanks) : W);
@@ -187,8 +188,11 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
         targets.push_back(r);
       }
     }
-    // Swaps need room only for the difference: add the least loaded others.
-    for (auto it = ordered_.begin(); it != ordered_.end() && targets.size() < 2 * kTargets; ++it) {
+    // Swaps need room only for the difference: add the least loaded others
+    // (not for unpadded kFewest, whose swaps look at the least loaded ranks
+    // by cost below).
+    const size_t with_others = fewest && !p_.padded ? 0 : 2 * kTargets;
+    for (auto it = ordered_.begin(); it != ordered_.end() && targets.size() < with_others; ++it) {
       if (it->second != top &&
           std::find(targets.begin(), targets.end(), it->second) == targets.end()) {
         targets.push_back(it->second);
@@ -221,15 +225,21 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
       best_free = free, best_key = key;
       return true;
     };
+    // Top's documents' bytes where they are, read once a step.
+    here.clear();
+    if (node_aware) {
+      for (uint32_t d : members_[top]) here.push_back(static_cast<double>(Bytes(d, node(top))));
+    }
     for (uint32_t t : targets) {
-      for (uint32_t d : members_[top]) {
+      for (size_t k = 0; k < members_[top].size(); ++k) {
+        const uint32_t d = members_[top][k];
         uint32_t q;
         double add;
         if (cost(t) + cost_[d] * min_add >= peak || !Best(t, d, &q, &add)) continue;
         const double rm = state_.RemoveDelta(top, seq_[d], p_.docs[d].tokens, cost_[d]);
         const double v = std::max(peak - rm, cost(t) + add);
         if (!(v < peak * (1 - 1e-12))) continue;
-        const double delta = static_cast<double>(Bytes(d, node(t))) - Bytes(d, node(top));
+        const double delta = node_aware ? Bytes(d, node(t)) - here[k] : 0.0;
         if (mode == ByteRule::kNone && delta > 0) continue;
         if (better(delta, v)) best = v, best_d = d, best_e = kUnplaced, best_t = t, best_q = q;
       }

@@ -31,7 +31,7 @@ constexpr size_t kRepairDocs = 4000;
 constexpr uint32_t kRepairRanks = 64;
 // Ranks whose share of the search a pass that buys balance with bytes may
 // spend (ImproveBalance with ByteRule::kFewest: rounds x min(W, this) steps).
-constexpr uint32_t kFewestBytesRanks = 256;
+constexpr uint32_t kFewestBytesRanks = 128;
 
 inline bool Within(double cost, double bound) {
   return cost <= bound + kRelSlack * std::abs(bound);
