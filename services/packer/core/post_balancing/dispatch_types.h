@@ -148,8 +148,8 @@ struct DispatchOptions {
   // node-oblivious balancer); then each phase is lowered to
   // (1 + balance_tolerance) x its lower bound by moves that add the fewest
   // bytes. A smaller tolerance trades inter-node bytes for balance.
-  // Defaults 1% and 1%.
-  double balance_tolerance = 0.01;
+  // Defaults 0.01% (a job's post_balancing.balance_tolerance default) and 1%.
+  double balance_tolerance = 0.0001;
   double locality_slack = 0.01;
   // Run Karmarkar-Karp largest differencing (O(n * W log W)) besides LPT for
   // encoder phases with at most this many ranks; LPT alone above. Default 64.
