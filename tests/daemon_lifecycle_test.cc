@@ -200,6 +200,75 @@ TEST_F(Lifecycle, PackerIsNotReadyWhileItLoadsAndStopsOnSigtermThen) {
 #endif
 }
 
+// A stager with one shard on a source that stops answering (tutti-slowfs
+// stalling its every read: staging reads and member reads stuck in the
+// kernel, with io_uring and with pread) ends on SIGTERM at once with exit 0:
+// stopping does not wait on the stalled reads (their buffers are kept, never
+// freed under the kernel).
+TEST_F(Lifecycle, StagerStopsPromptlyWithReadsStalledInFlight) {
+#ifndef TUTTI_SLOWFS_BINARY
+  GTEST_SKIP() << "built without tutti-slowfs (FUSE)";
+#else
+  if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/fuse is not available";
+  for (const char* backend : {"uring", "pread"}) {
+    SCOPED_TRACE(backend);
+    const std::string mnt = fs::path(Dir() + "/stalled-mnt-" + backend).lexically_normal().string();
+    fs::create_directories(mnt);
+    std::string stalled;  // the first shard the index names
+    for (const auto& e : fs::directory_iterator(Dir() + "/src")) {
+      const std::string n = e.path().filename().string();
+      if (e.path().extension() == ".tar" && (stalled.empty() || n < stalled)) stalled = n;
+    }
+    auto fuse = Process::Start(
+        {TUTTI_SLOWFS_BINARY, Dir() + "/src", mnt, "--latency_ms=1", "--stall=" + stalled},
+        Dir() + "/stalled-slowfs-" + backend + ".log");
+    ASSERT_TRUE(fuse.ok()) << fuse.status();
+    for (int i = 0; i < 250 && !Mounted(mnt) && (*fuse)->Running(); ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (!Mounted(mnt)) GTEST_SKIP() << "could not mount tutti-slowfs: " << (*fuse)->log();
+    const std::string name = std::string("stalled-") + backend;
+    auto packer = Daemon::Start(name + "-packer", PackerArgv(), Dir());
+    ASSERT_TRUE(packer.ok()) << packer.status();
+    std::vector<std::string> argv = StagerArgv((*packer)->grpc_port(), "cache-" + name);
+    for (auto& a : argv) {
+      if (a.rfind("--source=", 0) == 0) a = "--source=" + mnt;
+    }
+    argv.push_back(std::string("--io_backend=") + backend);
+    auto stager = Daemon::Start(name + "-stager", argv, Dir());
+    ASSERT_TRUE(stager.ok()) << stager.status();
+    // A rank waits for step 0, whose members are read from the source
+    // (nothing stages), while staging reads stall.
+    std::thread rank([address = (*stager)->address()] {
+      auto stub = v1::Stager::NewStub(MakeChannel(address));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::AcquireBatchRequest req;
+      req.set_step(0);
+      req.set_rank(0);
+      req.set_timeout_ms(20000);
+      v1::BatchDescriptor batch;
+      stub->AcquireBatch(&ctx, req, &batch);
+    });
+    absl::SleepFor(absl::Seconds(3));
+    const absl::Time signalled = absl::Now();
+    (*stager)->process().Signal(SIGTERM);
+    const std::optional<int> status = (*stager)->process().Wait(kStopBound);
+    rank.join();
+    ASSERT_TRUE(status.has_value())
+        << "still running " << absl::FormatDuration(kStopBound) << " after SIGTERM\n"
+        << (*stager)->log();
+    EXPECT_EQ(*status, 0) << (*stager)->log();
+    EXPECT_LT(absl::Now() - signalled, absl::Seconds(5)) << (*stager)->log();
+    EXPECT_TRUE((*packer)->Stop().ok());
+    (*fuse)->Signal(SIGTERM);  // unmounts (stalled reads fail with EIO)
+    if (!(*fuse)->Wait(absl::Seconds(20)).has_value()) {
+      RunCommand({"fusermount3", "-u", "-z", mnt}, absl::Seconds(10));
+    }
+  }
+#endif
+}
+
 // A FIFO given as the config is refused at once, naming it (it would block
 // the packer's open for as long as nobody writes it).
 TEST_F(Lifecycle, PackerRefusesAFifoAsItsConfigAtOnce) {
@@ -372,6 +441,43 @@ TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
   EXPECT_FALSE(fs::exists(segment)) << segment;
 }
 
+// SIGHUP (a closed terminal, an operator's reload) never ends a daemon: it
+// is logged and ignored, serving goes on and SIGTERM still ends it with 0.
+// The start-up banner is printed once in text logs (stdout and stderr in one
+// log here, as a terminal, journald or kubectl logs show them).
+TEST_F(Lifecycle, SighupIsLoggedAndIgnoredAndTheBannerIsPrintedOnce) {
+  auto count = [](const std::string& log, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  // Waits (generously) until `what` is in d's log `n` times.
+  auto await = [&](Daemon* d, const std::string& what, size_t n) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up && count(d->log(), what) < n && d->process().Running()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return count(d->log(), what);
+  };
+  Both both = StartBoth("hup");
+  ASSERT_TRUE(both.stager != nullptr);
+  for (Daemon* d : {both.packer.get(), both.stager.get()}) {
+    ASSERT_TRUE(AwaitReadiness(d->metrics_port(), true).ok()) << d->name() << "\n" << d->log();
+    EXPECT_EQ(await(d, " listening on ", 1), 1u) << d->name() << "\n" << d->log();
+    for (size_t i = 1; i <= 2; ++i) {
+      d->process().Signal(SIGHUP);
+      EXPECT_EQ(await(d, "SIGHUP received and ignored", i), i) << d->name() << "\n" << d->log();
+      ASSERT_TRUE(d->process().Running()) << d->name() << " died of SIGHUP\n" << d->log();
+    }
+    EXPECT_TRUE(AwaitReadiness(d->metrics_port(), true).ok()) << d->name();
+    EXPECT_EQ(count(d->log(), " listening on "), 1u)
+        << d->name() << ": the banner printed more than once\n"
+        << d->log();
+  }
+  EXPECT_TRUE(both.stager->Stop().ok());
+  EXPECT_TRUE(both.packer->Stop().ok());
+}
+
 TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
   Both both = StartBoth("idle");
   ASSERT_TRUE(both.stager != nullptr);
@@ -444,6 +550,14 @@ TEST_F(Lifecycle, BadUsageExitsTwoNamingTheFlagAndItsRange) {
     EXPECT_EQ(r.status, 2) << c.flag << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr(c.expect)) << c.flag;
   }
+  // Flags each in range whose product the daemon allocates at start.
+  std::vector<std::string> buffers = base;
+  buffers.push_back("--queue_depth=4096");
+  buffers.push_back("--block_size=64M");
+  RunResult b = RunCommand(buffers, absl::Seconds(30));
+  EXPECT_EQ(b.status, 2) << b.output;
+  EXPECT_THAT(b.output, HasSubstr("--queue_depth 4096 x --block_size 64M is more than 4G of "
+                                  "staging buffers"));
   RunResult p = RunCommand({Packerd(), "--config=x", "--plan_threads=0"}, absl::Seconds(30));
   EXPECT_EQ(p.status, 2) << p.output;
   EXPECT_THAT(p.output, HasSubstr("--plan_threads 0 is out of range: use 1..256"));

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -292,6 +293,23 @@ TEST_F(PackerDaemonTest, ServesPlansMetricsAndStopsCleanly) {
         "tutti_packer_index_samples 3000"}) {
     EXPECT_NE(metrics.find(name), std::string::npos) << name << "\n" << metrics;
   }
+  // The index is mapped (its file's bytes) and allocated next to nothing per
+  // sample; the job built over it is reported beside it, and both are logged.
+  const uint64_t file_bytes = std::filesystem::file_size(*dir_ + "/index.idx");
+  auto MetricValue = [](const std::string& text, const std::string& name) -> std::optional<double> {
+    const size_t at = text.find("\n" + name + " ");
+    if (at == std::string::npos) return std::nullopt;
+    return std::stod(text.substr(at + name.size() + 2));
+  };
+  EXPECT_EQ(MetricValue(metrics, "tutti_packer_index_bytes{memory=\"mapped\"}"),
+            static_cast<double>(file_bytes));
+  EXPECT_LT(MetricValue(metrics, "tutti_packer_index_bytes{memory=\"heap\"}").value_or(1e9), 3000);
+  EXPECT_NEAR(
+      MetricValue(metrics, "tutti_packer_memory_per_sample_bytes{memory=\"mapped\"}").value_or(0),
+      file_bytes / 3000.0, 0.01);
+  EXPECT_TRUE(MetricValue(metrics, "tutti_packer_job_heap_bytes").has_value());
+  EXPECT_NE(d.err().find("index loaded"), std::string::npos) << d.err();
+  EXPECT_NE(d.err().find("mapped_bytes_per_sample="), std::string::npos) << d.err();
 
   // The banner follows the port file (the daemon prints it once serving), so
   // on a busy machine it may come a moment after the port file.
@@ -384,6 +402,76 @@ TEST_F(PackerDaemonTest, PortInUseAndBadInputsExitNonZero) {
   ASSERT_TRUE(no_config.Exited(20000));
   EXPECT_EQ(no_config.ExitCode(), 2);
   EXPECT_NE(no_config.err().find("--config"), std::string::npos) << no_config.err();
+}
+
+// The job's identity comes from the index's content: a packer started with
+// the same config and index given as a relative path, an absolute one or
+// through a symlink has one fingerprint and serves the same plans, so a
+// restart with another spelling is not refused by the stagers; another
+// index gives another fingerprint.
+TEST_F(PackerDaemonTest, TheFingerprintFollowsTheIndexContentNotItsPath) {
+  const fs::path absolute = fs::absolute(*dir_ + "/index.idx");
+  const fs::path link = *dir_ + "/link.idx";
+  fs::remove(link);
+  fs::create_symlink(absolute, link);
+  packer::SyntheticOptions o;
+  o.samples = 3000;
+  o.seed = 99;
+  o.text_median_tokens = 400;
+  o.max_text_tokens = 4000;
+  o.small_max_pixels = 1e6;
+  o.big_max_pixels = 4e6;
+  o.fit_seq_len = 8192;
+  o.fit_max_pixels = 1003520;
+  auto other_bytes = packer::MakeSyntheticIndex(o);
+  ASSERT_TRUE(other_bytes.ok());
+  const std::string other = *dir_ + "/other.idx";
+  std::ofstream(other, std::ios::binary) << *other_bytes;
+
+  struct Served {
+    std::string fingerprint, plan;
+  };
+  auto serve = [&](const std::string& name, const std::string& index) -> Served {
+    Daemon d(*dir_, name,
+             {"--config=" + *dir_ + "/job.textproto", "--index=" + index, "--listen=127.0.0.1:0",
+              "--metrics=127.0.0.1:0"});
+    EXPECT_TRUE(d.WaitReady()) << d.err();
+    grpc::ClientContext ctx;
+    v1::JobInfo info;
+    EXPECT_TRUE(d.Stub()->GetJob(&ctx, v1::GetJobRequest(), &info).ok());
+    const std::vector<std::string> plans = Stream(d.Stub().get(), 3, 4);
+    return {info.config_fingerprint(), plans.empty() ? "" : plans[0]};
+  };
+  const Served by_absolute = serve("absolute", absolute.string());
+  ASSERT_FALSE(by_absolute.fingerprint.empty());
+  for (const std::string& spelling : {fs::relative(absolute).string(), link.string(),
+                                      (fs::path(*dir_) / "." / "index.idx").string()}) {
+    const Served s = serve("spelling", spelling);
+    EXPECT_EQ(s.fingerprint, by_absolute.fingerprint) << spelling;
+    EXPECT_EQ(s.plan, by_absolute.plan) << spelling;
+  }
+  EXPECT_NE(serve("other", other).fingerprint, by_absolute.fingerprint);
+}
+
+// A config value the plans would be sized by, far out of range, is refused
+// at start naming the field and its range, before anything is allocated by
+// it (it once made the daemon grow by ~200 MB/s without answering).
+TEST_F(PackerDaemonTest, AConfigValueOutOfRangeIsRefusedAtStartNamingItsRange) {
+  const std::string config = *dir_ + "/huge.textproto";
+  std::ofstream(config) << R"pb(
+    world_size: 4
+    ranks_per_node: 2
+    batch { text_samples_per_step: 24 vl_samples_per_step: 8 vl_micro_batch: 2147483647 }
+  )pb";
+  Daemon d(*dir_, "huge",
+           {"--config=" + config, "--index=" + *dir_ + "/index.idx", "--listen=127.0.0.1:0",
+            "--metrics=127.0.0.1:0"});
+  ASSERT_TRUE(d.Exited(20000)) << d.err();
+  EXPECT_EQ(d.ExitCode(), 1) << d.err();
+  EXPECT_NE(d.err().find("batch.vl_micro_batch 2147483647 is outside its range 1..1024"),
+            std::string::npos)
+      << d.err();
+  EXPECT_NE(d.err().find("huge.textproto"), std::string::npos) << d.err();
 }
 
 TEST_F(PackerDaemonTest, SigkillAndRestartIsInvisibleToClients) {

@@ -38,6 +38,7 @@ namespace tutti::e2e {
 namespace {
 
 using ::testing::HasSubstr;
+namespace fs = std::filesystem;
 
 // A CA, the daemons' certificate (localhost, 127.0.0.1 and the job id), a
 // client certificate of the job, one of the same CA naming another job, one
@@ -48,7 +49,9 @@ struct Pki {
 };
 
 absl::StatusOr<Pki> MakePki(const std::string& dir, const std::string& job_id) {
+  // umask 077: the token and the keys private, as an operator keeps them.
   const std::string script = absl::StrCat(R"(set -e
+umask 077
 cd ")",
                                           dir, R"("
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key" 2>/dev/null; }
@@ -151,6 +154,15 @@ std::vector<grpc::StatusCode> CallEveryStagerMethod(const std::shared_ptr<grpc::
     v1::StageStatus st;
     codes.push_back(
         stub->GetStageStatus(WithDeadline(&ctx), v1::GetStageStatusRequest(), &st).error_code());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterRankRequest req;
+    req.set_rank(0);
+    v1::RegisterRankResponse resp;
+    grpc::Status s = stub->RegisterRank(WithDeadline(&ctx), req, &resp);
+    codes.push_back(s.error_code());
+    if (last_message) *last_message = s.error_message();
   }
   {
     grpc::ClientContext ctx;
@@ -278,11 +290,11 @@ TEST_F(Security, TlsAndTokenOnBothDaemonsEveryRpcRefusesWhoLacksThem) {
   EXPECT_EQ(CallEveryPackerMethod(MakeChannel(packer())), All(4, grpc::StatusCode::UNAVAILABLE));
   for (int node = 0; node < 2; ++node) {
     EXPECT_EQ(CallEveryStagerMethod(MakeSecureChannel(stager(node), no_token, {0, job_id_})),
-              All(4, grpc::StatusCode::UNAUTHENTICATED));
+              All(5, grpc::StatusCode::UNAUTHENTICATED));
     EXPECT_EQ(CallEveryStagerMethod(MakeSecureChannel(stager(node), wrong_token, {0, job_id_})),
-              All(4, grpc::StatusCode::UNAUTHENTICATED));
+              All(5, grpc::StatusCode::UNAUTHENTICATED));
     EXPECT_EQ(CallEveryStagerMethod(MakeChannel(stager(node))),
-              All(4, grpc::StatusCode::UNAVAILABLE));
+              All(5, grpc::StatusCode::UNAVAILABLE));
   }
   EXPECT_THAT(Metrics(cluster_->packer()),
               HasSubstr("tutti_rpc_refused_total{reason=\"unauthenticated\",service=\"tutti.v1."
@@ -313,17 +325,18 @@ TEST_F(Security, ARankActsOnlyAsItselfAndOnlyInItsJob) {
   auto as_rank1 = CallEveryStagerMethod(MakeSecureChannel(stager(0), token, {1, job_id_}), &why);
   EXPECT_EQ(as_rank1,
             (Codes{grpc::StatusCode::OK, grpc::StatusCode::PERMISSION_DENIED,
-                   grpc::StatusCode::PERMISSION_DENIED, grpc::StatusCode::PERMISSION_DENIED}));
+                   grpc::StatusCode::PERMISSION_DENIED, grpc::StatusCode::PERMISSION_DENIED,
+                   grpc::StatusCode::PERMISSION_DENIED}));
   EXPECT_THAT(why, HasSubstr("rank 0"));
   EXPECT_THAT(why, HasSubstr("this client is rank 1"));
   auto anonymous = CallEveryStagerMethod(MakeSecureChannel(stager(0), token, {-1, ""}), &why);
-  EXPECT_EQ(anonymous[1], grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(anonymous[2], grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(anonymous[3], grpc::StatusCode::PERMISSION_DENIED);
+  for (size_t m = 1; m < anonymous.size(); ++m) {
+    EXPECT_EQ(anonymous[m], grpc::StatusCode::PERMISSION_DENIED) << m;
+  }
   auto other_job = CallEveryStagerMethod(MakeSecureChannel(stager(0), token, {0, "other"}), &why);
-  EXPECT_EQ(other_job[1], grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(other_job[2], grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(other_job[3], grpc::StatusCode::PERMISSION_DENIED);
+  for (size_t m = 1; m < other_job.size(); ++m) {
+    EXPECT_EQ(other_job[m], grpc::StatusCode::PERMISSION_DENIED) << m;
+  }
   EXPECT_THAT(why, HasSubstr("job 'other'"));
   // The same on the packer's per-rank call.
   {
@@ -359,7 +372,7 @@ TEST_F(Security, ARankActsOnlyAsItselfAndOnlyInItsJob) {
   }
   EXPECT_THAT(Metrics(cluster_->stager(0)),
               HasSubstr("tutti_rpc_refused_total{reason=\"permission_denied\",service=\"tutti."
-                        "v1.Stager\"} 10"));
+                        "v1.Stager\"} 13"));
 }
 
 TEST_F(Security, MutualTlsAdmitsOnlyTheJobsCertificates) {
@@ -384,9 +397,9 @@ TEST_F(Security, MutualTlsAdmitsOnlyTheJobsCertificates) {
   EXPECT_EQ(CallEveryPackerMethod(MakeSecureChannel(packer(), no_cert, {0, ""})),
             All(4, grpc::StatusCode::UNAVAILABLE));
   EXPECT_EQ(CallEveryStagerMethod(MakeSecureChannel(stager(0), other_job, {0, job_id_})),
-            All(4, grpc::StatusCode::UNAUTHENTICATED));
+            All(5, grpc::StatusCode::UNAUTHENTICATED));
   EXPECT_EQ(CallEveryStagerMethod(MakeSecureChannel(stager(0), stranger, {0, job_id_})),
-            All(4, grpc::StatusCode::UNAVAILABLE));
+            All(5, grpc::StatusCode::UNAVAILABLE));
 
   // A rank with the job's certificate, through libtutti's environment.
   ClientOptions o = RankOptions(stager(0), packer(), 0, 4);
@@ -417,8 +430,8 @@ TEST_F(Security, RequestsOutsideTheBoundsAreRefusedCleanlyAndCounted) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << m;
     EXPECT_THAT(s.error_message(), HasSubstr("is not a valid tutti.v1.")) << m;
   }
-  for (const char* m : {"/tutti.v1.Stager/AcquireBatch", "/tutti.v1.Stager/ReleaseBatch",
-                        "/tutti.v1.Stager/RenewLeases"}) {
+  for (const char* m : {"/tutti.v1.Stager/RegisterRank", "/tutti.v1.Stager/AcquireBatch",
+                        "/tutti.v1.Stager/ReleaseBatch", "/tutti.v1.Stager/RenewLeases"}) {
     EXPECT_EQ(RawCall(stager_ch, m, "\x0a\x05\x01").error_code(),
               grpc::StatusCode::INVALID_ARGUMENT)
         << m;
@@ -583,6 +596,50 @@ TEST_F(Security, ANonLoopbackAddressServedUnprotectedIsWarnedAbout) {
                  absl::Seconds(60));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("is not PEM"));
+}
+
+// A token file other users may read is refused at start by both daemons and
+// by libtutti, naming the mode and `chmod 600`, as ssh refuses such a key;
+// shared with the job's group (0640) it is used.
+TEST_F(Security, ATokenFileOthersCanReadIsRefusedByBothDaemonsAndTheClient) {
+  const std::string job = dir_ + "/job.textproto";
+  std::ofstream(job) << JobConfigText(index_, 1);
+  const std::string open = dir_ + "/open-token";
+  fs::copy_file(pki_.token, open, fs::copy_options::overwrite_existing);
+  ASSERT_EQ(::chmod(open.c_str(), 0644), 0);
+  const std::string want =
+      "the token file '" + open + "' is open to every user of this host " +
+      "(mode 0644): whoever reads it can act as the job. Make it private: " + "chmod 600 '" + open +
+      "'";
+  const std::vector<std::string> packer = {Packerd(), "--config=" + job, "--listen=127.0.0.1:0",
+                                           "--metrics=127.0.0.1:0"};
+  const std::vector<std::string> stager = {Stagerd(),
+                                           "--packer=127.0.0.1:1",
+                                           "--source=" + source_,
+                                           "--cache=" + dir_ + "/cache",
+                                           "--listen=127.0.0.1:0",
+                                           "--metrics=127.0.0.1:0"};
+  for (std::vector<std::string> argv : {packer, stager}) {
+    argv.push_back("--token_file=" + open);
+    RunResult r = RunCommand(argv, absl::Seconds(30));
+    EXPECT_EQ(r.status, 2) << CommandLine(argv) << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(want)) << CommandLine(argv);
+    r = RunCommand(std::vector<std::string>(argv.begin(), argv.end() - 1), absl::Seconds(30),
+                   {"TUTTI_TOKEN_FILE=" + open});
+    EXPECT_EQ(r.status, 2) << CommandLine(argv) << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(want)) << CommandLine(argv);
+  }
+  ClientOptions o = RankOptions("127.0.0.1:1", "127.0.0.1:1", 0, 4);
+  o.security.token_file = open;
+  auto client = Client::Connect(o);
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr(want));
+  // The job's group may share it.
+  ASSERT_EQ(::chmod(open.c_str(), 0640), 0);
+  SecurityOptions shared;
+  shared.token_file = open;
+  EXPECT_TRUE(
+      ResolveSecurityOptions(shared, [](const char*) -> const char* { return nullptr; }).ok());
 }
 
 // A FIFO (nobody writing) where a daemon or a command expects a file it
