@@ -6,13 +6,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
-#include <random>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/lease_keeper.h"
+#include "client/rank_process.h"
 #include "common/grpc_status.h"
 #include "common/rpc_security.h"
 #include "common/status.h"
@@ -25,6 +24,10 @@ namespace {
 // The longest one AcquireBatch asks the stager to wait; the stager accepts
 // at least this (tutti-stagerd --max_acquire_timeout_ms >= 60000).
 constexpr absl::Duration kAcquireWaitPerCall = absl::Seconds(60);
+
+// Registrations again within one call (the stager restarting more than
+// that during one call is reported as its error).
+constexpr int kMaxRegistrationsPerCall = 3;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -204,10 +207,11 @@ absl::StatusOr<uint32_t> CheckJobWorldSize(const v1::JobInfo& job, int rank, int
 
 struct Client::Impl {
   v1::JobInfo job;
-  // Names this client to the stager (AcquireBatchRequest.incarnation): a new
-  // client for a rank reclaims what an earlier, gone one of it held.
-  uint64_t incarnation = 0;
   std::shared_ptr<v1::Stager::Stub> stager;
+  // This process as the stager issued it (registered in Connect): named in
+  // every call for the rank's batches. A new client for a rank registering
+  // reclaims what an earlier, gone one of it held.
+  std::shared_ptr<RankProcess> process;
   std::shared_ptr<v1::Packer::Stub> packer;
   // Renews the leases of the batches this process holds (null: the stager
   // has no leases). Shared with every Batch handed out, so renewals go on
@@ -227,12 +231,6 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ASSIGN_OR_RETURN(ClientOptions opts, ResolveClientOptions(options));
   std::unique_ptr<Client> c(new Client());
   c->options_ = opts;
-  {
-    std::random_device rd;
-    std::mt19937_64 rng((uint64_t{rd()} << 32) ^ rd() ^
-                        static_cast<uint64_t>(absl::GetCurrentTimeNanos()));
-    do c->impl_->incarnation = rng(); while (c->impl_->incarnation == 0);
-  }
   ClientIdentity me{opts.rank, ""};
   c->impl_->packer = std::shared_ptr<v1::Packer::Stub>(
       v1::Packer::NewStub(MakeSecureChannel(opts.packer_address, opts.security, me)));
@@ -282,20 +280,37 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                                "running there? check TUTTI_STAGER)"));
   }
   RETURN_IF_ERROR(Annotate(s, at_stager));
+  auto process = std::make_shared<RankProcess>(c->impl_->stager, c->rank_, opts.rpc_timeout);
+  c->impl_->process = process;
+  const std::string at_register =
+      absl::StrCat("RegisterRank with tutti-stagerd at ", opts.stager_address);
+  RETURN_IF_ERROR(Annotate(RetryUnavailable(c->Policy(opts.connect_timeout), at_register,
+                                            [&] { return process->Register(); }),
+                           at_register));
   if (status.lease_ms() > 0) {
-    auto renew = [stub = c->impl_->stager, rank = c->rank_, incarnation = c->impl_->incarnation](
+    auto renew = [stub = c->impl_->stager, rank = c->rank_, process](
                      const std::vector<uint64_t>& steps, absl::Duration timeout,
                      std::vector<uint64_t>* lost) -> absl::StatusOr<absl::Duration> {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(Deadline(timeout));
-      v1::RenewLeasesRequest req;
-      req.set_rank(rank);
-      req.set_incarnation(incarnation);
-      for (uint64_t step : steps) req.add_steps(step);
-      v1::RenewLeasesResponse resp;
-      RETURN_IF_ERROR(FromGrpcStatus(stub->RenewLeases(&ctx, req, &resp)));
-      lost->assign(resp.lost().begin(), resp.lost().end());
-      return absl::Milliseconds(resp.lease_ms());
+      for (int registered = 0;; ++registered) {
+        const RankProcess::Id me = process->Current();
+        grpc::ClientContext ctx;
+        ctx.set_deadline(Deadline(timeout));
+        v1::RenewLeasesRequest req;
+        req.set_rank(rank);
+        req.set_incarnation(me.incarnation);
+        req.set_key(me.key);
+        for (uint64_t step : steps) req.add_steps(step);
+        v1::RenewLeasesResponse resp;
+        const absl::Status s = FromGrpcStatus(stub->RenewLeases(&ctx, req, &resp));
+        if (RankProcess::Unknown(s) && registered < kMaxRegistrationsPerCall) {
+          // The stager restarted since this process registered.
+          RETURN_IF_ERROR(process->RegisterAgain(me.incarnation));
+          continue;
+        }
+        RETURN_IF_ERROR(s);
+        lost->assign(resp.lost().begin(), resp.lost().end());
+        return absl::Milliseconds(resp.lease_ms());
+      }
     };
     c->impl_->leases =
         std::make_shared<LeaseKeeper>(std::move(renew), absl::Milliseconds(status.lease_ms()));
@@ -314,6 +329,8 @@ absl::StatusOr<Batch> Client::Next() {
   const absl::Time deadline = start + options_.batch_timeout;
   v1::BatchDescriptor desc;
   ProgressReporter progress(options_, static_cast<int64_t>(step));
+  RankProcess::Id me;  // the process the batch was handed to
+  int registered = 0;
   absl::Status s = RetryUnavailable(Policy(options_.batch_timeout), where, [&]() -> absl::Status {
     while (true) {
       const absl::Time now = absl::Now();
@@ -332,11 +349,18 @@ absl::StatusOr<Batch> Client::Next() {
       v1::AcquireBatchRequest req;
       req.set_step(step);
       req.set_rank(rank_);
-      req.set_incarnation(impl_->incarnation);
+      me = impl_->process->Current();
+      req.set_incarnation(me.incarnation);
+      req.set_key(me.key);
       req.set_renews_leases(impl_->leases != nullptr);
       req.set_timeout_ms(
           static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait))));
       absl::Status r = FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
+      if (RankProcess::Unknown(r) && registered++ < kMaxRegistrationsPerCall) {
+        // The stager restarted since this process registered: again, then ask again.
+        RETURN_IF_ERROR(impl_->process->RegisterAgain(me.incarnation));
+        continue;
+      }
       if (absl::IsDeadlineExceeded(r) && wait != left && absl::Now() < deadline) {
         // Time is left: ask again, whether the stager said what the batch
         // waits for or did not answer in time at all (stalled or overloaded).
@@ -354,14 +378,16 @@ absl::StatusOr<Batch> Client::Next() {
     }
   });
   if (absl::IsDeadlineExceeded(s)) {
-    // The stager says what the batch still waits for (a plan, shards, the
-    // window); a deadline that expired in transit says nothing.
+    // The stager says what the batch still waits for (a plan, shards, a
+    // rank not done with an earlier step, the window); a deadline that
+    // expired in transit says nothing.
     const bool stager_reason = absl::StrContains(s.message(), "was not ready within");
-    return absl::DeadlineExceededError(
-        absl::StrCat(where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
-                     " (ClientOptions.batch_timeout)",
-                     stager_reason ? absl::StrCat(": ", s.message())
-                                   : "; the stager may be starved of I/O: see its metrics"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
+        " (ClientOptions.batch_timeout)",
+        stager_reason ? absl::StrCat(": ", s.message())
+                      : "; the call's deadline passed before tutti-stagerd answered (the daemon "
+                        "or the connection to it is stalled: see its log and metrics)"));
   }
   RETURN_IF_ERROR(Annotate(s, where));
   if (desc.step() != step || desc.rank() != rank_) {
@@ -372,24 +398,28 @@ absl::StatusOr<Batch> Client::Next() {
   if (impl_->leases) impl_->leases->Hold(step);
   // The wait as this rank saw it, sent with the release for the stager's metrics.
   auto waited = std::make_shared<double>(-1);
-  auto releaser = [stub = impl_->stager, step, rank = rank_, incarnation = impl_->incarnation,
+  auto releaser = [stub = impl_->stager, step, rank = rank_, me,
                    policy = Policy(options_.retry_budget), rpc_timeout = options_.rpc_timeout,
                    address = options_.stager_address, waited, leases = impl_->leases] {
-    absl::Cleanup dropped = [&] {
-      if (leases) leases->Drop(step);
+    auto release = [&] {
+      return RetryUnavailable(
+          policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address), [&] {
+            grpc::ClientContext ctx;
+            ctx.set_deadline(Deadline(rpc_timeout));
+            v1::ReleaseBatchRequest req;
+            req.set_step(step);
+            req.set_rank(rank);
+            req.set_incarnation(me.incarnation);
+            req.set_key(me.key);
+            if (*waited >= 0) req.set_wait_seconds(*waited);
+            v1::ReleaseBatchResponse resp;
+            const absl::Status s = FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
+            // A stager restarted since holds nothing of this process: nothing to release.
+            return RankProcess::Unknown(s) ? absl::OkStatus() : s;
+          });
     };
-    return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
-                            [&] {
-                              grpc::ClientContext ctx;
-                              ctx.set_deadline(Deadline(rpc_timeout));
-                              v1::ReleaseBatchRequest req;
-                              req.set_step(step);
-                              req.set_rank(rank);
-                              req.set_incarnation(incarnation);
-                              if (*waited >= 0) req.set_wait_seconds(*waited);
-                              v1::ReleaseBatchResponse resp;
-                              return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
-                            });
+    // Renewals stop naming the step before the release is sent.
+    return leases ? leases->Release(step, release) : release();
   };
   ASSIGN_OR_RETURN(Batch batch,
                    Batch::Map(std::move(desc), std::move(releaser), options_.copy_on_write));
