@@ -90,22 +90,22 @@ std::string LadderTable(const SimSetup& s, const std::vector<LadderRun>& runs) {
                             Pixels(run.stage_max_pixels), SyncModelName(sync));
       absl::StrAppendFormat(&out, "%-24s %6s %8s %9s %8s %8s %8s %7s %7s %7s %6s %6s\n", "rung",
                             "max_px", "step_s", "tok/s/GPU", "idle_vit", "idle_aud", "idle_llm",
-                            "xchg_s", "stall_s", "act_GB", "ideal", "text");
+                            "xchg_ms", "stall_s", "act_GB", "ideal", "text");
       for (const RungResult& r : run.rungs) {
         if (r.sync != sync) continue;
         absl::StrAppendFormat(
             &out,
-            "%-24s %6s %8.3f %9.0f %7.1f%% %7.1f%% %7.1f%% %7.3f %7.3f %6.1f%s %5.1f%% %5.1f%%\n",
+            "%-24s %6s %8.3f %9.0f %7.1f%% %7.1f%% %7.1f%% %7.1f %7.3f %6.1f%s %5.1f%% %5.1f%%\n",
             r.rung, Pixels(r.max_pixels), r.step_seconds, r.tokens_per_second_per_gpu,
             100 * r.idle_share[kVit], 100 * r.idle_share[kAudio], 100 * r.idle_share[kLlm],
-            r.exchange_seconds, r.stall_seconds, r.peak_activation_bytes / 1e9,
+            1e3 * r.exchange_seconds, r.stall_seconds, r.peak_activation_bytes / 1e9,
             r.fits_memory ? " " : "!", 100 * r.efficiency_ideal, 100 * r.efficiency_text_only);
       }
     }
   }
   absl::StrAppend(&out,
                   "\nidle: the phase's slowest-rank time not matched by the mean rank (1 - "
-                  "mean/max); ideal: the same work perfectly balanced, no stall, no exchange, over "
+                  "mean/max); xchg_ms: the post-balancing exchange (slowest rank, forward and back); ideal: the same work perfectly balanced, no stall, no exchange, over "
                   "the step; text: text-only training of the same tokens over the step; act_GB: "
                   "peak activation memory of a rank (! = with the model's states above the GPU's "
                   "memory)\n");
