@@ -57,6 +57,7 @@ for i, (run, sync, rungs) in enumerate(rows):
     for b, r in zip(bars, rungs):
         ax.text(b.get_x() + b.get_width() / 2, b.get_height(), "%.0f%%" % (100 * r["efficiency_ideal"]),
                 ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.15 * max(b.get_height() for b in bars))  # room for the labels
     ax.set_xticks(x)
     ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s per GPU")
@@ -72,7 +73,7 @@ for i, (run, sync, rungs) in enumerate(rows):
     ax.set_title(title + ": per-rank load spread", fontsize=9)
 fig.suptitle("tutti simulate: %s on %s, %s attention, %d steps" %
              (data["model"], data["cluster"], data["attention"], data["steps"]), fontsize=10)
-fig.tight_layout()
+fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.2 * len(rows))))  # below the title
 fig.savefig(sys.argv[2], dpi=110)
 )py";
 
