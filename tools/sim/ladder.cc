@@ -189,7 +189,7 @@ struct Tally {
   explicit Tally(const DataPipeline& p) : pipeline(p) {}
   DataPipeline pipeline;
   RungResult r;
-  double sum_step = 0, sum_ideal = 0, sum_text = 0, tokens = 0;
+  double sum_step = 0, sum_ideal = 0, sum_text = 0, sum_bound = 0, tokens = 0;
   std::array<double, kPhaseKinds> sum_mean{}, sum_max{};
   std::vector<double> spread;
 };
@@ -239,6 +239,7 @@ absl::StatusOr<std::vector<RungResult>> RunRung(const SimSetup& s,
       y.sum_step += t.step;
       y.sum_ideal += t.ideal;
       y.sum_text += t.text_only;
+      y.sum_bound += t.bound;
       y.tokens += static_cast<double>(work.llm_tokens);
       r.exchange_seconds += t.exchange;
       r.stall_seconds += t.stall;
@@ -264,6 +265,7 @@ absl::StatusOr<std::vector<RungResult>> RunRung(const SimSetup& s,
     }
     r.efficiency_ideal = y.sum_step > 0 ? y.sum_ideal / y.sum_step : 0;
     r.efficiency_text_only = y.sum_step > 0 ? y.sum_text / y.sum_step : 0;
+    r.efficiency_bound = y.sum_bound > 0 ? y.sum_ideal / y.sum_bound : 0;
     r.fits_memory = r.state_bytes + r.peak_activation_bytes <= s.cluster.hbm_bytes;
     const double qs[7] = {0, 0.05, 0.25, 0.5, 0.75, 0.95, 1};
     for (int i = 0; i < 7; ++i) r.spread[i] = QuantileOf(y.spread, qs[i]);

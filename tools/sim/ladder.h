@@ -90,7 +90,10 @@ struct RungResult {
   bool fits_memory = true;
   double efficiency_ideal = 0;      // sum of ideal steps / sum of steps
   double efficiency_text_only = 0;  // sum of text-only steps / sum of steps
-  double inter_node_bytes = 0;      // per step, forward exchange
+  // Sum of ideal steps / sum of bounds (time_model.h): the highest
+  // efficiency_ideal any placement of whole items reaches.
+  double efficiency_bound = 0;
+  double inter_node_bytes = 0;  // per step, forward exchange
   // Each rank's compute over the mean rank's, every step: quantiles 0, 5,
   // 25, 50, 75, 95, 100 %.
   std::array<double, 7> spread{};

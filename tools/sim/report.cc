@@ -89,25 +89,30 @@ std::string LadderTable(const SimSetup& s, const std::vector<LadderRun>& runs) {
     for (const SyncModel sync : s.syncs) {
       absl::StrAppendFormat(&out, "\nW = %u, stage max_pixels %s, sync %s\n", run.world_size,
                             Pixels(run.stage_max_pixels), SyncModelName(sync));
-      absl::StrAppendFormat(&out, "%-24s %6s %8s %9s %8s %8s %8s %7s %7s %7s %6s %6s\n", "rung",
+      absl::StrAppendFormat(&out, "%-24s %6s %8s %9s %8s %8s %8s %7s %7s %7s %6s %6s %6s\n", "rung",
                             "max_px", "step_s", "tok/s/GPU", "idle_vit", "idle_aud", "idle_llm",
-                            "xchg_ms", "stall_s", "act_GB", "ideal", "text");
+                            "xchg_ms", "stall_s", "act_GB", "ideal", "bound", "text");
       for (const RungResult& r : run.rungs) {
         if (r.sync != sync) continue;
         absl::StrAppendFormat(
             &out,
-            "%-24s %6s %8.3f %9.0f %7.1f%% %7.1f%% %7.1f%% %7.1f %7.3f %6.1f%s %5.1f%% %5.1f%%\n",
+            "%-24s %6s %8.3f %9.0f %7.1f%% %7.1f%% %7.1f%% %7.1f %7.3f %6.1f%s %5.1f%% %5.1f%% "
+            "%5.1f%%\n",
             r.rung, Pixels(r.max_pixels), r.step_seconds, r.tokens_per_second_per_gpu,
             100 * r.idle_share[kVit], 100 * r.idle_share[kAudio], 100 * r.idle_share[kLlm],
             1e3 * r.exchange_seconds, r.stall_seconds, r.peak_activation_bytes / 1e9,
-            r.fits_memory ? " " : "!", 100 * r.efficiency_ideal, 100 * r.efficiency_text_only);
+            r.fits_memory ? " " : "!", 100 * r.efficiency_ideal, 100 * r.efficiency_bound,
+            100 * r.efficiency_text_only);
       }
     }
   }
   absl::StrAppend(&out,
                   "\nidle: the phase's slowest-rank time not matched by the mean rank (1 - "
-                  "mean/max); xchg_ms: the post-balancing exchange (slowest rank, forward and back); ideal: the same work perfectly balanced, no stall, no exchange, over "
-                  "the step; text: text-only training of the same tokens over the step; act_GB: "
+                  "mean/max); xchg_ms: the post-balancing exchange (slowest rank, forward and "
+                  "back); ideal: the same work perfectly balanced, no stall, no exchange, over "
+                  "the step; bound: the highest ideal any placement of whole images reaches (the "
+                  "step's most costly image is encoded whole on one rank); text: text-only "
+                  "training of the same tokens over the step; act_GB: "
                   "peak activation memory of a rank (! = with the model's states above the GPU's "
                   "memory)\n");
   return out;
@@ -136,13 +141,14 @@ std::string LadderJson(const SimSetup& s, const std::vector<LadderRun>& runs) {
           "%.2f, \"idle_share\": {\"vit\": %.6f, \"audio\": %.6f, \"llm\": %.6f}, "
           "\"exchange_seconds\": %.6f, \"stall_seconds\": %.6f, \"peak_activation_bytes\": %.0f, "
           "\"state_bytes\": %.0f, \"fits_memory\": %s, \"efficiency_ideal\": %.6f, "
-          "\"efficiency_text_only\": %.6f, \"inter_node_bytes\": %.0f, \"spread\": [%s]}",
+          "\"efficiency_text_only\": %.6f, \"efficiency_bound\": %.6f, \"inter_node_bytes\": "
+          "%.0f, \"spread\": [%s]}",
           j ? "," : "", Escape(r.rung), SyncModelName(r.sync),
           static_cast<unsigned long long>(r.max_pixels), static_cast<unsigned long long>(r.steps),
           r.step_seconds, r.tokens_per_second, r.tokens_per_second_per_gpu, r.idle_share[kVit],
           r.idle_share[kAudio], r.idle_share[kLlm], r.exchange_seconds, r.stall_seconds,
           r.peak_activation_bytes, r.state_bytes, r.fits_memory ? "true" : "false",
-          r.efficiency_ideal, r.efficiency_text_only, r.inter_node_bytes,
+          r.efficiency_ideal, r.efficiency_text_only, r.efficiency_bound, r.inter_node_bytes,
           absl::StrJoin(spread, ", "));
     }
     out += "]}";

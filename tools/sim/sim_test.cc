@@ -2,6 +2,7 @@
 // hand, item seconds from a model's FLOPs, the work of planned and naive
 // steps, the ladder and the online fit's experiment on small worlds, and
 // every bad input refused naming the field.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -40,6 +41,18 @@ TEST(TimeModelTest, StepsAsComputedByHand) {
   EXPECT_DOUBLE_EQ(t.exchange, 0.5);
   EXPECT_DOUBLE_EQ(t.ideal, 5.5);  // no exchange in the ideal step
   EXPECT_DOUBLE_EQ(EvaluateStep(w, SyncModel::kFsdp).compute, 7.5);
+  // The bound: no image costs more than the mean rank, so it is the ideal.
+  w.largest_vit_seconds = 1.5;
+  EXPECT_DOUBLE_EQ(EvaluateStep(w, SyncModel::kAllReduce).bound, 5.5);
+  EXPECT_DOUBLE_EQ(EvaluateStep(w, SyncModel::kFsdp).bound, 5.5);  // 2 + 3.5
+  // An image of 2.5 s: allreduce's step is at least max(5.5, 2.5); fsdp's
+  // encoder pass at least 2.5, then the mean LLM time 3.5.
+  w.largest_vit_seconds = 2.5;
+  EXPECT_DOUBLE_EQ(EvaluateStep(w, SyncModel::kAllReduce).bound, 5.5);
+  EXPECT_DOUBLE_EQ(EvaluateStep(w, SyncModel::kFsdp).bound, 6);
+  w.largest_vit_seconds = 7;
+  EXPECT_DOUBLE_EQ(EvaluateStep(w, SyncModel::kAllReduce).bound, 7);
+  EXPECT_DOUBLE_EQ(EvaluateStep(w, SyncModel::kFsdp).bound, 10.5);
 }
 
 DataPathOptions HandPath(uint32_t window) {
@@ -199,6 +212,9 @@ TEST(StepWorkTest, PlannedAndNaiveStepsCarryTheirWork) {
     for (const auto& im : d.images) want_vit += s.timing.Vit(im.patches);
     for (const auto& ps : d.samples) tokens += ps.cost.llm_tokens;
     EXPECT_NEAR(vit, want_vit, 1e-9 * want_vit);
+    double largest = 0;
+    for (const auto& im : d.images) largest = std::max(largest, s.timing.Vit(im.patches));
+    EXPECT_DOUBLE_EQ(w.largest_vit_seconds, largest);
     EXPECT_EQ(w.llm_tokens, tokens);
     EXPECT_EQ(exchanges, post ? 2 : 0) << "an exchange forward and back with post-balancing";
     EXPECT_EQ(w.inter_node_bytes + w.intra_node_bytes > 0, post);
@@ -229,6 +245,9 @@ TEST(LadderTest, EveryRungRunsAndTuttiBeatsNaive) {
     EXPECT_GT(r.efficiency_ideal, 0) << r.rung;
     EXPECT_LE(r.efficiency_ideal, 1 + 1e-9) << r.rung;
     EXPECT_LE(r.efficiency_text_only, r.efficiency_ideal + 1e-9) << r.rung;
+    // No placement beats the bound; it is at most the ideal.
+    EXPECT_LE(r.efficiency_ideal, r.efficiency_bound + 1e-9) << r.rung;
+    EXPECT_LE(r.efficiency_bound, 1 + 1e-9) << r.rung;
     if (r.sync != SyncModel::kAllReduce) continue;
     if (r.rung == "naive") naive = &r;
     if (r.rung == "tutti") tutti = &r;

@@ -38,6 +38,7 @@ StepWork PlannedWork(const packer::Job& job, const StepPlanData& d, const WorkOp
   std::vector<double> largest(W, 0.0);
   for (const PlannedImage& im : d.images) {
     vit.seconds[im.enc_rank] += t.Vit(im.patches);
+    w.largest_vit_seconds = std::max(w.largest_vit_seconds, t.Vit(im.patches));
     largest[im.enc_rank] = std::max<double>(largest[im.enc_rank], im.patches);
   }
   for (const packer::PlannedAudio& au : d.audio) audio.seconds[au.enc_rank] += t.Audio(au.tokens);
@@ -145,6 +146,7 @@ StepWork NaiveWork(const packer::Job& job, const StepPlanData& d, const WorkOpti
       w.llm_tokens += ps.cost.llm_tokens;
       for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
         mb.vit += t.Vit(d.images[i].patches);
+        w.largest_vit_seconds = std::max(w.largest_vit_seconds, t.Vit(d.images[i].patches));
         mb.patches += d.images[i].patches;
         mb.largest = std::max<double>(mb.largest, d.images[i].patches);
       }

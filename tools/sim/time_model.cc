@@ -53,6 +53,9 @@ StepTime EvaluateStep(const StepWork& w, SyncModel sync) {
   }
   t.ideal = t.mean[kVit] + t.mean[kAudio] + t.mean[kLlm];
   t.text_only = t.mean[kLlm];
+  t.bound = sync == SyncModel::kAllReduce
+                ? std::max(t.ideal, w.largest_vit_seconds)
+                : std::max(t.mean[kVit], w.largest_vit_seconds) + t.mean[kAudio] + t.mean[kLlm];
   t.step = t.compute;
   for (double b : w.activation_bytes)
     t.peak_activation_bytes = std::max(t.peak_activation_bytes, b);

@@ -13,7 +13,11 @@
 // and the step = data stall + compute (data_path.h). The ideal step is the
 // same work perfectly balanced with no stall and no exchange (the mean
 // rank's compute); text-only training of the same tokens is the mean rank's
-// LLM time alone.
+// LLM time alone. The bound is the fastest any placement of whole items
+// could be: an image is encoded whole on one rank, so the rank that encodes
+// the step's most costly one spends at least that on it (allreduce: the step
+// is at least max(ideal, that image); fsdp: the encoder pass is at least
+// max(its mean, that image), the other phases at least their means).
 #ifndef TUTTI_TOOLS_SIM_TIME_MODEL_H_
 #define TUTTI_TOOLS_SIM_TIME_MODEL_H_
 
@@ -41,6 +45,7 @@ struct StepWork {
   std::vector<double> activation_bytes;  // per rank, its peak over the step
   std::vector<std::vector<DataItem>> node_items;        // images each node reads and decodes
   uint64_t inter_node_bytes = 0, intra_node_bytes = 0;  // the forward exchange
+  double largest_vit_seconds = 0;                       // the step's most costly image
 };
 
 struct StepTime {
@@ -48,6 +53,7 @@ struct StepTime {
   double stall = 0;      // waiting for data
   double step = 0;       // stall + compute
   double ideal = 0;      // the mean rank's compute, no exchange
+  double bound = 0;      // the fastest a placement of whole items can be (>= ideal)
   double text_only = 0;  // the mean rank's LLM time
   double exchange = 0;   // the exchanges' slowest ranks
   // Per phase kind: the mean rank's time, and its slowest rank's.
