@@ -16,6 +16,9 @@ using ::testing::HasSubstr;
 
 TEST(SimulateLadderCommand, TheLadderTheFitExperimentAndTheirBadInputs) {
   const std::string dir = MakeTempDir("simulate_ladder");
+  const std::string index = dir + "/index.tutti";
+  ASSERT_TRUE(GenerateDataset(dir + "/ds").ok());
+  ASSERT_TRUE(BuildIndex(dir + "/ds", index).ok());
   auto simulate = [&](std::vector<std::string> flags, std::vector<std::string> env = {}) {
     std::vector<std::string> argv = {TuttiCli(), "simulate"};
     argv.insert(argv.end(), flags.begin(), flags.end());
@@ -83,6 +86,8 @@ TEST(SimulateLadderCommand, TheLadderTheFitExperimentAndTheirBadInputs) {
       {with({"--model=vit675m-whisper-dense7b"}), 1, "no audio clips"},
       {with({"--calibration=" + dir + "/none.txt"}), 2, "none.txt"},
       {{"--ladder", "--fit-experiment"}, 2, "one of --ladder and --fit-experiment"},
+      // A workload index too small for two steps of the ladder's batch.
+      {with({"--index=" + index}), 2, "give a larger --index"},
   };
   for (const auto& b : bad) {
     r = simulate(b.flags);

@@ -179,7 +179,14 @@ absl::StatusOr<packer::SeedStepShape> LadderShape(const SimSetup& s, uint32_t W)
   wo.ranks_per_node = s.cluster.ranks_per_node;
   wo.patch_size = s.model.vision.patch_size;
   wo.merge_size = s.model.vision.merge_size;
-  return packer::SeedShape(wo, *s.index, W, s.top_max_pixels);
+  auto shape = packer::SeedShape(wo, *s.index, W, s.top_max_pixels);
+  if (!shape.ok()) {
+    return Annotate(
+        shape.status(),
+        absl::StrCat("the workload ", s.index->origin(), " at W = ", W,
+                     " (give a larger --index or --samples, or smaller --world-sizes)"));
+  }
+  return shape;
 }
 
 namespace {
@@ -202,7 +209,16 @@ absl::StatusOr<std::vector<RungResult>> RunRung(const SimSetup& s,
   const uint64_t max_pixels = rung.curriculum ? stage_max_pixels : s.top_max_pixels;
   v1::JobConfig config = RungConfig(s, shape, W, rung, max_pixels);
   auto job = packer::Job::Create(config, s.index);
-  if (!job.ok()) return Annotate(job.status(), absl::StrCat("rung '", rung.name, "'"));
+  if (!job.ok()) {
+    // The batch is not the user's to set here: say how it was sized.
+    return Annotate(
+        job.status(),
+        absl::StrCat("rung '", rung.name, "' at W = ", W, " (the ladder's batch fills ",
+                     shape.text_seqs + shape.vl_seqs, " sequences of ", s.workload.seq_len,
+                     " tokens per rank: ", shape.text_samples, " text-only and ", shape.vl_samples,
+                     " VL samples a step; a workload needs two steps' worth: give a larger "
+                     "--index or --samples, or smaller --world-sizes)"));
+  }
   const packer::Planner planner(*job);
   DataPathOptions data = s.data;
   data.staged = rung.staged;
