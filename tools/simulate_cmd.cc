@@ -64,7 +64,8 @@ int RunSimulate(int argc, char** argv) {
            "index file; overrides the config's index_path (--ladder: the workload instead of "
            "the seed's)");
   cli.Flag("from", &from, "first step");
-  cli.Flag("steps", &steps, "steps to simulate (0: 100; --ladder 10; --fit-experiment 200)");
+  cli.Flag("steps", &steps, "steps to simulate (not given: 100; --ladder 10; --fit-experiment 200)",
+           1, 1000000);
   cli.Flag("json", &json, "JSON instead of a table");
   cli.Flag("ladder", &t.ladder, "run the ablation ladder with the time model");
   cli.Flag("fit-experiment", &t.fit_experiment, "measure the online cost fit");
