@@ -184,45 +184,49 @@ struct Pinned {
 // Re-pinned at plan_version 3 (Transfer.runs; post-balanced plans order a
 // pair's items by the LLM rank's input_ids, documents by encoding rank):
 // with plan_version 2 written, only the post-balanced jobs' hashes changed.
+// Re-pinned at plan_version 4 (every exchange pair one contiguous run: no
+// runs, documents in the packer's order, a pair's images before its audio
+// clips): with plan_version 3 written, only the post-balanced jobs' hashes
+// changed.
 constexpr Pinned kPinned[] = {
     {"W4 greedy",
-     "917d7b2485fd089c 528ef21261dd88bc ed5bdde309d227be 59b44b1e92550357 c6e38724adc33a63 4983dc694670a06b d5ec3498d1fa7259"},
+     "574bc23143cbb189 91b1d028a2e2aa86 e9d063b20d5999ef 0f9b811ac47ac953 0821ecbc630151fb cdc36d2ac2301128 fdc246abf9d4006a"},
     {"W4 seed-v1 N=2",
-     "4b81bb2dcf273b58 16b9cc404c7d5ae8 dbe9e274b8a44ed8 3b4c9f70d116ea2c 9d35c212e55ee34c e3f23dfce905dbbd c7c50e340d3b247a"},
+     "6a244424ee82c451 09c028705304bed8 f03a6a4c9377c6e0 a00b31924a5144ce accb7df2d4a05cac b7407400bdb79241 6082a724aa7c8d6a"},
     {"W4 seed-v2 N=4",
-     "e602d8080637717d 175bbc094c06c72b cf46b6ae2b9fa0dc 69f4a155900bc5e0 c92ee468de79094e f765200e310844ef 16d7eb781a4d7d27"},
+     "f4eccdcc14d964b9 018ce54c5ad19e6e 8b3d453e6fe4534c 073774a9fec8101c ec11b7c3fb465ae5 8a50cfc54c3dab24 f404406cf89ed633"},
     {"W4 tutti",
-     "e56e9594dde636e7 9feba58828c8765f ca1597db4ee85eb5 b60e53fc0a63409b c45c653ea942184b c3b3d92d0d125cb5 c419ce7ccb424cc0"},
+     "4342a3eb7bca0098 368e854f81ad5698 d944b8375db97159 01cb3c56bda62f31 37757be15a6b0694 b3bd16657d1c93fd 1619190d19429bb1"},
     {"W4 tutti img_cap",
-     "e66b6871dee3cb02 c556dfe572750c32 8ecc7fb50a31b6db 39f9f8f28594eb95 dcd17737b1cf0a42 1b1df9ccd5bc7c54 3f4f3de83014bf54"},
+     "40475e0e78cffd7d 6c33ff22db102cf5 9d9d505919609937 8e3c97583251843f 2ff869e842e6149d 6b133684a5b2b31c ed4fea99e2146825"},
     {"W4 post fast",
-     "e96e485aa2ca225b 38533b02831b50b1 a80ca73aaaeb0ac9 a57ebd28f38cc392 4200bbde6a811195 80e45488c7621ae0 6119ba61b373a2bf"},
+     "8ee924a31de5c5e7 213435925e52e11d 3b3fe212086c98bc 1ceff5ffb7250109 4abdb54408c5a0df b6cb2042faae8c08 2a60a5dc44086cbf"},
     {"W4 post padded",
-     "c27b154b54728a5c 75b528ac563ac451 66922d1890b15e00 8c6a2080590e62e9 82ed4347dec9929a 83af673a3015b786 0e306ccea26bd4e2"},
+     "1f87df8cf67254bb b12de6a451edb823 0b6feaab929c82b8 f278b794fd8bcb96 365208fdec0e22c1 fa3a0982b912e0b4 dccbcb8458e3f70a"},
     {"W4 post restricted",
-     "01958b5cb11343d6 4ec9c450d573f3d5 9badba2a50499409 f2e34f64d6ca9463 acfb7c2972693d3f a9095ba467a7cb34 4d53eab965d240f2"},
+     "42994c85340f6ec3 1df47f019f5cce66 33e61f7f8bd799bf bca1584a2b3fa5a0 1325897645f916bb 66eb0c629783b7f2 9b3fa25b2b69528e"},
     {"W16 greedy",
-     "8f895476d7b122aa 32585e22cce057c4 f726e3e780bac9b9 9749a823ef7bcb00 6b14c09d06908cd6 12b5b50b923d5ec6 042e56985eeeed73"},
+     "ab8f87aff3b7f173 cf814b7031394296 f8cd2ee08f5104be 55927c842da01fa7 0c998379611dcf32 a516dba6259e306b 6d14e55337d45eb8"},
     {"W16 seed-v1 N=2",
-     "6ef43ed551554dba e607188da145f8e5 a148b466c7893afe 413c54bc4cae8eb4 33da5a7e461fde34 bf42899b71912433 8715ac6b4323b8a0"},
+     "fe70bbd1c1d1c8be 5e439f5019017f38 9045d92cf68457b4 18983c91150ae699 dfaa3e19aa6fba53 e01e6d9d2ecdc035 db9ba7d21fadb319"},
     {"W16 seed-v2 N=4",
-     "c190b993fe5cbfa3 eab309d7e2d3c35b 3c82bb011f5f0d83 743c95b1c9257783 8c3349a79a3e6f87 fd21d4f4ea149459 423f6aa6a7e24708"},
+     "f9c91ad3c6051ce3 c386e1fbcbe62b77 59e29f9e7a3f291c 981942412500a073 c71a6062d1174642 1a306cbc0d052c11 9a4646427f9b6bec"},
     {"W16 tutti",
-     "a821fd660513b606 79d9a4de461105f9 d3417ecacd90a60c f5169c7fb6688f07 a2529905cfca478d ee7b9697c74d9b08 d1cb8ca3fe497d6f"},
+     "f7052fb75a3764d7 8662ee15b9aa4f32 40afc18c5e7e194a 842dd397c753c0ef e53b011688a3df9e 4ae3871663d58a89 77ee623e586c93f2"},
     {"W16 tutti img_cap",
-     "26cc66c68bfe2da6 b1b4fccf8e7c5de8 064c1794189dcf52 2f84d3646cfac01c 0b525d6966ca83e1 947df288bd4bff17 9fcebcbab04c4d76"},
+     "79e8b417d4daff77 4e0fb60471c71723 95a2a8d28b737014 5ebf9c8c1dc18ff4 4c3bc57a21a31bf2 30e5e30919d3ee96 39eb52271669a3eb"},
     {"W16 post fast",
-     "a20c54cb539b2f67 7593520644766112 52ca08964fbc8070 7b32c3d630a7246b 3aefed4d406234ed b5ec19cdf07b3653 66742d9bd5a523ae"},
+     "ab3c918e29715970 c6ce8bd6bb4241e7 e661dfd45a49e8f9 d60d7fde1af8cc83 0b1e741c8171ae04 c7dd608577016403 5e032822e8840931"},
     {"W16 post padded",
-     "7194d81b794b41e1 e142e911f4ea7b20 49df007b0a64f31f 93dc9deab30ac00a 8dc59402d7fb9b69 1355175b20d9b575 4554b6bca496c124"},
+     "9ea2d88752753ecb 306f386f6252da00 86b287b356f8a47e e50a750980e4d022 497a6e82a158f9a4 f7f4bb749701c7e5 8e15d4838504964e"},
     {"W16 post restricted",
-     "7476f5d751011e13 0d58140c0721b7d5 c3441feface76f59 fa55030afde7ae90 39383b63d1e96fef 055a6342399844b6 b71d0f600a91fc32"},
+     "05cc36e120fa3805 6bfe28686ccce17f 03c81fe69bc95687 994d7b71f0c7afa4 81f1bab8390ae1ac 2954336b18b5aeea e072a8f85e8ac817"},
     {"W4 post ilp",
-     "8056d5867b9a32ac 6961ce3f1ef775f6 53889320bffd8dc2 304a9e6bfe6bb7ec 232eafff30698d57 7532ceb194082cd7 267cd3f69a69d0d7"},
+     "e7de1091462f35f0 2a150985e79f0a5b dd7e6d406379e963 81b40f0e2a7a9ed7 38826e2335bed270 a0e657c68369bb3b ed9aea0075261c3f"},
     {"W64 tutti",
-     "f61bd8d54dfd2412 adac6642491dfd97 b333ba38601053c5 a3acc2f0f3bf1545 486304a2b09cc730 81568e563cad2524 4207947be042abf0"},
+     "ec5c529257baae55 975ff08773ee6b52 f1de40ad22fda950 bbb479e7eba7ae52 1855efc8e0aa2c5a 02ec6c56bf17c724 a8dbb72f0a9e88a4"},
     {"W64 post fast",
-     "0f4073c9011c9559 4ad1cc2f278d5173 70221beaf2fc6aab 21ccef5e4200994d ab15daa54c172540 134c79841b1a6ff0 57e59573bc964f8c"},
+     "176c45e88c8bd406 2817dc93b3372c2e 505c9dab540345f3 a39556ec1b3a21f7 0db5b4001831706a 5a928bc7665fd471 ce2fab623a25857d"},
 };
 // clang-format on
 
@@ -269,13 +273,13 @@ std::string SubsetHashesOf(const PinCase& c) {
 constexpr Pinned kPinnedSubsets[] = {
     // clang-format off
     {"W16 greedy",
-     "b2eac193 225f8550 2dc87117 38770b15 2096834d 5cad6b40 fed98ab1 efc7f13b a616ad8a 942f6068"},
+     "73e1bed7 e354fa14 ecc30e53 2307cdd1 6e18146e 9da61404 3fd2f5f5 2ecc8e7f bba5ca7a daa1f74b"},
     {"W16 post fast",
-     "9dc90afe acae8e62 2a67f048 d33936ca e76c8ea6 60c2ce8e 0576257b 90288a23 991b4872 46e98666"},
+     "6545eab0 c2ec5a3e 9bcb6889 084ab58f ba9df537 ae2f4082 b9e2f1a0 18a283bd d5bac763 deb6c77b"},
     {"W16 post restricted",
-     "098e3211 89bd0a03 97a43b50 c4a1dc2c 7f0e7fc7 8d7bb41e 9588ef40 0187f11a 78e9bca7 da11dca9"},
+     "e78714c1 682f507e 443bbe3e 61fb460d ec1d443f 3bce4e8f d3c0837e c772c44a 3efefb12 707d7414"},
     {"W64 tutti",
-     "b510cd5e 9e7f8005 839a42cb 7af0845e fb4128c1 8cb37e47 20c5f8f4 6ed6ce26 a2f085b6 bdcd9134"},
+     "741bb21a 5f74ff41 42913d8f b0a2984f 94c74100 4db80103 e1ce87b0 afddb162 7f2cac94 fa2827e0"},
     // clang-format on
 };
 
