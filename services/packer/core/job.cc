@@ -140,16 +140,16 @@ const char* Job::UnservableReason(uint32_t s) const {
 
 void Job::FilterStreams() {
   const Index& ix = *index_;
-  text_samples_ = &ix.text_samples();
-  vl_samples_ = &ix.vl_samples();
-  for (auto [all, kept, out] : {std::tuple{&ix.text_samples(), &text_kept_, &text_samples_},
-                                std::tuple{&ix.vl_samples(), &vl_kept_, &vl_samples_}}) {
+  text_samples_ = ix.text_samples();
+  vl_samples_ = ix.vl_samples();
+  for (auto [all, kept, out] : {std::tuple{ix.text_samples(), &text_kept_, &text_samples_},
+                                std::tuple{ix.vl_samples(), &vl_kept_, &vl_samples_}}) {
     size_t i = 0;
-    while (i < all->size() && *UnservableReason((*all)[i]) == '\0') ++i;
-    if (i == all->size()) continue;  // all servable: draw from the index's stream
-    kept->assign(all->begin(), all->begin() + static_cast<std::ptrdiff_t>(i));
-    for (; i < all->size(); ++i) {
-      const uint32_t s = (*all)[i];
+    while (i < all.size() && *UnservableReason(all[i]) == '\0') ++i;
+    if (i == all.size()) continue;  // all servable: draw from the index's stream
+    kept->assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(i));
+    for (; i < all.size(); ++i) {
+      const uint32_t s = all[i];
       const char* why = UnservableReason(s);
       if (*why == '\0') {
         kept->push_back(s);
@@ -157,7 +157,7 @@ void Job::FilterStreams() {
       }
       if (unservable_[why]++ == 0) unservable_examples_[why] = DescribeSample(s);
     }
-    *out = kept;
+    *out = *kept;
   }
 }
 

@@ -55,10 +55,10 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
   // The draw: text samples, then VL, each stream's positions ascending:
   // the queue it entered with, then its own.
   const uint64_t per[2] = {cfg.batch().text_samples_per_step(), cfg.batch().vl_samples_per_step()};
-  const std::vector<uint32_t>* ids[2] = {&job.text_samples(), &job.vl_samples()};
+  const absl::Span<const uint32_t> ids[2] = {job.text_samples(), job.vl_samples()};
   StreamSampler samplers[2] = {
-      StreamSampler(cfg.seed(), Stream::kText, std::max<size_t>(1, ids[0]->size()), per[0]),
-      StreamSampler(cfg.seed(), Stream::kVl, std::max<size_t>(1, ids[1]->size()), per[1])};
+      StreamSampler(cfg.seed(), Stream::kText, std::max<size_t>(1, ids[0].size()), per[0]),
+      StreamSampler(cfg.seed(), Stream::kVl, std::max<size_t>(1, ids[1].size()), per[1])};
   const std::vector<uint64_t>* queued[2] = {&p.deferred_in.text, &p.deferred_in.vl};
   const std::vector<uint64_t>* deferred[2] = {&p.deferred_out.text, &p.deferred_out.vl};
   const std::vector<uint64_t>* skipped[2] = {&p.skipped_text, &p.skipped_vl};
@@ -76,7 +76,7 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
     in_vl = ps.vl;
     if (ps.piece > 0) continue;  // the first piece stands for its document
     const uint64_t pos = ps.position, drawn = per[v] ? pos / per[v] : 0;
-    if (ps.sample != (*ids[v])[samplers[v].At(pos)] || drawn > p.step || drawn + H < p.step ||
+    if (ps.sample != ids[v][samplers[v].At(pos)] || drawn > p.step || drawn + H < p.step ||
         (any[v] && pos <= last[v])) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " is planned at stream position ", pos,
                                      " (drawn at step ", drawn,
