@@ -22,6 +22,11 @@
 // Re-pinned when tutti began to deal VL samples under 5% of a rank's mean
 // ViT cost in batches, as it deals small text documents: W16, W16 img_cap
 // and W64 tutti changed (and W64 tutti's rank subsets).
+// Re-pinned when the fingerprint every plan carries began to cover the
+// index's content identity instead of the config's index_path: every hash
+// changed; with config_fingerprint cleared, no plan did. Re-pinned again
+// when that identity came to leave out the shards' modification times and
+// the build's records of skips: the fingerprint alone changed.
 //
 // TUTTI_PRINT_PLAN_HASHES=1 prints the table as C++ to paste below.
 #include <algorithm>
@@ -190,43 +195,43 @@ struct Pinned {
 // changed.
 constexpr Pinned kPinned[] = {
     {"W4 greedy",
-     "574bc23143cbb189 91b1d028a2e2aa86 e9d063b20d5999ef 0f9b811ac47ac953 0821ecbc630151fb cdc36d2ac2301128 fdc246abf9d4006a"},
+     "6f18370d7b9844b5 fa984a4ac9cb30e4 e65be6cf02d21c92 2bfac4fce01b8cb5 261ff9144d3f4453 e2293205edda4e07 14aa6ac710bc2c06"},
     {"W4 seed-v1 N=2",
-     "6a244424ee82c451 09c028705304bed8 f03a6a4c9377c6e0 a00b31924a5144ce accb7df2d4a05cac b7407400bdb79241 6082a724aa7c8d6a"},
+     "4eada258ca0b222d 633e641739faf2bf 41811e2e22ccb282 6b0fb9938155cccf 3aac7da442c75cfa 9fb2af7b9545493a cbfcfcc80102d686"},
     {"W4 seed-v2 N=4",
-     "f4eccdcc14d964b9 018ce54c5ad19e6e 8b3d453e6fe4534c 073774a9fec8101c ec11b7c3fb465ae5 8a50cfc54c3dab24 f404406cf89ed633"},
+     "6fd093ec8fe53a99 bee52df5e5b856d7 1d4e106ef997061c c97c378330835336 6625506d7172bd4b 3a891b0dfce47fec 5bd05f1d574ac942"},
     {"W4 tutti",
-     "4342a3eb7bca0098 368e854f81ad5698 d944b8375db97159 01cb3c56bda62f31 37757be15a6b0694 b3bd16657d1c93fd 1619190d19429bb1"},
+     "1bd78a31235f2942 9fb015d52893c602 de679c2e5a9a5540 f1f02a864d9d39e1 03b734d16ea949a4 f7a96b0b3908ee93 8ac2eb49859969f5"},
     {"W4 tutti img_cap",
-     "40475e0e78cffd7d 6c33ff22db102cf5 9d9d505919609937 8e3c97583251843f 2ff869e842e6149d 6b133684a5b2b31c ed4fea99e2146825"},
+     "523756e76abff594 74c3ff25c3e02cf2 a55eccf921a30597 98622df1240f3e96 13a41f9c7eba62e9 a4af3fa06a0eba38 d1fe1456dea596ea"},
     {"W4 post fast",
-     "8ee924a31de5c5e7 213435925e52e11d 3b3fe212086c98bc 1ceff5ffb7250109 4abdb54408c5a0df b6cb2042faae8c08 2a60a5dc44086cbf"},
+     "2ead59ecbda1b8a8 3c6e130e4308c781 4dd5b6537e86ccfd 88549ecd239e6a3b 5e6eda0c1c16cf97 5ba6c59117c369db f1393ced9f51f58e"},
     {"W4 post padded",
-     "1f87df8cf67254bb b12de6a451edb823 0b6feaab929c82b8 f278b794fd8bcb96 365208fdec0e22c1 fa3a0982b912e0b4 dccbcb8458e3f70a"},
+     "655eb5218cab3e16 195be102f99bbf85 247713f4bd847be7 07e911e9081a6deb f433dfeb2e6ff5d7 ff53b3a3bc7b5a95 c5f0a1da41d89d54"},
     {"W4 post restricted",
-     "42994c85340f6ec3 1df47f019f5cce66 33e61f7f8bd799bf bca1584a2b3fa5a0 1325897645f916bb 66eb0c629783b7f2 9b3fa25b2b69528e"},
+     "8c15fb1bfa83d95d 0a05056688adb401 9e983cdd26a9ba1d cd9205135a0cf8f9 f32fa974a5f336b9 fe5ad3300f3268a0 c36d21f7733bd122"},
     {"W16 greedy",
-     "ab8f87aff3b7f173 cf814b7031394296 f8cd2ee08f5104be 55927c842da01fa7 0c998379611dcf32 a516dba6259e306b 6d14e55337d45eb8"},
+     "f2ac3732aa9441ee 71f77f4e8f4f76a8 4314e5f33488cfad 1ae6884062d4eb63 b01c7014dd983c5f 8756ffd107de141c 0d24bbed57e40006"},
     {"W16 seed-v1 N=2",
-     "fe70bbd1c1d1c8be 5e439f5019017f38 9045d92cf68457b4 18983c91150ae699 dfaa3e19aa6fba53 e01e6d9d2ecdc035 db9ba7d21fadb319"},
+     "a7c1f2e49860818b 79ee136e3eacf306 21ac7629476df8b1 a2015fd9af9385d1 efb010ea9a7594a0 efe3cd04213060ac c661ce2f0257dae4"},
     {"W16 seed-v2 N=4",
-     "f9c91ad3c6051ce3 c386e1fbcbe62b77 59e29f9e7a3f291c 981942412500a073 c71a6062d1174642 1a306cbc0d052c11 9a4646427f9b6bec"},
+     "f5812929ca4d2f19 27aba9ef2fcb6363 3a679f7d19ba29ff ac66a33a117f4108 bf417b90a94c5db0 c6f10ef3d1c44e5e 426035b7a7bd1819"},
     {"W16 tutti",
-     "f7052fb75a3764d7 8662ee15b9aa4f32 40afc18c5e7e194a 842dd397c753c0ef e53b011688a3df9e 4ae3871663d58a89 77ee623e586c93f2"},
+     "db8de9ec76bfa28c 29ed1e2b1625bf0c e0895a1cfe5882da b66fb152f511a22a a2571463cfcfcaeb 5f695ed1765f534e 12c7521d3d45a3d1"},
     {"W16 tutti img_cap",
-     "79e8b417d4daff77 4e0fb60471c71723 95a2a8d28b737014 5ebf9c8c1dc18ff4 4c3bc57a21a31bf2 30e5e30919d3ee96 39eb52271669a3eb"},
+     "dded0ec370df45a3 88eac236b7226311 c0271200def6cac6 f563e5e1b61df699 2517e1de488f3f56 f02279dad9147445 069f986c291d69a0"},
     {"W16 post fast",
-     "ab3c918e29715970 c6ce8bd6bb4241e7 e661dfd45a49e8f9 d60d7fde1af8cc83 0b1e741c8171ae04 c7dd608577016403 5e032822e8840931"},
+     "4f133dc5cd5ef53b f7774d878afb87b6 b2c09afc0ee8add1 4de6103f8113a362 d265731d580aa905 3b925eaf8b4e5a29 24d0fad59257dbc6"},
     {"W16 post padded",
-     "9ea2d88752753ecb 306f386f6252da00 86b287b356f8a47e e50a750980e4d022 497a6e82a158f9a4 f7f4bb749701c7e5 8e15d4838504964e"},
+     "a66e7c236ab99a6f 9b704881c94daaee 78bb374ea8f11483 1b16c76e7ef86245 827196d26a5301f4 249685144463f985 3d5e132b364f51e6"},
     {"W16 post restricted",
-     "05cc36e120fa3805 6bfe28686ccce17f 03c81fe69bc95687 994d7b71f0c7afa4 81f1bab8390ae1ac 2954336b18b5aeea e072a8f85e8ac817"},
+     "127e5c23374852c7 4bb4e75c4c862e4b aa7f72d5327e3bb4 e35066958adab240 add959ec152202f8 9503d4a5a4e24924 29640644979c66ab"},
     {"W4 post ilp",
-     "e7de1091462f35f0 2a150985e79f0a5b dd7e6d406379e963 81b40f0e2a7a9ed7 38826e2335bed270 a0e657c68369bb3b ed9aea0075261c3f"},
+     "f9439e1458b2bb75 05d2eb6bc858e8b5 9beacd1025ed4933 b7d4ab7d1c1a3aa4 691528cc6429949f e1040e6ac28be297 198adee0813628df"},
     {"W64 tutti",
-     "ec5c529257baae55 975ff08773ee6b52 f1de40ad22fda950 bbb479e7eba7ae52 1855efc8e0aa2c5a 02ec6c56bf17c724 a8dbb72f0a9e88a4"},
+     "0d332200b6d5dec7 255556aac1e4cd7f 8224696451078099 58c2490508d19eb0 236637fadb99f468 56598c97eba227e5 d6f8214874bd1ec3"},
     {"W64 post fast",
-     "176c45e88c8bd406 2817dc93b3372c2e 505c9dab540345f3 a39556ec1b3a21f7 0db5b4001831706a 5a928bc7665fd471 ce2fab623a25857d"},
+     "fe56775365b1e6bd e4fbea467fdb1afb c2311b4bc66ec313 f2289b3e4a87ec25 5409ec35418d285f 9a60ed5ca6adb2ea ba13d5644e19fb7b"},
 };
 // clang-format on
 
@@ -271,15 +276,14 @@ std::string SubsetHashesOf(const PinCase& c) {
 }
 
 constexpr Pinned kPinnedSubsets[] = {
-    // clang-format off
     {"W16 greedy",
-     "73e1bed7 e354fa14 ecc30e53 2307cdd1 6e18146e 9da61404 3fd2f5f5 2ecc8e7f bba5ca7a daa1f74b"},
+     "ccceb4cb ab01e666 331cd6b0 21041666 0d4a2ac5 2bdfd9f8 292ad7a4 526e4051 cdea3c55 f42e981d"},
     {"W16 post fast",
-     "6545eab0 c2ec5a3e 9bcb6889 084ab58f ba9df537 ae2f4082 b9e2f1a0 18a283bd d5bac763 deb6c77b"},
+     "b7599492 3b616801 107585a0 9d5d8776 d853399c 5d6a98af c55fe6a6 e7323ad7 c7b7545f e814e48c"},
     {"W16 post restricted",
-     "e78714c1 682f507e 443bbe3e 61fb460d ec1d443f 3bce4e8f d3c0837e c772c44a 3efefb12 707d7414"},
+     "500a987a 12d723ed 90a3528e 683a14a6 50d7d0e6 b13a0eda 56a540c5 d13d40bd cdf5b7f4 27f8f5c1"},
     {"W64 tutti",
-     "741bb21a 5f74ff41 42913d8f b0a2984f 94c74100 4db80103 e1ce87b0 afddb162 7f2cac94 fa2827e0"},
+     "09daec98 bf7a9d7f d211c934 64b6fe6e 5f823bef f88c7c99 12a7deec e449879c 5de222cc e9673962"},
     // clang-format on
 };
 
