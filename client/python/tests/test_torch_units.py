@@ -134,7 +134,7 @@ class BatchTest(unittest.TestCase):
         images, llm_of = synthetic.random_step(1, 0, rng)
         while sum(1 for im in images if im[1] == 1) == 0:  # a document with two images
             images, llm_of = synthetic.random_step(1, 0, rng)
-        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _exchange.LocalTransport(),
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _transports.LocalTransport(),
                                  interleave=True)
         self.addCleanup(seg.close)
         L = b._layout
@@ -157,6 +157,16 @@ class BatchTest(unittest.TestCase):
                 # Only each document's last token is trained.
                 kept = (labels[cu[k]:cu[k + 1]] != -100).nonzero().flatten().tolist()
                 self.assertEqual(kept, [cu[k + 1] - cu[k] - 1])
+        # Each image's exchanged rows land on its run inside the text (image_embed_index).
+        enc = [(k, n) for k, (_, n) in sorted(L.enc_rows.items(), key=lambda kv: kv[1][0])]
+        emb = tutti.torch.exchange(torch.from_numpy(synthetic.pattern(enc, 4, 0)), b)
+        for mb in b.micro_batches:
+            out = mb.scatter_image_embeds(torch.zeros(1, mb.num_tokens, 4), emb)[0]
+            want = np.zeros((mb.num_tokens, 4), np.float32)
+            for sid, index, _, at, n in L.llm_images:
+                if mb._t0 <= at < mb._t1:
+                    want[at - mb._t0:at - mb._t0 + n] = synthetic.pattern([((sid, index), n)], 4, 0)
+            np.testing.assert_array_equal(out.numpy(), want)
 
     def test_local_exchange_and_scatter_with_gradient_accumulation(self):
         b = self.make()

@@ -38,12 +38,13 @@ def dropped_by(images, rank, step):
 
 
 def step_batch(args, transport, rank, world, step, images=None, llm_of=None):
-    """Step `step`'s random plan, laid out as tutti-packerd lays it out."""
+    """Step `step`'s random plan, laid out as tutti-packerd lays it out; every third step's
+    documents are schema-2 conversations (image runs inside the text)."""
     if images is None:
         rng = np.random.default_rng(1000 + step)
         images, llm_of = synthetic.random_step(world, step, rng)
     return synthetic.batch(world, rank, step, images, llm_of, HIDDEN, transport,
-                           dropped=dropped_by(images, rank, step))
+                           dropped=dropped_by(images, rank, step), interleave=step % 3 == 1)
 
 
 def encoder_keys(batch):
