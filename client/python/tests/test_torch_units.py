@@ -166,7 +166,7 @@ class BatchTest(unittest.TestCase):
             for sid, index, _, at, n in L.llm_images:
                 if mb._t0 <= at < mb._t1:
                     want[at - mb._t0:at - mb._t0 + n] = synthetic.pattern([((sid, index), n)], 4, 0)
-            np.testing.assert_array_equal(out.numpy(), want)
+            np.testing.assert_array_equal(out.detach().numpy(), want)
 
     def test_local_exchange_and_scatter_with_gradient_accumulation(self):
         b = self.make()
