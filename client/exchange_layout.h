@@ -8,6 +8,13 @@
 // forward receive buffer's layout and vice versa. Load: the plan's
 // load_exchange (post-balancing's remote inputs, before the encoders run),
 // laid out like the forward exchange.
+//
+// From plan_version 4 on (plan.proto Exchange) every pair is one contiguous
+// run at both ends, so each peer's bytes move as one message. Restricted to
+// one encoder (ExchangeContext.encoder), the layout takes that encoder's
+// items only: its send buffer is then that encoder's output rows as they
+// stand (EncoderPhase order, grouped by destination), checked here, and its
+// receive buffer holds them grouped by source. Older plans are refused.
 #ifndef TUTTI_CLIENT_EXCHANGE_LAYOUT_H_
 #define TUTTI_CLIENT_EXCHANGE_LAYOUT_H_
 
@@ -24,6 +31,10 @@
 namespace tutti {
 
 inline constexpr uint64_t kUnknownStep = ~uint64_t{0};
+
+// The oldest RankPlan.plan_version whose exchange layout this client reads:
+// every pair one contiguous run at both ends (plan.proto Exchange).
+inline constexpr uint32_t kMinExchangePlanVersion = 4;
 
 enum class ExchangeDirection { kForward = 0, kBackward = 1, kLoad = 2 };
 
@@ -52,6 +63,12 @@ struct ExchangeContext {
   // this reference for the rest of the process. Memory it does not cover
   // must then outlive the process's use of MPI (FinishMpi aborts the job).
   std::shared_ptr<void> keepalive;
+  // Only this encoder's items (v1::Encoder: ENCODER_VISION, ENCODER_AUDIO)
+  // of the forward and backward exchanges; default ENCODER_UNSPECIFIED:
+  // every item. With an encoder, the forward send buffer (the backward
+  // receive buffer) is that encoder's output, laid out as its EncoderPhase
+  // lists its items, and a pair's bytes are its items of that encoder.
+  v1::Encoder encoder = static_cast<v1::Encoder>(0);
 };
 
 struct ExchangeLayout {
@@ -65,13 +82,11 @@ struct ExchangeLayout {
   std::vector<uint64_t> recv_counts, recv_offsets;
   // Per peer, a hash of how the pair's bytes split into items (the sizes of
   // its non-empty items in order; a transfer without items is one item of
-  // its bytes; 0 when nothing moves). Both ends of a pair compute it from
+  // its bytes; 0 when nothing moves) and of the encoder they belong to when
+  // the layout is restricted to one. Both ends of a pair compute it from
   // their own plan, so a transport's agreement can compare the splits too.
-  // The split into messages hashes in too (Transfer.runs).
   std::vector<uint64_t> send_item_hashes, recv_item_hashes;
-  // Per peer, the plan's Transfer.runs: how many consecutive items move as
-  // one message (empty: one message per item).
-  std::vector<std::vector<uint32_t>> send_runs, recv_runs;
+  v1::Encoder encoder = static_cast<v1::Encoder>(0);  // ExchangeContext.encoder
   uint64_t send_bytes = 0;
   uint64_t recv_bytes = 0;
 };
@@ -86,12 +101,14 @@ ExchangeLayout EmptyLayout(ExchangeDirection dir, uint32_t comm_rank, uint32_t c
                            uint64_t step);
 
 // Builds the layout of `plan` for this process, rank `comm_rank` of a
-// communicator of `comm_size` ranks. FAILED_PRECONDITION when the plan was
-// made for another world size or belongs to another rank; INVALID_ARGUMENT
-// when the plan is inconsistent (a peer out of range, peers out of order or
-// repeated, a transfer whose items do not add up to its bytes or whose runs
-// do not add up to its items, totals that do not match, or a rank sending
-// itself a different count than it receives).
+// communicator of `comm_size` ranks. FAILED_PRECONDITION when the plan is
+// older than kMinExchangePlanVersion (naming both versions), was made for
+// another world size or belongs to another rank; INVALID_ARGUMENT when the
+// plan is inconsistent (a peer out of range, peers out of order or
+// repeated, a transfer whose items do not add up to its bytes, totals that
+// do not match, a rank sending itself a different count than it receives,
+// or, restricted to one encoder, sends that are not that encoder's output
+// in order).
 absl::StatusOr<ExchangeLayout> BuildExchangeLayout(const v1::RankPlan& plan, ExchangeDirection dir,
                                                    uint32_t comm_rank, uint32_t comm_size,
                                                    const ExchangeContext& ctx = {});

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "client/testing/random_exchange.h"
+#include "tutti/v1/plan.pb.h"
 
 namespace tutti {
 namespace {
@@ -16,6 +18,7 @@ v1::RankPlan Plan(uint32_t rank) {
   // consistent for rank 0 below.
   v1::RankPlan p;
   p.set_rank(rank);
+  p.set_plan_version(kMinExchangePlanVersion);
   auto* ex = p.mutable_exchange();
   auto add = [](auto* list, uint32_t peer, std::vector<uint64_t> items) {
     auto* t = list->Add();
@@ -149,45 +152,130 @@ TEST(ExchangeLayout, BufferSizesNameExpectedAndGiven) {
   EXPECT_THAT(Msg(s), HasSubstr("receive buffer size mismatch: expected 15 bytes"));
 }
 
-TEST(ExchangeLayout, RunsFollowTheirTransfersAndSplitTheHash) {
-  v1::RankPlan p = Plan(0);
-  auto* to2 = p.mutable_exchange()->mutable_sends(1);
-  auto l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
-  ASSERT_TRUE(l.ok()) << l.status();
-  const uint64_t item_wise = l->send_item_hashes[2];
-  EXPECT_TRUE(l->send_runs[2].empty());
-  // Runs of one item are one message per item: the same split as no runs.
-  to2->add_runs(1);
-  to2->add_runs(1);
-  l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
-  ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ(l->send_item_hashes[2], item_wise);
-  to2->clear_runs();
-  to2->add_runs(2);
-  l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
-  ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_THAT(l->send_runs[2], ElementsAre(2));
-  EXPECT_NE(l->send_item_hashes[2], item_wise);
-  // Backward: the forward sends' runs are the receives'.
-  l = BuildExchangeLayout(p, ExchangeDirection::kBackward, 0, 3);
-  ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_THAT(l->recv_runs[2], ElementsAre(2));
-  EXPECT_TRUE(l->send_runs[2].empty());
+TEST(ExchangeLayout, APlanOlderThanTheContiguousLayoutIsRefusedNamingBothVersions) {
+  for (uint32_t version : {0u, 2u, 3u}) {
+    v1::RankPlan p = Plan(0);
+    p.set_plan_version(version);
+    for (ExchangeDirection dir :
+         {ExchangeDirection::kForward, ExchangeDirection::kBackward, ExchangeDirection::kLoad}) {
+      auto l = BuildExchangeLayout(p, dir, 0, 3, {5, 3});
+      EXPECT_EQ(l.status().code(), absl::StatusCode::kFailedPrecondition) << l.status();
+      EXPECT_THAT(Msg(l.status()),
+                  HasSubstr(absl::StrCat("step 5, rank 0, ", ExchangeDirectionName(dir),
+                                         " exchange: the plan is plan_version ", version,
+                                         " but this client's exchange needs plan_version 4 or "
+                                         "later")));
+    }
+  }
 }
 
-TEST(ExchangeLayout, RunsThatDoNotAddUpToTheItemsAreRefused) {
-  v1::RankPlan p = Plan(0);
-  auto* to2 = p.mutable_exchange()->mutable_sends(1);
-  to2->add_runs(3);
-  auto l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
-  ASSERT_FALSE(l.ok());
-  EXPECT_THAT(Msg(l.status()), HasSubstr("has 2 items but its runs add up to 3"));
-  to2->clear_runs();
-  to2->add_runs(2);
-  to2->add_runs(0);
-  l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3);
-  ASSERT_FALSE(l.ok());
-  EXPECT_THAT(Msg(l.status()), HasSubstr("a run of no items"));
+// Rank 0 of 3 with two encoders: to rank 1 an image of 6 bytes and an audio
+// clip of 4, to itself an image of 3 and two clips of 2 and 5; from rank 2
+// an image of 7. Its encoder phases list the images and clips in the order
+// of its sends.
+v1::RankPlan TwoEncoderPlan() {
+  v1::RankPlan p;
+  p.set_plan_version(kMinExchangePlanVersion);
+  auto* vision = p.add_encoders();
+  vision->set_encoder(v1::ENCODER_VISION);
+  auto* audio = p.add_encoders();
+  audio->set_encoder(v1::ENCODER_AUDIO);
+  auto* ex = p.mutable_exchange();
+  auto item = [](v1::Transfer* t, v1::Encoder e, uint64_t sample, uint64_t bytes) {
+    auto* it = t->add_items();
+    it->set_sample_id(sample);
+    it->set_encoder(e);
+    it->set_bytes(bytes);
+    t->set_bytes(t->bytes() + bytes);
+  };
+  auto* self = ex->add_sends();
+  self->set_peer(0);
+  item(self, v1::ENCODER_VISION, 10, 3);
+  item(self, v1::ENCODER_AUDIO, 11, 2);
+  item(self, v1::ENCODER_AUDIO, 12, 5);
+  auto* to1 = ex->add_sends();
+  to1->set_peer(1);
+  item(to1, v1::ENCODER_VISION, 13, 6);
+  item(to1, v1::ENCODER_AUDIO, 14, 4);
+  *ex->add_recvs() = *self;
+  auto* from2 = ex->add_recvs();
+  from2->set_peer(2);
+  item(from2, v1::ENCODER_VISION, 20, 7);
+  ex->set_send_bytes(20);
+  ex->set_recv_bytes(17);
+  for (const auto& t : ex->sends()) {
+    for (const auto& it : t.items()) {
+      if (it.encoder() == v1::ENCODER_VISION) {
+        vision->add_images()->set_sample_id(it.sample_id());
+      } else {
+        audio->add_audio()->set_sample_id(it.sample_id());
+      }
+    }
+  }
+  return p;
+}
+
+TEST(ExchangeLayout, OneEncodersItemsLayOutThatEncodersOutputAsItStands) {
+  const v1::RankPlan p = TwoEncoderPlan();
+  ExchangeContext all{1, 3}, vision{1, 3}, audio{1, 3};
+  vision.encoder = v1::ENCODER_VISION;
+  audio.encoder = v1::ENCODER_AUDIO;
+  auto a = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3, all);
+  auto v = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3, vision);
+  auto u = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3, audio);
+  ASSERT_TRUE(a.ok() && v.ok() && u.ok()) << a.status() << v.status() << u.status();
+  // Every item: one contiguous block per peer.
+  EXPECT_THAT(a->send_counts, ElementsAre(10, 10, 0));
+  EXPECT_THAT(a->send_offsets, ElementsAre(0, 10, 0));
+  EXPECT_THAT(a->recv_counts, ElementsAre(10, 0, 7));
+  // The vision encoder's output [img 10 | img 13] is its send buffer; the
+  // audio encoder's [clip 11, clip 12 | clip 14] is its.
+  EXPECT_THAT(v->send_counts, ElementsAre(3, 6, 0));
+  EXPECT_THAT(v->send_offsets, ElementsAre(0, 3, 0));
+  EXPECT_THAT(v->recv_counts, ElementsAre(3, 0, 7));
+  EXPECT_THAT(v->recv_offsets, ElementsAre(0, 0, 3));
+  EXPECT_EQ(v->send_bytes, 9u);
+  EXPECT_EQ(v->recv_bytes, 10u);
+  EXPECT_THAT(u->send_counts, ElementsAre(7, 4, 0));
+  EXPECT_THAT(u->send_offsets, ElementsAre(0, 7, 0));
+  EXPECT_THAT(u->recv_counts, ElementsAre(7, 0, 0));
+  EXPECT_EQ(u->send_bytes, 11u);
+  EXPECT_EQ(u->recv_bytes, 7u);
+  // Backward: the inverse, of the same encoder.
+  auto vb = BuildExchangeLayout(p, ExchangeDirection::kBackward, 0, 3, vision);
+  ASSERT_TRUE(vb.ok()) << vb.status();
+  EXPECT_THAT(vb->send_counts, ElementsAre(3, 0, 7));
+  EXPECT_THAT(vb->recv_counts, ElementsAre(3, 6, 0));
+  // The agreement tells the encoders apart: the same sizes hash apart.
+  EXPECT_NE(v->send_item_hashes[1], a->send_item_hashes[1]);
+  EXPECT_NE(v->send_item_hashes[1], 0u);
+  EXPECT_EQ(u->recv_item_hashes[2], 0u);  // nothing of the audio encoder's from rank 2
+  EXPECT_EQ(v->encoder, v1::ENCODER_VISION);
+}
+
+TEST(ExchangeLayout, OneEncodersItemsOutOfItsOutputsOrderAreRefused) {
+  v1::RankPlan p = TwoEncoderPlan();
+  ExchangeContext vision{1, 3};
+  vision.encoder = v1::ENCODER_VISION;
+  p.mutable_encoders(0)->mutable_images()->SwapElements(0, 1);
+  auto l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3, vision);
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << l.status();
+  EXPECT_THAT(Msg(l.status()), HasSubstr("the plan sends item (sample 10, index 0) to rank 0 as "
+                                         "row 0 of the encoder's output, but its encoder phase "
+                                         "lists (sample 13, index 0) there"));
+  EXPECT_THAT(Msg(l.status()), HasSubstr("not grouped by destination"));
+  // The backward exchange receives into that output: refused alike.
+  l = BuildExchangeLayout(p, ExchangeDirection::kBackward, 0, 3, vision);
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << l.status();
+  // An encoder phase with an item the sends lack.
+  p = TwoEncoderPlan();
+  p.mutable_encoders(1)->add_audio()->set_sample_id(99);
+  ExchangeContext audio{1, 3};
+  audio.encoder = v1::ENCODER_AUDIO;
+  l = BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3, audio);
+  EXPECT_THAT(Msg(l.status()), HasSubstr("encoder phase lists 4 items but its sends 3"));
+  // Every item at once does not read the encoder phases.
+  EXPECT_TRUE(BuildExchangeLayout(p, ExchangeDirection::kForward, 0, 3, {1, 3}).ok());
 }
 
 }  // namespace

@@ -55,6 +55,8 @@ enum SummaryField : int {
   kNotDirection,
   kWorld,
   kNotWorld,
+  kEncoder,
+  kNotEncoder,
   kRefused,  // OR: some rank refused its own input
   kSummaryFields,
 };
@@ -125,6 +127,19 @@ absl::Status WaitAll(int n, MPI_Request* reqs, absl::Time deadline, Polling poll
   }
 }
 
+// "every encoder's items", "the vision encoder's items", ...
+std::string EncoderName(uint32_t encoder) {
+  switch (encoder) {
+    case v1::ENCODER_UNSPECIFIED:
+      return "every encoder's items";
+    case v1::ENCODER_VISION:
+      return "the vision encoder's items";
+    case v1::ENCODER_AUDIO:
+      return "the audio encoder's items";
+  }
+  return absl::StrCat("encoder ", encoder, "'s items");
+}
+
 const char* DirName(uint32_t dir) {
   return ExchangeDirectionName(static_cast<ExchangeDirection>(dir));
 }
@@ -162,8 +177,8 @@ struct MpiTransport::Header {
   uint32_t world = 0;
   uint32_t sender = 0;
   uint32_t own_input = 0;  // verdict: 1 when it is the sender's refusal of its own input
-  uint32_t unused = 0;
-  char reason[936] = {};  // the sender's error message, truncated
+  uint32_t encoder = 0;    // ExchangeLayout.encoder (0: every item)
+  char reason[936] = {};   // the sender's error message, truncated
 
   void SetStatus(const absl::Status& s) {
     code = static_cast<int32_t>(s.code());
@@ -332,6 +347,7 @@ absl::Status MpiTransport::Agree(const ExchangeLayout& layout, const absl::Statu
   if (!broken_.ok()) return broken_;
   ++seq_;
   messages_ = 0;
+  messages_to_.assign(size_, 0);
   if (!opts_.verify || size_ == 1) return local;
   return RunAgreement(layout, local, nullptr);
 }
@@ -341,11 +357,11 @@ absl::Status MpiTransport::AgreeAndMove(const ExchangeLayout& layout, const absl
   if (!broken_.ok()) return broken_;
   ++seq_;
   messages_ = 0;
+  messages_to_.assign(size_, 0);
   const bool verify = opts_.verify && size_ > 1;
   // A rank that refuses its own input posts nothing and reads no buffer.
   if (!local.ok()) return verify ? RunAgreement(layout, local, nullptr) : local;
-  Messages m = data.send_items != nullptr ? ItemMessages(layout, *data.send_items, *data.recv_items)
-                                          : ContiguousMessages(layout, data.send, data.recv);
+  Messages m = ContiguousMessages(layout, data.send, data.recv);
   m.keepalive = data.keepalive;
   if (!verify) return Deliver(layout, m, nullptr);
   // The sends go first (with scratch receive memory, after the receives);
@@ -353,7 +369,6 @@ absl::Status MpiTransport::AgreeAndMove(const ExchangeLayout& layout, const absl
   // post is this rank's refusal).
   Early early;
   early.to_peer.assign(size_, 0);
-  early.spare = m.spare;
   early.keepalive = m.keepalive;
   absl::Status posted = absl::OkStatus();
   if (data.scratch_recv) {
@@ -380,7 +395,6 @@ void MpiTransport::ReleaseSends(Early* early) {
   // A receive is cancelled unless a message already matched it; a peer may
   // be gone, so only briefly waited for.
   (void)CancelReceives(early, absl::Now() + absl::Milliseconds(200), nullptr);
-  if (early->spare) Abandon(early->spare);
   if (early->keepalive) Abandon(early->keepalive);
 }
 
@@ -504,7 +518,8 @@ absl::Status MpiTransport::RunAgreement(const ExchangeLayout& layout, const absl
   const uint64_t fields[][2] = {{kSeq, seq_},
                                 {kStep, layout.step},
                                 {kDirection, static_cast<uint64_t>(layout.direction)},
-                                {kWorld, size_}};
+                                {kWorld, size_},
+                                {kEncoder, static_cast<uint64_t>(layout.encoder)}};
   for (const auto& [f, v] : fields) {
     mine[f] = v;
     mine[f + 1] = ~v;
@@ -542,7 +557,7 @@ absl::Status MpiTransport::RunAgreement(const ExchangeLayout& layout, const absl
   }
   const bool agreed = all[kPairs] == 0 && all[kRefused] == 0 && all[kSeq] == ~all[kNotSeq] &&
                       all[kStep] == ~all[kNotStep] && all[kDirection] == ~all[kNotDirection] &&
-                      all[kWorld] == ~all[kNotWorld];
+                      all[kWorld] == ~all[kNotWorld] && all[kEncoder] == ~all[kNotEncoder];
   if (!agreed) {
     // Something disagrees (every rank sees the same summary and comes here):
     // the detailed rounds say which rank and why.
@@ -589,6 +604,7 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
     h.items_from_you = layout.recv_item_hashes[p];
     h.messages_to_you = early != nullptr ? early->to_peer[p] : 0;
     h.direction = static_cast<uint32_t>(layout.direction);
+    h.encoder = static_cast<uint32_t>(layout.encoder);
     h.world = size_;
     h.sender = rank_;
     h.SetStatus(local);
@@ -626,6 +642,9 @@ absl::Status MpiTransport::AgreeInDetail(const ExchangeLayout& layout, const abs
              DirName(static_cast<uint32_t>(layout.direction)));
     } else if (h.code != 0) {
       continue;  // it refused its own input and says why in round 2
+    } else if (local.ok() && h.encoder != static_cast<uint32_t>(layout.encoder)) {
+      refuse("rank ", p, " exchanges ", EncoderName(h.encoder), " but rank ", me, " ",
+             EncoderName(static_cast<uint32_t>(layout.encoder)));
     } else if (local.ok() && h.step != layout.step && h.step != kUnknownStep &&
                layout.step != kUnknownStep) {
       refuse("rank ", p, " is exchanging step ", h.step, "'s plan but rank ", me, " step ",
@@ -691,12 +710,6 @@ absl::Status MpiTransport::Move(const ExchangeLayout& layout, const void* send, 
   return Deliver(layout, ContiguousMessages(layout, send, recv), nullptr);
 }
 
-absl::Status MpiTransport::MoveItems(const ExchangeLayout& layout,
-                                     const std::vector<std::vector<ItemBuffer>>& send,
-                                     const std::vector<std::vector<ItemBuffer>>& recv) {
-  return Deliver(layout, ItemMessages(layout, send, recv), nullptr);
-}
-
 absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI_Request>* reqs,
                                 std::vector<uint64_t>* per_peer, std::vector<uint32_t>* peers) {
   const uint64_t chunk = opts_.max_count;
@@ -716,7 +729,7 @@ absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI
                   : MpiStatus(MPI_Isend(piece.data + done, n, MPI_BYTE, peer, tag, comm_, &req),
                               "MPI_Isend"));
       reqs->push_back(req);
-      if (!receive) ++messages_;
+      if (!receive) ++messages_, ++messages_to_[piece.peer];
       if (per_peer != nullptr) ++(*per_peer)[piece.peer];
       if (peers != nullptr) peers->push_back(piece.peer);
     }
@@ -725,13 +738,7 @@ absl::Status MpiTransport::Post(const Messages& m, bool receive, std::vector<MPI
 }
 
 void MpiTransport::CopyOwn(const Messages& m) {
-  for (const LocalCopy& c : m.own) {
-    if (c.src == nullptr) {
-      std::memset(c.dst, 0, c.bytes);
-    } else {
-      std::memcpy(c.dst, c.src, c.bytes);
-    }
-  }
+  for (const LocalCopy& c : m.own) std::memcpy(c.dst, c.src, c.bytes);
 }
 
 absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages& m, Early* early) {
@@ -757,11 +764,7 @@ absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages&
   absl::Status s = posted.ok() ? WaitAll(static_cast<int>(reqs.size()), reqs.data(),
                                          absl::Now() + opts_.join_timeout, Polling::kBusy)
                                : posted;
-  if (s.ok()) {
-    // Staged receives reach their items only once every message completed.
-    for (const LocalCopy& c : m.scatter) std::memcpy(c.dst, c.src, c.bytes);
-    return s;
-  }
+  if (s.ok()) return s;
   // Withdraw what is still pending: receives are cancelled, sends released.
   for (size_t k = 0; k < reqs.size(); ++k) {
     if (reqs[k] == MPI_REQUEST_NULL) continue;
@@ -772,7 +775,6 @@ absl::Status MpiTransport::Deliver(const ExchangeLayout& layout, const Messages&
       MPI_Request_free(&reqs[k]);
     }
   }
-  if (m.spare) Abandon(m.spare);
   if (m.keepalive) Abandon(m.keepalive);
   const std::string where =
       absl::StrCat(ExchangeWhere(layout.step, rank_), ", ",

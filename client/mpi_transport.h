@@ -37,16 +37,9 @@
 // exchange's memory (ExchangeContext.keepalive) is kept for the process's
 // life.
 //
-// Item by item (ExchangeItems), each of a pair's runs (Transfer.runs; a run
-// of one item per item without them) moves as one message, read and written
-// in place when the run's items lie back to back in this rank's memory.
-// Otherwise (an item without memory, items apart) that run alone is staged:
-// a send gathers it (zeros for items without memory) into memory the
-// transport owns (reused by later exchanges, grown to the largest need)
-// before posting, a receive lands in such memory and is scattered into the
-// items only once every message of the exchange completed. Both
-// ends of a pair agree on its runs (their item hashes cover them), so their
-// messages match one for one.
+// Each peer's bytes move as one message (in chunks of at most max_count
+// bytes), straight from the caller's send buffer into its receive buffer;
+// the rank's own part is one copy.
 #ifndef TUTTI_CLIENT_MPI_TRANSPORT_H_
 #define TUTTI_CLIENT_MPI_TRANSPORT_H_
 
@@ -119,17 +112,16 @@ class MpiTransport final : public Transport {
   // Exchanges with a transfer above max_count (sent in several messages).
   uint64_t large_exchanges() const { return large_exchanges_; }
   // Data messages this rank posted to its peers in its latest exchange (a
-  // chunk of at most max_count bytes each; 0 when it moved nothing).
+  // chunk of at most max_count bytes each; 0 when it moved nothing), in all
+  // and per peer (world_size entries).
   uint64_t messages_sent() const { return messages_; }
+  const std::vector<uint64_t>& messages_sent_to() const { return messages_to_; }
 
  protected:
   // Posts the sends, agrees, then receives (see above).
   absl::Status AgreeAndMove(const ExchangeLayout& layout, const absl::Status& local,
                             const ExchangeData& data) override;
   absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) override;
-  absl::Status MoveItems(const ExchangeLayout& layout,
-                         const std::vector<std::vector<ItemBuffer>>& send,
-                         const std::vector<std::vector<ItemBuffer>>& recv) override;
 
  private:
   struct Header;  // the agreement messages
@@ -140,20 +132,17 @@ class MpiTransport final : public Transport {
     char* data;
     uint64_t count;
   };
-  // This rank's own part, copied locally (src == nullptr: zeros).
+  // This rank's own part, copied locally.
   struct LocalCopy {
     char* dst;
     const char* src;
     uint64_t bytes;
   };
   // An exchange's messages (receives, then sends, each rank starting with a
-  // different peer), its own part, the copies out of staged receives once
-  // every message completed, and scratch kept past a failure.
+  // different peer) and its own part.
   struct Messages {
     std::vector<Piece> pieces;
     std::vector<LocalCopy> own;
-    std::vector<LocalCopy> scatter;
-    std::shared_ptr<void> spare;
     std::shared_ptr<void> keepalive;  // the caller's memory (ExchangeContext.keepalive)
   };
   // Messages posted before the agreement completed: the sends' requests and
@@ -165,18 +154,11 @@ class MpiTransport final : public Transport {
     std::vector<uint64_t> to_peer;
     std::vector<MPI_Request> recv_reqs;
     std::vector<uint32_t> recv_peer;
-    std::shared_ptr<void> spare;
     std::shared_ptr<void> keepalive;
   };
-  // The rank's items to itself (a null source: zeros).
   static void CopyOwn(const Messages& m);
+  // One message per peer with bytes, straight between the buffers.
   Messages ContiguousMessages(const ExchangeLayout& layout, const void* send, void* recv) const;
-  // A message per run of the layout's send_runs / recv_runs (see above),
-  // staging in staging_.
-  struct ItemStaging;
-  Messages ItemMessages(const ExchangeLayout& layout,
-                        const std::vector<std::vector<ItemBuffer>>& send,
-                        const std::vector<std::vector<ItemBuffer>>& recv);
   // Posts the receives (or the sends) of `m` in order, in chunks of at most
   // max_count bytes; counts the messages per peer into `per_peer` and notes
   // each request's peer in `peers`, if set.
@@ -222,9 +204,9 @@ class MpiTransport final : public Transport {
   MpiTransportOptions opts_;
   uint64_t seq_ = 0;
   uint64_t large_exchanges_ = 0;
-  uint64_t messages_ = 0;                 // data messages sent in the latest exchange
-  std::shared_ptr<ItemStaging> staging_;  // item-wise exchanges' own memory, reused
-  absl::Status broken_;                   // set after a timeout; every later exchange fails with it
+  uint64_t messages_ = 0;              // data messages sent in the latest exchange
+  std::vector<uint64_t> messages_to_;  // ... per peer
+  absl::Status broken_;                // set after a timeout; every later exchange fails with it
 
   // Refuses every later exchange, saying that the one at `where` `what`
   // ("timed out", "failed while moving data"); FinishMpi then aborts.

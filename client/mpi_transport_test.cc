@@ -126,6 +126,7 @@ TEST(MpiTransport, EmptyExchange) {
   auto t = MakeTransport();
   v1::RankPlan plan;
   plan.set_rank(t->rank());
+  plan.set_plan_version(kMinExchangePlanVersion);
   EXPECT_TRUE(t->Exchange(plan, nullptr, 0, nullptr, 0).ok());
   EXPECT_TRUE(t->ExchangeBackward(plan, nullptr, 0, nullptr, 0).ok());
 }
@@ -260,10 +261,10 @@ TEST(MpiTransport, PlansThatDisagreeAreRefusedOnEveryRank) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // Ranks 0 and 2 each see the disagreement; every rank reports rank 0's view.
   EXPECT_THAT(Msg(s), HasSubstr("step 12, forward exchange #"));
-  EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects " +
-                                std::to_string(plans[0].exchange().sends(2).bytes()) +
-                                " bytes from rank 0 but rank 0's plan sends it " +
-                                std::to_string(plans[0].exchange().sends(2).bytes() + 8)));
+  EXPECT_THAT(Msg(s),
+              HasSubstr("rank 2 expects " + std::to_string(plans[0].exchange().sends(2).bytes()) +
+                        " bytes from rank 0 but rank 0's plan sends it " +
+                        std::to_string(plans[0].exchange().sends(2).bytes() + 8)));
   ExpectSameOnEveryRank(s);
   EXPECT_TRUE(b.RecvUntouched());
 }
@@ -285,49 +286,155 @@ void SplitRank2Differently(v1::RankPlan* plan) {
   }
 }
 
-// Each item's memory within a flat buffer laid out over `list` (plan order).
-std::vector<ItemBuffer> ItemsOf(const google::protobuf::RepeatedPtrField<v1::Transfer>& list,
-                                uint8_t* base) {
-  std::vector<ItemBuffer> items;
-  uint64_t at = 0;
-  for (const v1::Transfer& t : list) {
-    for (const v1::TransferItem& item : t.items()) {
-      items.push_back({base + at, item.bytes()});
-      at += item.bytes();
-    }
-  }
-  return items;
-}
-
 // Two ends that split a pair's bytes into different items (equal totals)
-// fail every rank alike, item-wise and contiguous, instead of one rank
-// failing with a truncated message while another waits for a receive that
-// never comes; nothing is received and the next exchange moves every byte.
+// fail every rank alike instead of one rank failing with a truncated message
+// while another waits for a receive that never comes; nothing is received
+// and the next exchange moves every byte.
 TEST(MpiTransport, PlansThatSplitAPairsBytesDifferentlyAreRefusedOnEveryRank) {
   auto t = MakeTransport();
   if (t->world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
   const auto plans = Plans(t->world_size(), 17);
-  for (int items = 1; items >= 0; --items) {
-    v1::RankPlan plan = plans[t->rank()];
-    if (t->rank() == 0) {
-      ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
-    }
-    Buffers b(plan);
-    const ExchangeContext ctx{17, t->world_size()};
-    absl::Status s =
-        items ? t->ExchangeItems(plan, ExchangeDirection::kForward,
-                                 ItemsOf(plan.exchange().sends(), b.send.data()),
-                                 ItemsOf(plan.exchange().recvs(), b.recv.data()), ctx)
-              : t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(), ctx);
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-    EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the " +
-                                  std::to_string(plans[0].exchange().sends(2).bytes()) +
-                                  " bytes from rank 0 in other items than rank 0's plan"));
-    ExpectSameOnEveryRank(s, items ? "item-wise" : "contiguous");
-    EXPECT_TRUE(b.RecvUntouched()) << (items ? "item-wise" : "contiguous");
-    absl::Status next = ExchangeAndVerify(*t, plans[t->rank()], ctx, nullptr);
-    ASSERT_TRUE(next.ok()) << next;
+  v1::RankPlan plan = plans[t->rank()];
+  if (t->rank() == 0) {
+    ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
   }
+  Buffers b(plan);
+  const ExchangeContext ctx{17, t->world_size()};
+  absl::Status s =
+      t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the " +
+                                std::to_string(plans[0].exchange().sends(2).bytes()) +
+                                " bytes from rank 0 in other items than rank 0's plan"));
+  ExpectSameOnEveryRank(s);
+  EXPECT_TRUE(b.RecvUntouched());
+  absl::Status next = ExchangeAndVerify(*t, plans[t->rank()], ctx, nullptr);
+  ASSERT_TRUE(next.ok()) << next;
+}
+
+// A plan from before the contiguous layout (plan_version 3) on one rank
+// fails every rank alike, naming both versions; nothing is received, and the
+// next exchange moves every byte.
+TEST(MpiTransport, AnOldLayoutPlanIsRefusedOnEveryRank) {
+  auto t = MakeTransport();
+  const auto plans = Plans(t->world_size(), 27);
+  v1::RankPlan plan = plans[t->rank()];
+  const uint32_t old_rank = t->world_size() > 1 ? 1 : 0;
+  if (t->rank() == old_rank) plan.set_plan_version(3);
+  Buffers b(plan);
+  const ExchangeContext ctx{27, t->world_size()};
+  absl::Status s =
+      t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Msg(s), HasSubstr(absl::StrCat("rank ", old_rank, " refused the exchange")));
+  EXPECT_THAT(Msg(s), HasSubstr("the plan is plan_version 3 but this client's exchange needs "
+                                "plan_version 4 or later"));
+  ExpectSameOnEveryRank(s);
+  EXPECT_TRUE(b.RecvUntouched());
+  absl::Status next = ExchangeAndVerify(*t, plans[t->rank()], ctx, nullptr);
+  ASSERT_TRUE(next.ok()) << next;
+}
+
+// `list` with only `encoder`'s items (a transfer keeps its peer; bytes
+// recounted): the layout of one encoder's exchange, for the pattern helpers.
+google::protobuf::RepeatedPtrField<v1::Transfer> OfEncoder(
+    const google::protobuf::RepeatedPtrField<v1::Transfer>& list, v1::Encoder encoder) {
+  google::protobuf::RepeatedPtrField<v1::Transfer> out;
+  for (const v1::Transfer& t : list) {
+    v1::Transfer* u = out.Add();
+    u->set_peer(t.peer());
+    for (const v1::TransferItem& item : t.items()) {
+      if (item.encoder() != encoder) continue;
+      *u->add_items() = item;
+      u->set_bytes(u->bytes() + item.bytes());
+    }
+  }
+  return out;
+}
+
+uint64_t Total(const google::protobuf::RepeatedPtrField<v1::Transfer>& list) {
+  uint64_t n = 0;
+  for (const v1::Transfer& t : list) n += t.bytes();
+  return n;
+}
+
+// The messages this rank posted in its latest exchange are one per peer
+// that `list` gives bytes (none to itself).
+void ExpectOneMessagePerPeer(const MpiTransport& t,
+                             const google::protobuf::RepeatedPtrField<v1::Transfer>& list,
+                             const std::string& what) {
+  std::vector<uint64_t> want(t.world_size(), 0);
+  for (const v1::Transfer& tr : list) {
+    if (tr.peer() != t.rank() && tr.bytes() > 0) want[tr.peer()] = 1;
+  }
+  EXPECT_EQ(t.messages_sent_to(), want) << what;
+}
+
+// Every pair is one message per direction, whatever its item count: over
+// every item at once, and for each encoder on its own, whose send buffer is
+// that encoder's output as its EncoderPhase lists it (the forward send
+// layout of that encoder's items) and whose gradients come back the same
+// way. Every byte checked.
+TEST(MpiTransport, EveryPairIsOneMessagePerDirection) {
+  auto t = MakeTransport();
+  uint64_t items = 0, messages = 0;
+  for (uint64_t seed = 300; seed < 312; ++seed) {
+    RandomExchangeOptions o;
+    o.world_size = t->world_size();
+    o.seed = seed;
+    o.max_items_per_pair = 6;
+    o.max_item_bytes = seed % 3 == 0 ? 100000 : 2000;
+    const auto plans = RandomExchangePlans(o);
+    const v1::RankPlan& plan = plans[t->rank()];
+    const v1::Exchange& ex = plan.exchange();
+    ASSERT_TRUE(ExchangeAndVerify(*t, plan, ExchangeContext{seed, o.world_size}, nullptr).ok());
+    ExpectOneMessagePerPeer(*t, ex.recvs(), absl::StrCat("seed ", seed, ", backward"));
+    for (v1::Encoder e : {v1::ENCODER_VISION, v1::ENCODER_AUDIO}) {
+      const auto sends = OfEncoder(ex.sends(), e), recvs = OfEncoder(ex.recvs(), e);
+      ExchangeContext ctx{seed, o.world_size};
+      ctx.encoder = e;
+      const std::string what = absl::StrCat("seed ", seed, ", encoder ", e);
+      std::vector<uint8_t> out(Total(sends)), in(Total(recvs), 0xAB);
+      ASSERT_TRUE(FillPattern(sends, kForwardSalt, out.data(), out.size()).ok());
+      absl::Status s = t->Exchange(plan, out.data(), out.size(), in.data(), in.size(), ctx);
+      ASSERT_TRUE(s.ok()) << what << ": " << s;
+      EXPECT_TRUE(VerifyPattern(recvs, kForwardSalt, in.data(), in.size()).ok()) << what;
+      ExpectOneMessagePerPeer(*t, sends, what + ", forward");
+      ASSERT_TRUE(FillPattern(recvs, kBackwardSalt, in.data(), in.size()).ok());
+      std::fill(out.begin(), out.end(), 0xAB);
+      s = t->ExchangeBackward(plan, in.data(), in.size(), out.data(), out.size(), ctx);
+      ASSERT_TRUE(s.ok()) << what << ": " << s;
+      EXPECT_TRUE(VerifyPattern(sends, kBackwardSalt, out.data(), out.size()).ok()) << what;
+      ExpectOneMessagePerPeer(*t, recvs, what + ", backward");
+      for (const v1::Transfer& tr : sends) {
+        if (tr.peer() == t->rank()) continue;
+        items += tr.items_size();
+        messages += t->messages_sent_to()[tr.peer()] > 0 ? 1 : 0;
+      }
+    }
+  }
+  if (t->world_size() > 1) {
+    EXPECT_GT(items, messages) << "the plans should put several items in a pair";
+  }
+}
+
+// Ranks that run different encoders' exchanges fail alike, saying so.
+TEST(MpiTransport, RanksExchangingDifferentEncodersAreRefused) {
+  auto t = MakeTransport();
+  if (t->world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const auto plans = Plans(t->world_size(), 29);
+  const v1::RankPlan& plan = plans[t->rank()];
+  ExchangeContext ctx{29, t->world_size()};
+  ctx.encoder = t->rank() == 0 ? v1::ENCODER_AUDIO : v1::ENCODER_VISION;
+  const auto sends = OfEncoder(plan.exchange().sends(), ctx.encoder);
+  const auto recvs = OfEncoder(plan.exchange().recvs(), ctx.encoder);
+  std::vector<uint8_t> out(Total(sends)), in(Total(recvs), 0xAB);
+  absl::Status s = t->Exchange(plan, out.data(), out.size(), in.data(), in.size(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Msg(s), HasSubstr("rank 1 exchanges the vision encoder's items but rank 0 the audio "
+                                "encoder's items"));
+  ExpectSameOnEveryRank(s);
+  for (uint8_t x : in) ASSERT_EQ(x, 0xAB);
 }
 
 TEST(MpiTransport, RanksOnDifferentStepsAreRefused) {
@@ -388,26 +495,8 @@ ExchangeContext ScratchContext(uint64_t step, uint32_t world) {
   return ctx;
 }
 
-// The item-wise forward and backward exchange of `plan`, every byte checked.
-absl::Status ItemsAndVerify(Transport& t, const v1::RankPlan& plan, const ExchangeContext& ctx) {
-  const v1::Exchange& ex = plan.exchange();
-  std::vector<uint8_t> send(ex.send_bytes()), recv(ex.recv_bytes(), 0xAB);
-  RETURN_IF_ERROR(FillPattern(ex.sends(), kForwardSalt, send.data(), send.size()));
-  RETURN_IF_ERROR(t.ExchangeItems(plan, ExchangeDirection::kForward,
-                                  ItemsOf(ex.sends(), send.data()),
-                                  ItemsOf(ex.recvs(), recv.data()), ctx));
-  const absl::Status forward = VerifyPattern(ex.recvs(), kForwardSalt, recv.data(), recv.size());
-  std::vector<uint8_t> back(ex.send_bytes(), 0xAB);
-  RETURN_IF_ERROR(FillPattern(ex.recvs(), kBackwardSalt, recv.data(), recv.size()));
-  RETURN_IF_ERROR(t.ExchangeItems(plan, ExchangeDirection::kBackward,
-                                  ItemsOf(ex.recvs(), recv.data()),
-                                  ItemsOf(ex.sends(), back.data()), ctx));
-  RETURN_IF_ERROR(forward);
-  return VerifyPattern(ex.sends(), kBackwardSalt, back.data(), back.size());
-}
-
 // Receives posted with the sends (scratch receive memory) move every byte,
-// contiguous and item by item, in chunks too.
+// in chunks too.
 TEST(MpiTransport, ScratchReceivesMoveEveryByte) {
   for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{1000}}) {
     auto t = MakeTransport(Chunked(max_count));
@@ -419,245 +508,9 @@ TEST(MpiTransport, ScratchReceivesMoveEveryByte) {
       const auto plans = RandomExchangePlans(o);
       const ExchangeContext ctx = ScratchContext(seed, o.world_size);
       absl::Status s = ExchangeAndVerify(*t, plans[t->rank()], ctx, nullptr);
-      ASSERT_TRUE(s.ok()) << "seed " << seed << ", contiguous: " << s;
-      s = ItemsAndVerify(*t, plans[t->rank()], ctx);
-      ASSERT_TRUE(s.ok()) << "seed " << seed << ", item-wise: " << s;
+      ASSERT_TRUE(s.ok()) << "seed " << seed << ": " << s;
     }
     EXPECT_EQ(t->large_exchanges() > 0, max_count == 1000);
-  }
-}
-
-// How one side of an item-wise exchange holds its items.
-enum class Memory {
-  kFlat,     // back to back in plan order
-  kApart,    // every third item 16 bytes after the one before it
-  kMissing,  // some items without memory (sends zeros, drops what arrives)
-};
-
-// Whether `item` has no memory on a side held as `mem`: the sends and the
-// receives leave out different items.
-bool Missing(Memory mem, bool receive, const v1::TransferItem& item) {
-  return mem == Memory::kMissing && item.sample_id() % 3 == (receive ? 1u : 0u);
-}
-
-uint64_t BytesOf(const Transfers& list) {
-  uint64_t n = 0;
-  for (const v1::Transfer& t : list) n += t.bytes();
-  return n;
-}
-
-// One side's memory: `buf`, 0xAB where no item lies, and each item's place.
-struct ItemSide {
-  std::vector<uint8_t> buf;
-  std::vector<ItemBuffer> items;
-};
-
-// Lays `list`'s items out as `mem` says and writes `flat` (the items back to
-// back) into the items that have memory.
-ItemSide Hold(const Transfers& list, Memory mem, bool receive, const std::vector<uint8_t>& flat) {
-  std::vector<int64_t> at;
-  uint64_t size = 0;
-  for (const v1::Transfer& t : list) {
-    for (const v1::TransferItem& item : t.items()) {
-      if (Missing(mem, receive, item)) {
-        at.push_back(-1);
-        continue;
-      }
-      if (mem == Memory::kApart && at.size() % 3 == 0) size += 16;
-      at.push_back(static_cast<int64_t>(size));
-      size += item.bytes();
-    }
-  }
-  ItemSide s;
-  s.buf.assign(size, 0xAB);
-  uint64_t from = 0;
-  size_t k = 0;
-  for (const v1::Transfer& t : list) {
-    for (const v1::TransferItem& item : t.items()) {
-      uint8_t* d = at[k] < 0 ? nullptr : s.buf.data() + at[k];
-      if (d != nullptr && item.bytes() > 0) std::memcpy(d, flat.data() + from, item.bytes());
-      s.items.push_back({d, item.bytes()});
-      from += item.bytes();
-      ++k;
-    }
-  }
-  return s;
-}
-
-// The messages a rank posts to its peers for `list`: one per run (per item
-// without runs) in chunks of max_count, nothing for itself.
-uint64_t MessagesFor(const Transfers& list, uint32_t rank, uint64_t max_count) {
-  uint64_t messages = 0;
-  for (const v1::Transfer& t : list) {
-    if (t.peer() == rank) continue;
-    std::vector<uint32_t> runs(t.runs().begin(), t.runs().end());
-    if (runs.empty()) runs.assign(t.items_size(), 1);
-    int k = 0;
-    for (uint32_t n : runs) {
-      uint64_t bytes = 0;
-      for (uint32_t i = 0; i < n; ++i) bytes += t.items(k++).bytes();
-      messages += (bytes + max_count - 1) / max_count;
-    }
-  }
-  return messages;
-}
-
-// The item-wise exchange of `plan` in `dir`, the sends held as `send_mem` and
-// the receives as `recv_mem`: every byte of the receive side checked (the
-// pattern, zeros for items the sender has no memory for, 0xAB between
-// items), and the messages this rank posted counted.
-absl::Status HeldAndVerify(MpiTransport& t, const v1::RankPlan& plan, ExchangeDirection dir,
-                           Memory send_mem, Memory recv_mem, const ExchangeContext& ctx,
-                           uint64_t max_count) {
-  const bool fwd = dir == ExchangeDirection::kForward;
-  const Transfers& sends = fwd ? plan.exchange().sends() : plan.exchange().recvs();
-  const Transfers& recvs = fwd ? plan.exchange().recvs() : plan.exchange().sends();
-  const uint64_t salt = fwd ? kForwardSalt : kBackwardSalt;
-  std::vector<uint8_t> flat(BytesOf(sends));
-  RETURN_IF_ERROR(FillPattern(sends, salt, flat.data(), flat.size()));
-  const ItemSide out = Hold(sends, send_mem, false, flat);
-  flat.assign(BytesOf(recvs), 0xAB);
-  ItemSide in = Hold(recvs, recv_mem, true, flat);
-  RETURN_IF_ERROR(t.ExchangeItems(plan, dir, out.items, in.items, ctx));
-  RETURN_IF_ERROR(FillPattern(recvs, salt, flat.data(), flat.size()));
-  uint64_t at = 0;
-  for (const v1::Transfer& tr : recvs) {
-    for (const v1::TransferItem& item : tr.items()) {
-      if (Missing(send_mem, false, item)) std::memset(flat.data() + at, 0, item.bytes());
-      at += item.bytes();
-    }
-  }
-  const ItemSide want = Hold(recvs, recv_mem, true, flat);
-  for (size_t k = 0; k < want.buf.size(); ++k) {
-    if (in.buf[k] != want.buf[k]) {
-      return absl::DataLossError(absl::StrCat("byte ", k, " of the receive memory is ", in.buf[k],
-                                              ", expected ", want.buf[k]));
-    }
-  }
-  const uint64_t expected = MessagesFor(sends, t.rank(), max_count);
-  if (t.messages_sent() != expected) {
-    return absl::InternalError(absl::StrCat("posted ", t.messages_sent(), " messages, expected ",
-                                            expected, " (one per run and chunk)"));
-  }
-  return absl::OkStatus();
-}
-
-// Whether `s` is OK on every rank (the tests' own MPI_COMM_WORLD collective).
-bool OkOnEveryRank(const absl::Status& s) {
-  int mine = s.ok() ? 1 : 0, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
-
-// Each of a pair's runs moves as one message (a message per item without
-// runs): in place where its items lie back to back on this rank, staged where
-// they do not (items apart, items without memory on either end), forward and
-// backward, with scratch receives or not, in chunks too; every byte checked.
-TEST(MpiTransport, RunsMoveAsOneMessageEach) {
-  const std::pair<Memory, Memory> held[] = {
-      {Memory::kFlat, Memory::kFlat},     {Memory::kFlat, Memory::kApart},
-      {Memory::kMissing, Memory::kFlat},  {Memory::kMissing, Memory::kApart},
-      {Memory::kApart, Memory::kMissing}, {Memory::kMissing, Memory::kMissing}};
-  for (const uint64_t max_count : {uint64_t{INT_MAX}, uint64_t{1000}}) {
-    auto t = MakeTransport(Chunked(max_count));
-    for (uint64_t seed = 300; seed < 312; ++seed) {
-      RandomExchangeOptions o;
-      o.world_size = t->world_size();
-      o.seed = seed;
-      o.max_items_per_pair = 8;
-      o.max_item_bytes = seed % 4 == 0 ? 100000 : 2000;
-      o.runs = seed % 6 != 0;  // and some plans without runs
-      const auto plans = RandomExchangePlans(o);
-      const ExchangeContext ctx =
-          seed % 2 ? ScratchContext(seed, o.world_size) : ExchangeContext{seed, o.world_size};
-      for (const auto& [send_mem, recv_mem] : held) {
-        for (const ExchangeDirection dir :
-             {ExchangeDirection::kForward, ExchangeDirection::kBackward}) {
-          absl::Status s =
-              HeldAndVerify(*t, plans[t->rank()], dir, send_mem, recv_mem, ctx, max_count);
-          EXPECT_TRUE(s.ok()) << "seed " << seed << ", " << ExchangeDirectionName(dir)
-                              << ", memory " << static_cast<int>(send_mem) << "/"
-                              << static_cast<int>(recv_mem) << ", max_count " << max_count << ": "
-                              << s;
-          if (!OkOnEveryRank(s)) return;  // all ranks stop together
-        }
-      }
-    }
-  }
-}
-
-// Items without memory on both sides of one rank, item by item: the zeros it
-// sends are not the memory that drops what arrives for it (large messages,
-// whose sends read their memory while other receives land).
-TEST(MpiTransport, ItemsWithoutMemorySendZerosWhileOthersArrive) {
-  auto t = MakeTransport();
-  for (uint64_t seed = 320; seed < 324; ++seed) {
-    RandomExchangeOptions o;
-    o.world_size = t->world_size();
-    o.seed = seed;
-    o.max_items_per_pair = 6;
-    o.max_item_bytes = 200000;
-    const auto plans = RandomExchangePlans(o);
-    for (const ExchangeDirection dir :
-         {ExchangeDirection::kForward, ExchangeDirection::kBackward}) {
-      absl::Status s = HeldAndVerify(*t, plans[t->rank()], dir, Memory::kMissing, Memory::kMissing,
-                                     ExchangeContext{seed, o.world_size}, INT_MAX);
-      EXPECT_TRUE(s.ok()) << "seed " << seed << ", " << ExchangeDirectionName(dir) << ": " << s;
-      if (!OkOnEveryRank(s)) return;
-    }
-  }
-}
-
-// Two ends that split a pair's items into different runs fail every rank
-// alike, item-wise and contiguous (their messages would not match), with the
-// message of other items; nothing is received and the next exchange moves
-// every byte.
-TEST(MpiTransport, PlansWhoseEndsDisagreeOnRunsAreRefusedOnEveryRank) {
-  auto t = MakeTransport();
-  if (t->world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
-  RandomExchangeOptions o;
-  o.world_size = t->world_size();
-  o.empty_pair_fraction = 0;
-  o.max_items_per_pair = 4;
-  o.max_item_bytes = 512;
-  o.runs = true;
-  std::vector<v1::RankPlan> plans;
-  for (o.seed = 41; plans.empty() || plans[0].exchange().sends(2).items_size() < 2; ++o.seed) {
-    plans = RandomExchangePlans(o);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const bool items = c < 2, scratch = c % 2;
-    v1::RankPlan plan = plans[t->rank()];
-    v1::Transfer* to2 = plan.mutable_exchange()->mutable_sends(2);
-    ASSERT_EQ(to2->peer(), 2u);
-    if (t->rank() == 0) {  // rank 0 groups its items to rank 2 otherwise than rank 2 does
-      const int n = to2->items_size();
-      const bool one_run = to2->runs_size() == 1;
-      to2->clear_runs();
-      to2->add_runs(one_run ? 1 : n);
-      if (one_run) to2->add_runs(n - 1);
-    }
-    Buffers b(plan);
-    const ExchangeContext ctx =
-        scratch ? ScratchContext(43, t->world_size()) : ExchangeContext{43, t->world_size()};
-    absl::Status s =
-        items ? t->ExchangeItems(plan, ExchangeDirection::kForward,
-                                 ItemsOf(plan.exchange().sends(), b.send.data()),
-                                 ItemsOf(plan.exchange().recvs(), b.recv.data()), ctx)
-              : t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), b.recv.size(), ctx);
-    const std::string what =
-        absl::StrCat(items ? "item-wise" : "contiguous", scratch ? ", scratch receives" : "");
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << what << ": " << s;
-    EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the " +
-                                  std::to_string(plans[0].exchange().sends(2).bytes()) +
-                                  " bytes from rank 0 in other items than rank 0's plan"))
-        << what;
-    ExpectSameOnEveryRank(s, what);
-    if (!scratch) {
-      EXPECT_TRUE(b.RecvUntouched()) << what;
-    }
-    absl::Status next = ItemsAndVerify(*t, plans[t->rank()], ctx);
-    ASSERT_TRUE(next.ok()) << "after " << what << ": " << next;
   }
 }
 
@@ -750,49 +603,38 @@ TEST(MpiTransport, ScratchReceivesOfAFailedAgreementAreWithdrawn) {
     auto t = MakeTransport(Chunked(max_count));
     const auto plans = LargePlans(t->world_size(), 21);
     enum Case { kRefuses, kSendsMore, kSplits, kOtherStep, kCases };
-    for (int items = 0; items < 2; ++items) {
-      for (int c = 0; c < kCases; ++c) {
-        v1::RankPlan plan = plans[t->rank()];
-        size_t recv_size = plan.exchange().recv_bytes();
-        uint64_t step = 30 + c;
-        if (c == kRefuses && t->rank() == 1) --recv_size;
-        if (c == kSendsMore && t->rank() == 0) {
-          ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 4096));
-        }
-        if (c == kSplits && t->rank() == 0) {
-          ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
-        }
-        if (c == kOtherStep && t->rank() == t->world_size() - 1) ++step;
-        Buffers b(plan);
-        const ExchangeContext ctx = ScratchContext(step, t->world_size());
-        absl::Status s;
-        if (items) {
-          std::vector<ItemBuffer> recv = ItemsOf(plan.exchange().recvs(), b.recv.data());
-          if (c == kRefuses && t->rank() == 1) --recv.back().bytes;
-          s = t->ExchangeItems(plan, ExchangeDirection::kForward,
-                               ItemsOf(plan.exchange().sends(), b.send.data()), recv, ctx);
-        } else {
-          s = t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), recv_size, ctx);
-        }
-        const std::string what = absl::StrCat(items ? "item-wise" : "contiguous", ", case ", c,
-                                              ", max_count ", max_count);
-        EXPECT_EQ(s.code(), c == kRefuses ? absl::StatusCode::kInvalidArgument
-                                          : absl::StatusCode::kFailedPrecondition)
-            << what << ": " << s;
-        if (c == kSendsMore) {
-          EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects")) << what;
-        } else if (c == kSplits) {
-          EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the")) << what;
-        } else if (c == kRefuses) {
-          EXPECT_THAT(Msg(s), HasSubstr("rank 1 refused the exchange")) << what;
-        }
-        ExpectSameOnEveryRank(s, what);
-        // Nothing of the failed exchange is left: the next one moves every byte.
-        const ExchangeContext again = ScratchContext(30 + c, t->world_size());
-        absl::Status next = items ? ItemsAndVerify(*t, plans[t->rank()], again)
-                                  : ExchangeAndVerify(*t, plans[t->rank()], again, nullptr);
-        ASSERT_TRUE(next.ok()) << "after " << what << ": " << next;
+    for (int c = 0; c < kCases; ++c) {
+      v1::RankPlan plan = plans[t->rank()];
+      size_t recv_size = plan.exchange().recv_bytes();
+      uint64_t step = 30 + c;
+      if (c == kRefuses && t->rank() == 1) --recv_size;
+      if (c == kSendsMore && t->rank() == 0) {
+        ASSERT_NO_FATAL_FAILURE(SendRank2More(&plan, 4096));
       }
+      if (c == kSplits && t->rank() == 0) {
+        ASSERT_NO_FATAL_FAILURE(SplitRank2Differently(&plan));
+      }
+      if (c == kOtherStep && t->rank() == t->world_size() - 1) ++step;
+      Buffers b(plan);
+      const ExchangeContext ctx = ScratchContext(step, t->world_size());
+      absl::Status s =
+          t->Exchange(plan, b.send.data(), b.send.size(), b.recv.data(), recv_size, ctx);
+      const std::string what = absl::StrCat("case ", c, ", max_count ", max_count);
+      EXPECT_EQ(s.code(), c == kRefuses ? absl::StatusCode::kInvalidArgument
+                                        : absl::StatusCode::kFailedPrecondition)
+          << what << ": " << s;
+      if (c == kSendsMore) {
+        EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects")) << what;
+      } else if (c == kSplits) {
+        EXPECT_THAT(Msg(s), HasSubstr("rank 2 expects the")) << what;
+      } else if (c == kRefuses) {
+        EXPECT_THAT(Msg(s), HasSubstr("rank 1 refused the exchange")) << what;
+      }
+      ExpectSameOnEveryRank(s, what);
+      // Nothing of the failed exchange is left: the next one moves every byte.
+      const ExchangeContext again = ScratchContext(30 + c, t->world_size());
+      absl::Status next = ExchangeAndVerify(*t, plans[t->rank()], again, nullptr);
+      ASSERT_TRUE(next.ok()) << "after " << what << ": " << next;
     }
   }
 }

@@ -83,6 +83,7 @@ absl::Status NcclTransport::Move(const ExchangeLayout& layout, const void* send,
   const std::string where = ExchangeWhere(layout.step, rank_);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
+  messages_to_.assign(size_, 0);
   RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), comm_, where + ": ncclGroupStart"));
   absl::Status status;
   for (uint32_t p = 0; p < size_ && status.ok(); ++p) {
@@ -90,6 +91,7 @@ absl::Status NcclTransport::Move(const ExchangeLayout& layout, const void* send,
       status = NcclStatus(ncclSend(in + layout.send_offsets[p], layout.send_counts[p], ncclUint8,
                                    static_cast<int>(p), comm_, stream_),
                           comm_, absl::StrCat(where, ": ncclSend to rank ", p));
+      ++messages_to_[p];
     }
     if (status.ok() && layout.recv_counts[p] > 0) {
       status = NcclStatus(ncclRecv(out + layout.recv_offsets[p], layout.recv_counts[p], ncclUint8,

@@ -1,5 +1,6 @@
 // The plan's all-to-all on GPUs: grouped ncclSend/ncclRecv on a CUDA stream,
-// buffers in device memory. Built only when CMake finds CUDA and NCCL
+// one send and one receive per peer with bytes (a plan_version 4 pair is one
+// contiguous run at both ends), buffers in device memory. Built only when CMake finds CUDA and NCCL
 // (TUTTI_HAVE_NCCL).
 //
 // NCCL has no way to abandon a mismatched exchange, so the agreement before
@@ -14,6 +15,7 @@
 #include <nccl.h>
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "client/transport.h"
@@ -54,6 +56,9 @@ class NcclTransport final : public Transport {
   uint32_t world_size() const override { return size_; }
   absl::string_view name() const override { return "nccl"; }
   ncclComm_t comm() const { return comm_; }
+  // ncclSend calls of the latest exchange per peer (world_size entries): one
+  // per peer with bytes (the rank's own part is one too: NCCL moves it).
+  const std::vector<uint64_t>& messages_sent_to() const { return messages_to_; }
 
   absl::Status Agree(const ExchangeLayout& layout, const absl::Status& local) override;
 
@@ -78,6 +83,7 @@ class NcclTransport final : public Transport {
   uint32_t rank_;
   uint32_t size_;
   NcclTransportOptions opts_;
+  std::vector<uint64_t> messages_to_;
 };
 
 }  // namespace tutti

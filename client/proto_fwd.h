@@ -3,7 +3,7 @@
 // nor gRPC. To read a message's fields, include its generated header
 // (installed with the client): "tutti/v1/plan.pb.h" (RankPlan, SampleInfo),
 // "tutti/v1/stager.pb.h" (BatchDescriptor, SkippedSample),
-// "tutti/v1/packer.pb.h" (JobInfo), "tutti/v1/common.pb.h" (DType).
+// "tutti/v1/packer.pb.h" (JobInfo), "tutti/v1/common.pb.h" (DType, Encoder).
 #ifndef TUTTI_CLIENT_PROTO_FWD_H_
 #define TUTTI_CLIENT_PROTO_FWD_H_
 
@@ -14,6 +14,7 @@ class RepeatedPtrField;
 
 namespace tutti::v1 {
 enum DType : int;
+enum Encoder : int;
 class BatchDescriptor;
 class JobInfo;
 class RankPlan;

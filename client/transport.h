@@ -23,7 +23,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -34,21 +33,10 @@
 
 namespace tutti {
 
-// One exchange item's own memory (Transport::ExchangeItems): `bytes` at
-// `data`. data == nullptr: zeros are sent for the item, or what arrives for it
-// is dropped.
-struct ItemBuffer {
-  void* data = nullptr;
-  uint64_t bytes = 0;
-};
-
-// What one exchange moves: contiguous buffers (send, recv) or, when
-// send_items is set, each item's own memory grouped by peer.
+// What one exchange moves: the contiguous send and receive buffers.
 struct ExchangeData {
   const void* send = nullptr;
   void* recv = nullptr;
-  const std::vector<std::vector<ItemBuffer>>* send_items = nullptr;
-  const std::vector<std::vector<ItemBuffer>>* recv_items = nullptr;
   // ExchangeContext.scratch_recv and .keepalive.
   bool scratch_recv = false;
   std::shared_ptr<void> keepalive;
@@ -64,10 +52,13 @@ class Transport {
 
   // Runs the plan's forward exchange: `send` holds send_bytes laid out as the
   // concatenation of plan.exchange().sends' items, `recv` receives recv_bytes
-  // laid out over plan.exchange().recvs (see plan.proto). Byte counts are
-  // checked against the plan before anything moves: a mismatch is
-  // INVALID_ARGUMENT naming expected and given sizes. The memory space of the
-  // buffers is the transport's (host for MPI, device for NCCL).
+  // laid out over plan.exchange().recvs (see plan.proto); with
+  // ctx.encoder, only that encoder's items: `send` is then that encoder's
+  // output as the plan's EncoderPhase lists it. Each peer's bytes move as one
+  // message (plan_version 4: a pair is one contiguous run at both ends).
+  // Byte counts are checked against the plan before anything moves: a
+  // mismatch is INVALID_ARGUMENT naming expected and given sizes. The memory
+  // space of the buffers is the transport's (host for MPI, device for NCCL).
   absl::Status Exchange(const v1::RankPlan& plan, const void* send, size_t send_bytes, void* recv,
                         size_t recv_bytes, const ExchangeContext& ctx = {});
 
@@ -83,18 +74,6 @@ class Transport {
   absl::Status ExchangeLoad(const v1::RankPlan& plan, const void* send, size_t send_bytes,
                             void* recv, size_t recv_bytes, const ExchangeContext& ctx = {});
 
-  // The item-wise form of the three above: instead of one contiguous buffer
-  // per side, each item of the direction's send list (the sends' items in
-  // order across transfers; backward: the forward recvs') and of its receive
-  // list has its own buffer, whose size must be the item's. Same layout,
-  // checks and agreement; the items move without staging copies where the
-  // transport can (MPI: a message per Transfer.runs run, or per item), else
-  // UNIMPLEMENTED.
-  absl::Status ExchangeItems(const v1::RankPlan& plan, ExchangeDirection dir,
-                             const std::vector<ItemBuffer>& send,
-                             const std::vector<ItemBuffer>& recv, const ExchangeContext& ctx = {})
-      ABSL_LOCKS_EXCLUDED(run_mu_);
-
   // Collective agreement before data moves. `local` is this rank's own
   // verdict on its input (OK, or why it refuses); the result is OK on every
   // rank only if every rank is OK and the ranks' byte counts agree pairwise.
@@ -103,20 +82,16 @@ class Transport {
 
  protected:
   // One exchange: the agreement (`local`: this rank's own verdict) and, once
-  // every rank agreed, the data. The default runs Agree(), then Move() or
-  // MoveItems(). An override may post its sends before the agreement
-  // completes, and its receives too when data.scratch_recv, provided that
-  // when the agreement fails no message of the exchange is left in flight
-  // (and, unless data.scratch_recv, no receive buffer is written).
+  // every rank agreed, the data. The default runs Agree(), then Move(). An
+  // override may post its sends before the agreement completes, and its
+  // receives too when data.scratch_recv, provided that when the agreement
+  // fails no message of the exchange is left in flight (and, unless
+  // data.scratch_recv, no receive buffer is written).
   virtual absl::Status AgreeAndMove(const ExchangeLayout& layout, const absl::Status& local,
                                     const ExchangeData& data);
-  // Moves the bytes of an agreed layout. Called only after Agree() succeeded.
+  // Moves the bytes of an agreed layout (one message per peer). Called only
+  // after Agree() succeeded.
   virtual absl::Status Move(const ExchangeLayout& layout, const void* send, void* recv) = 0;
-  // Moves an agreed layout's items: send[p] / recv[p] are peer p's items in
-  // order. Default: UNIMPLEMENTED (the transport takes contiguous buffers).
-  virtual absl::Status MoveItems(const ExchangeLayout& layout,
-                                 const std::vector<std::vector<ItemBuffer>>& send,
-                                 const std::vector<std::vector<ItemBuffer>>& recv);
 
  private:
   absl::Status Run(ExchangeDirection dir, const v1::RankPlan& plan, const void* send,

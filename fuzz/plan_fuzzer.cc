@@ -1,6 +1,7 @@
 // The plan decoders over an arbitrary StepPlan: the stager's batch layout
 // (every sample named, sizes aligned, arrays laid out, written and
-// compacted) and the client's exchange layout for every rank plan in it.
+// compacted) and the client's exchange layout for every rank plan in it, of
+// every item and of each encoder's.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -61,8 +62,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint32_t world = std::max<uint32_t>(1, plan.world_size() % 4096);
     for (auto dir : {tutti::ExchangeDirection::kForward, tutti::ExchangeDirection::kBackward,
                      tutti::ExchangeDirection::kLoad}) {
-      (void)tutti::BuildExchangeLayout(rank, dir, rank.rank(), world,
-                                       tutti::ExchangeContext{plan.step(), plan.world_size()});
+      // Every item, then each encoder's alone (its output order checked).
+      for (auto encoder :
+           {tutti::v1::ENCODER_UNSPECIFIED, tutti::v1::ENCODER_VISION, tutti::v1::ENCODER_AUDIO}) {
+        tutti::ExchangeContext ctx{plan.step(), plan.world_size()};
+        ctx.encoder = encoder;
+        (void)tutti::BuildExchangeLayout(rank, dir, rank.rank(), world, ctx);
+      }
     }
   }
   return 0;

@@ -8,6 +8,9 @@
 // Every byte must arrive where the plan says, and every encoder output at
 // the rank whose LLM phase holds its document. Half the steps restrict
 // staging (each shard on one node), so inputs also travel the load exchange.
+// Each encoder's exchange also runs on its own straight from that encoder's
+// output (EncoderPhase order, grouped by destination), one message per peer
+// and direction (the three-modality case: text, images, audio clips).
 //
 // With --transport=nccl (built with CUDA and NCCL; tools/gpu_check.sh) the
 // buffers live in device memory and the exchanges run through NcclTransport
@@ -16,9 +19,13 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <functional>
+#include <map>
 #include <random>
 #include <set>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/exchange_pattern.h"
@@ -181,6 +188,105 @@ absl::Status RunAndVerify(Transport& t, const v1::RankPlan& plan, ExchangeDirect
   return VerifyPattern(recvs, salt, (*got)->data(), (*got)->size());
 }
 
+// `list` with only `encoder`'s items (bytes recounted): one encoder's layout.
+Transfers OfEncoder(const Transfers& list, v1::Encoder encoder) {
+  Transfers out;
+  for (const v1::Transfer& t : list) {
+    v1::Transfer* u = out.Add();
+    u->set_peer(t.peer());
+    for (const v1::TransferItem& item : t.items()) {
+      if (item.encoder() != encoder) continue;
+      *u->add_items() = item;
+      u->set_bytes(u->bytes() + item.bytes());
+    }
+  }
+  return out;
+}
+
+// One encoder's forward and backward exchange straight from its output: the
+// send buffer is laid out as the plan's EncoderPhase lists the encoder's
+// items (the encoder's output rows as they stand), each item filled with its
+// pattern; what arrives must be every item of the receives, grouped by
+// source, and the gradients must come back into the output's layout. Each
+// direction moves one message per peer (`sent_to`: the transport's count of
+// its latest exchange; NCCL counts its own part too).
+absl::Status RunEncoderAndVerify(Transport& t, const v1::RankPlan& plan, v1::Encoder encoder,
+                                 uint64_t step, uint32_t world,
+                                 const std::function<std::vector<uint64_t>()>& sent_to,
+                                 uint64_t* messages, uint64_t* items) {
+  const Transfers sends = OfEncoder(plan.exchange().sends(), encoder);
+  const Transfers recvs = OfEncoder(plan.exchange().recvs(), encoder);
+  // The encoder output: its items in EncoderPhase order, each its pattern.
+  std::map<std::pair<uint64_t, uint32_t>, const v1::TransferItem*> sent;
+  for (const v1::Transfer& tr : sends) {
+    for (const v1::TransferItem& it : tr.items()) sent[{it.sample_id(), it.index()}] = &it;
+  }
+  Transfers output;  // one transfer holding the encoder's items in its output order
+  v1::Transfer* all = output.Add();
+  for (const v1::EncoderPhase& phase : plan.encoders()) {
+    if (phase.encoder() != encoder) continue;
+    std::vector<std::pair<uint64_t, uint32_t>> keys;
+    for (const v1::ImagePlan& ip : phase.images())
+      keys.emplace_back(ip.sample_id(), ip.image_index());
+    for (const v1::AudioPlan& ap : phase.audio())
+      keys.emplace_back(ap.sample_id(), ap.audio_index());
+    for (const auto& key : keys) {
+      auto it = sent.find(key);
+      if (it == sent.end()) {
+        return absl::InternalError(absl::StrCat("step ", step, ": item (", key.first, ", ",
+                                                key.second,
+                                                ") of the encoder output is sent "
+                                                "nowhere"));
+      }
+      *all->add_items() = *it->second;
+      all->set_bytes(all->bytes() + it->second->bytes());
+    }
+  }
+  const uint64_t salt = kForwardSalt ^ (step << 8) ^ encoder;
+  std::vector<uint8_t> out(all->bytes());
+  if (absl::Status s = FillPattern(output, salt, out.data(), out.size()); !s.ok()) return s;
+  uint64_t recv_bytes = 0;
+  for (const v1::Transfer& tr : recvs) recv_bytes += tr.bytes();
+  ExchangeContext ctx{step, world};
+  ctx.encoder = encoder;
+  auto one_per_peer = [&](const Transfers& list, const char* what) -> absl::Status {
+    std::vector<uint64_t> want(world, 0);
+    for (const v1::Transfer& tr : list) {
+      if (tr.bytes() > 0 && (g_nccl || tr.peer() != t.rank())) want[tr.peer()] = 1;
+      if (tr.bytes() > 0 && tr.peer() != t.rank()) {
+        ++*messages;
+        *items += tr.items_size();
+      }
+    }
+    if (sent_to() == want) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("step ", step, ", encoder ", encoder, ", ", what,
+                                            ": not one message per peer"));
+  };
+  {
+    Buffers b(g_nccl);
+    if (absl::Status s = b.Prepare(out, recv_bytes); !s.ok()) return s;
+    absl::Status s = t.Exchange(plan, b.send(), b.send_bytes(), b.recv(), b.recv_bytes(), ctx);
+    if (!s.ok()) return s;
+    if (absl::Status c = one_per_peer(sends, "forward"); !c.ok()) return c;
+    absl::StatusOr<const std::vector<uint8_t>*> got = b.Received();
+    if (!got.ok()) return got.status();
+    if (absl::Status v = VerifyPattern(recvs, salt, (*got)->data(), (*got)->size()); !v.ok()) {
+      return v;
+    }
+  }
+  std::vector<uint8_t> grad(recv_bytes);
+  if (absl::Status s = FillPattern(recvs, ~salt, grad.data(), grad.size()); !s.ok()) return s;
+  Buffers b(g_nccl);
+  if (absl::Status s = b.Prepare(grad, out.size()); !s.ok()) return s;
+  absl::Status s =
+      t.ExchangeBackward(plan, b.send(), b.send_bytes(), b.recv(), b.recv_bytes(), ctx);
+  if (!s.ok()) return s;
+  if (absl::Status c = one_per_peer(recvs, "backward"); !c.ok()) return c;
+  absl::StatusOr<const std::vector<uint8_t>*> got = b.Received();
+  if (!got.ok()) return got.status();
+  return VerifyPattern(output, ~salt, (*got)->data(), (*got)->size());
+}
+
 // The transport under test: MPI, or NCCL with MPI for the agreement.
 struct TransportUnderTest {
   std::unique_ptr<MpiTransport> mpi;
@@ -192,6 +298,13 @@ struct TransportUnderTest {
     if (nccl) return nccl.get();
 #endif
     return mpi.get();
+  }
+  // Messages (ncclSend calls) to each peer in the latest exchange.
+  std::vector<uint64_t> sent_to() const {
+#if TUTTI_HAVE_NCCL
+    if (nccl) return nccl->messages_sent_to();
+#endif
+    return mpi->messages_sent_to();
   }
 };
 
@@ -239,6 +352,7 @@ TEST(PostExchangeMpiTest, EveryByteOfEverySampleArrivesWhereThePlanSays) {
 
   std::mt19937_64 rng(2024);  // the same steps on every rank
   uint64_t forward_bytes = 0, load_bytes = 0, inter_node = 0, moved_items = 0;
+  uint64_t pair_messages = 0, pair_items = 0;  // per encoder, between ranks
   packer::StepPlanData data;
   for (int k = 0; k < kSteps; ++k) {
     const uint64_t step = rng() % 100000;
@@ -292,21 +406,40 @@ TEST(PostExchangeMpiTest, EveryByteOfEverySampleArrivesWhereThePlanSays) {
                                << status;
       ASSERT_EQ(any, 0) << "another rank failed step " << step;
     }
+    // Each encoder's exchange straight from that encoder's output: one
+    // message per peer and direction.
+    for (v1::Encoder encoder : {v1::ENCODER_VISION, v1::ENCODER_AUDIO}) {
+      status = RunEncoderAndVerify(
+          *transport->get(), rp, encoder, step, world, [&] { return transport->sent_to(); },
+          &pair_messages, &pair_items);
+      int bad = status.ok() ? 0 : 1, any = 0;
+      MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      ASSERT_TRUE(status.ok()) << "step " << step << " encoder " << encoder << ": " << status;
+      ASSERT_EQ(any, 0) << "another rank failed step " << step;
+    }
     forward_bytes += rp.exchange().send_bytes();
     load_bytes += rp.load_exchange().send_bytes();
     inter_node += rp.exchange().inter_node_send_bytes();
     moved_items += outputs.size();
   }
-  uint64_t mine[3] = {forward_bytes, load_bytes, inter_node}, all[3] = {};
-  MPI_Allreduce(mine, all, 3, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  uint64_t mine[5] = {forward_bytes, load_bytes, inter_node, pair_messages, pair_items},
+           all[5] = {};
+  MPI_Allreduce(mine, all, 5, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  if (world > 1) {
+    // Pairs carry several items each, yet move as one message per direction.
+    EXPECT_GT(all[4], all[3]) << all[3] << " messages for " << all[4] << " items";
+  }
   EXPECT_GT(all[0], 0u);
   if (world / RanksPerNode(world) > 1) {
     EXPECT_GT(all[1], 0u) << "the restricted steps moved no inputs";
   }
   if (rank == 0) {
-    std::printf("%d steps: %llu forward bytes (%llu between nodes), %llu load bytes\n", kSteps,
-                static_cast<unsigned long long>(all[0]), static_cast<unsigned long long>(all[2]),
-                static_cast<unsigned long long>(all[1]));
+    std::printf(
+        "%d steps: %llu forward bytes (%llu between nodes), %llu load bytes; per encoder %llu "
+        "messages between ranks for %llu items, forward and backward\n",
+        kSteps, static_cast<unsigned long long>(all[0]), static_cast<unsigned long long>(all[2]),
+        static_cast<unsigned long long>(all[1]), static_cast<unsigned long long>(all[3]),
+        static_cast<unsigned long long>(all[4]));
   }
   EXPECT_GT(moved_items, 0u);
 }

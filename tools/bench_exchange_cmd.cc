@@ -35,10 +35,11 @@ int RunBenchExchange(int argc, char** argv) {
       "rearrangement to the GLPK optimum on a 2-node x 2-rank sub-instance (small world "
       "sizes), and the median plan time on one core (wall and thread CPU time). With "
       "--transport mpi, under mpirun with as many processes as --ranks, every post plan's "
-      "forward exchange (each rank's lists from the StepPlan the daemon would serve) also runs "
-      "through the client library's MPI transport (every byte checked, forward and backward) "
-      "and, interleaved, through a bare MPI_Alltoallv of the same bytes: "
-      "client_vs_bare_throughput is the ratio of their throughputs.");
+      "exchange (each rank's lists from the StepPlan the daemon would serve) also runs, each "
+      "encoder's forward and backward straight from and into its output, through the client "
+      "library's MPI transport (every byte checked, the messages per pair and direction "
+      "counted: msg/pair) and, interleaved, through a bare MPI_Alltoallv of the same bytes in "
+      "one buffer per peer: client/bare is the ratio of their throughputs.");
   cli.Flag("ranks", &ranks, "comma-separated world sizes");
   cli.Flag("ranks-per-node", &o.workload.ranks_per_node, "ranks per node");
   cli.Flag("seq-len", &o.workload.seq_len, "tokens per packed sequence");

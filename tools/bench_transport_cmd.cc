@@ -38,6 +38,7 @@ bool ParseSize(absl::string_view s, uint64_t* out) {
 tutti::v1::RankPlan UniformPlan(uint32_t rank, uint32_t world, uint64_t per_peer) {
   tutti::v1::RankPlan plan;
   plan.set_rank(rank);
+  plan.set_plan_version(tutti::kMinExchangePlanVersion);
   auto* ex = plan.mutable_exchange();
   for (uint32_t p = 0; p < world; ++p) {
     for (auto* list : {ex->mutable_sends(), ex->mutable_recvs()}) {

@@ -1,6 +1,7 @@
 """GPU part of tools/gpu_check.sh (run under `mpirun -np 1`, PYTHONPATH=<build>/python):
-tutti.NcclTransport with torch CUDA tensors, its errors, its throughput, and a ViT forward
-timing fitted to the cost model. With --example (TUTTI_BUILD_DIR=<build>): the example
+tutti.NcclTransport with torch CUDA tensors (one ncclSend per peer, each encoder's exchange
+straight from its output, a plan older than plan_version 4 refused), its errors, its
+throughput, and a ViT forward timing fitted to the cost model. With --example (TUTTI_BUILD_DIR=<build>): the example
 trainer under torchrun with NCCL, one rank per GPU, against daemons started here; the loss
 must fall over 10 steps. Exits non-zero on any failed check."""
 import argparse
@@ -21,14 +22,24 @@ def check(name, ok, detail=""):
     failures += 0 if ok else 1
 
 
-def self_plan(sizes, key="exchange"):
-    """A world-of-one plan sending items of `sizes` bytes to itself."""
+def self_plan(sizes, key="exchange", audio=()):
+    """A world-of-one plan (plan_version 4) sending itself images of `sizes` bytes, then
+    audio clips of `audio` bytes, its encoder phases in the order of the sends."""
     items = [{"sample_id": 100 + i, "encoder": "ENCODER_VISION", "index": i, "bytes": b}
              for i, b in enumerate(sizes)]
-    total = sum(sizes)
-    return {"rank": 0, key: {"sends": [{"peer": 0, "bytes": total, "items": items}],
-                             "recvs": [{"peer": 0, "bytes": total, "items": items}],
-                             "send_bytes": total, "recv_bytes": total}}
+    items += [{"sample_id": 200 + i, "encoder": "ENCODER_AUDIO", "index": i, "bytes": b}
+              for i, b in enumerate(audio)]
+    total = sum(sizes) + sum(audio)
+    return {"rank": 0, "plan_version": 4,
+            "encoders": [{"encoder": "ENCODER_VISION",
+                          "images": [{"sample_id": 100 + i, "image_index": i}
+                                     for i in range(len(sizes))]},
+                         {"encoder": "ENCODER_AUDIO",
+                          "audio": [{"sample_id": 200 + i, "audio_index": i}
+                                    for i in range(len(audio))]}],
+            key: {"sends": [{"peer": 0, "bytes": total, "items": items}],
+                  "recvs": [{"peer": 0, "bytes": total, "items": items}],
+                  "send_bytes": total, "recv_bytes": total}}
 
 
 def main():
@@ -57,9 +68,29 @@ def main():
     back = torch.zeros(n, dtype=torch.uint8, device=dev)
     t.exchange_backward(self_plan(sizes), grad, back, step=1)
     check("backward: every byte", torch.equal(grad, back))
+    check("one ncclSend per peer (its own part too)", list(t.messages_sent_to) == [1],
+          str(list(t.messages_sent_to)))
+    # Each encoder's exchange straight from its output (plan_version 4: the output is grouped
+    # by destination), as bytes of the plan converted once.
+    plan = tutti.plan_bytes(self_plan([3000, 5000], audio=[700]))
+    vision = (torch.arange(8000, device=dev) % 239).to(torch.uint8)
+    got = torch.zeros_like(vision)
+    t.exchange(plan, vision, got, step=2, world_size=1, encoder="vision")
+    audio = (torch.arange(700, device=dev) % 233).to(torch.uint8)
+    got_audio = torch.zeros_like(audio)
+    t.exchange_backward(plan, audio, got_audio, step=2, world_size=1, encoder="audio")
+    check("each encoder's own output, forward and backward",
+          torch.equal(vision, got) and torch.equal(audio, got_audio))
+    old = self_plan(sizes)
+    old["plan_version"] = 3
+    try:
+        t.exchange(old, send, recv)
+        check("a plan_version 3 plan refused", False)
+    except tutti.FailedPreconditionError as e:
+        check("a plan_version 3 plan refused", "needs plan_version 4" in str(e), str(e)[:120])
     emb = torch.randn(n // 2, dtype=torch.bfloat16, device=dev)  # bf16 embeddings, bytes counted
     out = torch.empty_like(emb)
-    t.exchange_load(self_plan([n]), emb, out)
+    t.exchange_load(self_plan([emb.numel() * emb.element_size()], "load_exchange"), emb, out)
     check("load exchange with bf16 tensors", torch.equal(emb, out))
 
     try:

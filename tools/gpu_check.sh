@@ -4,17 +4,24 @@
 #   1. configure with CUDA (-DTUTTI_WITH_CUDA=ON) and build the NCCL transport,
 #      the post-balancing exchange test and the Python module;
 #   2. the post-balancing exchange test over NCCL: 100 planned steps, load,
-#      forward and backward exchanges with device buffers, every byte checked
-#      (tests/post_exchange_mpi_test.cc --transport=nccl, one rank per GPU);
+#      forward and backward exchanges with device buffers, every byte checked,
+#      and each encoder's exchange straight from its output with one
+#      ncclSend/ncclRecv pair per peer and direction, counted (plan_version 4:
+#      every pair one contiguous run; tests/post_exchange_mpi_test.cc
+#      --transport=nccl, one rank per GPU);
 #   3. with one GPU, two ranks on it: NCCL refuses a duplicate GPU, and the
 #      test must fail at once saying so, not hang;
-#   4. tools/gpu_check.py: tutti.NcclTransport with torch CUDA tensors (and
-#      the errors for host buffers and wrong sizes), NCCL throughput, and a
-#      ViT forward timing fitted to the cost model a*p + b*p^2;
+#   4. tools/gpu_check.py: tutti.NcclTransport with torch CUDA tensors (one
+#      ncclSend per peer, each encoder's output as its send buffer, a
+#      plan_version 3 plan refused, the errors for host buffers and wrong
+#      sizes), NCCL throughput, and a ViT forward timing fitted to the cost
+#      model a*p + b*p^2;
 #   5. the example trainer (client/python/examples/train_vlm.py) on one rank
 #      per GPU under torchrun with NCCL (batches moved to the GPU, the exchange
-#      over the trainer's NCCL group), against a packer and a stager started
-#      here on a generated dataset: 10 steps, the loss must fall.
+#      over the trainer's NCCL group: one uneven all_to_all_single, a split
+#      per pair, its output placed through batch.image_embed_index), against a
+#      packer and a stager started here on a generated dataset: 10 steps, the
+#      loss must fall.
 # The output goes to the terminal and, dated, to tools/gpu_check.out (kept in
 # the repository beside this script). CI does not run it. Needs what
 # tools/setup.sh installs, plus the CUDA toolkit with NCCL (CUDAToolkit_ROOT,

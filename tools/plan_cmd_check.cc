@@ -32,8 +32,8 @@ absl::Status CheckPlan(const packer::Job& job, const packer::StepPlanData& d) {
     return absl::InternalError(
         absl::StrCat("step ", d.step, ": building the StepPlan: ", s.message()));
   }
-  // The exchange as the ranks read it: a pair's runs adjacent at both ends.
-  if (absl::Status s = packer::CheckExchangeRuns(plan); !s.ok()) return s;
+  // The exchange as the ranks read it: every pair one contiguous run at both ends.
+  if (absl::Status s = packer::CheckExchangeLayout(plan); !s.ok()) return s;
   int seen = 0;
   for (const v1::PhaseStats& ph : plan.stats().phases()) {
     const packer::PhaseSummary* want = ph.phase() == "vit"   ? &d.vit

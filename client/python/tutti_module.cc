@@ -236,11 +236,17 @@ class PyBatch {
     Check(s);
   }
   Batch& raw() { return *batch_; }
+  py::bytes plan_bytes() {
+    const Batch& b = batch();
+    if (!plan_bytes_) plan_bytes_ = py::bytes(b.plan().SerializeAsString());
+    return *plan_bytes_;
+  }
 
  private:
   std::unique_ptr<Batch> batch_;
   bool copy_on_write_ = false;
   std::optional<py::dict> arrays_;
+  std::optional<py::bytes> plan_bytes_;
 };
 
 // ---- transports and exchanges ----------------------------------------------
@@ -253,6 +259,21 @@ constexpr const char* kScratchRecvDoc =
     "rank alike but may have written into the receive buffer, and after a DEADLINE_EXCEEDED a "
     "late peer may still write into it: keep the send and receive buffers alive until the "
     "process ends.";
+
+// The encoder keyword of every exchange and layout (ExchangeContext.encoder).
+constexpr const char* kEncoderDoc =
+    "encoder: None (default) moves every item of the plan; 'vision' or 'audio' only that "
+    "encoder's items, `send` (forward; `recv` backward) being that encoder's output as the "
+    "plan's encoder phase lists it (grouped by destination: plan_version 4).";
+
+v1::Encoder EncoderFrom(const std::optional<std::string>& name) {
+  if (!name || *name == "all") return v1::ENCODER_UNSPECIFIED;
+  if (*name == "vision") return v1::ENCODER_VISION;
+  if (*name == "audio") return v1::ENCODER_AUDIO;
+  Throw(absl::InvalidArgumentError(
+      absl::StrCat("encoder must be None, 'vision' or 'audio', got '", *name, "'")));
+  return v1::ENCODER_UNSPECIFIED;
+}
 
 v1::RankPlan PlanFrom(const py::handle& plan) {
   v1::RankPlan p;
@@ -289,64 +310,6 @@ void RunExchange(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan,
         status = t.ExchangeLoad(plan, s.ptr, s.bytes, r.ptr, r.bytes, ctx);
         break;
     }
-  }
-  Check(status);
-}
-
-// The item-wise exchange: each item of the direction's send (receive) list at
-// a byte offset of `src` (`dst`); -1: no memory (zeros sent, arrivals dropped).
-void RunItems(Transport& t, ExchangeDirection dir, const v1::RankPlan& plan, const py::object& src,
-              const std::vector<int64_t>& send_offsets, const py::object& dst,
-              const std::vector<int64_t>& recv_offsets, ExchangeContext ctx, bool device) {
-  Buffer s, r;
-  try {
-    CheckBuffers(src, dst, device, &s, &r);
-  } catch (const StatusError& e) {
-    if (ctx.refusal.ok()) ctx.refusal = e.status;
-  }
-  const v1::Exchange& ex = dir == ExchangeDirection::kLoad ? plan.load_exchange() : plan.exchange();
-  const auto& send_list = dir == ExchangeDirection::kBackward ? ex.recvs() : ex.sends();
-  const auto& recv_list = dir == ExchangeDirection::kBackward ? ex.sends() : ex.recvs();
-  auto items = [&](const google::protobuf::RepeatedPtrField<v1::Transfer>& list,
-                   const std::vector<int64_t>& offsets, const Buffer& b, const char* what) {
-    std::vector<ItemBuffer> out;
-    size_t k = 0;
-    for (const v1::Transfer& tr : list) {
-      for (const v1::TransferItem& item : tr.items()) {
-        ItemBuffer ib;
-        ib.bytes = item.bytes();
-        const int64_t off = k < offsets.size() ? offsets[k] : -1;
-        if (k >= offsets.size() && ctx.refusal.ok()) {
-          ctx.refusal = absl::InvalidArgumentError(
-              absl::StrCat(ExchangeWhere(ctx.step, t.rank()), ": ", offsets.size(), " ", what,
-                           " item offsets but the plan lists more items"));
-        } else if (off >= 0 && static_cast<uint64_t>(off) + ib.bytes > b.bytes) {
-          if (ctx.refusal.ok()) {
-            ctx.refusal = absl::InvalidArgumentError(absl::StrCat(
-                ExchangeWhere(ctx.step, t.rank()), ": ", what, " item ", k, " at byte ", off,
-                " of ", ib.bytes, " bytes ends past its ", b.bytes, "-byte buffer"));
-          }
-        } else if (off >= 0) {
-          ib.data = static_cast<char*>(b.ptr) + off;
-        }
-        out.push_back(ib);
-        ++k;
-      }
-    }
-    if (offsets.size() > k && ctx.refusal.ok()) {
-      // Offsets for items the plan does not have: the caller's item list is not the plan's.
-      ctx.refusal = absl::InvalidArgumentError(
-          absl::StrCat(ExchangeWhere(ctx.step, t.rank()), ": ", offsets.size(), " ", what,
-                       " item offsets but the plan lists ", k, " items"));
-    }
-    return out;
-  };
-  const std::vector<ItemBuffer> send = items(send_list, send_offsets, s, "send");
-  const std::vector<ItemBuffer> recv = items(recv_list, recv_offsets, r, "receive");
-  absl::Status status;
-  {
-    py::gil_scoped_release nogil;
-    status = t.ExchangeItems(plan, dir, send, recv, ctx);
   }
   Check(status);
 }
@@ -555,9 +518,9 @@ PYBIND11_MODULE(_tutti, m) {
       .def_property_readonly(
           "plan", [](PyBatch& b) { return ProtoToDict(b.batch().plan()); },
           "this rank's plan (tutti.v1.RankPlan) as a dict")
-      .def_property_readonly(
-          "plan_bytes", [](PyBatch& b) { return py::bytes(b.batch().plan().SerializeAsString()); },
-          "this rank's plan as a serialized tutti.v1.RankPlan")
+      .def_property_readonly("plan_bytes", &PyBatch::plan_bytes,
+                             "this rank's plan as a serialized tutti.v1.RankPlan (serialized "
+                             "once per batch)")
       .def_property_readonly("samples",
                              [](PyBatch& b) {
                                py::list l;
@@ -612,56 +575,24 @@ PYBIND11_MODULE(_tutti, m) {
           [d, device](T& t, const py::handle& plan, const py::object& send, const py::object& recv,
                       std::optional<uint64_t> step, std::optional<uint32_t> world_size,
                       std::optional<std::string> refusal, const std::string& refusal_code,
-                      bool scratch_recv) {
+                      bool scratch_recv, std::optional<std::string> encoder) {
             ExchangeContext ctx{step.value_or(kUnknownStep), world_size.value_or(0)};
             if (refusal) ctx.refusal = RefusalStatus(refusal_code, *refusal);
             ctx.scratch_recv = scratch_recv;
+            ctx.encoder = EncoderFrom(encoder);
             RunExchange(t.transport(), d, PlanFrom(plan), send, recv, ctx, device);
           },
           py::arg("plan"), py::arg("send"), py::arg("recv"), py::arg("step") = py::none(),
           py::arg("world_size") = py::none(), py::arg("refusal") = py::none(),
           py::arg("refusal_code") = "INVALID_ARGUMENT", py::arg("scratch_recv") = false,
+          py::arg("encoder") = py::none(),
           absl::StrCat(doc, where,
                        ". refusal: this rank cannot take part (the reason); it still joins the "
                        "agreement so that every rank fails with it (refusal_code: the status "
                        "code name). ",
-                       kScratchRecvDoc)
+                       kScratchRecvDoc, " ", kEncoderDoc)
               .c_str());
     }
-  };
-
-  auto item_exchange = [](auto& cls, bool device) {
-    using T = typename std::remove_reference_t<decltype(cls)>::type;
-    cls.def(
-        "exchange_items",
-        [device](T& t, const py::handle& plan, const std::string& direction, const py::object& src,
-                 const std::vector<int64_t>& send_offsets, const py::object& dst,
-                 const std::vector<int64_t>& recv_offsets, std::optional<uint64_t> step,
-                 std::optional<uint32_t> world_size, bool scratch_recv) {
-          ExchangeDirection d = ExchangeDirection::kForward;
-          if (direction == "backward")
-            d = ExchangeDirection::kBackward;
-          else if (direction == "load")
-            d = ExchangeDirection::kLoad;
-          else if (direction != "forward") {
-            Throw(absl::InvalidArgumentError("direction must be forward, backward or load"));
-          }
-          ExchangeContext ctx{step.value_or(kUnknownStep), world_size.value_or(0)};
-          ctx.scratch_recv = scratch_recv;
-          RunItems(t.transport(), d, PlanFrom(plan), src, send_offsets, dst, recv_offsets, ctx,
-                   device);
-        },
-        py::arg("plan"), py::arg("direction"), py::arg("src"), py::arg("send_offsets"),
-        py::arg("dst"), py::arg("recv_offsets"), py::arg("step") = py::none(),
-        py::arg("world_size") = py::none(), py::arg("scratch_recv") = false,
-        absl::StrCat(
-            "The exchange item by item, in place: item k of the direction's send list\nis read "
-            "at byte send_offsets[k] of `src`, receive item k written at recv_offsets[k]\nof "
-            "`dst` (-1: zeros sent / arrival dropped); sizes from the plan, checked. A run of\n"
-            "a pair's items (Transfer.runs) moves as one message; one whose offsets are not "
-            "back to\nback here is staged through the transport's own memory. ",
-            kScratchRecvDoc)
-            .c_str());
   };
 
   py::class_<PyMpiTransport> mpi(
@@ -678,14 +609,17 @@ PYBIND11_MODULE(_tutti, m) {
       .def_property_readonly("rank", [](PyMpiTransport& t) { return t.mpi->rank(); })
       .def_property_readonly("world_size", [](PyMpiTransport& t) { return t.mpi->world_size(); })
       .def_property_readonly("large_exchanges",
-                             [](PyMpiTransport& t) { return t.mpi->large_exchanges(); });
+                             [](PyMpiTransport& t) { return t.mpi->large_exchanges(); })
+      .def_property_readonly(
+          "messages_sent_to", [](PyMpiTransport& t) { return t.mpi->messages_sent_to(); },
+          "data messages this rank posted to each rank in its latest exchange");
   exchanges(mpi, false);
-  item_exchange(mpi, false);
   m.attr("HAVE_NCCL") = py::bool_(TUTTI_HAVE_NCCL_PY);
   m.def(
       "exchange_layout",
       [](const py::handle& plan, const std::string& direction, uint32_t rank, uint32_t world_size,
-         std::optional<uint64_t> step, std::optional<uint32_t> plan_world_size) {
+         std::optional<uint64_t> step, std::optional<uint32_t> plan_world_size,
+         std::optional<std::string> encoder) {
         ExchangeDirection dir = ExchangeDirection::kForward;
         if (direction == "backward") {
           dir = ExchangeDirection::kBackward;
@@ -695,7 +629,8 @@ PYBIND11_MODULE(_tutti, m) {
           Throw(absl::InvalidArgumentError(
               absl::StrCat("direction must be forward, backward or load, got '", direction, "'")));
         }
-        const ExchangeContext ctx{step.value_or(kUnknownStep), plan_world_size.value_or(0)};
+        ExchangeContext ctx{step.value_or(kUnknownStep), plan_world_size.value_or(0)};
+        ctx.encoder = EncoderFrom(encoder);
         ExchangeLayout l = Value(BuildExchangeLayout(PlanFrom(plan), dir, rank, world_size, ctx));
         py::dict d;
         d["send_counts"] = l.send_counts;
@@ -704,12 +639,56 @@ PYBIND11_MODULE(_tutti, m) {
         d["recv_offsets"] = l.recv_offsets;
         d["send_bytes"] = l.send_bytes;
         d["recv_bytes"] = l.recv_bytes;
+        d["send_item_hashes"] = l.send_item_hashes;
+        d["recv_item_hashes"] = l.recv_item_hashes;
         return d;
       },
       py::arg("plan"), py::arg("direction"), py::arg("rank"), py::arg("world_size"),
       py::arg("step") = py::none(), py::arg("plan_world_size") = py::none(),
-      "The byte layout of `plan`'s exchange for `rank` of `world_size` (per-peer counts and\n"
-      "offsets), checked as every transport checks it (INVALID_ARGUMENT / FAILED_PRECONDITION)");
+      py::arg("encoder") = py::none(),
+      absl::StrCat(
+          "The byte layout of `plan`'s exchange for `rank` of `world_size` (per-peer counts and\n"
+          "offsets, and the hashes of each pair's split into items that the transports' "
+          "agreement compares), checked as every transport checks it (INVALID_ARGUMENT / "
+          "FAILED_PRECONDITION). ",
+          kEncoderDoc)
+          .c_str());
+  m.def(
+      "counts_plan",
+      [](uint32_t rank, const std::vector<uint64_t>& send_counts,
+         const std::vector<uint64_t>& recv_counts) {
+        v1::RankPlan p;
+        p.set_rank(rank);
+        p.set_plan_version(kMinExchangePlanVersion);
+        v1::Exchange* ex = p.mutable_exchange();
+        auto add = [](google::protobuf::RepeatedPtrField<v1::Transfer>* list,
+                      const std::vector<uint64_t>& counts) {
+          uint64_t total = 0;
+          for (size_t peer = 0; peer < counts.size(); ++peer) {
+            if (counts[peer] == 0) continue;
+            v1::Transfer* t = list->Add();
+            t->set_peer(static_cast<uint32_t>(peer));
+            t->set_bytes(counts[peer]);
+            v1::TransferItem* item = t->add_items();
+            item->set_bytes(counts[peer]);
+            total += counts[peer];
+          }
+          return total;
+        };
+        ex->set_send_bytes(add(ex->mutable_sends(), send_counts));
+        ex->set_recv_bytes(add(ex->mutable_recvs(), recv_counts));
+        return py::bytes(p.SerializeAsString());
+      },
+      py::arg("rank"), py::arg("send_counts"), py::arg("recv_counts"),
+      "A serialized tutti.v1.RankPlan whose exchange moves send_counts[p] bytes to and\n"
+      "recv_counts[p] bytes from each rank p, one item each: what the transports' exchange\n"
+      "takes for data that is not a step plan's (the same checks and agreement)");
+  m.def(
+      "plan_bytes",
+      [](const py::handle& plan) { return py::bytes(PlanFrom(plan).SerializeAsString()); },
+      py::arg("plan"),
+      "A tutti.v1.RankPlan given as a dict (or bytes), serialized: what the exchanges take\n"
+      "without converting it again on every call");
   m.def(
       "mpi_world",
       [] {
@@ -752,7 +731,10 @@ PYBIND11_MODULE(_tutti, m) {
            }),
            py::arg("device") = 0, py::arg("join_timeout") = 600.0)
       .def_property_readonly("rank", [](PyNcclTransport& t) { return t.nccl->rank(); })
-      .def_property_readonly("world_size", [](PyNcclTransport& t) { return t.nccl->world_size(); });
+      .def_property_readonly("world_size", [](PyNcclTransport& t) { return t.nccl->world_size(); })
+      .def_property_readonly(
+          "messages_sent_to", [](PyNcclTransport& t) { return t.nccl->messages_sent_to(); },
+          "ncclSend calls to each rank in the latest exchange");
   exchanges(nccl, true);
 #endif
 

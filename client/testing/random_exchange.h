@@ -16,12 +16,12 @@ struct RandomExchangeOptions {
   uint32_t max_items_per_pair = 3;   // 0..this items from each rank to each rank (itself included)
   uint64_t max_item_bytes = 4096;    // item sizes uniform in [0, this]
   double empty_pair_fraction = 0.3;  // pairs with no transfer at all
-  // Split each pair's items into runs of random lengths (Transfer.runs, the
-  // same on both ends); false: no runs. The items drawn do not depend on it.
-  bool runs = false;
 };
 
-// One RankPlan per rank (rank, exchange sends/recvs/totals filled in).
+// One RankPlan per rank, laid out as plan_version 4 (plan.proto Exchange):
+// rank, plan_version, exchange sends/recvs/totals, a pair's vision items
+// before its audio items, and the encoder phases listing each encoder's
+// items in the order of the sends.
 std::vector<v1::RankPlan> RandomExchangePlans(const RandomExchangeOptions& opts);
 
 }  // namespace tutti

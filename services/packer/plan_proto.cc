@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -324,13 +325,9 @@ class PlanBuilder {
   uint64_t AddTransfers(const Csr& csr, uint32_t r, bool peer_is_llm,
                         google::protobuf::RepeatedPtrField<v1::Transfer>* out, uint32_t node,
                         uint32_t rpn, uint64_t* inter) {
-    // Runs (plan_version 3): consecutive items of one encoder whose places
-    // in the LLM rank's input_ids order follow each other (exchange.h).
-    const bool runs = !d_.out_pos.empty();
     const uint32_t I = static_cast<uint32_t>(d_.images.size());
     uint64_t total = 0;
     v1::Transfer* t = nullptr;
-    uint32_t prev = 0;
     for (uint32_t k = 0; k < csr.size(r); ++k) {
       const uint32_t item = csr.row(r)[k];
       const uint32_t peer = peer_is_llm ? d_.LlmRank(item) : d_.EncRank(item);
@@ -338,15 +335,7 @@ class PlanBuilder {
       if (t == nullptr || t->peer() != peer) {
         t = out->Add();
         t->set_peer(peer);
-        if (runs) t->add_runs(1);
-      } else if (runs) {
-        if (image == (prev < I) && d_.out_pos[item] == d_.out_pos[prev] + 1) {
-          t->set_runs(t->runs_size() - 1, t->runs(t->runs_size() - 1) + 1);
-        } else {
-          t->add_runs(1);
-        }
       }
-      prev = item;
       const uint32_t owner = image ? d_.images[item].owner : d_.audio[item - I].owner;
       v1::TransferItem* ti = t->add_items();
       ti->set_sample_id(d_.samples[owner].sample);
@@ -519,7 +508,7 @@ std::vector<Rows> RowsOf(const v1::StepPlan& plan) {
 
 }  // namespace
 
-absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* counts) {
+absl::Status CheckExchangeLayout(const v1::StepPlan& plan, ExchangeLayoutCounts* counts) {
   const uint32_t W = plan.world_size();
   if (static_cast<uint32_t>(plan.ranks_size()) != W) {
     return absl::InvalidArgumentError(absl::StrCat("step ", plan.step(), ": the plan holds ",
@@ -533,12 +522,16 @@ absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* coun
     return absl::InternalError(
         absl::StrCat("step ", plan.step(), ", rank ", e, " to rank ", r, ": ", what...));
   };
-  auto row = [](const std::map<ItemKey, uint32_t>& m, const ItemKey& k) -> int64_t {
-    auto it = m.find(k);
-    return it == m.end() ? -1 : it->second;
-  };
+  // Per rank and encoder, items in its encoder output and in its documents.
+  std::vector<std::map<int, uint32_t>> encoded(W), held(W), received(W);
+  for (uint32_t r = 0; r < W; ++r) {
+    for (const auto& [k, row] : rows[r].enc) ++encoded[r][std::get<0>(k)];
+    for (const auto& [k, row] : rows[r].llm) ++held[r][std::get<0>(k)];
+  }
   for (const auto& rp : plan.ranks()) {
     const uint32_t e = rp.rank();
+    if (e >= W) return fail(e, e, "no such rank");
+    std::map<int, uint32_t> next;  // per encoder, the next row of e's output to send
     for (const auto& t : rp.exchange().sends()) {
       const uint32_t r = t.peer();
       if (r >= W) return fail(e, r, "no such rank");
@@ -547,55 +540,52 @@ absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* coun
         if (u.peer() == e) back = &u;
       }
       if (back == nullptr) return fail(e, r, "the receiver lists no transfer from the sender");
-      if (back->items_size() != t.items_size() || back->runs_size() != t.runs_size()) {
+      if (back->items_size() != t.items_size()) {
         return fail(e, r, "the two ends list ", t.items_size(), " / ", back->items_size(),
-                    " items in ", t.runs_size(), " / ", back->runs_size(), " runs");
+                    " items");
       }
+      int prev_encoder = 0;
       for (int k = 0; k < t.items_size(); ++k) {
-        if (key(back->items(k)) != key(t.items(k))) return fail(e, r, "item ", k, " differs");
+        const ItemKey item = key(t.items(k));
+        if (key(back->items(k)) != item) return fail(e, r, "item ", k, " differs");
+        const int enc = std::get<0>(item);
+        if (enc < prev_encoder) {
+          return fail(e, r, "item ", k, " (encoder ", enc, ") comes after an item of encoder ",
+                      prev_encoder, ": a pair lists its images, then its audio clips");
+        }
+        prev_encoder = enc;
+        // The pair is one run of the sender's output: the next rows of its encoder.
+        auto at = rows[e].enc.find(item);
+        if (at == rows[e].enc.end() || at->second != next[enc]) {
+          return fail(e, r, "item ", k, " is ",
+                      at == rows[e].enc.end() ? std::string("not in the sender's encoder output")
+                                              : absl::StrCat("row ", at->second,
+                                                             " of the "
+                                                             "sender's encoder output, not row ",
+                                                             next[enc]),
+                      ": the encoder rows do not follow the sends");
+        }
+        ++next[enc];
+        if (rows[r].llm.find(item) == rows[r].llm.end()) {
+          return fail(e, r, "item ", k, " is not in the receiver's documents");
+        }
+        ++received[r][enc];
       }
-      for (int j = 0; j < t.runs_size(); ++j) {
-        if (back->runs(j) != t.runs(j)) return fail(e, r, "run ", j, " differs");
-      }
-      if (counts != nullptr && r != e) {
+      if (counts != nullptr && r != e && t.items_size() > 0) {
         counts->items += t.items_size();
-        counts->messages += t.runs_size() > 0 ? t.runs_size() : t.items_size();
+        ++counts->pairs;
+        std::set<int> encoders;
+        for (const auto& it : t.items()) encoders.insert(it.encoder());
+        counts->runs += encoders.size();
       }
-      if (t.runs_size() == 0) continue;  // one message per item
-      int k = 0;
-      for (int j = 0; j < t.runs_size(); ++j) {
-        const uint32_t n = t.runs(j);
-        if (n == 0 || k + static_cast<int>(n) > t.items_size()) {
-          return fail(e, r, "run ", j, " of ", n, " items does not fit the ", t.items_size(),
-                      " items");
-        }
-        const ItemKey first = key(t.items(k));
-        const int64_t enc0 = row(rows[e].enc, first), llm0 = row(rows[r].llm, first);
-        if (enc0 < 0 || llm0 < 0) {
-          return fail(e, r, "item ", k,
-                      " is not in the sender's encoder output or the "
-                      "receiver's documents");
-        }
-        for (uint32_t i = 1; i < n; ++i) {
-          const ItemKey next = key(t.items(k + i));
-          if (std::get<0>(next) != std::get<0>(first) || row(rows[e].enc, next) != enc0 + i ||
-              row(rows[r].llm, next) != llm0 + i) {
-            return fail(e, r, "run ", j, " is not adjacent at both ends at its item ", i);
-          }
-        }
-        k += static_cast<int>(n);
-        if (k < t.items_size()) {
-          const ItemKey last = key(t.items(k - 1)), next = key(t.items(k));
-          if (std::get<0>(next) == std::get<0>(last) &&
-              row(rows[e].enc, next) == row(rows[e].enc, last) + 1 &&
-              row(rows[r].llm, next) == row(rows[r].llm, last) + 1) {
-            return fail(e, r, "runs ", j, " and ", j + 1, " could be one message");
-          }
-        }
-      }
-      if (k != t.items_size()) {
-        return fail(e, r, "the runs hold ", k, " of ", t.items_size(), " items");
-      }
+    }
+    if (next != encoded[e]) {
+      return fail(e, e, "the sends hold other items than the rank's encoder output");
+    }
+  }
+  for (uint32_t r = 0; r < W; ++r) {
+    if (received[r] != held[r]) {
+      return fail(r, r, "the receives hold other items than the rank's documents");
     }
   }
   return absl::OkStatus();

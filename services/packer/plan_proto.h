@@ -15,7 +15,7 @@
 namespace tutti::packer {
 
 // RankPlan.plan_version this packer writes (see plan.proto).
-inline constexpr uint32_t kPlanVersion = 3;
+inline constexpr uint32_t kPlanVersion = 4;
 
 // Builds the StepPlan for `ranks` (empty: all ranks, in order; otherwise
 // sorted and deduplicated). Only the samples and shards those ranks touch
@@ -31,15 +31,19 @@ absl::Status CheckRanks(const Job& job, absl::Span<const uint32_t> ranks);
 void BuildJobInfo(const Job& job, v1::JobInfo* info);
 
 // Checks a whole step's exchange (every rank's plan) from the wire plans
-// alone: both ends of a pair list the same items and runs, and each run's
-// items are adjacent in the encoding rank's encoder output (EncoderPhase
-// order) and in the LLM rank's embeddings (input_ids order), as long as
-// that allows (plan.proto Transfer.runs). INTERNAL naming the step, the pair
-// and the run otherwise. Counts the items and messages moved between ranks.
-struct ExchangeRunCounts {
-  uint64_t items = 0, messages = 0;
+// alone, as the client reads it (plan.proto Exchange, plan_version 4): both
+// ends of a pair list the same items in the same order, images before audio
+// clips; each rank's sends, per encoder, are its encoder output's rows in
+// order (so a pair is one contiguous run of each encoder's output); and
+// each rank receives exactly the items of its documents. INTERNAL naming
+// the step, the pair and the item otherwise. Counts the items moved between
+// ranks, the pairs that move them (one message each over a contiguous
+// buffer) and the pairs' runs per encoder (one message each when each
+// encoder's output moves on its own).
+struct ExchangeLayoutCounts {
+  uint64_t items = 0, pairs = 0, runs = 0;
 };
-absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* counts = nullptr);
+absl::Status CheckExchangeLayout(const v1::StepPlan& plan, ExchangeLayoutCounts* counts = nullptr);
 
 // Deterministic serialization of a plan without stats.plan_seconds (the
 // plan's identity): equal inputs give equal bytes.

@@ -1,8 +1,10 @@
 #include "services/stager/batch_layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,42 @@ TEST(BatchLayoutTest, ArraysFollowThePlan) {
   EXPECT_EQ(cu[1], static_cast<int32_t>(layout->docs()[0].length));
   EXPECT_EQ(cu[2], static_cast<int32_t>(layout->docs()[0].length + layout->docs()[1].length));
   EXPECT_EQ(by["input_ids"].shape(0), static_cast<uint64_t>(cu[2]));
+}
+
+// pixel_values, image_grid_thw and image_sample_ids (hence vit_cu_seqlens)
+// lie in the plan's EncoderPhase order, whatever it is and whatever the plan
+// version: from plan_version 4 that order groups the images by the rank they
+// go to, so the encoder output is the exchange's send buffer as it stands
+// (plan.proto Exchange).
+TEST(BatchLayoutTest, ImagesLieInTheEncoderPhasesOrder) {
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_order",
+                                    {.shards = 1, .samples_per_shard = 3});
+  v1::JobInfo job = testing::MakeJob(data, 2, 2);
+  v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
+  const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+  auto* images = plan.mutable_ranks(1)->mutable_encoders(0)->mutable_images();
+  ASSERT_EQ(images->size(), 3);
+  std::reverse(images->begin(), images->end());  // say, the last one goes to rank 0
+  images->Mutable(0)->set_llm_rank(0);
+  images->Mutable(1)->set_llm_rank(1);
+  images->Mutable(2)->set_llm_rank(1);
+  auto layout = BatchLayout::Build(plan, plan.ranks(1), job.config(), p);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::vector<char> seg(layout->total_bytes());
+  layout->WriteFixed(seg.data());
+  auto descs = layout->Finalize(seg.data(), {false, false, false}, {false, false, false}, {});
+  std::map<std::string, v1::ArrayDesc> by;
+  for (auto& d : descs) by[d.name()] = d;
+  const auto* ids = reinterpret_cast<const int64_t*>(seg.data() + by["image_sample_ids"].offset());
+  uint64_t row = by["pixel_values"].offset();
+  for (int k = 0; k < 3; ++k) {
+    const ImageItem& im = layout->images()[k];
+    EXPECT_EQ(im.sample_id, images->Get(k).sample_id()) << k;
+    EXPECT_EQ(im.llm_rank, images->Get(k).llm_rank()) << k;
+    EXPECT_EQ(static_cast<uint64_t>(ids[k]), images->Get(k).sample_id()) << k;
+    EXPECT_EQ(im.offset, row) << k;  // back to back, in that order
+    row += im.bytes;
+  }
 }
 
 // A piece of a split document (overflow.long_documents "split") holds only

@@ -71,6 +71,7 @@ int main() {
   // Rank 0 of 2 sends 8 bytes to itself and 24 to rank 1, receives 8 from itself.
   tutti::v1::RankPlan plan;
   plan.set_rank(0);
+  plan.set_plan_version(tutti::kMinExchangePlanVersion);
   auto* ex = plan.mutable_exchange();
   auto add = [](auto* list, uint32_t peer, uint64_t bytes) {
     auto* t = list->Add();

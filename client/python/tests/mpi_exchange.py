@@ -31,9 +31,10 @@ def plans(world, seed, max_bytes):
     for r in range(world):
         sends = [transfer(p, items[r, p]) for p in range(world) if (r, p) in items]
         recvs = [transfer(p, items[p, r]) for p in range(world) if (p, r) in items]
-        out.append({"rank": r, "exchange": {"sends": sends, "recvs": recvs,
-                                            "send_bytes": sum(t["bytes"] for t in sends),
-                                            "recv_bytes": sum(t["bytes"] for t in recvs)}})
+        out.append({"rank": r, "plan_version": 4,
+                    "exchange": {"sends": sends, "recvs": recvs,
+                                 "send_bytes": sum(t["bytes"] for t in sends),
+                                 "recv_bytes": sum(t["bytes"] for t in recvs)}})
     return out
 
 
@@ -50,9 +51,16 @@ def main():
         for seed in range(1, 9):
             plan = plans(t.world_size, seed, 3000)[t.rank]
             ex = plan["exchange"]
+            plan = tutti.plan_bytes(plan) if seed % 2 else plan  # bytes or a dict
             recv = np.zeros(ex["recv_bytes"], np.uint8)
             t.exchange(plan, fill(ex["sends"], 0), recv, step=seed, world_size=t.world_size)
             failures += not np.array_equal(recv, fill(ex["recvs"], 0))
+            # One message to each peer the plan gives bytes.
+            want = [0] * t.world_size
+            for tr in ex["sends"]:
+                want[tr["peer"]] = int(tr["bytes"] > 0 and tr["peer"] != t.rank)
+            if max_count is None:
+                failures += list(t.messages_sent_to) != want
             back = np.zeros(ex["send_bytes"], np.uint8)
             t.exchange_backward(plan, fill(ex["recvs"], 7), back, step=seed)
             failures += not np.array_equal(back, fill(ex["sends"], 7))

@@ -52,11 +52,11 @@ class ExampleTest(unittest.TestCase):
 
 
 class GradientEquivalenceTest(unittest.TestCase):
-    def run_job(self, post, extra=()):
+    def run_job(self, post, extra=(), launcher=cluster.torchrun):
         with cluster.cluster(post=post) as c, tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "grads.pt")
-            rc, out = cluster.torchrun(c, EXAMPLE, ["--steps", "10", "--sgd", "--lr", "0.05",
-                                                    "--dump-grads", path, *extra], timeout=900)
+            rc, out = launcher(c, EXAMPLE, ["--steps", "10", "--sgd", "--lr", "0.05",
+                                            "--dump-grads", path, *extra], timeout=900)
             self.assertEqual(rc, 0, out[-4000:])
             return torch.load(path)
 
@@ -85,6 +85,14 @@ class GradientEquivalenceTest(unittest.TestCase):
         print(f"two embedding rows swapped: max |loss diff| {loss_s:.3g}, max grad diff / max "
               f"|grad| {rel_s:.3g} -> the equivalence check fails, as it must")
         self.assertGreater(excess_s, 0.0)
+        # The same exchange over tutti's MPI transport (mpirun): the same gradients as off.
+        mpi = self.run_job(True, ["--transport", "mpi"], launcher=cluster.mpirun)
+        self.assertEqual([x["step"] for x in mpi], list(range(10)))
+        loss_m, excess_m, rel_m = self.compare(mpi, off)
+        print(f"post-balancing on over the MPI transport vs off: max |loss diff| {loss_m:.3g}, "
+              f"max grad diff / max |grad| {rel_m:.3g}")
+        self.assertLess(loss_m, 1e-5)
+        self.assertLessEqual(excess_m, 0.0)
 
 
 class ResumeTest(unittest.TestCase):

@@ -9,7 +9,7 @@ import torch
 from tutti.torch import _synthetic as synthetic
 import tutti
 import tutti.torch
-from tutti.torch import _agree, _exchange, _rope
+from tutti.torch import _agree, _rope, _transports
 
 
 def hf_style_rope(tokens, grids, merge, image_token):
@@ -81,7 +81,7 @@ class BatchTest(unittest.TestCase):
         images, llm_of = synthetic.random_step(1, 0, rng)
         while not images:
             images, llm_of = synthetic.random_step(1, 1, rng)
-        b, seg = synthetic.batch(1, 0, 0, images, llm_of, hidden, _exchange.LocalTransport())
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, hidden, _transports.LocalTransport())
         self.addCleanup(seg.close)
         return b
 
@@ -134,7 +134,7 @@ class BatchTest(unittest.TestCase):
         images, llm_of = synthetic.random_step(1, 0, rng)
         while sum(1 for im in images if im[1] == 1) == 0:  # a document with two images
             images, llm_of = synthetic.random_step(1, 0, rng)
-        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _exchange.LocalTransport(),
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _transports.LocalTransport(),
                                  interleave=True)
         self.addCleanup(seg.close)
         L = b._layout
@@ -157,6 +157,16 @@ class BatchTest(unittest.TestCase):
                 # Only each document's last token is trained.
                 kept = (labels[cu[k]:cu[k + 1]] != -100).nonzero().flatten().tolist()
                 self.assertEqual(kept, [cu[k + 1] - cu[k] - 1])
+        # Each image's exchanged rows land on its run inside the text (image_embed_index).
+        enc = [(k, n) for k, (_, n) in sorted(L.enc_rows.items(), key=lambda kv: kv[1][0])]
+        emb = tutti.torch.exchange(torch.from_numpy(synthetic.pattern(enc, 4, 0)), b)
+        for mb in b.micro_batches:
+            out = mb.scatter_image_embeds(torch.zeros(1, mb.num_tokens, 4), emb)[0]
+            want = np.zeros((mb.num_tokens, 4), np.float32)
+            for sid, index, _, at, n in L.llm_images:
+                if mb._t0 <= at < mb._t1:
+                    want[at - mb._t0:at - mb._t0 + n] = synthetic.pattern([((sid, index), n)], 4, 0)
+            np.testing.assert_array_equal(out.detach().numpy(), want)
 
     def test_local_exchange_and_scatter_with_gradient_accumulation(self):
         b = self.make()
@@ -175,7 +185,7 @@ class BatchTest(unittest.TestCase):
     def test_bfloat16_pixels_are_torch_bfloat16_without_a_copy(self):
         rng = np.random.default_rng(5)
         images, llm_of = synthetic.random_step(1, 0, rng)
-        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _exchange.LocalTransport(), bf16=True)
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _transports.LocalTransport(), bf16=True)
         self.addCleanup(seg.close)
         px = b.pixel_values
         self.assertEqual(px.dtype, torch.bfloat16)
@@ -209,12 +219,9 @@ class VerdictTest(unittest.TestCase):
         self.assertIn("rank 0 is at exchange #2 but rank 1 at exchange #3", msg)
         _, msg = v([self.view(0, send=(0, 8)), self.view(1, recv=(4, 0))])
         self.assertIn("rank 0 sends 8 bytes to rank 1 but rank 1's plan expects 4", msg)
-        # The same bytes, split into other items on the two ends.
-        h = _agree.item_sizes_hash
-        self.assertNotEqual(h([4, 4]), h([8]))
-        self.assertEqual(h([4, 0, 4]), h([4, 4]))  # empty items move nothing
-        _, msg = v([self.view(0, send=(0, 8), send_items=(0, h([8]))),
-                    self.view(1, recv=(8, 0), recv_items=(h([4, 4]), 0))])
+        # The same bytes, split into other items on the two ends (the C++ layout's hashes).
+        _, msg = v([self.view(0, send=(0, 8), send_items=(0, 11)),
+                    self.view(1, recv=(8, 0), recv_items=(22, 0))])
         self.assertIn("rank 0 splits the 8 bytes it sends to rank 1 into other items than "
                       "rank 1's plan", msg)
 
@@ -223,7 +230,7 @@ class HostPoolTest(unittest.TestCase):
     """The exchange's CPU outputs come from blocks reused once no tensor uses them."""
 
     def test_a_freed_output_s_memory_serves_the_next(self):
-        pool = _exchange._HostPool()
+        pool = _transports._HostPool()
         a = pool.empty((16, 8), torch.float32)
         ptr = a.data_ptr()
         del a
@@ -232,7 +239,7 @@ class HostPoolTest(unittest.TestCase):
         self.assertEqual((b.shape, b.dtype), (torch.Size([8, 8]), torch.float32))
 
     def test_memory_in_use_is_never_handed_out(self):
-        pool = _exchange._HostPool()
+        pool = _transports._HostPool()
         a = pool.empty((16, 8), torch.float32)
         a.fill_(3)
         kept = [a[2:5], a.numpy()[1], a.view(torch.uint8)]  # views of every kind
@@ -250,7 +257,7 @@ class HostPoolTest(unittest.TestCase):
         self.assertIn(pool.empty((16, 8), torch.float32).data_ptr(), ptrs)
 
     def test_zeroed_on_request_bf16_and_empty_shapes(self):
-        pool = _exchange._HostPool()
+        pool = _transports._HostPool()
         a = pool.empty((4, 4), torch.float32)
         a.fill_(1)
         del a
@@ -262,7 +269,7 @@ class HostPoolTest(unittest.TestCase):
         self.assertEqual(tuple(pool.empty((0, 4), torch.float32).shape), (0, 4))
 
     def test_idle_blocks_are_bounded(self):
-        pool = _exchange._HostPool(keep=2)
+        pool = _transports._HostPool(keep=2)
         live = [pool.empty((n, 4), torch.float32) for n in (64, 8, 32, 16)]
         del live
         big = pool.empty((128, 4), torch.float32)  # fits no idle block: the smallest go
@@ -272,9 +279,20 @@ class HostPoolTest(unittest.TestCase):
                          pool.blocks[0].ctypes.data)
 
 
+def recv_keys(batch):
+    """The exchange's output rows, as (key, rows) in order: the plan's receives."""
+    out = []
+    for t in batch._layout.plan["exchange"]["recvs"]:
+        for it in t["items"]:
+            key = (int(it["sample_id"]), int(it.get("index") or 0))
+            out.append((key, int(it["bytes"]) // batch._layout.row_bytes))
+    return out
+
+
 class LocalExchangeTest(unittest.TestCase):
-    """One rank: the exchange's outputs (from the host pool) in input_ids order, the
-    gradient back in encoder order, step after step, kept outputs intact."""
+    """One rank: the exchange's outputs (from the host pool) as the rows arrive, placed in
+    input_ids order through the index, the gradient back in encoder order, step after step,
+    kept outputs intact."""
 
     def test_steps_in_reused_memory_keep_their_rows(self):
         hidden = 8
@@ -283,15 +301,20 @@ class LocalExchangeTest(unittest.TestCase):
             rng = np.random.default_rng(40 + step)
             images, llm_of = synthetic.random_step(1, step, rng)
             b, seg = synthetic.batch(1, 0, step, images, llm_of, hidden,
-                                     _exchange.LocalTransport(), runs=step % 2 == 0)
+                                     _transports.LocalTransport())
             try:
                 L = b._layout
                 enc = [(k, n) for k, (_, n) in sorted(L.enc_rows.items(), key=lambda kv: kv[1][0])]
                 llm = [((sid, i), n) for sid, i, _, _, n in L.llm_images]
                 x = torch.from_numpy(synthetic.pattern(enc, hidden, 0)).requires_grad_()
                 emb = tutti.torch.exchange(x, b)
-                np.testing.assert_array_equal(emb.detach().numpy(), synthetic.pattern(llm, hidden, 0))
-                emb.backward(torch.from_numpy(synthetic.pattern(llm, hidden, 5)))
+                np.testing.assert_array_equal(emb.detach().numpy(),
+                                              synthetic.pattern(recv_keys(b), hidden, 0))
+                np.testing.assert_array_equal(emb.detach()[b.image_embed_index].numpy(),
+                                              synthetic.pattern(llm, hidden, 0))
+                g = torch.zeros_like(emb)
+                g[b.image_embed_index] = torch.from_numpy(synthetic.pattern(llm, hidden, 5))
+                emb.backward(g)
                 if enc:
                     np.testing.assert_array_equal(x.grad.numpy(), synthetic.pattern(enc, hidden, 5))
                 for t, rows in held:
@@ -301,24 +324,35 @@ class LocalExchangeTest(unittest.TestCase):
                 b.release()
                 seg.close()
 
-    def test_reordered_and_dropped_rows_through_reused_buffers(self):
-        # The one-message path (one rank; NCCL on CUDA): send rows gathered from x, an image
-        # this rank lacks sent as zeros, the output reordered; the gradient the inverse way.
+    def test_an_old_layout_plan_is_refused_naming_both_versions(self):
+        rng = np.random.default_rng(5)
+        images, llm_of = synthetic.random_step(1, 0, rng)
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _transports.LocalTransport(),
+                                 plan_version=3)
+        self.addCleanup(seg.close)
+        x = torch.zeros(b.num_encoder_rows, 4)
+        with self.assertRaisesRegex(tutti.FailedPreconditionError,
+                                    "the plan is plan_version 3 but this client's exchange needs "
+                                    "plan_version 4 or later"):
+            tutti.torch.exchange(x, b)
+
+    def test_rows_a_batch_lacks_are_zeros_and_get_no_gradient(self):
+        # The fallback path (a sample the stager dropped): send rows gathered from x, the
+        # lacking image's rows sent as zeros; the gradient the inverse way.
         from types import SimpleNamespace
         tables = SimpleNamespace(
-            send_identity=False, send_all_valid=False, send_total=4, recv_total=4,
-            send_index=torch.tensor([2, 0, -1, 1]), send_valid=np.array([1, 1, 0, 1], bool),
-            out_identity=False, out_index=torch.tensor([3, 1, 0, 2]),
+            send_identity=False, send_total=4, recv_total=4,
+            send_index=torch.tensor([2, 0, 1]), send_valid=torch.tensor([1, 1, 0, 1], dtype=bool),
             send_rows=[4], recv_rows=[4])
-        transport = _exchange.LocalTransport()
+        transport = _transports.LocalTransport()
         for salt in (1.0, 10.0, 100.0):  # the pool's blocks come back dirty
             x = torch.arange(6, dtype=torch.float32).view(3, 2) + salt
             state = SimpleNamespace(tables=tables, batch=None, x_shape=x.shape)
             out = transport.forward(state, x)
-            torch.testing.assert_close(out, torch.stack([x[1], x[0], x[2], torch.zeros(2)]))
+            torch.testing.assert_close(out, torch.stack([x[2], x[0], torch.zeros(2), x[1]]))
             g = torch.arange(8, dtype=torch.float32).view(4, 2) * salt
             grad_x = transport.backward(state, g)
-            torch.testing.assert_close(grad_x, torch.stack([g[1], g[0], g[2]]))
+            torch.testing.assert_close(grad_x, torch.stack([g[1], g[3], g[0]]))
             del out, grad_x
 
 

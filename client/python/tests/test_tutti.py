@@ -41,9 +41,9 @@ class Segment:
                           "shape": list(a.shape), "offset": off, "nbytes": a.nbytes})
         return {"step": step, "rank": rank, "shm_name": "/" + name, "shm_size": self.shm.size,
                 "arrays": descs, "max_pixels": 1003520, "seq_len": 4096,
-                "plan": {"rank": rank, "exchange": {"sends": [{"peer": 0, "bytes": 8,
-                                                               "items": [{"sample_id": 2**40 + 5, "bytes": 8}]}],
-                                                    "send_bytes": 8}},
+                "plan": {"rank": rank, "plan_version": 4,
+                         "exchange": {"sends": [{"peer": 0, "bytes": 8, "items": [
+                             {"sample_id": 2**40 + 5, "bytes": 8}]}], "send_bytes": 8}},
                 "samples": [{"sample_id": 2**40 + 5, "key": "000000005", "modality": "MODALITY_VL"}]}
 
     def close(self):
@@ -177,9 +177,26 @@ class BatchTest(unittest.TestCase):
 def self_plan(n=10):
     items = [{"sample_id": 1, "encoder": "ENCODER_VISION", "bytes": n - 4},
              {"sample_id": 2, "index": 1, "bytes": 4}]
-    return {"rank": 0, "exchange": {"sends": [{"peer": 0, "bytes": n, "items": items}],
-                                    "recvs": [{"peer": 0, "bytes": n, "items": items}],
-                                    "send_bytes": n, "recv_bytes": n}}
+    return {"rank": 0, "plan_version": 4,
+            "exchange": {"sends": [{"peer": 0, "bytes": n, "items": items}],
+                         "recvs": [{"peer": 0, "bytes": n, "items": items}],
+                         "send_bytes": n, "recv_bytes": n}}
+
+
+def two_encoder_plan():
+    """A world of one sending itself an image (6 bytes), an audio clip (4) and an image (2)
+    -- images before clips, as plan_version 4 lists a pair -- its encoder phases in that
+    order."""
+    items = [{"sample_id": 1, "encoder": "ENCODER_VISION", "bytes": 6},
+             {"sample_id": 3, "encoder": "ENCODER_VISION", "bytes": 2},
+             {"sample_id": 2, "encoder": "ENCODER_AUDIO", "bytes": 4}]
+    return {"rank": 0, "plan_version": 4,
+            "encoders": [{"encoder": "ENCODER_VISION",
+                          "images": [{"sample_id": 1}, {"sample_id": 3}]},
+                         {"encoder": "ENCODER_AUDIO", "audio": [{"sample_id": 2}]}],
+            "exchange": {"sends": [{"peer": 0, "bytes": 12, "items": items}],
+                         "recvs": [{"peer": 0, "bytes": 12, "items": items}],
+                         "send_bytes": 12, "recv_bytes": 12}}
 
 
 class ExchangeTest(unittest.TestCase):
@@ -252,10 +269,55 @@ class ExchangeTest(unittest.TestCase):
         self.assertIn("CUDA device memory", str(ctx.exception))
         self.assertIn("NcclTransport" if tutti.HAVE_NCCL else "no NCCL transport", str(ctx.exception))
 
+    def test_an_old_layout_plan_is_refused_naming_both_versions(self):
+        plan = self_plan()
+        plan["plan_version"] = 3
+        with self.assertRaises(tutti.FailedPreconditionError) as ctx:
+            self.t.exchange(plan, np.zeros(10, np.uint8), np.zeros(10, np.uint8), step=6)
+        self.assertIn("step 6, rank 0, forward exchange: the plan is plan_version 3 but this "
+                      "client's exchange needs plan_version 4 or later", str(ctx.exception))
+        del plan["plan_version"]
+        with self.assertRaisesRegex(tutti.FailedPreconditionError, "plan_version 0 but"):
+            tutti.exchange_layout(plan, "forward", 0, 1)
+
+    def test_one_encoders_items_from_that_encoders_output(self):
+        plan = tutti.plan_bytes(two_encoder_plan())  # converted once, as tutti.torch does
+        vision = np.arange(8, dtype=np.uint8)  # [image 1 | image 3]: the vision output
+        got = np.zeros(8, np.uint8)
+        self.t.exchange(plan, vision, got, encoder="vision")
+        np.testing.assert_array_equal(got, vision)
+        audio = np.arange(4, dtype=np.uint8) + 100
+        got = np.zeros(4, np.uint8)
+        self.t.exchange_backward(plan, audio, got, encoder="audio")
+        np.testing.assert_array_equal(got, audio)
+        self.assertEqual(list(self.t.messages_sent_to), [0])  # its own rows: a copy
+        lay = tutti.exchange_layout(plan, "forward", 0, 1, encoder="vision")
+        self.assertEqual((lay["send_counts"], lay["recv_bytes"]), ([8], 8))
+        every = tutti.exchange_layout(plan, "forward", 0, 1)
+        self.assertEqual(every["send_counts"], [12])
+        self.assertNotEqual(lay["send_item_hashes"], every["send_item_hashes"])
+        with self.assertRaises(tutti.InvalidArgumentError) as ctx:
+            self.t.exchange(plan, np.zeros(12, np.uint8), np.zeros(12, np.uint8), encoder="vision")
+        self.assertIn("expected 8 bytes", str(ctx.exception))
+        with self.assertRaisesRegex(tutti.InvalidArgumentError, "encoder must be None"):
+            self.t.exchange(plan, vision, got, encoder="text")
+        # A vision output out of the sends' order is refused as corrupt.
+        swapped = two_encoder_plan()
+        images = swapped["encoders"][0]["images"]
+        images[0], images[1] = images[1], images[0]
+        with self.assertRaisesRegex(tutti.InvalidArgumentError, "not grouped by destination"):
+            self.t.exchange(swapped, vision, np.zeros(8, np.uint8), encoder="vision")
+
+    def test_counts_plan(self):
+        plan = tutti.counts_plan(0, [5], [5])
+        send, recv = np.arange(5, dtype=np.uint8), np.zeros(5, np.uint8)
+        self.t.exchange(plan, send, recv, step=1)
+        np.testing.assert_array_equal(recv, send)
+
     def test_load_exchange(self):
-        empty = {"rank": 0}
+        empty = {"rank": 0, "plan_version": 4}
         self.t.exchange_load(empty, np.zeros(0, np.uint8), np.zeros(0, np.uint8))
-        plan = {"rank": 0, "load_exchange": self_plan()["exchange"]}
+        plan = {"rank": 0, "plan_version": 4, "load_exchange": self_plan()["exchange"]}
         recv = np.zeros(10, np.uint8)
         self.t.exchange_load(plan, np.arange(10, dtype=np.uint8), recv, step=2, world_size=1)
         np.testing.assert_array_equal(recv, np.arange(10))

@@ -1,8 +1,9 @@
 """One rank of the tutti.torch exchange tests, under torchrun (the gloo group) or
 mpirun (--transport mpi), on synthetic batches (no daemons):
 
-  random N    N steps of random plans, forward and backward, every value checked
-              (odd steps place rows with scatter_image_embeds and backward per micro-batch)
+  random N    N steps of random plans, forward and backward, every value checked, one
+              message per peer and direction counted (odd steps place rows with
+              scatter_image_embeds and backward per micro-batch)
   bad CASE    one rank gives bad input at step 1; every rank prints what it got
   skipped N   N steps where the stagers skip some images' samples: every LLM rank masks
               the documents whose images another rank skipped, as that rank would
@@ -18,7 +19,7 @@ import torch
 from tutti.torch import _synthetic as synthetic
 import tutti
 import tutti.torch
-from tutti.torch import _exchange
+from tutti.torch import _transports
 
 HIDDEN = 16
 
@@ -37,13 +38,13 @@ def dropped_by(images, rank, step):
 
 
 def step_batch(args, transport, rank, world, step, images=None, llm_of=None):
-    """Step `step`'s random plan: laid out as tutti-packerd lays it out (runs), every fourth
-    step as plans before Transfer.runs (one message per item)."""
+    """Step `step`'s random plan, laid out as tutti-packerd lays it out; every third step's
+    documents are schema-2 conversations (image runs inside the text)."""
     if images is None:
         rng = np.random.default_rng(1000 + step)
         images, llm_of = synthetic.random_step(world, step, rng)
     return synthetic.batch(world, rank, step, images, llm_of, HIDDEN, transport,
-                           runs=step % 4 != 3, dropped=dropped_by(images, rank, step))
+                           dropped=dropped_by(images, rank, step), interleave=step % 3 == 1)
 
 
 def encoder_keys(batch):
@@ -56,6 +57,21 @@ def llm_keys(batch):
     return [((s, i), n) for s, i, _, _, n in batch._layout.llm_images]
 
 
+def recv_keys(batch):
+    """The exchange's output rows in order: the plan's receives, grouped by source."""
+    out = []
+    for t in batch._layout.plan["exchange"]["recvs"]:
+        for it in t["items"]:
+            out.append(((int(it["sample_id"]), int(it.get("index") or 0)),
+                        int(it["bytes"]) // (4 * HIDDEN)))
+    return out
+
+
+def one_per_peer(rows, rank):
+    """The messages a rank sends in one direction: one to each other rank it has rows for."""
+    return [int(n > 0 and p != rank) for p, n in enumerate(rows)]
+
+
 def run_random(args, transport, rank, world):
     bytes_checked = 0
     messages = items = 0
@@ -66,31 +82,55 @@ def run_random(args, transport, rank, world):
         images, llm_of = synthetic.random_step(world, step, rng)
         batch, seg = step_batch(args, transport, rank, world, step, images, llm_of)
         try:
+            t = batch._tables()
             x = torch.from_numpy(synthetic.pattern(encoder_keys(batch), HIDDEN, 0)).requires_grad_()
             emb = tutti.torch.exchange(x, batch)
-            want = synthetic.pattern(llm_keys(batch), HIDDEN, 0)
-            # Rows of images their encoding rank's batch lacks arrive as zeros.
+            # One message per peer forward: this rank's rows for it, back to back.
+            forward_msgs = list(transport.messages_sent_to)
+            check(forward_msgs == one_per_peer(t.send_rows, rank),
+                  f"step {step}: {forward_msgs} messages sent forward to each rank, rows "
+                  f"{t.send_rows}")
+            # The rows arrive grouped by source; images their encoding rank's batch lacks
+            # arrive as zeros.
             lacking = {(im[0], im[1]) for im in images
                        if im[0] in dropped_by(images, im[4], step)}
+            want = synthetic.pattern(recv_keys(batch), HIDDEN, 0)
             row = 0
-            for key, n in llm_keys(batch):
+            for key, n in recv_keys(batch):
                 if key in lacking:
                     want[row:row + n] = 0
                 row += n
             check(np.array_equal(emb.detach().numpy(), want), f"step {step}: forward rows")
+            placed = synthetic.pattern(llm_keys(batch), HIDDEN, 0)
+            row = 0
+            for key, n in llm_keys(batch):
+                if key in lacking:
+                    placed[row:row + n] = 0
+                row += n
+            check(np.array_equal(emb.detach()[batch.image_embed_index].numpy(), placed),
+                  f"step {step}: rows placed in input_ids order")
             grad = torch.from_numpy(synthetic.pattern(llm_keys(batch), HIDDEN, 5))
             if step % 2 == 0:
-                emb.backward(grad)
+                g = torch.zeros_like(emb)
+                g[batch.image_embed_index] = grad
+                emb.backward(g)
             else:
+                r0 = 0
                 for mb in batch.micro_batches:
                     base = torch.zeros(1, mb.num_tokens, HIDDEN, requires_grad=True)
                     out = mb.scatter_image_embeds(base, emb)
-                    a, b = mb.image_embed_rows
                     pos = mb.image_token_positions
-                    check(torch.equal(out[0, pos], emb[a:b]), f"step {step}: placed rows")
+                    r1 = r0 + len(pos)
+                    check(np.array_equal(out[0, pos].detach().numpy(), placed[r0:r1]),
+                          f"step {step}: placed rows")
                     weight = torch.zeros(1, mb.num_tokens, HIDDEN)
-                    weight[0, pos] = grad[a:b]
+                    weight[0, pos] = grad[r0:r1]
                     (out * weight).sum().backward()
+                    r0 = r1
+            backward_msgs = list(transport.messages_sent_to)
+            check(backward_msgs == one_per_peer(t.recv_rows, rank),
+                  f"step {step}: {backward_msgs} messages sent backward to each rank, rows "
+                  f"{t.recv_rows}")
             want_g = synthetic.pattern(encoder_keys(batch), HIDDEN, 5)
             check(x.grad is not None or want_g.size == 0, f"step {step}: no gradient")
             if want_g.size:
@@ -98,36 +138,24 @@ def run_random(args, transport, rank, world):
             bytes_checked += 4 * (want.size + want_g.size)
             # Outputs a trainer keeps past their step keep their rows: the next exchanges
             # never write into memory a tensor still uses.
-            for t, rows, what in held:
-                check(np.array_equal(t.numpy(), rows), f"step {step}: the previous step's "
-                                                      f"{what}, kept, was overwritten")
+            for kept, rows, what in held:
+                check(np.array_equal(kept.numpy(), rows), f"step {step}: the previous step's "
+                                                          f"{what}, kept, was overwritten")
             held = [(emb.detach(), emb.detach().numpy().copy(), "embeddings")]
             if x.grad is not None:
                 held.append((x.grad, x.grad.numpy().copy(), "gradient"))
             if emb.numel():
                 reused += emb.data_ptr() in seen
                 seen.add(emb.data_ptr())
-            if isinstance(transport, _exchange.TorchTransport):
-                # One message per run (per item without runs): forward this rank's sends,
-                # backward the gradients of what it received.
-                t = batch._tables()
-
-                def count(lists, runs):
-                    return sum(len(runs[p]) if runs[p] else len(lists[p])
-                               for p in range(world) if p != rank)
-
-                want_msgs = count(t.send_items, t.send_runs) + count(t.recv_items, t.recv_runs)
-                check(transport.messages_posted == want_msgs,
-                      f"step {step}: {transport.messages_posted} messages sent forward and "
-                      f"backward, the plan's runs say {want_msgs}")
-                messages += want_msgs
-                items += sum(len(t.send_items[p]) + len(t.recv_items[p])
-                             for p in range(world) if p != rank)
+            messages += sum(forward_msgs) + sum(backward_msgs)
+            ex = batch._layout.plan["exchange"]
+            items += sum(len(tr["items"]) for tr in ex["sends"] + ex["recvs"]
+                         if int(tr["peer"]) != rank)
         finally:
             batch.release()
             seg.close()
-    if items:  # the packer's layout moves a pair's items in fewer messages than items
-        check(messages < items, f"{messages} messages sent for {items} items")
+    check(messages < items, f"{messages} messages sent for {items} items: pairs of several "
+                            "items should move as one message")
     if args.steps >= 20:  # freed outputs' host memory serves later steps
         check(reused > 0, f"no step's embeddings reused the memory of an earlier, freed one")
     print(f"OK rank {rank}: {args.steps} random steps, {bytes_checked} bytes checked, "
@@ -151,37 +179,30 @@ def run_bad(args, transport, rank, world):
                 x = x.to("meta")
             if culprit and args.case == "corrupt":
                 batch._layout.llm_images = [(1, 0)]  # a layout this rank cannot read
-            if culprit and args.case == "split":
-                # This rank's view of a pair splits the pair's rows into other items than
-                # the peer's (the same total): a corrupt plan the agreement must catch.
-                t = batch._tables()
-                items, runs = next(
-                    (lists[p], runs[p]) for lists, runs in ((t.send_items, t.send_runs),
-                                                            (t.recv_items, t.recv_runs))
-                    for p in range(world) if p != rank and any(n >= 2 for _, n in lists[p]))
-                k = next(k for k, (_, n) in enumerate(items) if n >= 2)
-                at, n = items[k]
-                items[k:k + 1] = [(at, 1), (at + 1 if at >= 0 else -1, n - 1)]
-                if runs:  # the two halves move in the run of the item they split
-                    j, first = 0, 0
-                    while first + runs[j] <= k:
-                        first += runs[j]
-                        j += 1
-                    runs[j] += 1
-            if culprit and args.case == "mismatch":
-                # This rank's plan lists two of its items to a peer in the other order (their
-                # sizes differ): a plan of its own, consistent with its buffers, that the peer's
-                # plan contradicts.
+            if culprit and args.case in ("mismatch", "old"):
+                # mismatch: this rank's plan lists two of its items to a peer in the other
+                # order (their sizes differ), its encoder output likewise: a plan of its own,
+                # consistent with its buffers, that the peer's plan contradicts. old: the
+                # plan says it is plan_version 3.
                 import copy
 
                 L = batch._layout
                 plan = copy.deepcopy(L.plan)
-                t = next(t for t in plan["exchange"]["sends"] if int(t["peer"]) != rank and
-                         len({int(it["bytes"]) for it in t["items"]}) >= 2)
-                a = next(k for k, it in enumerate(t["items"])
-                         if int(it["bytes"]) != int(t["items"][0]["bytes"]))
-                t["items"][0], t["items"][a] = t["items"][a], t["items"][0]
-                L.plan, L.plan_bytes = plan, plan
+                if args.case == "old":
+                    plan["plan_version"] = 3
+                else:
+                    t = next(t for t in plan["exchange"]["sends"] if int(t["peer"]) != rank and
+                             len({int(it["bytes"]) for it in t["items"]}) >= 2)
+                    a = next(k for k, it in enumerate(t["items"])
+                             if int(it["bytes"]) != int(t["items"][0]["bytes"]))
+                    keys = [(int(t["items"][k]["sample_id"]), int(t["items"][k]["index"]))
+                            for k in (0, a)]
+                    t["items"][0], t["items"][a] = t["items"][a], t["items"][0]
+                    rows = plan["encoders"][0]["images"]
+                    at = [next(j for j, ip in enumerate(rows)
+                               if (int(ip["sample_id"]), int(ip["image_index"])) == k) for k in keys]
+                    rows[at[0]], rows[at[1]] = rows[at[1]], rows[at[0]]
+                L.plan, L.plan_bytes = plan, tutti.plan_bytes(plan)
                 batch._layout_tables = None
             if culprit and args.case == "released":
                 batch.release()
@@ -194,7 +215,7 @@ def run_bad(args, transport, rank, world):
             t0 = time.time()
             emb = tutti.torch.exchange(x, batch)
             if step == 1 and args.case == "noncontiguous":
-                want = synthetic.pattern(llm_keys(batch), HIDDEN, 0)
+                want = synthetic.pattern(recv_keys(batch), HIDDEN, 0)
                 check(np.array_equal(emb.detach().numpy(), want), "non-contiguous x: rows")
         except tutti.Error as e:
             msg = str(e).replace("\n", " ")
@@ -248,9 +269,9 @@ def main():
     args = ap.parse_args()
     env = tutti.torch.init_process_group()
     if args.transport == "torch":
-        transport = _exchange.TorchTransport(None, args.timeout)
+        transport = _transports.TorchTransport(None, args.timeout)
     else:
-        transport = _exchange.MpiTransport(args.timeout)
+        transport = _transports.MpiTransport(args.timeout)
     run = {"random": run_random, "bad": run_bad, "skipped": run_skipped}[args.mode]
     run(args, transport, env.rank, env.world_size)
 

@@ -268,6 +268,7 @@ absl::Status RunWorld(const ExchangeBenchOptions& o, std::shared_ptr<const Index
       row.client_exchange_ms = t->client_seconds * 1e3;
       row.bare_exchange_ms = t->bare_seconds * 1e3;
       row.exchange_bytes_per_rank = t->bytes_per_rank_max;
+      row.messages_per_pair = t->messages_per_pair;
     } else {
       row.error = absl::StrCat("transport: ", t.status().message());
     }
@@ -314,8 +315,8 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
                       "vit_imb", "vit/lb", "aud_imb", "aud/lb", "llm_imb", "llm/lb", "inter_MB",
                       "oblivious_MB", "ratio", "glpk_gap", "plan_ms", "cpu_ms");
   if (transport) {
-    out +=
-        absl::StrFormat(" %11s %10s %10s %11s", "MB/rank", "client_ms", "bare_ms", "client/bare");
+    out += absl::StrFormat(" %11s %10s %10s %11s %8s", "MB/rank", "client_ms", "bare_ms",
+                           "client/bare", "msg/pair");
   }
   out += "\n";
   for (const auto& r : rows) {
@@ -344,12 +345,12 @@ std::string FormatExchangeTable(const std::vector<ExchangeBenchRow>& rows) {
       auto opt = [](const std::optional<double>& v, const absl::FormatSpec<double>& f) {
         return v ? absl::StrFormat(f, *v) : std::string("-");
       };
-      out += absl::StrFormat(" %11s %10s %10s %11s\n",
-                             r.exchange_bytes_per_rank
-                                 ? absl::StrFormat("%.2f", *r.exchange_bytes_per_rank / 1e6)
-                                 : "-",
-                             opt(r.client_exchange_ms, "%.3f"), opt(r.bare_exchange_ms, "%.3f"),
-                             opt(r.client_vs_bare_throughput, "%.4f"));
+      out += absl::StrFormat(
+          " %11s %10s %10s %11s %8s\n",
+          r.exchange_bytes_per_rank ? absl::StrFormat("%.2f", *r.exchange_bytes_per_rank / 1e6)
+                                    : "-",
+          opt(r.client_exchange_ms, "%.3f"), opt(r.bare_exchange_ms, "%.3f"),
+          opt(r.client_vs_bare_throughput, "%.4f"), opt(r.messages_per_pair, "%.2f"));
     }
   }
   return out;
@@ -384,7 +385,8 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         "\"glpk_optimum_bytes\": %s, \"glpk_fast_bytes\": %s, \"glpk_status\": %s, "
         "\"plan_ms_median\": %s, \"plan_cpu_ms_median\": %s, "
         "\"client_vs_bare_throughput\": %s, \"client_exchange_ms\": %s, "
-        "\"bare_exchange_ms\": %s, \"exchange_bytes_per_rank\": %s, \"llm_fallback\": %s, "
+        "\"bare_exchange_ms\": %s, \"exchange_bytes_per_rank\": %s, "
+        "\"messages_per_pair\": %s, \"llm_fallback\": %s, "
         "\"error\": %s}%s\n",
         r.mode, r.ranks, r.nodes, r.samples, r.vl_samples, r.images, r.audio_clips,
         r.encoder_imbalance, r.encoder_vs_bound, opt(r.audio_imbalance), opt(r.audio_vs_bound),
@@ -392,8 +394,9 @@ std::string FormatExchangeJson(const std::vector<ExchangeBenchRow>& rows) {
         r.exchange_bytes, opt(r.glpk_gap), optu(r.glpk_optimum_bytes), optu(r.glpk_fast_bytes),
         quote(r.glpk_status), opt(r.plan_ms_median), opt(r.plan_cpu_ms_median),
         opt(r.client_vs_bare_throughput), opt(r.client_exchange_ms), opt(r.bare_exchange_ms),
-        optu(r.exchange_bytes_per_rank), r.llm_fallback ? "true" : "false",
-        r.error.empty() ? std::string("null") : quote(r.error), i + 1 < rows.size() ? "," : "");
+        optu(r.exchange_bytes_per_rank), opt(r.messages_per_pair),
+        r.llm_fallback ? "true" : "false", r.error.empty() ? std::string("null") : quote(r.error),
+        i + 1 < rows.size() ? "," : "");
   }
   out += "]\n";
   return out;

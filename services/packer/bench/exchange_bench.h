@@ -24,10 +24,11 @@
 namespace tutti::packer {
 
 // ---- transports ----
-// `tutti bench exchange --transport NAME` runs every post plan's forward
-// exchange over a real transport (the client library's MPI_Alltoallv
-// Exchange under mpirun: tools/exchange_mpi_bench.h) and compares the
-// client's throughput with a bare all-to-all of the same bytes. This library
+// `tutti bench exchange --transport NAME` runs every post plan's exchange
+// over a real transport (the client library's Exchange under mpirun, each
+// encoder's forward and backward straight from and into its output:
+// tools/exchange_mpi_bench.h) and compares the client's throughput with a
+// bare all-to-all of the same bytes in one buffer per peer. This library
 // only calls the function it is given, with the job and the planned step.
 struct TransportBenchResult {
   double client_gbps = 0;
@@ -36,6 +37,9 @@ struct TransportBenchResult {
   double client_seconds = 0;             // median time of one exchange, slowest rank
   double bare_seconds = 0;
   uint64_t bytes_per_rank_max = 0;  // the largest send buffer of a rank
+  // Data messages the client sent per communicating pair and direction, over
+  // every rank (1: one message per pair; more: a pair split into several).
+  double messages_per_pair = 0;
 };
 using TransportBenchFn =
     std::function<absl::StatusOr<TransportBenchResult>(const Job& job, const StepPlanData& plan)>;
@@ -102,6 +106,7 @@ struct ExchangeBenchRow {
   std::optional<double> client_exchange_ms;         // with a transport: median, slowest rank
   std::optional<double> bare_exchange_ms;
   std::optional<uint64_t> exchange_bytes_per_rank;  // with a transport: largest send buffer
+  std::optional<double> messages_per_pair;          // with a transport: per pair and direction
   bool llm_fallback = false;
   std::string error;  // the mode could not run (e.g. the samples do not pack); empty if it did
 };

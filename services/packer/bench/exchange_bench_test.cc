@@ -87,6 +87,7 @@ TEST(ExchangeBenchTest, TransportHookSeesEveryPostPlan) {
     TransportBenchResult r{bytes, bytes, 1.0};
     r.client_seconds = r.bare_seconds = 0.002;
     r.bytes_per_rank_max = 1000000;
+    r.messages_per_pair = 1;
     return r;
   };
   const TransportBenchFn* fn = &fake;
@@ -105,7 +106,9 @@ TEST(ExchangeBenchTest, TransportHookSeesEveryPostPlan) {
   EXPECT_NE(FormatExchangeJson(*rows).find("\"client_vs_bare_throughput\": 1"), std::string::npos);
   EXPECT_NE(FormatExchangeJson(*rows).find("\"exchange_bytes_per_rank\": 1000000"),
             std::string::npos);
+  EXPECT_NE(FormatExchangeJson(*rows).find("\"messages_per_pair\": 1,"), std::string::npos);
   EXPECT_NE(FormatExchangeTable(*rows).find("client/bare"), std::string::npos);
+  EXPECT_NE(FormatExchangeTable(*rows).find("msg/pair"), std::string::npos);
 }
 
 }  // namespace

@@ -463,12 +463,14 @@ TEST(DocImagesTest, EveryDocumentCarriesTheGridsOfItsImages) {
   }
 }
 
-// Transfer.runs, checked from the wire plans alone (CheckExchangeRuns): a
-// run's items are adjacent in the encoding rank's encoder output and in the
-// LLM rank's embeddings, both ends of a pair list the same items and runs,
-// runs are as long as the layout allows, and they are fewer messages than
-// items. Without post-balancing no item moves and no transfer has runs.
-TEST(ExchangeRunsTest, RunsAreAdjacentAtBothEndsAndFewerThanTheItems) {
+// The exchange as the ranks read it (CheckExchangeLayout, from the wire plans
+// alone): every pair is one contiguous run at both ends, per encoder, with
+// post-balancing on and off and with audio clips beside the images (the
+// three-modality case): each rank's encoder rows, per encoder, are its sends
+// in order, a pair lists its images before its audio clips, and every rank
+// receives exactly its documents' items. Pairs are then far fewer than the
+// items they move.
+TEST(ExchangeLayoutTest, EveryPairIsOneRunAtBothEndsPerEncoder) {
   // 8 VL samples a rank in 4 sequences, so that a pair has several items to
   // move and a rank's items come from several sequences.
   auto many = [](std::string c) {
@@ -482,80 +484,125 @@ TEST(ExchangeRunsTest, RunsAreAdjacentAtBothEndsAndFewerThanTheItems) {
     ASSERT_NE(job, nullptr);
     Planner planner(job);
     const bool post = config.find("post_balancing") != std::string::npos;
-    ExchangeRunCounts counts;
+    ExchangeLayoutCounts counts;
+    bool audio_moved = false;
     for (uint64_t step = 0; step < 8; ++step) {
       const v1::StepPlan plan = Plan(planner, step);
-      ASSERT_TRUE(CheckExchangeRuns(plan, &counts).ok()) << CheckExchangeRuns(plan);
+      ASSERT_TRUE(CheckExchangeLayout(plan, &counts).ok()) << CheckExchangeLayout(plan);
       for (const auto& rp : plan.ranks()) {
-        EXPECT_EQ(rp.plan_version(), 3u);
+        EXPECT_EQ(rp.plan_version(), 4u);
         for (const auto& t : rp.exchange().sends()) {
-          EXPECT_EQ(t.runs_size() > 0, post) << "step " << step << ": rank " << rp.rank();
+          if (t.peer() == rp.rank()) continue;
+          for (const auto& it : t.items()) audio_moved |= it.encoder() == v1::ENCODER_AUDIO;
         }
       }
     }
     if (post) {
-      // Fewer messages than items (here about two thirds: a rank's four VL
-      // sequences hold documents from up to four encoding ranks each).
+      EXPECT_TRUE(audio_moved) << config;
+      // A pair moves several items (the runs per encoder: at most two a pair).
       EXPECT_GT(counts.items, 0u);
-      EXPECT_LT(counts.messages * 4, counts.items * 3)
-          << config << ": " << counts.messages << " messages for " << counts.items
-          << " items moved between ranks";
+      EXPECT_LE(counts.runs, 2 * counts.pairs);
+      EXPECT_LT(counts.runs * 3, counts.items)
+          << config << ": " << counts.runs << " runs for " << counts.items
+          << " items moved between " << counts.pairs << " pairs";
+    } else {
+      EXPECT_EQ(counts.items, 0u) << "without post-balancing nothing leaves its rank";
     }
   }
 }
 
 // The check is not blind: a plan whose encoder images are out of the sends'
-// order, whose documents moved, whose runs differ at the two ends or merge
-// items that are not adjacent, is refused.
-TEST(ExchangeRunsTest, TheCheckRefusesLayoutsThatBreakARun) {
+// order, whose pair lists its items differently at the two ends, whose pair
+// lists an audio clip before an image, or whose receiver lacks an item of its
+// documents, is refused.
+TEST(ExchangeLayoutTest, TheCheckRefusesLayoutsThatBreakAPairsRun) {
   auto job = JobOf(PostConfig());
   ASSERT_NE(job, nullptr);
   Planner planner(job);
-  const v1::StepPlan plan = Plan(planner, 1);
-  ASSERT_TRUE(CheckExchangeRuns(plan).ok());
-  // A run of at least two items between two ranks.
-  int rank = -1, transfer = -1;
-  for (const auto& rp : plan.ranks()) {
-    for (int k = 0; k < rp.exchange().sends_size(); ++k) {
-      for (uint32_t n : rp.exchange().sends(k).runs()) {
-        if (n > 1 && rank < 0) rank = rp.rank(), transfer = k;
+  // A step with a transfer of at least two images between two ranks, and
+  // one with an image and an audio clip.
+  v1::StepPlan plan;
+  int rank = -1, transfer = -1, mixed_rank = -1, mixed = -1;
+  for (uint64_t step = 0; step < 16 && (rank < 0 || mixed_rank < 0); ++step) {
+    plan = Plan(planner, step);
+    rank = transfer = mixed_rank = mixed = -1;
+    for (const auto& rp : plan.ranks()) {
+      for (int k = 0; k < rp.exchange().sends_size(); ++k) {
+        const v1::Transfer& t = rp.exchange().sends(k);
+        if (t.peer() == rp.rank()) continue;
+        int images = 0, audio = 0;
+        for (const auto& it : t.items()) ++(it.encoder() == v1::ENCODER_VISION ? images : audio);
+        if (images >= 2 && rank < 0) rank = rp.rank(), transfer = k;
+        if (images >= 1 && audio >= 1 && mixed_rank < 0) mixed_rank = rp.rank(), mixed = k;
       }
     }
   }
-  ASSERT_GE(rank, 0) << "no run of two items in step 1";
+  ASSERT_TRUE(CheckExchangeLayout(plan).ok()) << CheckExchangeLayout(plan);
+  ASSERT_GE(rank, 0) << "no pair moves two images";
+  ASSERT_GE(mixed_rank, 0) << "no pair moves an image and an audio clip";
+  auto message = [](const v1::StepPlan& p) {
+    return std::string(CheckExchangeLayout(p).message());
+  };
   {
     v1::StepPlan p = plan;  // the sender's encoder images reversed
     auto* images = p.mutable_ranks(rank)->mutable_encoders(0)->mutable_images();
     std::reverse(images->begin(), images->end());
-    EXPECT_THAT(std::string(CheckExchangeRuns(p).message()), ::testing::HasSubstr("not adjacent"));
+    EXPECT_THAT(message(p), ::testing::HasSubstr("encoder rows do not follow the sends"));
   }
   {
-    v1::StepPlan p = plan;  // the receiver's runs split one of the sender's
+    v1::StepPlan p = plan;  // the receiver lists the pair's first two items swapped
     const uint32_t peer = p.ranks(rank).exchange().sends(transfer).peer();
     for (auto& u : *p.mutable_ranks(peer)->mutable_exchange()->mutable_recvs()) {
-      if (u.peer() != static_cast<uint32_t>(rank)) continue;
-      for (int j = 0; j < u.runs_size(); ++j) {
-        if (u.runs(j) > 1) {
-          u.set_runs(j, u.runs(j) - 1);
-          u.mutable_runs()->Add(1);
-          break;
-        }
-      }
+      if (u.peer() == static_cast<uint32_t>(rank)) u.mutable_items()->SwapElements(0, 1);
     }
-    EXPECT_FALSE(CheckExchangeRuns(p).ok());
+    EXPECT_THAT(message(p), ::testing::HasSubstr("differs"));
   }
   {
-    v1::StepPlan p = plan;  // one message for every item of every pair
-    for (auto& rp : *p.mutable_ranks()) {
-      for (auto* list :
-           {rp.mutable_exchange()->mutable_sends(), rp.mutable_exchange()->mutable_recvs()}) {
-        for (auto& t : *list) {
-          t.clear_runs();
-          t.add_runs(t.items_size());
+    v1::StepPlan p = plan;  // the sender's pair lists its images in another order (both ends)
+    const uint32_t peer = p.ranks(rank).exchange().sends(transfer).peer();
+    p.mutable_ranks(rank)
+        ->mutable_exchange()
+        ->mutable_sends(transfer)
+        ->mutable_items()
+        ->SwapElements(0, 1);
+    for (auto& u : *p.mutable_ranks(peer)->mutable_exchange()->mutable_recvs()) {
+      if (u.peer() == static_cast<uint32_t>(rank)) u.mutable_items()->SwapElements(0, 1);
+    }
+    EXPECT_THAT(message(p), ::testing::HasSubstr("do not follow the sends"));
+  }
+  {
+    v1::StepPlan p = plan;  // a pair's audio clip listed first, at both ends
+    v1::Transfer* t = p.mutable_ranks(mixed_rank)->mutable_exchange()->mutable_sends(mixed);
+    t->mutable_items()->SwapElements(0, t->items_size() - 1);
+    for (auto& u : *p.mutable_ranks(t->peer())->mutable_exchange()->mutable_recvs()) {
+      if (u.peer() == static_cast<uint32_t>(mixed_rank)) {
+        u.mutable_items()->SwapElements(0, u.items_size() - 1);
+      }
+    }
+    EXPECT_THAT(message(p), ::testing::HasSubstr("a pair lists its images, then its audio clips"));
+  }
+  {
+    v1::StepPlan p = plan;  // the receiver's documents lose one of the pair's images
+    const uint32_t peer = p.ranks(rank).exchange().sends(transfer).peer();
+    const v1::TransferItem item = p.ranks(rank).exchange().sends(transfer).items(0);
+    bool removed = false;
+    for (auto& mb : *p.mutable_ranks(peer)->mutable_micro_batches()) {
+      for (auto& seq : *mb.mutable_sequences()) {
+        for (auto& doc : *seq.mutable_docs()) {
+          if (doc.sample_id() != item.sample_id() || removed) continue;
+          auto* images = doc.mutable_images();
+          for (int i = 0; i < images->size(); ++i) {
+            if (images->Get(i).image_index() == item.index()) {
+              images->DeleteSubrange(i, 1);
+              removed = true;
+              break;
+            }
+          }
         }
       }
     }
-    EXPECT_FALSE(CheckExchangeRuns(p).ok());
+    ASSERT_TRUE(removed);
+    EXPECT_THAT(message(p), ::testing::HasSubstr("not in the receiver's documents"));
   }
 }
 

@@ -18,64 +18,32 @@ void CountingSort(const std::vector<uint32_t>& in, uint32_t rows, const uint32_t
   for (uint32_t x : in) (*out)[at[key[x]]++] = x;
 }
 
-// Orders each sequence's documents by the rank that encodes their first
-// encoder item and lists every encoder item in its LLM rank's input_ids
-// order (`by_llm`, with plan->out_pos). False, changing nothing, when the
-// documents do not hold every encoder item exactly once.
-bool OrderForRuns(const uint32_t* enc, StepPlanData* plan, std::vector<uint32_t>* by_llm) {
-  const uint32_t W = plan->world_size;
-  const uint32_t S = plan->seqs_per_rank();
-  const uint32_t I = static_cast<uint32_t>(plan->images.size());
-  const uint32_t n = plan->num_encoder_items();
-  if (plan->docs.rows() != W * S || plan->docs.items.size() != plan->samples.size()) return false;
+// Every encoder item in its LLM rank's input_ids order (ranks ascending,
+// then sequences in order, a document's images then its audio clips) into
+// `by_llm`. False when the documents do not hold every encoder item exactly
+// once.
+bool InputIdsOrder(const StepPlanData& plan, std::vector<uint32_t>* by_llm) {
+  const uint32_t W = plan.world_size;
+  const uint32_t I = static_cast<uint32_t>(plan.images.size());
+  const uint32_t n = plan.num_encoder_items();
+  if (plan.docs.rows() != W * plan.seqs_per_rank() ||
+      plan.docs.items.size() != plan.samples.size()) {
+    return false;
+  }
   uint64_t held = 0;  // read in record order: the documents hold every sample once
-  for (const PlannedSample& ps : plan->samples) held += ps.cost.images + ps.cost.audio;
+  for (const PlannedSample& ps : plan.samples) held += ps.cost.images + ps.cost.audio;
   if (held != n) return false;
-  // A document's encoder items, read once per document.
-  struct Doc {
-    uint32_t sample, source;  // source: encoder rank of its first item; W: none
-    uint32_t first_image, images, first_audio, audio;
-  };
-  thread_local std::vector<Doc> docs_of;
-  thread_local std::vector<uint64_t> keyed;
-  plan->out_pos.assign(n, 0);
   by_llm->clear();
   by_llm->reserve(n);
-  uint32_t* docs = plan->docs.items.data();
-  for (uint32_t r = 0; r < W; ++r) {
-    uint32_t image_pos = 0, audio_pos = 0;
-    bool ascending = true;
-    for (uint32_t g = r * S; g < (r + 1) * S; ++g) {
-      const uint32_t b = plan->docs.begin[g], e = plan->docs.begin[g + 1];
-      docs_of.clear();
-      keyed.clear();
-      bool any = false;
-      for (uint32_t k = b; k < e; ++k) {
-        const PlannedSample& ps = plan->samples[docs[k]];
-        const uint32_t src = ps.cost.images > 0  ? enc[ps.first_image]
-                             : ps.cost.audio > 0 ? enc[I + ps.first_audio]
-                                                 : W;
-        any |= src < W;
-        docs_of.push_back({docs[k], src, ps.first_image, ps.cost.images, ps.first_audio,
-                           ps.cost.audio});
-        // Documents without encoder items keep their place at the end.
-        const uint64_t key = src == W ? 2 * uint64_t{W} : ascending ? src : W + (W - 1 - src);
-        keyed.push_back(key << 32 | (k - b));
-      }
-      if (e - b > 1) std::sort(keyed.begin(), keyed.end());
-      if (any) ascending = !ascending;
-      for (uint32_t k = b; k < e; ++k) {
-        const Doc& d = docs_of[static_cast<uint32_t>(keyed[k - b])];
-        docs[k] = d.sample;
-        for (uint32_t i = d.first_image; i < d.first_image + d.images; ++i) {
-          plan->out_pos[i] = image_pos++;
-          by_llm->push_back(i);
-        }
-        for (uint32_t a = d.first_audio; a < d.first_audio + d.audio; ++a) {
-          plan->out_pos[I + a] = audio_pos++;
-          by_llm->push_back(I + a);
-        }
-      }
+  // The rows are rank-major (rank * sequences + sequence), so the documents
+  // in row order are every rank's input_ids order, rank after rank.
+  for (uint32_t sample : plan.docs.items) {
+    const PlannedSample& ps = plan.samples[sample];
+    for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
+      by_llm->push_back(i);
+    }
+    for (uint32_t a = ps.first_audio; a < ps.first_audio + ps.cost.audio; ++a) {
+      by_llm->push_back(I + a);
     }
   }
   return true;
@@ -111,36 +79,35 @@ void BuildExchange(StepPlanData* plan) {
 void BuildExchange(const uint32_t* enc, const uint32_t* llm, StepPlanData* plan) {
   const uint32_t W = plan->world_size;
   const uint32_t n = plan->num_encoder_items();
-  thread_local std::vector<uint32_t> ids, tmp, scratch_begin;
+  const uint32_t I = static_cast<uint32_t>(plan->images.size());
+  thread_local std::vector<uint32_t> ids, tmp, kind, scratch_begin;
   ids.resize(n);
+  kind.resize(n);
   bool all_self = true;
   for (uint32_t i = 0; i < n; ++i) {
     ids[i] = i;
+    kind[i] = i < I ? 0 : 1;
     all_self &= enc[i] == llm[i];
   }
   plan->inter_node_bytes = 0;
   plan->intra_node_bytes = 0;
-  plan->out_pos.clear();
+  plan->items_move = !all_self;
   if (all_self) {
     // Pre-balancing: every rank sends its encoder outputs to itself.
     CountingSort(ids, W, enc, &plan->sends.begin, &plan->sends.items);
     plan->recvs = plan->sends;
     return;
   }
-  if (OrderForRuns(enc, plan, &tmp)) {
-    // tmp: by (LLM rank, input_ids order). sends: by (encoder rank, LLM rank,
-    // input_ids order); recvs: by (LLM rank, encoder rank, input_ids order).
-    CountingSort(tmp, W, enc, &plan->sends.begin, &plan->sends.items);
-    CountingSort(plan->sends.items, W, llm, &plan->recvs.begin, &plan->recvs.items);
-    FollowSends(plan);
-  } else {
-    // sends: by (encoder rank, LLM rank, item)
-    CountingSort(ids, W, llm, &scratch_begin, &tmp);
-    CountingSort(tmp, W, enc, &plan->sends.begin, &plan->sends.items);
-    // recvs: by (LLM rank, encoder rank, item)
-    CountingSort(ids, W, enc, &scratch_begin, &tmp);
-    CountingSort(tmp, W, llm, &plan->recvs.begin, &plan->recvs.items);
-  }
+  // By (LLM rank, input_ids order), or by item where the documents do not
+  // say; then stable passes from the least significant key up: sends by
+  // (encoder rank, LLM rank, kind, input_ids order), recvs by (LLM rank,
+  // encoder rank, kind, input_ids order).
+  if (!InputIdsOrder(*plan, &tmp)) tmp = ids;
+  CountingSort(tmp, 2, kind.data(), &scratch_begin, &ids);
+  CountingSort(ids, W, llm, &scratch_begin, &tmp);
+  CountingSort(tmp, W, enc, &plan->sends.begin, &plan->sends.items);
+  CountingSort(plan->sends.items, W, llm, &plan->recvs.begin, &plan->recvs.items);
+  FollowSends(plan);
   const uint32_t rpn = plan->ranks_per_node == 0 ? 1 : plan->ranks_per_node;
   for (uint32_t i = 0; i < n; ++i) {
     if (enc[i] == llm[i]) continue;

@@ -7,15 +7,15 @@
 // listed too. Bytes between ranks of different nodes (node = rank /
 // ranks_per_node) count as inter-node.
 //
-// When every item stays on its rank (no post-balancing), a pair's items are
-// in batch order (images, then audio clips). Otherwise the lists are laid
-// out so that a pair's items move in few messages (Transfer.runs): each
-// sequence's documents are ordered by the rank that encodes their first
-// item (alternately ascending and descending from one sequence to the next,
-// so that neighbouring sequences' groups from one rank meet), a pair's
-// items follow the LLM rank's input_ids order (out_pos), and each rank's
-// encoder images and audio clips follow its sends. A run of a pair's items
-// with consecutive out_pos is then adjacent at both ends.
+// Every pair is one contiguous run at both ends (plan_version 4): a pair's
+// items are its images, then its audio clips, each kind in the LLM rank's
+// input_ids order, and each rank's encoder images and audio clips follow its
+// sends. So each encoder's output rows on the encoding rank are grouped by
+// destination, and a receive buffer laid out by source holds each source's
+// rows back to back; the LLM rank places them through an index, so the
+// order of its documents does not matter. When every item stays on its rank
+// (no post-balancing), a rank's items are in batch order (images, then
+// audio clips).
 #ifndef TUTTI_SERVICES_PACKER_CORE_EXCHANGE_H_
 #define TUTTI_SERVICES_PACKER_CORE_EXCHANGE_H_
 
@@ -23,9 +23,9 @@
 
 namespace tutti::packer {
 
-// Fills plan->sends, recvs, out_pos, inter_node_bytes and intra_node_bytes;
-// with items that move, reorders plan->docs within each sequence and the
-// rows of enc_images and enc_audio (chunks must be built after it).
+// Fills plan->sends, recvs, items_move, inter_node_bytes and
+// intra_node_bytes; with items that move, reorders the rows of enc_images
+// and enc_audio to follow the sends (chunks must be built after it).
 void BuildExchange(StepPlanData* plan);
 // The same from every encoder item's encoder rank and LLM rank, as read
 // already (enc[i] = plan->EncRank(i), llm[i] = plan->LlmRank(i)).

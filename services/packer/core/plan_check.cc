@@ -155,35 +155,23 @@ absl::Status CheckTotals(const StepPlanData& p) {
 }
 
 // Each encoder item's place in its LLM rank's input_ids (sequences in
-// order, a document's images then its audio clips) into `in_ids`, and its
-// place among the items of its encoder there against out_pos.
-absl::Status CheckInputIdsOrder(const StepPlanData& p, std::vector<uint32_t>* in_ids) {
+// order, a document's images then its audio clips) into `in_ids`.
+void InputIdsPlaces(const StepPlanData& p, std::vector<uint32_t>* in_ids) {
   const uint32_t W = p.world_size, S = p.seqs_per_rank();
   const uint32_t I = static_cast<uint32_t>(p.images.size());
-  if (p.out_pos.size() != p.num_encoder_items()) {
-    return Fail(absl::StrCat("out_pos has ", p.out_pos.size(), " entries for ",
-                             p.num_encoder_items(), " encoder items"));
-  }
   for (uint32_t r = 0; r < W; ++r) {
-    uint32_t at = 0, image_pos = 0, audio_pos = 0;
+    uint32_t at = 0;
     for (uint32_t g = r * S; g < (r + 1) * S; ++g) {
       for (uint32_t k = 0; k < p.docs.size(g); ++k) {
         const PlannedSample& ps = p.samples[p.docs.row(g)[k]];
         for (uint32_t j = 0; j < ps.cost.images + ps.cost.audio; ++j) {
           const bool image = j < ps.cost.images;
           const uint32_t x = image ? ps.first_image + j : I + ps.first_audio + j - ps.cost.images;
-          if (p.out_pos[x] != (image ? image_pos : audio_pos)) {
-            return Fail(absl::StrCat("encoder item ", x, " is item ",
-                                     image ? image_pos : audio_pos, " of its kind in rank ", r,
-                                     "'s input_ids but out_pos says ", p.out_pos[x]));
-          }
-          ++(image ? image_pos : audio_pos);
           (*in_ids)[x] = at++;
         }
       }
     }
   }
-  return absl::OkStatus();
 }
 
 // Each rank's encoder images and audio clips in the order of its sends, so
@@ -226,14 +214,14 @@ absl::Status CheckPlannedStep(const StepPlanData& p, const PlanCheckOptions& o) 
   auto all = [](uint32_t) { return true; };
   auto enc = [&](uint32_t x) { return p.EncRank(x); };
   auto llm = [&](uint32_t x) { return p.LlmRank(x); };
-  // With items that move, a pair's items follow the LLM rank's input_ids
-  // order (exchange.h), recomputed here from the documents; else batch order.
+  // With items that move, a pair's items are its images, then its audio
+  // clips, each in the LLM rank's input_ids order (exchange.h), recomputed
+  // here from the documents; else batch order.
   std::vector<uint32_t> in_ids(I);
   for (uint32_t x = 0; x < I; ++x) in_ids[x] = x;
-  if (!p.out_pos.empty()) {
-    if (absl::Status s = CheckInputIdsOrder(p, &in_ids); !s.ok()) return s;
-  }
-  auto order = [&](uint32_t x) { return in_ids[x]; };
+  if (p.items_move) InputIdsPlaces(p, &in_ids);
+  const uint32_t images = static_cast<uint32_t>(p.images.size());
+  auto order = [&](uint32_t x) { return uint64_t{x >= images} << 32 | in_ids[x]; };
   if (absl::Status s = CheckLists("forward send", p.sends, W, I, all, enc, llm, order); !s.ok()) {
     return s;
   }
@@ -241,9 +229,9 @@ absl::Status CheckPlannedStep(const StepPlanData& p, const PlanCheckOptions& o) 
       !s.ok()) {
     return s;
   }
-  if (!p.out_pos.empty()) {
-    if (absl::Status s = CheckEncoderRowsFollowSends(p); !s.ok()) return s;
-  }
+  // Each encoder's rows are grouped by destination: the send list's items of
+  // that encoder, in order.
+  if (absl::Status s = CheckEncoderRowsFollowSends(p); !s.ok()) return s;
   const uint32_t rpn = std::max<uint32_t>(1, p.ranks_per_node);
   uint64_t inter = 0, intra = 0;
   for (uint32_t x = 0; x < I; ++x) {

@@ -141,18 +141,18 @@ struct StepPlanData {
   std::vector<PlannedAudio> audio;
 
   Csr docs;        // row rank * (text_seqs + vl_seqs) + seq -> samples (batch order)
-  Csr enc_images;  // row rank -> images it encodes (batch order)
-  Csr enc_audio;   // row rank -> audio clips it encodes
+  Csr enc_images;  // row rank -> images it encodes (the order of its sends)
+  Csr enc_audio;   // row rank -> audio clips it encodes (likewise)
   Csr chunks;      // row = chunk id -> positions in its rank's enc_images row
   std::vector<uint32_t> rank_chunks;  // chunk ids of rank r: [rank_chunks[r], rank_chunks[r+1])
   std::vector<uint64_t> chunk_patches;
-  Csr sends;  // row rank -> encoder items it sends, by (peer, item)
-  Csr recvs;  // row rank -> encoder items it receives, by (peer, item)
-  // Post-balancing (items that move between ranks): every encoder item's
-  // place among its LLM rank's items of its encoder in input_ids order, the
-  // order of a pair's items (exchange.h); empty when every item stays on
-  // its rank (a pair's items are then in batch order).
-  std::vector<uint32_t> out_pos;
+  Csr sends;  // row rank -> encoder items it sends, by peer (exchange.h)
+  Csr recvs;  // row rank -> encoder items it receives, by peer
+  // Post-balancing moved some encoder item to another rank than the one
+  // that encodes it: a pair's items are then its images and then its audio
+  // clips, each in the LLM rank's input_ids order, and enc_images /
+  // enc_audio follow the sends (exchange.h). False: batch order.
+  bool items_move = false;
   // Post-balancing's load exchange (remote inputs, before the encoders run):
   // load items, by (peer, item); empty when every input is loaded locally.
   Csr load_sends;

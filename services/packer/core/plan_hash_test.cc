@@ -192,45 +192,51 @@ struct Pinned {
 // Re-pinned at plan_version 3 (Transfer.runs; post-balanced plans order a
 // pair's items by the LLM rank's input_ids, documents by encoding rank):
 // with plan_version 2 written, only the post-balanced jobs' hashes changed.
+// Re-pinned at plan_version 4 (every exchange pair one contiguous run: no
+// runs, documents in the packer's order, a pair's images before its audio
+// clips): with plan_version 3 written, only the post-balanced jobs' hashes
+// changed.
+// Re-pinned when post-balancing lowered each phase to balance_tolerance, under
+// plan_version 4's layout: only the post-balanced jobs' hashes changed.
 constexpr Pinned kPinned[] = {
     {"W4 greedy",
-     "a92e8e18bdaefda0 39a768700af412de e2d0589e0659a2c3 7dd50ef8b63446b1 e8dd928c83fd2fcb 66698346699aff44 3c8418f438925e35"},
+     "6f18370d7b9844b5 fa984a4ac9cb30e4 e65be6cf02d21c92 2bfac4fce01b8cb5 261ff9144d3f4453 e2293205edda4e07 14aa6ac710bc2c06"},
     {"W4 seed-v1 N=2",
-     "6f085d51ebaedd24 7c4780272683168f 6a529616091f3aba f04817711a12622d 0b52c2447339e31a cb00e687c1f700c6 6cbb55d8a6457f96"},
+     "4eada258ca0b222d 633e641739faf2bf 41811e2e22ccb282 6b0fb9938155cccf 3aac7da442c75cfa 9fb2af7b9545493a cbfcfcc80102d686"},
     {"W4 seed-v2 N=4",
-     "7d3e86289d0b2f5d a83274b0f36f0f92 5935e3febdecf58c a7bfe27f5e4086ca 431a03c6544deee0 47bcf4c681d19027 b903f409b5996256"},
+     "6fd093ec8fe53a99 bee52df5e5b856d7 1d4e106ef997061c c97c378330835336 6625506d7172bd4b 3a891b0dfce47fec 5bd05f1d574ac942"},
     {"W4 tutti",
-     "bdfbbc4e85731f3d 36d5351281f6e6c5 cd36b3c249cb7aac 4635452cfa58564b f09e2a0e9d80577b 87a7a443490621db 58c23c385799be84"},
+     "1bd78a31235f2942 9fb015d52893c602 de679c2e5a9a5540 f1f02a864d9d39e1 03b734d16ea949a4 f7a96b0b3908ee93 8ac2eb49859969f5"},
     {"W4 tutti img_cap",
-     "f41b6098cc93c3eb dda6dfe26a850c35 b60fe31532f22a7b 2fa7425b93ca513c e08d01438d937c36 d4a1f0e81a007570 03fec3270ca5419b"},
+     "523756e76abff594 74c3ff25c3e02cf2 a55eccf921a30597 98622df1240f3e96 13a41f9c7eba62e9 a4af3fa06a0eba38 d1fe1456dea596ea"},
     {"W4 post fast",
-     "e97470a7a2d01aa6 bce4be3e07acd58d d2a144b8d046e94b 96ec03178789b1e4 a853257c80d28f37 4cb75a5f0b311437 afccb9907da6a14e"},
+     "2ead59ecbda1b8a8 3c6e130e4308c781 4dd5b6537e86ccfd 3952b6a85e6871f7 5e6eda0c1c16cf97 5ba6c59117c369db f1393ced9f51f58e"},
     {"W4 post padded",
-     "94a5086802ac977f 7e6ae1675de50d9a 1f91a15740d06192 6daa58dfa8957deb 977e3610cb5ae7cd 7a7c2ca6c9c6fc1a 6e91c4d2c2ca7cfe"},
+     "655eb5218cab3e16 195be102f99bbf85 c23a6ca1220767e7 862673646712f0ef f433dfeb2e6ff5d7 ff53b3a3bc7b5a95 5fcfea2adbe7d6a4"},
     {"W4 post restricted",
-     "0b56f75510c85395 606978f485d23237 6acea9dea12a87fd 1123593073459881 df76750bb07e3640 8177162a4fd986ba e6d08b90fe6f8ecd"},
+     "9bc21d1de4b2d676 8cdbdefe1728a4c1 9e983cdd26a9ba1d 15ef6fcaaebdea88 ca36c18079c9dd51 37c97763c6a1ccf3 eb317b424f6f6ce7"},
     {"W16 greedy",
-     "d6aae4eb8e929237 8c2e6a1c729663fa 4cff28f43b6302aa d83d5ce7a00f3fc4 d79133f0ba157fbb 30f5917cb07d7ab1 641e08263edeb3cd"},
+     "f2ac3732aa9441ee 71f77f4e8f4f76a8 4314e5f33488cfad 1ae6884062d4eb63 b01c7014dd983c5f 8756ffd107de141c 0d24bbed57e40006"},
     {"W16 seed-v1 N=2",
-     "374577e008e4048f c1aa94b386e874db 10a11b63766095fb fba537f4f637edfc 03c0748d7605f0c7 b0bf29027e6c84aa 9aefc5965ed9d15d"},
+     "a7c1f2e49860818b 79ee136e3eacf306 21ac7629476df8b1 a2015fd9af9385d1 efb010ea9a7594a0 efe3cd04213060ac c661ce2f0257dae4"},
     {"W16 seed-v2 N=4",
-     "cdd88a69f2148c59 0e9e41c306fe8b4f 5f07bbe27cda0d60 404374cafd5a96f8 f4685255e2657475 21e0b6bb36d5f616 9a1919537fc434fd"},
+     "f5812929ca4d2f19 27aba9ef2fcb6363 3a679f7d19ba29ff ac66a33a117f4108 bf417b90a94c5db0 c6f10ef3d1c44e5e 426035b7a7bd1819"},
     {"W16 tutti",
-     "84a93b3d299b705d d65654e0e99ef5c7 7367e55a6db63d9c c754feba842aedc2 e53e8c7088a652f8 fbf14f50d2c742cf b4e2bc809b604d4c"},
+     "db8de9ec76bfa28c 29ed1e2b1625bf0c e0895a1cfe5882da b66fb152f511a22a a2571463cfcfcaeb 5f695ed1765f534e 12c7521d3d45a3d1"},
     {"W16 tutti img_cap",
-     "82c9dc122ffb9772 775188fd489929da 53c9ad464d187580 8458aa09c726b971 627e79cd0fe6a745 54ba685b7d8c65c4 a0ba76f18f38873d"},
+     "dded0ec370df45a3 88eac236b7226311 c0271200def6cac6 f563e5e1b61df699 2517e1de488f3f56 f02279dad9147445 069f986c291d69a0"},
     {"W16 post fast",
-     "79f5181f886263b3 faa9570d0ceb31e6 b66f19824969b900 3f136a6c74868dd1 12c537406848eee0 00d6b21b45419d85 a0a4142513751a10"},
+     "4f133dc5cd5ef53b 16dd7c031605975c 7a1dbcf2d990eb44 4de6103f8113a362 d265731d580aa905 3b925eaf8b4e5a29 24d0fad59257dbc6"},
     {"W16 post padded",
-     "2b4e280c2391b1f6 d7a64592aa6752ed 4feb3fdcfb3566f7 1e5d97a03e8bca40 d5181f138f261078 5848f1456bc4536b 3accadd1db0eda49"},
+     "a66e7c236ab99a6f 33290402ffa56929 70116849f46ec09b 1b16c76e7ef86245 827196d26a5301f4 249685144463f985 3d5e132b364f51e6"},
     {"W16 post restricted",
-     "ad370621f66a5cee 3f5f4232643c82ed 9e396aa45a1289ba 6523e60dad6757d1 f5bd28f556e883a4 45a22c4762548e97 089bd902fca97354"},
+     "837503e1b4a15f6e 669428b438a87852 3f11c88f5f82121e 0cd66c29a1c29030 5616c692a3223f88 a96a8f9863c0b4c5 f23d1c4a36fe5ed7"},
     {"W4 post ilp",
-     "dee319ae252ffe84 2b84b3735c1208ba e64ee3890a3bfd6b 449fc89c7a06227d 492bde965a6cfc3e f63908bb1703eadd d3f29eed6fe79dcc"},
+     "f9439e1458b2bb75 05d2eb6bc858e8b5 9beacd1025ed4933 6d3ec3528d03c814 691528cc6429949f e1040e6ac28be297 198adee0813628df"},
     {"W64 tutti",
-     "1774a847ac925480 1fa6c06ffb175bba c0c993f113ea7a0c 40daf21210c925a7 7350dc908baf1f02 d5e36e976818c5e5 3c24021c9e613d97"},
+     "0d332200b6d5dec7 255556aac1e4cd7f 8224696451078099 58c2490508d19eb0 236637fadb99f468 56598c97eba227e5 d6f8214874bd1ec3"},
     {"W64 post fast",
-     "844d93205853016d 1a6575937739e8cf 2cf71dbbae296cfa aa519c20c99dea33 5a33a951bd3156b4 156a30501d3c2624 a1bbe9e04ac8331f"},
+     "0475886a287156ca e4fbea467fdb1afb c2311b4bc66ec313 f2289b3e4a87ec25 5409ec35418d285f 9a60ed5ca6adb2ea ba13d5644e19fb7b"},
 };
 // clang-format on
 
@@ -277,13 +283,13 @@ std::string SubsetHashesOf(const PinCase& c) {
 constexpr Pinned kPinnedSubsets[] = {
     // clang-format off
     {"W16 greedy",
-     "0dc5cb8f 6a0a9922 f217a9f4 3a74d0a2 43c4bde6 ead4a6bc e821a8e0 93653f15 d0595ba5 baa00f3e"},
+     "ccceb4cb ab01e666 331cd6b0 21041666 0d4a2ac5 2bdfd9f8 292ad7a4 526e4051 cdea3c55 f42e981d"},
     {"W16 post fast",
-     "9a4cacf3 2579471d 3f76544b 87f3139d 051e0027 a1743553 7a0d0373 8dcd49d6 290a5e52 65971ce2"},
+     "48edccc0 65e1a8d9 0a542220 3ab1f49f 21329a4b 5d6a98af c55fe6a6 e7323ad7 c7b7545f e814e48c"},
     {"W16 post restricted",
-     "37b54154 ba59b0ef 554d096b 3f6140f0 32c6bbbc ca25ca05 cc5ac853 a374f185 03d00357 8956e92e"},
+     "43d4b14e 01090ad9 837d7bba 7be43d92 4309f9d2 36a0d96b d13f9774 8a27aac2 4a6f6045 a7ba58ee"},
     {"W64 tutti",
-     "c8d193dc 7e71e23b 131ab670 aee4e27f 3004522e 398703dd d3aca1a8 2542f8d8 803e0bee ae828fb6"},
+     "09daec98 bf7a9d7f d211c934 64b6fe6e 5f823bef f88c7c99 12a7deec e449879c 5de222cc e9673962"},
     // clang-format on
 };
 

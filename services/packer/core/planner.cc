@@ -249,7 +249,7 @@ void LayOut(uint32_t max_patches_per_chunk, Summary* summary, StepPlanData* out)
       },
       &out->enc_audio);
   BuildExchange(enc.data(), llm.data(), out);
-  if (!out->out_pos.empty()) {  // the encoder rows now follow the sends
+  if (out->items_move) {  // the encoder rows now follow the sends
     // From the images' patches in image order (4 bytes an image, not a
     // record read at random).
     for (size_t k = 0; k < row_patches.size(); ++k) {

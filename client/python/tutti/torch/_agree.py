@@ -37,28 +37,10 @@ def mix64(x):
     return x ^ (x >> 31)
 
 
-_RUN_SALT = 0x72756E73 << 32  # "runs"
-
-
-def item_sizes_hash(sizes, runs=None):
-    """How a pair's bytes split into items and its items into messages: a hash of its
-    non-empty items' byte sizes in order and of its runs longer than one item (Transfer.runs;
-    0: nothing moves), compared across ranks by the agreement. The C++ layout's hash."""
-    h = 0
-    for n in sizes:
-        if n:
-            h = mix64(h ^ mix64(int(n)))
-    first = 0
-    for n in runs or ():
-        if n > 1:
-            h = mix64(h ^ mix64(_RUN_SALT ^ (first << 32 | n)))
-        first += n
-    return h
-
-
 def _pair_hashes(frm, to, nbytes, items, context):
-    """Hash of "rank frm moves nbytes to rank to, split into items as `items` (their
-    item_sizes_hash) says, in this exchange" (arrays)."""
+    """Hash of "rank frm moves nbytes to rank to, split into items as `items` (the C++
+    layout's item hash of the pair, tutti.exchange_layout) says, in this exchange"
+    (arrays)."""
     h = _mix((frm.astype(np.uint64) << np.uint64(32)) | to.astype(np.uint64))
     h = _mix(h ^ nbytes.astype(np.uint64))
     h = _mix(h ^ items)
@@ -101,8 +83,8 @@ class Agreement:
     def agree(self, step, direction, send_counts, recv_counts, refusal=None, send_items=None,
               recv_items=None):
         """refusal: None or (code name, message). send_items / recv_items: per peer, the
-        item_sizes_hash of the pair's items (None: not compared). Raises tutti.Error on every
-        rank alike."""
+        hash of the pair's split into items, as tutti.exchange_layout gives it (None: not
+        compared). Raises tutti.Error on every rank alike."""
         self.begin(step, direction, send_counts, recv_counts, refusal, send_items,
                    recv_items)()
 

@@ -310,22 +310,25 @@ class MicroBatch:
             L.image_token_positions[r0:r1] - self._t0))
 
     @property
-    def image_embed_rows(self):
-        """(first, end): the rows of the exchange's output this micro-batch's image tokens take."""
-        return self._rows
+    def image_embed_index(self):
+        """[R] int64: the row of the exchange's output each of this micro-batch's image tokens
+        takes, in order (`emb[mb.image_embed_index]` are its image embeddings in input_ids
+        order)."""
+        r0, r1 = self._rows
+        return self._batch._tables().embed_index[r0:r1]
 
     def scatter_image_embeds(self, inputs_embeds, image_embeds):
         """inputs_embeds ([1, T, H] or [T, H]) with every image token replaced by its row of
-        `image_embeds` (the output of tutti.torch.exchange for this batch, or of a local
-        encoder when nothing is exchanged). Autograd-aware; call it for every micro-batch, text
-        ones too, so that the backward exchange runs once all micro-batches' gradients are in."""
+        `image_embeds` (the output of tutti.torch.exchange for this batch), placed through
+        image_embed_index. Autograd-aware; call it for every micro-batch, text ones too, so
+        that the backward exchange runs once all micro-batches' gradients are in."""
         batch = self._batch
         batch._check("scatter_image_embeds")
-        if image_embeds.shape[0] != batch._layout.llm_total:
+        if image_embeds.shape[0] != batch.num_image_embeds:
             raise tutti.InvalidArgumentError(
                 f"step {batch.step}, rank {batch.rank}: image_embeds has {image_embeds.shape[0]} "
-                f"rows but this rank's documents hold {batch._layout.llm_total} image tokens "
-                "(pass the output of tutti.torch.exchange(x, batch))")
+                f"rows but this rank's exchange brings {batch.num_image_embeds} (pass the output "
+                "of tutti.torch.exchange(x, batch))")
         squeeze = inputs_embeds.dim() == 2
         x = inputs_embeds.unsqueeze(0) if squeeze else inputs_embeds
         if x.shape[0] != 1 or x.shape[1] != self.num_tokens:
@@ -333,20 +336,24 @@ class MicroBatch:
                 f"step {batch.step}, rank {batch.rank}, micro-batch {self.index}: inputs_embeds "
                 f"has shape {tuple(inputs_embeds.shape)}, expected [1, {self.num_tokens}, H]")
         pos = self.image_token_positions.to(x.device)
+        rows = self.image_embed_index.to(image_embeds.device)
         state = batch._exchange_state()
         if state is not None:
             state.scattered.add(self.index)
-        out = _Scatter.apply(x, image_embeds, pos, self._rows, state, self.index)
+        out = _Scatter.apply(x, image_embeds, pos, rows, state, self.index)
         return out.squeeze(0) if squeeze else out
 
 
 class _Scatter(torch.autograd.Function):
+    """inputs_embeds[0, positions] = rows_src[rows]: each image token's embedding from its
+    row of the exchange's output (rows grouped by source, not in input_ids order)."""
+
     @staticmethod
     def forward(ctx, x, rows_src, positions, rows, state, index):
         ctx.positions, ctx.rows, ctx.state, ctx.index = positions, rows, state, index
         ctx.src_shape = rows_src.shape
         out = x.clone()
-        out[0, positions] = rows_src[rows[0]:rows[1]].to(out.dtype)
+        out[0, positions] = rows_src.index_select(0, rows).to(out.dtype)
         return out
 
     @staticmethod
@@ -354,7 +361,7 @@ class _Scatter(torch.autograd.Function):
         g = grad.clone()
         g[0, ctx.positions] = 0
         g_src = grad.new_zeros(ctx.src_shape)
-        g_src[ctx.rows[0]:ctx.rows[1]] = grad[0, ctx.positions]
+        g_src.index_copy_(0, ctx.rows, grad[0, ctx.positions])
         if ctx.state is not None:
             ctx.state.delivered.add(ctx.index)
         return g, g_src, None, None, None, None
@@ -487,12 +494,21 @@ class Batch:
 
     @property
     def num_image_embeds(self):
-        """Rows exchange(x, batch) returns: image tokens of this rank's documents."""
-        return self._layout.llm_total
+        """Rows exchange(x, batch) returns: the image tokens of this rank's documents, grouped
+        by the rank that encodes them."""
+        return self._tables().recv_total
+
+    @property
+    def image_embed_index(self):
+        """[image tokens] int64: the row of exchange(x, batch)'s output each image token of
+        this rank's documents takes, in input_ids order (`emb[batch.image_embed_index]`:
+        the image embeddings in input_ids order)."""
+        self._check("image_embed_index")
+        return self._tables().embed_index
 
     @property
     def llm_image_grid_thw(self):
-        """[n, 3] int64: grids of the images in this rank's documents, in exchange-output order."""
+        """[n, 3] int64: grids of the images in this rank's documents, in input_ids order."""
         self._check("llm_image_grid_thw")
         return self._convert(torch.tensor([im[2] for im in self._layout.llm_images],
                                           dtype=torch.int64).view(-1, 3))

@@ -7,7 +7,7 @@ import time
 import torch.distributed as dist
 
 import tutti
-from tutti.torch import _exchange
+from tutti.torch import _exchange, _transports
 from tutti.torch._batch import Batch, LabelOptions
 from tutti.torch._env import launch_env
 
@@ -153,16 +153,16 @@ class Loader:
             if not initialised:
                 raise tutti.FailedPreconditionError(
                     "transport='torch' needs torch.distributed initialised first")
-            return _exchange.TorchTransport(group, timeout)
+            return _transports.TorchTransport(group, timeout)
         if kind == "mpi":
-            t = _exchange.MpiTransport(timeout)
+            t = _transports.MpiTransport(timeout)
         elif kind == "nccl":
-            t = _exchange.NcclTransport(timeout, device=env.local_rank)
+            t = _transports.NcclTransport(timeout, device=env.local_rank)
         elif kind == "local":
             if self.world_size != 1:
                 raise tutti.FailedPreconditionError(
                     f"transport='local' is for a world of one rank, not {self.world_size}")
-            return _exchange.LocalTransport()
+            return _transports.LocalTransport()
         else:
             raise tutti.InvalidArgumentError(
                 f"transport={kind!r}: use 'auto', 'torch', 'mpi', 'nccl' or 'local'")

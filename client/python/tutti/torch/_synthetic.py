@@ -39,12 +39,12 @@ def random_step(world, step, rng, max_images=6):
     return images, llm_of
 
 
-def rank_plan(world, rank, images, llm_of, hidden, elem=4, runs=True):
-    """Rank `rank`'s plan. runs=True lays it out as tutti-packerd does from plan_version 3
-    on (services/packer/core/exchange.h): each sequence's documents ordered by the rank
-    that encodes their first image (alternately ascending and descending), a pair's items
-    in the LLM rank's input_ids order, each rank's encoder images following its sends, and
-    Transfer.runs; runs=False as plan_version 2 (batch order, one message per item)."""
+def rank_plan(world, rank, images, llm_of, hidden, elem=4):
+    """Rank `rank`'s plan, laid out as tutti-packerd lays it out (plan_version 4,
+    services/packer/core/exchange.h): each LLM rank's documents in two sequences in sample
+    order, a pair's items in the LLM rank's input_ids order, each rank's encoder images
+    following its sends (grouped by destination), so that every pair is one contiguous run
+    at both ends."""
     tokens = {(s, i): gh * gw // 4 for s, i, gh, gw, _, _ in images}
     of_sample = {}
     for im in images:
@@ -53,21 +53,7 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4, runs=True):
     def sequences(r):  # the LLM rank's sequences: lists of sample ids
         sids = sorted(s for s, l in llm_of.items() if l == r)
         half = len(sids) // 2
-        seqs = [sids[:half], sids[half:]]
-        if not runs:
-            return seqs
-        ascending = True
-        for q, seq in enumerate(seqs):
-            def key(sid):
-                ims = of_sample.get(sid)
-                if not ims:
-                    return 2 * world
-                return ims[0][4] if ascending else world + (world - 1 - ims[0][4])
-
-            seqs[q] = sorted(seq, key=key)  # stable: ties keep sample order
-            if any(of_sample.get(sid) for sid in seq):
-                ascending = not ascending
-        return seqs
+        return [sids[:half], sids[half:]]
 
     layout = {r: sequences(r) for r in range(world)}
     # Every image's place in its LLM rank's input_ids order.
@@ -79,7 +65,7 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4, runs=True):
                 for im in of_sample.get(sid, ()):
                     at[(im[0], im[1])] = n
                     n += 1
-    order = sorted(images, key=lambda im: (im[5], at[(im[0], im[1])])) if runs else images
+    order = sorted(images, key=lambda im: (im[5], at[(im[0], im[1])]))
 
     def transfers(pairs, peer_of):
         out = {}
@@ -91,14 +77,6 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4, runs=True):
                                        "bytes": tokens[(s, i)] * hidden * elem}
                                       for s, i, _, _, _, _ in ims]}
             t["bytes"] = sum(it["bytes"] for it in t["items"])
-            if runs:
-                lengths = [1]
-                for prev, im in zip(ims, ims[1:]):
-                    if at[(im[0], im[1])] == at[(prev[0], prev[1])] + 1:
-                        lengths[-1] += 1
-                    else:
-                        lengths.append(1)
-                t["runs"] = lengths
             result.append(t)
         return result
 
@@ -116,13 +94,12 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4, runs=True):
                                      "grid_w": im[3], "llm_tokens": tokens[(im[0], im[1])]}
                                     for im in ims]})
         mbs.append({"modality": "MODALITY_VL", "sequences": [{"docs": docs}]})
-    # Encoder images: in the order of the sends (runs) or of the batch (sends follow it).
+    # Encoder images: in the order of the sends.
     mine = [im for im in order if im[4] == rank]
     enc = [{"encoder": "ENCODER_VISION",
             "images": [{"sample_id": s, "image_index": i, "grid_t": 1, "grid_h": gh,
-                        "grid_w": gw} for s, i, gh, gw, _, _ in mine]}]
-    return {"rank": rank, "plan_version": 3 if runs else 2, "micro_batches": mbs,
-            "encoders": enc,
+                        "grid_w": gw, "llm_rank": l} for s, i, gh, gw, _, l in mine]}]
+    return {"rank": rank, "plan_version": 4, "micro_batches": mbs, "encoders": enc,
             "exchange": {"sends": sends, "recvs": recvs,
                          "send_bytes": sum(t["bytes"] for t in sends),
                          "recv_bytes": sum(t["bytes"] for t in recvs)}}
@@ -204,11 +181,13 @@ class Segment:
 
 
 def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=(),
-          runs=True, dropped=(), interleave=False):
+          dropped=(), plan_version=4, interleave=False):
     """skipped: sample ids this rank's stager lists as skipped; dropped: sample ids whose
-    images this rank's batch lacks; runs: see rank_plan; interleave: each image run after a
-    text token (the stager's schema-2 layout, with doc_image_starts and loss_mask)."""
-    plan = rank_plan(world, rank, images, llm_of, hidden, runs=runs)
+    images this rank's batch lacks; plan_version: what the plan says it is (an older one
+    is refused by the exchange); interleave: each image run after a text token (the
+    stager's schema-2 layout, with doc_image_starts and loss_mask)."""
+    plan = rank_plan(world, rank, images, llm_of, hidden)
+    plan["plan_version"] = plan_version
     seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped, dropped=dropped,
                   interleave=interleave)
     raw = tutti.map_batch(seg.desc, copy_on_write=True)

@@ -3,24 +3,20 @@
   python_path        per step: batch -> torch tensors -> every micro-batch's model inputs,
                      against Batch::Map (the C++ Next()'s work once the stager answered)
   exchange_gloo      tutti.torch.exchange forward + backward over a gloo group, against a
-                     bare batch_isend_irecv of the same bytes (one message per peer)
+                     bare batch_isend_irecv of the same bytes in one buffer per peer
   exchange_mpi       the same over tutti's MPI transport, against a bare MPI Alltoallv
-                     (mpi4py) of the same bytes
+                     (mpi4py) of the same bytes in one buffer per peer
 
-Each exchange case also times a bare exchange of the same rows item by item (one message
-per image, straight between the encoder output's rows and the output's, as tutti moves
-them): bare_items_ms in the JSON, the share of the gap that is the message count; and
-the same rows as one message per peer (bare_per_peer_ms; MPI: a derived datatype per
-peer on each end, gloo: each peer's rows gathered into a staging tensor and scattered on
-arrival), what tutti would gain by moving one message per pair instead of one per item.
---runs N repeats each exchange case in fresh processes and reports every run.
+Each exchange case runs both sides in the same rank processes, on the same plan,
+interleaved, and reports the slowest rank's medians, their ratio (bare time / tutti time:
+tutti's throughput against bare) and the data messages tutti sent per communicating pair
+and direction (1: one message per pair, as the bare exchange sends). --ranks 4,8 runs each
+case at both world sizes; --runs N repeats each in fresh processes and reports every run.
 
 Ranks are started here (processes with torchrun's variables for gloo, mpirun for MPI), in
-the allocator's default settings: an autograd function returns a new tensor per call, whose
-host memory tutti.torch reuses from step to step; bare_fresh_ms shows the bare exchange into
-a new tensor each time.
-Synthetic batches (no daemons): random post-balanced plans, every image exchanged.
-Prints a table, or one JSON object with --json."""
+the allocator's default settings (tutti.torch reuses the host memory of its outputs).
+Synthetic batches (no daemons): random post-balanced plans, every image sent to a random
+rank. Prints a table, or one JSON object with --json."""
 import argparse
 import json
 import os
@@ -93,18 +89,18 @@ def python_path(args):
 
 
 def _exchange_rank(args, kind):
-    """One rank of an exchange case; returns rank 0's medians."""
+    """One rank of an exchange case; rank 0 prints the slowest rank's medians."""
     import numpy as np
     import torch
     import torch.distributed as dist
 
     import tutti.torch
-    from tutti.torch import _exchange
+    from tutti.torch import _transports
 
     env = tutti.torch.init_process_group()
     rank, world = env.rank, env.world_size
-    transport = (_exchange.TorchTransport(None, 120) if kind == "gloo"
-                 else _exchange.MpiTransport(120))
+    transport = (_transports.TorchTransport(None, 120) if kind == "gloo"
+                 else _transports.MpiTransport(120))
     if kind == "mpi":
         from mpi4py import MPI
 
@@ -112,19 +108,18 @@ def _exchange_rank(args, kind):
     synthetic, images, llm = _step(world, 0, args.images)
     b, seg = synthetic.batch(world, rank, 0, images, llm, args.hidden, transport)
     t = b._tables()
-    x = torch.randn(b.num_encoder_rows, args.hidden)
     rb = args.hidden * 4
-    send = x.new_empty((t.send_total, args.hidden)).normal_()
+    x = torch.randn(b.num_encoder_rows, args.hidden)
+    send = x.new_empty((t.send_total, args.hidden)).normal_()  # the encoder output
     recv = x.new_empty((t.recv_total, args.hidden))
     s_off = np.concatenate([[0], np.cumsum(t.send_rows)])
     r_off = np.concatenate([[0], np.cumsum(t.recv_rows)])
 
-    def bare(reverse=False, fresh=False):
+    def bare(reverse=False):
+        # One buffer per peer: the rows for a peer back to back, as tutti's plans lay them.
         src, dst, so, ro, srows, rrows = send, recv, s_off, r_off, t.send_rows, t.recv_rows
         if reverse:
             src, dst, so, ro, srows, rrows = recv, send, r_off, s_off, t.recv_rows, t.send_rows
-        if fresh:  # a new output each time, as an autograd function must return
-            dst = dst.new_empty(dst.shape)
         if kind == "gloo":
             ops = []
             for k in range(1, world):
@@ -144,107 +139,21 @@ def _exchange_rank(args, kind):
             comm.Alltoallv([src.numpy(), (sc, [int(o) * rb for o in so[:-1]]), MPI.BYTE],
                            [dst.numpy(), (rc, [int(o) * rb for o in ro[:-1]]), MPI.BYTE])
 
-    out_rows = x.new_empty((t.out_total, args.hidden))
-    grad_x = torch.empty_like(x)
-
-    def bare_items():
-        # tutti's messages without tutti: one per item, x rows <-> output rows, both ways.
-        for src, dst, si, ri in ((x, out_rows, t.send_items, t.recv_items),
-                                 (out_rows, grad_x, t.recv_items, t.send_items)):
-            if kind == "gloo":
-                ops = []
-                for k in range(1, world):
-                    p = (rank - k) % world
-                    ops += [dist.P2POp(dist.irecv, dst[a:a + n], p) for a, n in ri[p]]
-                for k in range(1, world):
-                    p = (rank + k) % world
-                    ops += [dist.P2POp(dist.isend, src[a:a + n], p) for a, n in si[p]]
-                works = dist.batch_isend_irecv(ops) if ops else []
-            else:
-                sn, dn, reqs = src.numpy(), dst.numpy(), []
-                for k in range(1, world):
-                    p = (rank - k) % world
-                    reqs += [comm.Irecv([dn[a:a + n], MPI.BYTE], p, 5) for a, n in ri[p]]
-                for k in range(1, world):
-                    p = (rank + k) % world
-                    reqs += [comm.Isend([sn[a:a + n], MPI.BYTE], p, 5) for a, n in si[p]]
-            for (sa, n), (da, _) in zip(si[rank], ri[rank]):
-                dst[da:da + n].copy_(src[sa:sa + n])
-            if kind == "gloo":
-                for w in works:
-                    w.wait()
-            else:
-                MPI.Request.Waitall(reqs)
-
-    if kind == "mpi":
-        def datatypes(items):
-            # Per peer, one derived datatype over its items' bytes (hindexed), made once.
-            types = []
-            for p in range(world):
-                its = [(a * rb, n * rb) for a, n in items[p] if a >= 0]
-                types.append(MPI.BYTE.Create_hindexed([n for _, n in its],
-                                                      [a for a, _ in its]).Commit()
-                             if its and p != rank else None)
-            return types
-
-        x_types, out_types = datatypes(t.send_items), datatypes(t.recv_items)
-    else:
-        def rows_of(items):
-            return [torch.cat([torch.arange(a, a + n) for a, n in items[p]])
-                    if items[p] and p != rank else None for p in range(world)]
-
-        x_rows, out_rows_of = rows_of(t.send_items), rows_of(t.recv_items)
-        x_stage = [None if r is None else x.new_empty((len(r), args.hidden)) for r in x_rows]
-        out_stage = [None if r is None else x.new_empty((len(r), args.hidden))
-                     for r in out_rows_of]
-
-    def bare_per_peer():
-        # One message per peer over the same rows as tutti's (x rows <-> output rows, both
-        # ways). MPI: a derived datatype per peer on each end, no copy; gloo (which has no
-        # datatypes): each peer's rows gathered into a staging tensor, scattered on arrival.
-        for src, dst, si, ri, fwd in ((x, out_rows, t.send_items, t.recv_items, True),
-                                      (out_rows, grad_x, t.recv_items, t.send_items, False)):
-            if kind == "mpi":
-                st, rt = (x_types, out_types) if fwd else (out_types, x_types)
-                sn, dn, reqs = src.numpy(), dst.numpy(), []
-                for k in range(1, world):
-                    p = (rank - k) % world
-                    if rt[p] is not None:
-                        reqs.append(comm.Irecv([dn, 1, rt[p]], p, 6))
-                for k in range(1, world):
-                    p = (rank + k) % world
-                    if st[p] is not None:
-                        reqs.append(comm.Isend([sn, 1, st[p]], p, 6))
-            else:
-                sr, rr = (x_rows, out_rows_of) if fwd else (out_rows_of, x_rows)
-                ss, rs = (x_stage, out_stage) if fwd else (out_stage, x_stage)
-                ops = []
-                for k in range(1, world):
-                    p = (rank - k) % world
-                    if rr[p] is not None:
-                        ops.append(dist.P2POp(dist.irecv, rs[p], p))
-                for k in range(1, world):
-                    p = (rank + k) % world
-                    if sr[p] is not None:
-                        torch.index_select(src, 0, sr[p], out=ss[p])
-                        ops.append(dist.P2POp(dist.isend, ss[p], p))
-                works = dist.batch_isend_irecv(ops) if ops else []
-            for (sa, n), (da, _) in zip(si[rank], ri[rank]):
-                dst[da:da + n].copy_(src[sa:sa + n])
-            if kind == "mpi":
-                MPI.Request.Waitall(reqs)
-            else:
-                for w in works:
-                    w.wait()
-                for p in range(world):
-                    if rr[p] is not None:
-                        dst.index_copy_(0, rr[p], rs[p])
-
     grad = torch.ones(b.num_image_embeds, args.hidden)
 
     def ours():
         xx = x.detach().requires_grad_()
         tutti.torch.exchange(xx, b).backward(grad)
+
+    # tutti's messages, forward then backward, per communicating pair.
+    xx = x.detach().requires_grad_()
+    out = tutti.torch.exchange(xx, b)
+    messages = sum(transport.messages_sent_to)
+    out.backward(grad)
+    messages += sum(transport.messages_sent_to)
+    pairs = sum(1 for p in range(world) if p != rank and t.send_rows[p]) + \
+        sum(1 for p in range(world) if p != rank and t.recv_rows[p])
+    del out, xx
 
     def barrier():
         if kind == "gloo":
@@ -252,10 +161,8 @@ def _exchange_rank(args, kind):
         else:
             comm.Barrier()
 
-    times = {"bare": [], "tutti": [], "bare_fresh": [], "bare_items": [], "bare_per_peer": []}
-    cases = (("bare", lambda: (bare(), bare(reverse=True))), ("tutti", ours),
-             ("bare_fresh", lambda: (bare(fresh=True), bare(reverse=True, fresh=True))),
-             ("bare_items", bare_items), ("bare_per_peer", bare_per_peer))
+    times = {"bare": [], "tutti": []}
+    cases = (("bare", lambda: (bare(), bare(reverse=True))), ("tutti", ours))
     for i in range(args.repeats + 2):
         for name, fn in cases[::1 if i % 2 else -1]:
             barrier()
@@ -268,14 +175,11 @@ def _exchange_rank(args, kind):
     seg.close()
     moved = (t.send_total + t.recv_total) * rb  # forward + backward bytes this rank sends
     out = {"case": f"exchange_{kind}", "ranks": world, "hidden": args.hidden,
-           "bytes_per_rank": moved,
+           "images_per_rank": args.images, "bytes_per_rank": moved,
            "bare_ms": statistics.median(times["bare"]) * 1e3,
-           "bare_fresh_ms": statistics.median(times["bare_fresh"]) * 1e3,
-           "bare_items_ms": statistics.median(times["bare_items"]) * 1e3,
-           "bare_per_peer_ms": statistics.median(times["bare_per_peer"]) * 1e3,
            "tutti_ms": statistics.median(times["tutti"]) * 1e3,
+           "messages": messages, "pairs": pairs,
            "repeats": args.repeats, "load_average": list(os.getloadavg())}
-    out["tutti_vs_bare_throughput"] = out["bare_ms"] / out["tutti_ms"]
     gathered = [None] * world
     if kind == "gloo":
         dist.all_gather_object(gathered, out)
@@ -284,15 +188,15 @@ def _exchange_rank(args, kind):
     if rank == 0:
         # The slowest rank's medians: an exchange ends when every rank's has.
         worst = max(gathered, key=lambda o: o["tutti_ms"])
-        worst_bare = max(o["bare_ms"] for o in gathered)
-        worst["bare_ms"] = worst_bare
-        worst["bare_fresh_ms"] = max(o["bare_fresh_ms"] for o in gathered)
-        worst["bare_items_ms"] = max(o["bare_items_ms"] for o in gathered)
-        worst["bare_per_peer_ms"] = max(o["bare_per_peer_ms"] for o in gathered)
-        worst["tutti_vs_bare_throughput"] = worst_bare / worst["tutti_ms"]
-        worst["tutti_vs_bare_items_throughput"] = worst["bare_items_ms"] / worst["tutti_ms"]
-        # What one message per peer over the same rows would give, against bare.
-        worst["per_peer_vs_bare_throughput"] = worst_bare / worst["bare_per_peer_ms"]
+        worst["bare_ms"] = max(o["bare_ms"] for o in gathered)
+        worst["tutti_vs_bare_throughput"] = worst["bare_ms"] / worst["tutti_ms"]
+        worst["bytes_per_rank"] = max(o["bytes_per_rank"] for o in gathered)
+        total_pairs = sum(o["pairs"] for o in gathered)
+        worst["messages_per_pair"] = (sum(o["messages"] for o in gathered) / total_pairs
+                                      if total_pairs else 0.0)
+        worst["items_per_pair"] = (2 * len(images) - sum(
+            1 for im in images if im[4] == im[5]) * 2) / total_pairs if total_pairs else 0.0
+        del worst["messages"], worst["pairs"]
         print("BENCH " + json.dumps(worst), flush=True)
 
 
@@ -302,22 +206,22 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(args, kind):
+def _launch(args, kind, ranks):
     me = [sys.executable, "-m", "tutti.torch.bench", "--rank-of", kind, "--images", str(args.images),
           "--hidden", str(args.hidden), "--repeats", str(args.repeats)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if kind == "gloo":
         port = _free_port()
-        procs = [subprocess.Popen(me, env=dict(env, RANK=str(r), WORLD_SIZE=str(args.ranks),
-                                               LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(args.ranks),
+        procs = [subprocess.Popen(me, env=dict(env, RANK=str(r), WORLD_SIZE=str(ranks),
+                                               LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(ranks),
                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for r in range(args.ranks)]
+                 for r in range(ranks)]
     else:
         if shutil.which("mpirun") is None:
             return {"case": "exchange_mpi", "error": "mpirun not found"}
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        procs = [subprocess.Popen(["mpirun", "-np", str(args.ranks), "--oversubscribe", "-x",
+        procs = [subprocess.Popen(["mpirun", "-np", str(ranks), "--oversubscribe", "-x",
                                    "PYTHONPATH", *me], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
     out = "".join(p.communicate(timeout=900)[0] for p in procs)
@@ -332,7 +236,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="python_path,exchange_gloo,exchange_mpi",
                     help="comma-separated cases (default: all)")
-    ap.add_argument("--ranks", type=int, default=4, help="ranks of the exchange cases (default 4)")
+    ap.add_argument("--ranks", default="4",
+                    help="comma-separated world sizes of the exchange cases (default 4)")
     ap.add_argument("--images", type=int, default=32,
                     help="images each rank encodes, 16x16 patches = 64 tokens each (default 32)")
     ap.add_argument("--hidden", type=int, default=4096, help="embedding width, fp32 (default 4096)")
@@ -345,13 +250,20 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.rank_of:
         return _exchange_rank(args, args.rank_of)
+    try:
+        worlds = [int(w) for w in args.ranks.split(",") if w]
+    except ValueError:
+        worlds = []
+    if not worlds or min(worlds) < 2:
+        ap.error(f"--ranks {args.ranks!r}: comma-separated world sizes of at least 2")
     results = []
     for case in args.cases.split(","):
         if case == "python_path":
             results.append(python_path(args))
         elif case in ("exchange_gloo", "exchange_mpi"):
-            for run in range(args.runs):
-                results.append(dict(_launch(args, case.split("_")[1]), run=run + 1))
+            for ranks in worlds:
+                for run in range(args.runs):
+                    results.append(dict(_launch(args, case.split("_")[1], ranks), run=run + 1))
         else:
             ap.error(f"unknown case {case!r}")
     load = list(os.getloadavg())
@@ -369,14 +281,11 @@ def main(argv=None):
                   f"over Batch::Map, {r['images']} images")
         else:
             mb = r["bytes_per_rank"] / 2**20
-            per_peer = "datatype" if r["case"] == "exchange_mpi" else "staging copy"
             print(f"{r['case']:<16} {r['tutti_ms']:>11.2f} ms {r['bare_ms']:>11.2f} ms "
-                  f"{r['tutti_vs_bare_throughput']:>8.3f}  throughput vs bare, run {r['run']}, "
-                  f"load {r['load_average'][0]:.1f}, {mb:.1f} MiB per rank fwd+bwd, {r['ranks']} "
-                  f"ranks, medians of {r['repeats']}; bare item by item {r['bare_items_ms']:.2f} ms "
-                  f"({r['tutti_vs_bare_items_throughput']:.3f}); bare one message per peer "
-                  f"({per_peer}) {r['bare_per_peer_ms']:.2f} ms "
-                  f"({r['per_peer_vs_bare_throughput']:.3f} of bare)")
+                  f"{r['tutti_vs_bare_throughput']:>8.3f}  throughput vs bare, {r['ranks']} ranks, "
+                  f"run {r['run']}, load {r['load_average'][0]:.1f}, {mb:.1f} MiB per rank "
+                  f"fwd+bwd, {r['messages_per_pair']:.2f} messages per pair and direction "
+                  f"({r['items_per_pair']:.1f} images), medians of {r['repeats']}")
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return 0
