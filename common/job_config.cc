@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
+#include "common/mixture_config.h"
 #include "common/status.h"
 
 namespace tutti {
@@ -291,7 +292,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("post_balancing.rearrangement '", re, "' is unknown; choose 'fast' or 'ilp'"));
   }
-  return absl::OkStatus();
+  return ValidateMixtureConfig(c);
 }
 
 std::string JobFingerprint(const v1::JobConfig& config) {
