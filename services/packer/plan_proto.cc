@@ -163,6 +163,11 @@ class PlanBuilder {
     info->set_llm_cost(ps.cost.llm);
     info->set_audio_cost(ps.cost.audio_cost);
     info->set_drawn_rank(ps.drawn_rank);
+    if (const Mixture* m = job_.mixture()) {
+      info->set_source(ps.source);
+      const uint64_t ceiling = m->source(ps.source).max_pixels;
+      if (ceiling > 0 && ceiling < d_.max_pixels) info->set_max_pixels(ceiling);
+    }
   }
 
   void AddRank(uint32_t r) {
@@ -435,6 +440,33 @@ void BuildJobInfo(const Job& job, v1::JobInfo* info) {
   info->set_total_steps(job.total_steps());
   for (const IndexShard& s : ix.shards()) info->add_shards(s.name);
   info->set_dataset_bytes(ix.dataset_bytes());
+  const Mixture* m = job.mixture();
+  for (uint32_t i = 0; i < job.num_sources(); ++i) {
+    v1::SourceInfo* si = info->add_sources();
+    si->set_name(job.source_name(i));
+    if (m != nullptr) {
+      si->set_text_samples(m->source(i).part[0].n);
+      si->set_vl_samples(m->source(i).part[1].n);
+      si->set_text_epoch_samples(m->source(i).part[0].epoch_size);
+      si->set_vl_epoch_samples(m->source(i).part[1].epoch_size);
+    } else {
+      const uint64_t n = i == 0 ? job.text_samples().size() : job.vl_samples().size();
+      if (i == 0) {
+        si->set_text_samples(n);
+        si->set_text_epoch_samples(n);
+      } else {
+        si->set_vl_samples(n);
+        si->set_vl_epoch_samples(n);
+      }
+    }
+  }
+  if (m != nullptr) {
+    for (const auto& [start, digest] : m->history()) {
+      v1::MixtureHistory* h = info->add_mixture_history();
+      h->set_start_step(start);
+      h->set_fingerprint(digest);
+    }
+  }
 }
 
 std::string PlanIdentityBytes(v1::StepPlan* plan) {
@@ -493,7 +525,7 @@ std::vector<Rows> RowsOf(const v1::StepPlan& plan) {
           }
           auto it = samples.find(doc.sample_id());
           const uint32_t first = doc.pieces() > 0 ? doc.first_audio() : 0;
-          const uint32_t n = doc.pieces() > 0     ? doc.audio_count()
+          const uint32_t n = doc.pieces() > 0      ? doc.audio_count()
                              : it != samples.end() ? it->second->audio_size()
                                                    : 0;
           for (uint32_t a = first; a < first + n; ++a) {
@@ -561,7 +593,8 @@ absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* coun
         const ItemKey first = key(t.items(k));
         const int64_t enc0 = row(rows[e].enc, first), llm0 = row(rows[r].llm, first);
         if (enc0 < 0 || llm0 < 0) {
-          return fail(e, r, "item ", k, " is not in the sender's encoder output or the "
+          return fail(e, r, "item ", k,
+                      " is not in the sender's encoder output or the "
                       "receiver's documents");
         }
         for (uint32_t i = 1; i < n; ++i) {

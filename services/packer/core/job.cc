@@ -92,10 +92,10 @@ absl::Status Job::Init(const JobOptions& options) {
           StreamCheck{"vision-language", "vl_samples_per_step", b.vl_samples_per_step(), n_vl}}) {
       if (c.per_step == 0) continue;
       if (c.n == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(), " has no ",
-            c.name, " samples", UnservableNote(), "; set batch.", c.field,
-            " to 0 or index a dataset that has them"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(),
+                         " has no ", c.name, " samples", UnservableNote(), "; set batch.", c.field,
+                         " to 0 or index a dataset that has them"));
       }
       if (c.n < 2 * uint64_t{c.per_step}) {
         return absl::FailedPreconditionError(
@@ -128,8 +128,8 @@ absl::Status Job::InitMixture() {
   const auto& b = config_.batch();
   const std::vector<uint32_t>* streams[2] = {text_samples_, vl_samples_};
   const uint32_t per[2] = {b.text_samples_per_step(), b.vl_samples_per_step()};
-  ASSIGN_OR_RETURN(mixture_, Mixture::Create(config_, *index_, streams, per,
-                                             overflow_.long_documents));
+  ASSIGN_OR_RETURN(mixture_,
+                   Mixture::Create(config_, *index_, streams, per, overflow_.long_documents));
   // Each stream's epoch: its sources' epochs; the slower stream's decides.
   steps_per_epoch_ = 0;
   total_steps_ = 0;
@@ -283,10 +283,10 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
         const uint32_t s = list[at];
         auto c = coster.Cost(s);
         if (!c.ok()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "sample ", DescribeSample(s), " cannot be resized at curriculum[", i, "]: ",
-              c.status().message(),
-              "; raise vision.max_aspect_ratio or rebuild the index without it"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("sample ", DescribeSample(s), " cannot be resized at curriculum[", i,
+                           "]: ", c.status().message(),
+                           "; raise vision.max_aspect_ratio or rebuild the index without it"));
         }
         ++g.n;
         st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
@@ -325,9 +325,9 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
         g.source < 0 ? std::string(g.vl ? "vision-language" : "text-only")
                      : absl::StrCat(g.vl ? "VL" : "text-only", " samples of mixture source '",
                                     source_name(static_cast<uint32_t>(g.source)), "', whose");
-    const std::string field =
-        g.source < 0 ? "overflow.long_documents"
-                     : absl::StrCat("mixture.sources[", g.source, "].long_documents");
+    const std::string field = g.source < 0
+                                  ? "overflow.long_documents"
+                                  : absl::StrCat("mixture.sources[", g.source, "].long_documents");
     return absl::FailedPreconditionError(absl::StrFormat(
         "at %s %s '%s' would skip %u of the %u %s samples (%.4f, e.g. %s, "
         "longer than seq_len%s), above overflow.max_skip_fraction %.4f; raise curriculum[%u]."

@@ -70,9 +70,9 @@ uint64_t NameKey(const std::string& name) {
 
 uint32_t SourcePart::ListIndex(uint64_t i) const {
   if (ranges.size() == 1) return ranges[0].first + static_cast<uint32_t>(i);
-  const size_t r = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), i) -
-                                       offsets.begin()) -
-                   1;
+  const size_t r =
+      static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), i) - offsets.begin()) -
+      1;
   return ranges[r].first + static_cast<uint32_t>(i - offsets[r]);
 }
 
@@ -162,7 +162,8 @@ absl::Status Mixture::Resolve(const v1::JobConfig& config, const Index& index,
       return absl::FailedPreconditionError(absl::StrCat(
           at, " selects no shard of index ", path,
           cs.shard_prefixes_size() > 0
-              ? absl::StrCat(": no shard name starts with ", absl::StrJoin(cs.shard_prefixes(), " or "),
+              ? absl::StrCat(": no shard name starts with ",
+                             absl::StrJoin(cs.shard_prefixes(), " or "),
                              "; fix its shard_prefixes (names are relative to the index's source "
                              "directory, e.g. 'ocr/')")
               : ": the index has no shards; index the dataset again"));
@@ -177,10 +178,10 @@ absl::Status Mixture::Resolve(const v1::JobConfig& config, const Index& index,
         const uint32_t lo_id = index.shard(first).first_sample;
         const IndexShard& last = index.shard(end - 1);
         const uint32_t hi_id = last.first_sample + last.num_samples;
-        const uint32_t lo = static_cast<uint32_t>(
-            std::lower_bound(list.begin(), list.end(), lo_id) - list.begin());
-        const uint32_t hi = static_cast<uint32_t>(
-            std::lower_bound(list.begin(), list.end(), hi_id) - list.begin());
+        const uint32_t lo =
+            static_cast<uint32_t>(std::lower_bound(list.begin(), list.end(), lo_id) - list.begin());
+        const uint32_t hi =
+            static_cast<uint32_t>(std::lower_bound(list.begin(), list.end(), hi_id) - list.begin());
         if (hi == lo) continue;
         part.offsets.push_back(part.n);
         part.ranges.emplace_back(lo, hi);
@@ -272,8 +273,9 @@ absl::Status Mixture::BuildStreams(const v1::JobConfig& config,
       for (uint32_t i : slots) total += g.weights[i], w.push_back(g.weights[i]);
       if (!(total > 0)) {
         const std::string where =
-            g.stage < 0 ? std::string("the sources' own weights (before mixture.stages[0])")
-                        : absl::StrCat("mixture.stages[", g.stage, "] (from step ", g.start_step, ")");
+            g.stage < 0
+                ? std::string("the sources' own weights (before mixture.stages[0])")
+                : absl::StrCat("mixture.stages[", g.stage, "] (from step ", g.start_step, ")");
         return absl::FailedPreconditionError(absl::StrCat(
             "at ", where, " every source holding ", StreamName(vl), " samples (",
             absl::StrJoin(holders, ", "), ") has weight 0, but batch.", PerStepField(vl), " is ", N,
@@ -299,7 +301,8 @@ absl::Status Mixture::BuildStreams(const v1::JobConfig& config,
             " a step draws: a step that crosses its epochs would need a sample twice. A source "
             "draws at most half its epoch a step: lower its weight so that its share stays at or "
             "below ",
-            part.epoch_size / 2, " samples a step, raise max_samples_per_epoch, or give it more "
+            part.epoch_size / 2,
+            " samples a step, raise max_samples_per_epoch, or give it more "
             "samples"));
       }
       epoch_samples_[vl] += part.epoch_size;
@@ -322,9 +325,9 @@ void Mixture::BuildHistory(const v1::JobConfig& config) {
   }
   for (size_t e = 0; e < starts.size(); ++e) {
     const uint64_t until = e + 1 < starts.size() ? starts[e + 1] : UINT64_MAX;
-    std::string bytes = absl::StrCat("seed=", config.seed(),
-                                     " text=", config.batch().text_samples_per_step(),
-                                     " vl=", config.batch().vl_samples_per_step(), "\n");
+    std::string bytes =
+        absl::StrCat("seed=", config.seed(), " text=", config.batch().text_samples_per_step(),
+                     " vl=", config.batch().vl_samples_per_step(), "\n");
     std::vector<bool> used(sources_.size(), false);
     for (const MixtureSegment& g : segments_) {
       if (g.start_step >= until) break;
@@ -339,7 +342,8 @@ void Mixture::BuildHistory(const v1::JobConfig& config) {
     for (size_t i = 0; i < sources_.size(); ++i) {
       if (!used[i]) continue;
       const v1::MixtureSource& cs = mc.sources(static_cast<int>(i));
-      absl::StrAppend(&bytes, "source ", cs.name(), " prefixes=", absl::StrJoin(cs.shard_prefixes(), ","),
+      absl::StrAppend(&bytes, "source ", cs.name(),
+                      " prefixes=", absl::StrJoin(cs.shard_prefixes(), ","),
                       " modality=", cs.modality(), " cap=", cs.max_samples_per_epoch(),
                       " max_pixels=", cs.max_pixels(), " long=", cs.long_documents(),
                       " text=", sources_[i].part[0].n, " vl=", sources_[i].part[1].n, "\n");

@@ -63,7 +63,7 @@ struct MixtureSource {
 // The weights in force from a step on (a stage, or a step of a ramp).
 struct MixtureSegment {
   uint64_t start_step = 0;
-  int stage = -1;  // mixture.stages index; -1: the sources' own weights
+  int stage = -1;               // mixture.stages index; -1: the sources' own weights
   std::vector<double> weights;  // per source
 };
 

@@ -91,8 +91,7 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
     }
     if (ps.piece > 0) continue;  // the first piece stands for its document
     const uint64_t pos = ps.position, drawn = per[v] ? pos / per[v] : 0;
-    if (drawn > p.step || drawn + H < p.step ||
-        (any[v] && pos <= last[v])) {
+    if (drawn > p.step || drawn + H < p.step || (any[v] && pos <= last[v])) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " is planned at stream position ", pos,
                                      " (drawn at step ", drawn,
                                      "), which the stream or the order does not give it"));

@@ -467,9 +467,8 @@ void Planner::AddAdmissionCandidate(DrawnAdmission& a, uint32_t k, const StepPla
     a.runs.push_back(out.audio[ps.first_audio + i].tokens + 2);
   }
   a.outcome[k] = AddCandidate(a.cert[vl], seq_len, job_->long_documents(ps.source), ps.sample,
-                              ps.cost.llm_tokens,
-                              ps.cost.image_tokens, ps.cost.text_tokens, a.runs, ps.cost.images,
-                              &a.shaped[k], &a.c[vl]);
+                              ps.cost.llm_tokens, ps.cost.image_tokens, ps.cost.text_tokens, a.runs,
+                              ps.cost.images, &a.shaped[k], &a.c[vl]);
   a.reshape |= a.outcome[k] != LongDocOutcome::kWhole;
 }
 
