@@ -4,6 +4,7 @@
 #include "common/job_config.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "services/packer/combine_index.h"
 #include "services/packer/index/index.h"
 
 namespace tutti::packer {
@@ -33,13 +34,26 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
   if (edit) edit(&config);
   ApplyJobDefaults(&config);
   if (!index_override.empty()) config.set_index_path(index_override);
-  if (config.index_path().empty()) {
+  const std::vector<std::string> paths = IndexPathsOf(config);
+  if (paths.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the job config ", config_path,
                      " has no index_path and no --index was given; build an "
                      "index with `tutti index --source DIR --out FILE` and pass --index FILE"));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const Index> index, LoadIndex(config.index_path()));
+  std::vector<std::shared_ptr<const Index>> indexes;
+  for (const std::string& path : paths) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const Index> one, LoadIndex(path));
+    indexes.push_back(std::move(one));
+  }
+  std::shared_ptr<const Index> index = indexes[0];
+  if (indexes.size() > 1) {
+    // A mixture over several index files plans from them combined.
+    ASSIGN_OR_RETURN(index, CombineIndexes(indexes, paths));
+    kLog.Info("combined the mixture's index files", {{"files", indexes.size()},
+                                                     {"samples", index->num_samples()},
+                                                     {"source_dir", index->source_dir()}});
+  }
   auto job = Job::Create(std::move(config), std::move(index), options);
   if (!job.ok()) return Annotate(job.status(), absl::StrCat("job config ", config_path));
   for (const auto& [why, n] : (*job)->unservable()) {

@@ -31,6 +31,9 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   metrics_ = std::make_unique<PackerMetrics>(*host_->registry());
   metrics_->index_samples.Set(job_->index().num_samples());
   metrics_->SetUnplanned(job_->unservable());
+  std::vector<std::string> sources;
+  for (uint32_t i = 0; i < job_->num_sources(); ++i) sources.push_back(job_->source_name(i));
+  metrics_->SetSources(sources);
   PlanWindowOptions wo;
   wo.window = job_->config().plan_window();
   wo.threads = options_.plan_threads;

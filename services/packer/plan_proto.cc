@@ -525,7 +525,7 @@ std::vector<Rows> RowsOf(const v1::StepPlan& plan) {
           }
           auto it = samples.find(doc.sample_id());
           const uint32_t first = doc.pieces() > 0 ? doc.first_audio() : 0;
-          const uint32_t n = doc.pieces() > 0      ? doc.audio_count()
+          const uint32_t n = doc.pieces() > 0     ? doc.audio_count()
                              : it != samples.end() ? it->second->audio_size()
                                                    : 0;
           for (uint32_t a = first; a < first + n; ++a) {
@@ -593,8 +593,7 @@ absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* coun
         const ItemKey first = key(t.items(k));
         const int64_t enc0 = row(rows[e].enc, first), llm0 = row(rows[r].llm, first);
         if (enc0 < 0 || llm0 < 0) {
-          return fail(e, r, "item ", k,
-                      " is not in the sender's encoder output or the "
+          return fail(e, r, "item ", k, " is not in the sender's encoder output or the "
                       "receiver's documents");
         }
         for (uint32_t i = 1; i < n; ++i) {
