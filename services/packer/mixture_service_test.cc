@@ -34,8 +34,8 @@ void WriteIndex(MixtureDatasetOptions o, const std::string& source_dir, const st
     const IndexShard& shard = ix->shard(sh);
     ASSERT_TRUE(w.AddShard(shard.name, shard.size, shard.crc32c).ok());
     for (uint32_t s = shard.first_sample; s < shard.first_sample + shard.num_samples; ++s) {
-      MemberInput text{ix->text_kind(s), std::string(ix->ext(ix->text_ext(s))),
-                       ix->text_offset(s), ix->text_size(s)};
+      MemberInput text{ix->text_kind(s), std::string(ix->ext(ix->text_ext(s))), ix->text_offset(s),
+                       ix->text_size(s)};
       media.clear();
       for (uint32_t j = ix->media_begin(s); j < ix->media_end(s); ++j) {
         const MediaView v = ix->media(j);
@@ -60,10 +60,14 @@ TEST(MixtureServiceTest, SourcesOnSeveralIndexFiles) {
   WriteIndex(vl, "/data/finevision", dir + "/fv.idx");
   WriteIndex(text, "/data/text/books-v2", dir + "/text.idx");
   const std::string config = dir + "/job.textproto";
-  std::ofstream(config) << MixtureJob(4, 24, 8, absl::StrCat(R"pb(mixture {
-    sources { name: "ocr" index_path: ")pb", dir, R"pb(/fv.idx" shard_prefixes: "ocr/" weight: 3 }
-    sources { name: "charts" index_path: ")pb", dir, R"pb(/fv.idx" shard_prefixes: "charts/" weight: 2 }
-    sources { name: "books" index_path: ")pb", dir, R"pb(/text.idx" weight: 5 }
+  std::ofstream(config) << MixtureJob(
+      4, 24, 8,
+      absl::StrCat(R"pb(mixture { sources { name: "ocr" index_path: ")pb", dir,
+                   R"pb(/fv.idx " shard_prefixes: " ocr/" weight: 3 }
+                        sources { name: "charts" index_path: ")pb",
+                   dir, R"pb(/fv.idx " shard_prefixes: " charts/" weight: 2 }
+                             sources { name: "books" index_path: ")pb",
+                   dir, R"pb(                             /text.idx" weight: 5 }
   })pb"));
   auto job = LoadJob(config, "");
   ASSERT_TRUE(job.ok()) << job.status();
@@ -88,8 +92,8 @@ TEST(MixtureServiceTest, SourcesOnSeveralIndexFiles) {
     }
   }
   // Without the mixture's second file the job is refused naming it.
-  std::ofstream(config) << MixtureJob(4, 24, 8, absl::StrCat(R"pb(mixture {
-    sources { name: "books" index_path: ")pb", dir, R"pb(/missing.idx" weight: 5 }
+  std::ofstream(config) << MixtureJob(
+      4, 24, 8, absl::StrCat(R"pb(mixture { sources { name: "books" index_path: ")pb", dir, R"pb(                                                                                                 /missing.idx" weight: 5 }
   })pb"));
   auto missing = LoadJob(config, "");
   ASSERT_FALSE(missing.ok());
@@ -97,12 +101,13 @@ TEST(MixtureServiceTest, SourcesOnSeveralIndexFiles) {
 }
 
 TEST(MixtureServiceTest, SourceMetricsFollowThePlannedSteps) {
-  auto job = testing::MakeJob(MixtureJob(4, 24, 8, R"pb(mixture {
-    sources { name: "ocr" shard_prefixes: "ocr/" weight: 3 }
-    sources { name: "charts" shard_prefixes: "charts/" weight: 1 }
-    sources { name: "text" shard_prefixes: "text/" weight: 5 }
-  })pb"),
-                              MixtureIndex(ThreeSources()));
+  auto job = testing::MakeJob(
+      MixtureJob(4, 24, 8, R"pb(mixture {
+                                  sources { name: "ocr" shard_prefixes: "ocr/" weight: 3 }
+                                  sources { name: "charts" shard_prefixes: "charts/" weight: 1 }
+                                  sources { name: "text" shard_prefixes: "text/" weight: 5 }
+                                })pb"),
+      MixtureIndex(ThreeSources()));
   ASSERT_TRUE(job.ok()) << job.status();
   prometheus::Registry registry;
   PackerMetrics metrics(registry);
