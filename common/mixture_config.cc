@@ -58,11 +58,6 @@ absl::Status ValidateMixtureConfig(const v1::JobConfig& c) {
       return absl::InvalidArgumentError(absl::StrCat(at, ".name '", n, "' is also mixture.sources[",
                                                      names[n], "]'s; give each source its own"));
     }
-    if (s.index_path().empty() && c.index_path().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, " ('", n, "') has no index_path and the job has none; set ", at,
-                       ".index_path or index_path (or pass --index)"));
-    }
     if (s.shard_prefixes_size() > kMaxShardPrefixes) {
       return absl::InvalidArgumentError(
           absl::StrCat(at, ".shard_prefixes has ", s.shard_prefixes_size(), " entries, more than ",

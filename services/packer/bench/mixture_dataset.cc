@@ -91,4 +91,100 @@ std::string MixtureConfigText(const MixtureDatasetOptions& o, bool by_size) {
   return out + "}\n";
 }
 
+absl::StatusOr<std::string> ReshardIntoSources(const Index& index, uint32_t text_sources,
+                                               uint32_t vl_sources, uint32_t samples_per_shard,
+                                               uint64_t seed,
+                                               std::vector<MixtureDatasetSource>* sources) {
+  Rng rng(seed ^ 0x5EA5);
+  const std::vector<uint32_t>* lists[2] = {&index.text_samples(), &index.vl_samples()};
+  const uint32_t counts[2] = {text_sources, vl_sources};
+  // Per group: sizes log-uniform over three orders (the extremes pinned),
+  // scaled to the group's samples, at least one each.
+  struct Group {
+    std::vector<uint64_t> sizes;
+  };
+  Group groups[2];
+  for (int vl = 0; vl < 2; ++vl) {
+    const uint64_t n = lists[vl]->size();
+    const uint32_t k = counts[vl];
+    if (k == 0 && n > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the index has ", vl ? "VL" : "text-only", " samples for no source"));
+    }
+    if (uint64_t{k} * 8 > n) {
+      return absl::InvalidArgumentError(absl::StrCat("too few ", vl ? "VL" : "text-only",
+                                                     " samples (", n, ") for ", k, " sources"));
+    }
+    std::vector<double> w(k);
+    double sum = 0;
+    for (uint32_t i = 0; i < k; ++i) {
+      sum += w[i] = std::pow(1000.0, k > 1 ? (i == 0 ? 0.0 : i == 1 ? 1.0 : rng.Uniform()) : 1.0);
+    }
+    uint64_t given = 0;
+    groups[vl].sizes.resize(k);
+    for (uint32_t i = 0; i < k; ++i) {
+      groups[vl].sizes[i] = std::max<uint64_t>(4, static_cast<uint64_t>(w[i] / sum * n));
+      given += groups[vl].sizes[i];
+    }
+    // What rounding left over goes to (or comes from) the largest.
+    auto largest = std::max_element(groups[vl].sizes.begin(), groups[vl].sizes.end());
+    *largest = *largest + n - given;
+  }
+  IndexWriter w;
+  w.SetSourceDir("fine-vision-shape");
+  w.AddMeta("builder", absl::StrCat("resharded into ", text_sources, " text-only and ", vl_sources,
+                                    " VL sources"));
+  w.Reserve(index.num_samples(), index.num_media(), uint64_t{index.num_samples()} * 12);
+  sources->clear();
+  const bool crcs = index.has_member_crc32c();
+  std::vector<MemberInput> media;
+  // Members keep their offsets: every shard is as large as the largest.
+  uint64_t shard_bytes = 0;
+  for (const IndexShard& sh : index.shards()) shard_bytes = std::max(shard_bytes, sh.size);
+  // Sources interleaved in name order: a text-only one every fourth.
+  size_t next[2] = {0, 0}, at[2] = {0, 0};
+  const uint32_t total = text_sources + vl_sources;
+  for (uint32_t i = 0; i < total; ++i) {
+    int vl = (i % 4 == 3 && next[0] < text_sources) || next[1] >= vl_sources ? 0 : 1;
+    const uint64_t size = groups[vl].sizes[next[vl]++];
+    MixtureDatasetSource src{absl::StrFormat("s%03u", i), size, vl ? 1.0 : 0.0};
+    for (uint64_t k = 0; k < size; ++k) {
+      if (k % samples_per_shard == 0) {
+        RETURN_IF_ERROR(w.AddShard(absl::StrFormat("%s/%06u.tar", src.name, k / samples_per_shard),
+                                   shard_bytes, 0));
+      }
+      const uint32_t s = (*lists[vl])[at[vl]++];
+      MemberInput text;
+      const bool has_text = index.text_kind(s) != MemberKind::kNone;
+      if (has_text) {
+        text.kind = index.text_kind(s);
+        text.ext = std::string(index.ext(index.text_ext(s)));
+        text.offset = index.text_offset(s);
+        text.size = index.text_size(s);
+        text.has_crc32c = crcs;
+        if (crcs) text.crc32c = index.text_crc32c(s);
+      }
+      media.clear();
+      for (uint32_t j = index.media_begin(s); j < index.media_end(s); ++j) {
+        const MediaView v = index.media(j);
+        MemberInput m;
+        m.kind = v.kind;
+        m.ext = std::string(index.ext(v.ext));
+        m.offset = v.offset;
+        m.size = v.size;
+        m.width = v.width;
+        m.height = v.height;
+        m.audio_ms = v.audio_ms;
+        m.has_crc32c = crcs;
+        if (crcs) m.crc32c = index.media_crc32c(j);
+        media.push_back(m);
+      }
+      RETURN_IF_ERROR(
+          w.AddSample(index.key(s), index.text_tokens(s), has_text ? &text : nullptr, media));
+    }
+    sources->push_back(std::move(src));
+  }
+  return w.Finish();
+}
+
 }  // namespace tutti::packer

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/packer/index/index.h"
 
 namespace tutti::packer {
 
@@ -39,6 +40,17 @@ MixtureDatasetOptions FineVisionShape(uint32_t sources, uint64_t total_samples, 
 // `mixture { ... }` for the sources of `o`, one per directory, weighted by
 // their sizes (`by_size`) or all alike.
 std::string MixtureConfigText(const MixtureDatasetOptions& o, bool by_size);
+
+// The samples of `index` re-sharded into sources of FineVision's shape:
+// its text-only samples into `text_sources` directories and its VL samples
+// into `vl_sources`, each group's sizes log-uniform over three orders of
+// magnitude, `samples_per_shard` a shard; the sources (names and sizes) in
+// *sources. The samples themselves are the index's: a mixture over them draws
+// the same workload as the index's two streams.
+absl::StatusOr<std::string> ReshardIntoSources(const Index& index, uint32_t text_sources,
+                                               uint32_t vl_sources, uint32_t samples_per_shard,
+                                               uint64_t seed,
+                                               std::vector<MixtureDatasetSource>* sources);
 
 }  // namespace tutti::packer
 

@@ -11,7 +11,13 @@ using u128 = unsigned __int128;
 
 uint64_t Gcd(uint64_t a, uint64_t b) { return std::gcd(a, b); }
 
-uint64_t CeilDiv(u128 x, u128 y) { return static_cast<uint64_t>((x + y - 1) / y); }
+uint64_t CeilDiv(u128 x, u128 y) {
+  if ((x >> 63) == 0 && (y >> 63) == 0) {  // a 64-bit division, not __udivti3
+    const uint64_t a = static_cast<uint64_t>(x), b = static_cast<uint64_t>(y);
+    return a / b + (a % b != 0);
+  }
+  return static_cast<uint64_t>((x + y - 1) / y);
+}
 
 // PD^2's group deadline of a heavy source's subtask with this deadline
 // (weight w = p / U >= 1/2): ceil(ceil(d (1 - w)) / (1 - w)); 0 for a light
@@ -149,12 +155,15 @@ void Apportionment::Step(const Seg& g, State* st, std::vector<uint8_t>* took) co
                                 [edge](const Cand& c) { return c.key < edge; });
       auto tied_end =
           std::partition(mid, cands.end(), [edge](const Cand& c) { return c.key == edge; });
+      // The tied, by their group deadlines (each computed once), later first.
       const uint64_t deadline = edge >> 1;
-      std::sort(mid, tied_end, [&](const Cand& x, const Cand& y) {
-        const uint64_t gx = GroupDeadline(g.U, g.p[x.s], deadline);
-        const uint64_t gy = GroupDeadline(g.U, g.p[y.s], deadline);
-        return gx != gy ? gx > gy : x.s < y.s;
-      });
+      thread_local std::vector<std::pair<uint64_t, uint32_t>> tied;
+      tied.clear();
+      for (auto it = mid; it != tied_end; ++it) {
+        tied.emplace_back(~GroupDeadline(g.U, g.p[it->s], deadline), it->s);
+      }
+      std::sort(tied.begin(), tied.end());
+      for (size_t k = 0; k < tied.size(); ++k) mid[k].s = tied[k].second;
     }
   }
   for (size_t k = 0; k < R; ++k) {
@@ -211,7 +220,7 @@ void Apportionment::StateAt(size_t k, uint64_t j, State* st) const {
     cps.emplace(st->j / kCheckpointSteps, std::move(bits));
   }
   // Remember it (a few states, replaced in turn).
-  constexpr size_t kRecent = 8;
+  constexpr size_t kRecent = 32;
   if (recent_.size() < kRecent) {
     recent_.push_back(*st);
   } else {

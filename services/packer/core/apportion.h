@@ -46,7 +46,7 @@ struct ApportionSegment {
 
 class Apportionment {
  public:
-  static constexpr uint64_t kCheckpointSteps = 256;
+  static constexpr uint64_t kCheckpointSteps = 64;
 
   // `segments`: start_step strictly increasing, the first at 0, each with
   // `sources` weights. per_step: N.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
 #include "common/status.h"
 
@@ -35,11 +36,23 @@ std::string Digest(const std::string& bytes) {
   return absl::StrCat(absl::Hex(a, absl::kZeroPad8), absl::Hex(b, absl::kZeroPad8));
 }
 
-// A source part's blocks: the steps' draws of one slot of a stream.
+// A source part's blocks: the steps' draws of one slot of a stream. The
+// sampler asks for the block at each source-epoch's first position; the
+// answers are kept (a few hundred a source), since every step's samplers
+// are new.
 class SlotBlocks : public StepBlocks {
  public:
   SlotBlocks(const Apportionment* a, uint32_t slot) : a_(a), slot_(slot) {}
   void BlockOf(uint64_t p, uint64_t* start, uint64_t* length) const override {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = known_.find(p);
+      if (it != known_.end()) {
+        *start = it->second.first;
+        *length = it->second.second;
+        return;
+      }
+    }
     const uint64_t step = a_->StepOf(slot_, p);
     thread_local std::vector<uint32_t> count;
     thread_local std::vector<uint64_t> before;
@@ -48,11 +61,17 @@ class SlotBlocks : public StepBlocks {
     a_->At(step, count.data(), before.data());
     *start = before[slot_];
     *length = count[slot_];
+    absl::MutexLock lock(&mu_);
+    if (known_.size() >= kKept) known_.erase(known_.begin());
+    known_.emplace(p, std::make_pair(*start, *length));
   }
 
  private:
+  static constexpr size_t kKept = 256;
   const Apportionment* a_;
   uint32_t slot_;
+  mutable absl::Mutex mu_;
+  mutable std::map<uint64_t, std::pair<uint64_t, uint64_t>> known_ ABSL_GUARDED_BY(mu_);
 };
 
 std::atomic<uint64_t> next_mixture_id{1};
@@ -292,7 +311,9 @@ absl::Status Mixture::BuildStreams(const v1::JobConfig& config,
     for (uint32_t slot = 0; slot < slots.size(); ++slot) {
       const SourcePart& part = sources_[slots[slot]].part[vl];
       const uint64_t most = a.MaxCount(slot);
-      if (part.epoch_size < 2 * most) {
+      // A step drawing one sample of it never repeats one; more need an
+      // epoch of at least two steps' draws (sampler.h).
+      if (most >= 2 && part.epoch_size < 2 * most) {
         // The largest share it may have: half its epoch.
         return absl::FailedPreconditionError(absl::StrCat(
             "mixture.sources[", slots[slot], "] ('", sources_[slots[slot]].name, "') holds ",
@@ -385,44 +406,69 @@ void Mixture::Draw(bool vl, const uint64_t* pos, size_t count, uint32_t* sample,
   const uint32_t N = per_step_[vl];
   const std::vector<uint32_t>& slots = stream_sources_[vl];
   // The steps' layouts, a few kept per thread (the draw and the admission
-  // of a step ask for the same steps).
+  // of a step, and the recovery of a deferral queue, ask for the same ones).
   struct Cached {
     uint64_t id = 0, step = 0;
     bool vl = false;
     Layout layout;
   };
-  thread_local Cached cache[4];
+  constexpr size_t kCached = 16;
+  thread_local Cached cache[kCached];
   thread_local size_t cache_next = 0;
+  const Layout* last = nullptr;
+  uint64_t last_step = UINT64_MAX;
   auto layout = [&](uint64_t step) -> const Layout& {
+    if (step == last_step) return *last;
     for (Cached& c : cache) {
-      if (c.id == id_ && c.vl == vl && c.step == step) return c.layout;
+      if (c.id == id_ && c.vl == vl && c.step == step) {
+        last_step = step;
+        return *(last = &c.layout);
+      }
     }
     Cached& c = cache[cache_next];
-    cache_next = (cache_next + 1) % 4;
+    cache_next = (cache_next + 1) % kCached;
     c.id = id_;
     c.vl = vl;
     c.step = step;
     LayoutOf(vl, step, &c.layout);
-    return c.layout;
+    last_step = step;
+    return *(last = &c.layout);
   };
-  // Each position's slot and source position, then each slot's positions
-  // through its sampler in one batch.
-  thread_local std::vector<std::vector<uint64_t>> qs, at;
-  qs.resize(slots.size());
-  at.resize(slots.size());
-  for (auto& v : qs) v.clear();
-  for (auto& v : at) v.clear();
+  // Each position's slot and source position, grouped by slot (a counting
+  // sort), then each slot's positions through its sampler in one batch.
+  const uint32_t S = static_cast<uint32_t>(slots.size());
+  thread_local std::vector<uint16_t> slot_of;
+  thread_local std::vector<uint64_t> q_of, qs, local;
+  thread_local std::vector<uint32_t> begin, at;
+  slot_of.resize(count);
+  q_of.resize(count);
+  begin.assign(size_t{S} + 1, 0);
   for (size_t k = 0; k < count; ++k) {
     const uint64_t step = pos[k] / N;
-    const uint32_t j = static_cast<uint32_t>(pos[k] % N);
+    const uint32_t j = static_cast<uint32_t>(pos[k] - step * N);
     const Layout& L = layout(step);
     const uint16_t slot = L.slot[j];
-    qs[slot].push_back(L.before[slot] + L.k[j]);
-    at[slot].push_back(k);
+    slot_of[k] = slot;
+    q_of[k] = L.before[slot] + L.k[j];
+    ++begin[slot + 1];
   }
-  thread_local std::vector<uint64_t> local;
-  for (uint32_t slot = 0; slot < slots.size(); ++slot) {
-    if (qs[slot].empty()) continue;
+  for (uint32_t s = 0; s < S; ++s) begin[s + 1] += begin[s];
+  qs.resize(count);
+  at.resize(count);
+  local.resize(count);
+  {
+    thread_local std::vector<uint32_t> fill;
+    fill.assign(begin.begin(), begin.end() - 1);
+    for (size_t k = 0; k < count; ++k) {
+      const uint32_t x = fill[slot_of[k]]++;
+      qs[x] = q_of[k];
+      at[x] = static_cast<uint32_t>(k);
+    }
+  }
+  const std::vector<uint32_t>& list = *streams_[vl];
+  for (uint32_t slot = 0; slot < S; ++slot) {
+    const uint32_t b = begin[slot], e = begin[slot + 1];
+    if (b == e) continue;
     const uint32_t i = slots[slot];
     const SourcePart& part = sources_[i].part[vl];
     StreamOptions o;
@@ -432,12 +478,10 @@ void Mixture::Draw(bool vl, const uint64_t* pos, size_t count, uint32_t* sample,
     o.max_block = apportion_[vl]->MaxCount(slot);
     o.blocks = blocks_[vl][slot].get();
     StreamSampler sampler(seed_, o);
-    local.resize(qs[slot].size());
-    sampler.AtMany(qs[slot].data(), qs[slot].size(), local.data());
-    const std::vector<uint32_t>& list = *streams_[vl];
-    for (size_t x = 0; x < local.size(); ++x) {
-      sample[at[slot][x]] = list[part.ListIndex(local[x])];
-      source[at[slot][x]] = static_cast<uint8_t>(i);
+    sampler.AtMany(qs.data() + b, e - b, local.data() + b);
+    for (uint32_t x = b; x < e; ++x) {
+      sample[at[x]] = list[part.ListIndex(local[x])];
+      source[at[x]] = static_cast<uint8_t>(i);
     }
   }
 }
