@@ -316,7 +316,8 @@ void PrintJson(const std::vector<Cell>& cells, bool bounds) {
         c.steps, c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
         Quantile(c.build_ms, 0.5), c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb,
         c.mean.tokens, c.mean.img_std, c.mean.img_mean, c.mean.vit_drawn, c.mean.llm_drawn,
-        c.sources, c.resume_ms, bounds ? absl::StrFormat(", \"vit_imbalance_vs_partition_bound\": %.5f, "
+        c.sources, c.resume_ms,
+        bounds ? absl::StrFormat(", \"vit_imbalance_vs_partition_bound\": %.5f, "
                                  "\"llm_imbalance_vs_partition_bound\": %.5f",
                                  c.mean.vit_pb, c.mean.llm_pb)
                      .c_str()
