@@ -311,17 +311,16 @@ uint64_t Apportionment::StepOf(uint32_t s, uint64_t q) const {
   if (g.base[s] == 0 && g.p[s] == 0) return g.start;  // it draws nothing from here on
   const double a =
       static_cast<double>(g.base[s]) + static_cast<double>(g.p[s]) / static_cast<double>(g.U);
-  auto before_at = [&](uint64_t j) { return start + g.base[s] * j + ExtrasAfter(k, j, s); };
   const double x = static_cast<double>(q - start);
   uint64_t lo = x > 1 ? static_cast<uint64_t>(std::max(0.0, std::floor((x - 1) / a) - 1)) : 0;
   uint64_t hi = static_cast<uint64_t>(std::ceil((x + 1) / a)) + 1;
   if (g.end != UINT64_MAX) hi = std::min(hi, g.end - g.start);
-  while (lo > 0 && before_at(lo) > q) lo = lo > 16 ? lo - 16 : 0;
-  while (before_at(hi) <= q) hi += 16;
-  // before_at(lo) <= q < before_at(hi): the last j with before_at(j) <= q.
+  while (lo > 0 && (start + g.base[s] * lo + ExtrasAfter(k, lo, s)) > q) lo = lo > 16 ? lo - 16 : 0;
+  while ((start + g.base[s] * hi + ExtrasAfter(k, hi, s)) <= q) hi += 16;
+  // before(lo) <= q < before(hi): the last j with before(j) <= q.
   while (hi - lo > 1) {
     const uint64_t mid = lo + (hi - lo) / 2;
-    (before_at(mid) <= q ? lo : hi) = mid;
+    ((start + g.base[s] * mid + ExtrasAfter(k, mid, s)) <= q ? lo : hi) = mid;
   }
   return g.start + lo;
 }
