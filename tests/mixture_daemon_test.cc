@@ -215,8 +215,9 @@ TEST_F(MixtureDaemonTest, JobInfoMetricsAndSummaries) {
 TEST_F(MixtureDaemonTest, BadMixturesAreRefusedAtLoad) {
   const std::string bad = *dir_ + "/bad.textproto";
   std::string text = kJob;
-  const std::string from = "stages { start_step: 14";
-  text.replace(text.find(from), from.size(), "stages { start_step: 5");
+  const std::string from = "start_step: 14";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), "start_step: 5");
   std::ofstream(bad) << text;
   const std::string out =
       Tutti(absl::StrCat("plan --config=", bad, " --index=", IndexPath(), " --step=0"));

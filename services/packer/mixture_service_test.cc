@@ -62,13 +62,13 @@ TEST(MixtureServiceTest, SourcesOnSeveralIndexFiles) {
   const std::string config = dir + "/job.textproto";
   std::ofstream(config) << MixtureJob(
       4, 24, 8,
-      absl::StrCat(R"pb(mixture { sources { name: "ocr" index_path: ")pb", dir,
-                   R"pb(/fv.idx " shard_prefixes: " ocr/" weight: 3 }
-                        sources { name: "charts" index_path: ")pb",
-                   dir, R"pb(/fv.idx " shard_prefixes: " charts/" weight: 2 }
-                             sources { name: "books" index_path: ")pb",
-                   dir, R"pb(                             /text.idx" weight: 5 }
-  })pb"));
+      absl::StrCat("mixture {\n",
+                   "  sources { name: 'ocr' index_path: '", dir,
+                   "/fv.idx' shard_prefixes: 'ocr/' weight: 3 }\n",
+                   "  sources { name: 'charts' index_path: '", dir,
+                   "/fv.idx' shard_prefixes: 'charts/' weight: 2 }\n",
+                   "  sources { name: 'books' index_path: '", dir, "/text.idx' weight: 5 }\n",
+                   "}\n"));
   auto job = LoadJob(config, "");
   ASSERT_TRUE(job.ok()) << job.status();
   const Index& ix = (*job)->index();
@@ -93,8 +93,9 @@ TEST(MixtureServiceTest, SourcesOnSeveralIndexFiles) {
   }
   // Without the mixture's second file the job is refused naming it.
   std::ofstream(config) << MixtureJob(
-      4, 24, 8, absl::StrCat(R"pb(mixture { sources { name: "books" index_path: ")pb", dir, R"pb(                                                                                                 /missing.idx" weight: 5 }
-  })pb"));
+      4, 24, 8,
+      absl::StrCat("mixture { sources { name: 'books' index_path: '", dir,
+                   "/missing.idx' weight: 5 } }\n"));
   auto missing = LoadJob(config, "");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("missing.idx"), std::string::npos) << missing.status();
