@@ -436,6 +436,15 @@ void BuildJobInfo(const Job& job, v1::JobInfo* info) {
   info->set_samples(ix.num_samples());
   info->set_text_samples(job.text_samples().size());  // what the streams draw from
   info->set_vl_samples(job.vl_samples().size());
+  if (const Mixture* m = job.mixture()) {  // what the sources hold
+    uint64_t n[2] = {0, 0};
+    for (uint32_t i = 0; i < m->num_sources(); ++i) {
+      n[0] += m->source(i).part[0].n;
+      n[1] += m->source(i).part[1].n;
+    }
+    info->set_text_samples(n[0]);
+    info->set_vl_samples(n[1]);
+  }
   info->set_steps_per_epoch(job.steps_per_epoch());
   info->set_total_steps(job.total_steps());
   for (const IndexShard& s : ix.shards()) info->add_shards(s.name);
