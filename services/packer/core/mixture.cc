@@ -443,9 +443,19 @@ void Mixture::Draw(bool vl, const uint64_t* pos, size_t count, uint32_t* sample,
   slot_of.resize(count);
   q_of.resize(count);
   begin.assign(size_t{S} + 1, 0);
+  // Consecutive positions (a range, as admission asks) step through the
+  // layouts without a division each.
+  uint64_t step = pos[0] / N;
+  uint32_t j = static_cast<uint32_t>(pos[0] - step * N);
   for (size_t k = 0; k < count; ++k) {
-    const uint64_t step = pos[k] / N;
-    const uint32_t j = static_cast<uint32_t>(pos[k] - step * N);
+    if (k > 0) {
+      if (pos[k] == pos[k - 1] + 1) {
+        if (++j == N) j = 0, ++step;
+      } else {
+        step = pos[k] / N;
+        j = static_cast<uint32_t>(pos[k] - step * N);
+      }
+    }
     const Layout& L = layout(step);
     const uint16_t slot = L.slot[j];
     slot_of[k] = slot;
