@@ -16,6 +16,13 @@
 // come in the next step instead): a bijection of the epoch that only the
 // first per_step positions feel, computed in O(per_step) for those two
 // steps. This needs n >= 2 * per_step (the job refuses smaller streams).
+//
+// A mixture's source (mixture.h) is such a stream too, with two
+// generalisations (StreamOptions): its steps draw varying counts, so the
+// step that spans an epoch boundary is asked of StepBlocks; and an epoch may
+// hold fewer than its n samples (max_samples_per_epoch), each epoch then a
+// window of that many in a fixed order of all n (the next epoch the next
+// window), permuted within.
 #ifndef TUTTI_SERVICES_PACKER_CORE_SAMPLER_H_
 #define TUTTI_SERVICES_PACKER_CORE_SAMPLER_H_
 
