@@ -6,13 +6,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
-#include <random>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/lease_keeper.h"
+#include "client/rank_process.h"
 #include "common/grpc_status.h"
 #include "common/rpc_security.h"
 #include "common/status.h"
@@ -25,6 +24,10 @@ namespace {
 // The longest one AcquireBatch asks the stager to wait; the stager accepts
 // at least this (tutti-stagerd --max_acquire_timeout_ms >= 60000).
 constexpr absl::Duration kAcquireWaitPerCall = absl::Seconds(60);
+
+// Registrations again within one call (the stager restarting more than
+// that during one call is reported as its error).
+constexpr int kMaxRegistrationsPerCall = 3;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -39,6 +42,49 @@ std::pair<std::string, std::string> FirstEnv(const std::function<const char*(con
   }
   return {};
 }
+
+// Reports a waiting call's progress (ClientOptions.progress): at most once
+// per interval, the first time one interval after the call began.
+class ProgressReporter {
+ public:
+  ProgressReporter(const ClientOptions& o, int64_t step)
+      : fn_(o.progress_interval > absl::ZeroDuration() ? o.progress : nullptr),
+        interval_(o.progress_interval),
+        step_(step),
+        start_(absl::Now()),
+        next_(start_ + interval_) {}
+
+  bool on() const { return fn_ != nullptr; }
+  // When the next report is due (never when off).
+  absl::Time due() const { return on() ? next_ : absl::InfiniteFuture(); }
+  // Reports `waiting_for` if a report is due.
+  void Maybe(absl::string_view waiting_for) {
+    const absl::Time now = absl::Now();
+    if (!on() || now < next_) return;
+    while (next_ <= now) next_ += interval_;
+    fn_(WaitProgress{step_, absl::ToDoubleSeconds(now - start_), std::string(waiting_for)});
+  }
+
+ private:
+  std::function<void(const WaitProgress&)> fn_;
+  absl::Duration interval_;
+  int64_t step_;
+  absl::Time start_;
+  absl::Time next_;
+};
+
+// What the stager says a batch still waits for, from its "the batch for step
+// S rank R was not ready within D: ..." answer.
+std::string StagerPending(absl::string_view message) {
+  const size_t at = message.find("was not ready within ");
+  const size_t colon = at == absl::string_view::npos ? at : message.find(": ", at);
+  if (colon == absl::string_view::npos) return std::string(message);
+  return absl::StrCat("the stager says: ", message.substr(colon + 2));
+}
+
+// The shortest interval between progress reports: Next() asks the stager
+// again after each one.
+constexpr absl::Duration kMinProgressInterval = absl::Milliseconds(100);
 
 absl::Status PositiveDuration(absl::Duration d, const char* name) {
   if (d <= absl::ZeroDuration()) {
@@ -124,6 +170,13 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(
   RETURN_IF_ERROR(PositiveDuration(opts.report_timeout, "report_timeout"));
   RETURN_IF_ERROR(PositiveDuration(opts.initial_backoff, "initial_backoff"));
   RETURN_IF_ERROR(PositiveDuration(opts.max_backoff, "max_backoff"));
+  if (opts.progress_interval != absl::ZeroDuration() &&
+      opts.progress_interval < kMinProgressInterval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.progress_interval must be zero (no reports) or at least ",
+                     absl::FormatDuration(kMinProgressInterval), ", got ",
+                     absl::FormatDuration(opts.progress_interval)));
+  }
   ASSIGN_OR_RETURN(opts.security, ResolveSecurityOptions(opts.security, getenv));
   return opts;
 }
@@ -154,10 +207,11 @@ absl::StatusOr<uint32_t> CheckJobWorldSize(const v1::JobInfo& job, int rank, int
 
 struct Client::Impl {
   v1::JobInfo job;
-  // Names this client to the stager (AcquireBatchRequest.incarnation): a new
-  // client for a rank reclaims what an earlier, gone one of it held.
-  uint64_t incarnation = 0;
   std::shared_ptr<v1::Stager::Stub> stager;
+  // This process as the stager issued it (registered in Connect): named in
+  // every call for the rank's batches. A new client for a rank registering
+  // reclaims what an earlier, gone one of it held.
+  std::shared_ptr<RankProcess> process;
   std::shared_ptr<v1::Packer::Stub> packer;
   // Renews the leases of the batches this process holds (null: the stager
   // has no leases). Shared with every Batch handed out, so renewals go on
@@ -177,21 +231,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ASSIGN_OR_RETURN(ClientOptions opts, ResolveClientOptions(options));
   std::unique_ptr<Client> c(new Client());
   c->options_ = opts;
-  {
-    std::random_device rd;
-    std::mt19937_64 rng((uint64_t{rd()} << 32) ^ rd() ^
-                        static_cast<uint64_t>(absl::GetCurrentTimeNanos()));
-    do c->impl_->incarnation = rng(); while (c->impl_->incarnation == 0);
-  }
   ClientIdentity me{opts.rank, ""};
   c->impl_->packer = std::shared_ptr<v1::Packer::Stub>(
       v1::Packer::NewStub(MakeSecureChannel(opts.packer_address, opts.security, me)));
 
   const std::string at_packer = absl::StrCat("GetJob from tutti-packerd at ", opts.packer_address);
+  ProgressReporter progress(opts, -1);
+  // A daemon that is not available yet (starting, or not there): reported.
+  auto absent = [&](const char* daemon, const std::string& address, const absl::Status& r) {
+    if (absl::IsUnavailable(r)) {
+      progress.Maybe(absl::StrCat(daemon, " at ", address, " is not available yet: ", r.message()));
+    }
+    return r;
+  };
   absl::Status s = RetryUnavailable(c->Policy(opts.connect_timeout), at_packer, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(opts.rpc_timeout));
-    return FromGrpcStatus(c->impl_->packer->GetJob(&ctx, v1::GetJobRequest(), &c->impl_->job));
+    return absent(
+        "tutti-packerd", opts.packer_address,
+        FromGrpcStatus(c->impl_->packer->GetJob(&ctx, v1::GetJobRequest(), &c->impl_->job)));
   });
   if (absl::IsUnavailable(s)) {
     return absl::UnavailableError(absl::StrCat(s.message(),
@@ -212,8 +270,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   s = RetryUnavailable(c->Policy(opts.connect_timeout), at_stager, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(opts.rpc_timeout));
-    return FromGrpcStatus(
-        c->impl_->stager->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
+    return absent("tutti-stagerd", opts.stager_address,
+                  FromGrpcStatus(c->impl_->stager->GetStageStatus(&ctx, v1::GetStageStatusRequest(),
+                                                                  &status)));
   });
   if (absl::IsUnavailable(s)) {
     return absl::UnavailableError(absl::StrCat(s.message(),
@@ -221,20 +280,37 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                                "running there? check TUTTI_STAGER)"));
   }
   RETURN_IF_ERROR(Annotate(s, at_stager));
+  auto process = std::make_shared<RankProcess>(c->impl_->stager, c->rank_, opts.rpc_timeout);
+  c->impl_->process = process;
+  const std::string at_register =
+      absl::StrCat("RegisterRank with tutti-stagerd at ", opts.stager_address);
+  RETURN_IF_ERROR(Annotate(RetryUnavailable(c->Policy(opts.connect_timeout), at_register,
+                                            [&] { return process->Register(); }),
+                           at_register));
   if (status.lease_ms() > 0) {
-    auto renew = [stub = c->impl_->stager, rank = c->rank_, incarnation = c->impl_->incarnation](
+    auto renew = [stub = c->impl_->stager, rank = c->rank_, process](
                      const std::vector<uint64_t>& steps, absl::Duration timeout,
                      std::vector<uint64_t>* lost) -> absl::StatusOr<absl::Duration> {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(Deadline(timeout));
-      v1::RenewLeasesRequest req;
-      req.set_rank(rank);
-      req.set_incarnation(incarnation);
-      for (uint64_t step : steps) req.add_steps(step);
-      v1::RenewLeasesResponse resp;
-      RETURN_IF_ERROR(FromGrpcStatus(stub->RenewLeases(&ctx, req, &resp)));
-      lost->assign(resp.lost().begin(), resp.lost().end());
-      return absl::Milliseconds(resp.lease_ms());
+      for (int registered = 0;; ++registered) {
+        const RankProcess::Id me = process->Current();
+        grpc::ClientContext ctx;
+        ctx.set_deadline(Deadline(timeout));
+        v1::RenewLeasesRequest req;
+        req.set_rank(rank);
+        req.set_incarnation(me.incarnation);
+        req.set_key(me.key);
+        for (uint64_t step : steps) req.add_steps(step);
+        v1::RenewLeasesResponse resp;
+        const absl::Status s = FromGrpcStatus(stub->RenewLeases(&ctx, req, &resp));
+        if (RankProcess::Unknown(s) && registered < kMaxRegistrationsPerCall) {
+          // The stager restarted since this process registered.
+          RETURN_IF_ERROR(process->RegisterAgain(me.incarnation));
+          continue;
+        }
+        RETURN_IF_ERROR(s);
+        lost->assign(resp.lost().begin(), resp.lost().end());
+        return absl::Milliseconds(resp.lease_ms());
+      }
     };
     c->impl_->leases =
         std::make_shared<LeaseKeeper>(std::move(renew), absl::Milliseconds(status.lease_ms()));
@@ -252,40 +328,66 @@ absl::StatusOr<Batch> Client::Next() {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + options_.batch_timeout;
   v1::BatchDescriptor desc;
+  ProgressReporter progress(options_, static_cast<int64_t>(step));
+  RankProcess::Id me;  // the process the batch was handed to
+  int registered = 0;
   absl::Status s = RetryUnavailable(Policy(options_.batch_timeout), where, [&]() -> absl::Status {
     while (true) {
-      const absl::Duration left = deadline - absl::Now();
+      const absl::Time now = absl::Now();
+      const absl::Duration left = deadline - now;
       if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("out of time");
       // The stager bounds one wait (--max_acquire_timeout_ms, at least a
-      // minute): a longer batch_timeout is asked for a minute at a time.
-      const absl::Duration wait = std::min(left, kAcquireWaitPerCall);
+      // minute): a longer batch_timeout is asked for a minute at a time; with
+      // progress reports, until the next report is due.
+      absl::Duration wait = std::min(left, kAcquireWaitPerCall);
+      if (progress.on()) {
+        wait = std::min(wait, std::max(progress.due() - now, kMinProgressInterval));
+      }
       grpc::ClientContext ctx;
       // The stager waits up to timeout_ms for the batch; the RPC gets a little more.
       ctx.set_deadline(Deadline(wait + absl::Seconds(5)));
       v1::AcquireBatchRequest req;
       req.set_step(step);
       req.set_rank(rank_);
-      req.set_incarnation(impl_->incarnation);
+      me = impl_->process->Current();
+      req.set_incarnation(me.incarnation);
+      req.set_key(me.key);
       req.set_renews_leases(impl_->leases != nullptr);
       req.set_timeout_ms(
           static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait))));
       absl::Status r = FromGrpcStatus(impl_->stager->AcquireBatch(&ctx, req, &desc));
-      // The stager's own "not ready within" with time left: ask again.
-      if (!absl::IsDeadlineExceeded(r) || wait == left ||
-          !absl::StrContains(r.message(), "was not ready within")) {
-        return r;
+      if (RankProcess::Unknown(r) && registered++ < kMaxRegistrationsPerCall) {
+        // The stager restarted since this process registered: again, then ask again.
+        RETURN_IF_ERROR(impl_->process->RegisterAgain(me.incarnation));
+        continue;
       }
+      if (absl::IsDeadlineExceeded(r) && wait != left && absl::Now() < deadline) {
+        // Time is left: ask again, whether the stager said what the batch
+        // waits for or did not answer in time at all (stalled or overloaded).
+        progress.Maybe(
+            absl::StrContains(r.message(), "was not ready within")
+                ? StagerPending(r.message())
+                : absl::StrCat("tutti-stagerd at ", options_.stager_address, ": ", r.message()));
+        continue;
+      }
+      if (absl::IsUnavailable(r)) {
+        progress.Maybe(absl::StrCat("tutti-stagerd at ", options_.stager_address,
+                                    " is not available: ", r.message()));
+      }
+      return r;
     }
   });
   if (absl::IsDeadlineExceeded(s)) {
-    // The stager says what the batch still waits for (a plan, shards, the
-    // window); a deadline that expired in transit says nothing.
+    // The stager says what the batch still waits for (a plan, shards, a
+    // rank not done with an earlier step, the window); a deadline that
+    // expired in transit says nothing.
     const bool stager_reason = absl::StrContains(s.message(), "was not ready within");
-    return absl::DeadlineExceededError(
-        absl::StrCat(where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
-                     " (ClientOptions.batch_timeout)",
-                     stager_reason ? absl::StrCat(": ", s.message())
-                                   : "; the stager may be starved of I/O: see its metrics"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        where, ": no batch within ", absl::FormatDuration(options_.batch_timeout),
+        " (ClientOptions.batch_timeout)",
+        stager_reason ? absl::StrCat(": ", s.message())
+                      : "; the call's deadline passed before tutti-stagerd answered (the daemon "
+                        "or the connection to it is stalled: see its log and metrics)"));
   }
   RETURN_IF_ERROR(Annotate(s, where));
   if (desc.step() != step || desc.rank() != rank_) {
@@ -296,24 +398,28 @@ absl::StatusOr<Batch> Client::Next() {
   if (impl_->leases) impl_->leases->Hold(step);
   // The wait as this rank saw it, sent with the release for the stager's metrics.
   auto waited = std::make_shared<double>(-1);
-  auto releaser = [stub = impl_->stager, step, rank = rank_, incarnation = impl_->incarnation,
+  auto releaser = [stub = impl_->stager, step, rank = rank_, me,
                    policy = Policy(options_.retry_budget), rpc_timeout = options_.rpc_timeout,
                    address = options_.stager_address, waited, leases = impl_->leases] {
-    absl::Cleanup dropped = [&] {
-      if (leases) leases->Drop(step);
+    auto release = [&] {
+      return RetryUnavailable(
+          policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address), [&] {
+            grpc::ClientContext ctx;
+            ctx.set_deadline(Deadline(rpc_timeout));
+            v1::ReleaseBatchRequest req;
+            req.set_step(step);
+            req.set_rank(rank);
+            req.set_incarnation(me.incarnation);
+            req.set_key(me.key);
+            if (*waited >= 0) req.set_wait_seconds(*waited);
+            v1::ReleaseBatchResponse resp;
+            const absl::Status s = FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
+            // A stager restarted since holds nothing of this process: nothing to release.
+            return RankProcess::Unknown(s) ? absl::OkStatus() : s;
+          });
     };
-    return RetryUnavailable(policy, absl::StrCat("ReleaseBatch to tutti-stagerd at ", address),
-                            [&] {
-                              grpc::ClientContext ctx;
-                              ctx.set_deadline(Deadline(rpc_timeout));
-                              v1::ReleaseBatchRequest req;
-                              req.set_step(step);
-                              req.set_rank(rank);
-                              req.set_incarnation(incarnation);
-                              if (*waited >= 0) req.set_wait_seconds(*waited);
-                              v1::ReleaseBatchResponse resp;
-                              return FromGrpcStatus(stub->ReleaseBatch(&ctx, req, &resp));
-                            });
+    // Renewals stop naming the step before the release is sent.
+    return leases ? leases->Release(step, release) : release();
   };
   ASSIGN_OR_RETURN(Batch batch,
                    Batch::Map(std::move(desc), std::move(releaser), options_.copy_on_write));

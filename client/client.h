@@ -36,6 +36,16 @@
 
 namespace tutti {
 
+// What a waiting Connect() or Next() reports (ClientOptions.progress).
+struct WaitProgress {
+  int64_t step = -1;          // the step Next() waits for; -1 in Connect()
+  double waited_seconds = 0;  // since the call began
+  // What it still waits for: the stager's own account of the batch (no plan
+  // from the packer yet, shards being staged, the window, decoding), or which
+  // daemon is not available yet and why.
+  std::string waiting_for;
+};
+
 struct ClientOptions {
   // This node's tutti-stagerd, "host:port" or "unix:///path". Empty:
   // $TUTTI_STAGER, else kDefaultStagerSocket when that socket exists.
@@ -69,6 +79,13 @@ struct ClientOptions {
   // Map batches copy-on-write (Batch::Map): views may be written, the writes
   // staying in this process. Default false: read-only.
   bool copy_on_write = false;
+  // While Connect() or Next() waits: `progress` is called on the waiting
+  // thread every progress_interval, the first time one interval after the
+  // call began (a quick call reports nothing). Next() then asks the stager
+  // for the batch one interval at a time, so that it hears what the batch
+  // still waits for. Default: zero interval, no reports.
+  absl::Duration progress_interval = absl::ZeroDuration();
+  std::function<void(const WaitProgress&)> progress;
   // TLS (a CA to verify the daemons, a certificate for mutual TLS) and the
   // job's token. Unset fields come from TUTTI_TLS_CA, TUTTI_TLS_CERT,
   // TUTTI_TLS_KEY, TUTTI_TLS_SERVER_NAME, TUTTI_TOKEN_FILE / TUTTI_TOKEN

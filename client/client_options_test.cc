@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <vector>
 
 #include "client/client.h"
 #include "tutti/v1/packer.pb.h"
@@ -56,8 +57,12 @@ TEST(ResolveClientOptions, ExplicitValuesWinAndTuttiRankComesFirst) {
 TEST(ResolveClientOptions, TorchrunsRankAndTheDefaultStagerSocket) {
   auto no_socket = [](const char*) { return false; };
   auto socket_there = [](const char* path) { return std::string(path) == kDefaultStagerSocket; };
-  auto env = Env({{"TUTTI_PACKER", "p:2"}, {"RANK", "2"}, {"WORLD_SIZE", "4"},
-                  {"LOCAL_RANK", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
+  auto env = Env({{"TUTTI_PACKER", "p:2"},
+                  {"RANK", "2"},
+                  {"WORLD_SIZE", "4"},
+                  {"LOCAL_RANK", "0"},
+                  {"SLURM_PROCID", "1"},
+                  {"SLURM_NTASKS", "2"}});
   auto o = ResolveClientOptions({}, env, socket_there);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->stager_address, "unix:///var/run/tutti/stager.sock");
@@ -144,6 +149,47 @@ TEST(Client, ConnectGivesUpOnAnUnreachablePackerAndSaysWhere) {
   EXPECT_THAT(Msg(c.status()),
               HasSubstr("GetJob from tutti-packerd at " + packer + ": gave up after"));
   EXPECT_THAT(Msg(c.status()), HasSubstr("is tutti-packerd running there?"));
+}
+
+TEST(Client, ConnectReportsWhatItWaitsForEveryInterval) {
+  ClientOptions o;
+  const std::string packer = "127.0.0.1:" + std::to_string(ClosedPort());
+  o.stager_address = "127.0.0.1:1";
+  o.packer_address = packer;
+  o.rank = 0;
+  o.world_size = 1;
+  o.connect_timeout = absl::Milliseconds(1500);
+  o.initial_backoff = absl::Milliseconds(50);
+  o.max_backoff = absl::Milliseconds(100);
+  o.progress_interval = absl::Milliseconds(300);
+  std::vector<WaitProgress> seen;
+  o.progress = [&](const WaitProgress& p) { seen.push_back(p); };
+  EXPECT_FALSE(Client::Connect(o).ok());
+  ASSERT_GE(seen.size(), 2u);
+  ASSERT_LE(seen.size(), 6u);  // once per interval, not per attempt
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].step, -1);
+    EXPECT_THAT(seen[i].waiting_for, HasSubstr("tutti-packerd at " + packer + " is not available"));
+    EXPECT_GE(seen[i].waited_seconds, 0.3 * (i + 1) - 1e-3);
+  }
+  // Without a callback, or with a zero interval, nothing is reported.
+  o.progress_interval = absl::ZeroDuration();
+  seen.clear();
+  EXPECT_FALSE(Client::Connect(o).ok());
+  EXPECT_TRUE(seen.empty());
+}
+
+TEST(ResolveClientOptions, ProgressIntervalIsZeroOrAtLeastATenthOfASecond) {
+  ClientOptions o;
+  o.stager_address = "s:1";
+  o.packer_address = "p:2";
+  o.rank = 0;
+  o.progress_interval = absl::Milliseconds(20);
+  auto r = ResolveClientOptions(o, Env({}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(r.status()), HasSubstr("progress_interval must be zero"));
+  o.progress_interval = absl::Milliseconds(100);
+  EXPECT_TRUE(ResolveClientOptions(o, Env({})).ok());
 }
 
 }  // namespace

@@ -32,20 +32,31 @@ LeaseKeeper::~LeaseKeeper() {
 
 void LeaseKeeper::Hold(uint64_t step) {
   absl::MutexLock l(&mu_);
-  ++held_[step];
+  Holds& h = held_[step];
+  if (h.count++ == 0) h.since = ++holds_begun_;
   reported_lost_.erase(step);
 }
 
 void LeaseKeeper::Drop(uint64_t step) {
   absl::MutexLock l(&mu_);
   auto it = held_.find(step);
-  if (it != held_.end() && --it->second <= 0) held_.erase(it);
+  if (it != held_.end() && --it->second.count <= 0) held_.erase(it);
+}
+
+absl::Status LeaseKeeper::Release(uint64_t step, const std::function<absl::Status()>& release) {
+  Drop(step);
+  return release();
+}
+
+uint64_t LeaseKeeper::lost_reported() const {
+  absl::MutexLock l(&mu_);
+  return lost_reported_;
 }
 
 std::vector<uint64_t> LeaseKeeper::Held() const {
   absl::MutexLock l(&mu_);
   std::vector<uint64_t> steps;
-  for (const auto& [step, n] : held_) steps.push_back(step);
+  for (const auto& [step, h] : held_) steps.push_back(step);
   return steps;
 }
 
@@ -62,7 +73,11 @@ void LeaseKeeper::Loop() {
     mu_.AwaitWithDeadline(absl::Condition(&stop_), next);
     if (stop_) break;
     std::vector<uint64_t> steps;
-    for (const auto& [step, n] : held_) steps.push_back(step);
+    std::map<uint64_t, uint64_t> since;  // step -> the hold this renewal names
+    for (const auto& [step, h] : held_) {
+      steps.push_back(step);
+      since[step] = h.since;
+    }
     const absl::Duration interval = interval_;
     next = absl::Now() + interval;  // from the start of this renewal: a slow one delays none
     std::vector<uint64_t> lost;
@@ -73,7 +88,14 @@ void LeaseKeeper::Loop() {
       ++renewals_;
       if (*lease > absl::ZeroDuration()) interval_ = IntervalFor(*lease);
       for (uint64_t step : lost) {
-        if (!held_.count(step) || !reported_lost_.insert(step).second) continue;
+        // Held throughout this renewal (not released, nor released and held again).
+        auto h = held_.find(step);
+        auto named = since.find(step);
+        if (h == held_.end() || named == since.end() || h->second.since != named->second ||
+            !reported_lost_.insert(step).second) {
+          continue;
+        }
+        ++lost_reported_;
         kLog.Warning(
             "the stager no longer holds a batch this process holds (its lease lapsed while this "
             "process was not heard from, or the stager restarted): its memory may be reused",

@@ -7,6 +7,9 @@
 // silent for that long as gone; renewals keep both from happening to a live
 // process however long it holds a batch.
 //
+// Only a step held from before a renewal until its answer is reported lost
+// (a warning, once per step): a step released meanwhile is not (Release).
+//
 // The renewal itself (the RPC) is injected. Thread-safe.
 #ifndef TUTTI_CLIENT_LEASE_KEEPER_H_
 #define TUTTI_CLIENT_LEASE_KEEPER_H_
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -42,10 +46,19 @@ class LeaseKeeper {
   // The process holds (again) the batch of `step`; Drop once per Hold.
   void Hold(uint64_t step);
   void Drop(uint64_t step);
+  // The process is done with one hold of `step`: it is dropped from the
+  // renewals first, then `release` (the ReleaseBatch call) runs; its status
+  // is returned. So a renewal that crossed the release at the stager (sent
+  // naming the step, answered that the stager no longer holds it) reports
+  // nothing lost.
+  absl::Status Release(uint64_t step, const std::function<absl::Status()>& release);
   // The steps held now, in order.
   std::vector<uint64_t> Held() const;
   // Renewals that reached the stager so far.
   uint64_t renewals() const;
+  // Steps reported lost so far (logged once each): held by this process
+  // from before a renewal until its answer said the stager no longer holds them.
+  uint64_t lost_reported() const;
 
   // A quarter of the lease, at least 50 ms.
   static absl::Duration IntervalFor(absl::Duration lease);
@@ -53,10 +66,18 @@ class LeaseKeeper {
  private:
   void Loop();
 
+  struct Holds {
+    int count = 0;
+    uint64_t since = 0;  // which hold began it (holds_begun_ then): a step dropped
+                         // and held again is another hold
+  };
+
   const Renew renew_;
   mutable absl::Mutex mu_;
-  std::map<uint64_t, int> held_ ABSL_GUARDED_BY(mu_);      // step -> holds of it
+  std::map<uint64_t, Holds> held_ ABSL_GUARDED_BY(mu_);  // step -> its holds
+  uint64_t holds_begun_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<uint64_t> reported_lost_ ABSL_GUARDED_BY(mu_);  // logged once each
+  uint64_t lost_reported_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
   uint64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

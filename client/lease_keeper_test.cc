@@ -83,6 +83,56 @@ TEST(LeaseKeeperTest, AFailedRenewalIsTriedAgainAtTheNextInterval) {
   keeper.reset();  // stops its thread
 }
 
+// The release of step 5 reaches the stager while a renewal naming step 5 is
+// on its way; the stager answers that renewal that it no longer holds step
+// 5, and the answer arrives before the release's own: not a loss.
+TEST(LeaseKeeperTest, ARenewalCrossingAReleaseReportsNothingLost) {
+  absl::Mutex mu;
+  bool renewal_sent = false, released = false;
+  LeaseKeeper keeper(
+      [&](const std::vector<uint64_t>& steps, absl::Duration,
+          std::vector<uint64_t>* lost) -> absl::StatusOr<absl::Duration> {
+        absl::MutexLock l(&mu);
+        if (steps != std::vector<uint64_t>{5} || renewal_sent) return absl::Milliseconds(200);
+        renewal_sent = true;
+        mu.Await(absl::Condition(&released));
+        lost->push_back(5);  // released at the stager before this renewal
+        return absl::Milliseconds(200);
+      },
+      absl::Milliseconds(200));
+  keeper.Hold(5);
+  {
+    absl::MutexLock l(&mu);
+    mu.Await(absl::Condition(&renewal_sent));
+  }
+  const uint64_t before = keeper.renewals();
+  absl::Status s = keeper.Release(5, [&] {
+    {
+      absl::MutexLock l(&mu);
+      released = true;
+    }
+    // The renewal's answer arrives first.
+    while (keeper.renewals() == before) absl::SleepFor(absl::Milliseconds(1));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(keeper.lost_reported(), 0u);
+  EXPECT_TRUE(keeper.Held().empty());
+}
+
+TEST(LeaseKeeperTest, AStepStillHeldThatTheStagerLostIsReportedOnce) {
+  Stager stager;
+  {
+    absl::MutexLock l(&stager.mu);
+    stager.lost = {7};
+  }
+  LeaseKeeper keeper(stager.Renew(), absl::Milliseconds(200));
+  keeper.Hold(7);
+  EXPECT_TRUE(stager.AwaitCall(0, {7}));
+  EXPECT_TRUE(stager.AwaitCall(stager.Calls(), {7}));  // the first one's answer is in
+  EXPECT_EQ(keeper.lost_reported(), 1u);
+}
+
 TEST(LeaseKeeperTest, TheIntervalIsAQuarterOfTheLease) {
   EXPECT_EQ(LeaseKeeper::IntervalFor(absl::Seconds(60)), absl::Seconds(15));
   EXPECT_EQ(LeaseKeeper::IntervalFor(absl::Milliseconds(100)), absl::Milliseconds(50));

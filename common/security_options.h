@@ -21,6 +21,10 @@ inline constexpr char kAuthorizationKey[] = "authorization";  // "Bearer <token>
 inline constexpr char kRankKey[] = "tutti-rank";              // the rank a client acts as
 inline constexpr char kJobKey[] = "tutti-job";                // the job id it belongs to
 
+// In a stager's NOT_FOUND answer to a call naming an incarnation it never
+// issued (it restarted since the process registered): register again.
+inline constexpr char kUnknownIncarnation[] = "was not issued by this stager";
+
 struct SecurityOptions {
   // TLS. A daemon serves TLS when cert and key are given; a client speaks
   // TLS when a CA is given (verifying the daemon's certificate) and presents

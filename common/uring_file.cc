@@ -12,9 +12,11 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
+#include "common/pread_backend.h"
 #include "common/status.h"
 
 namespace tutti {
@@ -24,110 +26,6 @@ namespace {
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr uint64_t kCancelTag = ~uint64_t{0} - 1;
 constexpr unsigned kStatxMask = STATX_SIZE | STATX_MTIME | STATX_TYPE | STATX_INO;
-
-// Performs one operation with plain system calls.
-int64_t RunSync(const IoOp& op) {
-  long r = 0;
-  switch (op.kind) {
-    case IoOp::Kind::kOpen:
-      if (op.root != nullptr) return op.root->Open(op.path, op.flags, op.mode);
-      r = ::open(op.path, op.flags | O_CLOEXEC, op.mode);
-      break;
-    case IoOp::Kind::kRead: r = ::pread(op.fd, op.buf, op.len, static_cast<off_t>(op.offset)); break;
-    case IoOp::Kind::kWrite: r = ::pwrite(op.fd, op.buf, op.len, static_cast<off_t>(op.offset)); break;
-    case IoOp::Kind::kFsync: r = ::fsync(op.fd); break;
-    case IoOp::Kind::kClose: r = ::close(op.fd); break;
-    case IoOp::Kind::kStat:
-      r = op.path ? ::statx(AT_FDCWD, op.path, 0, kStatxMask, op.stx)
-                  : ::statx(op.fd, "", AT_EMPTY_PATH, kStatxMask, op.stx);
-      break;
-    case IoOp::Kind::kFallocate:
-      r = ::fallocate(op.fd, 0, static_cast<off_t>(op.offset), static_cast<off_t>(op.len));
-      break;
-  }
-  return r < 0 ? -errno : r;
-}
-
-// ---------------------------------------------------------------- threads
-class PreadBackend final : public IoBackend {
- public:
-  // on_done (optional) runs on a worker after each completion is queued.
-  explicit PreadBackend(unsigned threads, std::function<void()> on_done = nullptr)
-      : threads_(std::max(1u, threads)), on_done_(std::move(on_done)) {
-    for (unsigned i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
-  }
-  ~PreadBackend() override {
-    {
-      absl::MutexLock l(&mu_);
-      stop_ = true;
-    }
-    for (auto& t : workers_) t.join();
-  }
-
-  absl::Status Submit(const IoOp& op, uint64_t tag) override {
-    absl::MutexLock l(&mu_);
-    queue_.emplace_back(tag, op);
-    return absl::OkStatus();
-  }
-
-  absl::Status Reap(absl::Duration timeout, std::vector<IoCompletion>* out) override {
-    absl::MutexLock l(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(this, &PreadBackend::Reapable), timeout);
-    woken_ = false;
-    out->insert(out->end(), done_.begin(), done_.end());
-    done_.clear();
-    return absl::OkStatus();
-  }
-
-  void Cancel(uint64_t tag) override {
-    absl::MutexLock l(&mu_);
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->first == tag) {
-        queue_.erase(it);
-        done_.push_back(IoCompletion{tag, -ECANCELED});
-        return;
-      }
-    }
-  }
-
-  void Wake() override {
-    absl::MutexLock l(&mu_);
-    woken_ = true;
-  }
-  unsigned capacity() const override { return threads_ * 4; }
-  const char* name() const override { return "pread"; }
-
- private:
-  bool Reapable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !done_.empty() || woken_; }
-  bool Runnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
-
-  void Work() {
-    while (true) {
-      std::pair<uint64_t, IoOp> next;
-      {
-        absl::MutexLock l(&mu_, absl::Condition(this, &PreadBackend::Runnable));
-        if (stop_) return;
-        next = queue_.front();
-        queue_.pop_front();
-      }
-      const int64_t r = RunSync(next.second);
-      {
-        absl::MutexLock l(&mu_);
-        done_.push_back(IoCompletion{next.first, r});
-      }
-      if (on_done_) on_done_();
-    }
-  }
-
-  const unsigned threads_;
-  const std::function<void()> on_done_;
-  absl::Mutex mu_;
-  std::deque<std::pair<uint64_t, IoOp>> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<IoCompletion> done_ ABSL_GUARDED_BY(mu_);
-  bool woken_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> workers_;
-};
 
 // ---------------------------------------------------------------- io_uring
 class UringBackend final : public IoBackend {
@@ -161,8 +59,10 @@ class UringBackend final : public IoBackend {
 
   absl::Status RegisterBuffers(const std::vector<iovec>& buffers) override {
     if (buffers.empty()) return absl::OkStatus();
-    int r = io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
-    if (r < 0) return ErrnoStatus(-r, absl::StrCat("io_uring_register_buffers(", buffers.size(), ")"));
+    int r =
+        io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
+    if (r < 0)
+      return ErrnoStatus(-r, absl::StrCat("io_uring_register_buffers(", buffers.size(), ")"));
     registered_ = true;
     return absl::OkStatus();
   }
@@ -206,8 +106,12 @@ class UringBackend final : public IoBackend {
           io_uring_prep_write(sqe, op.fd, op.buf, static_cast<unsigned>(op.len), op.offset);
         }
         break;
-      case IoOp::Kind::kFsync: io_uring_prep_fsync(sqe, op.fd, 0); break;
-      case IoOp::Kind::kClose: io_uring_prep_close(sqe, op.fd); break;
+      case IoOp::Kind::kFsync:
+        io_uring_prep_fsync(sqe, op.fd, 0);
+        break;
+      case IoOp::Kind::kClose:
+        io_uring_prep_close(sqe, op.fd);
+        break;
       case IoOp::Kind::kFallocate:
         io_uring_prep_fallocate(sqe, op.fd, 0, op.offset, op.len);
         break;
@@ -220,6 +124,7 @@ class UringBackend final : public IoBackend {
         break;
     }
     io_uring_sqe_set_data64(sqe, tag);
+    if (op.may_stall) sqe->flags |= IOSQE_ASYNC;
     return absl::OkStatus();
   }
 
@@ -307,7 +212,7 @@ class UringBackend final : public IoBackend {
     return absl::OkStatus();
   }
   void SubmitWalk(const IoOp& op, uint64_t tag) {
-    if (!walker_) walker_ = std::make_unique<PreadBackend>(4, [this] { Wake(); });
+    if (!walker_) walker_ = std::make_unique<io_internal::PreadBackend>(4, [this] { Wake(); });
     walking_.insert(tag);
     [[maybe_unused]] absl::Status s = walker_->Submit(op, tag);  // never refuses
   }
@@ -327,13 +232,18 @@ class UringBackend final : public IoBackend {
   bool registered_ = false;
   int efd_ = -1;
   bool poll_armed_ = false;
-  bool openat2_op_ = false;                        // the ring has IORING_OP_OPENAT2 (Linux 5.6)
-  std::unordered_map<uint64_t, Beneath> beneath_;  // tag -> openat2 in flight
-  std::unique_ptr<PreadBackend> walker_;           // checked walks, started when first needed
-  std::unordered_set<uint64_t> walking_;           // tags the walker holds
+  bool openat2_op_ = false;                            // the ring has IORING_OP_OPENAT2 (Linux 5.6)
+  std::unordered_map<uint64_t, Beneath> beneath_;      // tag -> openat2 in flight
+  std::unique_ptr<io_internal::PreadBackend> walker_;  // checked walks, started when first needed
+  std::unordered_set<uint64_t> walking_;               // tags the walker holds
 };
 
 }  // namespace
+
+uint64_t FileKey(absl::string_view name) {
+  const uint64_t h = absl::HashOf(name);
+  return h == 0 ? 1 : h;
+}
 
 absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringBackend(unsigned depth, unsigned max_workers) {
   auto b = std::make_unique<UringBackend>(std::max(1u, depth));
@@ -341,17 +251,14 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringBackend(unsigned depth, unsi
   return std::unique_ptr<IoBackend>(std::move(b));
 }
 
-std::unique_ptr<IoBackend> MakePreadBackend(unsigned threads) {
-  return std::make_unique<PreadBackend>(threads);
-}
-
 absl::StatusOr<IoBackendChoice> ParseIoBackendChoice(absl::string_view name) {
   if (name == "auto") return IoBackendChoice::kAuto;
   if (name == "uring") return IoBackendChoice::kUring;
   if (name == "pread") return IoBackendChoice::kPread;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--io_backend '", name, "' is unknown: use auto (io_uring, or pread where io_uring is "
-      "refused), uring or pread"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--io_backend '", name,
+                   "' is unknown: use auto (io_uring, or pread where io_uring is "
+                   "refused), uring or pread"));
 }
 
 absl::StatusOr<bool> ResolveIoBackend(IoBackendChoice choice) {
@@ -373,7 +280,9 @@ absl::StatusOr<bool> ResolveIoBackend(IoBackendChoice choice) {
 // ---------------------------------------------------------------- faults
 FaultInjectingBackend::FaultInjectingBackend(std::unique_ptr<IoBackend> inner,
                                              std::vector<IoFault> faults, uint64_t write_limit)
-    : inner_(std::move(inner)), faults_(std::move(faults)), before_done_(faults_.size(), false),
+    : inner_(std::move(inner)),
+      faults_(std::move(faults)),
+      before_done_(faults_.size(), false),
       write_limit_(write_limit) {}
 
 absl::Status FaultInjectingBackend::RegisterBuffers(const std::vector<iovec>& buffers) {
@@ -391,7 +300,8 @@ IoFault* FaultInjectingBackend::Match(const IoOp& op) {
     IoFault& f = faults_[i];
     if (f.kind != op.kind) continue;
     if (!f.path_contains.empty() && path.find(f.path_contains) == std::string::npos) continue;
-    if ((op.kind == IoOp::Kind::kRead || op.kind == IoOp::Kind::kWrite) && op.offset < f.min_offset) {
+    if ((op.kind == IoOp::Kind::kRead || op.kind == IoOp::Kind::kWrite) &&
+        op.offset < f.min_offset) {
       continue;
     }
     if (f.before && !before_done_[i]) {
@@ -425,7 +335,7 @@ absl::Status FaultInjectingBackend::Submit(const IoOp& in, uint64_t tag) {
     }
     if (f->short_len > 0 && op.len > f->short_len) op.len = f->short_len;
     if (f->stall) {
-      held_[tag] = Held{op, absl::InfiniteFuture(), -ECANCELED, false};
+      held_[tag] = Held{op, absl::InfiniteFuture(), -ECANCELED, false, f->uncancellable};
       return absl::OkStatus();
     }
     if (f->delay > absl::ZeroDuration()) {
@@ -467,7 +377,8 @@ absl::Status FaultInjectingBackend::Reap(absl::Duration timeout, std::vector<IoC
     auto it = inner_ops_.find(c.tag);
     if (it != inner_ops_.end()) {
       const IoOp& op = it->second;
-      if (op.kind == IoOp::Kind::kOpen && c.result >= 0) fd_paths_[static_cast<int>(c.result)] = op.path;
+      if (op.kind == IoOp::Kind::kOpen && c.result >= 0)
+        fd_paths_[static_cast<int>(c.result)] = op.path;
       if (op.kind == IoOp::Kind::kClose) fd_paths_.erase(op.fd);
       if (op.kind == IoOp::Kind::kRead && op.buf_index == -2 && c.result > 0) {
         op.buf[c.result / 2] ^= 0x5A;
@@ -491,208 +402,6 @@ void FaultInjectingBackend::Cancel(uint64_t tag) {
     return;
   }
   inner_->Cancel(tag);
-}
-
-// ---------------------------------------------------------------- service
-IoService::IoService(std::unique_ptr<IoBackend> backend)
-    : backend_(std::move(backend)), name_(backend_->name()) {
-  thread_ = std::thread([this] { Loop(); });
-}
-
-IoService::~IoService() {
-  {
-    absl::MutexLock l(&mu_);
-    stop_ = true;
-  }
-  if (backend_) backend_->Wake();
-  thread_.join();
-}
-
-absl::Status IoService::RegisterBuffers(const std::vector<iovec>& buffers) {
-  // Called before any operation is submitted, so the backend is idle.
-  return backend_->RegisterBuffers(buffers);
-}
-
-void IoService::Submit(const IoOp& op, absl::Time deadline, Done done,
-                       std::shared_ptr<void> keepalive) {
-  Req r;
-  r.op = op;
-  if (op.kind == IoOp::Kind::kOpen && (op.flags & (O_DIRECTORY | O_PATH)) == 0) {
-    r.regular_only = true;
-    r.op.flags |= O_NONBLOCK;
-  }
-  r.deadline = deadline;
-  r.done = std::move(done);
-  r.keepalive = std::move(keepalive);
-  outstanding_.fetch_add(1);
-  bool stopped = false;
-  {
-    absl::MutexLock l(&mu_);
-    stopped = stop_;
-    if (!stopped) incoming_.emplace_back(0, std::move(r));
-  }
-  if (stopped) {  // answered outside the lock: the callback may submit again
-    outstanding_.fetch_sub(1);
-    r.done(-ECANCELED);
-    return;
-  }
-  backend_->Wake();
-}
-
-int64_t IoService::Run(const IoOp& op, absl::Time deadline, std::shared_ptr<void> keepalive) {
-  absl::Notification finished;
-  int64_t result = 0;
-  Submit(op, deadline,
-         [&](int64_t r) {
-           result = r;
-           finished.Notify();
-         },
-         std::move(keepalive));
-  finished.WaitForNotification();
-  return result;
-}
-
-size_t IoService::outstanding() const { return outstanding_.load(); }
-
-void IoService::Issue(uint64_t id, Req& r) {
-  absl::Status s = backend_->Submit(r.op, id);
-  if (!s.ok()) {
-    waiting_.push_front(id);
-    return;
-  }
-  r.in_backend = true;
-  ++in_backend_;
-}
-
-int64_t IoService::KeepIfRegular(int fd) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return kNotRegularFile;
-  }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return -err;
-  }
-  return fd;
-}
-
-void IoService::Complete(uint64_t id, int64_t result) {
-  auto it = reqs_.find(id);
-  if (it == reqs_.end()) return;
-  Req& r = it->second;
-  if (r.in_backend) {
-    r.in_backend = false;
-    --in_backend_;
-  }
-  auto finish = [&](int64_t value) {
-    if (!r.timed_out) r.done(value);
-    reqs_.erase(it);
-    outstanding_.fetch_sub(1);
-  };
-  if (r.timed_out) {
-    // Answered already (deadline or stop): a file it opened after all is
-    // nobody's, so it is closed here rather than left open.
-    if (r.op.kind == IoOp::Kind::kOpen && result >= 0) ::close(static_cast<int>(result));
-    return finish(result);
-  }
-  if ((result == -EAGAIN || result == -EINTR) && ++r.eagain < 1000) {
-    waiting_.push_back(id);
-    return;
-  }
-  if (r.regular_only && result >= 0) result = KeepIfRegular(static_cast<int>(result));
-  const bool rw = r.op.kind == IoOp::Kind::kRead || r.op.kind == IoOp::Kind::kWrite;
-  if (!rw || result < 0) return finish(result);
-  if (result == 0) {
-    if (r.op.kind == IoOp::Kind::kWrite && r.op.len > 0) return finish(-EIO);
-    return finish(static_cast<int64_t>(r.done_bytes));  // end of file
-  }
-  r.done_bytes += static_cast<size_t>(result);
-  if (static_cast<size_t>(result) >= r.op.len) return finish(static_cast<int64_t>(r.done_bytes));
-  // Short transfer: continue with the rest.
-  r.op.buf += result;
-  r.op.offset += static_cast<uint64_t>(result);
-  r.op.len -= static_cast<size_t>(result);
-  waiting_.push_back(id);
-}
-
-void IoService::Loop() {
-  std::vector<IoCompletion> got;
-  while (true) {
-    bool stopping;
-    {
-      absl::MutexLock l(&mu_);
-      for (auto& [unused, r] : incoming_) {
-        const uint64_t id = next_id_++;
-        reqs_.emplace(id, std::move(r));
-        waiting_.push_back(id);
-      }
-      incoming_.clear();
-      stopping = stop_;
-    }
-    if (stopping) break;
-    while (!waiting_.empty() && in_backend_ < backend_->capacity()) {
-      const uint64_t id = waiting_.front();
-      waiting_.pop_front();
-      auto it = reqs_.find(id);
-      if (it != reqs_.end()) Issue(id, it->second);
-      if (it != reqs_.end() && !it->second.in_backend) break;  // queue full
-    }
-    absl::Time now = absl::Now();
-    absl::Time next = now + absl::Milliseconds(200);
-    for (auto& [id, r] : reqs_) {
-      if (!r.timed_out) next = std::min(next, r.deadline);
-    }
-    got.clear();
-    absl::Status s = backend_->Reap(std::max(absl::ZeroDuration(), next - now), &got);
-    for (const IoCompletion& c : got) Complete(c.tag, c.result);
-    now = absl::Now();
-    for (auto it = reqs_.begin(); it != reqs_.end();) {
-      Req& r = it->second;
-      if (r.timed_out || r.deadline > now) {
-        ++it;
-        continue;
-      }
-      r.timed_out = true;
-      r.done(-ETIMEDOUT);
-      if (r.in_backend) {
-        backend_->Cancel(it->first);
-        ++it;
-      } else {
-        for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
-          if (*w == it->first) {
-            waiting_.erase(w);
-            break;
-          }
-        }
-        it = reqs_.erase(it);
-        outstanding_.fetch_sub(1);
-      }
-    }
-  }
-  // Stopping: cancel everything, give running operations a moment to end.
-  for (auto& [id, r] : reqs_) {
-    if (!r.timed_out) {
-      r.timed_out = true;
-      r.done(-ECANCELED);
-    }
-    if (r.in_backend) backend_->Cancel(id);
-  }
-  const absl::Time give_up = absl::Now() + absl::Seconds(2);
-  while (in_backend_ > 0 && absl::Now() < give_up) {
-    got.clear();
-    if (!backend_->Reap(absl::Milliseconds(50), &got).ok()) break;
-    for (const IoCompletion& c : got) Complete(c.tag, c.result);
-  }
-  if (in_backend_ > 0) {
-    // An operation is stuck in the kernel (a hung remote file system): keep
-    // its memory and the ring alive rather than free them under it.
-    for (auto& [id, r] : reqs_) new std::shared_ptr<void>(std::move(r.keepalive));
-    backend_.release();
-    stuck_.store(true);
-  }
 }
 
 }  // namespace tutti

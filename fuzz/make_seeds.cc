@@ -4,6 +4,9 @@
 //   tutti-fuzz-seeds fuzz/corpus
 // The output is deterministic; the corpora in the repository were written
 // by it (rerun it after a format change).
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +24,7 @@
 #include "services/packer/core/job.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/index/index.h"
+#include "services/packer/index/index_builder.h"
 #include "services/packer/plan_proto.h"
 #include "tutti/v1/packer.pb.h"
 #include "tutti/v1/stager.pb.h"
@@ -188,6 +192,43 @@ void PlanSeeds(const fs::path& dir) {
   }
 }
 
+// An index built from shards (member checksums, skip counts, a shard left
+// out), beside the synthetic one PlanSeeds writes. The shards are written
+// under a fixed path with fixed times, so the index is the same every run.
+void IndexSeeds(const fs::path& dir, const std::string& jpeg, const std::string& png) {
+  const fs::path src = fs::temp_directory_path() / "tutti-fuzz-seeds-shards";
+  fs::remove_all(src);
+  fs::create_directories(src);
+  tutti::TarWriter a;
+  a.Add("000000.json", R"({"input_ids": [101, 7592, 102]})");
+  a.Add("000001.json", R"({"num_tokens": 12})");
+  a.Add("000001.0.jpg", jpeg);
+  a.Add("000001.1.png", png);
+  a.Add("000002.txt", "a caption");
+  a.Add("000002.wav", std::string(44, '\0'));       // a bad audio header: skipped
+  a.Add("000003.json", R"({"input_ids": [1, 2})");  // bad JSON: skipped
+  tutti::TarWriter b;
+  b.Add("sub/000004.json", R"({"input_ids": [5]})");
+  const std::string bad = b.Finish();
+  const std::pair<std::string, std::string> shards[] = {
+      {"a-000.tar", a.Finish()}, {"b-001.tar", bad}, {"c-002.tar", bad.substr(0, 700)}};
+  for (const auto& [name, bytes] : shards) {
+    Write(src, name, bytes);
+    const struct timespec t[2] = {{1700000000, 0}, {1700000000, 0}};
+    ::utimensat(AT_FDCWD, (src / name).c_str(), t, 0);
+  }
+  tutti::packer::IndexBuildOptions o;
+  o.source_dir = src.string();
+  auto bytes = tutti::packer::BuildIndex(o, nullptr, nullptr);
+  fs::remove_all(src);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "seed index: %s\n", bytes.status().ToString().c_str());
+    failed = true;
+    return;
+  }
+  Write(dir, "built.idx", *bytes);
+}
+
 // One request of each method (the first byte picks it, rpc_request_fuzzer.cc).
 void RequestSeeds(const fs::path& dir) {
   auto seed = [&](const char* name, char method, const google::protobuf::Message& m) {
@@ -217,17 +258,25 @@ void RequestSeeds(const fs::path& dir) {
   acquire.set_step(5);
   acquire.set_rank(1);
   acquire.set_timeout_ms(1000);
+  acquire.set_incarnation(0x5eed);
+  acquire.set_key(std::string(16, 'k'));
   seed("acquire_batch", 5, acquire);
   tutti::v1::ReleaseBatchRequest release;
   release.set_step(5);
   release.set_rank(1);
+  release.set_incarnation(0x5eed);
+  release.set_key(std::string(16, 'k'));
   seed("release_batch", 6, release);
   tutti::v1::RenewLeasesRequest renew;
   renew.set_rank(1);
   renew.set_incarnation(0x5eed);
+  renew.set_key(std::string(16, 'k'));
   renew.add_steps(5);
   renew.add_steps(6);
   seed("renew_leases", 7, renew);
+  tutti::v1::RegisterRankRequest register_rank;
+  register_rank.set_rank(1);
+  seed("register_rank", 8, register_rank);
 }
 
 }  // namespace
@@ -289,6 +338,7 @@ int main(int argc, char** argv) {
     packing { strategy: "seed-v2" open_bins: 4 }
   )pb");
   PlanSeeds(out / "plan_fuzzer");
+  IndexSeeds(out / "index_fuzzer", jpeg, png);
   RequestSeeds(out / "rpc_request_fuzzer");
   return failed ? 1 : 0;
 }

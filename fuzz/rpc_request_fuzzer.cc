@@ -20,7 +20,7 @@
 namespace {
 
 std::unique_ptr<google::protobuf::Message> RequestOf(uint8_t method) {
-  switch (method % 8) {
+  switch (method % 9) {
     case 0:
       return std::make_unique<tutti::v1::GetJobRequest>();
     case 1:
@@ -35,8 +35,10 @@ std::unique_ptr<google::protobuf::Message> RequestOf(uint8_t method) {
       return std::make_unique<tutti::v1::AcquireBatchRequest>();
     case 6:
       return std::make_unique<tutti::v1::ReleaseBatchRequest>();
-    default:
+    case 7:
       return std::make_unique<tutti::v1::RenewLeasesRequest>();
+    default:
+      return std::make_unique<tutti::v1::RegisterRankRequest>();
   }
 }
 

@@ -200,6 +200,75 @@ TEST_F(Lifecycle, PackerIsNotReadyWhileItLoadsAndStopsOnSigtermThen) {
 #endif
 }
 
+// A stager with one shard on a source that stops answering (tutti-slowfs
+// stalling its every read: staging reads and member reads stuck in the
+// kernel, with io_uring and with pread) ends on SIGTERM at once with exit 0:
+// stopping does not wait on the stalled reads (their buffers are kept, never
+// freed under the kernel).
+TEST_F(Lifecycle, StagerStopsPromptlyWithReadsStalledInFlight) {
+#ifndef TUTTI_SLOWFS_BINARY
+  GTEST_SKIP() << "built without tutti-slowfs (FUSE)";
+#else
+  if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/fuse is not available";
+  for (const char* backend : {"uring", "pread"}) {
+    SCOPED_TRACE(backend);
+    const std::string mnt = fs::path(Dir() + "/stalled-mnt-" + backend).lexically_normal().string();
+    fs::create_directories(mnt);
+    std::string stalled;  // the first shard the index names
+    for (const auto& e : fs::directory_iterator(Dir() + "/src")) {
+      const std::string n = e.path().filename().string();
+      if (e.path().extension() == ".tar" && (stalled.empty() || n < stalled)) stalled = n;
+    }
+    auto fuse = Process::Start(
+        {TUTTI_SLOWFS_BINARY, Dir() + "/src", mnt, "--latency_ms=1", "--stall=" + stalled},
+        Dir() + "/stalled-slowfs-" + backend + ".log");
+    ASSERT_TRUE(fuse.ok()) << fuse.status();
+    for (int i = 0; i < 250 && !Mounted(mnt) && (*fuse)->Running(); ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (!Mounted(mnt)) GTEST_SKIP() << "could not mount tutti-slowfs: " << (*fuse)->log();
+    const std::string name = std::string("stalled-") + backend;
+    auto packer = Daemon::Start(name + "-packer", PackerArgv(), Dir());
+    ASSERT_TRUE(packer.ok()) << packer.status();
+    std::vector<std::string> argv = StagerArgv((*packer)->grpc_port(), "cache-" + name);
+    for (auto& a : argv) {
+      if (a.rfind("--source=", 0) == 0) a = "--source=" + mnt;
+    }
+    argv.push_back(std::string("--io_backend=") + backend);
+    auto stager = Daemon::Start(name + "-stager", argv, Dir());
+    ASSERT_TRUE(stager.ok()) << stager.status();
+    // A rank waits for step 0, whose members are read from the source
+    // (nothing stages), while staging reads stall.
+    std::thread rank([address = (*stager)->address()] {
+      auto stub = v1::Stager::NewStub(MakeChannel(address));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::AcquireBatchRequest req;
+      req.set_step(0);
+      req.set_rank(0);
+      req.set_timeout_ms(20000);
+      v1::BatchDescriptor batch;
+      stub->AcquireBatch(&ctx, req, &batch);
+    });
+    absl::SleepFor(absl::Seconds(3));
+    const absl::Time signalled = absl::Now();
+    (*stager)->process().Signal(SIGTERM);
+    const std::optional<int> status = (*stager)->process().Wait(kStopBound);
+    rank.join();
+    ASSERT_TRUE(status.has_value())
+        << "still running " << absl::FormatDuration(kStopBound) << " after SIGTERM\n"
+        << (*stager)->log();
+    EXPECT_EQ(*status, 0) << (*stager)->log();
+    EXPECT_LT(absl::Now() - signalled, absl::Seconds(5)) << (*stager)->log();
+    EXPECT_TRUE((*packer)->Stop().ok());
+    (*fuse)->Signal(SIGTERM);  // unmounts (stalled reads fail with EIO)
+    if (!(*fuse)->Wait(absl::Seconds(20)).has_value()) {
+      RunCommand({"fusermount3", "-u", "-z", mnt}, absl::Seconds(10));
+    }
+  }
+#endif
+}
+
 // A FIFO given as the config is refused at once, naming it (it would block
 // the packer's open for as long as nobody writes it).
 TEST_F(Lifecycle, PackerRefusesAFifoAsItsConfigAtOnce) {

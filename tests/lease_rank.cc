@@ -5,9 +5,13 @@
 // holds that batch until killed. At --slow_step it holds the batch for
 // --slow_seconds (a slow but live rank) and then checks that the stager
 // still holds it: its shared-memory segment still exists (a batch the
-// stager frees is unlinked) and its bytes are unchanged. Ends with
-// "rank R done" and exit 0; 1 with the error otherwise.
+// stager frees is unlinked) and its bytes are unchanged. With
+// --hold_previous it keeps each batch until it has the next (as a trainer
+// that assigns Next()'s batch over the previous one does). Prints "rank R
+// connected" once connected. Ends with "rank R done" and exit 0; 1 with the
+// error otherwise.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -29,6 +33,7 @@ ABSL_FLAG(int64_t, hold_step, -1, "step whose batch is held until the process is
 ABSL_FLAG(int64_t, slow_step, -1, "step whose batch is held for --slow_seconds");
 ABSL_FLAG(double, slow_seconds, 0, "how long --slow_step's batch is held");
 ABSL_FLAG(double, batch_timeout_s, 240, "how long one Next() may wait");
+ABSL_FLAG(bool, hold_previous, false, "keep each batch until the next one is in hand");
 
 namespace {
 
@@ -57,6 +62,9 @@ int main(int argc, char** argv) {
   o.batch_timeout = absl::Seconds(absl::GetFlag(FLAGS_batch_timeout_s));
   auto client = tutti::Client::Connect(o);
   if (!client.ok()) return Fail(rank, "connect", client.status());
+  std::printf("rank %d connected\n", rank);
+  std::fflush(stdout);
+  std::optional<tutti::Batch> previous;
   for (int64_t step = o.start_step; step < absl::GetFlag(FLAGS_end_step); ++step) {
     absl::StatusOr<tutti::Batch> batch = (*client)->Next();
     if (!batch.ok()) return Fail(rank, "next", batch.status());
@@ -81,9 +89,20 @@ int main(int argc, char** argv) {
       std::printf("rank %d held step %lld for %.0f s: still held, bytes unchanged\n", rank,
                   static_cast<long long>(step), absl::GetFlag(FLAGS_slow_seconds));
     }
-    if (absl::Status s = batch->Release(); !s.ok()) return Fail(rank, "release", s);
+    if (previous) {
+      if (absl::Status s = previous->Release(); !s.ok()) return Fail(rank, "release", s);
+      previous.reset();
+    }
+    if (absl::GetFlag(FLAGS_hold_previous)) {
+      previous = *std::move(batch);
+    } else if (absl::Status s = batch->Release(); !s.ok()) {
+      return Fail(rank, "release", s);
+    }
     std::printf("rank %d step %lld ok\n", rank, static_cast<long long>(step));
     std::fflush(stdout);
+  }
+  if (previous) {
+    if (absl::Status s = previous->Release(); !s.ok()) return Fail(rank, "release", s);
   }
   std::printf("rank %d done\n", rank);
   return 0;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -168,6 +169,23 @@ TEST_F(PackerDaemonTest, ServesPlansMetricsAndStopsCleanly) {
         "tutti_packer_index_samples 3000"}) {
     EXPECT_NE(metrics.find(name), std::string::npos) << name << "\n" << metrics;
   }
+  // The index is mapped (its file's bytes) and allocated next to nothing per
+  // sample; the job built over it is reported beside it, and both are logged.
+  const uint64_t file_bytes = std::filesystem::file_size(*dir_ + "/index.idx");
+  auto MetricValue = [](const std::string& text, const std::string& name) -> std::optional<double> {
+    const size_t at = text.find("\n" + name + " ");
+    if (at == std::string::npos) return std::nullopt;
+    return std::stod(text.substr(at + name.size() + 2));
+  };
+  EXPECT_EQ(MetricValue(metrics, "tutti_packer_index_bytes{memory=\"mapped\"}"),
+            static_cast<double>(file_bytes));
+  EXPECT_LT(MetricValue(metrics, "tutti_packer_index_bytes{memory=\"heap\"}").value_or(1e9), 3000);
+  EXPECT_NEAR(
+      MetricValue(metrics, "tutti_packer_memory_per_sample_bytes{memory=\"mapped\"}").value_or(0),
+      file_bytes / 3000.0, 0.01);
+  EXPECT_TRUE(MetricValue(metrics, "tutti_packer_job_heap_bytes").has_value());
+  EXPECT_NE(d.err().find("index loaded"), std::string::npos) << d.err();
+  EXPECT_NE(d.err().find("mapped_bytes_per_sample="), std::string::npos) << d.err();
 
   // The banner follows the port file (the daemon prints it once serving), so
   // on a busy machine it may come a moment after the port file.

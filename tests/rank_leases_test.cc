@@ -7,9 +7,12 @@
 //   both carry on past where the window used to stall;
 // - a rank dies holding a batch and never comes back: the other carries on
 //   once the dead rank's lease lapses, while a slow but live rank that holds
-//   a batch for three leases keeps it.
+//   a batch for three leases keeps it;
+// - ranks come back to a fresh stager at steps a few apart, in either order
+//   (a stager restarted under a running job): all are served.
 #include <signal.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,13 +29,14 @@ namespace {
 
 class RankLeases : public ::testing::Test {
  protected:
-  void StartCluster(const std::string& name, std::vector<std::string> stager_flags) {
+  void StartCluster(const std::string& name, std::vector<std::string> stager_flags,
+                    int epochs = 4) {
     dir_ = MakeTempDir(name);
     ASSERT_TRUE(GenerateDataset(dir_ + "/ds").ok());
     ASSERT_TRUE(BuildIndex(dir_ + "/ds", dir_ + "/index.tutti").ok());
     stager_flags.push_back("--decode_threads=1");
     auto cluster = Cluster::Start({.dir = dir_,
-                                   .job_config = JobConfigText(dir_ + "/index.tutti", 4),
+                                   .job_config = JobConfigText(dir_ + "/index.tutti", epochs),
                                    .source = dir_ + "/ds",
                                    .nodes = 1,
                                    .stager_flags = stager_flags});
@@ -157,6 +161,35 @@ TEST_F(RankLeases, ADeadRankIsGivenUpAfterItsLeaseAndASlowLiveOneKeepsItsBatch) 
   }
   EXPECT_EQ(named, 1) << Tail(log, 40);
   EXPECT_EQ(rank0, 0) << Tail(log, 40);
+}
+
+// On a fresh stager (the window at step 0), rank 0 asks for step `a` and,
+// a second later, rank 1 for step `b`: ranks coming back after the stager
+// restarted under a running job, each keeping its batch until it has the
+// next. Both run on to the same step.
+TEST_F(RankLeases, RanksComingBackAtDifferentStepsAreAllServedInEitherOrder) {
+  StartCluster("rank_skew", {}, /*epochs=*/0);  // open-ended: any step exists
+  int n = 0;
+  // The window is 4 steps (--window): ranks up to 3 apart, in either order.
+  for (auto [a, b] : {std::pair<int64_t, int64_t>{20, 19}, {40, 41}, {60, 57}, {80, 83}}) {
+    SCOPED_TRACE(absl::StrCat("rank 0 at step ", a, ", then rank 1 at step ", b));
+    const int64_t end = std::max(a, b) + 6;
+    auto flags = [&](int64_t start) {
+      return std::vector<std::string>{absl::StrCat("--start_step=", start),
+                                      absl::StrCat("--end_step=", end), "--hold_previous",
+                                      "--batch_timeout_s=60"};
+    };
+    const std::string tag = absl::StrCat("skew", n++);
+    Process* r0 = Rank(0, tag, flags(a));
+    ASSERT_TRUE(r0 && Says(r0, "rank 0 connected")) << (r0 ? Tail(r0->log()) : "");
+    absl::SleepFor(absl::Seconds(1));
+    Process* r1 = Rank(1, tag, flags(b));
+    ASSERT_TRUE(r1);
+    ExpectDone(r0, 0);
+    ExpectDone(r1, 1);
+    EXPECT_TRUE(absl::StrContains(r1->log(), absl::StrCat("rank 1 step ", end - 1, " ok")))
+        << Tail(r1->log());
+  }
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // `tutti stage` as a user runs it before a job: warms a cache directory with
 // the index's shards (every byte equal to the source), keeps what is cached,
-// names a shard whose bytes do not match the index, refuses a cache a
-// running daemon holds, and explains bad options.
-#include <sys/file.h>
+// names a shard whose bytes do not match the index, gives up on a shard
+// whose source stops answering (naming it, reporting progress meanwhile)
+// and finishes, refuses a cache a running daemon holds, and explains bad
+// options.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_support.h"
+#include "tests/mounts.h"
 
 namespace tutti::e2e {
 namespace {
@@ -98,6 +102,56 @@ TEST_F(StageCommand, AShardThatDoesNotMatchTheIndexIsNamedAndNotCached) {
   }
   EXPECT_THAT(r.output, HasSubstr(absl::StrCat("staged ", shards_.size() - 1, " of ",
                                                shards_.size())));
+}
+
+// One shard on a source that stops answering (tutti-slowfs stalling every
+// read of it), with the queue no deeper than the stalled shard could fill
+// before: the other shards are staged at once, progress lines name the
+// stalled shard while it is waited on, and once its reads time out the
+// command finishes, exit 1, naming it. With io_uring and with pread.
+TEST_F(StageCommand, AStalledShardIsGivenUpNamedAndTheRestStaged) {
+#ifndef TUTTI_SLOWFS_BINARY
+  GTEST_SKIP() << "built without tutti-slowfs (FUSE)";
+#else
+  if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/fuse is not available";
+  const std::string stalled = shards_[1];
+  for (const char* backend : {"uring", "pread"}) {
+    SCOPED_TRACE(backend);
+    const std::string mnt = dir_ + "/mnt-" + backend;
+    fs::create_directories(mnt);
+    auto fuse = Process::Start(
+        {TUTTI_SLOWFS_BINARY, dir_ + "/ds", mnt, "--latency_ms=1", "--stall=" + stalled},
+        dir_ + "/slowfs-" + backend + ".log");
+    ASSERT_TRUE(fuse.ok()) << fuse.status();
+    for (int i = 0; i < 250 && !mounts::Mounted(mnt) && (*fuse)->Running(); ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (!mounts::Mounted(mnt)) GTEST_SKIP() << "could not mount tutti-slowfs: " << (*fuse)->log();
+    const std::string cache = dir_ + "/cache-" + backend;
+    RunResult r = RunCommand(
+        {TuttiCli(), "stage", "--index=" + dir_ + "/index.tutti", "--source=" + mnt,
+         "--cache=" + cache, "--queue-depth=4", "--block-size=64K", "--staging-timeout-ms=4000",
+         "--progress-s=1", std::string("--io-backend=") + backend},
+        absl::Seconds(60));
+    EXPECT_FALSE(r.timed_out) << r.output;
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_LT(r.seconds, 30) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("waiting on " + stalled));
+    EXPECT_THAT(r.output,
+                HasSubstr("tutti stage: shard " + stalled + ": the source did not answer"));
+    EXPECT_THAT(r.output,
+                HasSubstr(absl::StrCat("staged ", shards_.size() - 1, " of ", shards_.size())));
+    EXPECT_THAT(r.output, HasSubstr("1 failed (named above): " + stalled + " not staged"));
+    for (const std::string& s : shards_) {
+      if (s != stalled) EXPECT_EQ(Slurp(cache + "/" + s), Slurp(dir_ + "/ds/" + s)) << s;
+    }
+    EXPECT_FALSE(fs::exists(cache + "/" + stalled));
+    (*fuse)->Signal(SIGTERM);  // unmounts (stalled reads fail with EIO)
+    if (!(*fuse)->Wait(absl::Seconds(20)).has_value()) {
+      RunCommand({"fusermount3", "-u", "-z", mnt}, absl::Seconds(10));
+    }
+  }
+#endif
 }
 
 TEST_F(StageCommand, RefusesACacheADaemonHoldsAndExplainsBadOptions) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/grpc_status.h"
+#include "common/rpc_security.h"
 #include "common/shm.h"
 #include "gtest/gtest.h"
 #include "services/stager/stager_server.h"
@@ -137,24 +138,44 @@ std::unique_ptr<v1::Stager::Stub> Client(int port) {
   return v1::Stager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(port)));
 }
 
+// A rank's process as the stager issued it (none: a client that names none).
+struct Process {
+  uint64_t incarnation = 0;
+  std::string key;
+};
+
+// A new process of `rank` registers, saying which rank it is.
+Process Register(int port, uint32_t rank) {
+  auto stub = v1::Stager::NewStub(
+      MakeSecureChannel("127.0.0.1:" + std::to_string(port), {}, ClientIdentity{rank, ""}));
+  grpc::ClientContext ctx;
+  v1::RegisterRankRequest req;
+  req.set_rank(rank);
+  v1::RegisterRankResponse resp;
+  grpc::Status s = stub->RegisterRank(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return Process{resp.incarnation(), resp.key()};
+}
+
 grpc::Status Acquire(v1::Stager::Stub& stub, uint64_t step, uint32_t rank, uint32_t timeout_ms,
-                     v1::BatchDescriptor* out, uint64_t incarnation = 0) {
+                     v1::BatchDescriptor* out, const Process& p = {}) {
   grpc::ClientContext ctx;
   v1::AcquireBatchRequest req;
   req.set_step(step);
   req.set_rank(rank);
   req.set_timeout_ms(timeout_ms);
-  req.set_incarnation(incarnation);
+  req.set_incarnation(p.incarnation);
+  req.set_key(p.key);
   return stub.AcquireBatch(&ctx, req, out);
 }
 
-grpc::Status Release(v1::Stager::Stub& stub, uint64_t step, uint32_t rank,
-                     uint64_t incarnation = 0) {
+grpc::Status Release(v1::Stager::Stub& stub, uint64_t step, uint32_t rank, const Process& p = {}) {
   grpc::ClientContext ctx;
   v1::ReleaseBatchRequest req;
   req.set_step(step);
   req.set_rank(rank);
-  req.set_incarnation(incarnation);
+  req.set_incarnation(p.incarnation);
+  req.set_key(p.key);
   v1::ReleaseBatchResponse resp;
   return stub.ReleaseBatch(&ctx, req, &resp);
 }
@@ -363,51 +384,58 @@ TEST(StagerDaemonTest, TwoDaemonsWithTheSameJobIdKeepTheirOwnSegments) {
 }
 
 // Rank processes that die holding a batch, over the daemon's gRPC service:
-// each process names itself with an incarnation and a dead one simply stops
-// calling. (1) Both ranks die holding step 3 and the job restarts from its
-// checkpoint at step 2, one rank after the other; (2) rank 0 alone dies
-// holding step 3 and comes back at step 4. The daemon is never restarted.
+// each process registers (the stager issues its incarnation and key) and a
+// dead one simply stops calling. (1) Both ranks die holding step 3 and the
+// job restarts from its checkpoint at step 2, one rank after the other; (2)
+// rank 0 alone dies holding step 3 and comes back at step 4. The daemon is
+// never restarted.
 TEST(StagerDaemonTest, RanksThatDieHoldingABatchAreServedAgainWhenTheyRestart) {
   Env env("incarnations", 40);
   env.StartPacker();
   StagerServer server(env.Options());
   ASSERT_TRUE(server.Start().ok());
-  auto stub = Client(server.grpc_port());
-  auto step_of = [&](uint64_t step, uint32_t rank, uint64_t incarnation, bool release) {
+  const int port = server.grpc_port();
+  auto stub = Client(port);
+  auto step_of = [&](uint64_t step, uint32_t rank, const Process& p, bool release) {
     v1::BatchDescriptor d;
-    grpc::Status s = Acquire(*stub, step, rank, 30000, &d, incarnation);
+    grpc::Status s = Acquire(*stub, step, rank, 30000, &d, p);
     EXPECT_TRUE(s.ok()) << "step " << step << " rank " << rank << ": " << s.error_message();
     EXPECT_EQ(d.step(), step);
     if (release && s.ok()) {
-      grpc::Status r = Release(*stub, step, rank, incarnation);
+      grpc::Status r = Release(*stub, step, rank, p);
       EXPECT_TRUE(r.ok()) << r.error_message();
     }
     return s.ok();
   };
+  const Process a[2] = {Register(port, 0), Register(port, 1)};
   for (uint64_t step = 0; step < 3; ++step) {
-    for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(step, rank, 0xA0 + rank, true));
+    for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(step, rank, a[rank], true));
   }
-  for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(3, rank, 0xA0 + rank, false));  // both die
+  for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(3, rank, a[rank], false));  // both die
 
-  // (1) Resumed at step 2: rank 0's new process starts first and waits while
-  // rank 1's dead one still holds step 3; rank 1's new process reclaims it.
+  // (1) Resumed at step 2: rank 0's new process asks first, while rank 1's
+  // dead one still holds step 3; then rank 1's new process registers.
+  const Process b0 = Register(port, 0);
   v1::BatchDescriptor first;
   grpc::Status first_status;
-  std::thread rank0([&] { first_status = Acquire(*stub, 2, 0, 30000, &first, 0xB0); });
+  std::thread rank0([&] { first_status = Acquire(*stub, 2, 0, 30000, &first, b0); });
   absl::SleepFor(absl::Milliseconds(200));
-  ASSERT_TRUE(step_of(2, 1, 0xB1, true));
+  const Process b1 = Register(port, 1);
+  ASSERT_TRUE(step_of(2, 1, b1, true));
   rank0.join();
   ASSERT_TRUE(first_status.ok()) << first_status.error_message();
   EXPECT_EQ(first.step(), 2u);
   // The dead processes' calls are refused, and cannot release what the new ones hold.
-  EXPECT_EQ(Release(*stub, 2, 0, 0xA0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  ASSERT_TRUE(Release(*stub, 2, 0, 0xB0).ok());
-  for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(3, rank, 0xB0 + rank, rank == 1));
+  EXPECT_EQ(Release(*stub, 2, 0, a[0]).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(Release(*stub, 2, 0, b0).ok());
+  const Process b[2] = {b0, b1};
+  for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(3, rank, b[rank], rank == 1));
 
   // (2) Rank 0 dies holding step 3 and restarts alone at step 4; both go on
   // well past where the window used to stall.
+  const Process c0 = Register(port, 0);
   for (uint64_t step = 4; step < 12; ++step) {
-    for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(step, rank, rank == 0 ? 0xC0 : 0xB1, true));
+    for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(step_of(step, rank, rank == 0 ? c0 : b1, true));
   }
   server.Shutdown();
 }

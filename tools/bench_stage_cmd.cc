@@ -2,8 +2,9 @@
 // write bandwidth and `cp -r` on the same disk (large shards, alternated in
 // rounds), against `cp -r` from a remote-file-system emulator (many small
 // files with a per-operation latency), and the prefetch window against a
-// stalled read (a consumer's wait per batch versus the sample deadline), each
-// measured in the same run.
+// stalled read (a consumer's wait per batch versus the sample deadline), and
+// the steps a job takes with one shard whose every read stalls versus with
+// none (io_uring and pread), each measured in the same run.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -29,6 +30,7 @@
 #include "services/stager/test_dataset.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/slowfs_mount.h"
 
 namespace {
 
@@ -138,59 +140,8 @@ double FioWrite(const std::string& dir, uint64_t bytes) {
   return bw > 0 ? static_cast<double>(bytes) / bw : -1;
 }
 
-std::string SlowfsBinary(const std::string& given) {
-  if (!given.empty()) return given;
-  const fs::path self = fs::read_symlink("/proc/self/exe");
-  for (auto p : {self.parent_path() / "slowfs" / "tutti-slowfs", self.parent_path() / "tutti-slowfs"}) {
-    if (fs::exists(p)) return p.string();
-  }
-  return "tutti-slowfs";
-}
-
-// tutti-slowfs over `src` on `mnt` for the lifetime of the object.
-class Emulator {
- public:
-  Emulator(const std::string& bin, const std::string& src, const std::string& mnt,
-           double latency_ms, std::vector<std::string> stalls = {})
-      : mnt_(mnt) {
-    // A mount left by an interrupted run ("transport endpoint is not connected") goes first.
-    Sh(absl::StrCat("fusermount3 -u -q '", mnt, "' 2>/dev/null || umount -l '", mnt, "' 2>/dev/null"));
-    std::error_code ec;
-    fs::create_directories(mnt, ec);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::vector<std::string> args = {"tutti-slowfs", src, mnt, absl::StrCat("--latency_ms=", latency_ms)};
-      for (const auto& s : stalls) args.push_back("--stall=" + s);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      std::freopen("/dev/null", "w", stdout);  // keep --json output clean
-      ::execv(bin.c_str(), argv.data());
-      ::_exit(127);
-    }
-    for (int i = 0; i < 200 && !mounted_; ++i) {
-      ::usleep(20000);
-      mounted_ = ShOut("grep -c ' " + mnt + " ' /proc/mounts").find('1') == 0;
-    }
-    if (!mounted_) {
-      std::fprintf(stderr, "tutti bench stage: could not mount %s with %s (no FUSE?)\n", mnt.c_str(),
-                   bin.c_str());
-    }
-  }
-  ~Emulator() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    Sh(absl::StrCat("fusermount3 -u -q '", mnt_, "' 2>/dev/null"));
-  }
-  bool ok() const { return mounted_; }
-
- private:
-  std::string mnt_;
-  pid_t pid_ = -1;
-  bool mounted_ = false;
-};
+using tutti::tools::SlowfsBinary;
+using Emulator = tutti::tools::SlowfsMount;
 
 struct Row {
   std::string name, unit, baseline_name;
@@ -304,6 +255,105 @@ bool Prefetch(const std::string& dir, const std::string& slowfs, const PrefetchO
   return true;
 }
 
+// Two ranks take `steps` steps as fast as the stager serves them from a
+// 4-shard dataset behind the emulator, once with shard 0's every read
+// stalling forever and once without; the row compares steps/s. Healthy
+// samples skipped (should be 0) and the stalled shard's are counted.
+struct StalledShardOptions {
+  uint32_t steps = 120;
+  int per_rank = 8;
+  uint32_t deadline_ms = 1000;
+  double latency_ms = 2;
+};
+
+bool StalledShard(const std::string& dir, const std::string& slowfs, bool uring,
+                  const StalledShardOptions& so, Row* row) {
+  namespace st = tutti::stager;
+  const std::string src = dir + "/src-stalled";
+  fs::remove_all(src);
+  auto data = st::testing::WriteDataset(
+      src, {.shards = 4, .samples_per_shard = 100, .width = 320, .height = 240});
+  const uint32_t ranks = 2;
+  tutti::v1::JobInfo job = st::testing::MakeJob(data, ranks, ranks);
+  job.mutable_config()->set_job_id(uring ? "bench-stalled-uring" : "bench-stalled-pread");
+  struct Run {
+    double seconds = 0, worst_ms = 0;
+    int lost = 0, healthy_skipped = 0, stalled_skipped = 0;
+    double stuck = 0, refusals = 0;
+  };
+  auto run = [&](bool stall, Run* out) {
+    const std::string mnt = dir + (stall ? "/mnt-stalled" : "/mnt-healthy");
+    std::vector<std::string> stalls;
+    if (stall) stalls.push_back(data.shards[0].name());
+    Emulator emu(SlowfsBinary(slowfs), src, mnt, so.latency_ms, stalls);
+    if (!emu.ok()) return false;
+    st::StagerOptions o;
+    o.io_backend = uring ? tutti::IoBackendChoice::kUring : tutti::IoBackendChoice::kPread;
+    o.cache_dir = absl::StrCat(dir, "/cache-stalled-", ::getpid());
+    fs::remove_all(o.cache_dir);
+    o.staging.source_dir = mnt;
+    o.staging.block_size = 64 << 10;  // a shard is more blocks than the queue is deep
+    o.sample_deadline_ms = so.deadline_ms;
+    o.window = 4;
+    o.stage_ahead = 8;
+    o.decode_threads = 2;
+    auto metrics = std::make_shared<st::StagerMetrics>(std::make_shared<prometheus::Registry>());
+    {
+      st::StagerCore core(o, metrics);
+      if (absl::Status s = core.Start(job); !s.ok()) {
+        std::fprintf(stderr, "stalled shard: %s\n", std::string(s.message()).c_str());
+        return false;
+      }
+      std::thread feeder([&] {
+        for (uint32_t s = 0; s < so.steps; ++s) {
+          if (!core.AddPlan(st::testing::MakePlan(data, job, s, {}, so.per_rank), 0).ok()) return;
+        }
+      });
+      const auto t0 = Clock::now();
+      for (uint32_t s = 0; s < so.steps; ++s) {
+        for (uint32_t r = 0; r < ranks; ++r) {
+          const auto w0 = Clock::now();
+          auto d = core.Acquire(s, r, 60000);
+          out->worst_ms = std::max(out->worst_ms, Since(w0) * 1e3);
+          if (!d.ok()) {
+            ++out->lost;
+            continue;
+          }
+          for (const auto& sk : d->skipped()) {
+            (data.samples[sk.sample_id()].shard() == 0 ? out->stalled_skipped
+                                                       : out->healthy_skipped)++;
+          }
+          (void)core.Release(s, r);
+        }
+      }
+      out->seconds = Since(t0);
+      out->stuck = metrics->IoStalledOperations("staging").Value() +
+                   metrics->IoStalledOperations("source").Value();
+      out->refusals = metrics->IoStalledRefusals("source").Value();
+      core.Stop();
+      feeder.join();
+    }
+    fs::remove_all(o.cache_dir);
+    return true;
+  };
+  Run healthy, stalled;
+  if (!run(false, &healthy) || !run(true, &stalled)) return false;
+  row->name = uring ? "stalled_shard_steps_vs_none_uring" : "stalled_shard_steps_vs_none_pread";
+  row->unit = "steps/s";
+  row->baseline_name = "the same steps without the stall";
+  row->tutti = so.steps / std::max(1e-9, stalled.seconds);
+  row->baseline = so.steps / std::max(1e-9, healthy.seconds);
+  row->extra = absl::StrFormat(
+      ", \"steps\": %u, \"healthy_members_skipped\": %d, \"stalled_members_skipped\": %d, "
+      "\"lost_steps\": %d, "
+      "\"worst_wait_ms\": %.1f, \"worst_wait_ms_without\": %.1f, \"stuck_ops\": %.0f, "
+      "\"refused_reads\": %.0f, \"members_skipped_without\": %d",
+      so.steps, stalled.healthy_skipped, stalled.stalled_skipped, stalled.lost, stalled.worst_ms,
+      healthy.worst_ms, stalled.stuck, stalled.refusals,
+      healthy.healthy_skipped + healthy.stalled_skipped);
+  return true;
+}
+
 int RunBenchStage(int argc, char** argv) {
   tutti::tools::Cli cli(
       "tutti bench stage [--dir DIR] [--json] [--cases TEXT] [size options]",
@@ -312,8 +362,11 @@ int RunBenchStage(int argc, char** argv) {
       "mount adding latency to every open and read) versus cp -r from the same mount; and a "
       "consumer taking a batch every --interval_ms while one image in 1,000 stalls forever "
       "(prefetch_stall_wait_vs_deadline: tutti = sample deadline minus the worst wait per "
-      "batch, so a ratio above 0 means every batch came before the deadline). Baselines run in "
-      "the same invocation. Shards carry CRC-32C, so staging verifies every byte.");
+      "batch, so a ratio above 0 means every batch came before the deadline); and two ranks "
+      "taking --stalled_steps steps with one of four shards stalling every read versus none "
+      "(stalled_shard_steps_vs_none_uring / _pread: steps/s, healthy samples skipped). "
+      "Baselines run in the same invocation. Shards carry CRC-32C, so staging verifies every "
+      "byte.");
   std::string dir = "/var/tmp/tutti-bench-stage", slowfs, only;
   uint32_t large_files = 16, large_mb = 64, small_files = 10000, small_kb = 64, depth = 64;
   uint32_t max_files = 32, rounds = 5, small_depth = 128, small_in_flight = 128;
@@ -321,6 +374,7 @@ int RunBenchStage(int argc, char** argv) {
   double latency_ms = 2;
   bool json = false, skip_small = false;
   PrefetchOptions po;
+  StalledShardOptions so;
   cli.Flag("dir", &dir, "work directory on the disk under test (source, cache, copies)");
   cli.Flag("large_files", &large_files, "large shards");
   cli.Flag("large_mb", &large_mb, "MiB per large shard");
@@ -337,6 +391,7 @@ int RunBenchStage(int argc, char** argv) {
   cli.Flag("deadline_ms", &po.deadline_ms, "prefetch: per-sample read+decode deadline");
   cli.Flag("window", &po.window, "prefetch: steps of batches kept ready ahead");
   cli.Flag("verbose", &po.verbose, "prefetch: print every skipped sample");
+  cli.Flag("stalled_steps", &so.steps, "stalled shard: steps the two ranks take");
   cli.Flag("slowfs", &slowfs, "tutti-slowfs binary (default: next to this tool)");
   cli.Flag("skip_small", &skip_small, "skip the cases that need FUSE");
   cli.Flag("cases", &only, "run only cases whose name contains this text (empty = all)");
@@ -430,6 +485,18 @@ int RunBenchStage(int argc, char** argv) {
     po.latency_ms = latency_ms;
     Row row;
     if (Prefetch(dir, slowfs, po, &row)) rows.push_back(row);
+  }
+  for (const bool uring : {true, false}) {
+    const std::string name =
+        uring ? "stalled_shard_steps_vs_none_uring" : "stalled_shard_steps_vs_none_pread";
+    if (skip_small || !wanted(name)) continue;
+    if (uring && !tutti::ResolveIoBackend(tutti::IoBackendChoice::kUring).ok()) continue;
+    std::fprintf(stderr,
+                 "stalled shard (%s): %u steps with one of four shards stalled, then none ...\n",
+                 uring ? "io_uring" : "pread", so.steps);
+    so.latency_ms = latency_ms;
+    Row row;
+    if (StalledShard(dir, slowfs, uring, so, &row)) rows.push_back(row);
   }
   for (const auto& r : rows) {
     const double ratio = r.baseline > 0 ? r.tutti / r.baseline : 0;

@@ -16,6 +16,8 @@ It reads one request per line on stdin and answers one line on stdout:
   time full PATH HEIGHT WIDTH   the whole path; prints the CPU seconds it took
   time decode PATH              PIL's decode and RGB conversion only
   write PATH HEIGHT WIDTH OUT   writes pixel_values (float32, native order) to OUT; prints "ok"
+  resize PATH HEIGHT WIDTH OUT  writes the RGB bytes of PIL's Image.resize(..., BICUBIC) alone
+                                (HEIGHT rows of WIDTH x 3 bytes) to OUT; prints "ok"
 
 Files are read once and kept in memory, so a timing covers the work from the
 encoded bytes on. Options: --patch, --merge, --temporal, --mean R,G,B,
@@ -41,9 +43,12 @@ def decode(data):
     return np.array(image)
 
 
+def resize(rgb, height, width):
+    return np.array(Image.fromarray(rgb).resize((width, height), resample=Image.BICUBIC))
+
+
 def preprocess(data, height, width, opts):
-    rgb = decode(data)
-    resized = np.array(Image.fromarray(rgb).resize((width, height), resample=Image.BICUBIC))
+    resized = resize(decode(data), height, width)
     scaled = (resized.astype(np.float64) * (1 / 255)).astype(np.float32)
     mean = np.array(opts.mean, dtype=np.float32)
     std = np.array(opts.std, dtype=np.float32)
@@ -98,6 +103,10 @@ def main():
             elif words[0] == "write":
                 out = preprocess(load(words[1]), int(words[2]), int(words[3]), opts)
                 out.astype(np.float32).tofile(words[4])
+                print("ok", flush=True)
+            elif words[0] == "resize":
+                out = resize(decode(load(words[1])), int(words[2]), int(words[3]))
+                np.ascontiguousarray(out, dtype=np.uint8).tofile(words[4])
                 print("ok", flush=True)
             else:
                 print("error unknown request:", line.strip(), flush=True)

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_io.h"
+#include "common/uring_file.h"
 #include "services/packer/bench/synthetic.h"
 #include "services/packer/index/index.h"
 #include "services/packer/index/index_builder.h"
@@ -29,25 +30,25 @@ std::string Duration(double s) {
                    : absl::StrFormat("%d:%02d", t / 60, t % 60);
 }
 
-int WriteIndex(const std::string& out, const std::string& bytes, uint64_t samples) {
+// Creates the directory that will hold `out`; false (printed) when it cannot.
+bool MakeOutDir(const std::string& out) {
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::path(out).parent_path();
   if (!dir.empty() && !std::filesystem::exists(dir, ec) &&
       !std::filesystem::create_directories(dir, ec)) {
     std::fprintf(stderr, "tutti index: cannot create %s for the index: %s\n", dir.c_str(),
                  ec.message().c_str());
-    return 1;
+    return false;
   }
-  if (absl::Status s = WriteFileAtomically(out, bytes); !s.ok()) {
-    std::fprintf(stderr, "tutti index: cannot write %s: %s\n", out.c_str(),
-                 std::string(s.message()).c_str());
-    return 1;
-  }
+  return true;
+}
+
+void PrintWritten(const std::string& out, uint64_t samples) {
+  std::error_code ec;
+  const uint64_t bytes = std::filesystem::file_size(out, ec);
   std::printf("wrote %s: %llu samples, %llu bytes (%.1f bytes/sample)\n", out.c_str(),
-              static_cast<unsigned long long>(samples),
-              static_cast<unsigned long long>(bytes.size()),
-              samples ? double(bytes.size()) / samples : 0.0);
-  return 0;
+              static_cast<unsigned long long>(samples), static_cast<unsigned long long>(bytes),
+              samples ? double(bytes) / samples : 0.0);
 }
 
 // What the build found: shards and samples indexed, what was skipped and
@@ -55,15 +56,16 @@ int WriteIndex(const std::string& out, const std::string& bytes, uint64_t sample
 void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
   const double s = std::max(1e-6, seconds);
   if (built) {
-    std::fprintf(stderr,
-                 "indexed %u of %u shards in %.1f s (%.1f MB/s): %llu samples (%llu text-only, %llu "
-                 "vision-language; %llu images, %llu audio clips)\n",
-                 report.shards_indexed, report.shards_total, s, report.bytes / s / 1e6,
-                 static_cast<unsigned long long>(report.samples),
-                 static_cast<unsigned long long>(report.text_samples),
-                 static_cast<unsigned long long>(report.vl_samples),
-                 static_cast<unsigned long long>(report.images),
-                 static_cast<unsigned long long>(report.audio));
+    std::fprintf(
+        stderr,
+        "indexed %u of %u shards in %.1f s (%.1f MB/s read): %llu samples (%llu text-only, %llu "
+        "vision-language; %llu images, %llu audio clips)\n",
+        report.shards_indexed, report.shards_total, s, report.bytes_read / s / 1e6,
+        static_cast<unsigned long long>(report.samples),
+        static_cast<unsigned long long>(report.text_samples),
+        static_cast<unsigned long long>(report.vl_samples),
+        static_cast<unsigned long long>(report.images),
+        static_cast<unsigned long long>(report.audio));
   }
   if (!report.skipped.empty()) {
     uint64_t total = 0;
@@ -96,20 +98,78 @@ int RunSynthetic(const std::string& out, uint64_t n, uint64_t seed) {
   o.samples = n;
   o.seed = seed;
   const auto t0 = std::chrono::steady_clock::now();
-  auto bytes = packer::MakeSyntheticIndex(o);
-  if (!bytes.ok()) {
-    std::fprintf(stderr, "tutti index: %s\n", std::string(bytes.status().message()).c_str());
+  if (!MakeOutDir(out)) return 1;
+  if (absl::Status s = packer::WriteSyntheticIndex(o, out); !s.ok()) {
+    std::fprintf(stderr, "tutti index: %s\n", std::string(s.message()).c_str());
     return 1;
   }
   std::fprintf(stderr, "generated %llu synthetic samples in %.1f s\n",
                static_cast<unsigned long long>(n), SecondsSince(t0));
-  return WriteIndex(out, *bytes, n);
+  PrintWritten(out, n);
+  return 0;
+}
+
+// The progress line: on a terminal rewritten in place five times a second,
+// elsewhere (a log) a line every 10 seconds.
+class ProgressLine {
+ public:
+  ProgressLine() : tty_(isatty(STDERR_FILENO)), t0_(std::chrono::steady_clock::now()), last_(t0_) {}
+  void operator()(const IndexBuildProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    if (first_) {
+      first_ = false;
+      base_samples_ = p.samples;  // reused from the previous index, not read now
+    }
+    const bool end = p.shards_done >= p.shards_total;
+    if (std::chrono::duration<double>(now - last_).count() < (tty_ ? 0.2 : 10.0) && !end) return;
+    if (!tty_ && end) return;  // the summary follows
+    last_ = now;
+    const double s = std::max(1e-6, SecondsSince(t0_));
+    const double bytes_rate = p.bytes_done / s;
+    const double eta =
+        bytes_rate > 0 ? (p.bytes_total - std::min(p.bytes_total, p.bytes_done)) / bytes_rate : 0;
+    std::fprintf(stderr, "%s[%u/%u shards] %llu samples  %.0f samples/s  %.1f MB/s  ETA %s%s",
+                 tty_ ? "\r" : "", p.shards_done, p.shards_total,
+                 static_cast<unsigned long long>(p.samples), (p.samples - base_samples_) / s,
+                 bytes_rate / 1e6, Duration(eta).c_str(), tty_ ? "   " : "\n");
+    std::fflush(stderr);
+    printed_ = true;
+  }
+  // Ends the line on a terminal.
+  void Finish() {
+    if (tty_ && printed_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  const bool tty_;
+  const std::chrono::steady_clock::time_point t0_;
+  std::chrono::steady_clock::time_point last_;
+  bool first_ = true;
+  bool printed_ = false;
+  uint64_t base_samples_ = 0;
+};
+
+// The previous index at `out` for an incremental build (null: none, or
+// one that cannot be read, said why on stderr).
+std::shared_ptr<const packer::Index> Previous(const std::string& out, bool append) {
+  std::error_code ec;
+  if (!std::filesystem::exists(out, ec)) return nullptr;
+  auto prev = packer::LoadIndex(out);
+  if (!prev.ok()) {
+    if (!append) {
+      std::fprintf(stderr, "not reusing %s (%s): reading every shard\n", out.c_str(),
+                   std::string(prev.status().message()).c_str());
+    }
+    return nullptr;
+  }
+  return *prev;
 }
 
 int RunIndex(int argc, char** argv) {
   IndexBuildOptions o;
-  std::string out;
-  uint64_t synthetic = 0, synthetic_seed = 1;
+  std::string out, reader = "readahead", io_backend = "auto";
+  uint64_t synthetic = 0, synthetic_seed = 1, read_kb = o.read_bytes >> 10;
+  bool full = false;
   Cli cli(
       "tutti index --source DIR --out FILE [options]",
       "Builds the packer's index from the WebDataset .tar shards under DIR (searched\n"
@@ -117,14 +177,34 @@ int RunIndex(int argc, char** argv) {
       "audio durations from WAV headers, text token counts from the length of input_ids in\n"
       "k.json (or its num_tokens/token_count field, or its \"text\" length / bytes-per-token),\n"
       "or for k.txt from its byte length / bytes-per-token. Every shard is recorded with its\n"
-      "size and crc32c. Corrupt samples are skipped and counted by reason (a member name that\n"
-      "is not UTF-8, input_ids that are not token ids, unreadable or oversized images), links\n"
-      "inside a shard are counted and not followed; a truncated, corrupt, empty or\n"
-      "non-UTF-8-named shard is left out and reported (or fails the command with\n"
-      "--noskip-bad-shards). --out's directory is created if missing.");
+      "size, modification time and crc32c, every member with its crc32c. Corrupt samples are\n"
+      "skipped and counted by reason (a member name that is not UTF-8, input_ids that are not\n"
+      "token ids, unreadable or oversized images), links inside a shard are counted and not\n"
+      "followed; a truncated, corrupt, empty or non-UTF-8-named shard is left out and reported\n"
+      "(or fails the command with --noskip-bad-shards). --out's directory is created if\n"
+      "missing.\n"
+      "Shards are read --threads at a time, each front to back in --read-kb reads with\n"
+      "--io-depth of them in flight (io_uring where the kernel allows it), so a network file\n"
+      "system's latency is paid per read, not per tar header. When --out already holds an index\n"
+      "of DIR built with the same options, only shards that are new or changed (size or\n"
+      "modification time) are read, and what it recorded of the others is reused: the result\n"
+      "is the same file a full build writes. --append also refuses any change that would\n"
+      "renumber the indexed samples (a changed or removed shard, a new one sorting among them).");
   cli.Flag("source", &o.source_dir, "directory holding the .tar shards");
   cli.Flag("out", &out, "index file to write (replaced atomically)");
-  cli.Flag("threads", &o.threads, "shards read in parallel");
+  cli.Flag("threads", &o.threads, "shards read at once");
+  cli.Flag("io-depth", &o.io_depth, "reads in flight per shard");
+  cli.Flag("read-kb", &read_kb, "KiB per read (a multiple of 4)");
+  cli.Flag("io-backend", &io_backend,
+           "auto (io_uring where the kernel allows it), uring, or pread (a thread pool)");
+  cli.Flag("reader", &reader,
+           "readahead (each shard front to back, --io-depth reads in flight), or per-header "
+           "(every header read where it lies, one read at a time, then the shard again for its "
+           "checksums: the baseline of `tutti bench index`)");
+  cli.Flag("full", &full, "read every shard, even when --out holds an index to reuse");
+  cli.Flag("append", &o.append,
+           "add the new shards to the index at --out; fail if an indexed shard changed or went, "
+           "or a new one sorts before an indexed one (sample ids would change)");
   cli.Flag("skip-bad-shards", &o.skip_bad_shards,
            "leave out truncated/corrupt shards and report them (--noskip-bad-shards: fail)");
   cli.Flag("bytes-per-token", &o.bytes_per_token,
@@ -154,40 +234,64 @@ int RunIndex(int argc, char** argv) {
                  "1\n");
     return 2;
   }
+  if (o.threads == 0 || o.io_depth == 0 || read_kb == 0 || read_kb % 4 != 0 ||
+      read_kb > (uint64_t{1} << 20)) {
+    std::fprintf(stderr,
+                 "tutti index: --threads and --io-depth must be at least 1, --read-kb a multiple "
+                 "of 4 from 4 to 1048576\n");
+    return 2;
+  }
+  o.read_bytes = read_kb << 10;
+  if (reader == "readahead" || reader == "per-header") {
+    o.reader =
+        reader == "readahead" ? packer::ShardReader::kReadAhead : packer::ShardReader::kPerHeader;
+  } else {
+    std::fprintf(stderr, "tutti index: --reader is readahead or per-header, not '%s'\n",
+                 reader.c_str());
+    return 2;
+  }
+  auto backend = ParseIoBackendChoice(io_backend);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "tutti index: --io-backend: %s\n",
+                 std::string(backend.status().message()).c_str());
+    return 2;
+  }
+  o.io_backend = *backend;
+  if (full && o.append) {
+    std::fprintf(stderr, "tutti index: --full reads every shard; --append reuses the index\n");
+    return 2;
+  }
   if (synthetic > 0) return RunSynthetic(out, synthetic, synthetic_seed);
   if (o.source_dir.empty()) {
     std::fprintf(stderr, "tutti index: --source DIR is required (see --help)\n");
     return 2;
   }
+  if (!MakeOutDir(out)) return 1;
+  if (!full) o.previous = Previous(out, o.append);
 
-  const bool tty = isatty(STDERR_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
-  auto last = t0;
-  auto progress = [&](const IndexBuildProgress& p) {
-    const auto now = std::chrono::steady_clock::now();
-    if (!tty || (std::chrono::duration<double>(now - last).count() < 0.2 &&
-                 p.shards_done < p.shards_total)) {
-      return;
-    }
-    last = now;
-    const double s = std::max(1e-6, SecondsSince(t0));
-    const double rate = p.bytes_done / s;
-    const double eta =
-        rate > 0 ? (p.bytes_total - std::min(p.bytes_total, p.bytes_done)) / rate : 0;
-    std::fprintf(stderr, "\r[%u/%u shards] %llu samples  %.1f MB/s  ETA %s   ", p.shards_done,
-                 p.shards_total, static_cast<unsigned long long>(p.samples), rate / 1e6,
-                 Duration(eta).c_str());
-    std::fflush(stderr);
-  };
+  ProgressLine line;
   IndexBuildReport report;
-  auto bytes = packer::BuildIndex(o, &report, progress);
-  if (tty) std::fprintf(stderr, "\n");
-  PrintReport(report, bytes.ok(), SecondsSince(t0));
-  if (!bytes.ok()) {
-    std::fprintf(stderr, "tutti index: %s\n", std::string(bytes.status().message()).c_str());
+  absl::Status built =
+      packer::BuildIndexFile(o, out, &report, [&line](const IndexBuildProgress& p) { line(p); });
+  line.Finish();
+  o.previous.reset();  // unmapped: the new file replaced it
+  if (!report.not_incremental.empty()) {
+    std::fprintf(stderr, "not reusing %s (%s): reading every shard\n", out.c_str(),
+                 report.not_incremental.c_str());
+  } else if (report.shards_reused > 0 || report.shards_removed > 0) {
+    std::fprintf(stderr,
+                 "reused %u unchanged shards from %s, read %u new or changed, dropped %u "
+                 "removed\n",
+                 report.shards_reused, out.c_str(), report.shards_read, report.shards_removed);
+  }
+  PrintReport(report, built.ok(), SecondsSince(t0));
+  if (!built.ok()) {
+    std::fprintf(stderr, "tutti index: %s\n", std::string(built.message()).c_str());
     return 1;
   }
-  return WriteIndex(out, *bytes, report.samples);
+  PrintWritten(out, report.samples);
+  return 0;
 }
 
 }  // namespace

@@ -418,7 +418,7 @@ class PyClient {
   PyClient(std::optional<std::string> stager, std::optional<std::string> packer,
            std::optional<int> rank, std::optional<int> world_size,
            std::optional<int64_t> start_step, double connect_timeout, double batch_timeout,
-           double join_timeout) {
+           double join_timeout, const py::object& progress, double progress_interval) {
     ClientOptions o;
     if (stager) o.stager_address = *stager;
     if (packer) o.packer_address = *packer;
@@ -428,6 +428,23 @@ class PyClient {
     o.connect_timeout = absl::Seconds(connect_timeout);
     o.batch_timeout = absl::Seconds(batch_timeout);
     o.copy_on_write = true;  // writable views (torch tensors) without touching the segment
+    if (!progress.is_none()) {
+      // Called on the waiting thread, which holds no GIL; the callable is
+      // dropped with the GIL held wherever the last copy of the options goes.
+      std::shared_ptr<py::object> fn(new py::object(progress), [](py::object* f) {
+        py::gil_scoped_acquire gil;
+        delete f;
+      });
+      o.progress_interval = absl::Seconds(progress_interval);
+      o.progress = [fn](const WaitProgress& p) {
+        py::gil_scoped_acquire gil;
+        try {
+          (*fn)(p.step, p.waited_seconds, p.waiting_for);
+        } catch (py::error_already_set& e) {
+          e.discard_as_unraisable("tutti.Client progress callback");
+        }
+      };
+    }
     join_timeout_ = join_timeout;
     absl::StatusOr<std::unique_ptr<Client>> c;
     {
@@ -745,11 +762,17 @@ PYBIND11_MODULE(_tutti, m) {
       "tutti-packerd. Unset arguments come from TUTTI_STAGER, TUTTI_PACKER,\n"
       "TUTTI_RANK (or OMPI_COMM_WORLD_RANK, ...), TUTTI_WORLD_SIZE, TUTTI_START_STEP.")
       .def(py::init<std::optional<std::string>, std::optional<std::string>, std::optional<int>,
-                    std::optional<int>, std::optional<int64_t>, double, double, double>(),
+                    std::optional<int>, std::optional<int64_t>, double, double, double,
+                    const py::object&, double>(),
            py::arg("stager") = py::none(), py::arg("packer") = py::none(),
            py::arg("rank") = py::none(), py::arg("world_size") = py::none(),
            py::arg("start_step") = py::none(), py::arg("connect_timeout") = 60.0,
-           py::arg("batch_timeout") = 600.0, py::arg("join_timeout") = 600.0)
+           py::arg("batch_timeout") = 600.0, py::arg("join_timeout") = 600.0,
+           py::arg("progress") = py::none(), py::arg("progress_interval") = 10.0,
+           "progress: called as progress(step, waited_seconds, waiting_for) every\n"
+           "progress_interval seconds while connecting (step -1) or next() waits, the first\n"
+           "time one interval in (a quick call reports nothing); waiting_for says what the\n"
+           "batch still waits for, as the stager tells it, or which daemon does not answer.")
       .def("next", &PyClient::next,
            "the next step's batch (waits; raises OutOfRangeError at the end)")
       .def("__iter__", [](py::object self) { return self; })

@@ -1,6 +1,10 @@
 #include "services/packer/load_job.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/heap_usage.h"
 #include "common/job_config.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -22,9 +26,11 @@ const char* UnservableFix(const std::string& why) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
-    const std::string& config_path, const std::string& index_override, const JobOptions& options,
-    const std::function<void(v1::JobConfig*)>& edit) {
+absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
+                                                   const std::string& index_override,
+                                                   const JobOptions& options,
+                                                   const std::function<void(v1::JobConfig*)>& edit,
+                                                   LoadJobStats* stats) {
   if (config_path.empty()) {
     return absl::InvalidArgumentError(
         "no job config given; pass --config FILE (a text tutti.v1.JobConfig, see "
@@ -41,6 +47,9 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
                      " has no index_path and no --index was given; build an "
                      "index with `tutti index --source DIR --out FILE` and pass --index FILE"));
   }
+  LoadJobStats local;
+  LoadJobStats& st = stats ? *stats : local;
+  auto t0 = absl::Now();
   std::vector<std::shared_ptr<const Index>> indexes;
   for (const std::string& path : paths) {
     ASSIGN_OR_RETURN(std::shared_ptr<const Index> one, LoadIndex(path));
@@ -48,14 +57,25 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
   }
   std::shared_ptr<const Index> index = indexes[0];
   if (indexes.size() > 1) {
-    // A mixture over several index files plans from them combined.
+    // A mixture over several index files plans from them combined (on the
+    // heap: the files' mappings are released once the combined copy exists).
     ASSIGN_OR_RETURN(index, CombineIndexes(indexes, paths));
     kLog.Info("combined the mixture's index files", {{"files", indexes.size()},
                                                      {"samples", index->num_samples()},
                                                      {"source_dir", index->source_dir()}});
   }
+  indexes.clear();
+  st.index_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  st.samples = index->num_samples();
+  st.index_mapped_bytes = index->mapped_bytes();
+  st.index_heap_bytes = index->heap_bytes();
+  const uint64_t heap0 = HeapInUseBytes();
+  t0 = absl::Now();
   auto job = Job::Create(std::move(config), std::move(index), options);
   if (!job.ok()) return Annotate(job.status(), absl::StrCat("job config ", config_path));
+  st.job_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  const uint64_t heap1 = HeapInUseBytes();
+  st.job_heap_bytes = heap1 > heap0 ? heap1 - heap0 : 0;
   for (const auto& [why, n] : (*job)->unservable()) {
     kLog.Warning("samples left out of the plans: the stager would refuse them",
                  {{"reason", why},

@@ -12,13 +12,27 @@
 
 namespace tutti::packer {
 
+// What loading took: time, and memory (the index's mapped file and heap,
+// and the heap the job built over it took, measured as the allocator's
+// growth while it was built).
+struct LoadJobStats {
+  double index_seconds = 0;
+  double job_seconds = 0;
+  uint64_t samples = 0;
+  uint64_t index_mapped_bytes = 0;
+  uint64_t index_heap_bytes = 0;
+  uint64_t job_heap_bytes = 0;
+};
+
 // Reads a text JobConfig, applies defaults, replaces index_path with
 // `index_override` when that is not empty, loads the index and creates the
 // job. Errors name the file and the fix. `edit`, when given, changes the
 // config before the defaults are applied (e.g. `tutti plan --world-size`).
+// `stats` (may be null) receives the time and memory loading took.
 absl::StatusOr<std::shared_ptr<const Job>> LoadJob(
     const std::string& config_path, const std::string& index_override,
-    const JobOptions& options = {}, const std::function<void(v1::JobConfig*)>& edit = nullptr);
+    const JobOptions& options = {}, const std::function<void(v1::JobConfig*)>& edit = nullptr,
+    LoadJobStats* stats = nullptr);
 
 }  // namespace tutti::packer
 

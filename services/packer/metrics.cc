@@ -1,5 +1,7 @@
 #include "services/packer/metrics.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "common/metrics_server.h"
 
@@ -148,6 +150,21 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                         .Help("Samples in the loaded index")
                         .Register(r)
                         .Add({})),
+      index_bytes_family(BuildGauge()
+                             .Name("tutti_packer_index_bytes")
+                             .Help("The loaded index: its file mapped (page-cache pages) and what "
+                                   "loading it allocated on the heap")
+                             .Register(r)),
+      per_sample_family(BuildGauge()
+                            .Name("tutti_packer_memory_per_sample_bytes")
+                            .Help("Mapped index bytes, and heap bytes of the index and the job "
+                                  "built at load, per sample of the index")
+                            .Register(r)),
+      job_heap_bytes(BuildGauge()
+                         .Name("tutti_packer_job_heap_bytes")
+                         .Help("Heap the packer allocated building the job over the index")
+                         .Register(r)
+                         .Add({})),
       unplanned_family(BuildGauge()
                            .Name("tutti_packer_unplanned_samples")
                            .Help("Samples of the index left out of every plan because the stager "
@@ -205,6 +222,16 @@ void PackerMetrics::SourcesPlanned(uint64_t step, const std::vector<uint32_t>& s
   for (size_t i = 0; i < epochs.size() && i < source_epochs_.size(); ++i) {
     source_epochs_[i]->Set(epochs[i]);
   }
+}
+
+void PackerMetrics::SetMemory(uint64_t samples, uint64_t index_mapped, uint64_t index_heap,
+                              uint64_t job_heap) {
+  index_bytes_family.Add({{"memory", "mapped"}}).Set(static_cast<double>(index_mapped));
+  index_bytes_family.Add({{"memory", "heap"}}).Set(static_cast<double>(index_heap));
+  job_heap_bytes.Set(static_cast<double>(job_heap));
+  const double n = static_cast<double>(std::max<uint64_t>(samples, 1));
+  per_sample_family.Add({{"memory", "mapped"}}).Set(index_mapped / n);
+  per_sample_family.Add({{"memory", "heap"}}).Set((index_heap + job_heap) / n);
 }
 
 void PackerMetrics::SetUnplanned(const std::map<std::string, uint64_t>& by_reason) {

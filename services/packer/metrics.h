@@ -106,6 +106,16 @@ struct PackerMetrics {
   prometheus::Counter& rearrangement_ilp_fast_kept;
   // tutti_packer_index_samples: samples in the loaded index.
   prometheus::Gauge& index_samples;
+  // tutti_packer_index_bytes{memory}: the loaded index's file, mapped
+  // ("mapped": page-cache pages, shared and evictable), and what loading it
+  // allocated ("heap"); tutti_packer_job_heap_bytes: what building the job
+  // over it allocated (per-image grids per curriculum stage, filtered
+  // streams); tutti_packer_memory_per_sample_bytes{memory}: mapped, and
+  // heap (index + job), divided by the samples. SetMemory sets them all.
+  prometheus::Family<prometheus::Gauge>& index_bytes_family;
+  prometheus::Family<prometheus::Gauge>& per_sample_family;
+  prometheus::Gauge& job_heap_bytes;
+  void SetMemory(uint64_t samples, uint64_t index_mapped, uint64_t index_heap, uint64_t job_heap);
   // tutti_packer_unplanned_samples{reason}: samples of the index the stager
   // would refuse, left out of every plan at load (Job::unservable):
   // image_too_large, too_many_images, no_token_ids.

@@ -1,6 +1,9 @@
 #include "services/packer/packer_server.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "services/packer/load_job.h"
@@ -25,11 +28,27 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   Readiness& ready = host_->readiness();
   ready.Require(kIndex, "loading the job config and the index");
   ready.Require(kPlans, "the first plan is not computed yet");
-  ASSIGN_OR_RETURN(job_, LoadJob(options_.config_path, options_.index_path));
+  LoadJobStats loaded;
+  ASSIGN_OR_RETURN(job_, LoadJob(options_.config_path, options_.index_path, {}, nullptr, &loaded));
   ready.Set(kIndex, absl::OkStatus());
   if (stop.requested()) return absl::CancelledError("stopped while starting");
   metrics_ = std::make_unique<PackerMetrics>(*host_->registry());
   metrics_->index_samples.Set(job_->index().num_samples());
+  metrics_->SetMemory(loaded.samples, loaded.index_mapped_bytes, loaded.index_heap_bytes,
+                      loaded.job_heap_bytes);
+  const double n = static_cast<double>(std::max<uint64_t>(loaded.samples, 1));
+  kLog.Info("index loaded",
+            {{"path", job_->index().origin()},
+             {"samples", loaded.samples},
+             {"seconds", absl::StrFormat("%.3f", loaded.index_seconds)},
+             {"mapped_bytes", loaded.index_mapped_bytes},
+             {"heap_bytes", loaded.index_heap_bytes},
+             {"mapped_bytes_per_sample", absl::StrFormat("%.2f", loaded.index_mapped_bytes / n)},
+             {"heap_bytes_per_sample", absl::StrFormat("%.4f", loaded.index_heap_bytes / n)}});
+  kLog.Info("job built over the index",
+            {{"seconds", absl::StrFormat("%.3f", loaded.job_seconds)},
+             {"heap_bytes", loaded.job_heap_bytes},
+             {"heap_bytes_per_sample", absl::StrFormat("%.2f", loaded.job_heap_bytes / n)}});
   metrics_->SetUnplanned(job_->unservable());
   std::vector<std::string> sources;
   for (uint32_t i = 0; i < job_->num_sources(); ++i) sources.push_back(job_->source_name(i));
@@ -45,9 +64,8 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get(),
                                              options_.max_streams_per_client);
   GrpcServerOptions grpc_options;
-  RETURN_IF_ERROR(ApplyRpcGateOptions(gate_.get(), options_.listen,
-                                      [](const std::string& w) { kLog.Warning(w); },
-                                      &grpc_options));
+  RETURN_IF_ERROR(ApplyRpcGateOptions(
+      gate_.get(), options_.listen, [](const std::string& w) { kLog.Warning(w); }, &grpc_options));
   RETURN_IF_ERROR(
       host_->ServeGrpc(options_.listen, {service_.get()}, "tutti.v1.Packer", grpc_options));
   // Ready once the window has planned its first step (or says why it cannot).

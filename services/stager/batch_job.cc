@@ -89,6 +89,7 @@ void BatchJob::Fail(Item& item, const absl::Status& s) {
     absl::MutexLock l(&item.mu);
     item.reason = SkipReason(s);
     item.detail = std::string(s.message());
+    if (item.reason == "deadline") item.detail += DecodeBacklog();
   }
   item.state.store(kFailed);
   Settle();
@@ -279,24 +280,39 @@ void BatchJob::ReadAudio(size_t a) {
                     });
 }
 
+std::string BatchJob::DecodeBacklog() const {
+  const size_t queued = ctx_.pool ? ctx_.pool->queued() : 0;
+  if (queued == 0) return "";
+  return absl::StrCat(" (", queued, " image decodes were waiting for the ", ctx_.pool->size(),
+                      " decode threads then)");
+}
+
 void BatchJob::Expire() {
-  auto give_up = [&](std::vector<std::unique_ptr<Item>>& items) {
-    for (auto& it : items) {
-      int expect = kReading;
-      if (it->state.compare_exchange_strong(expect, kAbandoned)) {
-        {
-          absl::MutexLock l(&it->mu);
-          it->reason = "deadline";
-          it->detail = absl::StrCat("read did not finish within ",
-                                    absl::FormatDuration(ctx_.deadline));
-        }
-        Settle();
-      }
+  // The reader answers every read by the deadline; this is for one that
+  // never came back (the member reader's own thread held up).
+  auto give_up = [&](Item& it, const v1::ShardRef& shard, const v1::MemberRef& member) {
+    int expect = kReading;
+    if (!it.state.compare_exchange_strong(expect, kAbandoned)) return;
+    {
+      absl::MutexLock l(&it.mu);
+      it.reason = "deadline";
+      it.detail = absl::StrCat("shard ", shard.name(), " member ", member.name(),
+                               ": waiting for I/O: the member reader had not answered ",
+                               absl::FormatDuration(absl::Now() - started_),
+                               " after the batch started (its deadline: ",
+                               absl::FormatDuration(ctx_.deadline), ")", DecodeBacklog());
     }
+    Settle();
   };
-  give_up(images_);
-  give_up(docs_);
-  give_up(audio_);
+  for (size_t i = 0; i < images_.size(); ++i) {
+    give_up(*images_[i], layout_.images()[i].shard, layout_.images()[i].member);
+  }
+  for (size_t d = 0; d < docs_.size(); ++d) {
+    give_up(*docs_[d], layout_.docs()[d].shard, layout_.docs()[d].info->text());
+  }
+  for (size_t a = 0; a < audio_.size(); ++a) {
+    give_up(*audio_[a], layout_.audio()[a].shard, layout_.audio()[a].member);
+  }
 }
 
 void BatchJob::Settle() {

@@ -103,6 +103,9 @@ class BatchJob final : public WindowBatch, public std::enable_shared_from_this<B
   void ReadDoc(size_t d);
   void ReadAudio(size_t a);
   void Fail(Item& item, const absl::Status& s);
+  // " (N image decodes were waiting for the T decode threads then)", or ""
+  // when none waited: beside a deadline, whether the host was short of CPU.
+  std::string DecodeBacklog() const;
   void Settle();
   // Runs once every item settled: applies the skip policy, describes the batch.
   void Finalize();

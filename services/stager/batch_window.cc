@@ -33,25 +33,21 @@ absl::Status BatchWindow::Admit(uint64_t step, uint32_t rank, bool* moved) {
     return absl::OutOfRangeError(
         absl::StrCat("step ", step, " is past the job's end (", opts_.total_steps, " steps)"));
   }
-  // A step before the window, or far beyond it, moves the window there when
-  // nothing is in use (a job resuming from a checkpoint, before or after
-  // where this daemon had got to); otherwise it is refused.
-  // While something is in use, Acquire waits for the window to be free to
-  // move (the holder releases, or its rank restarts and reclaims it).
+  // A step before the window, or beyond it, moves the window so that it
+  // starts at the earliest of that step and every step in use, when all of
+  // them then lie inside it (ranks resuming at different steps, in any
+  // order; a job resumed from a checkpoint). Otherwise Acquire waits for that.
   if (!InWindow(step)) {
-    if (InUse().empty()) {
-      Seek(step, rank);
-      *moved = true;
-    }
+    *moved = MoveFor(step, rank, InUseSpan());
     return absl::OkStatus();
   }
   if (auto it = steps_.find(step); it != steps_.end()) {
     auto s = it->second.slots.find(rank);
     if (s != it->second.slots.end() && s->second.state == SlotState::kReleased) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "step ", step, " of rank ", rank,
-          " was already released, or given up when the rank asked for a later step; "
-          "batches are handed out once, in step order"));
+      return absl::OutOfRangeError(
+          absl::StrCat("step ", step, " of rank ", rank,
+                       " was already released, or given up when the rank asked for a later step; "
+                       "batches are handed out once, in step order"));
     }
   }
   return absl::OkStatus();
@@ -76,9 +72,8 @@ void BatchWindow::AcquireSlot(uint64_t step, uint32_t rank, Waiter waiter, Callb
     slot.handed_out = true;
     slot.renewed = clock_;
     if (metrics_) metrics_->acquire_wait_seconds.Observe(0);
-    cbs->push_back([d = std::move(waiter.done), r = slot.batch->descriptor()]() mutable {
-      d(std::move(r));
-    });
+    cbs->push_back(
+        [d = std::move(waiter.done), r = slot.batch->descriptor()]() mutable { d(std::move(r)); });
   } else if (slot.state == SlotState::kFailed) {
     cbs->push_back([d = std::move(waiter.done), e = slot.error] { d(e); });
   } else {
@@ -87,12 +82,16 @@ void BatchWindow::AcquireSlot(uint64_t step, uint32_t rank, Waiter waiter, Callb
 }
 
 void BatchWindow::TrySeek(Callbacks* cbs) {
-  if (seeks_.empty() || !InUse().empty()) return;
-  uint64_t to = seeks_.front().step;
-  for (const SeekWaiter& s : seeks_) to = std::min(to, s.step);
-  if (!InWindow(to)) {
-    Seek(to, seeks_.front().rank);
-    moved_ = true;
+  if (seeks_.empty()) return;
+  std::vector<std::pair<uint64_t, uint32_t>> asked;
+  for (const SeekWaiter& s : seeks_) asked.emplace_back(s.step, s.rank);
+  std::sort(asked.begin(), asked.end());
+  const Uses uses = InUseSpan();
+  for (const auto& [step, rank] : asked) {
+    if (!InWindow(step) && MoveFor(step, rank, uses)) {
+      moved_ = true;
+      break;
+    }
   }
   std::vector<SeekWaiter> waiting = std::move(seeks_);
   seeks_.clear();
@@ -100,9 +99,69 @@ void BatchWindow::TrySeek(Callbacks* cbs) {
     if (InWindow(s.step)) {
       AcquireSlot(s.step, s.rank, std::move(s.waiter), cbs);
     } else {
-      seeks_.push_back(std::move(s));  // far beyond the others: after them
+      seeks_.push_back(std::move(s));  // too far from what is in use: later
     }
   }
+}
+
+BatchWindow::Uses BatchWindow::InUseSpan() const {
+  Uses u;
+  for (const auto& [step, st] : steps_) {
+    for (const auto& [rank, slot] : st.slots) {
+      if (Gone(rank) || !Used(slot)) continue;
+      if (!u.any) u.lo = step;
+      u.any = true;
+      u.hi = step;
+    }
+  }
+  return u;
+}
+
+bool BatchWindow::MoveFor(uint64_t step, uint32_t rank, const Uses& uses) {
+  if (!uses.any) {
+    Seek(step, rank);
+    return true;
+  }
+  const uint64_t lo = std::min(step, uses.lo), hi = std::max(step, uses.hi);
+  if (hi - lo >= Span()) return false;
+  if (lo < base_) {
+    MoveBack(lo, rank);
+  } else {
+    MoveForward(lo, rank);
+  }
+  return true;
+}
+
+void BatchWindow::MoveBack(uint64_t to, uint32_t rank) {
+  kLog.Info("the window moves back to the step a rank asked for; what is in use stays",
+            {{"rank", rank}, {"step", to}, {"from_step", base_}});
+  // A rank seen at the window's steps (it holds, waits for or is done with
+  // one) asks for no earlier step: its slots of the steps added are given up.
+  std::set<uint32_t> past;
+  for (const auto& [step, st] : steps_) {
+    for (const auto& [r, slot] : st.slots) {
+      if (r != rank && (slot.state == SlotState::kReleased || Used(slot))) past.insert(r);
+    }
+  }
+  const uint64_t from = base_;
+  base_ = to;
+  for (uint64_t s = to; s < from; ++s) {
+    Step& st = StepAt(s);
+    for (uint32_t r : past) st.slots[r].state = SlotState::kReleased;
+  }
+  Advance();
+}
+
+void BatchWindow::MoveForward(uint64_t to, uint32_t rank) {
+  kLog.Info("the window moves on to the step a rank asked for; what is in use stays",
+            {{"rank", rank}, {"step", to}, {"from_step", base_}});
+  // Nothing before `to` is in use (MoveFor): those steps go.
+  for (auto it = steps_.begin(); it != steps_.end() && it->first < to;) {
+    for (auto& [r, slot] : it->second.slots) Free(slot);
+    it = steps_.erase(it);
+  }
+  base_ = to;
+  Advance();
 }
 
 bool BatchWindow::TakeMoved(uint64_t* step) {
@@ -154,34 +213,24 @@ bool BatchWindow::Renews(uint32_t rank) const {
   return it != presence_.end() && it->second.renews;
 }
 
-absl::Status BatchWindow::Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs) {
-  if (incarnation == 0) return absl::OkStatus();
+void BatchWindow::NewProcess(uint32_t rank, uint64_t incarnation, Callbacks* cbs) {
   uint64_t& current = incarnation_[rank];
-  if (current == incarnation) return absl::OkStatus();
-  std::vector<uint64_t>& replaced = replaced_[rank];
-  if (std::find(replaced.begin(), replaced.end(), incarnation) != replaced.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " is now served to a newer process (incarnation ", absl::Hex(current),
-        "); this one (", absl::Hex(incarnation), ") was replaced and must stop"));
-  }
-  if (current != 0) {
-    kLog.Info("a new process for the rank: what the old one held or waited for is reclaimed",
-              {{"rank", rank},
-               {"old_incarnation", absl::Hex(current)},
-               {"incarnation", absl::Hex(incarnation)}});
-    replaced.push_back(current);
-    if (replaced.size() > 4) replaced.erase(replaced.begin());
-    Reclaim(rank, cbs);
-  }
+  kLog.Info("a new process for the rank: what an earlier one held or waited for is reclaimed",
+            {{"job", opts_.job_id},
+             {"rank", rank},
+             {"old_incarnation", absl::Hex(current)},
+             {"incarnation", absl::Hex(incarnation)}});
   current = incarnation;
+  Reclaim(rank, cbs);
   presence_.erase(rank);  // the new process says whether it renews with its first call
   TrySeek(cbs);
-  return absl::OkStatus();
 }
 
 void BatchWindow::Reclaim(uint32_t rank, Callbacks* cbs) {
-  const absl::Status gone = absl::AbortedError(absl::StrCat(
-      "rank ", rank, " restarted (a new process asked for it): this call of the old one is void"));
+  const absl::Status gone = absl::AbortedError(
+      absl::StrCat("rank ", rank,
+                   " restarted (a new process registered for it): this call of the old one is "
+                   "void"));
   AnswerWaiters(rank, gone, cbs);
   for (auto& [step, s] : steps_) {
     auto it = s.slots.find(rank);
@@ -189,7 +238,8 @@ void BatchWindow::Reclaim(uint32_t rank, Callbacks* cbs) {
     Slot& slot = it->second;
     // Held by the old process, or released by it: the new one may ask for
     // the step again (a job resumed at an earlier step), so it is built anew.
-    if ((slot.handed_out && slot.state != SlotState::kFailed) || slot.state == SlotState::kReleased) {
+    if ((slot.handed_out && slot.state != SlotState::kFailed) ||
+        slot.state == SlotState::kReleased) {
       Free(slot);
       slot.state = s.plan ? SlotState::kWaitShards : SlotState::kWaitPlan;
     }
@@ -236,14 +286,43 @@ void BatchWindow::Release(uint64_t step, uint32_t rank, Callbacks* cbs) {
 std::string BatchWindow::InUse() const {
   for (const auto& [step, st] : steps_) {
     for (const auto& [rank, slot] : st.slots) {
-      if (Gone(rank)) continue;
-      if (!slot.waiters.empty()) return absl::StrCat("rank ", rank, " waits for step ", step);
-      if (slot.handed_out && slot.state != SlotState::kReleased) {
-        return absl::StrCat("rank ", rank, " holds step ", step);
-      }
+      if (!Gone(rank) && Used(slot)) return UseOf(step, rank, slot);
     }
   }
   return "";
+}
+
+std::string BatchWindow::UseOf(uint64_t step, uint32_t rank, const Slot& slot) {
+  return absl::StrCat("rank ", rank, slot.waiters.empty() ? " holds step " : " waits for step ",
+                      step);
+}
+
+std::string BatchWindow::FarthestUse(uint64_t step) const {
+  std::string far;
+  uint64_t distance = 0;
+  for (const auto& [s, st] : steps_) {
+    for (const auto& [rank, slot] : st.slots) {
+      if (Gone(rank) || !Used(slot)) continue;
+      const uint64_t d = s > step ? s - step : step - s;
+      if (far.empty() || d > distance) {
+        far = UseOf(s, rank, slot);
+        distance = d;
+      }
+    }
+  }
+  return far;
+}
+
+std::string BatchWindow::BaseHeldBy() const {
+  auto it = steps_.find(base_);
+  if (it == steps_.end()) return absl::StrCat("no rank has asked for step ", base_, " yet");
+  std::vector<std::string> who;
+  for (const auto& [rank, slot] : it->second.slots) {
+    if (Gone(rank) || slot.state == SlotState::kReleased) continue;
+    who.push_back(Used(slot) ? UseOf(base_, rank, slot)
+                             : absl::StrCat("rank ", rank, " has not asked for step ", base_));
+  }
+  return absl::StrJoin(who, ", ");
 }
 
 void BatchWindow::Seek(uint64_t step, uint32_t rank) {
@@ -354,10 +433,10 @@ bool BatchWindow::StartSlot(uint64_t step, Step& s, uint32_t rank, Slot& slot,
   absl::StatusOr<std::shared_ptr<WindowBatch>> batch = make(s.plan, index);
   absl::Status st = batch.status();
   if (st.ok() && (*batch)->bytes() > opts_.memory_budget_bytes) {
-    st = absl::ResourceExhaustedError(absl::StrCat(
-        "the batch for step ", step, " rank ", rank, " needs ", (*batch)->bytes(),
-        " bytes of shared memory, more than the whole budget (", opts_.memory_budget_bytes,
-        "); raise --memory_budget"));
+    st = absl::ResourceExhaustedError(
+        absl::StrCat("the batch for step ", step, " rank ", rank, " needs ", (*batch)->bytes(),
+                     " bytes of shared memory, more than the whole budget (",
+                     opts_.memory_budget_bytes, "); raise --memory_budget"));
   }
   if (st.ok() && memory_ > 0 && memory_ + (*batch)->bytes() > opts_.memory_budget_bytes) {
     return false;  // waits until batches are released
@@ -387,8 +466,7 @@ void BatchWindow::StartBuilds(absl::Time now, const ShardStateOf& shard_state,
   }
 }
 
-bool BatchWindow::Ready(const std::shared_ptr<WindowBatch>& batch, absl::Time now,
-                        Callbacks* cbs) {
+bool BatchWindow::Ready(const std::shared_ptr<WindowBatch>& batch, absl::Time now, Callbacks* cbs) {
   auto it = steps_.find(batch->step());
   if (it == steps_.end()) return false;
   auto s = it->second.slots.find(batch->rank());
@@ -434,8 +512,10 @@ std::string BatchWindow::Pending(uint64_t step, const Slot& slot, const PlanInta
                           ")");
     case SlotState::kWaitShards: {
       if (step >= base_ + opts_.window) {
-        return absl::StrCat("step ", step, " is outside the window ", base_, "..",
-                            base_ + opts_.window - 1, " until earlier steps are released");
+        return absl::StrCat("step ", step, " is beyond the steps being built (", base_, "..",
+                            base_ + opts_.window - 1,
+                            "), which move on once every rank of this node is done with step ",
+                            base_, ", but ", BaseHeldBy());
       }
       std::vector<std::string> shards;
       for (const v1::ShardRef* ref : steps_.at(step).stage) {
@@ -445,8 +525,8 @@ std::string BatchWindow::Pending(uint64_t step, const Slot& slot, const PlanInta
         }
       }
       return absl::StrCat("waiting for shards ", absl::StrJoin(shards, ", "),
-                          " or for the memory budget (", memory_, " of ",
-                          opts_.memory_budget_bytes, " bytes used)");
+                          " or for the memory budget (", memory_, " of ", opts_.memory_budget_bytes,
+                          " bytes used)");
     }
     case SlotState::kBuilding:
       return absl::StrCat("still reading/decoding: ", slot.batch->PendingSummary());
@@ -463,10 +543,10 @@ void BatchWindow::TimeOutWaiters(uint64_t step, uint32_t rank, Slot& slot, absl:
       ++w;
       continue;
     }
-    absl::Status err = absl::DeadlineExceededError(absl::StrCat(
-        "the batch for step ", step, " rank ", rank, " was not ready within ",
-        absl::FormatDuration(w->deadline - w->since), ": ",
-        Pending(step, slot, intake, shard_state)));
+    absl::Status err = absl::DeadlineExceededError(
+        absl::StrCat("the batch for step ", step, " rank ", rank, " was not ready within ",
+                     absl::FormatDuration(w->deadline - w->since), ": ",
+                     Pending(step, slot, intake, shard_state)));
     if (metrics_) metrics_->acquire_wait_seconds.Observe(absl::ToDoubleSeconds(now - w->since));
     cbs->push_back([d = std::move(w->done), err] { d(err); });
     w = slot.waiters.erase(w);
@@ -502,11 +582,13 @@ void BatchWindow::Tick(absl::Time now, const PlanIntake& intake, const ShardStat
       continue;
     }
     absl::Status err = absl::DeadlineExceededError(absl::StrCat(
-        "step ", seek->step, " of rank ", seek->rank, " lies outside the window (steps ", base_,
-        "..", base_ + opts_.window - 1, "), which moves there once nothing is in use, but ",
-        InUse(),
-        " (what a rank whose process died held is reclaimed when it restarts, or once its "
-        "lease lapses)"));
+        "the batch for step ", seek->step, " rank ", seek->rank, " was not ready within ",
+        absl::FormatDuration(seek->waiter.deadline - seek->waiter.since), ": step ", seek->step,
+        " lies outside the window (steps ", base_, "..", base_ + Span() - 1,
+        "), which moves to it once every step in use lies within ", Span(), " steps of it, but ",
+        FarthestUse(seek->step),
+        " (ranks resuming more than that apart: check the steps they resume at; what a rank "
+        "whose process died held is reclaimed when it restarts, or once its lease lapses)"));
     if (metrics_) {
       metrics_->acquire_wait_seconds.Observe(absl::ToDoubleSeconds(now - seek->waiter.since));
     }
@@ -598,7 +680,8 @@ void BatchWindow::EndLease(uint64_t step, uint32_t rank, Slot& slot, absl::Time 
 
 // ------------------------------------------------------------ shutdown
 void BatchWindow::FailWaiters(const absl::Status& status, Callbacks* cbs) {
-  for (SeekWaiter& seek : seeks_) cbs->push_back([d = std::move(seek.waiter.done), status] { d(status); });
+  for (SeekWaiter& seek : seeks_)
+    cbs->push_back([d = std::move(seek.waiter.done), status] { d(status); });
   seeks_.clear();
   for (auto& [step, s] : steps_) {
     for (auto& [rank, slot] : s.slots) {

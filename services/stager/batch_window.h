@@ -5,19 +5,28 @@
 // build next (steps inside the window whose shards are staged, or have
 // waited long enough, within the shared-memory budget), answers clients
 // (at once, or when their batch is ready, or at their deadline), gives up a
-// rank's earlier steps when it asks for a later one, moves the window to a
-// resumed job's step when nothing is in use, and advances it as every local
-// rank releases its first step.
+// rank's earlier steps when it asks for a later one, moves the window to
+// steps asked for outside it, and advances it as every local rank releases
+// its first step.
 //
-// Ranks that come and go. Every client process names itself with an
-// incarnation (a random id fixed for the process). A new incarnation of a
-// rank means its old process is gone (it died and was restarted, or the job
-// was restarted from a checkpoint): everything the old one held or waited for
-// is reclaimed (batches freed, built again if asked for; waiting calls
-// answered ABORTED), never anything another rank holds. A step before the
-// window or far beyond it moves the window there once nothing is in use; a
-// request for it meanwhile waits (up to its timeout) instead of being
-// refused, so ranks restarting one after another all get their step.
+// Ranks that come and go. A rank's process registers (rank_processes.h
+// issues it an incarnation). A new process of a rank means its old process
+// is gone (it died and was restarted, or the job was restarted from a
+// checkpoint): everything the old one, or calls naming no process, held or
+// waited for is reclaimed (batches freed, built again if asked for; waiting
+// calls answered ABORTED), never anything another rank holds.
+//
+// Moves. The window hands out the batches of steps base .. base + 2 x window
+// - 1 and builds those of its first `window` steps. A step asked for outside
+// it moves it to start at the earliest of that step and every step in use
+// (held, or waited for), when all of them then lie inside it: what is in use
+// stays, and the ranks seen at later steps give up the steps added before
+// them. So ranks that come back at different steps (a job resumed from a
+// checkpoint, a stager restarted under a running job), in any order and up
+// to 2 x window - 1 steps apart, are all served, and a waiting rank never
+// keeps the window from a step another needs. Ranks farther apart wait (up
+// to their timeout) for what is in use to move, told which rank holds or
+// waits for which step.
 //
 // Leases. A client that renews its leases (AcquireBatchRequest.renews_leases)
 // holds each batch on a lease of `lease`: a hold its process does not renew
@@ -56,15 +65,15 @@
 namespace tutti::stager {
 
 struct BatchWindowOptions {
-  uint32_t window = 4;                          // steps of batches built ahead, per local rank
-  uint64_t memory_budget_bytes = 8ull << 30;    // shared memory all batches may hold together
-  absl::Duration stage_wait = absl::Seconds(2); // a step waits this long for its shards, then
-                                                // builds from the source
-  uint32_t default_acquire_timeout_ms = 120000; // an Acquire with timeout 0 waits this long
-  uint64_t total_steps = 0;                     // the job's steps (0 = open-ended)
-  absl::Duration lease = absl::Seconds(60);     // how long a renewing client's hold, and
-                                                // its rank, last without being heard from
-  std::string job_id;                           // named in the log lines about leases
+  uint32_t window = 4;                           // steps of batches built ahead, per local rank
+  uint64_t memory_budget_bytes = 8ull << 30;     // shared memory all batches may hold together
+  absl::Duration stage_wait = absl::Seconds(2);  // a step waits this long for its shards, then
+                                                 // builds from the source
+  uint32_t default_acquire_timeout_ms = 120000;  // an Acquire with timeout 0 waits this long
+  uint64_t total_steps = 0;                      // the job's steps (0 = open-ended)
+  absl::Duration lease = absl::Seconds(60);      // how long a renewing client's hold, and
+                                                 // its rank, last without being heard from
+  std::string job_id;                            // named in the log lines about leases
 };
 
 // One batch the window holds (BatchJob in the daemon).
@@ -103,14 +112,14 @@ class BatchWindow {
   const BatchWindowOptions& options() const { return opts_; }
 
   // ---- clients (the rank is local)
-  // Records which process serves `rank` (incarnation 0: a client that names
-  // none, nothing recorded). A new incarnation reclaims the old one's holds
-  // and waits. FAILED_PRECONDITION for an incarnation already replaced (a
-  // process that outlived its successor's start: it must stop).
-  absl::Status Incarnate(uint32_t rank, uint64_t incarnation, Callbacks* cbs);
-  // After Incarnate: the rank's current process called at `now` (incarnation
-  // 0: nothing recorded). renews: whether it renews its leases (AcquireBatch
-  // says; nullopt: as before). A rank taken as gone is back.
+  // A new process registered for `rank` (RankProcesses issued it
+  // `incarnation`): everything an earlier process of the rank, or a call
+  // naming none, held or waited for is reclaimed (see Ranks that come and go).
+  void NewProcess(uint32_t rank, uint64_t incarnation, Callbacks* cbs);
+  // The rank's current process, checked by the caller, called at `now`
+  // (incarnation 0: a call naming none, nothing recorded). renews: whether
+  // it renews its leases (AcquireBatch says; nullopt: as before). A rank
+  // taken as gone is back.
   void Heard(uint32_t rank, uint64_t incarnation, absl::Time now, std::optional<bool> renews);
   // After Heard: the rank's current process still holds the batches of
   // `steps`: their leases start again at `now`. *lost gets the steps named
@@ -119,10 +128,10 @@ class BatchWindow {
              std::vector<uint64_t>* lost);
   // Whether the rank was taken as gone (its lease lapsed) and has not called since.
   bool Gone(uint32_t rank) const;
-  // Whether `rank` may ask for `step` now. A step before the window, or far
-  // beyond it, moves the window there when nothing is in use (*moved = true:
-  // the caller restarts plan intake there); otherwise Acquire waits for that.
-  // Refuses a step past the job's end and one already released.
+  // Whether `rank` may ask for `step` now. A step outside the window moves
+  // it (see Moves above; *moved = true: the caller restarts plan intake at
+  // base()); one that cannot yet waits in Acquire. Refuses a step past the
+  // job's end and one already released.
   absl::Status Admit(uint64_t step, uint32_t rank, bool* moved);
   // After Admit: gives up the rank's earlier steps it never took, then answers
   // at once (ready or failed) or keeps `done` until the batch is ready or
@@ -133,13 +142,18 @@ class BatchWindow {
   // The rank is done with the batch: its segment goes; waiters for it get
   // OUT_OF_RANGE.
   void Release(uint64_t step, uint32_t rank, Callbacks* cbs);
-  // What keeps the window where it is ("" when nothing): a held batch or a waiting client.
+  // The first step in use ("" when none): "rank R holds step S" or "rank R
+  // waits for step S".
   std::string InUse() const;
   // The window moved by itself to let waiting requests in: true once per
   // move, with the step it moved to (the caller restarts plan intake there).
   bool TakeMoved(uint64_t* step);
 
   // ---- plans
+  bool HasPlan(uint64_t step) const {
+    auto it = steps_.find(step);
+    return it != steps_.end() && it->second.plan != nullptr;
+  }
   // The plan of a step: each local rank's slot waits for its shards, or
   // fails with `bad` (a plan for another job) or for want of a RankPlan.
   // stage: the shards this node stages for it (pointers into *plan).
@@ -212,8 +226,34 @@ class BatchWindow {
   void Seek(uint64_t step, uint32_t rank);
   // Hands `done` the slot's batch now, or keeps it as a waiter.
   void AcquireSlot(uint64_t step, uint32_t rank, Waiter waiter, Callbacks* cbs);
-  // Moves the window for waiting seeks once nothing is in use.
+  // Moves the window for a waiting request outside it where MoveFor can,
+  // and hands those inside it their slots.
   void TrySeek(Callbacks* cbs);
+  // The steps in use: held (handed out, not released) or waited for, by ranks
+  // not taken as gone. A waiting request outside the window is not a use.
+  struct Uses {
+    bool any = false;
+    uint64_t lo = 0, hi = 0;  // the first and the last, when any
+  };
+  Uses InUseSpan() const;
+  static bool Used(const Slot& slot) {
+    return !slot.waiters.empty() || (slot.handed_out && slot.state != SlotState::kReleased);
+  }
+  // Moves the window for `rank`'s request of `step` (outside it) so that it
+  // starts at the earliest of `step` and the steps in use, when they all lie
+  // within Span() of it: with nothing in use a Seek; else what is in use stays
+  // and the window moves back (MoveBack) or on (MoveForward). False: too far apart.
+  bool MoveFor(uint64_t step, uint32_t rank, const Uses& uses);
+  // The window starts at `to`, before it: the ranks seen at the window's steps
+  // give up their slots of the steps added (they ask for none of them).
+  void MoveBack(uint64_t to, uint32_t rank);
+  // The window starts at `to`, after it; the steps before it (none in use) go.
+  void MoveForward(uint64_t to, uint32_t rank);
+  // For messages: a use ("rank R holds step S"), the use farthest from
+  // `step`, and what keeps the window's first step: each rank not done with it.
+  static std::string UseOf(uint64_t step, uint32_t rank, const Slot& slot);
+  std::string FarthestUse(uint64_t step) const;
+  std::string BaseHeldBy() const;
   void Reclaim(uint32_t rank, Callbacks* cbs);
   // Answers every waiting call of the rank (its slots' and its seeks) with `status`.
   void AnswerWaiters(uint32_t rank, const absl::Status& status, Callbacks* cbs);
@@ -225,7 +265,10 @@ class BatchWindow {
   void GiveUp(uint32_t rank, absl::Time now, Callbacks* cbs);
   // Frees a hold whose lease lapsed (counted, logged).
   void EndLease(uint64_t step, uint32_t rank, Slot& slot, absl::Time now, const char* why);
-  bool InWindow(uint64_t step) const { return step >= base_ && step < base_ + 2 * uint64_t{opts_.window}; }
+  // Steps whose batches are handed out: base .. base + Span() - 1 (those
+  // built are the first `window` of them).
+  uint64_t Span() const { return 2 * uint64_t{opts_.window}; }
+  bool InWindow(uint64_t step) const { return step >= base_ && step < base_ + Span(); }
   void SkipEarlier(uint64_t step, uint32_t rank);
   void Advance();  // moves base past released steps; marks the shard sets changed
   bool ShardsReady(const Step& s, absl::Time now, const ShardStateOf& shard_state) const;
@@ -245,9 +288,8 @@ class BatchWindow {
   std::map<uint64_t, Step> steps_;
   bool shards_changed_ = false;
   std::vector<SeekWaiter> seeks_;
-  bool moved_ = false;                           // TrySeek moved the window
-  std::map<uint32_t, uint64_t> incarnation_;     // rank -> its current process
-  std::map<uint32_t, std::vector<uint64_t>> replaced_;  // rank -> the last few replaced ones
+  bool moved_ = false;                                  // TrySeek moved the window
+  std::map<uint32_t, uint64_t> incarnation_;  // rank -> its current process (for log lines)
   std::map<uint32_t, Presence> presence_;               // rank -> its current process's calls
   absl::Time clock_ = absl::InfinitePast();             // the latest time a call passed in
   absl::Time last_expire_ = absl::InfinitePast();       // the last ExpireLeases

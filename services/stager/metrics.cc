@@ -116,12 +116,48 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                                .Help("Files not opened because their name leads outside --source "
                                      "or the cache, by root and reason: outside (a symlink or "
                                      "'..' out of it), loop, name (absolute or '..')")
-                               .Register(*registry)) {
+                               .Register(*registry)),
+      io_timeouts_family_(prometheus::BuildCounter()
+                              .Name("tutti_stager_io_timeouts_total")
+                              .Help("File operations that missed their deadline, by io (staging, "
+                                    "source, cache) and where they waited: file_system (sent, "
+                                    "not answered in time) or queue (never sent: the stager's I/O "
+                                    "thread ran late, short of CPU, or its queue was full)")
+                              .Register(*registry)),
+      io_stalled_family_(prometheus::BuildGauge()
+                             .Name("tutti_stager_io_stalled_operations")
+                             .Help("File operations that timed out and have not returned, by io "
+                                   "(each holds a worker and a buffer; a file holds at most its "
+                                   "bound of them)")
+                             .Register(*registry)),
+      io_refusals_family_(prometheus::BuildCounter()
+                              .Name("tutti_stager_io_stalled_refusals_total")
+                              .Help("File operations refused at once, by io, because their file's "
+                                    "bound is held by stalled operations (the file stalls)")
+                              .Register(*registry)) {
   for (const char* reason : kSkipReasons) SkippedSamples(reason);
   for (const char* limit : kLimits) LimitRefusals(limit);
   for (const char* root : kPathRoots) {
     for (const char* reason : kPathRefusalReasons) PathRefused(root, reason);
   }
+  for (const char* io : kIoPaths) {
+    IoTimeouts(io, "file_system");
+    IoTimeouts(io, "queue");
+    IoStalledOperations(io);
+    IoStalledRefusals(io);
+  }
+}
+
+prometheus::Counter& StagerMetrics::IoTimeouts(const std::string& io, const std::string& waited) {
+  return io_timeouts_family_.Add({{"io", io}, {"waited", waited}});
+}
+
+prometheus::Gauge& StagerMetrics::IoStalledOperations(const std::string& io) {
+  return io_stalled_family_.Add({{"io", io}});
+}
+
+prometheus::Counter& StagerMetrics::IoStalledRefusals(const std::string& io) {
+  return io_refusals_family_.Add({{"io", io}});
 }
 
 prometheus::Counter& StagerMetrics::PathRefused(const std::string& root,

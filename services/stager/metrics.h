@@ -50,6 +50,19 @@ class StagerMetrics {
   // Files not opened because their name leads outside --source or the cache:
   // tutti_stager_path_refusals_total{root,reason} (path_refusal.h).
   prometheus::Counter& PathRefused(const std::string& root, const std::string& reason);
+  // Source and cache I/O by `io`: "staging" (copies into the cache),
+  // "source" (member reads from the source), "cache" (member reads from the
+  // cache). Operations that missed their deadline, by where they waited:
+  // "file_system" (sent, not answered in time) or "queue" (never sent: the
+  // stager's I/O thread ran late or its queue was full):
+  // tutti_stager_io_timeouts_total{io,waited}.
+  prometheus::Counter& IoTimeouts(const std::string& io, const std::string& waited);
+  // Operations that timed out and have not returned (each holds a worker of
+  // its I/O service and a buffer): tutti_stager_io_stalled_operations{io}.
+  prometheus::Gauge& IoStalledOperations(const std::string& io);
+  // Operations refused at once because their file's bound is held by
+  // stalled ones (the file stalls): tutti_stager_io_stalled_refusals_total{io}.
+  prometheus::Counter& IoStalledRefusals(const std::string& io);
   prometheus::Counter& placeholder_samples;  // tutti_stager_placeholder_samples_total
   prometheus::Counter& checksum_rereads;     // tutti_stager_checksum_rereads_total
   prometheus::Counter& dropped_samples;      // tutti_stager_dropped_samples_total
@@ -81,7 +94,13 @@ class StagerMetrics {
   prometheus::Family<prometheus::Counter>& limit_family_;
   prometheus::Family<prometheus::Gauge>& window_family_;
   prometheus::Family<prometheus::Counter>& path_refused_family_;
+  prometheus::Family<prometheus::Counter>& io_timeouts_family_;
+  prometheus::Family<prometheus::Gauge>& io_stalled_family_;
+  prometheus::Family<prometheus::Counter>& io_refusals_family_;
 };
+
+// The `io` label values of the Io* metrics.
+inline constexpr const char* kIoPaths[] = {"staging", "source", "cache"};
 
 }  // namespace tutti::stager
 

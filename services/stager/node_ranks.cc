@@ -58,9 +58,9 @@ absl::Status NodeRanks::CheckLocal(uint32_t rank) const {
   return absl::InvalidArgumentError(absl::StrCat(
       "rank ", rank, " belongs to node ", theirs, " but this tutti-stagerd serves node ", node_,
       " (ranks ", first(), "..", first() + per_node_ - 1,
-      learn_ ? absl::StrCat("; learned from rank ", learned_from_,
-                            "'s first AcquireBatch under --node=auto")
-             : std::string(),
+      learn_
+          ? absl::StrCat("; learned from rank ", learned_from_, "'s first call under --node=auto")
+          : std::string(),
       "); ask the stager of node ", theirs));
 }
 

@@ -44,7 +44,7 @@ TEST(NodeRanksTest, AutoLearnsTheNodeFromTheFirstRankOnce) {
   ASSERT_TRUE(r->Learn(0).ok());  // already known: unchanged
   EXPECT_EQ(r->node(), 2u);
   absl::Status s = r->CheckLocal(1);
-  EXPECT_NE(s.message().find("learned from rank 5's first AcquireBatch under --node=auto"),
+  EXPECT_NE(s.message().find("learned from rank 5's first call under --node=auto"),
             std::string::npos)
       << s;
 }

@@ -78,7 +78,7 @@ class StagerPaths : public ::testing::TestWithParam<Param> {
         std::get<0>(GetParam()) ? std::move(*MakeUringBackend(16)) : MakePreadBackend(4);
     read_io_ = std::make_unique<IoService>(std::move(b));
     reader_ = std::make_unique<MemberReader>(&engine_->source_root(), cache_.get(), engine_.get(),
-                                             read_io_.get(), metrics_.get());
+                                             read_io_.get(), read_io_.get(), metrics_.get());
   }
   absl::Status Stage(const v1::ShardRef& ref) {
     engine_->Request(ref, 0);
@@ -292,7 +292,7 @@ TEST_P(ChecksumReread, ReadsAgainOnlyBeneathTheSource) {
       EXPECT_EQ(s.sample_id(), 7u) << s.DebugString();
       outside += s.reason() == "outside_root";
     }
-    ASSERT_TRUE(core.Release(0, r, 0, std::nullopt).ok());
+    ASSERT_TRUE(core.Release(0, r, {}, std::nullopt).ok());
   }
   EXPECT_EQ(outside, 1);
   EXPECT_EQ(metrics->checksum_rereads.Value(), 1);

@@ -14,8 +14,57 @@
 namespace tutti::stager {
 
 MemberReader::MemberReader(const RootDir* source, ShardCache* cache, StagingEngine* staging,
-                           IoService* io, StagerMetrics* metrics)
-    : source_(source), cache_(cache), staging_(staging), io_(io), metrics_(metrics) {}
+                           IoService* cache_io, IoService* source_io, StagerMetrics* metrics)
+    : source_(source),
+      cache_(cache),
+      staging_(staging),
+      cache_io_(cache_io),
+      source_io_(source_io),
+      metrics_(metrics) {}
+
+absl::Status MemberReader::MemberDeadline(const Handle& h, const std::string& member,
+                                          const std::string& cause) {
+  return absl::DeadlineExceededError(
+      absl::StrCat("shard ", h.shard, " member ", member, ": waiting for I/O: ", cause));
+}
+
+std::string MemberReader::IoWaitCause(const Handle& h, const std::string& what, int64_t result,
+                                      absl::Time start) const {
+  const IoService& io = *IoOf(h);
+  if (result == kFileStalled) {
+    return absl::StrCat("skipped at once: the shard stalls at the source (its last ",
+                        io.per_file_limit(), " reads of ", *h.path,
+                        " got no answer in time); its reads are sent again after ",
+                        absl::FormatDuration(io.stalled_file_retry()));
+  }
+  const IoService::Timeout& t = io.last_timeout();
+  const absl::Duration waited = absl::Now() - start;
+  // Far above the service thread's own latency, the thread was not run in
+  // time: the host is short of CPU (the decode pool, or other processes).
+  const bool late = t.lag > absl::Milliseconds(50);
+  const std::string lag =
+      absl::StrCat("the stager's I/O thread ran ", absl::FormatDuration(t.lag), " late");
+  if (result == kTimedOutQueued) {
+    std::string why;
+    if (late) {
+      why = absl::StrCat(lag, ": the host is short of CPU");
+    } else if (t.ahead >= io.capacity()) {
+      why = absl::StrCat(t.ahead, " reads were in flight, the queue's depth",
+                         h.from_cache ? "" : " (--read_queue_depth)");
+    } else {
+      why = absl::StrCat("it waited behind the shard's other reads (at most ", io.per_file_limit(),
+                         " at once)");
+    }
+    return absl::StrCat(what, " of ", *h.path, " waited ", absl::FormatDuration(t.queued),
+                        " in the stager's queue and was never sent to the file system: ", why,
+                        "; not the file system stalling");
+  }
+  return absl::StrCat("the file system did not answer ", what, " of ", *h.path, " within ",
+                      absl::FormatDuration(t.in_backend), " (sent after ",
+                      absl::FormatDuration(t.queued), " in the stager's queue, ",
+                      absl::FormatDuration(waited), " in all): it stalls or is overloaded",
+                      late ? absl::StrCat("; ", lag) : "");
+}
 
 MemberReader::~MemberReader() { CloseExcept({}); }
 
@@ -45,6 +94,7 @@ void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, ui
       slot->from_cache = staged;
       slot->size = shard.size();
       slot->name = shard.name();
+      if (!staged) slot->key = FileKey(shard.name());
       if (staged) {
         slot->path = std::make_shared<std::string>(cache_->PathOf(shard.name()));
         slot->root = &cache_->root();
@@ -82,14 +132,25 @@ void MemberReader::Read(const v1::ShardRef& shard, const std::string& member, ui
     op.root = h->root;
     op.path = h->name.c_str();
     op.flags = O_RDONLY;
-    io_->Submit(op, deadline, [this, h](int64_t r) { OnOpen(h, r); }, h->path);
+    op.file = h->key;
+    op.may_stall = !h->from_cache;
+    const absl::Time start = absl::Now();
+    IoOf(*h)->Submit(
+        op, deadline,
+        [this, h, start](int64_t r) {
+          // Read on the service's thread, for the message.
+          std::string cause;
+          if (IsTimeout(r) || r == kFileStalled) cause = IoWaitCause(*h, "the open", r, start);
+          OnOpen(h, r, cause);
+        },
+        h->path);
     return;
   }
   if (queued) return;  // issued when the open completes
   Issue(h, std::move(p));
 }
 
-void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
+void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r, const std::string& cause) {
   std::vector<Pending> waiting;
   {
     absl::MutexLock l(&mu_);
@@ -108,9 +169,9 @@ void MemberReader::OnOpen(const std::shared_ptr<Handle>& h, int64_t r) {
     if (IsPathRefusal(r)) {
       s = RefusePath(metrics_, h->from_cache ? "cache" : "source", *h->root,
                      absl::StrCat("shard ", h->shard), h->name, r);
-    } else if (r == -ETIMEDOUT) {
-      s = absl::DeadlineExceededError(absl::StrCat("opening ", *h->path,
-                                                   " missed the sample deadline (the file system stalls)"));
+    } else if (!cause.empty()) {
+      for (auto& p : waiting) p.done(MemberDeadline(*h, p.member, cause), h->from_cache);
+      return;
     } else if (r == -ENOENT) {
       s = absl::NotFoundError(absl::StrCat("shard ", h->shard, " is missing (", *h->path,
                                            "); fix --source or re-index"));
@@ -137,8 +198,10 @@ void MemberReader::Issue(const std::shared_ptr<Handle>& h, Pending p) {
   op.buf = buf->data();
   op.len = p.length;
   op.offset = p.offset;
+  op.file = h->key;
+  op.may_stall = !h->from_cache;
   auto pending = std::make_shared<Pending>(std::move(p));
-  io_->Submit(
+  IoOf(*h)->Submit(
       op, pending->deadline,
       [this, h, buf, pending](int64_t r) {
         ReadDone(h);
@@ -146,12 +209,14 @@ void MemberReader::Issue(const std::shared_ptr<Handle>& h, Pending p) {
         if (metrics_) {
           (h->from_cache ? metrics_->read_cache_seconds : metrics_->read_source_seconds).Observe(secs);
         }
-        if (r == -ETIMEDOUT) {
-          pending->done(absl::DeadlineExceededError(absl::StrCat(
-                            "reading member ", pending->member, " of ", *h->path,
-                            " missed the sample deadline after ", absl::FormatDuration(absl::Now() - pending->start),
-                            " (the file system stalls)")),
-                        h->from_cache);
+        if (IsTimeout(r) || r == kFileStalled) {
+          pending->done(
+              MemberDeadline(*h, pending->member,
+                             IoWaitCause(*h,
+                                         absl::StrCat("the read (", pending->length,
+                                                      " bytes at offset ", pending->offset, ")"),
+                                         r, pending->start)),
+              h->from_cache);
         } else if (r < 0) {
           pending->done(Annotate(ErrnoStatus(static_cast<int>(-r), absl::StrCat("read ", *h->path)),
                                  absl::StrCat("member ", pending->member)),

@@ -24,41 +24,50 @@ double Bicubic(double x) {
   return 0.0;
 }
 
-constexpr int kMaxPrecision = 20;  // keeps 255 * sum(|w|) well inside int32
+constexpr int kPrecision = kResamplePrecision;
+constexpr int32_t kHalf = 1 << (kPrecision - 1);  // every sum starts at one half, as PIL's
 
-inline uint8_t Clip8(int32_t acc, int precision) {
-  const int32_t v = acc >> precision;
+// PIL's clip8: the sum shifted to 8 bits, clipped to 0..255.
+inline uint8_t Clip8(int32_t acc) {
+  const int32_t v = acc >> kPrecision;
   return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
 }
+
+// The AVX2 kernels multiply 16-bit values (madd): a weight w (|w| < 2^23) is
+// split as hi * 2^kSplit + lo with 0 <= lo < 2^kSplit, both within int16,
+// and a sum is (sum of v * hi) << kSplit plus the sum of v * lo. Vector adds
+// and shifts wrap modulo 2^32 and the true sum fits in int32 (as it must in
+// PIL), so the result is exactly PIL's.
+constexpr int kSplit = 11;
+inline int16_t WeightHigh(int32_t w) { return static_cast<int16_t>(w >> kSplit); }
+inline int16_t WeightLow(int32_t w) { return static_cast<int16_t>(w & ((1 << kSplit) - 1)); }
 
 // ---- portable loops ----
 
 // One output row of the horizontal pass, output pixels [x0, x1).
 void HorizontalRowScalar(const uint8_t* src, uint8_t* dst, const AxisFilter& f, int x0, int x1) {
-  const int32_t half = 1 << (f.precision - 1);
   for (int x = x0; x < x1; ++x) {
     const uint8_t* p = src + size_t{3} * f.first[x];
-    const int16_t* k = f.weights.data() + static_cast<size_t>(x) * f.taps;
-    int32_t b = half, g = half, r = half;
+    const int32_t* k = f.weights.data() + static_cast<size_t>(x) * f.taps;
+    int32_t b = kHalf, g = kHalf, r = kHalf;
     for (int t = 0; t < f.count[x]; ++t, p += 3) {
       b += p[0] * k[t];
       g += p[1] * k[t];
       r += p[2] * k[t];
     }
-    dst[3 * x + 0] = Clip8(b, f.precision);
-    dst[3 * x + 1] = Clip8(g, f.precision);
-    dst[3 * x + 2] = Clip8(r, f.precision);
+    dst[3 * x + 0] = Clip8(b);
+    dst[3 * x + 1] = Clip8(g);
+    dst[3 * x + 2] = Clip8(r);
   }
 }
 
 // One output row of the vertical pass over bytes [i0, i1) of the rows.
-void VerticalRowScalar(const uint8_t* const* rows, const int16_t* k, int count, int precision,
-                       size_t i0, size_t i1, uint8_t* dst) {
-  const int32_t half = 1 << (precision - 1);
+void VerticalRowScalar(const uint8_t* const* rows, const int32_t* k, int count, size_t i0,
+                       size_t i1, uint8_t* dst) {
   for (size_t i = i0; i < i1; ++i) {
-    int32_t acc = half;
+    int32_t acc = kHalf;
     for (int t = 0; t < count; ++t) acc += rows[t][i] * k[t];
-    dst[i] = Clip8(acc, precision);
+    dst[i] = Clip8(acc);
   }
 }
 
@@ -70,10 +79,17 @@ bool HaveAvx2() {
   return have;
 }
 
+// A sum from its high-part and low-part sums (kSplit; the half is in the
+// low one), shifted to 8 bits (not yet clipped).
+__attribute__((target("avx2"))) inline __m256i JoinSums(__m256i high, __m256i low) {
+  return _mm256_srai_epi32(_mm256_add_epi32(_mm256_slli_epi32(high, kSplit), low), kPrecision);
+}
+
 // Weights of the horizontal pass laid out for the kernel, which computes two
 // output pixels at once, one per 128-bit lane, two taps per step: per pair
-// of pixels (x, x + 1) and step, 16 int16: (w0 w1) x3 for B, G, R and two
-// zeros for pixel x, then the same for x + 1 (zeros past a pixel's taps).
+// of pixels (x, x + 1) and step, 16 int16 of the weights' high parts: (w0 w1)
+// x3 for B, G, R and two zeros for pixel x, then the same for x + 1 (zeros
+// past a pixel's taps); then 16 of their low parts, alike.
 struct PackedHorizontal {
   std::vector<int16_t> weights;
   std::vector<int> steps;     // per pair
@@ -94,21 +110,24 @@ PackedHorizontal PackHorizontal(const AxisFilter& f) {
     p.start[pr] = total;
     total += p.steps[pr];
     bool safe = true;
-    for (int xx : {x, x + 1}) safe &= 3 * (f.first[xx] + 2 * (p.steps[pr] - 1)) + 16 <= 3 * f.in_size;
+    for (int xx : {x, x + 1})
+      safe &= 3 * (f.first[xx] + 2 * (p.steps[pr] - 1)) + 16 <= 3 * f.in_size;
     p.safe[pr] = safe;
   }
-  p.weights.assign(total * 16, 0);
+  p.weights.assign(total * 32, 0);
   for (int pr = 0; pr < pairs; ++pr) {
     for (int lane = 0; lane < 2; ++lane) {
       const int x = 2 * pr + lane;
-      const int16_t* k = f.weights.data() + static_cast<size_t>(x) * f.taps;
+      const int32_t* k = f.weights.data() + static_cast<size_t>(x) * f.taps;
       for (int st = 0; st < p.steps[pr]; ++st) {
-        int16_t* d = p.weights.data() + (p.start[pr] + st) * 16 + 8 * lane;
+        int16_t* d = p.weights.data() + (p.start[pr] + st) * 32 + 8 * lane;
         const int t = 2 * st;
-        const int16_t w0 = t < f.count[x] ? k[t] : 0, w1 = t + 1 < f.count[x] ? k[t + 1] : 0;
+        const int32_t w0 = t < f.count[x] ? k[t] : 0, w1 = t + 1 < f.count[x] ? k[t + 1] : 0;
         for (int c = 0; c < 3; ++c) {
-          d[2 * c] = w0;
-          d[2 * c + 1] = w1;
+          d[2 * c] = WeightHigh(w0);
+          d[2 * c + 1] = WeightHigh(w1);
+          d[16 + 2 * c] = WeightLow(w0);
+          d[16 + 2 * c + 1] = WeightLow(w1);
         }
       }
     }
@@ -116,34 +135,37 @@ PackedHorizontal PackHorizontal(const AxisFilter& f) {
   return p;
 }
 
-// Sums of the pair (x, x + 1): lane 0 holds pixel x's (B, G, R, 0), lane 1 x + 1's.
+// Sums of the pair (x, x + 1), without the half: lane 0 holds pixel x's
+// (B, G, R, 0), lane 1 x + 1's.
 __attribute__((target("avx2"))) inline __m256i HorizontalPairAvx2(const uint8_t* src,
                                                                   const AxisFilter& f,
                                                                   const PackedHorizontal& p,
                                                                   int pr) {
   // Widens pixels t, t + 1 of each lane to (B B G G R R 0 0).
-  const __m256i shuffle = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
-                                           0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1,
-                                           -1);
+  const __m256i shuffle =
+      _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 0, -1, 3, -1, 1,
+                       -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
   const uint8_t* a = src + size_t{3} * f.first[2 * pr];
   const uint8_t* b = src + size_t{3} * f.first[2 * pr + 1];
-  const int16_t* k = p.weights.data() + p.start[pr] * 16;
-  __m256i acc = _mm256_setzero_si256();
-  for (int st = 0; st < p.steps[pr]; ++st, a += 6, b += 6, k += 16) {
+  const int16_t* k = p.weights.data() + p.start[pr] * 32;
+  __m256i high = _mm256_setzero_si256(), low = _mm256_setzero_si256();
+  for (int st = 0; st < p.steps[pr]; ++st, a += 6, b += 6, k += 32) {
     const __m256i v = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(v, shuffle), w));
+    const __m256i px = _mm256_shuffle_epi8(v, shuffle);
+    high = _mm256_add_epi32(
+        high, _mm256_madd_epi16(px, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k))));
+    low = _mm256_add_epi32(
+        low, _mm256_madd_epi16(px, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 16))));
   }
-  return acc;
+  return _mm256_add_epi32(_mm256_slli_epi32(high, kSplit), low);
 }
 
 __attribute__((target("avx2"))) void HorizontalRowAvx2(const uint8_t* src, uint8_t* dst,
                                                        const AxisFilter& f,
                                                        const PackedHorizontal& p) {
-  const __m256i half = _mm256_set1_epi32(1 << (f.precision - 1));
-  const __m128i shift = _mm_cvtsi32_si128(f.precision);
+  const __m256i half = _mm256_set1_epi32(kHalf);
   // (B G R 0) x4 -> 12 bytes of BGR.
   const __m128i compact = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
   const int out = f.out_size;
@@ -156,9 +178,10 @@ __attribute__((target("avx2"))) void HorizontalRowAvx2(const uint8_t* src, uint8
       HorizontalRowScalar(src, dst, f, x, x + 4);
       continue;
     }
-    const __m256i a = _mm256_sra_epi32(_mm256_add_epi32(HorizontalPairAvx2(src, f, p, pr), half), shift);
-    const __m256i b =
-        _mm256_sra_epi32(_mm256_add_epi32(HorizontalPairAvx2(src, f, p, pr + 1), half), shift);
+    const __m256i a =
+        _mm256_srai_epi32(_mm256_add_epi32(HorizontalPairAvx2(src, f, p, pr), half), kPrecision);
+    const __m256i b = _mm256_srai_epi32(
+        _mm256_add_epi32(HorizontalPairAvx2(src, f, p, pr + 1), half), kPrecision);
     // Lane 0: pixels x, x + 2; lane 1: x + 1, x + 3.
     const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_setzero_si256());
     const __m128i px = _mm_shuffle_epi8(
@@ -191,8 +214,9 @@ struct ByteBlocks {
   std::vector<int> pairs;      // per block: tap pairs; 0 = the portable loop
   std::vector<size_t> offset;  // per block: its first weight vector
   // Per block, pair and 32-byte third of the block: four vectors of 16
-  // int16, (w[t][j], w[t + 1][j]) for the bytes j that VerticalRowAvx2's
-  // unpacks bring to accumulators 0..3.
+  // int16, the high parts of (w[t][j], w[t + 1][j]) for the bytes j that
+  // VerticalRowAvx2's unpacks bring to accumulators 0..3, then four of the
+  // low parts.
   std::vector<int16_t> weights;
 };
 
@@ -221,14 +245,14 @@ ByteBlocks PackByteBlocks(const AxisFilter& f) {
     b.start[k] = start;
     b.pairs[k] = inside ? pairs : 0;
     b.offset[k] = vectors;
-    if (inside) vectors += size_t{12} * pairs;
+    if (inside) vectors += size_t{24} * pairs;
   }
   b.weights.assign(vectors * 16, 0);
   for (int k = 0; k < blocks; ++k) {
     const int x0 = k * kBlockPixels;
     for (int pr = 0; pr < b.pairs[k]; ++pr) {
       for (int third = 0; third < 3; ++third) {
-        int16_t* v = b.weights.data() + (b.offset[k] + size_t{12} * pr + 4 * third) * 16;
+        int16_t* v = b.weights.data() + (b.offset[k] + size_t{24} * pr + 8 * third) * 16;
         for (int acc = 0; acc < 4; ++acc) {
           for (int lane = 0; lane < 2; ++lane) {
             for (int i = 0; i < 4; ++i) {
@@ -236,8 +260,10 @@ ByteBlocks PackByteBlocks(const AxisFilter& f) {
               const int x = x0 + j / 3;
               for (int half = 0; half < 2; ++half) {
                 const int tap = b.start[k] + (x - x0) + 2 * pr + half - f.first[x];
-                v[16 * acc + 8 * lane + 2 * i + half] =
+                const int32_t w =
                     tap >= 0 && tap < f.count[x] ? f.weights[size_t{1} * x * f.taps + tap] : 0;
+                v[16 * acc + 8 * lane + 2 * i + half] = WeightHigh(w);
+                v[16 * (acc + 4) + 8 * lane + 2 * i + half] = WeightLow(w);
               }
             }
           }
@@ -252,8 +278,7 @@ __attribute__((target("avx2"))) void HorizontalRowBlocksAvx2(const uint8_t* src,
                                                              const AxisFilter& f,
                                                              const ByteBlocks& b) {
   const __m256i zero = _mm256_setzero_si256();
-  const __m256i half = _mm256_set1_epi32(1 << (f.precision - 1));
-  const __m128i shift = _mm_cvtsi32_si128(f.precision);
+  const __m256i half = _mm256_set1_epi32(kHalf);
   const int blocks = static_cast<int>(b.start.size());
   for (int k = 0; k < blocks; ++k) {
     const int x0 = k * kBlockPixels;
@@ -264,25 +289,27 @@ __attribute__((target("avx2"))) void HorizontalRowBlocksAvx2(const uint8_t* src,
     for (int third = 0; third < 3; ++third) {
       const uint8_t* s = src + size_t{3} * b.start[k] + 32 * third;
       const __m256i* w =
-          reinterpret_cast<const __m256i*>(b.weights.data()) + b.offset[k] + 4 * third;
-      __m256i a0 = half, a1 = half, a2 = half, a3 = half;
-      for (int pr = 0; pr < b.pairs[k]; ++pr, s += 6, w += 12) {
+          reinterpret_cast<const __m256i*>(b.weights.data()) + b.offset[k] + 8 * third;
+      // Named accumulators (not arrays) so that they stay in registers.
+      __m256i h0 = zero, h1 = zero, h2 = zero, h3 = zero;
+      __m256i l0 = half, l1 = half, l2 = half, l3 = half;
+      for (int pr = 0; pr < b.pairs[k]; ++pr, s += 6, w += 24) {
         const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
         const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 3));
         const __m256i lo = _mm256_unpacklo_epi8(va, vb), hi = _mm256_unpackhi_epi8(va, vb);
-        a0 = _mm256_add_epi32(
-            a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), _mm256_loadu_si256(w)));
-        a1 = _mm256_add_epi32(
-            a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), _mm256_loadu_si256(w + 1)));
-        a2 = _mm256_add_epi32(
-            a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), _mm256_loadu_si256(w + 2)));
-        a3 = _mm256_add_epi32(
-            a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), _mm256_loadu_si256(w + 3)));
+        const __m256i p0 = _mm256_unpacklo_epi8(lo, zero), p1 = _mm256_unpackhi_epi8(lo, zero);
+        const __m256i p2 = _mm256_unpacklo_epi8(hi, zero), p3 = _mm256_unpackhi_epi8(hi, zero);
+        h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(p0, _mm256_loadu_si256(w)));
+        h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(p1, _mm256_loadu_si256(w + 1)));
+        h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(p2, _mm256_loadu_si256(w + 2)));
+        h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(p3, _mm256_loadu_si256(w + 3)));
+        l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(p0, _mm256_loadu_si256(w + 4)));
+        l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(p1, _mm256_loadu_si256(w + 5)));
+        l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(p2, _mm256_loadu_si256(w + 6)));
+        l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(p3, _mm256_loadu_si256(w + 7)));
       }
-      a0 = _mm256_sra_epi32(a0, shift);
-      a1 = _mm256_sra_epi32(a1, shift);
-      a2 = _mm256_sra_epi32(a2, shift);
-      a3 = _mm256_sra_epi32(a3, shift);
+      const __m256i a0 = JoinSums(h0, l0), a1 = JoinSums(h1, l1);
+      const __m256i a2 = JoinSums(h2, l2), a3 = JoinSums(h3, l3);
       const __m256i out =
           _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + size_t{3} * x0 + 32 * third), out);
@@ -291,39 +318,61 @@ __attribute__((target("avx2"))) void HorizontalRowBlocksAvx2(const uint8_t* src,
   HorizontalRowScalar(src, dst, f, blocks * kBlockPixels, f.out_size);
 }
 
-__attribute__((target("avx2"))) void VerticalRowAvx2(const uint8_t* const* rows, const int16_t* k,
-                                                     int count, int precision, size_t bytes,
-                                                     uint8_t* dst) {
+// The two int16 parts (kSplit) of taps t and t + 1 in each 32-bit lane.
+__attribute__((target("avx2"))) inline __m256i WeightPair(int16_t w0, int16_t w1) {
+  return _mm256_set1_epi32(
+      static_cast<int32_t>(uint32_t{static_cast<uint16_t>(w1)} << 16 | static_cast<uint16_t>(w0)));
+}
+
+__attribute__((target("avx2"))) void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* k,
+                                                     int count, size_t bytes, uint8_t* dst) {
   const __m256i zero = _mm256_setzero_si256();
-  const __m256i half = _mm256_set1_epi32(1 << (precision - 1));
+  const __m256i half = _mm256_set1_epi32(kHalf);
+  // The row's weights, high and low parts of each pair of taps, once.
+  struct alignas(32) Vector {
+    __m256i v;
+  };
+  thread_local std::vector<Vector> weights;
+  const int pairs = (count + 1) / 2;
+  weights.resize(2 * static_cast<size_t>(pairs));
+  for (int pr = 0; pr < pairs; ++pr) {
+    const int32_t w0 = k[2 * pr], w1 = 2 * pr + 1 < count ? k[2 * pr + 1] : 0;
+    weights[2 * pr].v = WeightPair(WeightHigh(w0), WeightHigh(w1));
+    weights[2 * pr + 1].v = WeightPair(WeightLow(w0), WeightLow(w1));
+  }
+  const Vector* wv = weights.data();
   size_t i = 0;
   for (; i + 32 <= bytes; i += 32) {
-    __m256i a0 = half, a1 = half, a2 = half, a3 = half;
-    for (int t = 0; t < count; t += 2) {
-      const bool pair = t + 1 < count;
-      const uint16_t w0 = static_cast<uint16_t>(k[t]);
-      const uint16_t w1 = pair ? static_cast<uint16_t>(k[t + 1]) : 0;
-      const __m256i w = _mm256_set1_epi32(static_cast<int32_t>(uint32_t{w1} << 16 | w0));
+    // Named accumulators (not arrays) so that they stay in registers.
+    __m256i h0 = zero, h1 = zero, h2 = zero, h3 = zero;
+    __m256i l0 = half, l1 = half, l2 = half, l3 = half;
+    for (int pr = 0; pr < pairs; ++pr) {
+      const int t = 2 * pr;
+      const __m256i wh = wv[t].v, wl = wv[t + 1].v;
       const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t] + i));
-      const __m256i vb =
-          pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t + 1] + i)) : zero;
+      const __m256i vb = t + 1 < count
+                             ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t + 1] + i))
+                             : zero;
       const __m256i lo = _mm256_unpacklo_epi8(va, vb), hi = _mm256_unpackhi_epi8(va, vb);
-      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), w));
-      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), w));
-      a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), w));
-      a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), w));
+      const __m256i p0 = _mm256_unpacklo_epi8(lo, zero), p1 = _mm256_unpackhi_epi8(lo, zero);
+      const __m256i p2 = _mm256_unpacklo_epi8(hi, zero), p3 = _mm256_unpackhi_epi8(hi, zero);
+      h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(p0, wh));
+      h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(p1, wh));
+      h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(p2, wh));
+      h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(p3, wh));
+      l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(p0, wl));
+      l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(p1, wl));
+      l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(p2, wl));
+      l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(p3, wl));
     }
-    const __m128i shift = _mm_cvtsi32_si128(precision);
-    a0 = _mm256_sra_epi32(a0, shift);
-    a1 = _mm256_sra_epi32(a1, shift);
-    a2 = _mm256_sra_epi32(a2, shift);
-    a3 = _mm256_sra_epi32(a3, shift);
+    const __m256i a0 = JoinSums(h0, l0), a1 = JoinSums(h1, l1);
+    const __m256i a2 = JoinSums(h2, l2), a3 = JoinSums(h3, l3);
     // The per-lane unpacks above and the per-lane packs here cancel out:
     // the bytes come back in order.
     const __m256i out = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), out);
   }
-  VerticalRowScalar(rows, k, count, precision, i, bytes, dst);
+  VerticalRowScalar(rows, k, count, i, bytes, dst);
 }
 #endif  // TUTTI_RESAMPLE_AVX2
 
@@ -367,22 +416,15 @@ class Horizontal {
 // Output row y of the vertical filter over `bytes` bytes of the rows it reads.
 void VerticalRow(const AxisFilter& f, int y, const uint8_t* const* rows, size_t bytes, bool simd,
                  uint8_t* dst) {
-  const int16_t* k = f.weights.data() + static_cast<size_t>(y) * f.taps;
+  const int32_t* k = f.weights.data() + static_cast<size_t>(y) * f.taps;
 #if TUTTI_RESAMPLE_AVX2
   if (simd && HaveAvx2()) {
-    VerticalRowAvx2(rows, k, f.count[y], f.precision, bytes, dst);
+    VerticalRowAvx2(rows, k, f.count[y], bytes, dst);
     return;
   }
 #endif
   (void)simd;
-  VerticalRowScalar(rows, k, f.count[y], f.precision, 0, bytes, dst);
-}
-
-// Groups of `size` taps an output sample takes, on average.
-double MeanGroups(const AxisFilter& f, int size) {
-  double n = 0;
-  for (int c : f.count) n += (c + size - 1) / size;
-  return n / f.out_size;
+  VerticalRowScalar(rows, k, f.count[y], 0, bytes, dst);
 }
 
 }  // namespace
@@ -392,89 +434,54 @@ AxisFilter MakeBicubicFilter(int in_size, int out_size) {
   AxisFilter f;
   f.in_size = in_size;
   f.out_size = out_size;
-  const double scale = static_cast<double>(in_size) / out_size;
-  const double stretch = std::max(scale, 1.0);  // the kernel widens only when shrinking
-  const double support = 2.0 * stretch;
+  // PIL's precompute_coeffs over the box (0, in_size), expression for
+  // expression, so that every double and so every rounded weight is PIL's
+  // (the box's bounds are floats there). Built with -ffp-contract=off: a
+  // fused multiply-add would round differently.
+  const float in0 = 0.0f, in1 = static_cast<float>(in_size);
+  const double scale = static_cast<double>(in1 - in0) / out_size;
+  const double filterscale = std::max(scale, 1.0);  // the kernel widens only when shrinking
+  const double support = 2.0 * filterscale;         // the bicubic kernel's support is 2
+  const double ss = 1.0 / filterscale;
   f.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
   f.first.resize(out_size);
   f.count.resize(out_size);
-  std::vector<double> w(static_cast<size_t>(out_size) * f.taps, 0.0);
-  double largest = 0;
+  f.weights.assign(static_cast<size_t>(out_size) * f.taps, 0);
+  std::vector<double> k(f.taps);
   for (int x = 0; x < out_size; ++x) {
-    const double center = (x + 0.5) * scale;
+    const double center = in0 + (x + 0.5) * scale;
     // Truncation toward zero, then clamping, as PIL rounds the bounds.
     const int lo = std::max(static_cast<int>(center - support + 0.5), 0);
     const int hi = std::min(static_cast<int>(center + support + 0.5), in_size);
     const int n = std::max(hi - lo, 1);
-    f.first[x] = std::min(lo, in_size - 1);
-    f.count[x] = n;
-    double* k = &w[static_cast<size_t>(x) * f.taps];
-    double sum = 0;
+    double ww = 0;
     for (int t = 0; t < n; ++t) {
-      k[t] = Bicubic((t + f.first[x] - center + 0.5) / stretch);
-      sum += k[t];
+      k[t] = Bicubic((t + lo - center + 0.5) * ss);
+      ww += k[t];
     }
+    // PIL's normalize_coeffs_8bpc: each weight over the sum, then to
+    // kPrecision fractional bits, rounded half away from zero. The sum may be
+    // a few units off 1 << kPrecision, as in PIL.
+    int32_t* q = &f.weights[static_cast<size_t>(x) * f.taps];
     for (int t = 0; t < n; ++t) {
-      if (sum != 0.0) k[t] /= sum;
-      largest = std::max(largest, std::fabs(k[t]));
+      if (ww != 0.0) k[t] /= ww;
+      q[t] = k[t] < 0 ? static_cast<int32_t>(-0.5 + k[t] * (1 << kPrecision))
+                      : static_cast<int32_t>(0.5 + k[t] * (1 << kPrecision));
+      assert(q[t] > -(1 << (15 + kSplit)) && q[t] < (1 << (15 + kSplit)));  // WeightHigh fits
     }
-  }
-  // As many fractional bits as int16 weights can hold (PIL keeps 22 in
-  // int32; 14 to 20 here, so one multiply-add handles two taps).
-  f.precision = kMaxPrecision;
-  while (f.precision > 1 && largest * (1 << f.precision) > 32767.0) --f.precision;
-  const double one = static_cast<double>(1 << f.precision);
-  f.weights.assign(w.size(), 0);
-  for (int x = 0; x < out_size; ++x) {
-    int16_t* q = &f.weights[static_cast<size_t>(x) * f.taps];
-    const double* k = &w[static_cast<size_t>(x) * f.taps];
-    int32_t sum = 0;
-    int peak = 0;
-    for (int t = 0; t < f.count[x]; ++t) {
-      q[t] = static_cast<int16_t>(k[t] < 0 ? std::ceil(k[t] * one - 0.5) : std::floor(k[t] * one + 0.5));
-      sum += q[t];
-      if (q[t] > q[peak]) peak = t;
-    }
-    // Rounding may leave the sum a unit or two off 1.0: give the difference to
-    // the largest weight, so a flat area stays exactly flat.
-    q[peak] = static_cast<int16_t>(q[peak] + ((1 << f.precision) - sum));
     // Taps whose weight is zero (the kernel's support ends on them) cost a
     // multiply-add for nothing: drop them from both ends.
     int lead = 0;
-    while (lead < f.count[x] - 1 && q[lead] == 0) ++lead;
-    int n = f.count[x] - lead;
-    while (n > 1 && q[lead + n - 1] == 0) --n;
-    if (lead > 0) std::memmove(q, q + lead, sizeof(int16_t) * n);
-    std::fill(q + n, q + f.taps, int16_t{0});
-    f.first[x] += lead;
-    f.count[x] = n;
+    while (lead < n - 1 && q[lead] == 0) ++lead;
+    int m = n - lead;
+    while (m > 1 && q[lead + m - 1] == 0) --m;
+    if (lead > 0) std::memmove(q, q + lead, sizeof(int32_t) * m);
+    std::fill(q + m, q + f.taps, int32_t{0});
+    f.first[x] = std::min(lo, in_size - 1) + lead;
+    f.count[x] = m;
   }
   return f;
 }
-
-namespace {
-
-// What one step of the horizontal kernel (two taps of two pixels) costs
-// against one of the vertical kernel (two taps of 8 bytes): its shuffles,
-// unaligned loads and per-pixel weights make it dearer (measured on AMD Zen 2:
-// 2560x1600 to 1260x784 takes 7.3 ms horizontal first, 5.5 ms vertical first).
-constexpr double kHorizontalStepCost = 1.8;
-
-ResampleOrder ChooseOrder(const AxisFilter& fh, const AxisFilter& fv, int in_width) {
-  // Multiply-add steps per output pixel of each pass.
-  const double h_cost = kHorizontalStepCost * MeanGroups(fh, 2) / 2;
-  const double v_cost = 3.0 / 8 * MeanGroups(fv, 2);
-  const int row0 = fv.first.front();
-  const int row1 = fv.first.back() + fv.count.back();
-  const double h_first =
-      double(row1 - row0) * fh.out_size * h_cost + double(fv.out_size) * fh.out_size * v_cost;
-  const double v_first =
-      double(fv.out_size) * in_width * v_cost + double(fv.out_size) * fh.out_size * h_cost;
-  // PIL's order unless the other saves a tenth.
-  return v_first < 0.9 * h_first ? ResampleOrder::kVerticalFirst : ResampleOrder::kHorizontalFirst;
-}
-
-}  // namespace
 
 void ResampleBicubicStrips(const cv::Mat& src, int out_height, int out_width, int strip_rows,
                            absl::FunctionRef<void(const cv::Mat& strip, int first_row)> sink,
@@ -515,22 +522,9 @@ void ResampleBicubicStrips(const cv::Mat& src, int out_height, int out_width, in
   }
   const AxisFilter fh = MakeBicubicFilter(src.cols, out_width);
   const Horizontal h(fh, options.simd);
-  ResampleOrder order = options.order;
-  if (order == ResampleOrder::kCheapest) order = ChooseOrder(fh, fv, src.cols);
-  if (order == ResampleOrder::kVerticalFirst) {
-    // Each output row: the vertical pass over the source's full width into
-    // one row, then the horizontal pass of that row.
-    cv::Mat between = between_buffer.Allocate(1, src.cols);
-    uint8_t* b = between.ptr<uint8_t>(0);
-    strips([&](int y, uint8_t* dst) {
-      for (int t = 0; t < fv.count[y]; ++t) rows[t] = src.ptr<uint8_t>(fv.first[y] + t);
-      VerticalRow(fv, y, rows.data(), size_t{3} * src.cols, options.simd, b);
-      h.Row(b, dst);
-    });
-    return;
-  }
-  // PIL's order: source rows resampled horizontally as the vertical pass
-  // first needs them, into a ring that holds every row one output row reads.
+  // PIL's order: source rows resampled horizontally (and rounded to 8 bits)
+  // as the vertical pass first needs them, into a ring that holds every row
+  // one output row reads.
   int ring = 1, end = 0;
   for (int y = 0; y < out_height; ++y) {
     end = std::max(end, fv.first[y] + fv.count[y]);

@@ -13,11 +13,13 @@
 // to 8 bits, as PIL does. An axis whose size does not change is not resampled
 // (a same-size image is returned untouched).
 //
-// PIL runs the horizontal pass first; so does this, unless the other order
-// is clearly cheaper (vertical first when shrinking the height by about 2x or
-// more, so the horizontal pass runs on the shrunk rows), and then the
-// rounding between the passes differs by one level on some pixels (PSNR
-// 55-60 dB against PIL's order on photographs).
+// Exactly PIL's arithmetic (Pillow's ImagingResample): the kernel's bounds
+// and weights computed in double as PIL computes them, weights rounded to 22
+// fractional bits in int32, sums started at one half, shifted and clipped to
+// 8 bits after each pass, and the horizontal pass first, then the vertical
+// pass over its 8-bit rows. The other order is cheaper for large shrinks but
+// rounds differently between the passes, up to 20 levels at sharp edges; it
+// is not offered.
 #ifndef TUTTI_SERVICES_STAGER_RESAMPLE_H_
 #define TUTTI_SERVICES_STAGER_RESAMPLE_H_
 
@@ -34,25 +36,23 @@ namespace tutti::stager {
 struct AxisFilter {
   int in_size = 0;
   int out_size = 0;
-  int taps = 0;       // weights stored per output sample (the widest support)
-  int precision = 0;  // fractional bits of the weights
-  std::vector<int> first;         // first input sample read by each output sample
-  std::vector<int> count;         // input samples read by each output sample
-  std::vector<int16_t> weights;   // out_size x taps, zero past count; sum 1 << precision
+  int taps = 0;            // weights stored per output sample (the widest support)
+  std::vector<int> first;  // first input sample read by each output sample
+  std::vector<int> count;  // input samples read by each output sample
+  std::vector<int32_t>
+      weights;  // out_size x taps, zero past count; sum about 1 << kResamplePrecision
 };
+
+// Fractional bits of the weights: PIL's PRECISION_BITS (32 - 8 - 2).
+inline constexpr int kResamplePrecision = 22;
 
 // The bicubic (a = -0.5) filter from in_size to out_size samples, widened by
-// the shrink factor when in_size > out_size. Both sizes must be positive.
+// the shrink factor when in_size > out_size, with PIL's weights (precompute_coeffs
+// and normalize_coeffs_8bpc with the whole axis as the box; taps of zero weight
+// at either end dropped, which changes no sum). Both sizes must be positive.
 AxisFilter MakeBicubicFilter(int in_size, int out_size);
 
-enum class ResampleOrder {
-  kCheapest,          // PIL's, unless the other is clearly cheaper (see the file comment)
-  kHorizontalFirst,   // PIL's order
-  kVerticalFirst,
-};
-
 struct ResampleOptions {
-  ResampleOrder order = ResampleOrder::kCheapest;
   // Use the AVX2 kernels when the CPU has them (the results are identical
   // either way; false runs the portable loops, for tests).
   bool simd = true;

@@ -38,9 +38,12 @@ TEST(ResampleTest, FilterWeightsSumToOneAndWidenWhenShrinking) {
     const AxisFilter f = MakeBicubicFilter(in, out);
     ASSERT_EQ(f.out_size, out);
     for (int x = 0; x < out; ++x) {
+      // Each weight rounded on its own, as PIL does: the sum is within half
+      // a unit per tap of one.
       int sum = 0;
       for (int t = 0; t < f.taps; ++t) sum += f.weights[x * f.taps + t];
-      EXPECT_EQ(sum, 1 << f.precision) << in << "->" << out << " at " << x;
+      EXPECT_LE(std::abs(sum - (1 << kResamplePrecision)), f.taps / 2 + 1)
+          << in << "->" << out << " at " << x;
       EXPECT_GE(f.first[x], 0);
       EXPECT_LE(f.first[x] + f.count[x], in);
     }
@@ -58,20 +61,24 @@ TEST(ResampleTest, FilterWeightsSumToOneAndWidenWhenShrinking) {
 
 TEST(ResampleTest, SimdAndPortableLoopsGiveTheSameBytes) {
   uint32_t seed = 1;
-  for (auto [h, w, oh, ow] : {std::array{57, 91, 28, 56}, {300, 200, 84, 56}, {64, 64, 140, 168},
-                              {97, 131, 96, 132}, {480, 270, 112, 224}, {29, 500, 56, 28},
-                              {1000, 17, 28, 28}}) {
+  for (auto [h, w, oh, ow] : {std::array{57, 91, 28, 56},
+                              {300, 200, 84, 56},
+                              {64, 64, 140, 168},
+                              {97, 131, 96, 132},
+                              {480, 270, 112, 224},
+                              {29, 500, 56, 28},
+                              {1000, 17, 28, 28},
+                              // Shrinks of thousands of taps, where the kernels' split
+                              // sums wrap around before their exact result.
+                              {4, 30000, 3, 7},
+                              {30000, 4, 7, 3}}) {
     const cv::Mat src = Noise(h, w, seed++);
-    for (ResampleOrder order : {ResampleOrder::kHorizontalFirst, ResampleOrder::kVerticalFirst,
-                                ResampleOrder::kCheapest}) {
-      cv::Mat fast, slow;
-      ResampleBicubic(src, oh, ow, &fast, {order, true});
-      ResampleBicubic(src, oh, ow, &slow, {order, false});
-      ASSERT_EQ(fast.rows, oh);
-      ASSERT_EQ(fast.cols, ow);
-      EXPECT_EQ(cv::norm(fast, slow, cv::NORM_INF), 0)
-          << w << "x" << h << " -> " << ow << "x" << oh << " order " << static_cast<int>(order);
-    }
+    cv::Mat fast, slow;
+    ResampleBicubic(src, oh, ow, &fast, {.simd = true});
+    ResampleBicubic(src, oh, ow, &slow, {.simd = false});
+    ASSERT_EQ(fast.rows, oh);
+    ASSERT_EQ(fast.cols, ow);
+    EXPECT_EQ(cv::norm(fast, slow, cv::NORM_INF), 0) << w << "x" << h << " -> " << ow << "x" << oh;
   }
 }
 
@@ -95,19 +102,15 @@ TEST(ResampleTest, FewTapHorizontalKernelGivesThePortableBytes) {
   uint32_t seed = 100;
   for (const auto& [h, w, oh, ow] : sizes) {
     const cv::Mat src = Noise(h, w, seed++);
-    for (ResampleOrder order : {ResampleOrder::kHorizontalFirst, ResampleOrder::kVerticalFirst}) {
-      cv::Mat fast, slow;
-      ResampleBicubic(src, oh, ow, &fast, {order, true});
-      ResampleBicubic(src, oh, ow, &slow, {order, false});
-      ASSERT_EQ(fast.size(), cv::Size(ow, oh));
-      EXPECT_EQ(cv::norm(fast, slow, cv::NORM_INF), 0)
-          << w << "x" << h << " -> " << ow << "x" << oh << " order " << static_cast<int>(order);
-    }
+    cv::Mat fast, slow;
+    ResampleBicubic(src, oh, ow, &fast, {.simd = true});
+    ResampleBicubic(src, oh, ow, &slow, {.simd = false});
+    ASSERT_EQ(fast.size(), cv::Size(ow, oh));
+    EXPECT_EQ(cv::norm(fast, slow, cv::NORM_INF), 0) << w << "x" << h << " -> " << ow << "x" << oh;
   }
 }
 
-// The two passes over whole images, written plainly: each pass's rows
-// rounded to 8 bits, in the given order.
+// One pass over a whole image, written plainly: its rows rounded to 8 bits.
 cv::Mat PlainPass(const cv::Mat& src, const AxisFilter& f, bool horizontal) {
   cv::Mat out =
       horizontal ? cv::Mat(src.rows, f.out_size, CV_8UC3) : cv::Mat(f.out_size, src.cols, CV_8UC3);
@@ -115,14 +118,14 @@ cv::Mat PlainPass(const cv::Mat& src, const AxisFilter& f, bool horizontal) {
     for (int x = 0; x < out.cols; ++x) {
       const int o = horizontal ? x : y;
       for (int c = 0; c < 3; ++c) {
-        int64_t acc = int64_t{1} << (f.precision - 1);
+        int64_t acc = int64_t{1} << (kResamplePrecision - 1);
         for (int t = 0; t < f.count[o]; ++t) {
           const int i = f.first[o] + t;
           const int v = horizontal ? src.at<cv::Vec3b>(y, i)[c] : src.at<cv::Vec3b>(i, x)[c];
           acc += int64_t{v} * f.weights[static_cast<size_t>(o) * f.taps + t];
         }
         out.at<cv::Vec3b>(y, x)[c] =
-            static_cast<uint8_t>(std::clamp<int64_t>(acc >> f.precision, 0, 255));
+            static_cast<uint8_t>(std::clamp<int64_t>(acc >> kResamplePrecision, 0, 255));
       }
     }
   }
@@ -134,16 +137,15 @@ TEST(ResampleTest, StripsEqualTheTwoPassesOverWholeImages) {
   for (const auto& size : {std::pair{40, 50}, {97, 60}, {30, 131}, {150, 170}, {23, 300}, {1, 1}}) {
     const int oh = size.first, ow = size.second;  // named: the strip callback captures them
     const AxisFilter fh = MakeBicubicFilter(src.cols, ow), fv = MakeBicubicFilter(src.rows, oh);
-    for (ResampleOrder order : {ResampleOrder::kHorizontalFirst, ResampleOrder::kVerticalFirst}) {
+    {
+      // PIL's order: horizontal, then vertical over the 8-bit rows.
       cv::Mat expect;
       if (ow == src.cols) {
         expect = PlainPass(src, fv, false);
       } else if (oh == src.rows) {
         expect = PlainPass(src, fh, true);
-      } else if (order == ResampleOrder::kHorizontalFirst) {
-        expect = PlainPass(PlainPass(src, fh, true), fv, false);
       } else {
-        expect = PlainPass(PlainPass(src, fv, false), fh, true);
+        expect = PlainPass(PlainPass(src, fh, true), fv, false);
       }
       for (bool simd : {true, false}) {
         for (int strip_rows : {1, 7, 28, 1000}) {
@@ -156,12 +158,10 @@ TEST(ResampleTest, StripsEqualTheTwoPassesOverWholeImages) {
                                   strip.copyTo(got.rowRange(y0, y0 + strip.rows));
                                   next = y0 + strip.rows;
                                 },
-                                {order, simd});
+                                {.simd = simd});
           EXPECT_EQ(next, oh);
           EXPECT_EQ(cv::norm(got, expect, cv::NORM_INF), 0)
-              << ow << "x" << oh << " strips of " << strip_rows << (simd ? " simd" : " portable")
-              << (order == ResampleOrder::kHorizontalFirst ? " horizontal first"
-                                                           : " vertical first");
+              << ow << "x" << oh << " strips of " << strip_rows << (simd ? " simd" : " portable");
         }
       }
     }
@@ -187,7 +187,8 @@ TEST(ResampleTest, OnePixelCheckerboardShrunkComesOutGrey) {
   // is averages out instead of aliasing into a moire.
   const cv::Mat board = Checkerboard(840, 1120);
   for (double shrink : {2.0, 2.5, 3.0, 3.5, 4.0}) {
-    const int oh = static_cast<int>(840 / shrink) / 28 * 28, ow = static_cast<int>(1120 / shrink) / 28 * 28;
+    const int oh = static_cast<int>(840 / shrink) / 28 * 28,
+              ow = static_cast<int>(1120 / shrink) / 28 * 28;
     cv::Mat out;
     ResampleBicubic(board, oh, ow, &out);
     double lo, hi;

@@ -120,6 +120,7 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   wo.window = opts_.window;
   wo.memory_budget_bytes = opts_.memory_budget_bytes;
   wo.stage_wait = opts_.stage_wait_ms ? absl::Milliseconds(opts_.stage_wait_ms) : deadline;
+  stage_wait_ = wo.stage_wait;
   wo.default_acquire_timeout_ms =
       std::min(opts_.default_acquire_timeout_ms, opts_.max_acquire_timeout_ms);
   wo.total_steps = job.total_steps();
@@ -166,17 +167,31 @@ absl::Status StagerCore::StartParts(const v1::JobInfo& job) {
 }
 
 absl::Status StagerCore::StartReader() {
-  std::unique_ptr<IoBackend> backend = std::move(read_backend_);
-  if (!backend && opts_.staging.use_io_uring) {
-    auto b = MakeUringBackend(opts_.read_queue_depth, opts_.read_queue_depth);
-    if (!b.ok()) return Annotate(b.status(), "cannot set up io_uring for member reads");
-    backend = std::move(*b);
-  } else if (!backend) {
-    backend = MakePreadBackend(16);
+  // Cache and source reads on services of their own (each io_uring ring is
+  // served by its own thread, whose io_uring workers are its own): a stalled
+  // source never holds up a read from the cache.
+  auto make = [&](const char* what) -> absl::StatusOr<std::unique_ptr<IoBackend>> {
+    if (!opts_.staging.use_io_uring) return MakePreadBackend(16);
+    // Twice the depth in workers: room for reads stuck on a stalled file,
+    // which no longer count against the depth.
+    auto b = MakeUringBackend(opts_.read_queue_depth, 2 * opts_.read_queue_depth);
+    if (!b.ok()) return Annotate(b.status(), absl::StrCat("cannot set up io_uring for ", what));
+    return std::move(*b);
+  };
+  std::unique_ptr<IoBackend> source = std::move(read_backend_);
+  if (!source) {
+    ASSIGN_OR_RETURN(source, make("member reads from the source"));
   }
-  read_io_ = std::make_unique<IoService>(std::move(backend));
+  ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> cache, make("member reads from the cache"));
+  if (opts_.source_file_reads == 0) {
+    return absl::InvalidArgumentError("source reads of one shard in flight must be at least 1");
+  }
+  IoServiceOptions source_options;
+  source_options.per_file_limit = opts_.source_file_reads;
+  source_io_ = std::make_unique<IoService>(std::move(source), source_options);
+  cache_io_ = std::make_unique<IoService>(std::move(cache));
   reader_ = std::make_unique<MemberReader>(&staging_->source_root(), cache_.get(), staging_.get(),
-                                           read_io_.get(), metrics_.get());
+                                           cache_io_.get(), source_io_.get(), metrics_.get());
   return absl::OkStatus();
 }
 
@@ -193,7 +208,10 @@ void StagerCore::Stop() {
   cv_.SignalAll();
   for (auto& cb : cbs) cb();
   if (scheduler_.joinable()) scheduler_.join();
-  read_io_.reset();  // ends reads (callbacks may still queue decodes)
+  // Ends reads (callbacks may still queue decodes); a read stuck in the
+  // kernel is not waited for.
+  source_io_.reset();
+  cache_io_.reset();
   pool_.reset();     // finishes running decodes, drops queued ones
   {
     absl::MutexLock l(&mu_);
@@ -245,6 +263,9 @@ absl::Status StagerCore::AddPlan(v1::StepPlan plan, uint64_t generation) {
     }
     if (metrics_) metrics_->plans_received.Increment();
     bad = intake_->Take(plan);
+    // Sent again after the window moved back: the plan of a step is the same
+    // every time (seed, step), and the one held is kept.
+    if (bad.ok() && window_->HasPlan(step)) return absl::OkStatus();
     auto shared = std::make_shared<const v1::StepPlan>(std::move(plan));
     std::vector<const v1::ShardRef*> stage = ShardsToStage(*shared);
     if (bad.ok()) {
@@ -267,8 +288,7 @@ void StagerCore::PlanFailed(uint64_t step, const absl::Status& status, uint64_t 
 }
 
 // ------------------------------------------------------------ clients
-absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnation,
-                               bool renews_leases, Callbacks* cbs) {
+absl::Status StagerCore::LocalRank(uint32_t rank) {
   if (!started_ || stopping_) {
     return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   }
@@ -276,14 +296,44 @@ absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, uint64_t incarnatio
     RETURN_IF_ERROR(ranks_->Learn(rank));
     cv_.SignalAll();  // plan intake can start
   }
-  RETURN_IF_ERROR(ranks_->CheckLocal(rank));
-  RETURN_IF_ERROR(window_->Incarnate(rank, incarnation, cbs));
-  window_->Heard(rank, incarnation, absl::Now(), renews_leases);
-  FollowWindow();
+  return ranks_->CheckLocal(rank);
+}
+
+absl::Status StagerCore::Admit(uint64_t step, uint32_t rank, const ProcessKey& caller,
+                               bool renews_leases) {
+  RETURN_IF_ERROR(LocalRank(rank));
+  RETURN_IF_ERROR(processes_.Check(rank, caller));
+  window_->Heard(rank, caller.incarnation, absl::Now(), renews_leases);
   bool moved = false;
   RETURN_IF_ERROR(window_->Admit(step, rank, &moved));
-  if (moved) intake_->Restart(step);
+  if (moved) intake_->Restart(window_->base());
   return intake_->ErrorFor(step);
+}
+
+absl::StatusOr<ProcessKey> StagerCore::RegisterRank(uint32_t rank) {
+  Callbacks cbs;
+  ProcessKey issued;
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(LocalRank(rank));
+    uint64_t replaced = 0;
+    issued = processes_.Register(rank, &replaced);
+    kLog.Info("a process registered for the rank", {{"job", config_.job_id()},
+                                                    {"rank", rank},
+                                                    {"incarnation", absl::Hex(issued.incarnation)},
+                                                    {"replaces", absl::Hex(replaced)}});
+    window_->NewProcess(rank, issued.incarnation, &cbs);
+    FollowWindow();
+    ApplyShardSets();
+  }
+  cv_.SignalAll();
+  for (auto& cb : cbs) cb();
+  return issued;
+}
+
+absl::Status StagerCore::CheckCaller(uint32_t rank, const ProcessKey& caller) const {
+  absl::MutexLock l(&mu_);
+  return processes_.Check(rank, caller);
 }
 
 void StagerCore::FollowWindow() {
@@ -299,12 +349,12 @@ absl::Status StagerCore::CheckAcquireTimeout(uint32_t timeout_ms) const {
 }
 
 void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
-                              uint64_t incarnation, bool renews_leases) {
+                              const ProcessKey& caller, bool renews_leases) {
   if (absl::Status s = CheckAcquireTimeout(timeout_ms); !s.ok()) return done(s);
   Callbacks cbs;
   {
     absl::MutexLock l(&mu_);
-    absl::Status s = Admit(step, rank, incarnation, renews_leases, &cbs);
+    absl::Status s = Admit(step, rank, caller, renews_leases);
     if (!s.ok()) {
       cbs.push_back([d = std::move(done), s] { d(s); });
     } else {
@@ -318,7 +368,8 @@ void StagerCore::AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms,
 }
 
 absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t rank,
-                                                        uint32_t timeout_ms, uint64_t incarnation,
+                                                        uint32_t timeout_ms,
+                                                        const ProcessKey& caller,
                                                         bool renews_leases) {
   absl::Mutex m;
   std::optional<absl::StatusOr<v1::BatchDescriptor>> result;
@@ -328,7 +379,7 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
         absl::MutexLock l(&m);
         result = std::move(r);
       },
-      incarnation, renews_leases);
+      caller, renews_leases);
   absl::MutexLock l(&m);
   m.Await(absl::Condition(
       +[](std::optional<absl::StatusOr<v1::BatchDescriptor>>* r) { return r->has_value(); },
@@ -336,7 +387,7 @@ absl::StatusOr<v1::BatchDescriptor> StagerCore::Acquire(uint64_t step, uint32_t 
   return std::move(*result);
 }
 
-absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnation,
+absl::Status StagerCore::Release(uint64_t step, uint32_t rank, const ProcessKey& caller,
                                  std::optional<double> waited) {
   if (waited && !(std::isfinite(*waited) && *waited >= 0 && *waited <= kMaxWaitSeconds)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -350,9 +401,10 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
   {
     absl::MutexLock l(&mu_);
     if (!ranks_ || !ranks_->known()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "release of step ", step, " rank ", rank, ": no batch was handed out yet (--node=auto "
-          "learns the node from the first AcquireBatch)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("release of step ", step, " rank ", rank,
+                       ": no batch was handed out yet (--node=auto "
+                       "learns the node from the first rank that registers or asks for a batch)"));
     }
     RETURN_IF_ERROR(ranks_->CheckLocal(rank));
     // Batches are handed out only inside [base, base + 2 * window) (see
@@ -364,10 +416,11 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
           "release of step ", step, " rank ", rank, ": no batch that far ahead was handed out "
           "(batches are handed out for steps ", window_->base(), "..", far - 1, " now)"));
     }
-    // A release from a replaced process must not release its successor's batch.
-    result = window_->Incarnate(rank, incarnation, &cbs);
+    // Only the rank's process releases its batches: not a replaced one (its
+    // successor's), nor another process naming an invented incarnation or none.
+    result = processes_.Check(rank, caller);
     if (result.ok()) {
-      window_->Heard(rank, incarnation, absl::Now(), std::nullopt);
+      window_->Heard(rank, caller.incarnation, absl::Now(), std::nullopt);
       window_->Release(step, rank, &cbs);
       FollowWindow();
       ApplyShardSets();
@@ -378,36 +431,24 @@ absl::Status StagerCore::Release(uint64_t step, uint32_t rank, uint64_t incarnat
   return result;
 }
 
-absl::StatusOr<std::vector<uint64_t>> StagerCore::RenewLeases(uint32_t rank, uint64_t incarnation,
+absl::StatusOr<std::vector<uint64_t>> StagerCore::RenewLeases(uint32_t rank,
+                                                              const ProcessKey& caller,
                                                               const std::vector<uint64_t>& steps) {
-  if (incarnation == 0) {
+  if (caller.incarnation == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a lease renewal of rank ", rank, " must name its process (incarnation 0)"));
   }
-  Callbacks cbs;
   std::vector<uint64_t> lost;
-  absl::Status result;
-  {
-    absl::MutexLock l(&mu_);
-    if (!started_ || stopping_) {
-      return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
-    }
-    // Before the first AcquireBatch under --node=auto nothing was handed
-    // out: every step named is lost (a live client keeps renewing).
-    if (!ranks_->known()) return steps;
-    RETURN_IF_ERROR(ranks_->CheckLocal(rank));
-    result = window_->Incarnate(rank, incarnation, &cbs);
-    if (result.ok()) {
-      const absl::Time now = absl::Now();
-      window_->Heard(rank, incarnation, now, true);
-      window_->Renew(rank, steps, now, &lost);
-      FollowWindow();
-      ApplyShardSets();
-    }
+  absl::MutexLock l(&mu_);
+  if (!started_ || stopping_) {
+    return absl::UnavailableError("tutti-stagerd is starting or stopping; retry");
   }
-  cv_.SignalAll();
-  for (auto& cb : cbs) cb();
-  if (!result.ok()) return result;
+  // A process registers only once the node is known (--node=auto).
+  if (ranks_->known()) RETURN_IF_ERROR(ranks_->CheckLocal(rank));
+  RETURN_IF_ERROR(processes_.Check(rank, caller));
+  const absl::Time now = absl::Now();
+  window_->Heard(rank, caller.incarnation, now, true);
+  window_->Renew(rank, steps, now, &lost);
   return lost;
 }
 
@@ -448,14 +489,41 @@ void StagerCore::Tick(Callbacks* cbs) {
     if (!window_->Ready(job, now, cbs)) job->Discard();  // released or moved past meanwhile
   }
   auto shard_state = [this](const std::string& shard) { return ShardStateOf(shard); };
+  // A copy that has made no progress for the stage wait (its source stalls)
+  // is not waited for: the batch reads that shard's members from the source.
+  auto build_state = [this, now](const std::string& shard) {
+    const ShardStatusInfo st = staging_->Status(shard);
+    if (st.state == ShardState::kStaging && now - st.progress_at > stage_wait_) {
+      return ShardState::kFailed;
+    }
+    return st.state;
+  };
   window_->StartBuilds(
-      now, shard_state,
+      now, build_state,
       [this](const std::shared_ptr<const v1::StepPlan>& plan, int index) {
         return MakeBatch(plan, index);
       },
       cbs);
   window_->Tick(absl::Now(), *intake_, shard_state, cbs);
   FollowWindow();
+  PublishIo();
+}
+
+void StagerCore::PublishIo() {
+  if (!metrics_) return;
+  const IoServiceStats now[] = {staging_->io_stats(), source_io_->stats(), cache_io_->stats()};
+  for (size_t i = 0; i < 3; ++i) {
+    const char* io = kIoPaths[i];
+    IoServiceStats& last = published_io_[i];
+    auto add = [](prometheus::Counter& c, uint64_t now_n, uint64_t& last_n) {
+      if (now_n > last_n) c.Increment(static_cast<double>(now_n - last_n));
+      last_n = now_n;
+    };
+    add(metrics_->IoTimeouts(io, "file_system"), now[i].timeouts, last.timeouts);
+    add(metrics_->IoTimeouts(io, "queue"), now[i].queued_timeouts, last.queued_timeouts);
+    add(metrics_->IoStalledRefusals(io), now[i].stalled_refusals, last.stalled_refusals);
+    metrics_->IoStalledOperations(io).Set(static_cast<double>(now[i].stuck));
+  }
 }
 
 absl::Status StagerCore::Live() const {
@@ -487,8 +555,14 @@ void StagerCore::Loop() {
 }
 
 // ------------------------------------------------------------ staging status
+bool StagerCore::Started() const {
+  absl::MutexLock l(&mu_);
+  return started_;
+}
+
 v1::StageStatus StagerCore::GetStageStatus() const {
   v1::StageStatus out;
+  if (!Started()) return out;  // the cache and staging are set up by Start()
   for (const auto& info : staging_->Snapshot()) {
     switch (info.state) {
       case ShardState::kStaged:

@@ -34,6 +34,7 @@
 #include "services/stager/metrics.h"
 #include "services/stager/node_ranks.h"
 #include "services/stager/plan_intake.h"
+#include "services/stager/rank_processes.h"
 #include "services/stager/reader.h"
 #include "services/stager/shm_names.h"
 #include "services/stager/staging.h"
@@ -49,7 +50,8 @@ inline constexpr double kMaxWaitSeconds = 1e6;
 
 struct StagerOptions {
   uint32_t node = 0;                    // node index: local ranks are node*ranks_per_node + [0, ranks_per_node)
-  bool node_auto = false;               // learn `node` from the first AcquireBatch (rank / ranks_per_node);
+  bool node_auto = false;               // learn `node` from the first rank that registers or
+                                        // asks for a batch (rank / ranks_per_node);
                                         // until then no plans are fetched and nothing is staged
   std::string cache_dir;                // node-local cache directory (NVMe)
   uint64_t cache_capacity_bytes = 0;    // 0 = unlimited
@@ -76,14 +78,23 @@ struct StagerOptions {
   IoBackendChoice io_backend = IoBackendChoice::kAuto;  // staging and member reads: io_uring,
                                         // pread threads, or io_uring unless refused (auto);
                                         // decides staging.use_io_uring at Start
-  unsigned read_queue_depth = 128;      // member reads in flight
+  unsigned read_queue_depth = 128;      // member reads in flight, from the cache and from
+                                        // the source each (their own I/O services)
+  // Member reads of one shard at the source in flight, stuck ones included
+  // (IoServiceOptions::per_file_limit): a shard whose source stops
+  // answering holds at most this many source-read workers, and once they
+  // are all stuck its members are skipped at once (reason deadline) until
+  // one returns. With staging.file_queue_depth, keep it under a FUSE
+  // mount's background limit (12 by default).
+  unsigned source_file_reads = 4;
 };
 
 class StagerCore {
  public:
   using AcquireDone = std::function<void(absl::StatusOr<v1::BatchDescriptor>)>;
 
-  // Backends: null = built from the options; tests inject fault doubles.
+  // Backends: null = built from the options; tests inject fault doubles
+  // (read_backend: member reads from the source).
   StagerCore(StagerOptions options, std::shared_ptr<StagerMetrics> metrics,
              std::unique_ptr<IoBackend> staging_backend = nullptr,
              std::unique_ptr<IoBackend> read_backend = nullptr);
@@ -127,8 +138,17 @@ class StagerCore {
   void PlanFailed(uint64_t step, const absl::Status& status, uint64_t generation);
 
   // ---- clients
-  // incarnation: the client process's id (0 = none); a new one for a rank
-  // reclaims what the rank's old process held (BatchWindow::Incarnate).
+  // A new process for `rank` (RegisterRank): the incarnation and key issued
+  // to it (rank_processes.h); what the rank's earlier process, or calls
+  // naming none, held or waited for is reclaimed (BatchWindow::NewProcess).
+  // Learns the node under node_auto. INVALID_ARGUMENT for a rank of another
+  // node; UNAVAILABLE while starting or stopping.
+  absl::StatusOr<ProcessKey> RegisterRank(uint32_t rank);
+  // OK when a call naming `caller` may act for `rank` (RankProcesses::Check);
+  // every call below checks the same, before it changes anything.
+  absl::Status CheckCaller(uint32_t rank, const ProcessKey& caller) const;
+  // caller: the process the call names (as RegisterRank issued it; none: a
+  // client that registers no process, only while none registered for the rank).
   // renews_leases: the client renews the leases of what it holds (RenewLeases).
   // waited: how long the rank waited for this batch, as it measured it: a
   // finite number of seconds in [0, kMaxWaitSeconds], else the release is
@@ -136,17 +156,17 @@ class StagerCore {
   // timeout_ms above max_acquire_timeout_ms is INVALID_ARGUMENT
   // (CheckAcquireTimeout), answered at once.
   void AcquireAsync(uint64_t step, uint32_t rank, uint32_t timeout_ms, AcquireDone done,
-                    uint64_t incarnation = 0, bool renews_leases = false);
+                    const ProcessKey& caller = {}, bool renews_leases = false);
   absl::StatusOr<v1::BatchDescriptor> Acquire(uint64_t step, uint32_t rank, uint32_t timeout_ms,
-                                              uint64_t incarnation = 0, bool renews_leases = false);
-  absl::Status Release(uint64_t step, uint32_t rank, uint64_t incarnation = 0,
+                                              const ProcessKey& caller = {},
+                                              bool renews_leases = false);
+  absl::Status Release(uint64_t step, uint32_t rank, const ProcessKey& caller = {},
                        std::optional<double> waited = std::nullopt);
-  // The process `incarnation` (non-zero) of `rank` still holds the batches
-  // of `steps`: their leases start again. Returns the steps named that it
-  // does not hold (see BatchWindow::Renew): all of them before the node is
-  // known (--node=auto). INVALID_ARGUMENT for incarnation 0 or a rank of
-  // another node, FAILED_PRECONDITION for a replaced incarnation.
-  absl::StatusOr<std::vector<uint64_t>> RenewLeases(uint32_t rank, uint64_t incarnation,
+  // The rank's process `caller` (named: incarnation non-zero) still holds
+  // the batches of `steps`: their leases start again. Returns the steps named
+  // that it does not hold (see BatchWindow::Renew). INVALID_ARGUMENT for
+  // incarnation 0 or a rank of another node; else as CheckCaller.
+  absl::StatusOr<std::vector<uint64_t>> RenewLeases(uint32_t rank, const ProcessKey& caller,
                                                     const std::vector<uint64_t>& steps);
   absl::Duration lease() const { return opts_.lease; }
   // INVALID_ARGUMENT naming the field and the limit when an AcquireBatch
@@ -154,6 +174,10 @@ class StagerCore {
   absl::Status CheckAcquireTimeout(uint32_t timeout_ms) const;
 
   // ---- staging status
+  // Whether Start() succeeded: before it (the daemon waits for its job from
+  // the packer) there is no cache or staging to report on.
+  bool Started() const;
+  // Empty before Start().
   v1::StageStatus GetStageStatus() const;
 
   StagingEngine* staging() { return staging_.get(); }
@@ -166,12 +190,16 @@ class StagerCore {
   absl::Status StartReader();
   void Loop();
   void Tick(Callbacks* cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The I/O services' timeouts and stalled operations into the metrics.
+  void PublishIo() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<WindowBatch>> MakeBatch(
       const std::shared_ptr<const v1::StepPlan>& plan, int rank_index);
   void OnBatchReady(const std::shared_ptr<BatchJob>& job);
   // Checks a client's request and moves the window (and intake) if it must.
-  absl::Status Admit(uint64_t step, uint32_t rank, uint64_t incarnation, bool renews_leases,
-                     Callbacks* cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Admit(uint64_t step, uint32_t rank, const ProcessKey& caller, bool renews_leases)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Learns the node from `rank` under node_auto, then checks it is local.
+  absl::Status LocalRank(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restarts plan intake where the window moved by itself, if it did.
   void FollowWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the window's shard sets to the cache (pinned) and the reader (open).
@@ -189,10 +217,12 @@ class StagerCore {
   std::optional<SegmentNames> names_;
   std::unique_ptr<ShardCache> cache_;
   std::unique_ptr<StagingEngine> staging_;
-  std::unique_ptr<IoService> read_io_;
+  std::unique_ptr<IoService> cache_io_;   // member reads from the cache
+  std::unique_ptr<IoService> source_io_;  // member reads from the source
   std::unique_ptr<MemberReader> reader_;
   std::unique_ptr<ThreadPool> pool_;
   BuildContext ctx_;
+  absl::Duration stage_wait_;  // BatchWindowOptions::stage_wait
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // scheduler and plan intake wake-ups
@@ -201,6 +231,9 @@ class StagerCore {
   std::optional<NodeRanks> ranks_ ABSL_GUARDED_BY(mu_);
   std::optional<PlanIntake> intake_ ABSL_GUARDED_BY(mu_);
   std::optional<BatchWindow> window_ ABSL_GUARDED_BY(mu_);
+  // What PublishIo last saw of each I/O service (kIoPaths order).
+  IoServiceStats published_io_[3] ABSL_GUARDED_BY(mu_);
+  RankProcesses processes_ ABSL_GUARDED_BY(mu_);
 
   // Batches built, handed from the decode/read threads to the scheduler.
   absl::Mutex done_mu_ ABSL_ACQUIRED_AFTER(mu_);

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -314,10 +314,10 @@ TEST(StagerCoreTest, BatchesStayWithinTheMemoryBudget) {
       << too_big.status();
 }
 
-TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
+TEST(StagerCoreTest, WindowMovesToAnyStepWhileWhatIsInUseStaysInsideIt) {
   // A job resuming from a checkpoint asks for an earlier (or much later)
-  // step than the daemon had got to: the window moves there, but only while
-  // no batch is held and no client waits.
+  // step than the daemon had got to: the window moves there, as long as
+  // every batch held or waited for stays inside it.
   Core c("seek", {.shards = 2, .samples_per_shard = 6});
   c.Plans(0, 3);
   for (uint64_t step = 0; step < 2; ++step) {
@@ -361,9 +361,36 @@ TEST(StagerCoreTest, WindowMovesToAnyStepOnlyWhenNothingIsInUse) {
   ASSERT_TRUE(c.core->Acquire(0, 3, 20000).ok());
   ASSERT_TRUE(c.core->Release(0, 3).ok());
   ASSERT_TRUE(c.core->Acquire(1, 3, 20000).ok());  // base is 1 now; rank 3 holds step 1
-  auto past = c.core->Acquire(0, 2, 100);
-  EXPECT_EQ(past.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_NE(past.status().message().find("rank 3 holds step 1"), std::string::npos) << past.status();
+  far = c.core->Acquire(30, 2, 100);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(far.status().message().find("rank 3 holds step 1"), std::string::npos) << far.status();
+  // A step before it, a step from what rank 3 holds: the window moves back
+  // (plans are asked for from there again) and rank 3 keeps its batch.
+  std::optional<absl::StatusOr<v1::BatchDescriptor>> past;
+  c.core->AcquireAsync(0, 2, 20000, [&](absl::StatusOr<v1::BatchDescriptor> r) {
+    std::lock_guard<std::mutex> l(m);
+    past = std::move(r);
+  });
+  want = c.core->WaitPlanWanted(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(want.step, 0u);
+  EXPECT_EQ(want.generation, 2u);
+  for (uint64_t s = 0; s < 2; ++s) {
+    ASSERT_TRUE(c.core->AddPlan(testing::MakePlan(c.data, c.job, s, {2, 3}, 3), want.generation).ok());
+  }
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard<std::mutex> l(m);
+      if (past.has_value()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> l(m);
+    ASSERT_TRUE(past.has_value());
+    ASSERT_TRUE(past->ok()) << past->status();
+    EXPECT_EQ((*past)->step(), 0u);
+  }
+  EXPECT_TRUE(c.core->Release(1, 3).ok());
 }
 
 // The two kill-and-resume scenarios, on one stager that keeps running:
@@ -402,36 +429,44 @@ class PlanFeeder {
 TEST(StagerCoreTest, RanksKilledAndResumedAreServedAgainOnTheSameStager) {
   Core c("restart", {.shards = 2, .samples_per_shard = 6});
   PlanFeeder feeder(c);
-  auto take = [&](uint64_t step, uint32_t rank, uint64_t incarnation) {
-    auto d = c.core->Acquire(step, rank, 20000, incarnation);
+  auto process = [&](uint32_t rank) {  // a new process of the rank registers
+    absl::StatusOr<ProcessKey> p = c.core->RegisterRank(rank);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.value_or(ProcessKey{});
+  };
+  auto take = [&](uint64_t step, uint32_t rank, const ProcessKey& p) {
+    auto d = c.core->Acquire(step, rank, 20000, p);
     EXPECT_TRUE(d.ok()) << "step " << step << " rank " << rank << ": " << d.status();
     if (d.ok()) {
       EXPECT_EQ(d->step(), step);
     }
     return d;
   };
+  std::map<uint32_t, ProcessKey> first = {{2, process(2)}, {3, process(3)}};
   for (uint64_t step = 0; step < 3; ++step) {
     for (uint32_t r : {2u, 3u}) {
-      ASSERT_TRUE(take(step, r, 100 + r).ok());
-      ASSERT_TRUE(c.core->Release(step, r, 100 + r).ok());
+      ASSERT_TRUE(take(step, r, first[r]).ok());
+      ASSERT_TRUE(c.core->Release(step, r, first[r]).ok());
     }
   }
-  ASSERT_TRUE(take(3, 2, 102).ok());  // both die holding step 3
-  ASSERT_TRUE(take(3, 3, 103).ok());
+  ASSERT_TRUE(take(3, 2, first[2]).ok());  // both die holding step 3
+  ASSERT_TRUE(take(3, 3, first[3]).ok());
 
   // (1) Restarted from the checkpoint at step 2, one rank after the other:
-  // rank 2's request waits for rank 3's old process to be reclaimed, then the
-  // window moves back and both are served.
+  // rank 2's new process asks for step 2 while rank 3's old one still holds
+  // step 3: the window moves back, and rank 3's new process is served too.
   std::mutex m;
   std::map<uint32_t, absl::StatusOr<v1::BatchDescriptor>> got;
+  std::map<uint32_t, ProcessKey> second;
   for (uint32_t r : {2u, 3u}) {
+    second[r] = process(r);
     c.core->AcquireAsync(
         2, r, 30000,
         [&, r](absl::StatusOr<v1::BatchDescriptor> d) {
           std::lock_guard<std::mutex> l(m);
           got.emplace(r, std::move(d));
         },
-        200 + r);
+        second[r]);
   }
   for (int i = 0; i < 12000; ++i) {
     {
@@ -449,22 +484,24 @@ TEST(StagerCoreTest, RanksKilledAndResumedAreServedAgainOnTheSameStager) {
     }
   }
   // A replaced process is refused, and cannot release its successor's batch.
-  EXPECT_EQ(c.core->Acquire(3, 2, 100, 102).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c.core->Release(2, 2, 102).code(), absl::StatusCode::kFailedPrecondition);
-  for (uint32_t r : {2u, 3u}) ASSERT_TRUE(c.core->Release(2, r, 200 + r).ok());
-  for (uint32_t r : {2u, 3u}) ASSERT_TRUE(take(3, r, 200 + r).ok());
-  ASSERT_TRUE(c.core->Release(3, 3, 203).ok());
+  EXPECT_EQ(c.core->Acquire(3, 2, 100, first[2]).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.core->Release(2, 2, first[2]).code(), absl::StatusCode::kFailedPrecondition);
+  for (uint32_t r : {2u, 3u}) ASSERT_TRUE(c.core->Release(2, r, second[r]).ok());
+  for (uint32_t r : {2u, 3u}) ASSERT_TRUE(take(3, r, second[r]).ok());
+  ASSERT_TRUE(c.core->Release(3, 3, second[3]).ok());
 
   // (2) Rank 2 dies holding step 3 and comes back alone at step 4; both go
   // on past where the window used to stall (base + 2 * window).
-  ASSERT_TRUE(take(4, 3, 203).ok());
-  ASSERT_TRUE(c.core->Release(4, 3, 203).ok());
+  ASSERT_TRUE(take(4, 3, second[3]).ok());
+  ASSERT_TRUE(c.core->Release(4, 3, second[3]).ok());
+  const ProcessKey third = process(2);
   for (uint64_t step = 4; step < 10; ++step) {
     for (uint32_t r : {2u, 3u}) {
       if (step == 4 && r == 3) continue;  // taken above
-      const uint64_t inc = r == 2 ? 302 : 203;
-      ASSERT_TRUE(take(step, r, inc).ok());
-      ASSERT_TRUE(c.core->Release(step, r, inc).ok());
+      const ProcessKey& p = r == 2 ? third : second[3];
+      ASSERT_TRUE(take(step, r, p).ok());
+      ASSERT_TRUE(c.core->Release(step, r, p).ok());
     }
   }
 }
@@ -631,7 +668,7 @@ TEST(StagerCoreTest, WindowOccupancyIsPerLocalRankAndCountsBatchesReadyAhead) {
   EXPECT_EQ(ahead(2), 1);  // step 1, built, not taken yet
   EXPECT_EQ(ahead(3), 0);
   // The wait a rank reports with its release is what tutti_stager_client_wait_seconds shows.
-  ASSERT_TRUE(c.core->Release(0, 2, /*incarnation=*/0, 0.25).ok());
+  ASSERT_TRUE(c.core->Release(0, 2, /*caller=*/{}, 0.25).ok());
   ASSERT_TRUE(c.core->Release(1, 3).ok());  // an older client: nothing reported
   prometheus::ClientMetric m = c.metrics->client_wait_seconds.Collect();
   EXPECT_EQ(m.histogram.sample_count, 1u);
@@ -645,15 +682,15 @@ TEST(StagerCoreTest, ReleaseRefusesAWaitThatIsNotAFiniteNonNegativeTime) {
   ASSERT_TRUE(c.core->Acquire(0, 2, 20000).ok());
   for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity(),
                            -std::numeric_limits<double>::infinity(), -0.5, 2e6}) {
-    const absl::Status s = c.core->Release(0, 2, /*incarnation=*/0, bad);
+    const absl::Status s = c.core->Release(0, 2, /*caller=*/{}, bad);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s;
     EXPECT_NE(s.message().find("wait_seconds"), std::string::npos) << s;
   }
   // Refused before anything moved: the batch is still held and released now.
   EXPECT_EQ(c.metrics->client_wait_seconds.Collect().histogram.sample_count, 0u);
-  ASSERT_TRUE(c.core->Release(0, 2, /*incarnation=*/0, 0.0).ok());
+  ASSERT_TRUE(c.core->Release(0, 2, /*caller=*/{}, 0.0).ok());
   ASSERT_TRUE(c.core->Acquire(1, 2, 20000).ok());
-  ASSERT_TRUE(c.core->Release(1, 2, /*incarnation=*/0, kMaxWaitSeconds).ok());
+  ASSERT_TRUE(c.core->Release(1, 2, /*caller=*/{}, kMaxWaitSeconds).ok());
   prometheus::ClientMetric m = c.metrics->client_wait_seconds.Collect();
   EXPECT_EQ(m.histogram.sample_count, 2u);
   EXPECT_DOUBLE_EQ(m.histogram.sample_sum, kMaxWaitSeconds);
@@ -940,9 +977,46 @@ TEST(StagerCoreTest, StalledReadsMissTheDeadlineButTheBatchShips) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
   ASSERT_EQ(d->skipped_size(), 6);  // three images and three texts
-  EXPECT_EQ(d->skipped(0).reason(), "deadline");
+  for (const auto& s : d->skipped()) {
+    EXPECT_EQ(s.reason(), "deadline");
+    // Names the shard and the member, and what ran out.
+    EXPECT_NE(s.detail().find("shard train/shard-00001.tar member 0000"), std::string::npos)
+        << s.detail();
+    EXPECT_NE(s.detail().find("waiting for I/O"), std::string::npos) << s.detail();
+  }
   auto ok = c.core->Acquire(0, 2, 20000);  // samples 6..8: shard 1 as well
   ASSERT_TRUE(ok.ok());
+}
+
+// Reads that miss their deadline because the stager's own I/O thread was
+// held up (as on a host short of CPU) are not blamed on the file system:
+// the skip says they were never sent, and that the thread ran late.
+TEST(StagerCoreTest, ReadsLateForWantOfCpuSaySoAndNameShardAndMember) {
+  IoFault stall_stage;
+  stall_stage.path_contains = "shard-00000";
+  stall_stage.stall = true;
+  IoFault hold;  // holds the source-read thread, as a starved CPU would
+  hold.path_contains = "shard-00000";
+  hold.kind = IoOp::Kind::kOpen;
+  hold.before = [] { absl::SleepFor(absl::Milliseconds(900)); };
+  StagerOptions o;
+  o.sample_deadline_ms = 300;
+  o.stage_wait_ms = 50;
+  Core c("starved", {.shards = 1, .samples_per_shard = 6}, o, {stall_stage}, {hold});
+  c.Plans(0, 1);
+  auto d = c.core->Acquire(0, 2, 20000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_GT(d->skipped_size(), 0);
+  for (const auto& s : d->skipped()) {
+    EXPECT_EQ(s.reason(), "deadline");
+    EXPECT_NE(s.detail().find("shard train/shard-00000.tar member "), std::string::npos)
+        << s.detail();
+    EXPECT_NE(s.detail().find("was never sent to the file system"), std::string::npos)
+        << s.detail();
+    EXPECT_NE(s.detail().find("short of CPU"), std::string::npos) << s.detail();
+    EXPECT_EQ(s.detail().find("did not answer"), std::string::npos) << s.detail();
+    EXPECT_EQ(s.detail().find("stalls"), std::string::npos) << s.detail();
+  }
 }
 
 TEST(StagerCoreTest, BadSetupIsAClearError) {
@@ -960,6 +1034,18 @@ TEST(StagerCoreTest, BadSetupIsAClearError) {
   absl::Status s2 = core2.Start(testing::MakeJob(data, 2, 2));
   EXPECT_EQ(s2.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s2.message().find("--node 5"), std::string::npos);
+}
+
+TEST(StagerCoreTest, StageStatusBeforeStartIsEmpty) {
+  // A client may ask while the daemon still waits for its job from the
+  // packer: there is no cache or staging yet, and nothing to dereference.
+  StagerOptions o;
+  o.cache_dir = Fresh("unstarted") + "/cache";
+  StagerCore core(o, nullptr);
+  EXPECT_FALSE(core.Started());
+  const v1::StageStatus st = core.GetStageStatus();
+  EXPECT_EQ(st.shards_size(), 0);
+  EXPECT_EQ(st.cache_capacity_bytes(), 0u);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // gRPC handler for tutti.v1.Stager (callback API over raw request bytes):
 // the gate (common/rpc_gate.h) bounds, parses and authenticates each
 // request; a call for a rank's batch must come from that rank
-// (rank_identity.h); then it translates proto <-> StagerCore calls and
+// (rank_identity.h) and name the rank's registered process
+// (rank_processes.h); then it translates proto <-> StagerCore calls and
 // absl::Status <-> grpc::Status, nothing else. AcquireBatch completes when
 // the core answers (no gRPC thread blocks while waiting).
 #ifndef TUTTI_SERVICES_STAGER_STAGER_SERVICE_H_
@@ -15,8 +16,9 @@
 namespace tutti::stager {
 
 using RawStagerService = v1::Stager::WithRawCallbackMethod_GetStageStatus<
-    v1::Stager::WithRawCallbackMethod_AcquireBatch<v1::Stager::WithRawCallbackMethod_ReleaseBatch<
-        v1::Stager::WithRawCallbackMethod_RenewLeases<v1::Stager::Service>>>>;
+    v1::Stager::WithRawCallbackMethod_RegisterRank<v1::Stager::WithRawCallbackMethod_AcquireBatch<
+        v1::Stager::WithRawCallbackMethod_ReleaseBatch<
+            v1::Stager::WithRawCallbackMethod_RenewLeases<v1::Stager::Service>>>>>;
 
 class StagerService final : public RawStagerService {
  public:
@@ -27,6 +29,9 @@ class StagerService final : public RawStagerService {
   grpc::ServerUnaryReactor* GetStageStatus(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* in,
                                            grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* RegisterRank(grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* AcquireBatch(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* in,
                                          grpc::ByteBuffer* out) override;
@@ -38,7 +43,13 @@ class StagerService final : public RawStagerService {
 
  private:
   // OK when the caller may act as `rank`; else the refusal (counted).
-  absl::Status AdmitRank(const grpc::CallbackServerContext& ctx, uint32_t rank);
+  // named: the call must say which rank it acts as (tutti-rank), token or not.
+  absl::Status AdmitRank(const grpc::CallbackServerContext& ctx, uint32_t rank, bool named = false);
+  // AdmitRank, then OK when the call's incarnation and key may act for
+  // `rank` (StagerCore::CheckCaller); else the refusal (counted, reason
+  // "incarnation").
+  absl::Status AdmitProcess(const grpc::CallbackServerContext& ctx, uint32_t rank,
+                            uint64_t incarnation, const std::string& key);
 
   StagerCore* core_;
   RpcGate* gate_;

@@ -11,11 +11,11 @@
 
 ABSL_FLAG(std::string, packer, "127.0.0.1:7070",
           "tutti-packerd address: HOST:PORT or unix:///PATH/TO.sock");
-ABSL_FLAG(
-    std::string, node, "0",
-    "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
-    "learn it from the first AcquireBatch (node = rank / ranks_per_node), as a DaemonSet must; "
-    "a later client of another node is then refused");
+ABSL_FLAG(std::string, node, "0",
+          "this node's index (its ranks are node*ranks_per_node .. +ranks_per_node-1), or 'auto': "
+          "learn it from the first rank that registers or asks for a batch (node = rank / "
+          "ranks_per_node), as a DaemonSet must; "
+          "a later client of another node is then refused");
 ABSL_FLAG(std::string, source, "",
           "dataset source directory (e.g. an NFS mount) holding the shards; required");
 ABSL_FLAG(std::string, cache, "",
@@ -41,6 +41,11 @@ ABSL_FLAG(uint32_t, queue_depth, 64,
           "staging reads/writes in flight (one block buffer each), 1..4096");
 ABSL_FLAG(std::string, block_size, "1M", "staging block size, 4K to 64M, a multiple of 4K");
 ABSL_FLAG(uint32_t, max_files, 32, "shards copied at the same time, 1..4096");
+ABSL_FLAG(uint32_t, source_file_ops, 4,
+          "operations on one source file in flight, for its staging and for member reads of it "
+          "each, stuck ones included, 1..1024: what a file that stops answering can hold of "
+          "the workers and buffers (keep the two together under a FUSE mount's background "
+          "limit, 12 by default)");
 ABSL_FLAG(bool, o_direct, true, "write the cache with O_DIRECT (falls back where refused)");
 ABSL_FLAG(bool, o_direct_source, false, "read the source with O_DIRECT");
 ABSL_FLAG(std::string, io_backend, "auto",
@@ -136,6 +141,7 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   for (const Range& r : {
            Range{"queue_depth", absl::GetFlag(FLAGS_queue_depth), 1, 4096, ""},
            Range{"max_files", absl::GetFlag(FLAGS_max_files), 1, 4096, ""},
+           Range{"source_file_ops", absl::GetFlag(FLAGS_source_file_ops), 1, 1024, ""},
            Range{"decode_threads", absl::GetFlag(FLAGS_decode_threads), 0, 1024,
                  "0 = one per CPU this process may use"},
            Range{"window", absl::GetFlag(FLAGS_window), 1, 256, ""},
@@ -154,6 +160,8 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   }
   c.staging.queue_depth = absl::GetFlag(FLAGS_queue_depth);
   c.staging.max_files = absl::GetFlag(FLAGS_max_files);
+  c.staging.file_queue_depth = absl::GetFlag(FLAGS_source_file_ops);
+  c.source_file_reads = absl::GetFlag(FLAGS_source_file_ops);
   c.staging.o_direct = absl::GetFlag(FLAGS_o_direct);
   c.staging.o_direct_source = absl::GetFlag(FLAGS_o_direct_source);
   ASSIGN_OR_RETURN(c.io_backend, ParseIoBackendChoice(absl::GetFlag(FLAGS_io_backend)));

@@ -50,7 +50,9 @@ struct StagingEngine::File {
   int64_t mtime_sec = 0;
   uint32_t mtime_nsec = 0;
   uint64_t next_offset = 0, written = 0;
-  int in_flight = 0;
+  int in_flight = 0;   // reads and writes
+  unsigned reads = 0;  // reads in flight (at most file_queue_depth)
+  uint64_t key = 0;    // IoOp::file of the source file
   std::map<uint64_t, std::pair<uint32_t, uint64_t>> crcs;  // offset -> (crc, length)
   bool failed = false, finishing = false, reserved = false;
   absl::Status error;
@@ -71,6 +73,9 @@ absl::Status StagingEngine::Start() {
                                                    " is not a positive multiple of 4096"));
   }
   if (opts_.queue_depth == 0) return absl::InvalidArgumentError("queue depth must be at least 1");
+  if (opts_.file_queue_depth == 0) {
+    return absl::InvalidArgumentError("reads of one shard in flight must be at least 1");
+  }
   absl::StatusOr<std::unique_ptr<RootDir>> source = RootDir::Open(opts_.source_dir, opts_.resolve);
   if (absl::IsNotFound(source.status())) {
     return absl::NotFoundError(absl::StrCat("source directory '", opts_.source_dir,
@@ -85,8 +90,13 @@ absl::Status StagingEngine::Start() {
   std::unique_ptr<IoBackend> backend = std::move(injected_);
   if (!backend) {
     if (opts_.use_io_uring) {
-      auto b = MakeUringBackend(opts_.queue_depth + opts_.max_files * 2, opts_.queue_depth);
-      if (!b.ok()) return Annotate(b.status(), "cannot set up io_uring for staging (--io_backend=pread copies with threads)");
+      // Twice the queue depth in workers: as many again for reads stuck on
+      // a stalled source file, which no longer count against the depth.
+      auto b = MakeUringBackend(opts_.queue_depth + opts_.max_files * 2, 2 * opts_.queue_depth);
+      if (!b.ok())
+        return Annotate(
+            b.status(),
+            "cannot set up io_uring for staging (--io_backend=pread copies with threads)");
       backend = std::move(*b);
     } else {
       backend = MakePreadBackend(std::max(4u, opts_.max_files));
@@ -106,7 +116,9 @@ absl::Status StagingEngine::Start() {
       free_buffers_.push_back(static_cast<int>(i));
     }
   }
-  io_ = std::make_unique<IoService>(std::move(backend));
+  IoServiceOptions io_options;
+  io_options.per_file_limit = opts_.file_queue_depth;
+  io_ = std::make_unique<IoService>(std::move(backend), io_options);
   absl::Status registered = io_->RegisterBuffers(iov);
   registered_ = registered.ok();
   if (!registered_) {
@@ -148,14 +160,62 @@ void StagingEngine::Stop() {
       if (f->reserved) cache_->Abort(name);
     }
     active_.clear();
-    all_returned = free_buffers_.size() == buffers_.size();
+    size_t live = 0;
+    for (char* b : buffers_) live += b != nullptr;
+    all_returned = free_buffers_.size() == live;
   }
   cv_.SignalAll();
-  // Buffers stay allocated if an operation could not be cancelled; otherwise free them.
+  // A buffer an operation still holds (it could not be cancelled) stays
+  // allocated; the others are freed.
+  absl::MutexLock l(&mu_);
   if (!had_io || all_returned) {
     for (char* b : buffers_) std::free(b);
+  } else {
+    for (int b : free_buffers_) std::free(buffers_[b]);
   }
   buffers_.clear();
+  free_buffers_.clear();
+}
+
+IoServiceStats StagingEngine::io_stats() const { return io_ ? io_->stats() : IoServiceStats{}; }
+
+absl::Duration StagingEngine::RetryAfter(uint32_t failures) const {
+  absl::Duration wait = opts_.retry_after;
+  for (uint32_t i = 1; i < failures && wait < opts_.max_retry_after; ++i) wait *= 2;
+  return std::min(wait, std::max(opts_.retry_after, opts_.max_retry_after));
+}
+
+IoOp StagingEngine::SourceOp(const File& f, IoOp::Kind kind) {
+  IoOp op;
+  op.kind = kind;
+  op.file = f.key;
+  op.may_stall = true;
+  return op;
+}
+
+absl::Status StagingEngine::Stalled(const File& f, const std::string& what, int64_t r) const {
+  // A later Request (the next plan that names the shard) tries it again,
+  // after RetryAfter.
+  constexpr char kLater[] = ": the shard is given up for now, a later request tries it again";
+  const std::string shard = absl::StrCat("shard ", f.ref.name(), ": ");
+  if (r == kFileStalled) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(shard, "its last ", opts_.file_queue_depth, " operations on ", f.src_path,
+                     " got no answer in time (the source stalls on this file), so ", what,
+                     " was not sent", kLater));
+  }
+  if (r == kTimedOutQueued) {
+    const IoService::Timeout& t = io_->last_timeout();
+    return absl::DeadlineExceededError(absl::StrCat(
+        shard, what, " of ", f.src_path, " waited ", absl::FormatDuration(t.queued),
+        " in the stager's queue and was never sent to the file system (its I/O thread ran ",
+        absl::FormatDuration(t.lag), " late, ", t.ahead,
+        " operations in flight): the stager is short of CPU, not the source stalling", kLater));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(shard, "the source did not answer ", what, " of ", f.src_path, " within ",
+                   absl::FormatDuration(opts_.op_timeout),
+                   " (it stalls; the operation is left to the kernel)", kLater));
 }
 
 void StagingEngine::SetListener(std::function<void(const std::string&, ShardState)> fn) {
@@ -183,7 +243,7 @@ void StagingEngine::Request(const v1::ShardRef& shard, uint64_t priority) {
         return;
       }
       if (st->second.state == ShardState::kFailed &&
-          absl::Now() - failed_at_[name] < opts_.retry_after) {
+          absl::Now() - failed_at_[name] < RetryAfter(st->second.failures)) {
         return;
       }
     }
@@ -274,6 +334,7 @@ void StagingEngine::StartFile(std::shared_ptr<File> f) {
   const std::string name = f->ref.name();
   f->start = absl::Now();
   status_[name].state = ShardState::kStaging;
+  status_[name].progress_at = f->start;
   active_[name] = f;
   auto src = JoinUnder(opts_.source_dir, name);
   if (!src.ok()) {
@@ -285,8 +346,8 @@ void StagingEngine::StartFile(std::shared_ptr<File> f) {
   f->tmp_path = cache_->PartialPathOf(name);
   f->tmp_rel = absl::StrCat(name, ShardCache::kPartialSuffix);
   f->src_direct = opts_.o_direct_source;
-  IoOp op;
-  op.kind = IoOp::Kind::kOpen;
+  f->key = FileKey(name);
+  IoOp op = SourceOp(*f, IoOp::Kind::kOpen);
   op.root = source_.get();
   op.path = f->ref.name().c_str();
   op.flags = O_RDONLY | (f->src_direct ? O_DIRECT : 0);
@@ -303,7 +364,7 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
   const bool direct = source ? f->src_direct : f->dst_direct;
   if (r == -EINVAL && direct) {  // the file system refuses O_DIRECT: use the page cache
     (source ? f->src_direct : f->dst_direct) = false;
-    IoOp op;
+    IoOp op = source ? SourceOp(*f, IoOp::Kind::kOpen) : IoOp{};
     op.kind = IoOp::Kind::kOpen;
     op.root = source ? source_.get() : &cache_->root();
     op.path = source ? f->ref.name().c_str() : f->tmp_rel.c_str();
@@ -320,11 +381,14 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
                                        f->tmp_rel, r));
   }
   if (r < 0) {
-    absl::Status s = r == -ETIMEDOUT
-                         ? absl::DeadlineExceededError(absl::StrCat(
-                               "open ", path, " did not finish within ",
-                               absl::FormatDuration(opts_.op_timeout), " (the file system stalls)"))
-                         : ErrnoStatus(static_cast<int>(-r), absl::StrCat("open ", path));
+    absl::Status s =
+        IsTimeout(r) || r == kFileStalled
+            ? (source ? Stalled(*f, "the open", r)
+                      : absl::DeadlineExceededError(absl::StrCat(
+                            "shard ", f->ref.name(), ": opening its partial copy ", path,
+                            " did not finish within ", absl::FormatDuration(opts_.op_timeout),
+                            " (the cache's file system stalls)")))
+            : ErrnoStatus(static_cast<int>(-r), absl::StrCat("open ", path));
     if (r == kNotRegularFile) {
       s = NotRegularFileError(source ? absl::StrCat("shard ", f->ref.name())
                                      : absl::StrCat("partial copy of shard ", f->ref.name()),
@@ -339,8 +403,7 @@ void StagingEngine::OnOpened(const std::shared_ptr<File>& f, bool source, int64_
   }
   if (source) {
     f->src_fd = static_cast<int>(r);
-    IoOp op;
-    op.kind = IoOp::Kind::kStat;
+    IoOp op = SourceOp(*f, IoOp::Kind::kStat);
     op.fd = f->src_fd;
     op.stx = &f->stx;
     io_->Submit(op, OpDeadline(), [this, f](int64_t r2) { OnSourceStat(f, r2); });
@@ -377,6 +440,7 @@ void StagingEngine::OnAllocated(const std::shared_ptr<File>& f, int64_t r) {
 void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
   absl::MutexLock l(&mu_);
   if (stopping_) return;
+  if (IsTimeout(r) || r == kFileStalled) return Fail(f, Stalled(*f, "a stat", r));
   if (r < 0) return Fail(f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
   if (!S_ISREG(f->stx.stx_mode)) {
     return Fail(f, absl::InvalidArgumentError(absl::StrCat(f->src_path, " is not a regular file")));
@@ -417,22 +481,23 @@ void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
 }
 
 void StagingEngine::IssueReads(const std::shared_ptr<File>& f) {
-  while (!f->failed && f->next_offset < f->size && !free_buffers_.empty() && !stopping_) {
+  while (!f->failed && f->next_offset < f->size && !free_buffers_.empty() && !stopping_ &&
+         f->reads < FileDepth()) {
     const int b = free_buffers_.back();
     free_buffers_.pop_back();
     const uint64_t offset = f->next_offset;
     const size_t len = static_cast<size_t>(std::min<uint64_t>(opts_.block_size, f->size - offset));
     f->next_offset += len;
     ++f->in_flight;
+    ++f->reads;
     // The lease returns the buffer to the pool once the kernel is done with it.
     std::shared_ptr<void> lease(buffers_[b], [this, b](void*) { ReturnBuffer(b); });
-    IoOp op;
-    op.kind = IoOp::Kind::kRead;
+    IoOp op = SourceOp(*f, IoOp::Kind::kRead);
     op.fd = f->src_fd;
     op.buf = buffers_[b];
     op.len = f->src_direct ? RoundUp(len) : len;
     op.offset = offset;
-    op.buf_index = b;
+    op.buf_index = BufIndex(b);
     io_->Submit(op, OpDeadline(),
                 [this, f, b, offset, len, lease](int64_t r) { OnRead(f, b, offset, len, r, lease); },
                 lease);
@@ -443,13 +508,13 @@ void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offse
                            int64_t r, const std::shared_ptr<void>& lease) {
   absl::MutexLock l(&mu_);
   --f->in_flight;
+  --f->reads;
   if (stopping_) return;
+  if (IsTimeout(r)) ReplaceBuffer(b);
   if (f->failed) return Fail(f, f->error);
   if (r < 0) {
-    if (r == -ETIMEDOUT) {
-      return Fail(f, absl::DeadlineExceededError(absl::StrCat(
-                            "read of ", f->src_path, " at offset ", offset, " did not finish within ",
-                            absl::FormatDuration(opts_.op_timeout), " (the source stalls)")));
+    if (IsTimeout(r) || r == kFileStalled) {
+      return Fail(f, Stalled(*f, absl::StrCat("a read at offset ", offset), r));
     }
     return Fail(f, ErrnoStatus(static_cast<int>(-r),
                                   absl::StrCat("read ", f->src_path, " at offset ", offset)));
@@ -473,7 +538,7 @@ void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offse
   op.buf = buffers_[b];
   op.len = wlen;
   op.offset = offset;
-  op.buf_index = b;
+  op.buf_index = BufIndex(b);
   // The write holds the read's lease: the buffer returns to the pool after it.
   io_->Submit(op, OpDeadline(), [this, f, b, len](int64_t r2) { OnWritten(f, b, len, r2); }, lease);
 }
@@ -482,6 +547,7 @@ void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len,
   absl::MutexLock l(&mu_);
   --f->in_flight;
   if (stopping_) return;
+  if (IsTimeout(r)) ReplaceBuffer(b);
   if (f->failed) return Fail(f, f->error);
   if (r < 0) {
     absl::Status s = ErrnoStatus(static_cast<int>(-r), absl::StrCat("write ", f->tmp_path));
@@ -493,6 +559,9 @@ void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len,
     return Fail(f, s);
   }
   f->written += len;
+  ShardStatusInfo& info = status_[f->ref.name()];
+  info.bytes = f->written;
+  info.progress_at = absl::Now();
   if (metrics_) metrics_->staged_bytes.Increment(static_cast<double>(len));
   if (f->written == f->size && f->in_flight == 0) return Finish(f);
   IssueReads(f);
@@ -500,8 +569,7 @@ void StagingEngine::OnWritten(const std::shared_ptr<File>& f, int b, size_t len,
 
 void StagingEngine::Finish(const std::shared_ptr<File>& f) {
   f->finishing = true;
-  IoOp op;
-  op.kind = IoOp::Kind::kStat;
+  IoOp op = SourceOp(*f, IoOp::Kind::kStat);
   op.fd = f->src_fd;
   op.stx = &f->stx;
   io_->Submit(op, OpDeadline(), [this, f](int64_t r) { OnFinalStat(f, r); });
@@ -510,6 +578,7 @@ void StagingEngine::Finish(const std::shared_ptr<File>& f) {
 void StagingEngine::OnFinalStat(const std::shared_ptr<File>& f, int64_t r) {
   absl::MutexLock l(&mu_);
   if (stopping_) return;
+  if (IsTimeout(r) || r == kFileStalled) return Fail(f, Stalled(*f, "the final stat", r));
   if (r < 0) return Fail(f, ErrnoStatus(static_cast<int>(-r), absl::StrCat("stat ", f->src_path)));
   if (f->stx.stx_size != f->size || f->stx.stx_mtime.tv_sec != f->mtime_sec ||
       f->stx.stx_mtime.tv_nsec != f->mtime_nsec) {
@@ -559,6 +628,7 @@ void StagingEngine::OnFsynced(const std::shared_ptr<File>& f, int64_t r) {
     metrics_->cache_bytes.Set(static_cast<double>(cache_->cached_bytes()));
   }
   status_[f->ref.name()].bytes = f->size;
+  status_[f->ref.name()].failures = 0;
   Done(f, ShardState::kStaged);
 }
 
@@ -601,6 +671,7 @@ void StagingEngine::Fail(const std::shared_ptr<File>& f, absl::Status status) {
   Discard(f);
   if (metrics_) metrics_->staging_failures.Increment();
   status_[f->ref.name()].error = f->error;
+  ++status_[f->ref.name()].failures;
   failed_at_[f->ref.name()] = absl::Now();
   Done(f, ShardState::kFailed);
 }
@@ -625,8 +696,30 @@ void StagingEngine::Done(const std::shared_ptr<File>& f, ShardState state) {
 
 void StagingEngine::ReturnBuffer(int buffer) {
   absl::MutexLock l(&mu_);
+  if (lost_.erase(buffer) > 0) {
+    // Another buffer took its place meanwhile.
+    std::free(buffers_[buffer]);
+    buffers_[buffer] = nullptr;
+    return;
+  }
   free_buffers_.push_back(buffer);
   if (!stopping_) Pump();
+}
+
+void StagingEngine::ReplaceBuffer(int buffer) {
+  if (stopping_ || replaced_ >= opts_.queue_depth || !lost_.insert(buffer).second) return;
+  void* p = nullptr;
+  if (::posix_memalign(&p, kAlign, opts_.block_size) != 0) {
+    lost_.erase(buffer);
+    return;
+  }
+  ++replaced_;
+  buffers_.push_back(static_cast<char*>(p));
+  free_buffers_.push_back(static_cast<int>(buffers_.size() - 1));
+}
+
+unsigned StagingEngine::FileDepth() const {
+  return std::max(1u, std::min(opts_.file_queue_depth, opts_.queue_depth - 1));
 }
 
 }  // namespace tutti::stager

@@ -36,6 +36,14 @@ struct StagingOptions {
   unsigned queue_depth = 64;       // reads and writes in flight (one buffer each)
   size_t block_size = 1 << 20;     // bytes per read/write; a multiple of 4096
   unsigned max_files = 32;         // shards copied at the same time
+  // Reads of one shard in flight. It is also the most operations on one
+  // source file the copy sends at once, stuck ones included
+  // (IoServiceOptions::per_file_limit): a shard whose source stops answering
+  // holds at most this many buffers and I/O workers while the others are
+  // copied; once all of them are stuck its copy fails at once until one
+  // returns. Keep it under a FUSE mount's background limit (12 by default,
+  // shared with the member reads of the same mount).
+  unsigned file_queue_depth = 4;
   bool o_direct = true;            // O_DIRECT writes into the cache (falls back when refused)
   bool o_direct_source = false;    // O_DIRECT reads from the source
   bool use_io_uring = true;        // false: a thread pool doing pread/pwrite
@@ -44,7 +52,11 @@ struct StagingOptions {
   // (common/root_dir.h). A name that leads outside is refused.
   ResolveMode resolve = ResolveMode::kAuto;
   absl::Duration op_timeout = absl::Seconds(30);  // one open/read/write on the source or cache
-  absl::Duration retry_after = absl::Seconds(10); // a failed shard may be retried after this
+  // A failed shard is copied again when next asked for, once this has
+  // passed; each further failure in a row doubles the wait, up to
+  // max_retry_after (a stalled source is tried again, not hammered).
+  absl::Duration retry_after = absl::Seconds(10);
+  absl::Duration max_retry_after = absl::Minutes(5);
 };
 
 enum class ShardState { kUnknown, kPending, kStaging, kStaged, kFailed };
@@ -53,8 +65,10 @@ const char* ShardStateName(ShardState s);
 struct ShardStatusInfo {
   std::string name;
   ShardState state = ShardState::kUnknown;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // staged: its size; staging: copied so far
   absl::Status error;
+  uint32_t failures = 0;   // failed copies in a row
+  absl::Time progress_at;  // staging: when the copy started or last wrote a block
 };
 
 class StagingEngine {
@@ -88,6 +102,8 @@ class StagingEngine {
   // queue_depth x block_size unless the process has CAP_IPC_LOCK; without it
   // staging logs why and uses the same buffers unregistered.
   bool registered_buffers() const { return registered_; }
+  // The I/O service's counts (timeouts, stalled operations); zeros when stopped.
+  IoServiceStats io_stats() const;
 
  private:
   struct File;
@@ -115,7 +131,23 @@ class StagingEngine {
   // Records the outcome and tells the listener (with mu_ released meanwhile).
   void Done(const std::shared_ptr<File>& f, ShardState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnBuffer(int buffer);  // a lease ended: the kernel is done with the buffer
+  // The operation using `buffer` timed out and may stay stuck with it: a
+  // new buffer takes its place in the pool.
+  void ReplaceBuffer(int buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The registered buffer index for an operation on `buffer`, or -1.
+  int BufIndex(int buffer) const {
+    return buffer < static_cast<int>(opts_.queue_depth) ? buffer : -1;
+  }
+  // Reads of one shard in flight: file_queue_depth, one short of the
+  // queue depth so a stalled shard never takes every buffer.
+  unsigned FileDepth() const;
   absl::Time OpDeadline() const { return absl::Now() + opts_.op_timeout; }
+  // An operation on the shard's source file (bounded per file, may stall).
+  static IoOp SourceOp(const File& f, IoOp::Kind kind);
+  // Why a source operation of `what` failed with a timeout or kFileStalled.
+  absl::Status Stalled(const File& f, const std::string& what, int64_t r) const;
+  // How long a shard that failed `failures` times in a row waits to be retried.
+  absl::Duration RetryAfter(uint32_t failures) const;
 
   // Fixed at construction, or set by Start before any operation.
   StagingOptions opts_;
@@ -124,12 +156,19 @@ class StagingEngine {
   std::unique_ptr<IoBackend> injected_;
   std::unique_ptr<RootDir> source_;  // outlives io_
   std::unique_ptr<IoService> io_;
-  std::vector<char*> buffers_;  // aligned, registered when registered_
   bool registered_ = false;
 
   mutable absl::Mutex mu_;
   mutable absl::CondVar cv_;  // a shard was staged or failed (for Wait)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Aligned block buffers by index; the first queue_depth are registered
+  // when registered_. A buffer whose operation timed out and stays stuck in
+  // the kernel is replaced by a new one (at most queue_depth of them), so a
+  // stalled file never holds the copy's buffers for good; it is freed if the
+  // operation ever returns (nullptr from then on).
+  std::vector<char*> buffers_ ABSL_GUARDED_BY(mu_);
+  std::set<int> lost_ ABSL_GUARDED_BY(mu_);  // replaced, still held by a stuck operation
+  unsigned replaced_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> free_buffers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ShardStatusInfo> status_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> failed_at_ ABSL_GUARDED_BY(mu_);

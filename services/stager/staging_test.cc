@@ -259,6 +259,66 @@ TEST(StagingTest, UnreadableAndStalledSourcesFailNamingTheFile) {
   EXPECT_FALSE(HasPartial(rig.cache->dir()));
 }
 
+// A shard whose reads never return (nor can be cancelled) beside a healthy
+// one: the healthy one is staged; the stalled one holds at most its bound of
+// reads, fails when they time out, is tried again only after retry_after,
+// then after twice that, and while its reads are still stuck a retry is
+// refused at once instead of piling more reads onto the file. (Its stuck
+// reads stay in the kernel for good: left out of the sanitizer run.)
+TEST(StagingTest, StalledShardIsRetriedAfterADoublingWaitNeverPiledOn) {
+  const std::string root = Fresh("stalled");
+  auto data = testing::WriteDataset(root + "/src", {.shards = 2, .samples_per_shard = 4});
+  ShardCache cache(root + "/cache", 0);
+  ASSERT_TRUE(cache.Open().ok());
+  StagingOptions o;
+  o.source_dir = data.dir;
+  o.queue_depth = 8;
+  o.block_size = 4096;  // a shard is many blocks
+  o.file_queue_depth = 2;
+  o.op_timeout = absl::Milliseconds(300);
+  o.retry_after = absl::Seconds(1);
+  o.max_retry_after = absl::Seconds(2);
+  IoFault stall;
+  stall.path_contains = "shard-00000";
+  stall.stall = true;
+  stall.uncancellable = true;
+  StagingEngine engine(o, &cache, nullptr,
+                       std::make_unique<FaultInjectingBackend>(std::move(*MakeUringBackend(64)),
+                                                               std::vector<IoFault>{stall}));
+  ASSERT_TRUE(engine.Start().ok());
+  const v1::ShardRef& bad = data.shards[0];
+  engine.Request(bad, 0);
+  engine.Request(data.shards[1], 1);
+  EXPECT_TRUE(engine.Wait({data.shards[1].name()}, absl::Now() + absl::Seconds(5)).ok());
+  absl::Status first = engine.Wait({bad.name()}, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(first.code(), absl::StatusCode::kDeadlineExceeded) << first;
+  EXPECT_NE(first.message().find("shard " + bad.name() + ": the source did not answer"),
+            std::string::npos)
+      << first;
+  const absl::Time failed = absl::Now();
+  EXPECT_EQ(engine.Status(bad.name()).failures, 1u);
+  EXPECT_EQ(engine.io_stats().stuck, 2u) << "the shard's bound";
+
+  auto retried_by = [&](absl::Time t) {
+    absl::SleepFor(t - absl::Now());
+    engine.Request(bad, 0);
+    return engine.Status(bad.name()).state != ShardState::kFailed;
+  };
+  EXPECT_FALSE(retried_by(failed + absl::Milliseconds(300))) << "retried before retry_after";
+  ASSERT_TRUE(retried_by(failed + absl::Milliseconds(1200)));
+  // Refused at once (kFileStalled), not after another timeout.
+  absl::Status second = engine.Wait({bad.name()}, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(second.code(), absl::StatusCode::kDeadlineExceeded) << second;
+  EXPECT_NE(second.message().find("got no answer in time"), std::string::npos) << second;
+  EXPECT_EQ(engine.Status(bad.name()).failures, 2u);
+  EXPECT_EQ(engine.io_stats().stuck, 2u) << "no read piled onto the stalled file";
+  EXPECT_GE(engine.io_stats().stalled_refusals, 1u);
+  const absl::Time failed2 = absl::Now();
+  EXPECT_FALSE(retried_by(failed2 + absl::Milliseconds(1500))) << "the wait did not double";
+  EXPECT_TRUE(retried_by(failed2 + absl::Milliseconds(2300)));
+  EXPECT_FALSE(HasPartial(cache.dir()));
+}
+
 TEST(StagingTest, EvictionIsLeastRecentlyUsedAndSparesPinnedShards) {
   // Three shards of ~equal size, room for two.
   Rig probe("lru_probe", {.shards = 3, .samples_per_shard = 2});

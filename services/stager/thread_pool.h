@@ -33,6 +33,11 @@ class ThreadPool {
     tasks_.emplace(std::make_pair(priority, seq_++), std::move(task));
   }
   size_t size() const { return workers_.size(); }
+  // Tasks waiting for a thread. Thread-safe.
+  size_t queued() const {
+    absl::MutexLock l(&mu_);
+    return tasks_.size();
+  }
 
  private:
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); }
@@ -47,7 +52,7 @@ class ThreadPool {
       task();
     }
   }
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<std::pair<uint64_t, uint64_t>, std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -334,8 +334,9 @@ class Commands(unittest.TestCase):
                     out[o["metadata"]["name"]] = (o, meta, spec, c)
         return out, cms
 
-    def _argv(self, o, meta, spec, c, cms, tmp):
-        """The binary and the flags the container would run it with."""
+    def _argv(self, o, meta, spec, c, cms, tmp, cache=None):
+        """The binary and the flags the container would run it with (stagerd.sh's cache
+        directory: `cache`, default tmp/cache)."""
         ns = o["metadata"]["namespace"]
         env = downward_env(c, meta, ns)
         cmd = [expand(a, env) for a in c["command"]]
@@ -350,10 +351,11 @@ class Commands(unittest.TestCase):
             rec = tmp / "record.sh"
             rec.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "$0.out"\n')
             rec.chmod(0o755)
-            (tmp / "cache").mkdir(exist_ok=True)
+            cache = cache or tmp / "cache"
+            cache.mkdir(exist_ok=True)
             r = dt.run(["/bin/sh", script, *args],
                        env=dict(env, PATH=os.environ["PATH"], TUTTI_STAGERD=str(rec),
-                                TUTTI_CACHE_DIR=str(tmp / "cache")))
+                                TUTTI_CACHE_DIR=str(cache)))
             self.assertEqual(r.returncode, 0, r.stderr)
             return dt.STAGERD, (tmp / "record.sh.out").read_text().splitlines()
         self.assertIn(cmd[0], BINARIES, c["command"])
@@ -368,9 +370,12 @@ class Commands(unittest.TestCase):
         limits = c["resources"]["limits"]
         self.assertEqual(flags["decode_threads"], str(int(quantity(limits["cpu"]))))
         self.assertEqual(flags["memory_budget"], f"{int(quantity(limits['memory']) / 2**20 * 75 // 100)}M")
+        # The cache: a share of the space it may use (exactly: the next test), never more
+        # than that share of the volume.
         st = os.statvfs(tmp / "cache")
-        self.assertEqual(flags["cache_capacity"],
-                         f"{st.f_blocks * st.f_frsize // 1024 // 1024 * 90 // 100}M")
+        self.assertRegex(flags["cache_capacity"], r"^\d+M$")
+        self.assertLessEqual(int(flags["cache_capacity"][:-1]),
+                             st.f_blocks * st.f_frsize // 1024 // 1024 * 90 // 100)
         # Out-of-range shares are refused before the daemon starts.
         env = downward_env(c, meta, "tutti")
         r = dt.run(["/bin/sh", tmp / "stagerd.sh"],
@@ -378,6 +383,30 @@ class Commands(unittest.TestCase):
                             TUTTI_STAGERD="/bin/false", TUTTI_CACHE_DIR=str(tmp)))
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("TUTTI_SHM_PERCENT", r.stderr)
+
+    def test_stagerd_sh_sizes_the_cache_from_free_space_and_what_it_holds(self):
+        """On a 64 MiB volume where another job's cache holds 24 MiB and this one's 16 MiB,
+        --cache_capacity is 90% of the 24 MiB free plus the 16 MiB held, not of 64 MiB."""
+        work, cms = self._workloads()
+        o, meta, spec, c = work["tutti-stagerd"]
+        tmp = dt.temp_dir("stagerd-free")
+        vol = tmp / "vol"
+        vol.mkdir()
+        r = dt.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", vol])
+        if r.returncode != 0:
+            self.skipTest(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        self.addCleanup(dt.run, ["umount", vol])
+        cache, other = vol / "ns-a", vol / "ns-b"
+        for d, mib in ((cache, 16), (other, 24)):
+            d.mkdir()
+            (d / "shard-000000.tar").write_bytes(b"\1" * (mib << 20))
+        _, argv = self._argv(o, meta, spec, c, cms, tmp, cache=cache)
+        flags = dict(a[2:].split("=", 1) for a in argv)
+        st = os.statvfs(vol)
+        free = st.f_bavail * st.f_frsize
+        held = sum(p.stat().st_blocks * 512 for p in [cache, *cache.rglob("*")])
+        self.assertEqual((free >> 20, held >> 20), (24, 16))
+        self.assertEqual(flags["cache_capacity"], f"{(free + held) // 1024 // 1024 * 90 // 100}M")
 
     def test_every_flag_is_one_the_binary_accepts(self):
         work, cms = self._workloads()

@@ -2,7 +2,9 @@
 slurmctld and slurmd with a configuration, state directory and ports of the
 test's own, AuthType=auth/none): the quick-start's job runs through sbatch
 with 2 ranks on the node, exactly one stager runs there, the ranks read every
-step, the daemons stop on SIGTERM, and no batch segment is left behind."""
+step, the daemons stop on SIGTERM, and no batch segment or run directory is left
+behind; `scancel --signal=B:TERM` while training runs tears everything down at
+once; the daemons' steps run without the cluster's MPI plugin."""
 import os
 import pathlib
 import re
@@ -108,10 +110,13 @@ class SbatchQuickstart(unittest.TestCase):
         if os.geteuid() != 0:
             self.skipTest("slurmd must run as root to launch job steps")
 
-    def test_two_ranks_one_stager_no_segments_left(self):
-        work = dt.temp_dir("slurm")
+    def submit(self, name, train):
+        """Submits tutti.sbatch for 2 ranks on the node with train(work dir) as the training
+        command (the cluster's default MPI plugin is pmix, as on many clusters); returns
+        (slurm, job id, work dir, job output path, logs dir, job_id of the config)."""
+        work = dt.temp_dir(name)
         index = dt.make_dataset(work)
-        job_id = f"slurm-{os.getpid()}"
+        job_id = f"{name}-{os.getpid()}"
         config = work / "job.textproto"
         config.write_text(dt.job_config(index, job_id, world_size=2, ranks_per_node=2))
         home = work / "home"  # TUTTI_HOME: bin/ with the build's daemons
@@ -129,23 +134,43 @@ class SbatchQuickstart(unittest.TestCase):
                    TUTTI_PACKER_METRICS=f"127.0.0.1:{packer_metrics}",
                    TUTTI_STAGER_METRICS=f"127.0.0.1:{stager_metrics}",
                    TUTTI_RUN_DIR=str(work / "run"), TUTTI_LOG_DIR=str(logs),
-                   TUTTI_READY_TIMEOUT_S="120", SLURM_MPI_TYPE="pmix",
-                   PMIX_MCA_gds="hash", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+                   TUTTI_READY_TIMEOUT_S="120", TUTTI_STOP_TIMEOUT_S="20",
+                   SLURM_MPI_TYPE="pmix", PMIX_MCA_gds="hash",
+                   OMPI_MCA_btl_vader_single_copy_mechanism="none")
         out = work / "job.out"
         r = dt.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--time=10",
                     f"--output={out}", f"--chdir={work}", SBATCH, config, work / "dataset",
-                    dt.RANK_DEMO, "--steps", "3", "--connect_timeout_s", "60",
-                    "--batch_timeout_s", "120", "--join_timeout_s", "120"], env=env)
+                    *train(work)], env=env)
         self.assertEqual(r.returncode, 0, r.stderr + slurm.logs())
         slurm_job = r.stdout.strip().split(";")[0]
+        self.addCleanup(self.cancel, slurm, slurm_job)  # before Slurm stops: nothing left running
+        return slurm, slurm_job, work, out, logs, job_id
 
+    def cancel(self, slurm, slurm_job):
+        dt.run(["scancel", slurm_job], env=slurm.env)
+        try:
+            self.wait_finished(slurm, slurm_job, 90)
+        except AssertionError:
+            pass
+
+    def wait_finished(self, slurm, slurm_job, timeout):
         def finished():
             q = dt.run(["squeue", "-h", "-j", slurm_job, "-o", "%T"], env=slurm.env)
             return q.returncode == 0 and q.stdout.strip() == ""
-        dt.wait_for(f"job {slurm_job} to finish", finished, timeout=300, interval=1)
+        dt.wait_for(f"job {slurm_job} to finish", finished, timeout=timeout, interval=1)
+
+    @staticmethod
+    def detail(out, logs):
         text = out.read_text(errors="replace") if out.exists() else "(no job output)"
-        detail = f"job output:\n{text[-4000:]}\n" + "\n".join(
+        return text, f"job output:\n{text[-4000:]}\n" + "\n".join(
             f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}" for f in sorted(logs.glob("*")))
+
+    def test_two_ranks_one_stager_no_segments_left(self):
+        slurm, slurm_job, work, out, logs, job_id = self.submit("slurm", lambda work: [
+            dt.RANK_DEMO, "--steps", "3", "--connect_timeout_s", "60", "--batch_timeout_s",
+            "120", "--join_timeout_s", "120"])
+        self.wait_finished(slurm, slurm_job, 300)
+        text, detail = self.detail(out, logs)
         state = dt.run(["scontrol", "show", "job", slurm_job], env=slurm.env).stdout
         self.assertIn("ExitCode=0:0", state, detail + state + slurm.logs())
         # The ranks pulled every step and ran the plan's exchanges.
@@ -159,6 +184,56 @@ class SbatchQuickstart(unittest.TestCase):
         self.assertIn("stopping tutti-stagerd", text, detail)
         self.assertNotIn("did not stop within", text, detail)
         self.assertEqual(dt.shm_segments(job_id), [], detail)
+        # The stagers' run directory (their sockets) went with them.
+        self.assertFalse((work / "run").exists(), detail)
+
+    def test_sigterm_to_the_batch_shell_while_training_tears_down(self):
+        """`scancel --batch --signal=TERM` (what --signal=B:TERM@120 sends before the time limit)
+        while the training step runs: the script stops the training step and the daemons
+        at once, removes the run directory, and no daemon or rank is left. The daemons'
+        steps run without the cluster's MPI plugin (--mpi=none); the training keeps it."""
+        marker = f"tutti-train-{os.getpid()}"
+        slurm, slurm_job, work, out, logs, job_id = self.submit("slurm-term", lambda work: [
+            "/bin/bash", "-c", 'env > "$1/train-$SLURM_PROCID.env"; echo "$2 running"; '
+            'trap "echo $2 got TERM; exit 143" TERM; for i in $(seq 300); do sleep 1; done',
+            "train", work, marker])
+        envs = [work / f"train-{r}.env" for r in (0, 1)]
+        dt.wait_for("both training ranks to run", lambda: all(e.exists() for e in envs),
+                    timeout=180, interval=0.5)
+        stagers = [p for p in dt.processes_with_arg(str(work / "cache"))
+                   if (pathlib.Path("/proc") / str(p) / "cmdline").read_bytes().split(b"\0")[0]
+                   .endswith(b"/tutti-stagerd")]
+        self.assertEqual(len(stagers), 1, self.detail(out, logs)[1])
+        stager_env = (pathlib.Path("/proc") / str(stagers[0]) / "environ").read_bytes()
+        stager_env = dict(v.split("=", 1) for v in stager_env.decode(errors="replace").split("\0")
+                          if "=" in v)
+        train_env = dict(line.split("=", 1) for line in envs[0].read_text().splitlines()
+                         if "=" in line)
+        # The training step runs with the cluster's MPI plugin (PMIx sets up each task),
+        # the daemons without.
+        plugin = ("PMIX_RANK", "PMIX_NAMESPACE")
+        self.assertEqual([k for k in plugin if k in train_env], list(plugin), sorted(train_env))
+        self.assertEqual([k for k in plugin if k in stager_env], [],
+                         f"tutti-stagerd's step runs with the MPI plugin: {sorted(stager_env)}")
+
+        # The batch shell alone, as sbatch --signal=B:TERM@120 signals it.
+        r = dt.run(["scancel", "--batch", "--signal=TERM", slurm_job], env=slurm.env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # Before the daemons' stop timeouts could add up, not when the training step ends
+        # on its own (in 5 minutes).
+        self.wait_finished(slurm, slurm_job, 120)
+        text, detail = self.detail(out, logs)
+        self.assertIn("signalled; tearing down", text, detail)
+        self.assertIn(f"{marker} got TERM", text, detail)
+        self.assertIn("stopping tutti-stagerd", text, detail)
+        self.assertNotIn("did not stop within", text, detail)
+        state = dt.run(["scontrol", "show", "job", slurm_job], env=slurm.env).stdout
+        self.assertIn("ExitCode=143:0", state, detail + state)
+        dt.wait_for("the job's processes to end",
+                    lambda: not dt.processes_with_arg(str(work / "cache"))
+                    and not dt.processes_with_arg(marker), timeout=30)
+        self.assertEqual(dt.shm_segments(job_id), [], detail)
+        self.assertFalse((work / "run").exists(), detail)
 
 
 if __name__ == "__main__":

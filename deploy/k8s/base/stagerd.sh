@@ -6,8 +6,12 @@
 #   --memory_budget   TUTTI_SHM_PERCENT (default 75) of the container's memory
 #                     limit: batch segments are charged to this container, the
 #                     rest is the daemon's own working memory
-#   --cache_capacity  TUTTI_CACHE_PERCENT (default 90) of the cache volume's
-#                     size; jobs that share a node's NVMe split it between them
+#   --cache_capacity  TUTTI_CACHE_PERCENT (default 90) of the space the cache may
+#                     use: the cache volume's free space plus what the cache
+#                     directory already holds (a restarted stager keeps its
+#                     shards), not the volume's size, part of which other jobs'
+#                     caches or other files may hold; jobs that share a node's
+#                     NVMe split it between them
 set -eu
 cpus=${TUTTI_CPU_LIMIT:?set from resourceFieldRef limits.cpu}
 memory_mib=${TUTTI_MEMORY_LIMIT_MIB:?set from resourceFieldRef limits.memory, divisor 1Mi}
@@ -22,8 +26,12 @@ if [ "$shm_percent" -lt 1 ] || [ "$shm_percent" -gt 95 ] || [ "$cache_percent" -
   echo "stagerd.sh: TUTTI_SHM_PERCENT must be 1..95 and TUTTI_CACHE_PERCENT 1..100" >&2
   exit 2
 fi
-cache_kib=$(df -Pk "$cache_dir" | awk 'NR == 2 { print $2 }')
-case "$cache_kib" in '' | *[!0-9]*) echo "stagerd.sh: cannot size $cache_dir" >&2; exit 1 ;; esac
+free_kib=$(df -Pk "$cache_dir" | awk 'NR == 2 { print $4 }')
+held_kib=$(du -sk "$cache_dir" 2>/dev/null | awk 'NR == 1 { print $1 }')
+for v in "$free_kib" "$held_kib"; do
+  case "$v" in '' | *[!0-9]*) echo "stagerd.sh: cannot size $cache_dir" >&2; exit 1 ;; esac
+done
+cache_kib=$((free_kib + held_kib))
 exec "${TUTTI_STAGERD:-/opt/tutti/bin/tutti-stagerd}" \
   --decode_threads="$cpus" \
   --memory_budget="$((memory_mib * shm_percent / 100))M" \

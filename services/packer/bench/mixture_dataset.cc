@@ -96,7 +96,7 @@ absl::StatusOr<std::string> ReshardIntoSources(const Index& index, uint32_t text
                                                uint64_t seed,
                                                std::vector<MixtureDatasetSource>* sources) {
   Rng rng(seed ^ 0x5EA5);
-  const std::vector<uint32_t>* lists[2] = {&index.text_samples(), &index.vl_samples()};
+  const absl::Span<const uint32_t> lists[2] = {index.text_samples(), index.vl_samples()};
   const uint32_t counts[2] = {text_sources, vl_sources};
   // Per group: sizes log-uniform over three orders (the extremes pinned),
   // scaled to the group's samples, at least one each.
@@ -105,7 +105,7 @@ absl::StatusOr<std::string> ReshardIntoSources(const Index& index, uint32_t text
   };
   Group groups[2];
   for (int vl = 0; vl < 2; ++vl) {
-    const uint64_t n = lists[vl]->size();
+    const uint64_t n = lists[vl].size();
     const uint32_t k = counts[vl];
     if (k == 0 && n > 0) {
       return absl::InvalidArgumentError(
@@ -153,7 +153,7 @@ absl::StatusOr<std::string> ReshardIntoSources(const Index& index, uint32_t text
         RETURN_IF_ERROR(w.AddShard(absl::StrFormat("%s/%06u.tar", src.name, k / samples_per_shard),
                                    shard_bytes, 0));
       }
-      const uint32_t s = (*lists[vl])[at[vl]++];
+      const uint32_t s = lists[vl][at[vl]++];
       MemberInput text;
       const bool has_text = index.text_kind(s) != MemberKind::kNone;
       if (has_text) {

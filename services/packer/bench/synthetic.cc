@@ -19,7 +19,9 @@ struct Image {
 
 }  // namespace
 
-absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
+namespace {
+
+absl::Status Generate(const SyntheticOptions& o, IndexWriter* w) {
   if (o.samples == 0 || o.samples >= UINT32_MAX) {
     return absl::InvalidArgumentError("synthetic sample count must be in [1, 4e9)");
   }
@@ -43,21 +45,20 @@ absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
   VisionGeometryOptions fit = o.geometry;
   fit.max_pixels = o.fit_max_pixels;
 
-  IndexWriter w;
-  w.SetSourceDir("synthetic");
-  w.AddMeta("builder", absl::StrCat("synthetic seed=", o.seed, " samples=", o.samples));
+  w->SetSourceDir("synthetic");
+  w->AddMeta("builder", absl::StrCat("synthetic seed=", o.seed, " samples=", o.samples));
   const uint64_t expected_media =
       static_cast<uint64_t>(o.samples * o.vl_fraction * (o.min_images + o.max_images) / 2.0 * 1.1) +
       16;
-  w.Reserve(o.samples, expected_media, o.samples * 9);
+  w->Reserve(o.samples, expected_media, o.samples * 9);  // in memory only
   std::vector<Image> images;
   std::vector<MemberInput> media;
   const uint32_t per_shard = std::max<uint32_t>(1, o.samples_per_shard);
   for (uint64_t s = 0; s < o.samples; ++s) {
     if (s % per_shard == 0) {
       // Shard sizes are a generous bound of the fabricated member layout.
-      RETURN_IF_ERROR(w.AddShard(absl::StrFormat("synthetic-%06u.tar", s / per_shard),
-                                 uint64_t{per_shard} << 30, 0));
+      RETURN_IF_ERROR(w->AddShard(absl::StrFormat("synthetic-%06u.tar", s / per_shard),
+                                  uint64_t{per_shard} << 30, 0));
     }
     const bool vl = rng.Uniform() < o.vl_fraction;
     uint32_t text = 0;
@@ -113,9 +114,28 @@ absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
       a.size = 16000 * 2 * 12 + 44;
       media.push_back(a);
     }
-    RETURN_IF_ERROR(w.AddSample(absl::StrFormat("%09u", s), text, &json, media));
+    RETURN_IF_ERROR(w->AddSample(absl::StrFormat("%09u", s), text, &json, media));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
+  IndexWriter w;
+  RETURN_IF_ERROR(Generate(o, &w));
   return w.Finish();
+}
+
+absl::Status WriteSyntheticIndex(const SyntheticOptions& o, const std::string& path) {
+  IndexWriter w;
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  RETURN_IF_ERROR(w.SpillTo(dir));
+  RETURN_IF_ERROR(Generate(o, &w));
+  return w.WriteFile(path);
 }
 
 }  // namespace tutti::packer

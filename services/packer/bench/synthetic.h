@@ -40,6 +40,9 @@ struct SyntheticOptions {
 
 // A serialized index (Index::FromString / LoadIndex read it).
 absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& options);
+// The same index written to `path` (atomically), holding a few MiB of it in
+// memory at a time however many samples (100 M: about 5 GiB on disk).
+absl::Status WriteSyntheticIndex(const SyntheticOptions& options, const std::string& path);
 
 }  // namespace tutti::packer
 

@@ -126,7 +126,7 @@ absl::Status Job::Init(const JobOptions& options) {
 
 absl::Status Job::InitMixture() {
   const auto& b = config_.batch();
-  const std::vector<uint32_t>* streams[2] = {text_samples_, vl_samples_};
+  const absl::Span<const uint32_t> streams[2] = {text_samples_, vl_samples_};
   const uint32_t per[2] = {b.text_samples_per_step(), b.vl_samples_per_step()};
   ASSIGN_OR_RETURN(mixture_,
                    Mixture::Create(config_, *index_, streams, per, overflow_.long_documents));
@@ -175,7 +175,7 @@ void Job::DrawSamples(bool vl, const uint64_t* pos, size_t count, uint32_t* samp
     return;
   }
   const auto& b = config_.batch();
-  const std::vector<uint32_t>& ids = vl ? vl_samples() : text_samples();
+  const absl::Span<const uint32_t> ids = vl ? vl_samples() : text_samples();
   StreamSampler sampler(config_.seed(), vl ? Stream::kVl : Stream::kText,
                         std::max<uint64_t>(ids.size(), 1),
                         vl ? b.vl_samples_per_step() : b.text_samples_per_step());
@@ -208,16 +208,16 @@ const char* Job::UnservableReason(uint32_t s) const {
 
 void Job::FilterStreams() {
   const Index& ix = *index_;
-  text_samples_ = &ix.text_samples();
-  vl_samples_ = &ix.vl_samples();
-  for (auto [all, kept, out] : {std::tuple{&ix.text_samples(), &text_kept_, &text_samples_},
-                                std::tuple{&ix.vl_samples(), &vl_kept_, &vl_samples_}}) {
+  text_samples_ = ix.text_samples();
+  vl_samples_ = ix.vl_samples();
+  for (auto [all, kept, out] : {std::tuple{ix.text_samples(), &text_kept_, &text_samples_},
+                                std::tuple{ix.vl_samples(), &vl_kept_, &vl_samples_}}) {
     size_t i = 0;
-    while (i < all->size() && *UnservableReason((*all)[i]) == '\0') ++i;
-    if (i == all->size()) continue;  // all servable: draw from the index's stream
-    kept->assign(all->begin(), all->begin() + static_cast<std::ptrdiff_t>(i));
-    for (; i < all->size(); ++i) {
-      const uint32_t s = (*all)[i];
+    while (i < all.size() && *UnservableReason(all[i]) == '\0') ++i;
+    if (i == all.size()) continue;  // all servable: draw from the index's stream
+    kept->assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(i));
+    for (; i < all.size(); ++i) {
+      const uint32_t s = all[i];
       const char* why = UnservableReason(s);
       if (*why == '\0') {
         kept->push_back(s);
@@ -225,7 +225,7 @@ void Job::FilterStreams() {
       }
       if (unservable_[why]++ == 0) unservable_examples_[why] = DescribeSample(s);
     }
-    *out = kept;
+    *out = *kept;
   }
 }
 
@@ -275,7 +275,7 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
     groups.push_back(Group{true, -1, overflow_.long_documents});
   }
   for (Group& g : groups) {
-    const std::vector<uint32_t>& list = g.vl ? vl_samples() : text_samples();
+    const absl::Span<const uint32_t> list = g.vl ? vl_samples() : text_samples();
     std::vector<std::pair<uint32_t, uint32_t>> ranges = {{0, static_cast<uint32_t>(list.size())}};
     if (g.source >= 0) ranges = mixture_->source(static_cast<uint32_t>(g.source)).part[g.vl].ranges;
     for (const auto& [lo, hi] : ranges) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/job_config.h"
 #include "services/packer/core/costs.h"
 #include "services/packer/core/dispatcher.h"
@@ -108,8 +109,8 @@ class Job {
   // image over vision.max_source_pixels / max_source_side, more images than
   // vision.max_images_per_sample, or text with a token count but no token
   // ids (a k.txt member; the stager does not tokenise).
-  const std::vector<uint32_t>& text_samples() const { return *text_samples_; }
-  const std::vector<uint32_t>& vl_samples() const { return *vl_samples_; }
+  absl::Span<const uint32_t> text_samples() const { return text_samples_; }
+  absl::Span<const uint32_t> vl_samples() const { return vl_samples_; }
   // Samples left out of the streams, by reason ("image_too_large",
   // "too_many_images", "no_token_ids"), and the first one of each, described.
   const std::map<std::string, uint64_t>& unservable() const { return unservable_; }
@@ -170,8 +171,8 @@ class Job {
   std::unique_ptr<Dispatcher> fallback_dispatcher_;
   // The index's own streams, or the filtered copies below when some sample
   // is left out.
-  const std::vector<uint32_t>* text_samples_ = nullptr;
-  const std::vector<uint32_t>* vl_samples_ = nullptr;
+  absl::Span<const uint32_t> text_samples_;
+  absl::Span<const uint32_t> vl_samples_;
   std::vector<uint32_t> text_kept_, vl_kept_;
   std::map<std::string, uint64_t> unservable_;
   std::map<std::string, std::string> unservable_examples_;

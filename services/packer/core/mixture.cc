@@ -96,7 +96,7 @@ uint32_t SourcePart::ListIndex(uint64_t i) const {
 }
 
 absl::StatusOr<std::unique_ptr<const Mixture>> Mixture::Create(
-    const v1::JobConfig& config, const Index& index, const std::vector<uint32_t>* streams[2],
+    const v1::JobConfig& config, const Index& index, const absl::Span<const uint32_t> streams[2],
     const uint32_t per_step[2], LongDocuments job_long_documents) {
   std::unique_ptr<Mixture> m(new Mixture());
   m->seed_ = config.seed();
@@ -121,7 +121,7 @@ absl::StatusOr<std::unique_ptr<const Mixture>> Mixture::Create(
 }
 
 absl::Status Mixture::Resolve(const v1::JobConfig& config, const Index& index,
-                              const std::vector<uint32_t>* streams[2]) {
+                              const absl::Span<const uint32_t> streams[2]) {
   const v1::MixtureConfig& mc = config.mixture();
   // Which shards each index file gave the (possibly combined) index.
   struct Part {
@@ -192,7 +192,7 @@ absl::Status Mixture::Resolve(const v1::JobConfig& config, const Index& index,
       const v1::Modality want = vl ? v1::MODALITY_VL : v1::MODALITY_TEXT;
       if (cs.modality() != v1::MODALITY_UNSPECIFIED && cs.modality() != want) continue;
       SourcePart& part = s.part[vl];
-      const std::vector<uint32_t>& list = *streams[vl];
+      const absl::Span<const uint32_t> list = streams[vl];
       for (const auto& [first, end] : s.shards) {
         const uint32_t lo_id = index.shard(first).first_sample;
         const IndexShard& last = index.shard(end - 1);
@@ -262,7 +262,7 @@ void Mixture::BuildSegments(const v1::JobConfig& config) {
 }
 
 absl::Status Mixture::BuildStreams(const v1::JobConfig& config,
-                                   const std::vector<uint32_t>* streams[2],
+                                   const absl::Span<const uint32_t> streams[2],
                                    const uint32_t per_step[2]) {
   const v1::MixtureConfig& mc = config.mixture();
   for (const int vl : {0, 1}) {
@@ -475,7 +475,7 @@ void Mixture::Draw(bool vl, const uint64_t* pos, size_t count, uint32_t* sample,
       at[x] = static_cast<uint32_t>(k);
     }
   }
-  const std::vector<uint32_t>& list = *streams_[vl];
+  const absl::Span<const uint32_t> list = streams_[vl];
   for (uint32_t slot = 0; slot < S; ++slot) {
     const uint32_t b = begin[slot], e = begin[slot + 1];
     if (b == e) continue;

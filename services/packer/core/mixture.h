@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "services/packer/core/apportion.h"
 #include "services/packer/core/overflow.h"
 #include "services/packer/core/sampler.h"
@@ -76,7 +77,7 @@ class Mixture {
   // stream the batch needs has no source with weight at some step, or a
   // source would draw a sample twice in one step.
   static absl::StatusOr<std::unique_ptr<const Mixture>> Create(
-      const v1::JobConfig& config, const Index& index, const std::vector<uint32_t>* streams[2],
+      const v1::JobConfig& config, const Index& index, const absl::Span<const uint32_t> streams[2],
       const uint32_t per_step[2], LongDocuments job_long_documents);
 
   uint32_t num_sources() const { return static_cast<uint32_t>(sources_.size()); }
@@ -104,9 +105,10 @@ class Mixture {
  private:
   Mixture() = default;
   absl::Status Resolve(const v1::JobConfig& config, const Index& index,
-                       const std::vector<uint32_t>* streams[2]);
+                       const absl::Span<const uint32_t> streams[2]);
   void BuildSegments(const v1::JobConfig& config);
-  absl::Status BuildStreams(const v1::JobConfig& config, const std::vector<uint32_t>* streams[2],
+  absl::Status BuildStreams(const v1::JobConfig& config,
+                            const absl::Span<const uint32_t> streams[2],
                             const uint32_t per_step[2]);
   void BuildHistory(const v1::JobConfig& config);
   // Positions [0, N) of a step: slot and k (the slot's k-th of the step).
@@ -127,7 +129,7 @@ class Mixture {
   // The blocks (steps' draws) of every source part, for its sampler.
   std::vector<std::unique_ptr<StepBlocks>> blocks_[2];
   uint64_t epoch_samples_[2] = {0, 0};
-  const std::vector<uint32_t>* streams_[2] = {nullptr, nullptr};
+  absl::Span<const uint32_t> streams_[2];
   std::vector<std::pair<uint64_t, std::string>> history_;
 };
 

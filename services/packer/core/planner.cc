@@ -62,10 +62,10 @@ struct DrawnMedium {
 // indices; each stream's ids list ascends, so sorting by local index sorts
 // by sample id, and the two streams merge.
 void SampleOrder(const uint64_t* local, uint32_t NT, uint32_t NV,
-                 const std::vector<uint32_t>& text_ids, const std::vector<uint32_t>& vl_ids,
+                 absl::Span<const uint32_t> text_ids, absl::Span<const uint32_t> vl_ids,
                  std::vector<uint64_t>* order) {
   thread_local std::vector<uint64_t> text, vl, tmp;
-  auto sorted = [&](const uint64_t* l, uint32_t n, uint32_t first, const std::vector<uint32_t>& ids,
+  auto sorted = [&](const uint64_t* l, uint32_t n, uint32_t first, absl::Span<const uint32_t> ids,
                     std::vector<uint64_t>* v) {
     v->resize(n);
     for (uint32_t i = 0; i < n; ++i) (*v)[i] = l[i] << 32 | (first + i);

@@ -1,12 +1,18 @@
+// Index: maps (or takes) an index file and verifies every byte of it
+// (index_format.h) before pointing into it.
 #include "services/packer/index/index.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <thread>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
@@ -16,52 +22,16 @@
 #include "common/file_io.h"
 #include "common/status.h"
 #include "common/tar.h"
+#include "services/packer/index/index_format.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the index format is little-endian");
 
 namespace tutti::packer {
+
+namespace fmt = index_format;
+
 namespace {
 
-constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'I', 'D', 'X'};
-constexpr size_t kHeaderBytes = 64;
-constexpr size_t kSectionEntryBytes = 24;
-
-constexpr uint32_t Tag(const char (&s)[5]) {
-  return uint32_t(uint8_t(s[0])) | uint32_t(uint8_t(s[1])) << 8 | uint32_t(uint8_t(s[2])) << 16 |
-         uint32_t(uint8_t(s[3])) << 24;
-}
-constexpr uint32_t kStrs = Tag("STRS"), kShrd = Tag("SHRD"), kExts = Tag("EXTS"),
-                   kMeta = Tag("META"), kTref = Tag("TREF"), kTsiz = Tag("TSIZ"),
-                   kTtok = Tag("TTOK"), kKoff = Tag("KOFF"), kMbeg = Tag("MBEG"),
-                   kKeys = Tag("KEYS"), kMedi = Tag("MEDI"), kTcrc = Tag("TCRC"),
-                   kMcrc = Tag("MCRC");
-
-std::string TagName(uint32_t tag) {
-  std::string s(4, ' ');
-  for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((tag >> (8 * i)) & 0xFF);
-  return s;
-}
-
-struct ShardRecord {
-  uint64_t size;
-  uint32_t crc32c;
-  uint32_t first_sample;
-  uint32_t num_samples;
-  uint32_t name_off;
-  uint32_t name_len;
-  uint32_t pad;
-};
-static_assert(sizeof(ShardRecord) == 32);
-
-struct StringRecord {
-  uint32_t off;
-  uint32_t len;
-};
-
-template <typename T>
-void Put(std::string* out, size_t at, const T& v) {
-  std::memcpy(out->data() + at, &v, sizeof(T));
-}
 template <typename T>
 T Get(const char* p) {
   T v;
@@ -73,6 +43,91 @@ absl::Status Damaged(const std::string& origin, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("index ", origin, " is damaged: ", what,
                                           "; rebuild it with `tutti index --source DIR --out ",
                                           origin, "`"));
+}
+
+// The sections this version reads: rows, row size, and whether a file
+// without it is refused (the member checksums are optional).
+struct Known {
+  uint32_t tag;
+  fmt::Rows rows;
+  uint16_t row_bytes;
+  bool needed;
+};
+constexpr Known kKnown[] = {
+    {fmt::kStrs, fmt::Rows::kBytes, 1, true},
+    {fmt::kShrd, fmt::Rows::kShards, sizeof(fmt::ShardRecord), true},
+    {fmt::kExts, fmt::Rows::kRecords, sizeof(fmt::StringRecord), true},
+    {fmt::kMeta, fmt::Rows::kBytes, 1, true},
+    {fmt::kSkip, fmt::Rows::kRecords, sizeof(fmt::SkipRecord), true},
+    {fmt::kBads, fmt::Rows::kRecords, sizeof(fmt::BadShardRecord), true},
+    {fmt::kTref, fmt::Rows::kSamples, 8, true},
+    {fmt::kTsiz, fmt::Rows::kSamples, 4, true},
+    {fmt::kTtok, fmt::Rows::kSamples, 4, true},
+    {fmt::kKoff, fmt::Rows::kSamplesPlusOne, 4, true},
+    {fmt::kMbeg, fmt::Rows::kSamplesPlusOne, 4, true},
+    {fmt::kKeys, fmt::Rows::kBytes, 1, true},
+    {fmt::kMedi, fmt::Rows::kMedia, sizeof(Index::MediaRecord), true},
+    {fmt::kTstr, fmt::Rows::kRecords, 4, true},
+    {fmt::kVstr, fmt::Rows::kRecords, 4, true},
+    {fmt::kTcrc, fmt::Rows::kSamples, 4, false},
+    {fmt::kMcrc, fmt::Rows::kMedia, 4, false},
+};
+
+// Runs fn over [0, n) in ranges on up to 16 threads (one range when n is
+// small); the error of the lowest range that failed, so the error names
+// what a loop from 0 would have met first.
+absl::Status InRanges(uint64_t n, const std::function<absl::Status(uint64_t, uint64_t)>& fn) {
+  constexpr uint64_t kMinPerRange = uint64_t{1} << 20;
+  const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t ranges = std::clamp<uint64_t>(n / kMinPerRange, 1, std::min<uint64_t>(cores, 16));
+  if (ranges == 1) return fn(0, n);
+  std::vector<absl::Status> status(ranges);
+  std::vector<std::thread> threads;
+  for (uint64_t r = 0; r < ranges; ++r) {
+    threads.emplace_back([&, r] { status[r] = fn(n * r / ranges, n * (r + 1) / ranges); });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+// The CRC-32C of n bytes, large ones in pieces on several threads.
+uint32_t SectionCrc(const char* p, uint64_t n) {
+  constexpr uint64_t kPiece = uint64_t{16} << 20;
+  const uint64_t pieces = (n + kPiece - 1) / kPiece;
+  if (pieces <= 1) return Crc32cExtend(0, p, n);
+  std::vector<uint32_t> crcs(pieces);
+  (void)InRanges(pieces * (uint64_t{1} << 20), [&](uint64_t b, uint64_t e) {
+    for (uint64_t i = b >> 20; i < (e >> 20); ++i) {
+      crcs[i] = Crc32cExtend(0, p + i * kPiece, std::min(kPiece, n - i * kPiece));
+    }
+    return absl::OkStatus();
+  });
+  uint32_t crc = crcs[0];
+  for (uint64_t i = 1; i < pieces; ++i) {
+    crc = Crc32cCombine(crc, crcs[i], std::min(kPiece, n - i * kPiece));
+  }
+  return crc;
+}
+
+// Whether every byte is below 0x80 (then every string cut from them is UTF-8).
+bool AllAscii(const char* p, uint64_t n) {
+  uint64_t acc = 0;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    acc |= w;
+  }
+  for (; i < n; ++i) acc |= static_cast<unsigned char>(p[i]);
+  return (acc & 0x8080808080808080ull) == 0;
+}
+
+const Known* FindKnown(uint32_t tag) {
+  for (const Known& k : kKnown) {
+    if (k.tag == tag) return &k;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -96,18 +151,42 @@ absl::string_view MemberKindName(MemberKind k) {
   }
 }
 
-// ---------------------------------------------------------------------------
-// Index
+// Where the file's parts lie, found by ParseHeader and ReadSections.
+struct Index::Layout {
+  struct Section {
+    const char* data;
+    uint64_t bytes;
+  };
+  uint32_t num_sections = 0;
+  size_t table_end = 0;  // header and section table
+  uint64_t samples = 0;
+  uint64_t media = 0;
+  uint32_t num_shards = 0;
+  uint32_t num_exts = 0;
+  absl::flat_hash_map<uint32_t, Section> sections;  // tag -> bytes (every section of the file)
+  const Section* Find(uint32_t tag) const {
+    auto it = sections.find(tag);
+    return it == sections.end() ? nullptr : &it->second;
+  }
+};
 
-absl::StatusOr<std::shared_ptr<const Index>> Index::FromBuffer(std::unique_ptr<char[]> data,
-                                                               size_t size, std::string origin) {
+absl::StatusOr<std::shared_ptr<const Index>> Index::Open(std::shared_ptr<const char> data,
+                                                         size_t size, bool mapped,
+                                                         std::string origin) {
   std::shared_ptr<Index> index(new Index());
   index->data_ = std::move(data);
   index->size_ = size;
+  index->mapped_ = mapped;
   index->origin_ = std::move(origin);
   RETURN_IF_ERROR(index->Parse());
   RETURN_IF_ERROR(index->Validate());
   return std::shared_ptr<const Index>(std::move(index));
+}
+
+absl::StatusOr<std::shared_ptr<const Index>> Index::FromBuffer(std::unique_ptr<char[]> data,
+                                                               size_t size, std::string origin) {
+  std::shared_ptr<const char> owned(data.release(), std::default_delete<char[]>());
+  return Open(std::move(owned), size, /*mapped=*/false, std::move(origin));
 }
 
 absl::StatusOr<std::shared_ptr<const Index>> Index::FromString(const std::string& bytes,
@@ -116,17 +195,6 @@ absl::StatusOr<std::shared_ptr<const Index>> Index::FromString(const std::string
   std::memcpy(data.get(), bytes.data(), bytes.size());
   return FromBuffer(std::move(data), bytes.size(), std::move(origin));
 }
-
-// Where the file's parts lie, found by ParseHeader and ReadSections.
-struct Index::Layout {
-  uint32_t num_sections = 0;
-  size_t table_end = 0;  // header and section table
-  uint64_t samples = 0;
-  uint64_t media = 0;
-  uint32_t num_shards = 0;
-  uint32_t num_exts = 0;
-  absl::flat_hash_map<uint32_t, std::pair<const char*, uint64_t>> sections;  // tag -> bytes
-};
 
 absl::Status Index::Parse() {
   Layout layout;
@@ -140,7 +208,7 @@ absl::Status Index::Parse() {
 // The magic, version, size and header checksum, and the counts.
 absl::Status Index::ParseHeader(Layout* layout) {
   const char* p = data_.get();
-  if (size_ < kHeaderBytes || std::memcmp(p, kMagic, 8) != 0) {
+  if (size_ < fmt::kHeaderBytes || std::memcmp(p, fmt::kMagic, 8) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(origin_,
                      " is not a tutti index (bad magic or too short); build one with "
@@ -148,10 +216,11 @@ absl::Status Index::ParseHeader(Layout* layout) {
                      origin_, "`"));
   }
   const uint32_t version = Get<uint32_t>(p + 8);
-  if (version != kIndexVersion) {
+  if (version != fmt::kVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         "index ", origin_, " has format version ", version, " but this tutti reads version ",
-        kIndexVersion, "; rebuild it with `tutti index`"));
+        fmt::kVersion, "; re-run `tutti index --source DIR --out ", origin_,
+        "` to rebuild it (the dataset's shards are read again)"));
   }
   layout->num_sections = Get<uint32_t>(p + 12);
   const uint64_t file_bytes = Get<uint64_t>(p + 16);
@@ -159,13 +228,18 @@ absl::Status Index::ParseHeader(Layout* layout) {
     return Damaged(origin_, absl::StrCat("it should be ", file_bytes, " bytes but is ", size_,
                                          " (truncated or appended to)"));
   }
-  layout->table_end = kHeaderBytes + size_t{layout->num_sections} * kSectionEntryBytes;
-  if (layout->num_sections > 64 || layout->table_end > size_) {
+  layout->table_end = fmt::kHeaderBytes + size_t{layout->num_sections} * fmt::kSectionEntryBytes;
+  if (layout->num_sections > fmt::kMaxSections || layout->table_end > size_) {
     return Damaged(origin_, "bad section table");
   }
-  uint32_t crc = Crc32cExtend(0, p, 60);
-  crc = Crc32cExtend(crc, p + kHeaderBytes, layout->table_end - kHeaderBytes);
-  if (crc != Get<uint32_t>(p + 60)) return Damaged(origin_, "header checksum mismatch");
+  uint32_t crc = Crc32cExtend(0, p, fmt::kHeaderCrcAt);
+  crc = Crc32cExtend(crc, p + fmt::kHeaderBytes, layout->table_end - fmt::kHeaderBytes);
+  if (crc != Get<uint32_t>(p + fmt::kHeaderCrcAt)) {
+    return Damaged(origin_, "header checksum mismatch");
+  }
+  for (size_t i = 48; i < fmt::kHeaderCrcAt; ++i) {
+    if (p[i] != 0) return Damaged(origin_, "reserved header bytes are not zero");
+  }
   layout->samples = Get<uint64_t>(p + 24);
   layout->media = Get<uint64_t>(p + 32);
   layout->num_shards = Get<uint32_t>(p + 40);
@@ -178,22 +252,63 @@ absl::Status Index::ParseHeader(Layout* layout) {
   return absl::OkStatus();
 }
 
-// Each section inside the file, aligned, with its checksum.
+// Each section inside the file, aligned, of the size its rows make, with
+// its checksum. A section this version does not know is checked alike and
+// then ignored, unless it is marked required.
 absl::Status Index::ReadSections(Layout* layout) {
   const char* p = data_.get();
   for (uint32_t i = 0; i < layout->num_sections; ++i) {
-    const char* e = p + kHeaderBytes + i * kSectionEntryBytes;
-    const uint32_t tag = Get<uint32_t>(e);
-    const uint32_t scrc = Get<uint32_t>(e + 4);
-    const uint64_t off = Get<uint64_t>(e + 8);
-    const uint64_t bytes = Get<uint64_t>(e + 16);
-    if (off % 8 != 0 || off < layout->table_end || off > size_ || bytes > size_ - off) {
-      return Damaged(origin_, absl::StrCat("section ", TagName(tag), " lies outside the file"));
+    const auto e = Get<fmt::SectionEntry>(p + fmt::kHeaderBytes + i * fmt::kSectionEntryBytes);
+    const std::string name = fmt::TagName(e.tag);
+    if (e.offset % 8 != 0 || e.offset < layout->table_end || e.offset > size_ ||
+        e.bytes > size_ - e.offset) {
+      return Damaged(origin_, absl::StrCat("section ", name, " lies outside the file"));
     }
-    if (Crc32cExtend(0, p + off, bytes) != scrc) {
-      return Damaged(origin_, absl::StrCat("section ", TagName(tag), " checksum mismatch"));
+    if (e.reserved != 0 || e.rows > fmt::kMaxRows || e.row_bytes == 0 ||
+        (e.rows == static_cast<uint8_t>(fmt::Rows::kBytes) && e.row_bytes != 1)) {
+      return Damaged(origin_, absl::StrCat("section ", name, " has a bad entry"));
     }
-    layout->sections[tag] = {p + off, bytes};
+    uint64_t rows = 0;
+    switch (static_cast<fmt::Rows>(e.rows)) {
+      case fmt::Rows::kBytes:
+      case fmt::Rows::kRecords:
+        rows = e.bytes / e.row_bytes;
+        break;
+      case fmt::Rows::kSamples:
+        rows = layout->samples;
+        break;
+      case fmt::Rows::kSamplesPlusOne:
+        rows = layout->samples + 1;
+        break;
+      case fmt::Rows::kMedia:
+        rows = layout->media;
+        break;
+      case fmt::Rows::kShards:
+        rows = layout->num_shards;
+        break;
+    }
+    if (rows * e.row_bytes != e.bytes) {
+      return Damaged(origin_, absl::StrCat("section ", name, " has ", e.bytes, " bytes, expected ",
+                                           rows * e.row_bytes));
+    }
+    if (SectionCrc(p + e.offset, e.bytes) != e.crc32c) {
+      return Damaged(origin_, absl::StrCat("section ", name, " checksum mismatch"));
+    }
+    const Known* known = FindKnown(e.tag);
+    if (known == nullptr && (e.flags & fmt::kRequired)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "index ", origin_, " has a section ", name,
+          " that this tutti does not know (written by a newer tutti); use that tutti, or re-run "
+          "`tutti index --source DIR --out ",
+          origin_, "` with this one"));
+    }
+    if (known != nullptr &&
+        (e.rows != static_cast<uint8_t>(known->rows) || e.row_bytes != known->row_bytes)) {
+      return Damaged(origin_, absl::StrCat("section ", name, " has rows of the wrong kind"));
+    }
+    if (!layout->sections.emplace(e.tag, Layout::Section{p + e.offset, e.bytes}).second) {
+      return Damaged(origin_, absl::StrCat("section ", name, " appears twice"));
+    }
   }
   return absl::OkStatus();
 }
@@ -204,7 +319,7 @@ absl::Status Index::CheckPadding(const Layout& layout) const {
   const char* p = data_.get();
   std::vector<std::pair<uint64_t, uint64_t>> spans = {{0, layout.table_end}};
   for (const auto& [tag, s] : layout.sections) {
-    spans.emplace_back(s.first - p, s.first - p + s.second);
+    spans.emplace_back(s.data - p, s.data - p + s.bytes);
   }
   std::sort(spans.begin(), spans.end());
   uint64_t covered = 0;
@@ -219,87 +334,104 @@ absl::Status Index::CheckPadding(const Layout& layout) const {
   return absl::OkStatus();
 }
 
-// The per-sample arrays, each section of the size the counts require.
+// The per-sample arrays (their sizes were checked by ReadSections).
 absl::Status Index::BindSections(const Layout& layout) {
-  auto section = [&](uint32_t tag, uint64_t want, const char** out) -> absl::Status {
-    auto it = layout.sections.find(tag);
-    if (it == layout.sections.end()) {
-      return Damaged(origin_, absl::StrCat("section ", TagName(tag), " is missing"));
+  for (const Known& k : kKnown) {
+    if (k.needed && layout.Find(k.tag) == nullptr) {
+      return Damaged(origin_, absl::StrCat("section ", fmt::TagName(k.tag), " is missing"));
     }
-    if (want != UINT64_MAX && it->second.second != want) {
-      return Damaged(origin_, absl::StrCat("section ", TagName(tag), " has ", it->second.second,
-                                           " bytes, expected ", want));
-    }
-    *out = it->second.first;
-    return absl::OkStatus();
-  };
-  const uint64_t n = layout.samples;
-  const char *strs, *shrd, *exts, *meta, *tref, *tsiz, *ttok, *koff, *mbeg, *keys, *medi;
-  RETURN_IF_ERROR(section(kStrs, UINT64_MAX, &strs));
-  RETURN_IF_ERROR(section(kShrd, uint64_t{layout.num_shards} * sizeof(ShardRecord), &shrd));
-  RETURN_IF_ERROR(section(kExts, uint64_t{layout.num_exts} * sizeof(StringRecord), &exts));
-  RETURN_IF_ERROR(section(kMeta, UINT64_MAX, &meta));
-  RETURN_IF_ERROR(section(kTref, n * 8, &tref));
-  RETURN_IF_ERROR(section(kTsiz, n * 4, &tsiz));
-  RETURN_IF_ERROR(section(kTtok, n * 4, &ttok));
-  RETURN_IF_ERROR(section(kKoff, (n + 1) * 4, &koff));
-  RETURN_IF_ERROR(section(kMbeg, (n + 1) * 4, &mbeg));
-  RETURN_IF_ERROR(section(kKeys, UINT64_MAX, &keys));
-  RETURN_IF_ERROR(section(kMedi, layout.media * sizeof(MediaRecord), &medi));
-  keys_bytes_ = layout.sections.at(kKeys).second;
-  // Member checksums: optional (older indexes have none), both or neither.
-  if (layout.sections.count(kTcrc) || layout.sections.count(kMcrc)) {
-    const char *tcrc, *mcrc;
-    RETURN_IF_ERROR(section(kTcrc, n * 4, &tcrc));
-    RETURN_IF_ERROR(section(kMcrc, layout.media * 4, &mcrc));
-    text_crc_ = reinterpret_cast<const uint32_t*>(tcrc);
-    media_crc_ = reinterpret_cast<const uint32_t*>(mcrc);
   }
-
-  text_ref_ = reinterpret_cast<const uint64_t*>(tref);
-  text_size_ = reinterpret_cast<const uint32_t*>(tsiz);
-  text_tokens_ = reinterpret_cast<const uint32_t*>(ttok);
-  key_off_ = reinterpret_cast<const uint32_t*>(koff);
-  media_begin_ = reinterpret_cast<const uint32_t*>(mbeg);
-  keys_ = keys;
-  media_ = reinterpret_cast<const MediaRecord*>(medi);
+  auto at = [&](uint32_t tag) { return layout.Find(tag)->data; };
+  text_ref_ = reinterpret_cast<const uint64_t*>(at(fmt::kTref));
+  text_size_ = reinterpret_cast<const uint32_t*>(at(fmt::kTsiz));
+  text_tokens_ = reinterpret_cast<const uint32_t*>(at(fmt::kTtok));
+  key_off_ = reinterpret_cast<const uint32_t*>(at(fmt::kKoff));
+  media_begin_ = reinterpret_cast<const uint32_t*>(at(fmt::kMbeg));
+  keys_ = at(fmt::kKeys);
+  keys_bytes_ = layout.Find(fmt::kKeys)->bytes;
+  media_ = reinterpret_cast<const MediaRecord*>(at(fmt::kMedi));
+  text_stream_ = reinterpret_cast<const uint32_t*>(at(fmt::kTstr));
+  vl_stream_ = reinterpret_cast<const uint32_t*>(at(fmt::kVstr));
+  const uint64_t n_text = layout.Find(fmt::kTstr)->bytes / 4;
+  const uint64_t n_vl = layout.Find(fmt::kVstr)->bytes / 4;
+  if (n_text + n_vl != layout.samples) {
+    return Damaged(origin_, "the sampling streams do not hold every sample once");
+  }
+  num_text_ = static_cast<uint32_t>(n_text);
+  // Member checksums: optional, both or neither.
+  const Layout::Section* tcrc = layout.Find(fmt::kTcrc);
+  const Layout::Section* mcrc = layout.Find(fmt::kMcrc);
+  if ((tcrc == nullptr) != (mcrc == nullptr)) {
+    return Damaged(origin_, "member checksums only in part");
+  }
+  if (tcrc != nullptr) {
+    text_crc_ = reinterpret_cast<const uint32_t*>(tcrc->data);
+    media_crc_ = reinterpret_cast<const uint32_t*>(mcrc->data);
+  }
   return absl::OkStatus();
 }
 
-// The shard and extension tables (names from the string table) and the
-// metadata lines.
+// The shard, extension, skip and bad-shard tables (names from the string
+// table) and the metadata lines.
 absl::Status Index::ReadTables(const Layout& layout) {
-  const auto& [strs, strs_bytes] = layout.sections.at(kStrs);
-  auto string_at = [&, strs = strs, strs_bytes = strs_bytes](uint32_t off, uint32_t len,
-                                                             std::string* out) -> absl::Status {
-    if (uint64_t{off} + len > strs_bytes) return Damaged(origin_, "string table out of range");
-    out->assign(strs + off, len);
+  const Layout::Section strs = *layout.Find(fmt::kStrs);
+  auto string_at = [&](uint32_t off, uint32_t len, const char* what,
+                       std::string* out) -> absl::Status {
+    if (uint64_t{off} + len > strs.bytes) return Damaged(origin_, "string table out of range");
+    out->assign(strs.data + off, len);
+    if (!IsValidUtf8(*out)) return Damaged(origin_, absl::StrCat("a ", what, " is not UTF-8"));
     return absl::OkStatus();
   };
-  const char* shrd = layout.sections.at(kShrd).first;
+  const char* shrd = layout.Find(fmt::kShrd)->data;
   shards_.resize(layout.num_shards);
   shard_starts_.resize(layout.num_shards);
   for (uint32_t i = 0; i < layout.num_shards; ++i) {
-    const auto rec = Get<ShardRecord>(shrd + i * sizeof(ShardRecord));
+    const auto rec = Get<fmt::ShardRecord>(shrd + i * sizeof(fmt::ShardRecord));
     IndexShard& s = shards_[i];
-    RETURN_IF_ERROR(string_at(rec.name_off, rec.name_len, &s.name));
+    if (rec.reserved != 0) return Damaged(origin_, "a shard record has reserved bytes set");
+    RETURN_IF_ERROR(string_at(rec.name_off, rec.name_len, "shard name", &s.name));
     s.size = rec.size;
+    s.mtime_ns = rec.mtime_ns;
     s.crc32c = rec.crc32c;
     s.first_sample = rec.first_sample;
     s.num_samples = rec.num_samples;
     shard_starts_[i] = rec.first_sample;
     dataset_bytes_ += rec.size;
   }
-  const char* exts = layout.sections.at(kExts).first;
+  const Layout::Section exts = *layout.Find(fmt::kExts);
+  if (exts.bytes / sizeof(fmt::StringRecord) != layout.num_exts) {
+    return Damaged(origin_, "extension table does not match the header");
+  }
   exts_.resize(layout.num_exts);
   for (uint32_t i = 0; i < layout.num_exts; ++i) {
-    const auto rec = Get<StringRecord>(exts + i * sizeof(StringRecord));
-    RETURN_IF_ERROR(string_at(rec.off, rec.len, &exts_[i]));
-    if (!IsValidUtf8(exts_[i])) return Damaged(origin_, "a member extension is not UTF-8");
+    const auto rec = Get<fmt::StringRecord>(exts.data + i * sizeof(fmt::StringRecord));
+    RETURN_IF_ERROR(string_at(rec.off, rec.len, "member extension", &exts_[i]));
   }
-  const auto& [meta, meta_bytes] = layout.sections.at(kMeta);
+  const Layout::Section skip = *layout.Find(fmt::kSkip);
+  skips_.resize(skip.bytes / sizeof(fmt::SkipRecord));
+  for (size_t i = 0; i < skips_.size(); ++i) {
+    const auto rec = Get<fmt::SkipRecord>(skip.data + i * sizeof(fmt::SkipRecord));
+    if (rec.shard >= layout.num_shards || rec.count == 0 || rec.reason_len == 0 ||
+        (i > 0 && rec.shard < skips_[i - 1].shard)) {
+      return Damaged(origin_, "bad skip record");
+    }
+    skips_[i].shard = rec.shard;
+    skips_[i].count = rec.count;
+    RETURN_IF_ERROR(string_at(rec.reason_off, rec.reason_len, "skip reason", &skips_[i].reason));
+  }
+  const Layout::Section bads = *layout.Find(fmt::kBads);
+  bad_shards_.resize(bads.bytes / sizeof(fmt::BadShardRecord));
+  for (size_t i = 0; i < bad_shards_.size(); ++i) {
+    const auto rec = Get<fmt::BadShardRecord>(bads.data + i * sizeof(fmt::BadShardRecord));
+    IndexBadShard& b = bad_shards_[i];
+    b.size = rec.size;
+    b.mtime_ns = rec.mtime_ns;
+    RETURN_IF_ERROR(string_at(rec.name_off, rec.name_len, "bad shard's name", &b.name));
+    RETURN_IF_ERROR(string_at(rec.why_off, rec.why_len, "bad shard's reason", &b.why));
+  }
+  const Layout::Section meta = *layout.Find(fmt::kMeta);
   for (absl::string_view line :
-       absl::StrSplit(absl::string_view(meta, meta_bytes), '\n', absl::SkipEmpty())) {
+       absl::StrSplit(absl::string_view(meta.data, meta.bytes), '\n', absl::SkipEmpty())) {
     const size_t eq = line.find('=');
     if (eq == absl::string_view::npos) return Damaged(origin_, "bad metadata line");
     std::string value;
@@ -308,6 +440,56 @@ absl::Status Index::ReadTables(const Layout& layout) {
     }
     meta_.emplace_back(std::string(line.substr(0, eq)), value);
     if (meta_.back().first == "source_dir") source_dir_ = value;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Index::ValidateSample(uint32_t s, uint64_t shard_size) const {
+  if (key_off_[s + 1] < key_off_[s] || key_off_[s + 1] > keys_bytes_ ||
+      media_begin_[s + 1] < media_begin_[s] || media_begin_[s + 1] > num_media_) {
+    return Damaged(origin_, absl::StrCat("sample ", s, " has a bad key or media range"));
+  }
+  if (!keys_ascii_ && !IsValidUtf8(key(s))) {
+    return Damaged(origin_, absl::StrCat("sample ", s, " has a key that is not UTF-8"));
+  }
+  const MemberKind tk = text_kind(s);
+  if ((tk != MemberKind::kNone && tk != MemberKind::kJson && tk != MemberKind::kTxt) ||
+      (tk != MemberKind::kNone && text_ext(s) >= exts_.size()) ||
+      text_offset(s) + text_size_[s] > shard_size) {
+    return Damaged(origin_, absl::StrCat("sample ", s, " has a bad text member"));
+  }
+  if (tk == MemberKind::kNone && media_begin_[s + 1] == media_begin_[s]) {
+    return Damaged(origin_, absl::StrCat("sample ", s, " has no members"));
+  }
+  for (uint32_t j = media_begin_[s]; j < media_begin_[s + 1]; ++j) {
+    const MediaRecord& r = media_[j];
+    const auto kind = static_cast<MemberKind>((r.ref >> 44) & 0xF);
+    if (!(IsImage(kind) || kind == MemberKind::kWav) || (r.ref >> 48) >= exts_.size() ||
+        (r.ref & kOffsetMask) + r.size > shard_size ||
+        (IsImage(kind) && ((r.dims & 0xFFFF) == 0 || (r.dims >> 16) == 0))) {
+      return Damaged(origin_, absl::StrCat("sample ", s, " has a bad media member"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every sample in exactly one stream, the one its members say: each
+// stream ascends, holds only samples of its kind, and the two hold n
+// between them (so each holds all of its kind).
+absl::Status Index::ValidateStreams() const {
+  const uint32_t n_text = num_text_, n_vl = num_samples_ - num_text_;
+  for (const auto& [stream, size, vl] :
+       {std::tuple{text_stream_, n_text, false}, std::tuple{vl_stream_, n_vl, true}}) {
+    RETURN_IF_ERROR(InRanges(size, [&, stream = stream, vl = vl](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i) {
+        const uint32_t s = stream[i];
+        if (s >= num_samples_ || is_vl(s) != vl || (i > 0 && stream[i - 1] >= s)) {
+          return Damaged(origin_, absl::StrCat("the ", vl ? "VL" : "text-only",
+                                               " sampling stream is wrong at its entry ", i));
+        }
+      }
+      return absl::OkStatus();
+    }));
   }
   return absl::OkStatus();
 }
@@ -329,41 +511,25 @@ absl::Status Index::Validate() {
     expect_first += s.num_samples;
   }
   if (expect_first != n) return Damaged(origin_, "shard table does not cover every sample");
-  uint32_t shard = 0;
-  for (uint32_t s = 0; s < n; ++s) {
-    while (shard + 1 < shards_.size() && shards_[shard + 1].first_sample <= s) ++shard;
-    if (key_off_[s + 1] < key_off_[s] || media_begin_[s + 1] < media_begin_[s]) {
-      return Damaged(origin_, absl::StrCat("sample ", s, " has a bad key or media range"));
-    }
-    if (!IsValidUtf8(key(s))) {
-      return Damaged(origin_, absl::StrCat("sample ", s, " has a key that is not UTF-8"));
-    }
-    const uint64_t shard_size = shards_.empty() ? 0 : shards_[shard].size;
-    const MemberKind tk = text_kind(s);
-    if ((tk != MemberKind::kNone && tk != MemberKind::kJson && tk != MemberKind::kTxt) ||
-        (tk != MemberKind::kNone && text_ext(s) >= exts_.size()) ||
-        text_offset(s) + text_size_[s] > shard_size) {
-      return Damaged(origin_, absl::StrCat("sample ", s, " has a bad text member"));
-    }
-    if (tk == MemberKind::kNone && media_begin_[s + 1] == media_begin_[s]) {
-      return Damaged(origin_, absl::StrCat("sample ", s, " has no members"));
-    }
-    for (uint32_t j = media_begin_[s]; j < media_begin_[s + 1]; ++j) {
-      const MediaRecord& r = media_[j];
-      const auto kind = static_cast<MemberKind>((r.ref >> 44) & 0xF);
-      if (!(IsImage(kind) || kind == MemberKind::kWav) || (r.ref >> 48) >= exts_.size() ||
-          (r.ref & kOffsetMask) + r.size > shard_size ||
-          (IsImage(kind) && ((r.dims & 0xFFFF) == 0 || (r.dims >> 16) == 0))) {
-        return Damaged(origin_, absl::StrCat("sample ", s, " has a bad media member"));
-      }
+  for (const IndexBadShard& b : bad_shards_) {
+    if (absl::Status bad = CheckRelativeName(b.name, "bad shard"); !bad.ok()) {
+      return Damaged(origin_, bad.message());
     }
   }
-  // Derived sampling streams.
-  uint32_t vl = 0;
-  for (uint32_t s = 0; s < n; ++s) vl += is_vl(s) ? 1 : 0;
-  text_samples_.reserve(n - vl);
-  vl_samples_.reserve(vl);
-  for (uint32_t s = 0; s < n; ++s) (is_vl(s) ? vl_samples_ : text_samples_).push_back(s);
+  keys_ascii_ = AllAscii(keys_, keys_bytes_);
+  RETURN_IF_ERROR(InRanges(n, [&](uint64_t b, uint64_t e) {
+    for (uint64_t s = b; s < e;) {
+      const uint32_t sh = ShardOfUnchecked(static_cast<uint32_t>(s));
+      const uint64_t end =
+          std::min<uint64_t>(e, uint64_t{shards_[sh].first_sample} + shards_[sh].num_samples);
+      if (end <= s) return Damaged(origin_, "shard table does not cover every sample");
+      for (; s < end; ++s) {
+        RETURN_IF_ERROR(ValidateSample(static_cast<uint32_t>(s), shards_[sh].size));
+      }
+    }
+    return absl::OkStatus();
+  }));
+  RETURN_IF_ERROR(ValidateStreams());
   // ShardOf's buckets: the shard of every (1 << kShardBucketBits)-th sample.
   shard_bucket_.resize((n >> kShardBucketBits) + 2);
   for (size_t b = 0; b < shard_bucket_.size(); ++b) {
@@ -372,6 +538,10 @@ absl::Status Index::Validate() {
                                    static_cast<uint32_t>(std::min<uint64_t>(first, UINT32_MAX)));
   }
   return absl::OkStatus();
+}
+
+uint32_t Index::ShardOfUnchecked(uint32_t sample) const {
+  return SearchShard(0, static_cast<uint32_t>(shard_starts_.size()), sample);
 }
 
 uint32_t Index::SearchShard(uint32_t lo, uint32_t hi, uint32_t sample) const {
@@ -412,11 +582,24 @@ std::string Index::MemberName(uint32_t s, uint16_t ext) const {
   return absl::StrCat(key(s), ".", exts_[ext]);
 }
 
-uint64_t Index::memory_bytes() const {
-  uint64_t b = size_ + (text_samples_.capacity() + vl_samples_.capacity()) * 4 +
-               shard_starts_.capacity() * 4 + shard_bucket_.capacity() * 4 +
-               shards_.capacity() * sizeof(IndexShard);
+std::string Index::meta(absl::string_view key) const {
+  for (const auto& [k, v] : meta_) {
+    if (k == key) return v;
+  }
+  return "";
+}
+
+uint64_t Index::heap_bytes() const {
+  uint64_t b = (mapped_ ? 0 : size_) + shard_starts_.capacity() * 4 + shard_bucket_.capacity() * 4 +
+               shards_.capacity() * sizeof(IndexShard) + exts_.capacity() * sizeof(std::string) +
+               skips_.capacity() * sizeof(IndexSkip) +
+               bad_shards_.capacity() * sizeof(IndexBadShard) + origin_.capacity() +
+               source_dir_.capacity();
   for (const auto& s : shards_) b += s.name.capacity();
+  for (const auto& s : exts_) b += s.capacity();
+  for (const auto& s : skips_) b += s.reason.capacity();
+  for (const auto& s : bad_shards_) b += s.name.capacity() + s.why.capacity();
+  for (const auto& [k, v] : meta_) b += sizeof(k) + sizeof(v) + k.capacity() + v.capacity();
   return b;
 }
 
@@ -429,207 +612,23 @@ absl::StatusOr<std::shared_ptr<const Index>> LoadIndex(const std::string& path) 
   }
   const int fd = *opened;
   const size_t size = static_cast<size_t>(file_size);
-  std::unique_ptr<char[]> data(new char[std::max<size_t>(size, 1)]);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t r = ::pread(fd, data.get() + done, std::min<size_t>(size - done, 64 << 20),
-                              static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      const int err = r < 0 ? errno : EIO;
-      ::close(fd);
-      return ErrnoStatus(err, absl::StrCat("read ", path));
-    }
-    done += static_cast<size_t>(r);
+  if (size < fmt::kHeaderBytes) {
+    ::close(fd);
+    return Index::FromString(std::string(), path);  // refused as too short, naming the file
   }
-  ::close(fd);
-  return Index::FromBuffer(std::move(data), size, path);
-}
-
-// ---------------------------------------------------------------------------
-// IndexWriter
-
-IndexWriter::IndexWriter() {
-  key_off_.push_back(0);
-  media_begin_.push_back(0);
-}
-
-void IndexWriter::Reserve(uint64_t samples, uint64_t media, uint64_t key_bytes) {
-  text_ref_.reserve(samples);
-  text_size_.reserve(samples);
-  text_tokens_.reserve(samples);
-  key_off_.reserve(samples + 1);
-  media_begin_.reserve(samples + 1);
-  media_.reserve(media);
-  keys_.reserve(key_bytes);
-}
-
-absl::Status IndexWriter::AddShard(const std::string& name, uint64_t size, uint32_t crc32c) {
-  RETURN_IF_ERROR(CheckRelativeName(name, "shard"));
-  IndexShard s;
-  s.name = name;
-  s.size = size;
-  s.crc32c = crc32c;
-  s.first_sample = static_cast<uint32_t>(text_tokens_.size());
-  shards_.push_back(std::move(s));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<uint16_t> IndexWriter::ExtId(absl::string_view ext) {
-  auto it = ext_ids_.find(std::string(ext));
-  if (it != ext_ids_.end()) return it->second;
-  if (exts_.size() >= 0xFFFF) {
-    return absl::ResourceExhaustedError("more than 65535 distinct member extensions");
-  }
-  const uint16_t id = static_cast<uint16_t>(exts_.size());
-  exts_.emplace_back(ext);
-  ext_ids_.emplace(std::string(ext), id);
-  return id;
-}
-
-absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
-                                    const MemberInput* text, absl::Span<const MemberInput> media) {
-  if (shards_.empty()) return absl::FailedPreconditionError("AddSample before AddShard");
-  if (text == nullptr && media.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("sample '", key, "' has no members"));
-  }
-  if (!IsValidUtf8(key)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sample key '", absl::CHexEscape(key), "' is not valid UTF-8"));
-  }
-  if (text_tokens_.size() >= UINT32_MAX - 1 || media_.size() + media.size() >= UINT32_MAX ||
-      keys_.size() + key.size() >= UINT32_MAX) {
-    return absl::ResourceExhaustedError(
-        "the index holds at most 4 billion samples, members and key bytes; split the dataset");
-  }
-  const IndexShard& shard = shards_.back();
-  uint64_t ref = 0;
-  uint32_t tsize = 0;
-  if (text != nullptr) {
-    if (text->kind != MemberKind::kJson && text->kind != MemberKind::kTxt) {
-      return absl::InvalidArgumentError("text member must be json or txt");
-    }
-    if (text->offset > Index::kOffsetMask || text->size > UINT32_MAX ||
-        text->offset + text->size > shard.size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sample '", key, "' text member lies outside ", shard.name));
-    }
-    ASSIGN_OR_RETURN(uint16_t ext, ExtId(text->ext));
-    ref = text->offset | (uint64_t(text->kind) << 44) | (uint64_t{ext} << 48);
-    tsize = static_cast<uint32_t>(text->size);
-    member_crcs_ &= text->has_crc32c;
-  }
-  for (const MemberInput& m : media) {
-    if (!(IsImage(m.kind) || m.kind == MemberKind::kWav)) {
-      return absl::InvalidArgumentError("media member must be an image or wav");
-    }
-    if (m.offset > Index::kOffsetMask || m.size > UINT32_MAX || m.offset + m.size > shard.size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sample '", key, "' member ", m.ext, " lies outside ", shard.name));
-    }
-    if (IsImage(m.kind) &&
-        (m.width == 0 || m.height == 0 || m.width > 0xFFFF || m.height > 0xFFFF)) {
-      return absl::InvalidArgumentError(absl::StrCat("sample '", key, "' image ", m.ext, " size ",
-                                                     m.width, "x", m.height, " is out of range"));
-    }
-    ASSIGN_OR_RETURN(uint16_t ext, ExtId(m.ext));
-    Index::MediaRecord r;
-    r.ref = m.offset | (uint64_t(m.kind) << 44) | (uint64_t{ext} << 48);
-    r.size = static_cast<uint32_t>(m.size);
-    r.dims = IsImage(m.kind) ? (m.width | (m.height << 16)) : m.audio_ms;
-    media_.push_back(r);
-    media_crc_.push_back(m.crc32c);
-    member_crcs_ &= m.has_crc32c;
-  }
-  text_crc_.push_back(text != nullptr ? text->crc32c : 0);
-  text_ref_.push_back(ref);
-  text_size_.push_back(tsize);
-  text_tokens_.push_back(text_tokens);
-  keys_.append(key.data(), key.size());
-  key_off_.push_back(static_cast<uint32_t>(keys_.size()));
-  media_begin_.push_back(static_cast<uint32_t>(media_.size()));
-  ++shards_.back().num_samples;
-  return absl::OkStatus();
-}
-
-std::string IndexWriter::Finish() const {
-  // Strings: shard names, extensions.
-  std::string strs;
-  std::string shrd(shards_.size() * sizeof(ShardRecord), '\0');
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    ShardRecord r{};
-    r.size = shards_[i].size;
-    r.crc32c = shards_[i].crc32c;
-    r.first_sample = shards_[i].first_sample;
-    r.num_samples = shards_[i].num_samples;
-    r.name_off = static_cast<uint32_t>(strs.size());
-    r.name_len = static_cast<uint32_t>(shards_[i].name.size());
-    strs += shards_[i].name;
-    Put(&shrd, i * sizeof(ShardRecord), r);
-  }
-  std::string exts(exts_.size() * sizeof(StringRecord), '\0');
-  for (size_t i = 0; i < exts_.size(); ++i) {
-    StringRecord r{static_cast<uint32_t>(strs.size()), static_cast<uint32_t>(exts_[i].size())};
-    strs += exts_[i];
-    Put(&exts, i * sizeof(StringRecord), r);
-  }
-  std::string meta = absl::StrCat("source_dir=", absl::CEscape(source_dir_), "\n");
-  for (const auto& [k, v] : meta_) absl::StrAppend(&meta, k, "=", absl::CEscape(v), "\n");
-
-  struct Section {
-    uint32_t tag;
-    const char* data;
-    uint64_t bytes;
-  };
-  std::vector<Section> sections = {
-      {kStrs, strs.data(), strs.size()},
-      {kShrd, shrd.data(), shrd.size()},
-      {kExts, exts.data(), exts.size()},
-      {kMeta, meta.data(), meta.size()},
-      {kTref, reinterpret_cast<const char*>(text_ref_.data()), text_ref_.size() * 8},
-      {kTsiz, reinterpret_cast<const char*>(text_size_.data()), text_size_.size() * 4},
-      {kTtok, reinterpret_cast<const char*>(text_tokens_.data()), text_tokens_.size() * 4},
-      {kKoff, reinterpret_cast<const char*>(key_off_.data()), key_off_.size() * 4},
-      {kMbeg, reinterpret_cast<const char*>(media_begin_.data()), media_begin_.size() * 4},
-      {kKeys, keys_.data(), keys_.size()},
-      {kMedi, reinterpret_cast<const char*>(media_.data()),
-       media_.size() * sizeof(Index::MediaRecord)},
-  };
-  if (member_crcs_ && !text_tokens_.empty()) {
-    sections.push_back(
-        {kTcrc, reinterpret_cast<const char*>(text_crc_.data()), text_crc_.size() * 4});
-    sections.push_back(
-        {kMcrc, reinterpret_cast<const char*>(media_crc_.data()), media_crc_.size() * 4});
-  }
-  const size_t table_end = kHeaderBytes + sections.size() * kSectionEntryBytes;
-  uint64_t total = (table_end + 7) / 8 * 8;
-  std::vector<uint64_t> offsets;
-  for (const Section& s : sections) {
-    offsets.push_back(total);
-    total += (s.bytes + 7) / 8 * 8;
-  }
-  std::string out(total, '\0');
-  std::memcpy(out.data(), kMagic, 8);
-  Put(&out, 8, kIndexVersion);
-  Put(&out, 12, static_cast<uint32_t>(sections.size()));
-  Put(&out, 16, total);
-  Put(&out, 24, static_cast<uint64_t>(text_tokens_.size()));
-  Put(&out, 32, static_cast<uint64_t>(media_.size()));
-  Put(&out, 40, static_cast<uint32_t>(shards_.size()));
-  Put(&out, 44, static_cast<uint32_t>(exts_.size()));
-  for (size_t i = 0; i < sections.size(); ++i) {
-    const Section& s = sections[i];
-    if (s.bytes > 0) std::memcpy(out.data() + offsets[i], s.data, s.bytes);
-    const size_t e = kHeaderBytes + i * kSectionEntryBytes;
-    Put(&out, e, s.tag);
-    Put(&out, e + 4, Crc32cExtend(0, s.data, s.bytes));
-    Put(&out, e + 8, offsets[i]);
-    Put(&out, e + 16, s.bytes);
-  }
-  uint32_t crc = Crc32cExtend(0, out.data(), 60);
-  crc = Crc32cExtend(crc, out.data() + kHeaderBytes, table_end - kHeaderBytes);
-  Put(&out, 60, crc);
-  return out;
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (map == MAP_FAILED) return ErrnoStatus(err, absl::StrCat("map the index ", path));
+  // Loading reads the whole file once, in order; planning reads at random.
+  ::madvise(map, size, MADV_SEQUENTIAL);
+  ::madvise(map, size, MADV_WILLNEED);
+  std::shared_ptr<const char> bytes(static_cast<const char*>(map), [size](const char* p) {
+    ::munmap(const_cast<char*>(p), size);
+  });
+  auto index = Index::Open(std::move(bytes), size, /*mapped=*/true, path);
+  if (index.ok()) ::madvise(map, size, MADV_RANDOM);
+  return index;
 }
 
 }  // namespace tutti::packer

@@ -2,18 +2,18 @@
 // member offsets, image sizes (from headers) and text token count. Nothing
 // here decodes pixels.
 //
-// In memory and on disk the index is a set of flat arrays (struct of arrays)
-// in one buffer, so loading is one read plus checksums and costs about
-//   28 bytes per sample + key bytes + 16 bytes per image/audio member
-// (≈ 45 bytes per sample for 80% text-only, 20% 1-4 images, 9-byte keys).
+// On disk and in memory the index is a set of flat arrays (struct of
+// arrays, index_format.h), so LoadIndex maps the file and points into it:
+// no allocation per sample, and the loaded index costs about
+//   36 bytes per sample + key bytes + 20 bytes per image/audio member
+// of mapped, shared, evictable file pages (the page cache's, not the heap's),
+// plus a few bytes per shard on the heap. Loading checks every byte once
+// (section checksums, then every sample's fields).
 //
-// File format (version 1), little-endian:
-//   header (64 bytes): magic "TUTTIIDX", version, header/table sizes, counts,
-//                      crc32c of header+section table
-//   section table:     per section {tag, crc32c, offset, bytes}
-//   sections:          8-byte aligned arrays, each with its own crc32c
 // A wrong magic, another version, a size mismatch or any checksum mismatch is
-// refused with a message that names the file and says to rebuild it.
+// refused with a message that names the file and says to rebuild it. The
+// file must not be changed in place while it is mapped (`tutti index`
+// replaces it with a rename, which leaves a loaded index on the old file).
 #ifndef TUTTI_SERVICES_PACKER_INDEX_INDEX_H_
 #define TUTTI_SERVICES_PACKER_INDEX_INDEX_H_
 
@@ -30,7 +30,8 @@
 
 namespace tutti::packer {
 
-inline constexpr uint32_t kIndexVersion = 1;
+// The format version this tutti writes and reads (index_format.h).
+inline constexpr uint32_t kIndexVersion = 2;
 
 // What a member holds. Image kinds come from the magic bytes, not the name.
 enum class MemberKind : uint8_t {
@@ -48,11 +49,27 @@ inline bool IsImage(MemberKind k) {
 absl::string_view MemberKindName(MemberKind k);
 
 struct IndexShard {
-  std::string name;     // relative to the source directory
-  uint64_t size = 0;    // bytes
-  uint32_t crc32c = 0;  // of the whole file
+  std::string name;      // relative to the source directory
+  uint64_t size = 0;     // bytes
+  int64_t mtime_ns = 0;  // modification time when it was read (0: unknown)
+  uint32_t crc32c = 0;   // of the whole file
   uint32_t first_sample = 0;
   uint32_t num_samples = 0;
+};
+
+// A shard that was read and left out, and why.
+struct IndexBadShard {
+  std::string name;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  std::string why;
+};
+
+// Samples of a shard skipped for one reason ("bad_image_header", ...).
+struct IndexSkip {
+  uint32_t shard = 0;
+  std::string reason;
+  uint32_t count = 0;
 };
 
 // One image or audio member of a sample.
@@ -137,18 +154,30 @@ class Index {
   absl::string_view ext(uint16_t id) const { return exts_[id]; }
   uint32_t num_exts() const { return static_cast<uint32_t>(exts_.size()); }
 
-  // The two sampling streams, in index order.
-  const std::vector<uint32_t>& text_samples() const { return text_samples_; }
-  const std::vector<uint32_t>& vl_samples() const { return vl_samples_; }
+  // The two sampling streams, in index order (arrays of the file).
+  absl::Span<const uint32_t> text_samples() const { return {text_stream_, num_text_}; }
+  absl::Span<const uint32_t> vl_samples() const { return {vl_stream_, num_samples_ - num_text_}; }
 
-  // Free-form build facts (source, builder, skip counts), "key=value".
+  // Free-form build facts (source, builder, options, skip counts), "key=value".
   const std::vector<std::pair<std::string, std::string>>& meta() const { return meta_; }
+  // The value of a metadata key ("" when absent).
+  std::string meta(absl::string_view key) const;
+  // Per shard, the samples skipped and why; the shards read and left out.
+  const std::vector<IndexSkip>& skips() const { return skips_; }
+  const std::vector<IndexBadShard>& bad_shards() const { return bad_shards_; }
 
-  // Bytes held in memory by this index (buffer + derived arrays).
-  uint64_t memory_bytes() const;
+  // Memory: the file's bytes, mapped by LoadIndex (file pages the kernel
+  // may share and evict) or held on the heap (FromBuffer/FromString), and
+  // what loading allocated on the heap besides: per-shard tables and 4
+  // bytes per 256 samples, nothing per sample.
+  bool mapped() const { return mapped_; }
+  uint64_t file_bytes() const { return size_; }
+  uint64_t mapped_bytes() const { return mapped_ ? size_ : 0; }
+  uint64_t heap_bytes() const;  // the heap copy of the file, if any, and the tables
+  uint64_t memory_bytes() const { return mapped_bytes() + heap_bytes(); }
 
-  // Per-member CRC-32C of the bytes as indexed (indexes built before member
-  // checksums have none: has_member_crc32c() false).
+  // Per-member CRC-32C of the bytes as indexed (an index written from
+  // members without checksums has none: has_member_crc32c() false).
   bool has_member_crc32c() const { return text_crc_ != nullptr; }
   uint32_t text_crc32c(uint32_t s) const { return text_crc_[s]; }
   uint32_t media_crc32c(uint32_t j) const { return media_crc_[j]; }
@@ -166,25 +195,36 @@ class Index {
 
  private:
   struct Layout;
+  friend absl::StatusOr<std::shared_ptr<const Index>> LoadIndex(const std::string& path);
   Index() = default;
+  static absl::StatusOr<std::shared_ptr<const Index>> Open(std::shared_ptr<const char> data,
+                                                           size_t size, bool mapped,
+                                                           std::string origin);
   // Parse's stages, in order.
   absl::Status Parse();
   absl::Status ParseHeader(Layout* layout);
   absl::Status ReadSections(Layout* layout);
   absl::Status CheckPadding(const Layout& layout) const;
   absl::Status BindSections(const Layout& layout);
+  absl::Status ReadTables(const Layout& layout);
+  absl::Status ReadShardTables(const Layout& layout);
+  absl::Status Validate();
+  absl::Status ValidateSample(uint32_t s, uint64_t shard_size) const;
+  absl::Status ValidateStreams() const;
   // The last shard in [lo, hi) starting at or before `sample` (lo - 1 when
   // none does).
   uint32_t SearchShard(uint32_t lo, uint32_t hi, uint32_t sample) const;
-  absl::Status ReadTables(const Layout& layout);
-  absl::Status Validate();
+  // ShardOf by a search of the whole shard table (before the buckets exist).
+  uint32_t ShardOfUnchecked(uint32_t sample) const;
 
-  std::unique_ptr<char[]> data_;
+  std::shared_ptr<const char> data_;  // the file's bytes: mapped or on the heap
   size_t size_ = 0;
+  bool mapped_ = false;
   std::string origin_;
 
   uint32_t num_samples_ = 0;
   uint32_t num_media_ = 0;
+  uint32_t num_text_ = 0;
   const uint64_t* text_ref_ = nullptr;  // offset | kind << 44 | ext << 48
   const uint32_t* text_size_ = nullptr;
   const uint32_t* text_tokens_ = nullptr;
@@ -192,9 +232,12 @@ class Index {
   const uint32_t* media_begin_ = nullptr;  // n+1
   const char* keys_ = nullptr;
   uint64_t keys_bytes_ = 0;
+  bool keys_ascii_ = false;  // every key byte below 0x80: no key needs a UTF-8 check
   const MediaRecord* media_ = nullptr;
   const uint32_t* text_crc_ = nullptr;   // n, or null
   const uint32_t* media_crc_ = nullptr;  // m, or null
+  const uint32_t* text_stream_ = nullptr;
+  const uint32_t* vl_stream_ = nullptr;
 
   std::vector<IndexShard> shards_;
   std::vector<uint32_t> shard_starts_;
@@ -203,20 +246,29 @@ class Index {
   std::vector<uint32_t> shard_bucket_;
   std::vector<std::string> exts_;
   std::vector<std::pair<std::string, std::string>> meta_;
+  std::vector<IndexSkip> skips_;
+  std::vector<IndexBadShard> bad_shards_;
   std::string source_dir_;
   uint64_t dataset_bytes_ = 0;
-  std::vector<uint32_t> text_samples_;
-  std::vector<uint32_t> vl_samples_;
 };
 
-// Reads and verifies an index file.
+// Maps and verifies an index file (a file of another format version is
+// refused with a message saying to rebuild it with `tutti index`).
 absl::StatusOr<std::shared_ptr<const Index>> LoadIndex(const std::string& path);
+
+class IndexColumn;
 
 // Accumulates shards and samples and serializes them in the index format.
 // Not thread-safe; add shards in order, each followed by its samples.
+// Columns are kept in memory, or (SpillTo) in unlinked temporary files once
+// they grow, so that writing an index of 100 M samples holds megabytes.
 class IndexWriter {
  public:
   IndexWriter();
+  ~IndexWriter();
+  // Keeps column bytes beyond a few MiB in unlinked files under `dir`
+  // (call before adding samples; WriteFile then copies them into place).
+  absl::Status SpillTo(const std::string& dir);
   void SetSourceDir(std::string dir) { source_dir_ = std::move(dir); }
   void AddMeta(std::string key, std::string value) {
     meta_.emplace_back(std::move(key), std::move(value));
@@ -224,32 +276,47 @@ class IndexWriter {
   void Reserve(uint64_t samples, uint64_t media, uint64_t key_bytes);
 
   // Starts a shard; the samples added next belong to it.
-  absl::Status AddShard(const std::string& name, uint64_t size, uint32_t crc32c);
+  absl::Status AddShard(const std::string& name, uint64_t size, uint32_t crc32c,
+                        int64_t mtime_ns = 0);
   // text may be null (a sample with images or audio only).
   absl::Status AddSample(absl::string_view key, uint32_t text_tokens, const MemberInput* text,
                          absl::Span<const MemberInput> media);
+  // Samples of the current shard skipped for `reason`.
+  void AddSkipped(absl::string_view reason, uint32_t count);
+  // A shard read and left out (kept sorted by name in the file).
+  absl::Status AddBadShard(const std::string& name, uint64_t size, int64_t mtime_ns,
+                           absl::string_view why);
+  // Adds shard `shard` of `from` with its samples and skip counts, as
+  // AddShard, AddSample and AddSkipped would (the result is the same bytes).
+  absl::Status CopyShard(const Index& from, uint32_t shard);
 
-  uint64_t num_samples() const { return text_tokens_.size(); }
+  uint64_t num_samples() const { return num_samples_; }
+  // The first error of a spilled column's file (writes are checked here and
+  // by WriteFile / Finish).
+  absl::Status status() const;
   // Serializes everything added so far.
   std::string Finish() const;
+  // Writes it to `path` atomically (temporary file, fsync, rename).
+  absl::Status WriteFile(const std::string& path) const;
 
  private:
+  struct Section;
   absl::StatusOr<uint16_t> ExtId(absl::string_view ext);
+  std::vector<Section> Sections(std::string* strs, std::string* shrd, std::string* exts,
+                                std::string* meta, std::string* skip, std::string* bads) const;
 
   std::string source_dir_;
   std::vector<std::pair<std::string, std::string>> meta_;
   std::vector<IndexShard> shards_;
+  std::vector<IndexSkip> skips_;
+  std::vector<IndexBadShard> bad_shards_;
   std::vector<std::string> exts_;
   absl::flat_hash_map<std::string, uint16_t> ext_ids_;
-  std::vector<uint64_t> text_ref_;
-  std::vector<uint32_t> text_size_;
-  std::vector<uint32_t> text_tokens_;
-  std::vector<uint32_t> key_off_;
-  std::vector<uint32_t> media_begin_;
-  std::string keys_;
-  std::vector<Index::MediaRecord> media_;
-  std::vector<uint32_t> text_crc_;
-  std::vector<uint32_t> media_crc_;
+  uint64_t num_samples_ = 0;
+  uint64_t num_media_ = 0;
+  uint64_t key_bytes_ = 0;
+  std::unique_ptr<IndexColumn> text_ref_, text_size_, text_tokens_, key_off_, media_begin_, keys_,
+      media_, text_crc_, media_crc_, text_stream_, vl_stream_;
   bool member_crcs_ = true;  // every member added so far had a checksum
 };
 

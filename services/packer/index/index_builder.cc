@@ -8,322 +8,29 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/crc32c.h"
-#include "common/file_io.h"
-#include "common/media_header.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cpu_count.h"
+#include "common/readahead_file.h"
 #include "common/root_dir.h"
 #include "common/status.h"
 #include "common/tar.h"
-#include "services/packer/index/index.h"
+#include "services/packer/index/shard_scan.h"
 
 namespace tutti::packer {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct SampleOut {
-  std::string key;
-  uint32_t text_tokens = 0;
-  bool has_text = false;
-  MemberInput text;
-  std::vector<MemberInput> media;
-};
-
-struct ShardResult {
-  absl::Status status;
-  uint64_t size = 0;
-  uint32_t crc32c = 0;
-  std::vector<SampleOut> samples;
-  std::map<std::string, uint64_t> skipped;
-  std::map<std::string, uint64_t> skipped_members;
-  std::vector<std::string> examples;
-  uint64_t ignored = 0;
-};
-
-struct RawMember {
-  std::string ext;  // full extension, e.g. "0.jpg"
-  uint64_t offset;
-  uint64_t size;
-  uint32_t crc32c = 0;  // of its bytes
-};
-
-struct Group {
-  std::string key;
-  std::vector<RawMember> members;
-  std::string bad_name;  // a member whose name is not UTF-8 (escaped), if any
-};
-
-MemberInput TextInput(MemberKind kind, const char* ext, const RawMember& m) {
-  MemberInput in;
-  in.kind = kind;
-  in.ext = ext;
-  in.offset = m.offset;
-  in.size = m.size;
-  in.has_crc32c = true;
-  in.crc32c = m.crc32c;
-  return in;
-}
-
-// Sort key for image/audio extensions: "jpg" < "0.jpg" < "1.png" < "10.webp".
-std::pair<int64_t, std::string> MediaOrder(const std::string& ext) {
-  const size_t dot = ext.find('.');
-  int64_t n = -1;
-  if (dot != std::string::npos && !absl::SimpleAtoi(ext.substr(0, dot), &n)) n = INT64_MAX;
-  return {n, ext};
-}
-
-class ShardScanner {
- public:
-  ShardScanner(const IndexBuildOptions& o, const std::string& rel) : o_(o), rel_(rel) {}
-
-  ShardResult Scan(const std::string& path) {
-    ShardResult r;
-    // Its name travels in every plan: a relative UTF-8 path under --source.
-    r.status = CheckRelativeName(rel_, "shard");
-    if (!r.status.ok()) return r;
-    auto file = OpenLocalFile(path);
-    if (!file.ok()) {
-      r.status = file.status();
-      return r;
-    }
-    r.size = (*file)->size();
-    if (r.size == 0) {
-      r.status = absl::DataLossError("empty file (0 bytes); re-copy the shard from its source");
-      return r;
-    }
-    std::vector<Group> groups;
-    absl::flat_hash_map<std::string, size_t> by_key;
-    uint64_t members = 0;
-    const auto too_many = [&] {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "more than ", o_.max_shard_members, " tar members, over the limit (--max-shard-members ",
-          o_.max_shard_members, "); split the shard"));
-    };
-    r.status = ForEachTarMember(
-        **file,
-        [&](const TarMember& m) {
-          if (++members > o_.max_shard_members) return too_many();
-          auto [key, ext] = SplitWebDatasetName(m.name);
-          if (ext.empty() || key.empty()) {
-            ++r.ignored;
-            return absl::OkStatus();
-          }
-          auto [it, inserted] = by_key.try_emplace(std::string(key), groups.size());
-          if (inserted) groups.push_back(Group{std::string(key), {}, {}});
-          Group& g = groups[it->second];
-          if (!IsValidUtf8(m.name) && g.bad_name.empty()) g.bad_name = absl::CHexEscape(m.name);
-          g.members.push_back(RawMember{std::string(ext), m.data_offset, m.size});
-          return absl::OkStatus();
-        },
-        [&](const TarMember& m, absl::string_view why) {
-          if (++members > o_.max_shard_members) return;  // refused below
-          ++r.skipped_members["link"];
-          if (r.examples.size() < 8) {
-            r.examples.push_back(absl::StrCat(rel_, ": member ", absl::CHexEscape(m.name), " is ", why));
-          }
-        });
-    if (r.status.ok() && members > o_.max_shard_members) r.status = too_many();
-    if (!r.status.ok()) return r;
-    if (members == 0) {
-      r.status = absl::DataLossError("a tar archive with no members");
-      return r;
-    }
-    r.status = Checksum(**file, &groups, &r.crc32c);
-    if (!r.status.ok()) return r;
-    for (Group& g : groups) ScanSample(**file, &g, &r);
-    return r;
-  }
-
- private:
-  // One sequential pass over the shard: the crc32c of the whole file (the
-  // stager verifies staged copies with it) and of every member's bytes (it
-  // verifies each member it reads with those).
-  static absl::Status Checksum(const RandomAccessFile& f, std::vector<Group>* groups,
-                               uint32_t* shard_crc) {
-    std::vector<RawMember*> members;
-    for (Group& g : *groups) {
-      for (RawMember& m : g.members) members.push_back(&m);
-    }
-    std::sort(members.begin(), members.end(),
-              [](const RawMember* a, const RawMember* b) { return a->offset < b->offset; });
-    const uint64_t size = f.size();
-    std::string buf(std::min<uint64_t>(size, 4 << 20), '\0');
-    uint32_t crc = 0;
-    size_t first = 0;  // members before it are done
-    for (uint64_t off = 0; off < size;) {
-      const size_t n = std::min<uint64_t>(buf.size(), size - off);
-      RETURN_IF_ERROR(f.ReadExactly(off, n, buf.data()));
-      crc = Crc32cExtend(crc, buf.data(), n);
-      for (size_t i = first; i < members.size() && members[i]->offset < off + n; ++i) {
-        RawMember& m = *members[i];
-        const uint64_t begin = std::max(m.offset, off), end = std::min(m.offset + m.size, off + n);
-        if (end > begin) m.crc32c = Crc32cExtend(m.crc32c, buf.data() + (begin - off), end - begin);
-        if (m.offset + m.size <= off + n && i == first) ++first;
-      }
-      off += n;
-    }
-    *shard_crc = crc;
-    return absl::OkStatus();
-  }
-
-  void Skip(ShardResult* r, const std::string& key, const std::string& reason,
-            const std::string& detail) {
-    ++r->skipped[reason];
-    if (r->examples.size() < 8) {
-      r->examples.push_back(absl::StrCat(rel_, ":", absl::CHexEscape(key), ": ", detail));
-    }
-  }
-
-  // Reads enough of a member to parse its header (growing for JPEGs whose
-  // frame header follows large metadata segments).
-  template <typename Parse>
-  auto ReadHeader(const RandomAccessFile& f, const RawMember& m, size_t first, Parse parse)
-      -> decltype(parse(absl::string_view())) {
-    size_t want = std::min<uint64_t>(m.size, first);
-    while (true) {
-      auto bytes = f.ReadString(m.offset, want);
-      if (!bytes.ok()) return bytes.status();
-      auto h = parse(*bytes);
-      if (h.ok() || want >= m.size || want >= (4u << 20)) return h;
-      want = std::min<uint64_t>(m.size, want * 16);
-    }
-  }
-
-  void ScanSample(const RandomAccessFile& f, Group* g, ShardResult* r) {
-    if (!g->bad_name.empty()) {
-      return Skip(r, g->key, "bad_name",
-                  absl::StrCat("member name '", g->bad_name,
-                               "' is not valid UTF-8 (names travel in protobuf strings); rename it"));
-    }
-    SampleOut s;
-    s.key = g->key;
-    const RawMember* json = nullptr;
-    const RawMember* txt = nullptr;
-    std::vector<std::pair<const RawMember*, MemberKind>> media;
-    absl::flat_hash_map<std::string, int> seen;
-    for (const RawMember& m : g->members) {
-      if (++seen[m.ext] > 1) {
-        return Skip(r, g->key, "duplicate_member",
-                    absl::StrCat("member ", g->key, ".", m.ext, " appears twice"));
-      }
-      const size_t dot = m.ext.rfind('.');
-      const std::string last =
-          absl::AsciiStrToLower(dot == std::string::npos ? m.ext : m.ext.substr(dot + 1));
-      if (ImageKindFromExtension(last) != ImageKind::kUnknown) {
-        media.emplace_back(&m, MemberKind::kJpeg);  // real kind from the magic bytes below
-      } else if (last == "wav") {
-        media.emplace_back(&m, MemberKind::kWav);
-      } else if (m.ext == "json") {
-        json = &m;
-      } else if (m.ext == "txt") {
-        txt = &m;
-      } else {
-        ++r->ignored;
-      }
-    }
-    const size_t images = std::count_if(media.begin(), media.end(), [](const auto& m) {
-      return m.second != MemberKind::kWav;
-    });
-    if (images > o_.max_images_per_sample) {
-      return Skip(r, g->key, "too_many_images",
-                  absl::StrCat(g->key, " has ", images, " images, over the limit (",
-                               "--max-images-per-sample ", o_.max_images_per_sample, ")"));
-    }
-    std::sort(media.begin(), media.end(), [](const auto& a, const auto& b) {
-      return MediaOrder(a.first->ext) < MediaOrder(b.first->ext);
-    });
-    for (auto& [m, kind] : media) {
-      MemberInput in;
-      in.ext = m->ext;
-      in.offset = m->offset;
-      in.size = m->size;
-      in.has_crc32c = true;
-      in.crc32c = m->crc32c;
-      if (kind == MemberKind::kWav) {
-        auto h = ReadHeader(f, *m, 4096, [](absl::string_view b) { return ReadWavHeader(b); });
-        if (!h.ok()) {
-          return Skip(r, g->key, "bad_audio_header",
-                      absl::StrCat(g->key, ".", m->ext, ": ", h.status().message()));
-        }
-        in.kind = MemberKind::kWav;
-        in.audio_ms = h->duration_ms;
-      } else {
-        auto h = ReadHeader(f, *m, 4096, [](absl::string_view b) { return ReadImageHeader(b); });
-        if (!h.ok()) {
-          return Skip(r, g->key, "bad_image_header",
-                      absl::StrCat(g->key, ".", m->ext, ": ", h.status().message()));
-        }
-        in.kind = h->kind == ImageKind::kJpeg  ? MemberKind::kJpeg
-                  : h->kind == ImageKind::kPng ? MemberKind::kPng
-                                               : MemberKind::kWebp;
-        in.width = h->width;
-        in.height = h->height;
-        const double aspect = double(std::max(h->width, h->height)) / std::min(h->width, h->height);
-        if (h->width > o_.max_source_side || h->height > o_.max_source_side ||
-            uint64_t{h->width} * h->height > o_.max_source_pixels) {
-          return Skip(r, g->key, "image_too_large",
-                      absl::StrCat(g->key, ".", m->ext, " is ", h->width, "x", h->height));
-        }
-        if (aspect > o_.max_aspect_ratio) {
-          return Skip(r, g->key, "aspect_ratio",
-                      absl::StrCat(g->key, ".", m->ext, " is ", h->width, "x", h->height));
-        }
-      }
-      s.media.push_back(std::move(in));
-    }
-    bool have_tokens = false;
-    if (json != nullptr) {
-      if (json->size > o_.max_text_bytes) {
-        return Skip(r, g->key, "text_too_large",
-                    absl::StrCat(g->key, ".json has ", json->size, " bytes"));
-      }
-      auto bytes = f.ReadString(json->offset, json->size);
-      if (!bytes.ok()) return Skip(r, g->key, "read_error", std::string(bytes.status().message()));
-      auto tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size);
-      if (tokens.ok()) {
-        s.text_tokens = *tokens;
-        have_tokens = true;
-        s.has_text = true;
-        s.text = TextInput(MemberKind::kJson, "json", *json);
-      } else if (tokens.status().code() != absl::StatusCode::kNotFound || txt == nullptr) {
-        const bool missing = tokens.status().code() == absl::StatusCode::kNotFound;
-        if (!missing || s.media.empty()) {
-          return Skip(r, g->key, missing ? "no_token_count" : "bad_json",
-                      absl::StrCat(g->key, ".json: ", tokens.status().message()));
-        }
-        // A VL sample whose JSON carries only metadata: no text tokens.
-        s.has_text = true;
-        have_tokens = true;
-        s.text = TextInput(MemberKind::kJson, "json", *json);
-      }
-    }
-    if (!have_tokens && txt != nullptr) {
-      s.text_tokens = EstimateTextTokens(txt->size, o_.bytes_per_token);
-      s.has_text = true;
-      s.text = TextInput(MemberKind::kTxt, "txt", *txt);
-    }
-    if (!s.has_text && s.media.empty()) {
-      return Skip(r, g->key, "no_usable_member",
-                  absl::StrCat(g->key, " has no .json, .txt, image or .wav member"));
-    }
-    r->samples.push_back(std::move(s));
-  }
-
-  const IndexBuildOptions& o_;
-  const std::string& rel_;
-};
-
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
+absl::StatusOr<std::vector<ListedShard>> ListShards(const std::string& dir,
                                                     std::vector<std::string>* refused) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
@@ -340,7 +47,8 @@ absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
   // Each shard is checked as the stager opens it: beneath the directory,
   // never through a symlink out of it, and a regular file.
   ASSIGN_OR_RETURN(std::unique_ptr<RootDir> root, RootDir::Open(dir));
-  std::vector<std::string> out, left_out;
+  std::vector<ListedShard> out;
+  std::vector<std::string> left_out;
   fs::path base = fs::path(dir).lexically_normal();
   if (base.filename().empty()) base = base.parent_path();  // "data/" -> "data"
   fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
@@ -378,11 +86,13 @@ absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
           absl::CHexEscape(rel),
           ": not a regular file (a FIFO, socket or device); the stager refuses it too"));
     } else if (fd >= 0) {
-      out.push_back(rel);
+      out.push_back(ListedShard{rel, static_cast<uint64_t>(fst.st_size),
+                                int64_t{fst.st_mtim.tv_sec} * 1000000000 + fst.st_mtim.tv_nsec});
     }
     if (fd >= 0) ::close(fd);
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.begin(), out.end(),
+            [](const ListedShard& a, const ListedShard& b) { return a.name < b.name; });
   std::sort(left_out.begin(), left_out.end());
   if (out.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -396,119 +106,411 @@ absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
   return out;
 }
 
-absl::StatusOr<std::string> BuildIndex(
-    const IndexBuildOptions& options, IndexBuildReport* report,
-    const std::function<void(const IndexBuildProgress&)>& progress) {
+uint32_t DefaultIndexThreads() { return std::clamp(UsableCpus(), 2u, 8u); }
+
+std::string IndexOptionsMeta(const IndexBuildOptions& o) {
+  return absl::StrFormat(
+      "bytes_per_token=%.17g vocab_size=%u max_source_side=%u max_source_pixels=%u "
+      "max_aspect_ratio=%.17g max_images_per_sample=%u max_shard_members=%u max_text_bytes=%u",
+      o.bytes_per_token, o.vocab_size, o.max_source_side, o.max_source_pixels, o.max_aspect_ratio,
+      o.max_images_per_sample, o.max_shard_members, o.max_text_bytes);
+}
+
+namespace {
+
+// A shard of the listing and where its part of the index comes from.
+struct ShardTask {
+  ListedShard listed;
+  int64_t prev_shard = -1;  // unchanged: copied from the previous index
+  int64_t prev_bad = -1;    // unchanged and left out last time: left out again
+  bool read() const { return prev_shard < 0 && prev_bad < 0; }
+};
+
+// Why `prev` cannot stand in for reading shards of this build ("" when it can).
+std::string Unusable(const Index& prev, const IndexBuildOptions& o, const std::string& source) {
+  if (prev.source_dir() != source) {
+    return absl::StrCat("it indexed ", prev.source_dir(), ", not ", source);
+  }
+  if (prev.meta("options") != IndexOptionsMeta(o)) {
+    return absl::StrCat("it was built with other options (", prev.meta("options"), ")");
+  }
+  if (prev.num_samples() > 0 && !prev.has_member_crc32c()) {
+    return "it records no member checksums";
+  }
+  return "";
+}
+
+// Which shards to read and which to take from `options.previous`.
+absl::StatusOr<std::vector<ShardTask>> PlanShards(const IndexBuildOptions& o,
+                                                  const std::string& source,
+                                                  std::vector<ListedShard> listed,
+                                                  IndexBuildReport* rep) {
+  std::vector<ShardTask> tasks;
+  for (ListedShard& l : listed) tasks.push_back(ShardTask{std::move(l)});
+  const Index* prev = o.previous.get();
+  if (prev != nullptr) rep->not_incremental = Unusable(*prev, o, source);
+  if (prev == nullptr || !rep->not_incremental.empty()) {
+    if (o.append) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--append adds shards to the index at --out, but ",
+                       prev == nullptr ? "there is none" : rep->not_incremental,
+                       "; run without --append to index every shard"));
+    }
+    return tasks;
+  }
+  struct Recorded {
+    int64_t shard = -1, bad = -1;
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    bool listed = false;
+  };
+  std::map<std::string, Recorded> recorded;  // by name: shards, then those left out
+  for (uint32_t i = 0; i < prev->num_shards(); ++i) {
+    const IndexShard& s = prev->shard(i);
+    recorded[s.name] = Recorded{i, -1, s.size, s.mtime_ns};
+  }
+  for (size_t i = 0; i < prev->bad_shards().size(); ++i) {
+    const IndexBadShard& b = prev->bad_shards()[i];
+    recorded.try_emplace(b.name, Recorded{-1, static_cast<int64_t>(i), b.size, b.mtime_ns});
+  }
+  for (ShardTask& t : tasks) {
+    auto it = recorded.find(t.listed.name);
+    if (it == recorded.end()) {
+      if (o.append && !recorded.empty() && t.listed.name < recorded.rbegin()->first) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--append: new shard ", absl::CHexEscape(t.listed.name), " sorts before ",
+            absl::CHexEscape(recorded.rbegin()->first),
+            ", already indexed, so the samples after it would be renumbered; name new shards to "
+            "sort last, or run without --append to index it in place"));
+      }
+      continue;
+    }
+    Recorded& r = it->second;
+    r.listed = true;
+    const bool same =
+        t.listed.mtime_ns != 0 && r.size == t.listed.size && r.mtime_ns == t.listed.mtime_ns;
+    if (!same && o.append) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--append: shard ", absl::CHexEscape(t.listed.name),
+          " changed since the index at --out was built (size or modification time); run "
+          "without --append to read it again"));
+    }
+    if (same) (r.shard >= 0 ? t.prev_shard : t.prev_bad) = r.shard >= 0 ? r.shard : r.bad;
+  }
+  for (const auto& [name, r] : recorded) {
+    if (r.listed || r.shard < 0) continue;
+    if (o.append) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--append: shard ", absl::CHexEscape(name),
+          " is in the index at --out but gone from the source; run without --append to drop it"));
+    }
+    ++rep->shards_removed;
+  }
+  return tasks;
+}
+
+// Reads one shard (opened through `io`), as `options.reader` says.
+ShardResult ReadShard(const IndexBuildOptions& o, IoService* io,
+                      const std::shared_ptr<ReadAheadBufferPool>& pool, const RootDir& root,
+                      const std::string& rel) {
+  const std::string path = (fs::path(o.source_dir) / rel).string();
+  ShardResult bad;
+  bad.status = CheckRelativeName(rel, "shard");
+  if (!bad.status.ok()) return bad;
+  absl::StatusOr<OpenedFile> f = OpenThroughIoService(io, root, rel, path, o.read_timeout);
+  if (!f.ok()) {
+    bad.status = f.status();
+    return bad;
+  }
+  ShardScanner scanner(o, rel);
+  ShardChecksums sums;
+  ShardResult r;
+  if (o.reader == ShardReader::kReadAhead) {
+    ReadAheadOptions ra;
+    ra.chunk_bytes = o.read_bytes;
+    ra.depth = o.io_depth;
+    ra.read_timeout = o.read_timeout;
+    ra.pool = pool;
+    ReadAheadFile file(io, f->fd, f->size, path, ra,
+                       [&sums](uint64_t off, absl::string_view bytes) { sums.Feed(off, bytes); });
+    r = scanner.Scan(file, &sums, [&file] { return file.Drain(); });
+  } else {
+    IoServiceFile file(io, f->fd, f->size, path, o.read_timeout);
+    r = scanner.Scan(file, &sums, [&] { return ChecksumPass(file, &sums); });
+  }
+  r.size = f->size;
+  r.mtime_ns = f->mtime_ns;
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<IoService>> MakeIoService(const IndexBuildOptions& o) {
+  const unsigned threads = std::max(1u, o.threads);
+  const unsigned in_flight =
+      threads * (o.reader == ShardReader::kReadAhead ? std::max(1u, o.io_depth) : 1u);
+  ASSIGN_OR_RETURN(const bool uring, ResolveIoBackend(o.io_backend));
+  std::unique_ptr<IoBackend> backend;
+  if (uring) {
+    // Reads on a network or FUSE file system block in the kernel's workers:
+    // as many of them as reads in flight.
+    ASSIGN_OR_RETURN(backend, MakeUringBackend(in_flight + threads + 4, in_flight + threads));
+  } else {
+    backend = MakePreadBackend(in_flight + threads);
+  }
+  return std::make_unique<IoService>(std::move(backend));
+}
+
+// One build: plans which shards to read, reads them on a pool of threads
+// and commits every shard's part to the writer in listing order.
+class Builder {
+ public:
+  Builder(const IndexBuildOptions& options, IndexBuildReport* report,
+          const std::function<void(const IndexBuildProgress&)>& progress, IndexWriter* writer)
+      : o_(options), rep_(*report), progress_(progress), writer_(writer) {}
+
+  absl::Status Run();
+
+ private:
+  void Worker();
+  // Commits shards in listing order: reused ones from the previous index,
+  // read ones once their result is in.
+  void Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitReused(const ShardTask& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitRead(const ShardTask& t, ShardResult r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A shard left out: recorded, or the build fails (skip_bad_shards false).
+  void LeftOut(const ShardTask& t, const absl::Status& why, uint64_t size, int64_t mtime_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanStart() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !failure_.ok() || next_ >= to_read_.size() || to_read_[next_] < next_commit_ + ahead_;
+  }
+
+  const IndexBuildOptions& o_;
+  const Index* prev_ = nullptr;
+  std::vector<ShardTask> tasks_;
+  std::vector<size_t> to_read_;  // into tasks_
+  std::unique_ptr<RootDir> root_;
+  std::unique_ptr<IoService> io_;
+  std::shared_ptr<ReadAheadBufferPool> pool_;
+  size_t ahead_ = 0;
+
+  absl::Mutex mu_;
+  IndexBuildReport& rep_ ABSL_GUARDED_BY(mu_);
+  const std::function<void(const IndexBuildProgress&)>& progress_;
+  IndexWriter* const writer_ ABSL_PT_GUARDED_BY(mu_);
+  IndexBuildProgress prog_ ABSL_GUARDED_BY(mu_);
+  std::map<size_t, ShardResult> done_ ABSL_GUARDED_BY(mu_);  // read, not yet committed
+  size_t next_commit_ ABSL_GUARDED_BY(mu_) = 0;              // into tasks_
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;                     // into to_read_
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> skipped_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status Builder::Run() {
+  absl::MutexLock l(&mu_);
   std::vector<std::string> refused;
-  ASSIGN_OR_RETURN(std::vector<std::string> shards, ListShards(options.source_dir, &refused));
-  IndexBuildReport local;
-  IndexBuildReport& rep = report ? *report : local;
-  rep = IndexBuildReport();
-  rep.shards_total = static_cast<uint32_t>(shards.size() + refused.size());
-  if (!refused.empty() && !options.skip_bad_shards) {
+  ASSIGN_OR_RETURN(std::vector<ListedShard> listed, ListShards(o_.source_dir, &refused));
+  rep_ = IndexBuildReport();
+  rep_.shards_total = static_cast<uint32_t>(listed.size() + refused.size());
+  if (!refused.empty() && !o_.skip_bad_shards) {
     return absl::PermissionDeniedError(
         absl::StrCat("shard ", refused.front(), " (", refused.size(),
                      " left out in all; pass --skip-bad-shards to index the other shards)"));
   }
-  rep.bad_shards = refused;
-
-  IndexBuildProgress prog;
-  prog.shards_total = rep.shards_total;
-  std::vector<std::string> paths;
-  for (const auto& rel : shards) {
-    paths.push_back((fs::path(options.source_dir) / rel).string());
-    std::error_code ec;
-    const auto sz = fs::file_size(paths.back(), ec);
-    if (!ec) prog.bytes_total += sz;
+  rep_.bad_shards = refused;
+  // The source as recorded, and as a rerun must name it to reuse the index
+  // ("data" and "data/" alike).
+  fs::path source_path = fs::absolute(o_.source_dir).lexically_normal();
+  if (source_path.filename().empty()) source_path = source_path.parent_path();
+  const std::string source = source_path.string();
+  ASSIGN_OR_RETURN(tasks_, PlanShards(o_, source, std::move(listed), &rep_));
+  prev_ = o_.previous.get();
+  prog_.shards_total = rep_.shards_total;
+  prog_.shards_done = static_cast<uint32_t>(refused.size());
+  for (size_t i = 0; i < tasks_.size(); ++i) {
+    if (tasks_[i].read()) {
+      to_read_.push_back(i);
+      prog_.bytes_total += tasks_[i].listed.size;
+    }
   }
+  ASSIGN_OR_RETURN(root_, RootDir::Open(o_.source_dir));
+  if (!to_read_.empty()) {
+    ASSIGN_OR_RETURN(io_, MakeIoService(o_));
+  }
+  // Read buffers shared by the shards, so each shard does not fault in its own.
+  const uint64_t chunk = std::max<uint64_t>(4096, o_.read_bytes / 4096 * 4096);
+  pool_ = std::make_shared<ReadAheadBufferPool>(
+      chunk, size_t{std::max(1u, o_.threads)} * (std::max(1u, o_.io_depth) + 2));
+  writer_->SetSourceDir(source);
+  writer_->AddMeta("builder", "tutti index");
+  writer_->AddMeta("options", IndexOptionsMeta(o_));
 
-  IndexWriter writer;
-  writer.SetSourceDir(fs::absolute(options.source_dir).lexically_normal().string());
-  writer.AddMeta("builder", "tutti index");
-  std::mutex mu;
-  std::map<size_t, ShardResult> done;  // finished out of order, not yet committed
-  size_t next_commit = 0;
-  absl::Status failure;
-  std::atomic<size_t> next{0};
-  std::atomic<bool> stop{false};
-
-  // Commits finished shards in shard order (called with mu held).
-  auto commit = [&]() {
-    while (failure.ok() && done.count(next_commit)) {
-      ShardResult r = std::move(done[next_commit]);
-      done.erase(next_commit);
-      const std::string& rel = shards[next_commit];
-      ++next_commit;
-      if (!r.status.ok()) {
-        const std::string why = std::string(r.status.message());
-        if (!options.skip_bad_shards) {
-          failure = absl::Status(r.status.code(),
-                                 absl::StrCat("shard ", absl::CHexEscape(rel), " is unusable: ", why,
-                                              " (re-copy or rebuild it, or pass --skip-bad-shards "
-                                              "to index the other shards)"));
-          stop = true;
-          return;
-        }
-        rep.bad_shards.push_back(absl::StrCat(absl::CHexEscape(rel), ": ", why));
-        continue;
-      }
-      absl::Status s = writer.AddShard(rel, r.size, r.crc32c);
-      for (const SampleOut& o : r.samples) {
-        if (!s.ok()) break;
-        s = writer.AddSample(o.key, o.text_tokens, o.has_text ? &o.text : nullptr, o.media);
-        if (o.media.empty())
-          ++rep.text_samples;
-        else
-          ++rep.vl_samples;
-        for (const auto& m : o.media) ++(m.kind == MemberKind::kWav ? rep.audio : rep.images);
-      }
-      if (!s.ok()) {
-        failure = Annotate(s, absl::StrCat("shard ", rel));
-        stop = true;
-        return;
-      }
-      ++rep.shards_indexed;
-      rep.samples += r.samples.size();
-      rep.bytes += r.size;
-      rep.ignored_members += r.ignored;
-      for (const auto& [k, v] : r.skipped) rep.skipped[k] += v;
-      for (const auto& [k, v] : r.skipped_members) rep.skipped_members[k] += v;
-      for (auto& e : r.examples) {
-        if (rep.skipped_examples.size() < 16) rep.skipped_examples.push_back(std::move(e));
-      }
-    }
-  };
-
-  auto worker = [&]() {
-    while (!stop) {
-      const size_t i = next++;
-      if (i >= shards.size()) return;
-      ShardScanner scanner(options, shards[i]);
-      ShardResult r = scanner.Scan(paths[i]);
-      std::lock_guard<std::mutex> lock(mu);
-      prog.shards_done++;
-      prog.bytes_done += r.size;
-      prog.samples += r.samples.size();
-      done.emplace(i, std::move(r));
-      commit();
-      if (progress) progress(prog);
-    }
-  };
-  const uint32_t n_threads =
-      std::max<uint32_t>(1, std::min<uint32_t>(options.threads, shards.size()));
-  std::vector<std::thread> threads;
-  for (uint32_t t = 0; t < n_threads; ++t) threads.emplace_back(worker);
-  for (auto& t : threads) t.join();
-  RETURN_IF_ERROR(failure);
-  if (rep.samples == 0) {
+  const uint32_t threads =
+      std::max<uint32_t>(1, std::min<uint32_t>(o_.threads, static_cast<uint32_t>(to_read_.size())));
+  // Results wait to be committed in order: a worker keeps at most this many
+  // shards ahead of the first one not committed.
+  ahead_ = size_t{4} * threads;
+  Commit();  // the reused shards before the first to read
+  if (progress_ && !to_read_.empty()) progress_(prog_);
+  std::vector<std::thread> pool;
+  mu_.Unlock();
+  for (uint32_t t = 0; t < threads && !to_read_.empty(); ++t) {
+    pool.emplace_back([this] { Worker(); });
+  }
+  for (auto& t : pool) t.join();
+  mu_.Lock();
+  RETURN_IF_ERROR(failure_);
+  if (next_commit_ != tasks_.size()) return absl::InternalError("index build left shards behind");
+  rep_.skipped = skipped_;
+  if (rep_.samples == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "no usable sample in ", options.source_dir, " (", rep.bad_shards.size(), " bad shards, ",
-        rep.skipped.size(), " skip reasons); see the messages above"));
+        "no usable sample in ", o_.source_dir, " (", rep_.bad_shards.size(), " bad shards, ",
+        rep_.skipped.size(), " skip reasons); see the messages above"));
   }
-  for (const auto& [k, v] : rep.skipped)
-    writer.AddMeta(absl::StrCat("skipped.", k), absl::StrCat(v));
-  writer.AddMeta("bad_shards", absl::StrCat(rep.bad_shards.size()));
+  for (const auto& [k, v] : rep_.skipped) {
+    writer_->AddMeta(absl::StrCat("skipped.", k), absl::StrCat(v));
+  }
+  writer_->AddMeta("bad_shards", absl::StrCat(rep_.bad_shards.size()));
+  return writer_->status();
+}
+
+void Builder::Worker() {
+  while (true) {
+    size_t i;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(this, &Builder::CanStart));
+      if (!failure_.ok() || next_ >= to_read_.size()) return;
+      i = to_read_[next_++];
+    }
+    ShardResult r = ReadShard(o_, io_.get(), pool_, *root_, tasks_[i].listed.name);
+    absl::MutexLock l(&mu_);
+    prog_.bytes_done += tasks_[i].listed.size;
+    done_.emplace(i, std::move(r));
+    Commit();
+    if (progress_) progress_(prog_);
+  }
+}
+
+void Builder::Commit() {
+  while (failure_.ok() && next_commit_ < tasks_.size()) {
+    const ShardTask& t = tasks_[next_commit_];
+    if (t.prev_bad >= 0) {
+      const IndexBadShard& b = prev_->bad_shards()[t.prev_bad];
+      ++rep_.shards_reused;
+      LeftOut(t, absl::DataLossError(b.why), b.size, b.mtime_ns);
+    } else if (t.prev_shard >= 0) {
+      CommitReused(t);
+    } else {
+      auto it = done_.find(next_commit_);
+      if (it == done_.end()) return;
+      ShardResult r = std::move(it->second);
+      done_.erase(it);
+      CommitRead(t, std::move(r));
+    }
+    ++next_commit_;
+    ++prog_.shards_done;
+    prog_.samples = rep_.samples;
+  }
+}
+
+void Builder::CommitReused(const ShardTask& t) {
+  const uint32_t shard = static_cast<uint32_t>(t.prev_shard);
+  const IndexShard& sh = prev_->shard(shard);
+  if (absl::Status s = writer_->CopyShard(*prev_, shard); !s.ok()) {
+    failure_ = Annotate(s, absl::StrCat("shard ", t.listed.name));
+    return;
+  }
+  for (uint32_t s = sh.first_sample; s < sh.first_sample + sh.num_samples; ++s) {
+    ++(prev_->is_vl(s) ? rep_.vl_samples : rep_.text_samples);
+    for (uint32_t j = prev_->media_begin(s); j < prev_->media_end(s); ++j) {
+      ++(prev_->media_is_image(j) ? rep_.images : rep_.audio);
+    }
+  }
+  for (const IndexSkip& k : prev_->skips()) {
+    if (k.shard == shard) skipped_[k.reason] += k.count;
+  }
+  ++rep_.shards_indexed;
+  ++rep_.shards_reused;
+  rep_.samples += sh.num_samples;
+  rep_.bytes += sh.size;
+}
+
+void Builder::CommitRead(const ShardTask& t, ShardResult r) {
+  const std::string& rel = t.listed.name;
+  ++rep_.shards_read;
+  rep_.bytes_read += r.size;
+  if (!r.status.ok()) return LeftOut(t, r.status, r.size, r.mtime_ns);
+  absl::Status s = writer_->AddShard(rel, r.size, r.crc32c, r.mtime_ns);
+  for (const SampleOut& o : r.samples) {
+    if (!s.ok()) break;
+    s = writer_->AddSample(o.key, o.text_tokens, o.has_text ? &o.text : nullptr, o.media);
+    ++(o.media.empty() ? rep_.text_samples : rep_.vl_samples);
+    for (const auto& m : o.media) ++(m.kind == MemberKind::kWav ? rep_.audio : rep_.images);
+  }
+  if (!s.ok()) {
+    failure_ = Annotate(s, absl::StrCat("shard ", rel));
+    return;
+  }
+  for (const auto& [k, v] : r.skipped) {
+    writer_->AddSkipped(k, static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX)));
+    skipped_[k] += v;
+  }
+  ++rep_.shards_indexed;
+  rep_.samples += r.samples.size();
+  rep_.bytes += r.size;
+  rep_.ignored_members += r.ignored;
+  for (const auto& [k, v] : r.skipped_members) rep_.skipped_members[k] += v;
+  for (auto& e : r.examples) {
+    if (rep_.skipped_examples.size() < 16) rep_.skipped_examples.push_back(std::move(e));
+  }
+}
+
+void Builder::LeftOut(const ShardTask& t, const absl::Status& why, uint64_t size,
+                      int64_t mtime_ns) {
+  const std::string& rel = t.listed.name;
+  // Recorded as read (UTF-8, as every string of the index).
+  const std::string reason =
+      IsValidUtf8(why.message()) ? std::string(why.message()) : absl::CHexEscape(why.message());
+  if (!o_.skip_bad_shards) {
+    failure_ = absl::Status(
+        why.code(),
+        absl::StrCat("shard ", absl::CHexEscape(rel), " is unusable: ", reason,
+                     " (re-copy or rebuild it, or pass --skip-bad-shards to index the other "
+                     "shards)"));
+    return;
+  }
+  rep_.bad_shards.push_back(absl::StrCat(absl::CHexEscape(rel), ": ", reason));
+  // A name the index cannot hold (not UTF-8) is refused again, unread, next time.
+  if (!CheckRelativeName(rel, "shard").ok()) return;
+  if (absl::Status s = writer_->AddBadShard(rel, size, mtime_ns, reason); !s.ok()) failure_ = s;
+}
+
+absl::Status Build(const IndexBuildOptions& options, IndexBuildReport* report,
+                   const std::function<void(const IndexBuildProgress&)>& progress,
+                   IndexWriter* writer) {
+  IndexBuildReport local;
+  Builder b(options, report ? report : &local, progress, writer);
+  return b.Run();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> BuildIndex(
+    const IndexBuildOptions& options, IndexBuildReport* report,
+    const std::function<void(const IndexBuildProgress&)>& progress) {
+  IndexWriter writer;
+  RETURN_IF_ERROR(Build(options, report, progress, &writer));
   return writer.Finish();
+}
+
+absl::Status BuildIndexFile(const IndexBuildOptions& options, const std::string& out,
+                            IndexBuildReport* report,
+                            const std::function<void(const IndexBuildProgress&)>& progress) {
+  IndexWriter writer;
+  fs::path dir = fs::path(out).parent_path();
+  if (dir.empty()) dir = ".";
+  RETURN_IF_ERROR(writer.SpillTo(dir.string()));
+  RETURN_IF_ERROR(Build(options, report, progress, &writer));
+  return writer.WriteFile(out);
 }
 
 }  // namespace tutti::packer

@@ -1,24 +1,61 @@
 // Builds the packer's index from a directory of WebDataset tar shards,
-// reading only tar headers, image/audio headers and the small text members.
+// reading only tar headers, image/audio headers and the small text members
+// for the index's fields, and every byte once for the shard and member
+// checksums. Shards are read in parallel, each front to back in large reads
+// with several in flight (io_uring, or a thread pool of pread), so a network
+// file system's latency is paid once per read of a MiB, not once per tar
+// header. A previous index of the same source lets the build reuse what it
+// recorded of every shard that did not change (same size and modification
+// time) and read only the new and changed ones; the result is the same bytes
+// a full build writes.
 #ifndef TUTTI_SERVICES_PACKER_INDEX_INDEX_BUILDER_H_
 #define TUTTI_SERVICES_PACKER_INDEX_INDEX_BUILDER_H_
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/uring_file.h"
+#include "services/packer/index/index.h"
 #include "services/packer/index/text_tokens.h"
 
 namespace tutti::packer {
 
+// The CPUs this process may use (common/cpu_count.h), at least 2, at most 8.
+uint32_t DefaultIndexThreads();
+
+// How shards are read.
+enum class ShardReader {
+  // Each shard front to back in read_bytes reads, io_depth of them in
+  // flight, served to the tar walk from that window (the default).
+  kReadAhead,
+  // Each tar header, image header and text member read where it lies, one
+  // read at a time, then the whole shard again for its checksums: the
+  // reader `tutti bench index` compares against.
+  kPerHeader,
+};
+
 struct IndexBuildOptions {
   // Directory holding the .tar shards (searched recursively, sorted by path).
   std::string source_dir;
-  // Shards read in parallel. Default 2.
-  uint32_t threads = 2;
+  // Shards read at once. Default: the CPUs this process may use, 2 to 8
+  // (DefaultIndexThreads); with io_depth reads each, 16 to 64 in flight.
+  uint32_t threads = DefaultIndexThreads();
+  ShardReader reader = ShardReader::kReadAhead;
+  // Reads in flight per shard (kReadAhead). Default 8.
+  uint32_t io_depth = 8;
+  // Bytes per read (kReadAhead; a multiple of 4 KiB). Default 1 MiB.
+  uint64_t read_bytes = uint64_t{1} << 20;
+  // io_uring, the pread thread pool, or io_uring where the kernel allows
+  // it (default).
+  IoBackendChoice io_backend = IoBackendChoice::kAuto;
+  // A read or open not done by then fails its shard. Default 5 minutes.
+  absl::Duration read_timeout = absl::Minutes(5);
   // A truncated or corrupt shard (or one with an unsafe member path) is left
   // out and reported (true, the default) or fails the build (false).
   bool skip_bad_shards = true;
@@ -43,31 +80,53 @@ struct IndexBuildOptions {
   // Token ids in k.json's input_ids must lie in [0, vocab_size) (else the
   // sample is skipped as "bad_json", named). 0 (default): [0, 2^31).
   uint64_t vocab_size = 0;
+  // The index built last time (null: read every shard). Used when it indexed
+  // the same source directory with the same options above; what it recorded
+  // of a shard whose size and modification time are unchanged is taken as
+  // it is (as rsync's quick check: a shard rewritten in place to the same
+  // size and time is not noticed; build without `previous` to read all).
+  std::shared_ptr<const Index> previous;
+  // With `previous`: only add shards. Every shard it recorded must be there
+  // unchanged and every new shard must sort after them, so that every
+  // sample keeps its id; otherwise the build fails naming the shard.
+  bool append = false;
 };
 
 struct IndexBuildProgress {
-  uint32_t shards_done = 0;
+  uint32_t shards_done = 0;  // read, reused from the previous index, or left out
   uint32_t shards_total = 0;
-  uint64_t samples = 0;
-  uint64_t bytes_done = 0;
+  uint64_t samples = 0;     // indexed so far (reused ones included)
+  uint64_t bytes_done = 0;  // of the shards to read
   uint64_t bytes_total = 0;
 };
 
 struct IndexBuildReport {
   uint32_t shards_total = 0;
   uint32_t shards_indexed = 0;
+  uint32_t shards_read = 0;     // read this time (the rest came from the previous index)
+  uint32_t shards_reused = 0;   // unchanged since the previous index, not read
+  uint32_t shards_removed = 0;  // in the previous index, gone from the source
+  std::string not_incremental;  // why the previous index was not used ("" when it was)
   uint64_t samples = 0;
   uint64_t text_samples = 0;
   uint64_t vl_samples = 0;
   uint64_t images = 0;
   uint64_t audio = 0;
   uint64_t bytes = 0;
-  uint64_t ignored_members = 0;               // extensions the index does not use
-  std::map<std::string, uint64_t> skipped;    // reason -> samples
+  uint64_t bytes_read = 0;
+  uint64_t ignored_members = 0;                     // extensions the index does not use
+  std::map<std::string, uint64_t> skipped;          // reason -> samples
   std::map<std::string, uint64_t> skipped_members;  // reason -> tar members not read ("link")
-  std::vector<std::string> skipped_examples;  // first few "shard:key: why" (names escaped)
-  std::vector<std::string> bad_shards;        // "name: why": unreadable, truncated, corrupt,
-                                              // empty, no members, a name that is not UTF-8
+  std::vector<std::string> skipped_examples;        // first few "shard:key: why" (names escaped)
+  std::vector<std::string> bad_shards;              // "name: why": unreadable, truncated, corrupt,
+                                                    // empty, no members, a name that is not UTF-8
+};
+
+// A shard as listed: its name under the source, size and modification time.
+struct ListedShard {
+  std::string name;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
 };
 
 // Lists the .tar shards under dir, relative paths sorted, each as found
@@ -77,7 +136,7 @@ struct IndexBuildReport {
 // "name: why" in *refused (may be null): a shard or a directory reached
 // through a symlink out of dir (a directory so reached is not walked), and
 // a .tar that is no regular file (a FIFO, socket or device).
-absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
+absl::StatusOr<std::vector<ListedShard>> ListShards(const std::string& dir,
                                                     std::vector<std::string>* refused = nullptr);
 
 // Builds the serialized index. `progress` (may be empty) is called from the
@@ -86,6 +145,17 @@ absl::StatusOr<std::vector<std::string>> ListShards(const std::string& dir,
 absl::StatusOr<std::string> BuildIndex(
     const IndexBuildOptions& options, IndexBuildReport* report,
     const std::function<void(const IndexBuildProgress&)>& progress);
+
+// Builds the index into the file `out` (replaced atomically), holding
+// megabytes however many samples (the columns go through temporary files
+// beside `out`).
+absl::Status BuildIndexFile(const IndexBuildOptions& options, const std::string& out,
+                            IndexBuildReport* report,
+                            const std::function<void(const IndexBuildProgress&)>& progress);
+
+// The "options" metadata an index records of the options that shape it
+// (two builds with the same string index alike).
+std::string IndexOptionsMeta(const IndexBuildOptions& options);
 
 }  // namespace tutti::packer
 

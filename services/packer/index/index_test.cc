@@ -6,9 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
-
+#include "common/file_io.h"
+#include "common/heap_usage.h"
 #include "gtest/gtest.h"
 #include "services/packer/bench/synthetic.h"
+#include "services/packer/index/index_format.h"
 
 namespace tutti::packer {
 namespace {
@@ -115,7 +117,7 @@ std::string ResealedWith(std::string bytes, const std::string& from, const std::
   uint32_t sections;
   std::memcpy(&sections, p + 12, 4);
   for (uint32_t i = 0; i < sections; ++i) {
-    char* e = p + 64 + i * 24;
+    char* e = p + 64 + i * 32;
     uint64_t off, n;
     std::memcpy(&off, e + 8, 8);
     std::memcpy(&n, e + 16, 8);
@@ -123,7 +125,7 @@ std::string ResealedWith(std::string bytes, const std::string& from, const std::
     std::memcpy(e + 4, &crc, 4);
   }
   uint32_t crc = Crc32cExtend(0, p, 60);
-  crc = Crc32cExtend(crc, p + 64, size_t{sections} * 24);
+  crc = Crc32cExtend(crc, p + 64, size_t{sections} * 32);
   std::memcpy(p + 60, &crc, 4);
   return bytes;
 }
@@ -223,6 +225,138 @@ TEST(IndexTest, FileRoundTripAndMemory) {
   EXPECT_LT(double((*index)->memory_bytes()) / 20000, 64.0);
   const double vl = double((*index)->vl_samples().size()) / 20000;
   EXPECT_NEAR(vl, 0.2, 0.02);
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
+// An index written by the tutti before format version 2 is refused with a
+// message that says to re-run `tutti index`.
+TEST(IndexTest, FormatOneIsRefusedSayingToRerunTuttiIndex) {
+  const std::string path = std::string(TUTTI_INDEX_TESTDATA) + "/format1.idx";
+  auto old = LoadIndex(path);
+  ASSERT_FALSE(old.ok());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(old.status().message().find("format version 1"), std::string::npos) << old.status();
+  EXPECT_NE(old.status().message().find("re-run `tutti index --source DIR --out " + path),
+            std::string::npos)
+      << old.status();
+}
+
+// `bytes` with one more section (laid out again, every checksum fixed).
+std::string WithSection(const std::string& bytes, uint32_t tag, uint8_t flags,
+                        index_format::Rows rows, uint16_t row_bytes, const std::string& data) {
+  namespace fmt = index_format;
+  uint32_t n;
+  std::memcpy(&n, bytes.data() + 12, 4);
+  std::vector<fmt::SectionEntry> entries(n);
+  std::vector<std::string> datas;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::memcpy(&entries[i], bytes.data() + 64 + i * 32, 32);
+    datas.push_back(bytes.substr(entries[i].offset, entries[i].bytes));
+  }
+  fmt::SectionEntry e{};
+  e.tag = tag;
+  e.flags = flags;
+  e.rows = static_cast<uint8_t>(rows);
+  e.row_bytes = row_bytes;
+  entries.push_back(e);
+  datas.push_back(data);
+  ++n;
+  std::string out = bytes.substr(0, 64);
+  std::memcpy(out.data() + 12, &n, 4);
+  uint64_t at = (64 + n * 32 + 7) / 8 * 8;
+  for (uint32_t i = 0; i < n; ++i) {
+    entries[i].offset = at;
+    entries[i].bytes = datas[i].size();
+    entries[i].crc32c = Crc32c(datas[i]);
+    at += (datas[i].size() + 7) / 8 * 8;
+  }
+  out.resize(at, '\0');
+  std::memcpy(out.data() + 16, &at, 8);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::memcpy(out.data() + 64 + i * 32, &entries[i], 32);
+    std::memcpy(out.data() + entries[i].offset, datas[i].data(), datas[i].size());
+  }
+  uint32_t crc = Crc32cExtend(0, out.data(), 60);
+  crc = Crc32cExtend(crc, out.data() + 64, size_t{n} * 32);
+  std::memcpy(out.data() + 60, &crc, 4);
+  return out;
+}
+
+// A column added by a later tutti: read past when it may be ignored (its
+// size still checked), refused naming it when it may not.
+TEST(IndexTest, AnUnknownSectionIsIgnoredUnlessRequired) {
+  namespace fmt = index_format;
+  const std::string good = SmallIndex();
+  const uint32_t tag = fmt::Tag("PLCH");
+  const std::string column(4 * 4, '\x07');  // a u32 per sample
+  auto extra = Index::FromString(WithSection(good, tag, 0, fmt::Rows::kSamples, 4, column), "x");
+  ASSERT_TRUE(extra.ok()) << extra.status();
+  EXPECT_EQ((*extra)->num_samples(), 4u);
+  auto required = Index::FromString(
+      WithSection(good, tag, fmt::kRequired, fmt::Rows::kSamples, 4, column), "new.idx");
+  ASSERT_FALSE(required.ok());
+  EXPECT_EQ(required.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(required.status().message().find("PLCH"), std::string::npos) << required.status();
+  EXPECT_NE(required.status().message().find("newer tutti"), std::string::npos);
+  auto short_column = Index::FromString(
+      WithSection(good, tag, 0, fmt::Rows::kSamples, 4, column.substr(4)), "short.idx");
+  ASSERT_FALSE(short_column.ok());
+  EXPECT_EQ(short_column.status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(IndexTest, ShardTimesSkipsAndBadShardsRoundTrip) {
+  IndexWriter w;
+  ASSERT_TRUE(w.AddShard("a.tar", 10000, 1, 1700000000123456789).ok());
+  MemberInput json{MemberKind::kJson, "json", 512, 40};
+  ASSERT_TRUE(w.AddSample("k", 3, &json, {}).ok());
+  w.AddSkipped("bad_json", 2);
+  w.AddSkipped("bad_image_header", 1);
+  ASSERT_TRUE(w.AddShard("b.tar", 10000, 2, 5).ok());
+  ASSERT_TRUE(w.AddSample("t", 3, &json, {}).ok());
+  w.AddSkipped("too_many_images", 7);
+  ASSERT_TRUE(w.AddBadShard("z.tar", 77, 8, "truncated tar: \xFF").ok());
+  ASSERT_TRUE(w.AddBadShard("c.tar", 0, 9, "empty file").ok());
+  EXPECT_FALSE(w.AddBadShard("../d.tar", 0, 9, "x").ok());
+  auto ix = Index::FromString(w.Finish(), "rt.idx");
+  ASSERT_TRUE(ix.ok()) << ix.status();
+  EXPECT_EQ((*ix)->shard(0).mtime_ns, 1700000000123456789);
+  ASSERT_EQ((*ix)->skips().size(), 3u);
+  EXPECT_EQ((*ix)->skips()[1].reason, "bad_image_header");
+  EXPECT_EQ((*ix)->skips()[2].shard, 1u);
+  EXPECT_EQ((*ix)->skips()[2].count, 7u);
+  ASSERT_EQ((*ix)->bad_shards().size(), 2u);
+  EXPECT_EQ((*ix)->bad_shards()[0].name, "c.tar");  // by name
+  EXPECT_EQ((*ix)->bad_shards()[1].size, 77u);
+  EXPECT_EQ((*ix)->bad_shards()[1].why, "truncated tar: \\xff");  // made UTF-8
+}
+
+// LoadIndex maps the file: what it allocates does not grow with the
+// samples (a few bytes per shard and per 256 samples), where reading the
+// file into memory took its whole size and the streams 4 bytes a sample.
+TEST(IndexTest, LoadingMapsTheFileAndAllocatesNothingPerSample) {
+  SyntheticOptions o;
+  o.samples = 1'000'000;
+  char dir[] = "/tmp/tutti_index_map_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/big.idx";
+  ASSERT_TRUE(WriteSyntheticIndex(o, path).ok());
+  const uint64_t before = HeapInUseBytes();
+  auto index = LoadIndex(path);
+  const uint64_t grown = HeapInUseBytes() - before;
+  ASSERT_TRUE(index.ok()) << index.status();
+  const Index& ix = **index;
+  EXPECT_TRUE(ix.mapped());
+  EXPECT_EQ(ix.num_samples(), 1'000'000u);
+  EXPECT_GT(ix.file_bytes(), 30'000'000u);
+  // 1,000 shards of 1,000 samples: about 100 KB of shard tables.
+  EXPECT_LT(grown, 1u << 20) << "bytes allocated by loading " << ix.num_samples() << " samples";
+  EXPECT_LT(ix.heap_bytes(), 1u << 20);
+  EXPECT_EQ(ix.mapped_bytes(), ix.file_bytes());
+  uint64_t tokens = 0;
+  for (uint32_t s : ix.text_samples()) tokens += ix.text_tokens(s);
+  EXPECT_GT(tokens, 0u);
+  index = absl::InternalError("released");
   unlink(path.c_str());
   rmdir(dir);
 }

@@ -1,5 +1,8 @@
 """tutti.torch.Loader: iterates a rank's batches like a DataLoader."""
 import hashlib
+import logging
+import sys
+import time
 import warnings
 
 import torch.distributed as dist
@@ -10,6 +13,44 @@ from tutti.torch._batch import Batch, LabelOptions
 from tutti.torch._env import launch_env
 
 STATE_VERSION = 1
+LOG = logging.getLogger("tutti.torch")
+# The longest account of what a batch waits for that a progress line carries.
+_MAX_WAITING_FOR = 400
+
+
+def _say(message):
+    """A progress line: to the `tutti.torch` logger (INFO) when the application has set up
+    logging, else to stderr, so that it is seen either way."""
+    if LOG.hasHandlers():
+        LOG.info(message)
+    else:
+        print(f"tutti.torch: {message}", file=sys.stderr, flush=True)
+
+
+class _WaitProgress:
+    """What a rank waits for while connecting or waiting for a batch (tutti.Client's
+    progress callback), and how long the wait took once it is over; silent for a wait
+    shorter than the interval."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.reported = False
+
+    def __call__(self, step, waited, waiting_for):
+        self.reported = True
+        if len(waiting_for) > _MAX_WAITING_FOR:
+            waiting_for = waiting_for[:_MAX_WAITING_FOR] + " ..."
+        waited = f"{waited:.0f}" if waited >= 10 else f"{waited:.1f}"
+        if step < 0:
+            _say(f"rank {self.rank}: connecting for {waited} s: {waiting_for}")
+        else:
+            _say(f"rank {self.rank}: waiting {waited} s for the batch of step {step}: "
+                 f"{waiting_for}")
+
+    def over(self, what, seconds):
+        if self.reported:
+            self.reported = False
+            _say(f"rank {self.rank}: {what} after {seconds:.1f} s")
 
 
 def _sampling_identity(job):
@@ -78,13 +119,21 @@ class Loader:
     under mpirun, else none for a world of one), "torch", "mpi", "nccl" (tutti's, under
     mpirun), "local" (one rank) or None (no exchanges: reading batches only). group: the torch.distributed group (default: the world).
 
+    While it connects or waits for a batch, a rank says every progress_interval seconds (10 by
+    default; the first line one interval in, so a quick batch prints nothing) what it waits
+    for: a daemon that does not answer yet, no plan from the packer yet, shards still being
+    staged into the node's cache, decoding. progress: None (default) on rank 0 only, True on
+    every rank, False never. The lines go to the "tutti.torch" logger at INFO when logging is
+    set up, else to stderr.
+
     The iteration ends after the job's last step (epochs x steps per epoch; never with
     epochs: 0) or after max_steps batches. Taking the next batch releases the previous one.
     state_dict() / load_state_dict() resume at the step after the last batch taken."""
 
     def __init__(self, *, stager=None, packer=None, transport="auto", group=None,
                  labels=None, pin_memory=False, device=None, max_steps=None,
-                 connect_timeout=60.0, batch_timeout=600.0, join_timeout=600.0):
+                 connect_timeout=60.0, batch_timeout=600.0, join_timeout=600.0,
+                 progress=None, progress_interval=10.0):
         env = launch_env()
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -95,10 +144,14 @@ class Loader:
         else:
             rank, world = env.rank, env.world_size
         self.rank, self.world_size, self.local_rank = rank, world, env.local_rank
+        if progress is None:
+            progress = rank == 0
+        self._progress = _WaitProgress(rank) if progress and progress_interval else None
         self._args = dict(stager=stager, packer=packer, rank=rank, world_size=world,
                           connect_timeout=connect_timeout, batch_timeout=batch_timeout,
-                          join_timeout=join_timeout)
-        self._client = tutti.Client(start_step=0, **self._args)
+                          join_timeout=join_timeout, progress=self._progress,
+                          progress_interval=float(progress_interval or 0))
+        self._client = self._connect(0)
         self.job = self._client.job
         self._labels = labels or LabelOptions()
         self._pin = pin_memory
@@ -108,6 +161,13 @@ class Loader:
         self._current = None
         self.next_step = self._client.next_step
         self.transport = self._make_transport(transport, group, join_timeout, env)
+
+    def _connect(self, start_step):
+        start = time.monotonic()
+        client = tutti.Client(start_step=start_step, **self._args)
+        if self._progress:
+            self._progress.over("connected", time.monotonic() - start)
+        return client
 
     def _make_transport(self, kind, group, timeout, env):
         if kind is None:
@@ -165,6 +225,8 @@ class Loader:
             raw = self._client.next()
         except tutti.OutOfRangeError:
             raise StopIteration from None
+        if self._progress:
+            self._progress.over(f"the batch of step {raw.step} came", raw.wait_seconds)
         batch = Batch(raw, self.job, labels=self._labels)
         batch._transport = self.transport
         try:
@@ -240,7 +302,7 @@ class Loader:
         if warning:
             warnings.warn(warning)
         step = int(state["next_step"])
-        self._client = tutti.Client(start_step=step, **self._args)
+        self._client = self._connect(step)
         self.next_step = self._client.next_step
 
     def close(self):
