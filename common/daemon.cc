@@ -35,12 +35,28 @@ constexpr absl::Duration kStartupGrace = absl::Seconds(5);
 // does): they are ignored. A later one is someone who will not wait.
 constexpr absl::Duration kRepeatWindow = absl::Seconds(3);
 
-sigset_t TerminationSignals() {
+// SIGTERM and SIGINT stop the daemon; SIGHUP (a closed terminal, an
+// operator's "reload") is logged and ignored: the logs go to stderr, so
+// there is nothing to reopen, and it must never end a daemon.
+sigset_t WatchedSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   return set;
+}
+
+// Waits up to `tick` for a watched signal: a stop signal, or -1 (none, or a
+// SIGHUP, which is logged here).
+int WaitForStopSignal(const sigset_t& sigs, const timespec& tick) {
+  const int sig = sigtimedwait(&sigs, nullptr, &tick);
+  if (sig != SIGHUP) return sig;
+  kLog.Info(
+      "SIGHUP received and ignored: the logs go to stderr, there is nothing to reopen; "
+      "SIGTERM or SIGINT stops the daemon",
+      {{"signal", sig}});
+  return -1;
 }
 
 const char* PhaseName(Phase p) {
@@ -60,7 +76,7 @@ const char* PhaseName(Phase p) {
 int RunDaemon(int argc, char** argv, const DaemonMain& main) {
   const std::string usage = absl::StrCat(
       main.usage, "\nSIGTERM or SIGINT stops it within ", absl::FormatDuration(kStopBound),
-      " at any moment (also while starting), exit 0."
+      " at any moment (also while starting), exit 0; SIGHUP is logged and ignored."
       "\nExit status: 0 clean exit, 1 runtime failure, 2 bad usage (an unknown flag, a bad or "
       "out-of-range value)."
       "\n    --help (this text; --helpfull: every flag, those of the libraries too)"
@@ -88,7 +104,7 @@ int RunDaemon(int argc, char** argv, const DaemonMain& main) {
 
   // Taken by the watcher below; blocked before any other thread exists, so
   // every thread inherits the mask.
-  const sigset_t sigs = TerminationSignals();
+  const sigset_t sigs = WatchedSignals();
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   StopSignal stop;
   std::atomic<Phase> phase{Phase::kStarting};
@@ -96,7 +112,7 @@ int RunDaemon(int argc, char** argv, const DaemonMain& main) {
   std::thread watcher([&] {
     const timespec tick{0, 100 * 1000 * 1000};
     int sig = -1;
-    while (!finished.HasBeenNotified() && sig <= 0) sig = sigtimedwait(&sigs, nullptr, &tick);
+    while (!finished.HasBeenNotified() && sig <= 0) sig = WaitForStopSignal(sigs, tick);
     if (sig <= 0) return;  // the daemon ended by itself
     kLog.Info("signal received, stopping", {{"signal", sig}, {"phase", PhaseName(phase.load())}});
     stop.Request();
@@ -109,7 +125,7 @@ int RunDaemon(int argc, char** argv, const DaemonMain& main) {
              (phase.load() == Phase::kStarting ? kStartupGrace : kStopBound - absl::Seconds(1));
     };
     while (!finished.HasBeenNotified() && absl::Now() < give_up()) {
-      const int again = sigtimedwait(&sigs, nullptr, &tick);
+      const int again = WaitForStopSignal(sigs, tick);
       if (again <= 0) continue;
       if (absl::Now() - signalled < kRepeatWindow) {
         kLog.Info("signal received again; already stopping", {{"signal", again}});
@@ -160,10 +176,16 @@ int RunDaemon(int argc, char** argv, const DaemonMain& main) {
     return finish(kExitFailure);
   }
   phase = Phase::kServing;
-  // The banner line for people and scripts reading stdout; with JSON logs
+  // The banner line for people and scripts reading stdout, once: with text
+  // logs on stdout, the "serving" line says no more (stdout and stderr often
+  // end in one place: a terminal, journald, kubectl logs); with JSON logs
   // every line of output is an object, and the "serving" line carries it.
-  if (log.format == LogFormat::kText) std::cout << (*daemon)->Banner() << std::endl;
-  kLog.Info("serving", {{"banner", (*daemon)->Banner()}});
+  if (log.format == LogFormat::kText) {
+    std::cout << (*daemon)->Banner() << std::endl;
+    kLog.Info("serving");
+  } else {
+    kLog.Info("serving", {{"banner", (*daemon)->Banner()}});
+  }
   stop.Wait();
   phase = Phase::kStopping;
   (*daemon)->Shutdown();

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
+#include "common/job_limits.h"
 #include "common/mixture_config.h"
 #include "common/status.h"
 
@@ -222,6 +223,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
         "world_size ", c.world_size(), " is not a multiple of ranks_per_node ", c.ranks_per_node(),
         "; every node runs the same number of ranks"));
   }
+  RETURN_IF_ERROR(CheckJobLimits(c));
   const auto& v = c.vision();
   if (v.mean_size() != 3 || v.std_size() != 3) {
     return absl::InvalidArgumentError("vision.mean and vision.std need exactly 3 values (RGB)");
@@ -295,14 +297,17 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   return ValidateMixtureConfig(c);
 }
 
-std::string JobFingerprint(const v1::JobConfig& config) {
+std::string JobFingerprint(const v1::JobConfig& config, absl::string_view index_id) {
+  v1::JobConfig identity = config;
+  identity.clear_index_path();
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);
     google::protobuf::io::CodedOutputStream coded(&out);
     coded.SetSerializationDeterministic(true);
-    config.SerializeToCodedStream(&coded);
+    identity.SerializeToCodedStream(&coded);
   }
+  absl::StrAppend(&bytes, "\nindex ", index_id);
   const uint32_t a = Crc32c(bytes);
   const uint32_t b = Crc32cExtend(0x9E3779B9u, bytes.data(), bytes.size());
   return absl::StrCat(absl::Hex(a, absl::kZeroPad8), absl::Hex(b, absl::kZeroPad8));

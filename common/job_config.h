@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/cost_model.h"
 #include "common/smart_resize.h"
 #include "tutti/v1/job.pb.h"
@@ -37,8 +38,11 @@ inline uint32_t MaxImagesPerSample(const v1::VisionConfig& v) {
 // Checks what can be checked without the index; messages name field and fix.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);
 
-// A stable hex digest of the config (deterministic serialization).
-std::string JobFingerprint(const v1::JobConfig& config);
+// A stable hex digest of what determines a job's plans: the config
+// (deterministic serialization) less index_path, and `index_id`, the
+// identity of the index's content (Index::content_id). The same config and
+// index give one fingerprint however the index's path is spelled.
+std::string JobFingerprint(const v1::JobConfig& config, absl::string_view index_id);
 
 // The curriculum stage in force at `step` (the last with start_step <= step).
 const v1::CurriculumStage& StageAt(const v1::JobConfig& config, uint64_t step);

@@ -89,7 +89,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
       o.tls_mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
                    : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   ASSIGN_OR_RETURN(std::string cert, ReadPemFile(o.tls_cert_file, "TLS certificate"));
-  ASSIGN_OR_RETURN(std::string key, ReadPemFile(o.tls_key_file, "TLS key"));
+  ASSIGN_OR_RETURN(std::string key, ReadPemFile(o.tls_key_file, "TLS key", /*secret=*/true));
   ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
   if (o.tls_mutual) {
     ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(o.tls_ca_file, "TLS CA bundle"));

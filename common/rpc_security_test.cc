@@ -4,6 +4,7 @@
 #include "common/rpc_security.h"
 
 #include <grpcpp/support/byte_buffer.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
 #include "common/security_options.h"
@@ -24,11 +26,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string TempFile(const std::string& name, const std::string& text) {
+// A file only its owner may read, as a secret is kept (`mode`: another).
+std::string TempFile(const std::string& name, const std::string& text, mode_t mode = 0600) {
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path =
       std::string(dir ? dir : "/tmp") + "/tutti_sec_" + std::to_string(::getpid()) + "_" + name;
   std::ofstream(path) << text;
+  ::chmod(path.c_str(), mode);
   return path;
 }
 
@@ -70,6 +74,44 @@ TEST(SecurityOptionsTest, TokenComesFromTheFileOrTheEnvironmentNeverBoth) {
   Env binary{{{"TUTTI_TOKEN", "with space"}}};
   o = ResolveSecurityOptions({}, binary.fn());
   EXPECT_THAT(std::string(o.status().message()), HasSubstr("printable ASCII"));
+}
+
+// A token file or private key other users may read is refused, naming the
+// mode and the fix, as ssh refuses such a key; the job's group may read it.
+TEST(SecurityOptionsTest, ASecretOtherUsersCanReadIsRefusedNamingChmod) {
+  for (const mode_t mode : {0644, 0604, 0602, 0666}) {
+    const std::string file = TempFile("open-token", "s3cret-token\n", mode);
+    Env env{{{"TUTTI_TOKEN_FILE", file}}};
+    auto o = ResolveSecurityOptions({}, env.fn());
+    ASSERT_FALSE(o.ok()) << std::oct << mode;
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string m(o.status().message());
+    EXPECT_THAT(m, HasSubstr("the token file '" + file + "' is open to every user"));
+    EXPECT_THAT(m, HasSubstr(absl::StrFormat("(mode %04o)", mode)));
+    EXPECT_THAT(m, HasSubstr("chmod 600 '" + file + "'"));
+    SecurityOptions flag;
+    flag.token_file = file;
+    EXPECT_FALSE(ResolveSecurityOptions(flag, Env{}.fn()).ok());
+  }
+  for (const mode_t mode : {0600, 0640, 0400, 0440}) {
+    Env env{{{"TUTTI_TOKEN_FILE", TempFile("private-token", "s3cret-token\n", mode)}}};
+    auto o = ResolveSecurityOptions({}, env.fn());
+    ASSERT_TRUE(o.ok()) << std::oct << mode << " " << o.status();
+    EXPECT_EQ(o->token, "s3cret-token");
+  }
+  // A private key alike; the certificate and the CA are public.
+  const std::string pem = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+  SecurityOptions tls;
+  tls.tls_cert_file = TempFile("cert.pem", pem, 0644);
+  tls.tls_key_file = TempFile("key.pem", pem, 0644);
+  auto o = ResolveSecurityOptions(tls, Env{}.fn());
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(std::string(o.status().message()),
+              HasSubstr("the TLS key '" + tls.tls_key_file + "' is open to every user"));
+  ::chmod(tls.tls_key_file.c_str(), 0600);
+  o = ResolveSecurityOptions(tls, Env{}.fn());
+  EXPECT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(ReadPemFile(TempFile("key2.pem", pem, 0604), "TLS key", /*secret=*/true).ok());
 }
 
 TEST(SecurityOptionsTest, IncompleteTlsSettingsAreRefusedNamingTheFix) {

@@ -1,6 +1,8 @@
 #include "common/security_options.h"
 
 #include <arpa/inet.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <utility>
@@ -8,11 +10,15 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/file_io.h"
 #include "common/status.h"
 
 namespace tutti {
 namespace {
+
+// The largest token or private key file read (a token is one line).
+constexpr uint64_t kMaxSecretBytes = uint64_t{1} << 20;
 
 // An environment variable's value, or empty.
 std::string Env(const std::function<const char*(const char*)>& getenv, const char* name) {
@@ -37,7 +43,54 @@ std::string HostOf(absl::string_view address) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* what) {
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what) {
+  uint64_t size = 0;
+  absl::StatusOr<int> fd = OpenRegularFile(path, &size);
+  if (!fd.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the ", what, " '", path, "': ", fd.status().message()));
+  }
+  struct stat st {};
+  absl::Status status;
+  if (::fstat(*fd, &st) != 0) {
+    status = ErrnoStatus(errno, absl::StrCat("stat ", path));
+  } else if ((st.st_mode & S_IRWXO) != 0) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "the ", what, " '", path, "' is open to every user of this host (mode ",
+        absl::StrFormat("%04o", st.st_mode & 07777),
+        "): whoever reads it can act as the job. Make it private: chmod 600 '", path,
+        "' (640 to share it with the job's group; a Kubernetes Secret volume: defaultMode "
+        "0400, or 0440 with fsGroup)"));
+  } else if (size > kMaxSecretBytes) {
+    status = absl::InvalidArgumentError(absl::StrCat("the ", what, " '", path, "' is ", size,
+                                                     " bytes, more than a secret's ",
+                                                     kMaxSecretBytes, "; is it the right file?"));
+  }
+  std::string text(status.ok() ? size : 0, '\0');
+  for (size_t done = 0; status.ok() && done < text.size();) {
+    const ssize_t n = ::pread(*fd, text.data() + done, text.size() - done, done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      status = n < 0 ? ErrnoStatus(errno, absl::StrCat("read ", path))
+                     : absl::DataLossError(absl::StrCat(path, " shrank while it was read"));
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(*fd);
+  if (!status.ok()) return status;
+  return text;
+}
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* what, bool secret) {
+  if (secret) {
+    ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, what));
+    if (!absl::StrContains(text, "-----BEGIN ")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the ", what, " '", path, "' is not PEM (no -----BEGIN line)"));
+    }
+    return text;
+  }
   auto text = ReadFileToString(path);
   if (!text.ok()) {
     return absl::InvalidArgumentError(
@@ -74,12 +127,8 @@ absl::StatusOr<SecurityOptions> ResolveSecurityOptions(
           "both a token and a token file are given (TUTTI_TOKEN and TUTTI_TOKEN_FILE or "
           "--token_file): give one");
     }
-    auto text = ReadFileToString(o.token_file);
-    if (!text.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot read the token file '", o.token_file,
-                                                     "': ", text.status().message()));
-    }
-    o.token = std::string(absl::StripAsciiWhitespace(*text));
+    ASSIGN_OR_RETURN(const std::string text, ReadSecretFile(o.token_file, "token file"));
+    o.token = std::string(absl::StripAsciiWhitespace(text));
     if (o.token.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("the token file '", o.token_file, "' is empty"));
@@ -111,7 +160,9 @@ absl::StatusOr<SecurityOptions> ResolveSecurityOptions(
   for (const auto& [path, what] :
        {std::pair{o.tls_cert_file, "TLS certificate"}, std::pair{o.tls_key_file, "TLS key"},
         std::pair{o.tls_ca_file, "TLS CA bundle"}}) {
-    if (!path.empty()) RETURN_IF_ERROR(ReadPemFile(path, what).status());
+    if (!path.empty()) {
+      RETURN_IF_ERROR(ReadPemFile(path, what, path == o.tls_key_file).status());
+    }
   }
   return o;
 }

@@ -61,8 +61,18 @@ absl::StatusOr<SecurityOptions> ResolveSecurityOptions(
     SecurityOptions options, const std::function<const char*(const char*)>& getenv = nullptr);
 
 // The contents of a PEM file; INVALID_ARGUMENT naming `what` and the path
-// when it cannot be read or holds no PEM block.
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* what);
+// when it cannot be read or holds no PEM block. A `secret` (a private key)
+// is read with ReadSecretFile's check.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* what,
+                                        bool secret = false);
+
+// The contents of a file holding a secret (the token, a private key).
+// INVALID_ARGUMENT naming `what`, the path and the fix when other users may
+// read or write it (any of the mode's "other" bits, as ssh refuses such a
+// private key): whoever reads the token acts as any rank of the job. Group
+// access is allowed: the job's group shares the token, as it shares the
+// stager's socket. At most 1 MiB.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what);
 
 // "unix:..." or a loopback host (127.0.0.0/8, ::1, localhost).
 bool IsLocalAddress(absl::string_view address);

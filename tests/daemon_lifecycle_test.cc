@@ -441,6 +441,43 @@ TEST_F(Lifecycle, AStopPassedOnTwiceStillEndsCleanly) {
   EXPECT_FALSE(fs::exists(segment)) << segment;
 }
 
+// SIGHUP (a closed terminal, an operator's reload) never ends a daemon: it
+// is logged and ignored, serving goes on and SIGTERM still ends it with 0.
+// The start-up banner is printed once in text logs (stdout and stderr in one
+// log here, as a terminal, journald or kubectl logs show them).
+TEST_F(Lifecycle, SighupIsLoggedAndIgnoredAndTheBannerIsPrintedOnce) {
+  auto count = [](const std::string& log, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  // Waits (generously) until `what` is in d's log `n` times.
+  auto await = [&](Daemon* d, const std::string& what, size_t n) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up && count(d->log(), what) < n && d->process().Running()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return count(d->log(), what);
+  };
+  Both both = StartBoth("hup");
+  ASSERT_TRUE(both.stager != nullptr);
+  for (Daemon* d : {both.packer.get(), both.stager.get()}) {
+    ASSERT_TRUE(AwaitReadiness(d->metrics_port(), true).ok()) << d->name() << "\n" << d->log();
+    EXPECT_EQ(await(d, " listening on ", 1), 1u) << d->name() << "\n" << d->log();
+    for (size_t i = 1; i <= 2; ++i) {
+      d->process().Signal(SIGHUP);
+      EXPECT_EQ(await(d, "SIGHUP received and ignored", i), i) << d->name() << "\n" << d->log();
+      ASSERT_TRUE(d->process().Running()) << d->name() << " died of SIGHUP\n" << d->log();
+    }
+    EXPECT_TRUE(AwaitReadiness(d->metrics_port(), true).ok()) << d->name();
+    EXPECT_EQ(count(d->log(), " listening on "), 1u)
+        << d->name() << ": the banner printed more than once\n"
+        << d->log();
+  }
+  EXPECT_TRUE(both.stager->Stop().ok());
+  EXPECT_TRUE(both.packer->Stop().ok());
+}
+
 TEST_F(Lifecycle, AnIdleConnectionNeverDelaysAScrapeOnEitherDaemon) {
   Both both = StartBoth("idle");
   ASSERT_TRUE(both.stager != nullptr);
@@ -513,6 +550,14 @@ TEST_F(Lifecycle, BadUsageExitsTwoNamingTheFlagAndItsRange) {
     EXPECT_EQ(r.status, 2) << c.flag << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr(c.expect)) << c.flag;
   }
+  // Flags each in range whose product the daemon allocates at start.
+  std::vector<std::string> buffers = base;
+  buffers.push_back("--queue_depth=4096");
+  buffers.push_back("--block_size=64M");
+  RunResult b = RunCommand(buffers, absl::Seconds(30));
+  EXPECT_EQ(b.status, 2) << b.output;
+  EXPECT_THAT(b.output, HasSubstr("--queue_depth 4096 x --block_size 64M is more than 4G of "
+                                  "staging buffers"));
   RunResult p = RunCommand({Packerd(), "--config=x", "--plan_threads=0"}, absl::Seconds(30));
   EXPECT_EQ(p.status, 2) << p.output;
   EXPECT_THAT(p.output, HasSubstr("--plan_threads 0 is out of range: use 1..256"));

@@ -280,6 +280,76 @@ TEST_F(PackerDaemonTest, PortInUseAndBadInputsExitNonZero) {
   EXPECT_NE(no_config.err().find("--config"), std::string::npos) << no_config.err();
 }
 
+// The job's identity comes from the index's content: a packer started with
+// the same config and index given as a relative path, an absolute one or
+// through a symlink has one fingerprint and serves the same plans, so a
+// restart with another spelling is not refused by the stagers; another
+// index gives another fingerprint.
+TEST_F(PackerDaemonTest, TheFingerprintFollowsTheIndexContentNotItsPath) {
+  const fs::path absolute = fs::absolute(*dir_ + "/index.idx");
+  const fs::path link = *dir_ + "/link.idx";
+  fs::remove(link);
+  fs::create_symlink(absolute, link);
+  packer::SyntheticOptions o;
+  o.samples = 3000;
+  o.seed = 99;
+  o.text_median_tokens = 400;
+  o.max_text_tokens = 4000;
+  o.small_max_pixels = 1e6;
+  o.big_max_pixels = 4e6;
+  o.fit_seq_len = 8192;
+  o.fit_max_pixels = 1003520;
+  auto other_bytes = packer::MakeSyntheticIndex(o);
+  ASSERT_TRUE(other_bytes.ok());
+  const std::string other = *dir_ + "/other.idx";
+  std::ofstream(other, std::ios::binary) << *other_bytes;
+
+  struct Served {
+    std::string fingerprint, plan;
+  };
+  auto serve = [&](const std::string& name, const std::string& index) -> Served {
+    Daemon d(*dir_, name,
+             {"--config=" + *dir_ + "/job.textproto", "--index=" + index, "--listen=127.0.0.1:0",
+              "--metrics=127.0.0.1:0"});
+    EXPECT_TRUE(d.WaitReady()) << d.err();
+    grpc::ClientContext ctx;
+    v1::JobInfo info;
+    EXPECT_TRUE(d.Stub()->GetJob(&ctx, v1::GetJobRequest(), &info).ok());
+    const std::vector<std::string> plans = Stream(d.Stub().get(), 3, 4);
+    return {info.config_fingerprint(), plans.empty() ? "" : plans[0]};
+  };
+  const Served by_absolute = serve("absolute", absolute.string());
+  ASSERT_FALSE(by_absolute.fingerprint.empty());
+  for (const std::string& spelling : {fs::relative(absolute).string(), link.string(),
+                                      (fs::path(*dir_) / "." / "index.idx").string()}) {
+    const Served s = serve("spelling", spelling);
+    EXPECT_EQ(s.fingerprint, by_absolute.fingerprint) << spelling;
+    EXPECT_EQ(s.plan, by_absolute.plan) << spelling;
+  }
+  EXPECT_NE(serve("other", other).fingerprint, by_absolute.fingerprint);
+}
+
+// A config value the plans would be sized by, far out of range, is refused
+// at start naming the field and its range, before anything is allocated by
+// it (it once made the daemon grow by ~200 MB/s without answering).
+TEST_F(PackerDaemonTest, AConfigValueOutOfRangeIsRefusedAtStartNamingItsRange) {
+  const std::string config = *dir_ + "/huge.textproto";
+  std::ofstream(config) << R"pb(
+    world_size: 4
+    ranks_per_node: 2
+    batch { text_samples_per_step: 24 vl_samples_per_step: 8 vl_micro_batch: 2147483647 }
+  )pb";
+  Daemon d(*dir_, "huge",
+           {"--config=" + config, "--index=" + *dir_ + "/index.idx", "--listen=127.0.0.1:0",
+            "--metrics=127.0.0.1:0"});
+  ASSERT_TRUE(d.Exited(20000)) << d.err();
+  EXPECT_EQ(d.ExitCode(), 1) << d.err();
+  EXPECT_NE(d.err().find("batch.vl_micro_batch 2147483647 is outside its range 1..1024"),
+            std::string::npos)
+      << d.err();
+  EXPECT_NE(d.err().find("huge.textproto"), std::string::npos) << d.err();
+}
+
 TEST_F(PackerDaemonTest, SigkillAndRestartIsInvisibleToClients) {
   const uint64_t kSteps = 12;
   std::vector<std::string> uninterrupted;

@@ -53,8 +53,8 @@ class RankIdentity : public ::testing::Test {
     std::vector<std::string> flags;
     if (token) {
       token_ = dir_ + "/token";
-      RunResult r =
-          RunCommand({"/bin/sh", "-c", "openssl rand -hex 32 > " + token_}, absl::Seconds(30));
+      RunResult r = RunCommand({"/bin/sh", "-c", "umask 077; openssl rand -hex 32 > " + token_},
+                               absl::Seconds(30));
       ASSERT_EQ(r.status, 0) << r.output;
       flags.push_back("--token_file=" + token_);
     }

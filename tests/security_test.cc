@@ -38,6 +38,7 @@ namespace tutti::e2e {
 namespace {
 
 using ::testing::HasSubstr;
+namespace fs = std::filesystem;
 
 // A CA, the daemons' certificate (localhost, 127.0.0.1 and the job id), a
 // client certificate of the job, one of the same CA naming another job, one
@@ -48,7 +49,9 @@ struct Pki {
 };
 
 absl::StatusOr<Pki> MakePki(const std::string& dir, const std::string& job_id) {
+  // umask 077: the token and the keys private, as an operator keeps them.
   const std::string script = absl::StrCat(R"(set -e
+umask 077
 cd ")",
                                           dir, R"("
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key" 2>/dev/null; }
@@ -593,6 +596,50 @@ TEST_F(Security, ANonLoopbackAddressServedUnprotectedIsWarnedAbout) {
                  absl::Seconds(60));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("is not PEM"));
+}
+
+// A token file other users may read is refused at start by both daemons and
+// by libtutti, naming the mode and `chmod 600`, as ssh refuses such a key;
+// shared with the job's group (0640) it is used.
+TEST_F(Security, ATokenFileOthersCanReadIsRefusedByBothDaemonsAndTheClient) {
+  const std::string job = dir_ + "/job.textproto";
+  std::ofstream(job) << JobConfigText(index_, 1);
+  const std::string open = dir_ + "/open-token";
+  fs::copy_file(pki_.token, open, fs::copy_options::overwrite_existing);
+  ASSERT_EQ(::chmod(open.c_str(), 0644), 0);
+  const std::string want =
+      "the token file '" + open + "' is open to every user of this host " +
+      "(mode 0644): whoever reads it can act as the job. Make it private: " + "chmod 600 '" + open +
+      "'";
+  const std::vector<std::string> packer = {Packerd(), "--config=" + job, "--listen=127.0.0.1:0",
+                                           "--metrics=127.0.0.1:0"};
+  const std::vector<std::string> stager = {Stagerd(),
+                                           "--packer=127.0.0.1:1",
+                                           "--source=" + source_,
+                                           "--cache=" + dir_ + "/cache",
+                                           "--listen=127.0.0.1:0",
+                                           "--metrics=127.0.0.1:0"};
+  for (std::vector<std::string> argv : {packer, stager}) {
+    argv.push_back("--token_file=" + open);
+    RunResult r = RunCommand(argv, absl::Seconds(30));
+    EXPECT_EQ(r.status, 2) << CommandLine(argv) << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(want)) << CommandLine(argv);
+    r = RunCommand(std::vector<std::string>(argv.begin(), argv.end() - 1), absl::Seconds(30),
+                   {"TUTTI_TOKEN_FILE=" + open});
+    EXPECT_EQ(r.status, 2) << CommandLine(argv) << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(want)) << CommandLine(argv);
+  }
+  ClientOptions o = RankOptions("127.0.0.1:1", "127.0.0.1:1", 0, 4);
+  o.security.token_file = open;
+  auto client = Client::Connect(o);
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr(want));
+  // The job's group may share it.
+  ASSERT_EQ(::chmod(open.c_str(), 0640), 0);
+  SecurityOptions shared;
+  shared.token_file = open;
+  EXPECT_TRUE(
+      ResolveSecurityOptions(shared, [](const char*) -> const char* { return nullptr; }).ok());
 }
 
 // A FIFO (nobody writing) where a daemon or a command expects a file it

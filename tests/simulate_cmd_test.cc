@@ -1,9 +1,12 @@
 // `tutti simulate` as a user runs it on a job config: a per-phase balance
 // table (and JSON), a stop with the reason at the dataset's end, and clear
-// errors for a missing config or a start past the end.
+// errors for a missing config or a start past the end. And the `tutti`
+// command's --version, its numeric flags' ranges and `tutti index`'s report
+// of k.json fields and token ids.
 #include <fstream>
 #include <string>
 
+#include "common/tar.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_support.h"
@@ -51,6 +54,99 @@ TEST(SimulateCommand, ReportsEveryPhaseAndStopsAtTheEnd) {
   r = simulate({"--steps=2"});
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--config is required"));
+  RemoveTree(dir);
+}
+
+// `tutti --version` as every tutti binary takes it; numeric flags outside
+// their range and a job config value outside its range are refused naming
+// the range before anything is sized by them.
+TEST(TuttiCommand, VersionAndOutOfRangeValuesNameTheRange) {
+  for (const char* form : {"--version", "version"}) {
+    RunResult r = RunCommand({TuttiCli(), form}, absl::Seconds(30));
+    EXPECT_EQ(r.status, 0) << form << "\n" << r.output;
+    EXPECT_THAT(r.output, ::testing::MatchesRegex("tutti [0-9.]+ \\(commit [^,]+, wire contract "
+                                                  "tutti.v1\\)\n"))
+        << form;
+  }
+  for (const char* daemon : {Packerd(), Stagerd()}) {
+    RunResult r = RunCommand({daemon, "--version"}, absl::Seconds(30));
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("(commit ")) << daemon;
+  }
+
+  const std::string dir = MakeTempDir("tutti_cmd");
+  struct Case {
+    std::vector<std::string> argv;
+    const char* expect;
+  };
+  for (const Case& c : {
+           Case{{"index", "--out=" + dir + "/i", "--threads=4000000000"},
+                "--threads 4000000000 is out of range: use 1..256"},
+           Case{{"index", "--out=" + dir + "/i", "--synthetic=5000000000"},
+                "--synthetic 5000000000 is out of range: use 0..4294967295"},
+           Case{{"plan", "--config=x", "--steps=0"}, "--steps 0 is out of range: use 1..1000000"},
+           Case{{"simulate", "--config=x", "--steps=100000000"},
+                "--steps 100000000 is out of range: use 1..1000000"},
+       }) {
+    std::vector<std::string> argv = {TuttiCli()};
+    argv.insert(argv.end(), c.argv.begin(), c.argv.end());
+    RunResult r = RunCommand(argv, absl::Seconds(30));
+    EXPECT_EQ(r.status, 2) << c.expect << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.expect));
+  }
+  RunResult g = RunCommand({TuttiCli(), "gen-dataset", "--out=" + dir + "/ds", "--threads=100000"},
+                           absl::Seconds(30));
+  EXPECT_NE(g.status, 0) << g.output;
+  EXPECT_THAT(g.output, HasSubstr("--threads must be in [0, 1024], got 100000"));
+
+  // A job config value the plans are sized by: refused at load, at once.
+  ASSERT_EQ(RunCommand({TuttiCli(), "index", "--synthetic=2000", "--out=" + dir + "/index.tutti"},
+                       absl::Seconds(60))
+                .status,
+            0);
+  const std::string job = dir + "/huge.textproto";
+  std::ofstream(job) << "world_size: 4 ranks_per_node: 2\n"
+                        "batch { text_samples_per_step: 8 vl_samples_per_step: 4 "
+                        "vl_micro_batch: 2147483647 }\n";
+  RunResult p =
+      RunCommand({TuttiCli(), "plan", "--config=" + job, "--index=" + dir + "/index.tutti"},
+                 absl::Seconds(60));
+  EXPECT_EQ(p.status, 1) << p.output;
+  EXPECT_THAT(p.output, HasSubstr("batch.vl_micro_batch 2147483647 is outside its range 1..1024"));
+  RemoveTree(dir);
+}
+
+// `tutti index` says which k.json fields it does not know (counted, the
+// first few named) and refuses token ids beyond the vocabulary by default,
+// naming the sample and the flag.
+TEST(TuttiCommand, IndexNamesUnknownJsonFieldsAndTheVocabulary) {
+  const std::string dir = MakeTempDir("tutti_index_cmd");
+  TarWriter t;
+  t.Add("a.json", R"({"input_ids": [1, 2], "url": "http://x"})");
+  t.Add("b.json", R"({"input_id": [1, 2], "text": "abcdefgh", "url": "http://y"})");
+  t.Add("c.json", R"({"input_ids": [1, 200000]})");
+  t.Add("d.json", R"({"input_ids":[1,2],"meta":{"id":"7"},"schema":2,"source":"x",)"
+                  R"("trained":[[0,2]]})");
+  std::ofstream(dir + "/s.tar", std::ios::binary) << t.Finish();
+  RunResult r = RunCommand(
+      {TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti"}, absl::Seconds(60));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("warning: 2 k.json members carry fields tutti does not know, "
+                                  "ignored: \"input_id\" (1), \"url\" (2)"));
+  EXPECT_THAT(r.output, HasSubstr("s.tar:c: c.json: input_ids[1] is 200000, outside the "
+                                  "vocabulary [0, 151936) (--vocab-size)"));
+  EXPECT_THAT(r.output, HasSubstr("1 sample holds token ids at or above --vocab-size 151936 (the "
+                                  "default, Qwen2-VL's)"));
+  r = RunCommand({TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti",
+                  "--vocab-size=262144"},
+                 absl::Seconds(60));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("4 samples"));
+  r = RunCommand(
+      {TuttiCli(), "index", "--source=" + dir, "--out=" + dir + "/index.tutti", "--vocab-size=0"},
+      absl::Seconds(60));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--vocab-size 0 is out of range: use 1..2147483648"));
   RemoveTree(dir);
 }
 

@@ -171,6 +171,18 @@ TEST_F(StageCommand, RefusesACacheADaemonHoldsAndExplainsBadOptions) {
   r = Stage({"--index=" + dir_ + "/index.tutti", "--cache=" + cache, "--block-size=1000"});
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--block-size '1000' must be a multiple of 4K"));
+  // Staging buffers are allocated up front, one per operation in flight.
+  r = Stage({"--index=" + dir_ + "/index.tutti", "--cache=" + cache, "--queue-depth=100000"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--queue-depth 100000 is out of range: use 1..4096"));
+  r = Stage({"--index=" + dir_ + "/index.tutti", "--cache=" + cache, "--queue-depth=4096",
+             "--block-size=64M"});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("--queue-depth 4096 x --block-size 64M is more than 4G of staging buffers"));
+  r = Stage({"--index=" + dir_ + "/index.tutti", "--cache=" + cache, "--block-size=1G"});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--block-size '1G' must be a multiple of 4K up to 64M"));
   r = Stage({"--index=" + dir_ + "/index.tutti", "--cache=" + cache, "--capacity=lots"});
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--capacity 'lots' is not a size"));

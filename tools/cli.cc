@@ -33,6 +33,15 @@ TUTTI_CLI_FLAG(double)
 TUTTI_CLI_FLAG(bool)
 #undef TUTTI_CLI_FLAG
 
+void Cli::Flag(const std::string& name, uint64_t* value, const std::string& help, uint64_t lo,
+               uint64_t hi) {
+  options_.push_back(Option{name, value, help, Show(value), true, lo, hi});
+}
+void Cli::Flag(const std::string& name, uint32_t* value, const std::string& help, uint32_t lo,
+               uint32_t hi) {
+  options_.push_back(Option{name, value, help, Show(value), true, lo, hi});
+}
+
 bool Cli::Set(Option& opt, const std::string& value, std::string* error) {
   bool ok = std::visit(
       [&](auto* p) -> bool {
@@ -52,8 +61,26 @@ bool Cli::Set(Option& opt, const std::string& value, std::string* error) {
         }
       },
       opt.target);
-  if (!ok) *error = absl::StrCat("--", opt.name, ": cannot use '", value, "' (default is ", opt.default_text, ")");
-  return ok;
+  if (!ok) {
+    *error = absl::StrCat("--", opt.name, ": cannot use '", value, "' (default is ",
+                          opt.default_text, ")");
+    return false;
+  }
+  if (opt.ranged) {
+    const uint64_t v = std::visit(
+        [](auto* p) -> uint64_t {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, uint64_t> || std::is_same_v<T, uint32_t>) return *p;
+          return 0;
+        },
+        opt.target);
+    if (v < opt.lo || v > opt.hi) {
+      *error = absl::StrCat("--", opt.name, " ", value, " is out of range: use ", opt.lo, "..",
+                            opt.hi);
+      return false;
+    }
+  }
+  return true;
 }
 
 bool Cli::Parse(int argc, char** argv, int* exit_code) {
@@ -113,7 +140,9 @@ bool Cli::Parse(int argc, char** argv, int* exit_code) {
 void Cli::PrintHelp() const {
   std::printf("usage: %s\n\n%s\n\noptions:\n", usage_.c_str(), description_.c_str());
   for (const auto& o : options_) {
-    std::printf("  --%-24s %s (default: %s)\n", o.name.c_str(), o.help.c_str(), o.default_text.c_str());
+    const std::string range = o.ranged ? absl::StrCat("; ", o.lo, "..", o.hi) : "";
+    std::printf("  --%-24s %s (default: %s%s)\n", o.name.c_str(), o.help.c_str(),
+                o.default_text.c_str(), range.c_str());
   }
   std::printf("  --%-24s %s\n", "help", "show this help");
 }

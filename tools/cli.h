@@ -21,6 +21,12 @@ class Cli {
   void Flag(const std::string& name, uint32_t* value, const std::string& help);
   void Flag(const std::string& name, double* value, const std::string& help);
   void Flag(const std::string& name, bool* value, const std::string& help);
+  // An integer flag with its range [lo, hi]: a value outside it is a usage
+  // error naming the flag and the range (--help shows the range too).
+  void Flag(const std::string& name, uint64_t* value, const std::string& help, uint64_t lo,
+            uint64_t hi);
+  void Flag(const std::string& name, uint32_t* value, const std::string& help, uint32_t lo,
+            uint32_t hi);
 
   // Parses "--name=value", "--name value" and "--flag"/"--noflag" for bools.
   // Returns true to proceed; false when the caller should exit with *exit_code
@@ -37,6 +43,8 @@ class Cli {
     Target target;
     std::string help;
     std::string default_text;
+    bool ranged = false;
+    uint64_t lo = 0, hi = 0;
   };
   bool Set(Option& opt, const std::string& value, std::string* error);
 

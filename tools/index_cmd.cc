@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_io.h"
@@ -53,7 +54,7 @@ void PrintWritten(const std::string& out, uint64_t samples) {
 
 // What the build found: shards and samples indexed, what was skipped and
 // why, bad shards. Printed whether or not an index could be written.
-void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
+void PrintReport(const IndexBuildReport& report, bool built, double seconds, uint64_t vocab_size) {
   const double s = std::max(1e-6, seconds);
   if (built) {
     std::fprintf(
@@ -82,6 +83,35 @@ void PrintReport(const IndexBuildReport& report, bool built, double seconds) {
                  static_cast<unsigned long long>(n), n == 1 ? "" : "s", reason.c_str());
   }
   for (const auto& e : report.skipped_examples) std::fprintf(stderr, "  %s\n", e.c_str());
+  if (auto it = report.skipped.find("token_out_of_vocab"); it != report.skipped.end()) {
+    std::fprintf(
+        stderr,
+        "%llu %s token ids at or above --vocab-size %llu%s: if the dataset was "
+        "tokenised with another vocabulary, pass --vocab-size with that tokenizer's size\n",
+        static_cast<unsigned long long>(it->second),
+        it->second == 1 ? "sample holds" : "samples hold",
+        static_cast<unsigned long long>(vocab_size),
+        vocab_size == packer::kDefaultVocabSize ? " (the default, Qwen2-VL's)" : "");
+  }
+  if (report.unknown_json_members > 0) {
+    // Counted, the first few named: a misspelt input_ids shows here.
+    std::string fields;
+    size_t named = 0;
+    for (const auto& [field, n] : report.unknown_json_fields) {
+      if (named++ == 8) break;
+      absl::StrAppend(&fields, fields.empty() ? "" : ", ", "\"", absl::CHexEscape(field), "\" (", n,
+                      ")");
+    }
+    if (report.unknown_json_fields.size() > 8 || report.unknown_json_other > 0) {
+      absl::StrAppend(&fields, " and others");
+    }
+    std::fprintf(stderr,
+                 "warning: %llu k.json member%s carry fields tutti does not know, ignored: %s "
+                 "(a sample has input_ids, trained, schema, source and meta, or num_tokens, "
+                 "token_count or text to count from; check for a misspelt name)\n",
+                 static_cast<unsigned long long>(report.unknown_json_members),
+                 report.unknown_json_members == 1 ? "" : "s", fields.c_str());
+  }
   if (report.ignored_members > 0) {
     std::fprintf(stderr, "ignored %llu members with extensions the index does not use\n",
                  static_cast<unsigned long long>(report.ignored_members));
@@ -192,9 +222,9 @@ int RunIndex(int argc, char** argv) {
       "renumber the indexed samples (a changed or removed shard, a new one sorting among them).");
   cli.Flag("source", &o.source_dir, "directory holding the .tar shards");
   cli.Flag("out", &out, "index file to write (replaced atomically)");
-  cli.Flag("threads", &o.threads, "shards read at once");
-  cli.Flag("io-depth", &o.io_depth, "reads in flight per shard");
-  cli.Flag("read-kb", &read_kb, "KiB per read (a multiple of 4)");
+  cli.Flag("threads", &o.threads, "shards read at once", 1, 256);
+  cli.Flag("io-depth", &o.io_depth, "reads in flight per shard", 1, 1024);
+  cli.Flag("read-kb", &read_kb, "KiB per read (a multiple of 4)", 4, uint64_t{1} << 20);
   cli.Flag("io-backend", &io_backend,
            "auto (io_uring where the kernel allows it), uring, or pread (a thread pool)");
   cli.Flag("reader", &reader,
@@ -210,17 +240,20 @@ int RunIndex(int argc, char** argv) {
   cli.Flag("bytes-per-token", &o.bytes_per_token,
            "bytes per token when estimating from k.txt or a JSON \"text\" field");
   cli.Flag("vocab-size", &o.vocab_size,
-           "token ids in k.json's input_ids must be below this (the tokenizer's vocabulary); "
-           "0 = any non-negative int32");
+           "token ids in k.json's input_ids must be below this: the tokenizer's vocabulary "
+           "(the default is Qwen2-VL's, as the job config's default image token ids); a sample "
+           "with an id at or above it is skipped (token_out_of_vocab), named",
+           1, uint64_t{1} << 31);
   cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
            "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
   cli.Flag("max-images-per-sample", &o.max_images_per_sample,
-           "skip samples with more images than this (vision.max_images_per_sample)");
+           "skip samples with more images than this (vision.max_images_per_sample)", 1, 1024);
   cli.Flag("max-shard-members", &o.max_shard_members,
-           "leave out (and report) a shard with more tar members than this");
+           "leave out (and report) a shard with more tar members than this", 1, 1u << 24);
   cli.Flag("synthetic", &synthetic,
            "instead of reading shards, write a synthetic index of this many samples (the "
-           "benchmark workload; for scale tests)");
+           "benchmark workload; for scale tests; 0 = read shards)",
+           0, UINT32_MAX);
   cli.Flag("synthetic-seed", &synthetic_seed, "seed of the synthetic index");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
@@ -228,17 +261,16 @@ int RunIndex(int argc, char** argv) {
     std::fprintf(stderr, "tutti index: --out FILE is required (see --help)\n");
     return 2;
   }
-  if (o.max_images_per_sample == 0 || o.max_shard_members == 0) {
-    std::fprintf(stderr,
-                 "tutti index: --max-images-per-sample and --max-shard-members must be at least "
-                 "1\n");
+  if (read_kb % 4 != 0) {
+    std::fprintf(stderr, "tutti index: --read-kb must be a multiple of 4\n");
     return 2;
   }
-  if (o.threads == 0 || o.io_depth == 0 || read_kb == 0 || read_kb % 4 != 0 ||
-      read_kb > (uint64_t{1} << 20)) {
+  // Every shard read at once holds --io-depth reads of --read-kb in flight.
+  if (uint64_t{o.threads} * o.io_depth * read_kb > (uint64_t{4} << 20)) {
     std::fprintf(stderr,
-                 "tutti index: --threads and --io-depth must be at least 1, --read-kb a multiple "
-                 "of 4 from 4 to 1048576\n");
+                 "tutti index: --threads %u x --io-depth %u x --read-kb %llu is more than 4G of "
+                 "read buffers; lower one of them\n",
+                 o.threads, o.io_depth, static_cast<unsigned long long>(read_kb));
     return 2;
   }
   o.read_bytes = read_kb << 10;
@@ -285,7 +317,7 @@ int RunIndex(int argc, char** argv) {
                  "removed\n",
                  report.shards_reused, out.c_str(), report.shards_read, report.shards_removed);
   }
-  PrintReport(report, built.ok(), SecondsSince(t0));
+  PrintReport(report, built.ok(), SecondsSince(t0), o.vocab_size);
   if (!built.ok()) {
     std::fprintf(stderr, "tutti index: %s\n", std::string(built.message()).c_str());
     return 1;

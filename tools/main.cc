@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   std::sort(commands.begin(), commands.end(),
             [](const auto& a, const auto& b) { return std::strcmp(a.name, b.name) < 0; });
   auto usage = [&] {
-    std::printf("usage: tutti <command> [options]   (tutti <command> --help for its options)\n\n"
+    std::printf("usage: tutti <command> [options]   (tutti <command> --help for its options;\n"
+                "       tutti --version)\n\n"
                 "tutti feeds vision-language training jobs: it stages and decodes data on every\n"
                 "node and plans balanced steps for every rank.\n\ncommands:\n");
     for (const auto& c : commands) std::printf("  %-18s %s\n", c.name, c.summary);
@@ -27,6 +28,10 @@ int main(int argc, char** argv) {
       !std::strcmp(argv[1], "help")) {
     usage();
     return argc < 2 ? 2 : 0;
+  }
+  // --version as every tutti binary takes it: the `version` command.
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-version")) {
+    argv[1] = const_cast<char*>("version");
   }
   // Two-word commands ("bench packer") match before one-word ones.
   for (int words = 2; words >= 1; --words) {

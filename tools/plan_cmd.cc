@@ -74,7 +74,7 @@ int RunPlan(int argc, char** argv) {
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index, "index file; overrides the config's index_path");
   cli.Flag("step", &step, "first step to plan");
-  cli.Flag("steps", &steps, "how many consecutive steps");
+  cli.Flag("steps", &steps, "how many consecutive steps", 1, 1000000);
   cli.Flag("ranks", &ranks_text, "comma-separated ranks to include (empty: all)");
   cli.Flag("format", &format, "summary, text, json or hash");
   cli.Flag("check", &check, "check every plan of the steps (a table; exit 1 on any violation)");

@@ -45,7 +45,7 @@ int RunSimulate(int argc, char** argv) {
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index, "index file; overrides the config's index_path");
   cli.Flag("from", &from, "first step");
-  cli.Flag("steps", &steps, "steps to simulate");
+  cli.Flag("steps", &steps, "steps to simulate", 1, 1000000);
   cli.Flag("json", &json, "one JSON object per phase instead of a table");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;

@@ -59,21 +59,24 @@ int RunStage(int argc, char** argv) {
   cli.Flag("capacity", &capacity_text,
            "bytes the cache may hold, e.g. 500G (0 = no limit); shards beyond it are left out");
   cli.Flag("first", &first, "stage only the first N shards of the index (0 = all)");
-  cli.Flag("queue-depth", &queue_depth, "reads and writes in flight");
+  cli.Flag("queue-depth", &queue_depth, "reads and writes in flight", 1, 4096);
   cli.Flag("block-size", &block_text, "bytes per read/write, a multiple of 4K (e.g. 1M)");
-  cli.Flag("max-files", &max_files, "shards copied at the same time");
+  cli.Flag("max-files", &max_files, "shards copied at the same time", 1, 4096);
   cli.Flag("source-file-ops", &file_ops,
            "reads of one shard in flight, stuck ones included: what a file that stops answering "
-           "can hold of the buffers and workers, 1..1024");
+           "can hold of the buffers and workers",
+           1, 1024);
   cli.Flag("staging-timeout-ms", &timeout_ms,
-           "one read or write, 100..3600000; a shard whose source does not answer within it is "
-           "given up (named) while the others are copied");
+           "one read or write; a shard whose source does not answer within it is given up "
+           "(named) while the others are copied",
+           100, 3600000);
   cli.Flag("io-backend", &backend_text,
            "uring (io_uring), pread (a thread pool) or auto (io_uring where the kernel lets this "
            "process set up a ring, else pread)");
   cli.Flag("progress-s", &progress_s,
            "seconds between progress lines when stderr is not a terminal (0: the summary only); "
-           "on a terminal the line is updated every second");
+           "on a terminal the line is updated every second",
+           0, 86400);
   cli.Flag("direct", &direct, "O_DIRECT writes into the cache (--nodirect: page cache)");
   cli.Flag("quiet", &quiet, "no progress line");
   cli.Flag("path-resolve", &resolve_text,
@@ -89,13 +92,14 @@ int RunStage(int argc, char** argv) {
   if (!ParseByteSize(capacity_text, &capacity)) {
     return Fail(absl::StrCat("--capacity '", capacity_text, "' is not a size (e.g. 500G, 0)"));
   }
-  if (!ParseByteSize(block_text, &block) || block == 0 || block % 4096 != 0) {
-    return Fail(absl::StrCat("--block-size '", block_text, "' must be a multiple of 4K (e.g. 1M)"));
+  if (!ParseByteSize(block_text, &block) || block == 0 || block % 4096 != 0 ||
+      block > stager::kMaxStagingBlock) {
+    return Fail(absl::StrCat("--block-size '", block_text,
+                             "' must be a multiple of 4K up to 64M (e.g. 1M)"));
   }
-  if (queue_depth == 0 || max_files == 0) return Fail("--queue-depth and --max-files must be >= 1");
-  if (file_ops == 0 || file_ops > 1024) return Fail("--source-file-ops must be 1..1024");
-  if (timeout_ms < 100 || timeout_ms > 3600000) {
-    return Fail("--staging-timeout-ms must be 100..3600000");
+  if (uint64_t{queue_depth} * block > stager::kMaxStagingBuffers) {
+    return Fail(absl::StrCat("--queue-depth ", queue_depth, " x --block-size ", block_text,
+                             " is more than 4G of staging buffers; lower one of them"));
   }
   absl::StatusOr<IoBackendChoice> backend = ParseIoBackendChoice(backend_text);
   if (!backend.ok()) return Fail(std::string(backend.status().message()));

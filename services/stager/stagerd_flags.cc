@@ -158,6 +158,12 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
        }) {
     RETURN_IF_ERROR(CheckFlagRange(r.flag, r.value, r.lo, r.hi, r.meaning));
   }
+  if (uint64_t{absl::GetFlag(FLAGS_queue_depth)} * block > kMaxStagingBuffers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--queue_depth ", absl::GetFlag(FLAGS_queue_depth), " x --block_size ",
+        absl::GetFlag(FLAGS_block_size), " is more than 4G of staging buffers (one per read or "
+        "write in flight, allocated at start); lower one of them"));
+  }
   c.staging.queue_depth = absl::GetFlag(FLAGS_queue_depth);
   c.staging.max_files = absl::GetFlag(FLAGS_max_files);
   c.staging.file_queue_depth = absl::GetFlag(FLAGS_source_file_ops);

@@ -31,6 +31,11 @@
 
 namespace tutti::stager {
 
+// Bounds of the staging buffers (queue_depth x block_size, allocated at
+// Start): a block at most 64 MiB, all buffers together at most 4 GiB.
+inline constexpr uint64_t kMaxStagingBlock = uint64_t{64} << 20;
+inline constexpr uint64_t kMaxStagingBuffers = uint64_t{4} << 30;
+
 struct StagingOptions {
   std::string source_dir;          // where shards are read from
   unsigned queue_depth = 64;       // reads and writes in flight (one buffer each)

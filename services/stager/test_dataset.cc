@@ -135,7 +135,7 @@ v1::JobInfo MakeJob(const Dataset& data, uint32_t world_size, uint32_t ranks_per
   c->mutable_batch()->set_vl_samples_per_step(world_size);
   c->mutable_vision()->set_max_pixels(max_pixels);
   ApplyJobDefaults(c);
-  job.set_config_fingerprint(JobFingerprint(*c));
+  job.set_config_fingerprint(JobFingerprint(*c, "test-dataset"));
   job.set_samples(data.samples.size());
   job.set_vl_samples(data.samples.size());
   for (const auto& s : data.shards) job.add_shards(s.name());

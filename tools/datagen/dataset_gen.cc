@@ -281,8 +281,16 @@ absl::StatusOr<std::string> RenderSampleRecords(const GenDatasetOptions& opts,
 absl::Status ValidateGenOptions(const GenDatasetOptions& opts) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (opts.out_dir.empty()) return bad("--out is required: the directory to write shards into");
-  if (opts.samples == 0) return bad("--samples must be at least 1");
-  if (opts.samples_per_shard == 0) return bad("--samples-per-shard must be at least 1");
+  // Keys are 9 digits; a shard is one tar the index reads whole (at most
+  // 2^20 members by default, up to 6 a sample); the workers' window holds
+  // 16 samples a thread.
+  if (opts.samples == 0 || opts.samples > 1000000000) {
+    return bad("--samples must be in [1, 1000000000], got ", opts.samples);
+  }
+  if (opts.samples_per_shard == 0 || opts.samples_per_shard > 65536) {
+    return bad("--samples-per-shard must be in [1, 65536], got ", opts.samples_per_shard);
+  }
+  if (opts.threads > 1024) return bad("--threads must be in [0, 1024], got ", opts.threads);
   if (!(opts.text_fraction >= 0 && opts.text_fraction <= 1)) {
     return bad("--text-fraction must be in [0, 1], got ", opts.text_fraction);
   }
@@ -294,6 +302,9 @@ absl::Status ValidateGenOptions(const GenDatasetOptions& opts) {
   }
   if (!(opts.max_megapixels >= 0.01 && opts.max_megapixels <= 250)) {
     return bad("--max-megapixels must be in [0.01, 250], got ", opts.max_megapixels);
+  }
+  if (opts.max_text_tokens > (1u << 20)) {
+    return bad("--max-text-tokens must be in [4, 1048576], got ", opts.max_text_tokens);
   }
   if (opts.text_tokens_median == 0) return bad("--text-tokens-median must be at least 1");
   if (!(opts.text_tokens_sigma >= 0 && opts.text_tokens_sigma <= 4)) {

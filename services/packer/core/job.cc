@@ -27,7 +27,7 @@ absl::StatusOr<std::shared_ptr<const Job>> Job::Create(v1::JobConfig config,
 
 absl::Status Job::Init(const JobOptions& options) {
   RETURN_IF_ERROR(ValidateJobConfig(config_));
-  fingerprint_ = JobFingerprint(config_);
+  fingerprint_ = JobFingerprint(config_, index_->content_id());
   StrategyOptions so;
   so.name = config_.packing().strategy();
   so.open_bins = config_.packing().open_bins();

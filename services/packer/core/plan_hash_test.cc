@@ -22,6 +22,11 @@
 // Re-pinned when tutti began to deal VL samples under 5% of a rank's mean
 // ViT cost in batches, as it deals small text documents: W16, W16 img_cap
 // and W64 tutti changed (and W64 tutti's rank subsets).
+// Re-pinned when the fingerprint every plan carries began to cover the
+// index's content identity instead of the config's index_path: every hash
+// changed; with config_fingerprint cleared, no plan did. Re-pinned again
+// when that identity came to leave out the shards' modification times and
+// the build's records of skips: the fingerprint alone changed.
 //
 // TUTTI_PRINT_PLAN_HASHES=1 prints the table as C++ to paste below.
 #include <algorithm>
@@ -186,43 +191,43 @@ struct Pinned {
 // with plan_version 2 written, only the post-balanced jobs' hashes changed.
 constexpr Pinned kPinned[] = {
     {"W4 greedy",
-     "917d7b2485fd089c 528ef21261dd88bc ed5bdde309d227be 59b44b1e92550357 c6e38724adc33a63 4983dc694670a06b d5ec3498d1fa7259"},
+     "a92e8e18bdaefda0 39a768700af412de e2d0589e0659a2c3 7dd50ef8b63446b1 e8dd928c83fd2fcb 66698346699aff44 3c8418f438925e35"},
     {"W4 seed-v1 N=2",
-     "4b81bb2dcf273b58 16b9cc404c7d5ae8 dbe9e274b8a44ed8 3b4c9f70d116ea2c 9d35c212e55ee34c e3f23dfce905dbbd c7c50e340d3b247a"},
+     "6f085d51ebaedd24 7c4780272683168f 6a529616091f3aba f04817711a12622d 0b52c2447339e31a cb00e687c1f700c6 6cbb55d8a6457f96"},
     {"W4 seed-v2 N=4",
-     "e602d8080637717d 175bbc094c06c72b cf46b6ae2b9fa0dc 69f4a155900bc5e0 c92ee468de79094e f765200e310844ef 16d7eb781a4d7d27"},
+     "7d3e86289d0b2f5d a83274b0f36f0f92 5935e3febdecf58c a7bfe27f5e4086ca 431a03c6544deee0 47bcf4c681d19027 b903f409b5996256"},
     {"W4 tutti",
-     "e56e9594dde636e7 9feba58828c8765f ca1597db4ee85eb5 b60e53fc0a63409b c45c653ea942184b c3b3d92d0d125cb5 c419ce7ccb424cc0"},
+     "bdfbbc4e85731f3d 36d5351281f6e6c5 cd36b3c249cb7aac 4635452cfa58564b f09e2a0e9d80577b 87a7a443490621db 58c23c385799be84"},
     {"W4 tutti img_cap",
-     "e66b6871dee3cb02 c556dfe572750c32 8ecc7fb50a31b6db 39f9f8f28594eb95 dcd17737b1cf0a42 1b1df9ccd5bc7c54 3f4f3de83014bf54"},
+     "f41b6098cc93c3eb dda6dfe26a850c35 b60fe31532f22a7b 2fa7425b93ca513c e08d01438d937c36 d4a1f0e81a007570 03fec3270ca5419b"},
     {"W4 post fast",
-     "e96e485aa2ca225b 38533b02831b50b1 a80ca73aaaeb0ac9 a57ebd28f38cc392 4200bbde6a811195 80e45488c7621ae0 6119ba61b373a2bf"},
+     "e97470a7a2d01aa6 bce4be3e07acd58d d2a144b8d046e94b 56b7697f004517c5 a853257c80d28f37 4cb75a5f0b311437 afccb9907da6a14e"},
     {"W4 post padded",
-     "c27b154b54728a5c 75b528ac563ac451 66922d1890b15e00 8c6a2080590e62e9 82ed4347dec9929a 83af673a3015b786 0e306ccea26bd4e2"},
+     "94a5086802ac977f 7e6ae1675de50d9a 7624cada8007b9c2 aaa4bcdd7fc0feb4 977e3610cb5ae7cd 7a7c2ca6c9c6fc1a 2c9677d280cdcffe"},
     {"W4 post restricted",
-     "01958b5cb11343d6 4ec9c450d573f3d5 9badba2a50499409 f2e34f64d6ca9463 acfb7c2972693d3f a9095ba467a7cb34 4d53eab965d240f2"},
+     "c084893d700241b7 d72d91d34c97a656 6acea9dea12a87fd aa5fd6338e760d34 e90bbdbb3799fcad fbc6eab935687a29 a700741b8f81de50"},
     {"W16 greedy",
-     "8f895476d7b122aa 32585e22cce057c4 f726e3e780bac9b9 9749a823ef7bcb00 6b14c09d06908cd6 12b5b50b923d5ec6 042e56985eeeed73"},
+     "d6aae4eb8e929237 8c2e6a1c729663fa 4cff28f43b6302aa d83d5ce7a00f3fc4 d79133f0ba157fbb 30f5917cb07d7ab1 641e08263edeb3cd"},
     {"W16 seed-v1 N=2",
-     "6ef43ed551554dba e607188da145f8e5 a148b466c7893afe 413c54bc4cae8eb4 33da5a7e461fde34 bf42899b71912433 8715ac6b4323b8a0"},
+     "374577e008e4048f c1aa94b386e874db 10a11b63766095fb fba537f4f637edfc 03c0748d7605f0c7 b0bf29027e6c84aa 9aefc5965ed9d15d"},
     {"W16 seed-v2 N=4",
-     "c190b993fe5cbfa3 eab309d7e2d3c35b 3c82bb011f5f0d83 743c95b1c9257783 8c3349a79a3e6f87 fd21d4f4ea149459 423f6aa6a7e24708"},
+     "cdd88a69f2148c59 0e9e41c306fe8b4f 5f07bbe27cda0d60 404374cafd5a96f8 f4685255e2657475 21e0b6bb36d5f616 9a1919537fc434fd"},
     {"W16 tutti",
-     "a821fd660513b606 79d9a4de461105f9 d3417ecacd90a60c f5169c7fb6688f07 a2529905cfca478d ee7b9697c74d9b08 d1cb8ca3fe497d6f"},
+     "84a93b3d299b705d d65654e0e99ef5c7 7367e55a6db63d9c c754feba842aedc2 e53e8c7088a652f8 fbf14f50d2c742cf b4e2bc809b604d4c"},
     {"W16 tutti img_cap",
-     "26cc66c68bfe2da6 b1b4fccf8e7c5de8 064c1794189dcf52 2f84d3646cfac01c 0b525d6966ca83e1 947df288bd4bff17 9fcebcbab04c4d76"},
+     "82c9dc122ffb9772 775188fd489929da 53c9ad464d187580 8458aa09c726b971 627e79cd0fe6a745 54ba685b7d8c65c4 a0ba76f18f38873d"},
     {"W16 post fast",
-     "a20c54cb539b2f67 7593520644766112 52ca08964fbc8070 7b32c3d630a7246b 3aefed4d406234ed b5ec19cdf07b3653 66742d9bd5a523ae"},
+     "79f5181f886263b3 07c97c83362c4f97 805283de9d240b38 3f136a6c74868dd1 12c537406848eee0 00d6b21b45419d85 a0a4142513751a10"},
     {"W16 post padded",
-     "7194d81b794b41e1 e142e911f4ea7b20 49df007b0a64f31f 93dc9deab30ac00a 8dc59402d7fb9b69 1355175b20d9b575 4554b6bca496c124"},
+     "2b4e280c2391b1f6 6b8e91477e260376 8eed0cf1cd56ff95 1e5d97a03e8bca40 d5181f138f261078 5848f1456bc4536b 3accadd1db0eda49"},
     {"W16 post restricted",
-     "7476f5d751011e13 0d58140c0721b7d5 c3441feface76f59 fa55030afde7ae90 39383b63d1e96fef 055a6342399844b6 b71d0f600a91fc32"},
+     "98c31ceebdb4f72a 7109732d7b70d0f4 e1f8b84b8e5bc8fd 44ea476c4358eaf6 d90f895831deddd4 33f93c7f0f3b1b8b 60343a05ddb8c957"},
     {"W4 post ilp",
-     "8056d5867b9a32ac 6961ce3f1ef775f6 53889320bffd8dc2 304a9e6bfe6bb7ec 232eafff30698d57 7532ceb194082cd7 267cd3f69a69d0d7"},
+     "dee319ae252ffe84 2b84b3735c1208ba e64ee3890a3bfd6b 289645e1e6b76c66 492bde965a6cfc3e f63908bb1703eadd d3f29eed6fe79dcc"},
     {"W64 tutti",
-     "f61bd8d54dfd2412 adac6642491dfd97 b333ba38601053c5 a3acc2f0f3bf1545 486304a2b09cc730 81568e563cad2524 4207947be042abf0"},
+     "1774a847ac925480 1fa6c06ffb175bba c0c993f113ea7a0c 40daf21210c925a7 7350dc908baf1f02 d5e36e976818c5e5 3c24021c9e613d97"},
     {"W64 post fast",
-     "0f4073c9011c9559 4ad1cc2f278d5173 70221beaf2fc6aab 21ccef5e4200994d ab15daa54c172540 134c79841b1a6ff0 57e59573bc964f8c"},
+     "25c0556b2b9cb3fb 1a6575937739e8cf 2cf71dbbae296cfa aa519c20c99dea33 5a33a951bd3156b4 156a30501d3c2624 a1bbe9e04ac8331f"},
 };
 // clang-format on
 
@@ -269,13 +274,13 @@ std::string SubsetHashesOf(const PinCase& c) {
 constexpr Pinned kPinnedSubsets[] = {
     // clang-format off
     {"W16 greedy",
-     "b2eac193 225f8550 2dc87117 38770b15 2096834d 5cad6b40 fed98ab1 efc7f13b a616ad8a 942f6068"},
+     "0dc5cb8f 6a0a9922 f217a9f4 3a74d0a2 43c4bde6 ead4a6bc e821a8e0 93653f15 d0595ba5 baa00f3e"},
     {"W16 post fast",
-     "9dc90afe acae8e62 2a67f048 d33936ca e76c8ea6 60c2ce8e 0576257b 90288a23 991b4872 46e98666"},
+     "9bdcf1f3 0f8abe36 fdcb9f7f d912bc82 6b50a4f4 a1743553 7a0d0373 8dcd49d6 290a5e52 65971ce2"},
     {"W16 post restricted",
-     "098e3211 89bd0a03 97a43b50 c4a1dc2c 7f0e7fc7 8d7bb41e 9588ef40 0187f11a 78e9bca7 da11dca9"},
+     "246b6860 a98799db 4693205f 2cbf69c4 21189288 4dbf1db4 4bc01fe2 bb474e24 844ad4e6 2bb5bc3d"},
     {"W64 tutti",
-     "b510cd5e 9e7f8005 839a42cb 7af0845e fb4128c1 8cb37e47 20c5f8f4 6ed6ce26 a2f085b6 bdcd9134"},
+     "c8d193dc 7e71e23b 131ab670 aee4e27f 3004522e 398703dd d3aca1a8 2542f8d8 803e0bee ae828fb6"},
     // clang-format on
 };
 

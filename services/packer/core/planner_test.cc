@@ -377,6 +377,77 @@ TEST(PlannerTest, ExchangeListsMatchBetweenPeers) {
   }
 }
 
+// The receive lists' order, as plan.proto documents it: in post-balanced
+// plans a pair's items follow the LLM rank's input_ids (with runs); in
+// colocated plans a rank's only transfer is to itself and follows its
+// encoder order, which is not always the input_ids order (no runs).
+TEST(PlannerTest, ReceiveListsFollowInputIdsWhenItemsMoveAndEncoderOrderOtherwise) {
+  const std::string config = R"pb(
+    seed: 5
+    world_size: 4
+    ranks_per_node: 2
+    batch {
+      text_samples_per_step: 8
+      vl_samples_per_step: 24
+      grad_accum: 4
+      text_micro_batch: 1
+      vl_micro_batch: 4
+      text_vl_ratio: "1:4"
+    }
+    curriculum { start_step: 0 max_pixels: 262144 seq_len: 8192 }
+  )pb";
+  using Item = std::pair<uint64_t, uint32_t>;  // (sample, image index)
+  for (const bool post : {false, true}) {
+    auto job = MakeJob(absl::StrCat(config, post ? " post_balancing { enabled: true }" : ""),
+                       SmallIndex());
+    ASSERT_TRUE(job.ok()) << job.status();
+    int pairs = 0, colocated_off_input_order = 0;
+    for (uint64_t step = 0; step < 6; ++step) {
+      const v1::StepPlan plan = PlanOf(*job, step);
+      for (const auto& r : plan.ranks()) {
+        std::vector<Item> encoder, input_ids;
+        for (const auto& e : r.encoders()) {
+          if (e.encoder() != v1::ENCODER_VISION) continue;
+          for (const auto& im : e.images()) encoder.emplace_back(im.sample_id(), im.image_index());
+        }
+        for (const auto& mb : r.micro_batches()) {
+          for (const auto& seq : mb.sequences()) {
+            for (const auto& d : seq.docs()) {
+              for (const auto& im : d.images())
+                input_ids.emplace_back(d.sample_id(), im.image_index());
+            }
+          }
+        }
+        for (const auto& t : r.exchange().recvs()) {
+          std::vector<Item> items;
+          for (const auto& it : t.items()) {
+            if (it.encoder() == v1::ENCODER_VISION) items.emplace_back(it.sample_id(), it.index());
+          }
+          const std::set<Item> in_pair(items.begin(), items.end());
+          std::vector<Item> by_input_ids;
+          for (const Item& x : input_ids) {
+            if (in_pair.count(x)) by_input_ids.push_back(x);
+          }
+          ++pairs;
+          if (post) {
+            EXPECT_EQ(items, by_input_ids) << "step " << step << " rank " << r.rank();
+            EXPECT_GT(t.runs_size(), 0);
+          } else {
+            EXPECT_EQ(t.peer(), r.rank());
+            EXPECT_EQ(items, encoder) << "step " << step << " rank " << r.rank();
+            EXPECT_EQ(t.runs_size(), 0);
+            colocated_off_input_order += items != by_input_ids;
+          }
+        }
+      }
+    }
+    EXPECT_GT(pairs, 0);
+    if (!post) {
+      EXPECT_GT(colocated_off_input_order, 0);
+    }
+  }
+}
+
 TEST(PlannerTest, PostBalancingBalancesEncoders) {
   auto pre = MakeJob(WithStrategy("greedy"), SmallIndex());
   auto post = MakeJob(WithStrategy("greedy", true), SmallIndex());

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -156,6 +157,7 @@ struct Index::Layout {
   struct Section {
     const char* data;
     uint64_t bytes;
+    uint32_t crc32c = 0;
   };
   uint32_t num_sections = 0;
   size_t table_end = 0;  // header and section table
@@ -202,7 +204,33 @@ absl::Status Index::Parse() {
   RETURN_IF_ERROR(ReadSections(&layout));
   RETURN_IF_ERROR(CheckPadding(layout));
   RETURN_IF_ERROR(BindSections(layout));
-  return ReadTables(layout);
+  RETURN_IF_ERROR(ReadTables(layout));
+  SetContentId(layout);
+  return absl::OkStatus();
+}
+
+// What determines the plans made from the index: the counts, the
+// per-sample and per-medium columns (by their checksums), the stream lists,
+// the member extensions and each shard's name, size, checksum and samples.
+// Left out: the build metadata (source directory, options), the skip
+// counts and bad shards, and the shards' modification times.
+void Index::SetContentId(const Layout& layout) {
+  std::string bytes(data_.get() + 24, 24);  // samples, media, shards, extensions
+  for (const uint32_t tag : {fmt::kTref, fmt::kTsiz, fmt::kTtok, fmt::kKoff, fmt::kMbeg,
+                             fmt::kKeys, fmt::kMedi, fmt::kTcrc, fmt::kMcrc, fmt::kTstr,
+                             fmt::kVstr}) {
+    const Layout::Section* s = layout.Find(tag);
+    const uint64_t entry[2] = {uint64_t{tag} << 32 | (s ? s->crc32c : 0), s ? s->bytes : 0};
+    bytes.append(reinterpret_cast<const char*>(entry), sizeof(entry));
+  }
+  for (const std::string& ext : exts_) absl::StrAppend(&bytes, ext.size(), ":", ext);
+  for (const IndexShard& sh : shards_) {
+    absl::StrAppend(&bytes, sh.name.size(), ":", sh.name, " ", sh.size, " ", sh.crc32c, " ",
+                    sh.first_sample, " ", sh.num_samples, "\n");
+  }
+  const uint32_t a = Crc32c(bytes);
+  const uint32_t b = Crc32cExtend(0x9E3779B9u, bytes.data(), bytes.size());
+  content_id_ = absl::StrCat(absl::Hex(a, absl::kZeroPad8), absl::Hex(b, absl::kZeroPad8));
 }
 
 // The magic, version, size and header checksum, and the counts.
@@ -306,7 +334,8 @@ absl::Status Index::ReadSections(Layout* layout) {
         (e.rows != static_cast<uint8_t>(known->rows) || e.row_bytes != known->row_bytes)) {
       return Damaged(origin_, absl::StrCat("section ", name, " has rows of the wrong kind"));
     }
-    if (!layout->sections.emplace(e.tag, Layout::Section{p + e.offset, e.bytes}).second) {
+    if (!layout->sections.emplace(e.tag, Layout::Section{p + e.offset, e.bytes, e.crc32c})
+             .second) {
       return Damaged(origin_, absl::StrCat("section ", name, " appears twice"));
     }
   }

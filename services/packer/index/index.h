@@ -115,6 +115,14 @@ class Index {
   uint64_t dataset_bytes() const { return dataset_bytes_; }
   const std::string& source_dir() const { return source_dir_; }
   const std::string& origin() const { return origin_; }
+  // The identity of what the index holds, for the job's fingerprint: a
+  // digest of what the plans are made from (its counts, the checksums of
+  // its per-sample and per-medium columns, the member extensions, each
+  // shard's name, size, checksum and samples). The build metadata (source
+  // directory, options), skip counts, bad shards and the shards'
+  // modification times do not enter it, nor where the file lies or how its
+  // path is spelled. 16 hex digits.
+  const std::string& content_id() const { return content_id_; }
 
   // The shard holding a sample (a binary search over the shard starts of
   // the sample's bucket of 1 << kShardBucketBits samples).
@@ -207,6 +215,7 @@ class Index {
   absl::Status CheckPadding(const Layout& layout) const;
   absl::Status BindSections(const Layout& layout);
   absl::Status ReadTables(const Layout& layout);
+  void SetContentId(const Layout& layout);
   absl::Status ReadShardTables(const Layout& layout);
   absl::Status Validate();
   absl::Status ValidateSample(uint32_t s, uint64_t shard_size) const;
@@ -249,6 +258,7 @@ class Index {
   std::vector<IndexSkip> skips_;
   std::vector<IndexBadShard> bad_shards_;
   std::string source_dir_;
+  std::string content_id_;
   uint64_t dataset_bytes_ = 0;
 };
 

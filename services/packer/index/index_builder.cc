@@ -462,6 +462,18 @@ void Builder::CommitRead(const ShardTask& t, ShardResult r) {
   for (auto& e : r.examples) {
     if (rep_.skipped_examples.size() < 16) rep_.skipped_examples.push_back(std::move(e));
   }
+  rep_.unknown_json_members += r.unknown_json_members;
+  rep_.unknown_json_other += r.unknown_json_other;
+  for (const auto& [field, n] : r.unknown_json_fields) {
+    auto it = rep_.unknown_json_fields.find(field);
+    if (it != rep_.unknown_json_fields.end()) {
+      it->second += n;
+    } else if (rep_.unknown_json_fields.size() < 32) {
+      rep_.unknown_json_fields.emplace(field, n);
+    } else {
+      rep_.unknown_json_other += n;
+    }
+  }
 }
 
 void Builder::LeftOut(const ShardTask& t, const absl::Status& why, uint64_t size,

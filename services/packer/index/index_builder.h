@@ -26,6 +26,8 @@
 
 namespace tutti::packer {
 
+inline constexpr uint64_t kDefaultVocabSize = 151936;
+
 // The CPUs this process may use (common/cpu_count.h), at least 2, at most 8.
 uint32_t DefaultIndexThreads();
 
@@ -77,9 +79,12 @@ struct IndexBuildOptions {
   // Largest text member read whole (bigger: skipped as "text_too_large").
   // Default 64 MiB.
   uint64_t max_text_bytes = 64ull << 20;
-  // Token ids in k.json's input_ids must lie in [0, vocab_size) (else the
-  // sample is skipped as "bad_json", named). 0 (default): [0, 2^31).
-  uint64_t vocab_size = 0;
+  // Token ids in k.json's input_ids must lie in [0, vocab_size): a sample
+  // with an id at or above it is skipped as "token_out_of_vocab", named (an
+  // id beyond the model's embedding table fails training, not indexing).
+  // Default 151,936, Qwen2-VL's vocabulary, as the job config's default
+  // image token ids are Qwen2-VL's; set it to the tokenizer's. 0: [0, 2^31).
+  uint64_t vocab_size = kDefaultVocabSize;
   // The index built last time (null: read every shard). Used when it indexed
   // the same source directory with the same options above; what it recorded
   // of a shard whose size and modification time are unchanged is taken as
@@ -120,6 +125,13 @@ struct IndexBuildReport {
   std::vector<std::string> skipped_examples;        // first few "shard:key: why" (names escaped)
   std::vector<std::string> bad_shards;              // "name: why": unreadable, truncated, corrupt,
                                                     // empty, no members, a name that is not UTF-8
+  // k.json fields tutti does not know (text_tokens.h) in the shards read
+  // this time: the k.json members that carry any, and per field name the
+  // members that carry it (the first 32 names met; the fields met under
+  // other names counted in unknown_json_other).
+  uint64_t unknown_json_members = 0;
+  std::map<std::string, uint64_t> unknown_json_fields;
+  uint64_t unknown_json_other = 0;
 };
 
 // A shard as listed: its name under the source, size and modification time.

@@ -344,7 +344,8 @@ TEST_F(IndexBuilderTest, BadInputIdsSkipTheSampleNamingIt) {
   auto bytes = BuildIndex(o, &report, nullptr);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(report.samples, 1u);
-  EXPECT_EQ(report.skipped["bad_json"], 3u);
+  EXPECT_EQ(report.skipped["bad_json"], 2u);
+  EXPECT_EQ(report.skipped["token_out_of_vocab"], 1u);
   std::string all;
   for (const auto& e : report.skipped_examples) all += e + "\n";
   EXPECT_NE(all.find("s.tar:str: str.json: \"input_ids\" is not a list"), std::string::npos) << all;
@@ -352,6 +353,35 @@ TEST_F(IndexBuilderTest, BadInputIdsSkipTheSampleNamingIt) {
   EXPECT_NE(all.find("s.tar:big: big.json: input_ids[1] is 200000, outside the vocabulary [0, 151936)"),
             std::string::npos)
       << all;
+}
+
+// Without --vocab-size the ids are checked against the default vocabulary
+// (Qwen2-VL's, as the job config's image token ids), not any int32; the
+// k.json fields tutti does not know are counted and named.
+TEST_F(IndexBuilderTest, TheVocabularyIsBoundedByDefaultAndUnknownFieldsAreCounted) {
+  TarWriter t;
+  t.Add("ok.json",
+        R"({"input_ids": [1, 151935], "url": "http://x", "lang": "en", "source": "web"})");
+  t.Add("typo.json", R"({"input_id": [1, 2], "text": "abcdefgh", "url": "http://y"})");
+  t.Add("beyond.json", R"({"input_ids": [1, 151936]})");
+  t.Add("plain.json", R"({"input_ids": [3]})");
+  Write("s.tar", t.Finish());
+  IndexBuildReport report;
+  IndexBuildOptions o;
+  o.source_dir = dir_;
+  EXPECT_EQ(o.vocab_size, 151936u);
+  auto bytes = BuildIndex(o, &report, nullptr);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(report.samples, 3u);
+  EXPECT_EQ(report.skipped["token_out_of_vocab"], 1u);
+  std::string all;
+  for (const auto& e : report.skipped_examples) all += e + "\n";
+  EXPECT_THAT(all, HasSubstr("s.tar:beyond: beyond.json: input_ids[1] is 151936, outside the "
+                             "vocabulary [0, 151936) (--vocab-size)"));
+  EXPECT_EQ(report.unknown_json_members, 2u);
+  EXPECT_EQ(report.unknown_json_fields,
+            (std::map<std::string, uint64_t>{{"input_id", 1}, {"lang", 1}, {"url", 2}}));
+  EXPECT_EQ(report.unknown_json_other, 0u);
 }
 
 TEST_F(IndexBuilderTest, OnlyBadShardsStillReportEveryReason) {

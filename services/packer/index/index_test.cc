@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
@@ -204,6 +206,51 @@ TEST(IndexTest, WriterRefusesBadSamples) {
   EXPECT_FALSE(w.AddSample("k", 1, &past, {}).ok());  // outside the shard
   MemberInput empty_img{MemberKind::kJpeg, "jpg", 0, 10, 0, 10};
   EXPECT_FALSE(w.AddSample("k", 1, nullptr, {empty_img}).ok());
+}
+
+// The content's identity does not depend on the path the file is loaded
+// from (relative, absolute, through a symlink, a copy) nor on where the
+// shards were indexed from; any change to what the index holds changes it.
+TEST(IndexTest, ContentIdFollowsTheContentNotThePath) {
+  namespace fs = std::filesystem;
+  auto build = [](const std::string& source_dir, uint32_t tokens) {
+    IndexWriter w;
+    w.SetSourceDir(source_dir);
+    w.AddMeta("builder", source_dir);
+    EXPECT_TRUE(w.AddShard("a/000.tar", 100000, 0xabcdef01).ok());
+    MemberInput json{MemberKind::kJson, "json", 512, 40};
+    EXPECT_TRUE(w.AddSample("k0", tokens, &json, {}).ok());
+    MemberInput img{MemberKind::kPng, "0.png", 2048, 900, 640, 480};
+    EXPECT_TRUE(w.AddSample("k1", 5, &json, {img}).ok());
+    return w.Finish();
+  };
+  char tmpl[] = "/tmp/tutti_index_id_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const fs::path dir = tmpl;
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return (dir / name).string();
+  };
+  const std::string absolute = write("a.idx", build("/data/set", 12));
+  const std::string copy = write("copy.idx", build("/data/set", 12));
+  const std::string elsewhere = write("elsewhere.idx", build("/mnt/other/mount", 12));
+  const std::string other = write("other.idx", build("/data/set", 13));
+  fs::create_symlink(absolute, dir / "link.idx");
+  auto id = [](const std::string& path) {
+    auto index = LoadIndex(path);
+    EXPECT_TRUE(index.ok()) << path << ": " << index.status();
+    return index.ok() ? (*index)->content_id() : std::string("error");
+  };
+  const std::string want = id(absolute);
+  EXPECT_EQ(want.size(), 16u) << want;
+  EXPECT_EQ(id(fs::relative(absolute).string()), want) << fs::relative(absolute);
+  EXPECT_EQ(id((dir / "." / "a.idx").string()), want);
+  EXPECT_EQ(id((dir / "link.idx").string()), want);
+  EXPECT_EQ(id(copy), want);
+  EXPECT_EQ(id(elsewhere), want);  // only the build metadata differs
+  EXPECT_NE(id(other), want);      // one sample's token count differs
+  EXPECT_NE(id(other), "error");
+  fs::remove_all(dir);
 }
 
 TEST(IndexTest, FileRoundTripAndMemory) {

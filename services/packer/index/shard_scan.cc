@@ -93,6 +93,7 @@ struct ShardScanner::Member {
   absl::StatusOr<AudioHeader> wav = absl::UnknownError("not probed");
   absl::Status json_read;  // reading k.json failed
   absl::StatusOr<uint32_t> json_tokens = absl::UnknownError("not probed");
+  std::vector<std::string> json_unknown;  // k.json fields tutti does not know
 };
 
 struct ShardScanner::Group {
@@ -115,7 +116,7 @@ void ShardScanner::Probe(const RandomAccessFile& f, Member* m) {
       m->json_read = bytes.status();
       return;
     }
-    m->json_tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size);
+    m->json_tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size, &m->json_unknown);
   }
 }
 
@@ -286,7 +287,24 @@ void ShardScanner::ScanSample(Group* g, const ShardChecksums& sums, ShardResult*
     if (!json->json_read.ok()) {
       return Skip(r, g->key, "read_error", std::string(json->json_read.message()));
     }
+    if (!json->json_unknown.empty()) {
+      ++r->unknown_json_members;
+      for (const std::string& field : json->json_unknown) {
+        auto it = r->unknown_json_fields.find(field);
+        if (it != r->unknown_json_fields.end()) {
+          ++it->second;
+        } else if (r->unknown_json_fields.size() < 32) {
+          r->unknown_json_fields.emplace(field, 1);
+        } else {
+          ++r->unknown_json_other;
+        }
+      }
+    }
     const auto& tokens = json->json_tokens;
+    if (tokens.status().code() == absl::StatusCode::kOutOfRange) {
+      return Skip(r, g->key, "token_out_of_vocab",
+                  absl::StrCat(g->key, ".json: ", tokens.status().message(), " (--vocab-size)"));
+    }
     if (tokens.ok()) {
       s.text_tokens = *tokens;
       have_tokens = true;

@@ -39,6 +39,10 @@ struct ShardResult {
   std::map<std::string, uint64_t> skipped_members;
   std::vector<std::string> examples;
   uint64_t ignored = 0;
+  // k.json fields tutti does not know: members carrying any, and per name.
+  uint64_t unknown_json_members = 0;
+  std::map<std::string, uint64_t> unknown_json_fields;  // at most 32 names
+  uint64_t unknown_json_other = 0;
 };
 
 // CRC-32C of a file and of byte ranges of it (members), from the file's

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -135,9 +136,10 @@ class JsonReader {
   }
 
   // Reads an array of token ids, each an integer literal in [0, limit).
-  // False with *why set (and the JSON still readable) for a bad id; false
-  // with error() set for broken JSON.
-  bool TokenIds(uint64_t limit, uint64_t* count, std::string* why) {
+  // False with *why set (and the JSON still readable) for a bad id, and
+  // *beyond for an integer at or above the limit; false with error() set
+  // for broken JSON.
+  bool TokenIds(uint64_t limit, uint64_t* count, std::string* why, bool* beyond) {
     if (!Consume('[')) return false;
     *count = 0;
     if (Peek(']')) return Consume(']');
@@ -159,6 +161,7 @@ class JsonReader {
         i_ = start;
         if (!Skip(1)) return false;
         const std::string value(s_.substr(start, std::min<size_t>(i_ - start, 40)));
+        *beyond = integer && !negative;
         *why = !integer ? absl::StrCat("input_ids[", *count, "] is ", value,
                                        ", not an integer token id")
                         : absl::StrCat("input_ids[", *count, "] is ", value,
@@ -181,6 +184,17 @@ class JsonReader {
   std::string error_;
 };
 
+// The fields of a sample's k.json that tutti knows: the token counts read
+// here and the rest of the sample schema (trained spans, schema version,
+// source, meta) that tutti convert writes.
+bool IsSampleField(absl::string_view key) {
+  for (absl::string_view known :
+       {"input_ids", "num_tokens", "token_count", "text", "trained", "schema", "source", "meta"}) {
+    if (key == known) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token) {
@@ -190,7 +204,8 @@ uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token) {
 }
 
 absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token,
-                                        uint64_t vocab_size) {
+                                        uint64_t vocab_size,
+                                        std::vector<std::string>* unknown_fields) {
   const uint64_t limit = vocab_size == 0 ? uint64_t{INT32_MAX} + 1 : vocab_size;
   JsonReader r(json);
   if (!r.Consume('{')) return absl::DataLossError("not a JSON object");
@@ -207,8 +222,9 @@ absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per
               "\"input_ids\" is not a list of token ids (pre-tokenise the dataset)");
         }
         std::string why;
-        if (!r.TokenIds(limit, &ids, &why)) {
-          if (!why.empty()) return absl::DataLossError(why);
+        bool beyond = false;
+        if (!r.TokenIds(limit, &ids, &why, &beyond)) {
+          if (!why.empty()) return beyond ? absl::OutOfRangeError(why) : absl::DataLossError(why);
           break;
         }
         have_ids = true;
@@ -222,8 +238,11 @@ absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per
       } else if (key == "text" && r.Peek('"')) {
         if (!r.String(nullptr, &text_bytes)) break;
         have_text = true;
-      } else if (!r.Skip()) {
-        break;
+      } else {
+        if (unknown_fields != nullptr && !IsSampleField(key) && unknown_fields->size() < 16) {
+          unknown_fields->push_back(key.substr(0, 64));
+        }
+        if (!r.Skip()) break;
       }
     } while (r.Peek(',') && r.Consume(','));
   }

@@ -13,6 +13,8 @@
 #define TUTTI_SERVICES_PACKER_INDEX_TEXT_TOKENS_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -24,11 +26,16 @@ inline constexpr double kDefaultBytesPerToken = 4.0;
 uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token);
 
 // Parses a JSON document (the whole k.json member). DATA_LOSS when it is not
-// valid JSON or not an object, or when "input_ids" is not a list of integer
-// token ids in [0, vocab_size) (0: [0, 2^31), what an int32 batch holds),
-// naming the first bad element; NOT_FOUND when it has none of the fields above.
+// valid JSON or not an object, or when "input_ids" is not a list of
+// non-negative integers, naming the first bad element; OUT_OF_RANGE naming
+// it when one is at or above vocab_size (0: 2^31, what an int32 batch
+// holds); NOT_FOUND when it has none of the fields above. `unknown_fields`
+// (may be null) receives the top-level fields that are neither those above
+// nor the rest of tutti's sample schema ("trained", "schema", "source",
+// "meta"), at most 16, each cut to 64 bytes: what tutti does not know.
 absl::StatusOr<uint32_t> JsonTokenCount(absl::string_view json, double bytes_per_token,
-                                        uint64_t vocab_size = 0);
+                                        uint64_t vocab_size = 0,
+                                        std::vector<std::string>* unknown_fields = nullptr);
 
 }  // namespace tutti::packer
 
