@@ -300,6 +300,22 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
 std::string JobFingerprint(const v1::JobConfig& config, absl::string_view index_id) {
   v1::JobConfig identity = config;
   identity.clear_index_path();
+  // A mixture source's index file by the order it first appears in: which
+  // file each source draws from counts, not how its path is spelled (the
+  // index's content identity covers the files' samples). A config without a
+  // mixture is left as it is (mutable_mixture() would add an empty one).
+  if (identity.has_mixture()) {
+    std::vector<std::string> files;
+    for (v1::MixtureSource& s : *identity.mutable_mixture()->mutable_sources()) {
+      if (s.index_path().empty() || s.index_path() == config.index_path()) {
+        s.clear_index_path();
+        continue;
+      }
+      auto at = std::find(files.begin(), files.end(), s.index_path());
+      if (at == files.end()) at = files.insert(files.end(), s.index_path());
+      s.set_index_path(absl::StrCat("file ", at - files.begin() + 1));
+    }
+  }
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/job_limits.h"
 
 namespace tutti {
 namespace {
@@ -88,6 +89,11 @@ absl::Status ValidateMixtureConfig(const v1::JobConfig& c) {
                                                      s.max_samples_per_epoch(),
                                                      " is above 2^32; use 0 for "
                                                      "every sample"));
+    }
+    if (s.max_pixels() > kMaxPixels) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".max_pixels ", s.max_pixels(), " is outside its range 0..", kMaxPixels,
+                       " (0: no ceiling below the curriculum's max_pixels)"));
     }
     if (s.max_pixels() != 0 &&
         (s.max_pixels() < v.min_pixels() || s.max_pixels() < factor * factor)) {

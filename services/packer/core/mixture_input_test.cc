@@ -133,6 +133,8 @@ TEST(MixtureInputTest, NamesAndSettings) {
                  "fix its shard_prefixes"});
   ExpectRefused(Mixture3("weight: 3 max_pixels: 1000"),
                 {"mixture.sources[0].max_pixels 1000 is below vision.min_pixels"});
+  ExpectRefused(Mixture3("weight: 3 max_pixels: 100000000000"),
+                {"mixture.sources[0].max_pixels 100000000000 is outside its range 0..67108864"});
   ExpectRefused(Mixture3("weight: 3 long_documents: 'fold'"),
                 {"mixture.sources[0].long_documents 'fold' is unknown"});
   ExpectRefused("mixture { }", {"mixture has no sources"});
