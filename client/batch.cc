@@ -35,6 +35,8 @@ const std::vector<KnownArray>& KnownArrays() {
       {"seq_offsets", {v1::DTYPE_INT32}, 1},
       {"micro_batch_offsets", {v1::DTYPE_INT32}, 1},
       {"doc_sample_ids", {v1::DTYPE_INT64}, 1},
+      {"loss_mask", {v1::DTYPE_UINT8}, 1},
+      {"doc_image_starts", {v1::DTYPE_INT32}, 1},
       {"audio_values", {v1::DTYPE_FLOAT32}, 1},
       {"audio_lengths", {v1::DTYPE_INT32}, 1},
   };

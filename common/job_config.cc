@@ -5,6 +5,8 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
+#include "common/model_shape.h"
 #include "common/job_limits.h"
 #include "common/mixture_config.h"
 #include "common/status.h"
@@ -135,13 +138,25 @@ void ApplyJobDefaults(v1::JobConfig* c) {
   }
 
   auto* cm = c->mutable_cost();
-  if (cm->vit_linear() == 0) cm->set_vit_linear(1.0);
-  if (cm->p_ref() == 0) cm->set_p_ref(4096);
-  if (cm->vit_quadratic() == 0) cm->set_vit_quadratic(1.0 / cm->p_ref());
-  if (cm->llm_linear() == 0) cm->set_llm_linear(1.0);
-  if (cm->llm_quadratic() == 0) cm->set_llm_quadratic(1.0 / 8192.0);
-  if (cm->audio_linear() == 0) cm->set_audio_linear(1.0);
-  if (cm->audio_quadratic() == 0) cm->set_audio_quadratic(1.0 / 1500.0);
+  // The constants not given: from the named model's shape where it names a
+  // known one (validation names an unknown one), else the seed's defaults.
+  std::optional<CostModelOptions> shaped;
+  if (!cm->model().empty()) {
+    if (auto shape = ModelPreset(cm->model()); shape.ok()) shaped = ShapeCostOptions(*shape);
+  }
+  const CostModelOptions base = shaped.value_or(CostModelOptions());
+  if (cm->vit_linear() == 0) cm->set_vit_linear(base.vit_linear);
+  if (!shaped) {
+    if (cm->p_ref() == 0) cm->set_p_ref(4096);
+    if (cm->vit_quadratic() == 0) cm->set_vit_quadratic(1.0 / cm->p_ref());
+  } else if (cm->vit_quadratic() == 0) {
+    cm->set_vit_quadratic(cm->p_ref() > 0 ? cm->vit_linear() / cm->p_ref() : base.vit_quadratic);
+  }
+  if (cm->p_ref() == 0) cm->set_p_ref(cm->vit_linear() / cm->vit_quadratic());
+  if (cm->llm_linear() == 0) cm->set_llm_linear(base.llm_linear);
+  if (cm->llm_quadratic() == 0) cm->set_llm_quadratic(base.llm_quadratic);
+  if (cm->audio_linear() == 0) cm->set_audio_linear(base.audio_linear);
+  if (cm->audio_quadratic() == 0) cm->set_audio_quadratic(base.audio_quadratic);
 
   auto* b = c->mutable_batch();
   if (b->grad_accum() == 0) b->set_grad_accum(2);
@@ -210,18 +225,72 @@ absl::StatusOr<MicroBatchSplit> SplitMicroBatches(const v1::BatchConfig& batch) 
       ". For 4:1 use e.g. grad_accum 2, text_micro_batch 4, vl_micro_batch 1"));
 }
 
+absl::Status ValidateCostConfig(const v1::JobConfig& c) {
+  const v1::CostModel& cm = c.cost();
+  const struct {
+    const char* name;
+    double value;
+  } constants[] = {{"vit_linear", cm.vit_linear()},
+                   {"vit_quadratic", cm.vit_quadratic()},
+                   {"llm_linear", cm.llm_linear()},
+                   {"llm_quadratic", cm.llm_quadratic()},
+                   {"audio_linear", cm.audio_linear()},
+                   {"audio_quadratic", cm.audio_quadratic()},
+                   {"p_ref", cm.p_ref()}};
+  for (const auto& [name, value] : constants) {
+    if (!std::isfinite(value) || value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cost.", name, " is ", value, "; cost constants are finite and not negative"));
+    }
+  }
+  if (!cm.model().empty()) {
+    auto shape = ModelPreset(cm.model());
+    if (!shape.ok()) return Annotate(shape.status(), "cost.model");
+    const v1::VisionConfig& v = c.vision();
+    if (shape->vision.patch_size != v.patch_size() || shape->vision.merge_size != v.merge_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cost.model '", cm.model(), "' has patch size ", shape->vision.patch_size,
+          " and merge size ", shape->vision.merge_size, " but vision.patch_size is ",
+          v.patch_size(), " and vision.merge_size ", v.merge_size(),
+          ": the costs count that model's patches; set vision.patch_size: ",
+          shape->vision.patch_size, " and vision.merge_size: ", shape->vision.merge_size));
+    }
+  }
+  const v1::CostFitConfig& f = cm.online_fit();
+  if (f.interval_steps() > 1000000 || f.lead_steps() > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat("cost.online_fit.interval_steps ",
+                                                   f.interval_steps(), " or lead_steps ",
+                                                   f.lead_steps(), " is above 1000000 steps"));
+  }
+  if (f.window_reports() > 0 && f.window_reports() < f.min_reports()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cost.online_fit.window_reports ", f.window_reports(), " is below min_reports ",
+        f.min_reports(), ": a fit would never have the reports it needs"));
+  }
+  if (f.window_reports() > (1u << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cost.online_fit.window_reports ", f.window_reports(), " is above 16777216"));
+  }
+  if (!std::isfinite(f.min_change()) || f.min_change() < 0 || f.min_change() >= 1) {
+    return absl::InvalidArgumentError(absl::StrCat("cost.online_fit.min_change ", f.min_change(),
+                                                   " must be in [0, 1) (0: the default, 0.02)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (c.world_size() == 0) {
-    return absl::InvalidArgumentError("world_size is 0; it must be at least 1 (the number of ranks)");
+    return absl::InvalidArgumentError(
+        "world_size is 0; it must be at least 1 (the number of ranks)");
   }
   if (c.ranks_per_node() == 0) {
     return absl::InvalidArgumentError(
         "ranks_per_node is 0; it must be at least 1 (the ranks on each node)");
   }
   if (c.world_size() % c.ranks_per_node() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size ", c.world_size(), " is not a multiple of ranks_per_node ", c.ranks_per_node(),
-        "; every node runs the same number of ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", c.world_size(), " is not a multiple of ranks_per_node ",
+                     c.ranks_per_node(), "; every node runs the same number of ranks"));
   }
   RETURN_IF_ERROR(CheckJobLimits(c));
   const auto& v = c.vision();
@@ -289,6 +358,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "packing.strategy '", st, "' is unknown; choose one of: ", absl::StrJoin(names, ", ")));
   }
+  RETURN_IF_ERROR(ValidateCostConfig(c));
   const std::string& re = c.post_balancing().rearrangement();
   if (re != "fast" && re != "ilp") {
     return absl::InvalidArgumentError(

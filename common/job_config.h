@@ -37,6 +37,10 @@ inline uint32_t MaxImagesPerSample(const v1::VisionConfig& v) {
 
 // Checks what can be checked without the index; messages name field and fix.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);
+// The cost block alone (part of ValidateJobConfig): finite, non-negative
+// constants, a known cost.model whose patch and merge sizes are vision's,
+// online_fit's ranges.
+absl::Status ValidateCostConfig(const v1::JobConfig& config);
 
 // A stable hex digest of what determines a job's plans: the config
 // (deterministic serialization) less index_path (a mixture source's index

@@ -3,6 +3,7 @@
 #include <webp/decode.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace tutti {
@@ -136,43 +137,66 @@ absl::string_view ImageKindName(ImageKind kind) {
   }
 }
 
-absl::StatusOr<AudioHeader> ReadWavHeader(absl::string_view bytes) {
+absl::StatusOr<AudioHeader> ReadWavHeader(absl::string_view bytes, uint64_t member_size) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const size_t n = bytes.size();
+  if (member_size == 0) member_size = n;
   if (n < 12 || bytes.substr(0, 4) != "RIFF" || bytes.substr(8, 4) != "WAVE") {
     return absl::DataLossError("not a RIFF/WAVE file");
   }
   AudioHeader h;
   bool have_fmt = false;
   uint32_t block_align = 0;
-  size_t i = 12;
+  uint64_t i = 12;
   while (i + 8 <= n) {
     absl::string_view id = bytes.substr(i, 4);
     const uint32_t len = Le32(p + i + 4);
-    const size_t body = i + 8;
+    const uint64_t body = i + 8;
+    if (body + len > member_size) {
+      return absl::DataLossError(absl::StrCat("WAV chunk '", absl::CHexEscape(id), "' of ", len,
+                                              " bytes runs past the end of the ", member_size,
+                                              "-byte file (truncated)"));
+    }
     if (id == "fmt ") {
       if (len < 16 || body + 16 > n) return absl::DataLossError("WAV fmt chunk truncated");
-      const uint32_t format = Le16(p + body);
-      if (format != 1 && format != 3 && format != 0xFFFE) {
-        return absl::DataLossError(absl::StrCat("WAV format ", format, " is not PCM or float"));
+      uint32_t format = Le16(p + body);
+      if (format == 0xFFFE) {  // WAVE_FORMAT_EXTENSIBLE: the sub-format's first two bytes
+        if (len < 26 || body + 26 > n) {
+          return absl::DataLossError("WAV extensible fmt chunk truncated");
+        }
+        format = Le16(p + body + 24);
       }
       h.channels = static_cast<uint16_t>(Le16(p + body + 2));
       h.sample_rate = Le32(p + body + 4);
       block_align = Le16(p + body + 12);
       h.bits_per_sample = static_cast<uint16_t>(Le16(p + body + 14));
+      const uint32_t bits = h.bits_per_sample;
+      if (!((format == 1 && (bits == 8 || bits == 16 || bits == 24 || bits == 32)) ||
+            (format == 3 && bits == 32))) {
+        return absl::DataLossError(absl::StrCat(
+            "WAV format ", format, " with ", bits,
+            " bits per sample is not supported (integer PCM of 8/16/24/32 bits or 32-bit float)"));
+      }
+      if (h.channels == 0 || block_align != uint32_t{h.channels} * (bits / 8)) {
+        return absl::DataLossError(absl::StrCat("WAV fmt chunk declares ", h.channels,
+                                                " channels of ", bits, " bits in blocks of ",
+                                                block_align, " bytes"));
+      }
+      h.format = static_cast<uint16_t>(format);
       have_fmt = true;
     } else if (id == "data") {
       if (!have_fmt) return absl::DataLossError("WAV data chunk before fmt chunk");
-      if (block_align == 0 || h.sample_rate == 0) {
-        return absl::DataLossError("WAV fmt chunk declares zero rate or block size");
-      }
+      if (h.sample_rate == 0) return absl::DataLossError("WAV fmt chunk declares a zero rate");
       h.frames = len / block_align;
       h.duration_ms = static_cast<uint32_t>(h.frames * 1000 / h.sample_rate);
+      h.data_offset = body;
+      h.data_size = len;
       return h;
     }
     i = body + len + (len & 1);
   }
-  return absl::DataLossError("WAV file has no data chunk");
+  return absl::DataLossError(i + 8 <= member_size ? "WAV data chunk not within the bytes read"
+                                                  : "WAV file has no data chunk");
 }
 
 }  // namespace tutti

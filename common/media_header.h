@@ -38,12 +38,21 @@ struct AudioHeader {
   uint32_t sample_rate = 0;
   uint16_t channels = 0;
   uint16_t bits_per_sample = 0;
+  uint16_t format = 0;  // 1: integer PCM, 3: IEEE float (WAVE_FORMAT_EXTENSIBLE resolved)
   uint64_t frames = 0;  // samples per channel
   uint32_t duration_ms = 0;
+  uint64_t data_offset = 0;  // the data chunk's samples, in the member
+  uint64_t data_size = 0;
 };
 
-// Reads a RIFF/WAVE header (PCM or IEEE float). DATA_LOSS when malformed.
-absl::StatusOr<AudioHeader> ReadWavHeader(absl::string_view bytes);
+// Reads a RIFF/WAVE header: the one WAV parser, for the index and the
+// stager's decoder alike. `bytes` is the member or its first bytes;
+// `member_size` its whole size (0: bytes.size()). Accepts exactly what the
+// decoder decodes: integer PCM of 8, 16, 24 or 32 bits and 32-bit float, with
+// a block size of channels x bytes per sample, and a data chunk that lies
+// within the member. DATA_LOSS naming what is wrong otherwise (also when the
+// data chunk's header is past `bytes`: read more).
+absl::StatusOr<AudioHeader> ReadWavHeader(absl::string_view bytes, uint64_t member_size = 0);
 
 }  // namespace tutti
 

@@ -550,7 +550,9 @@ TEST_F(PackerDaemonTest, BenchmarkPlansAreThePlansTheDaemonServes) {
       }
       EXPECT_EQ(streamed, hashes) << config;
     }
-    EXPECT_EQ(cells, 2) << post;
+    // With --post-balancing only tutti's cell plans as a job does (greedy
+    // does not run there; the peers' re-deals are the benchmark's own).
+    EXPECT_EQ(cells, *post == '\0' ? 2 : 1) << post;
   }
 }
 

@@ -57,8 +57,8 @@ int RunBenchExchange(int argc, char** argv) {
   cli.Flag("padded", &o.padded,
            "padded LLM cost: a micro-batch costs as if every sequence were its longest");
   cli.Flag("tolerance", &o.balance_tolerance,
-           "balance tolerance: rank cost <= (1+t) x lower bound, or (1+t) x the balancer's "
-           "makespan when that is out of reach");
+           "post_balancing.balance_tolerance: rank cost <= (1+t) x lower bound, or (1+t) x the "
+           "balancer's makespan when that is out of reach; negative: the job's default");
   cli.Flag("hidden-size", &o.hidden_size,
            "LLM hidden size of the embedding bytes (bf16); 0 = 4096. Scales the exchange sizes");
   cli.Flag("pre-strategy", &o.pre_strategy,

@@ -53,11 +53,14 @@ struct StepQuality {
   double vit_drawn = 0, llm_drawn = 0;
   // Max over the partition bound (partition_bound.h) of each phase.
   double vit_pb = 0, llm_pb = 0;
+  // Bytes between nodes: the forward exchange's and the load exchange's.
+  double inter_node_bytes = 0, remote_load_bytes = 0;
 };
 
 struct Cell {
   std::string strategy;
-  uint32_t bins = 0;  // open bins (seed strategies)
+  uint32_t bins = 0;      // open bins (seed strategies)
+  double tolerance = -1;  // post_balancing.balance_tolerance of tutti's cells; < 0: default
   uint32_t ranks = 0;
   uint64_t max_pixels = 0;
   uint32_t seq_len = 0;
@@ -114,6 +117,8 @@ StepQuality Measure(const packer::StepPlanData& d, bool partition_bound, bool pe
   q.llm_lb = d.llm.lower_bound > 0 ? d.llm.max / d.llm.lower_bound : 1;
   q.vit_drawn = d.vit.imbalance_before;
   q.llm_drawn = d.llm.imbalance_before;
+  q.inter_node_bytes = static_cast<double>(d.inter_node_bytes);
+  q.remote_load_bytes = static_cast<double>(d.remote_load_bytes);
   if (partition_bound) {
     q.vit_pb = OverPartitionBound(d, true, per_image);
     q.llm_pb = OverPartitionBound(d, false, per_image);
@@ -158,11 +163,13 @@ void AverageOverCommonSteps(std::vector<Cell>::iterator begin, std::vector<Cell>
       m.tokens += q.tokens, m.img_std += q.img_std, m.img_mean += q.img_mean;
       m.vit_drawn += q.vit_drawn, m.llm_drawn += q.llm_drawn;
       m.vit_pb += q.vit_pb, m.llm_pb += q.llm_pb;
+      m.inter_node_bytes += q.inter_node_bytes, m.remote_load_bytes += q.remote_load_bytes;
       ++n;
     }
     if (n > 0) {
-      for (double* v : {&m.vit, &m.vit_lb, &m.llm, &m.llm_lb, &m.tokens, &m.img_std, &m.img_mean,
-                        &m.vit_drawn, &m.llm_drawn, &m.vit_pb, &m.llm_pb}) {
+      for (double* v :
+           {&m.vit, &m.vit_lb, &m.llm, &m.llm_lb, &m.tokens, &m.img_std, &m.img_mean, &m.vit_drawn,
+            &m.llm_drawn, &m.vit_pb, &m.llm_pb, &m.inter_node_bytes, &m.remote_load_bytes}) {
         *v /= n;
       }
     }
@@ -200,7 +207,13 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
     c->error = "the benchmark's mixture does not parse";
     return;
   }
-  auto job = packer::Job::Create(config, index);
+  if (c->tolerance >= 0) config.mutable_post_balancing()->set_balance_tolerance(c->tolerance);
+  // With post-balancing a peer re-deals each phase with its own balancer
+  // (not job configuration: no hashes are written for it).
+  packer::JobOptions options;
+  const bool peer = post && c->strategy != "tutti";
+  if (peer) options.post_balancing_peer = c->strategy;
+  auto job = packer::Job::Create(config, index, options);
   if (!job.ok()) {
     c->error = std::string(job.status().message());
     return;
@@ -229,15 +242,15 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
     }
     c->plan_ms.push_back(ms);
     c->per_step.back() = Measure(d, partition_bound, post);
-    if (s < build_steps || !hash_dir.empty()) {
+    if (s < build_steps || (!hash_dir.empty() && !peer)) {
       const double t1 = ThreadCpuMs();
       (void)packer::BuildStepPlan(**job, d, {}, &plan);
       if (s < build_steps) c->build_ms.push_back(ThreadCpuMs() - t1);
-      if (!hash_dir.empty())
+      if (!hash_dir.empty() && !peer)
         absl::StrAppend(&hashes, "step ", s, " ", packer::PlanHash(&plan), "\n");
     }
   }
-  if (!hash_dir.empty()) {
+  if (!hash_dir.empty() && !peer) {
     std::string text;
     google::protobuf::TextFormat::PrintToString((*job)->config(), &text);
     const std::string base = absl::StrCat(hash_dir, "/", CellName(*c));
@@ -251,18 +264,82 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
 }
 
 std::string Label(const Cell& c) {
-  const std::string name = c.strategy == "seed-v1" || c.strategy == "seed-v2"
-                               ? absl::StrCat(c.strategy, " N=", c.bins)
-                               : c.strategy;
+  std::string name = c.strategy == "seed-v1" || c.strategy == "seed-v2"
+                         ? absl::StrCat(c.strategy, " N=", c.bins)
+                         : c.strategy;
+  if (c.tolerance >= 0) name = absl::StrCat(c.strategy, " t=", c.tolerance);
   return c.sources > 0 ? absl::StrCat(name, " ", c.sources, "src") : name;
 }
 
-// `bounds`: with the columns over the partition bound (--partition-bound).
-void PrintTable(const std::vector<Cell>& cells, bool bounds) {
+// Allowed excess of tutti over a peer, relative to the bound: tutti's local
+// searches stop within 0.01% of the lower bound.
+constexpr double kPeerSlack = 1e-4;
+
+// With post-balancing, each tutti row of one (world size, stage) group
+// against the peers of the group step by step: the steps in which its
+// slowest rank is slower than the best peer's (over the bound, beyond
+// kPeerSlack) in each phase, and its inter-node bytes against the fewest of
+// any peer whose balance it matches.
+void PrintPeerComparison(std::vector<Cell>::const_iterator begin,
+                         std::vector<Cell>::const_iterator end) {
+  for (auto t = begin; t != end; ++t) {
+    if (t->strategy != "tutti") continue;
+    uint32_t steps = 0, behind[2] = {0, 0};
+    std::string worst[2];  // the step where tutti trails the most, per phase
+    double worst_by[2] = {0, 0};
+    for (size_t s = 0; s < t->per_step.size(); ++s) {
+      if (!t->per_step[s]) continue;
+      double best[2] = {1e300, 1e300};
+      std::string who[2];
+      for (auto p = begin; p != end; ++p) {
+        if (p->strategy == "tutti" || p->strategy == "sequential") continue;
+        if (s >= p->per_step.size() || !p->per_step[s]) continue;
+        const double f[2] = {p->per_step[s]->vit_lb, p->per_step[s]->llm_lb};
+        for (int k = 0; k < 2; ++k) {
+          if (f[k] < best[k]) best[k] = f[k], who[k] = p->strategy;
+        }
+      }
+      if (best[0] == 1e300) continue;
+      ++steps;
+      const double own[2] = {t->per_step[s]->vit_lb, t->per_step[s]->llm_lb};
+      for (int k = 0; k < 2; ++k) {
+        const double by = own[k] - best[k];
+        if (by <= kPeerSlack) continue;
+        ++behind[k];
+        if (by > worst_by[k]) {
+          worst_by[k] = by;
+          worst[k] =
+              absl::StrFormat(" (step %zu: %.5f against %s's %.5f)", s, own[k], who[k], best[k]);
+        }
+      }
+    }
+    if (steps == 0) continue;
+    double fewest = -1;
+    for (auto p = begin; p != end; ++p) {
+      if (p->strategy == "tutti" || p->strategy == "sequential" || p->steps == 0) continue;
+      const double b = p->mean.inter_node_bytes + p->mean.remote_load_bytes;
+      if (fewest < 0 || b < fewest) fewest = b;
+    }
+    const double own = t->mean.inter_node_bytes + t->mean.remote_load_bytes;
+    std::printf(
+        "  %s against the best peer of each step: ViT behind in %u of %u steps%s, LLM in %u%s; "
+        "inter-node bytes %.3gx the fewest of a peer's\n",
+        Label(*t).c_str(), behind[0], steps, worst[0].c_str(), behind[1], worst[1].c_str(),
+        fewest > 0 ? own / fewest : 0.0);
+  }
+}
+
+// `bounds`: with the columns over the partition bound (--partition-bound);
+// `post`: with the bytes between nodes and the comparison with the peers.
+void PrintTable(const std::vector<Cell>& cells, bool bounds, bool post) {
   uint32_t last_ranks = 0;
   uint64_t last_px = 0;
-  for (const Cell& c : cells) {
+  size_t group = 0;
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const Cell& c = cells[i];
     if (c.ranks != last_ranks || c.max_pixels != last_px) {
+      if (post && i > 0) PrintPeerComparison(cells.begin() + group, cells.begin() + i);
+      group = i;
       last_ranks = c.ranks;
       last_px = c.max_pixels;
       std::printf(
@@ -274,6 +351,7 @@ void PrintTable(const std::vector<Cell>& cells, bool bounds) {
       std::printf("  %-12s %8s %8s %8s %8s %8s %8s %8s ", "strategy", "plan_ms", "p99_ms",
                   "build_ms", "vit", "vit/lb", "llm", "llm/lb");
       if (bounds) std::printf("%8s %8s ", "vit/pb", "llm/pb");
+      if (post) std::printf("%10s ", "xnode_MB");
       std::printf("%8s %9s %8s %6s\n", "tokens", "img_std", "vit_drw", "failed");
     }
     if (c.plan_ms.empty()) {
@@ -284,9 +362,11 @@ void PrintTable(const std::vector<Cell>& cells, bool bounds) {
                 Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99), Quantile(c.build_ms, 0.5),
                 c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb);
     if (bounds) std::printf("%8.3f %8.3f ", c.mean.vit_pb, c.mean.llm_pb);
+    if (post) std::printf("%10.1f ", (c.mean.inter_node_bytes + c.mean.remote_load_bytes) / 1e6);
     std::printf("%8.3f %9.0f %8.3f %6u\n", c.mean.tokens, c.mean.img_std, c.mean.vit_drawn,
                 c.failed);
   }
+  if (post && !cells.empty()) PrintPeerComparison(cells.begin() + group, cells.end());
 }
 
 std::string JsonEscape(const std::string& in) {
@@ -310,13 +390,15 @@ void PrintJson(const std::vector<Cell>& cells, bool bounds) {
         "\"build_ms_median\": %.3f, \"vit_imbalance\": %.5f, \"vit_imbalance_vs_lb\": %.5f, "
         "\"llm_imbalance\": %.5f, \"llm_imbalance_vs_lb\": %.5f, \"llm_tokens_imbalance\": %.5f, "
         "\"image_tokens_std\": %.2f, \"image_tokens_mean\": %.2f, \"vit_imbalance_drawn\": %.5f, "
-        "\"llm_imbalance_drawn\": %.5f, \"sources\": %u, \"resume_plan_ms\": %.2f%s%s%s%s}%s\n",
+        "\"llm_imbalance_drawn\": %.5f, \"inter_node_bytes\": %.0f, \"remote_load_bytes\": "
+        "%.0f, \"sources\": %u, \"resume_plan_ms\": %.2f%s%s%s%s%s}%s\n",
         c.strategy.c_str(), c.bins, c.ranks, static_cast<unsigned long long>(c.max_pixels),
         c.seq_len, c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples,
         c.steps, c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
         Quantile(c.build_ms, 0.5), c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb,
         c.mean.tokens, c.mean.img_std, c.mean.img_mean, c.mean.vit_drawn, c.mean.llm_drawn,
-        c.sources, c.resume_ms,
+        c.mean.inter_node_bytes, c.mean.remote_load_bytes, c.sources, c.resume_ms,
+        c.tolerance >= 0 ? absl::StrFormat(", \"balance_tolerance\": %g", c.tolerance).c_str() : "",
         bounds ? absl::StrFormat(", \"vit_imbalance_vs_partition_bound\": %.5f, "
                                  "\"llm_imbalance_vs_partition_bound\": %.5f",
                                  c.mean.vit_pb, c.mean.llm_pb)
@@ -470,7 +552,7 @@ int RunBenchPacker(int argc, char** argv) {
   uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0, resume_step = 0;
   uint32_t sources = 0;
   bool json = false, post = false, seed_stream = false, partition_bound = false;
-  std::string tmp_dir = "/tmp", hash_dir, index_path, seq_lens_text;
+  std::string tmp_dir = "/tmp", hash_dir, index_path, seq_lens_text, tolerances_text;
   packer::SeedWorkloadOptions wo;
   Cli cli("tutti bench packer [options]",
           "Runs every packing strategy on the seed's workload (seq_len 32,768; 4 sequences per\n"
@@ -499,8 +581,15 @@ int RunBenchPacker(int argc, char** argv) {
            "comma-separated subset (greedy,seed-v1,seed-v2,tutti,lpt,kk,multipack,sequential); "
            "empty: all");
   cli.Flag("post-balancing", &post,
-           "plan with batch post-balancing (the strategy is then not used; see tutti bench "
-           "exchange)");
+           "plan with batch post-balancing: tutti's node-aware re-deal, and each peer (lpt, kk, "
+           "multipack, sequential) re-dealing each phase with its own balancer, node-oblivious; "
+           "adds the bytes between nodes per step (xnode_MB: forward and load exchange) and, per "
+           "world size and stage, the steps in which tutti is behind the best peer on each phase "
+           "(greedy and the seed strategies do not run; see also tutti bench exchange)");
+  cli.Flag("tolerances", &tolerances_text,
+           "with --post-balancing: comma-separated post_balancing.balance_tolerance values, each "
+           "a tutti row (\"tutti t=...\") beside the default one: balance against inter-node "
+           "bytes");
   cli.Flag("partition-bound", &partition_bound,
            "also report each phase's slowest rank over the partition bound, the largest "
            "makespan bin-packing bounds prove impossible for the step's items "
@@ -583,6 +672,28 @@ int RunBenchPacker(int argc, char** argv) {
   for (const char* name : {"tutti", "lpt", "kk", "multipack", "sequential"}) {
     if (wanted(name)) strategies.push_back({name, 0});
   }
+  std::vector<double> tolerances;
+  for (absl::string_view p : absl::StrSplit(tolerances_text, ',', absl::SkipEmpty())) {
+    double v = 0;
+    if (!absl::SimpleAtod(p, &v) || !(v >= 0)) {
+      std::fprintf(stderr, "tutti bench packer: --tolerances '%s' is not a list like 0,0.001\n",
+                   tolerances_text.c_str());
+      return 2;
+    }
+    tolerances.push_back(v);
+  }
+  if (post) {
+    // A post-balancing re-deal is tutti's or a peer's; the seed strategies
+    // pack bins in order and have no re-deal.
+    std::vector<Strategy> kept;
+    for (const Strategy& s : strategies) {
+      if (s.name != "greedy" && s.name != "seed-v1" && s.name != "seed-v2") kept.push_back(s);
+    }
+    strategies = std::move(kept);
+  } else if (!tolerances.empty()) {
+    std::fprintf(stderr, "tutti bench packer: --tolerances needs --post-balancing\n");
+    return 2;
+  }
 
   const uint32_t max_w = *std::max_element(ranks.begin(), ranks.end());
   if (samples == 0) {
@@ -657,12 +768,20 @@ int RunBenchPacker(int argc, char** argv) {
         return 1;
       }
       const size_t group = cells.size();
+      std::vector<std::pair<Strategy, double>> runs;
       for (const Strategy& s : strategies) {
+        runs.push_back({s, -1});
+        if (s.name == "tutti") {
+          for (double t : tolerances) runs.push_back({s, t});
+        }
+      }
+      for (const auto& [s, tolerance] : runs) {
         for (const bool mixed : {false, true}) {
           if (mixed && sources == 0) continue;
           Cell c;
           c.strategy = s.name;
           c.bins = s.bins;
+          c.tolerance = tolerance;
           c.ranks = w;
           c.max_pixels = px;
           c.seq_len = so.seq_len;
@@ -697,7 +816,7 @@ int RunBenchPacker(int argc, char** argv) {
         "tokens = LLM-token max/mean;\n  img_std = std-dev of "
         "image tokens per VL pack; vit_drw = ViT max/mean of the drawn split;\n  averaged over "
         "the steps every strategy planned; failed = steps this strategy could not plan\n");
-    PrintTable(cells, partition_bound);
+    PrintTable(cells, partition_bound, post);
     if (resume_step > 0) {
       std::printf("\na fresh planner's first plan of step %llu (a job resumed there), CPU ms:\n",
                   static_cast<unsigned long long>(resume_step));

@@ -7,9 +7,11 @@
 #include <string>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_io.h"
+#include "common/sample_json.h"
 #include "common/uring_file.h"
 #include "services/packer/bench/synthetic.h"
 #include "services/packer/index/index.h"
@@ -241,9 +243,16 @@ int RunIndex(int argc, char** argv) {
            "bytes per token when estimating from k.txt or a JSON \"text\" field");
   cli.Flag("vocab-size", &o.vocab_size,
            "token ids in k.json's input_ids must be below this: the tokenizer's vocabulary "
-           "(the default is Qwen2-VL's, as the job config's default image token ids); a sample "
-           "with an id at or above it is skipped (token_out_of_vocab), named",
+           "(default: the dataset's tutti_dataset.json tokenizer.vocab_size, else Qwen2-VL's, "
+           "as the job config's default image token ids); a sample with an id at or above it "
+           "is skipped (token_out_of_vocab), named",
            1, uint64_t{1} << 31);
+  cli.Flag("image-placeholder-id", &o.image_placeholder_id,
+           "the id that stands for each image in a schema-2 k.json (default: the dataset's "
+           "tutti_dataset.json placeholders.image; -1 and no manifest: none)");
+  cli.Flag("audio-placeholder-id", &o.audio_placeholder_id,
+           "the id that stands for each audio clip in a schema-2 k.json (default: the "
+           "manifest's placeholders.audio)");
   cli.Flag("max-aspect-ratio", &o.max_aspect_ratio,
            "skip samples with an image more elongated than this (vision.max_aspect_ratio)");
   cli.Flag("max-images-per-sample", &o.max_images_per_sample,
@@ -257,9 +266,28 @@ int RunIndex(int argc, char** argv) {
   cli.Flag("synthetic-seed", &synthetic_seed, "seed of the synthetic index");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  bool vocab_given = false;  // else the dataset's manifest may give it
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    vocab_given |= arg == "--vocab-size" || absl::StartsWith(arg, "--vocab-size=");
+  }
   if (out.empty()) {
     std::fprintf(stderr, "tutti index: --out FILE is required (see --help)\n");
     return 2;
+  }
+  // The dataset's manifest (`tutti convert` writes one) gives what the flags leave unset.
+  if (const std::string path = o.source_dir + "/" + kDatasetManifestName;
+      !o.source_dir.empty() && std::filesystem::exists(path)) {
+    auto text = ReadFileToString(path);
+    auto m = text.ok() ? ParseDatasetManifest(*text) : text.status();
+    if (!m.ok()) {
+      std::fprintf(stderr, "tutti index: %s: %s (rewrite it with tutti convert, or remove it)\n",
+                   path.c_str(), std::string(m.status().message()).c_str());
+      return 2;
+    }
+    if (o.image_placeholder_id < 0) o.image_placeholder_id = m->image_placeholder_id;
+    if (o.audio_placeholder_id < 0) o.audio_placeholder_id = m->audio_placeholder_id;
+    if (!vocab_given && m->vocab_size > 0) o.vocab_size = m->vocab_size;
   }
   if (read_kb % 4 != 0) {
     std::fprintf(stderr, "tutti index: --read-kb must be a multiple of 4\n");

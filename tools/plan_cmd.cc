@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "services/packer/core/cost_schedule.h"
 #include "services/packer/core/planner.h"
+#include "services/packer/cost_fit_record.h"
 #include "services/packer/load_job.h"
 #include "services/packer/plan_proto.h"
 #include "tools/cli.h"
@@ -58,7 +61,7 @@ void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v
 }
 
 int RunPlan(int argc, char** argv) {
-  std::string config, index, ranks_text, format = "summary", post_balancing;
+  std::string config, index, ranks_text, format = "summary", post_balancing, cost_fits;
   uint64_t step = 0, steps = 1;
   uint32_t world_size = 0;
   bool check = false, quiet = false, summary_only = false;
@@ -70,7 +73,8 @@ int RunPlan(int argc, char** argv) {
           "be: the draw (each sample exactly once), every sample's tokens and costs, seq_len and\n"
           "img_cap in every sequence, the encoder and exchange lists, and the ViT and LLM\n"
           "imbalance figures the packer reports; prints a table and exits 1 on any violation or\n"
-          "step the planner refuses.");
+          "step the planner refuses. With --cost-fits, plans each step with the online cost fit\n"
+          "in force at it (tutti-packerd --cost_fit_record), as the packer planned it.");
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index, "index file; overrides the config's index_path");
   cli.Flag("step", &step, "first step to plan");
@@ -85,8 +89,16 @@ int RunPlan(int argc, char** argv) {
   cli.Flag("world-size", &world_size, "plan at this world size instead of the config's");
   cli.Flag("post-balancing", &post_balancing,
            "on or off: plan with batch post-balancing on or off instead of as the config says");
+  cli.Flag("cost-fits", &cost_fits,
+           "the job's cost fit record (tutti-packerd --cost_fit_record): plan with its fits");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (check && !cost_fits.empty()) {
+    std::fprintf(stderr,
+                 "tutti plan: --check checks plans against the job's configured costs; it does "
+                 "not take --cost-fits\n");
+    return 2;
+  }
   if (format != "summary" && format != "text" && format != "json" && format != "hash") {
     std::fprintf(stderr, "tutti plan: --format '%s' is unknown; use summary, text, json or hash\n",
                  format.c_str());
@@ -126,7 +138,27 @@ int RunPlan(int argc, char** argv) {
     std::fputs(FormatPlanCheck(**job, summary, !quiet).c_str(), stdout);
     return summary.ok() ? 0 : 1;
   }
-  packer::Planner planner(*job);
+  // The fits in force by step, as the packer that wrote the record planned
+  // with them (none: the config's constants at every step).
+  std::optional<packer::CostSchedule> schedule;
+  if (!cost_fits.empty()) {
+    if (FILE* f = std::fopen(cost_fits.c_str(), "r")) {
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr,
+                   "tutti plan: --cost-fits %s cannot be read; give the file "
+                   "tutti-packerd --cost_fit_record wrote\n",
+                   cost_fits.c_str());
+      return 1;
+    }
+    auto record = packer::ReadCostFitRecord(cost_fits, (*job)->fingerprint());
+    if (!record.ok()) {
+      std::fprintf(stderr, "tutti plan: %s\n", std::string(record.status().message()).c_str());
+      return 1;
+    }
+    schedule.emplace(record->fits, record->planned_through);
+  }
+  packer::Planner planner(*job, nullptr, schedule ? &*schedule : nullptr);
   packer::StepPlanData data;
   v1::StepPlan plan;
   MixtureReport mixture(**job);
@@ -134,10 +166,12 @@ int RunPlan(int argc, char** argv) {
   for (uint64_t s = step; s < step + steps; ++s) {
     if (end > 0 && s >= end && s > step) {
       // Asked past the job's end: the steps there are were printed.
-      std::fprintf(stderr, "tutti plan: the job ends after step %llu (%llu steps); planned %llu of "
+      std::fprintf(stderr,
+                   "tutti plan: the job ends after step %llu (%llu steps); planned %llu of "
                    "the %llu steps asked for\n",
                    static_cast<unsigned long long>(end - 1), static_cast<unsigned long long>(end),
-                   static_cast<unsigned long long>(s - step), static_cast<unsigned long long>(steps));
+                   static_cast<unsigned long long>(s - step),
+                   static_cast<unsigned long long>(steps));
       break;
     }
     const auto t0 = std::chrono::steady_clock::now();

@@ -28,7 +28,7 @@ PACKAGES=(
   prometheus libglpk-dev glpk-utils libfuse3-dev fuse3 fio curl
   python3-torch python3-pil python3-mpi4py clang libclang-rt-14-dev openssl
   slurm-wlm python3-yaml python3-kubernetes python3-seccomp
-  python3-sentencepiece python3-jinja2 nlohmann-json3-dev python3-matplotlib
+  python3-sentencepiece python3-jinja2 nlohmann-json3-dev libsimdjson-dev python3-matplotlib
 )
 # kubectl (for the deploy tests' `kubectl kustomize`): Debian's kubernetes-client,
 # unless a kubectl from another package is already installed.

@@ -4,6 +4,8 @@
 // the slowest rank is from the mean with tutti's plan and with the drawn
 // split it replaces, the share of every step the other ranks would spend
 // waiting for the slowest, the exchange volume and the planning time.
+// With --ladder or --fit-experiment: the cluster simulator with its time
+// model (tools/sim/).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/mixture_report.h"
+#include "tools/sim/simulate_main.h"
 #include "tools/stats.h"
 
 namespace tutti::tools {
@@ -31,30 +34,80 @@ struct PhaseRun {
 
 int RunSimulate(int argc, char** argv) {
   std::string config, index;
-  uint64_t from = 0, steps = 100;
+  uint64_t from = 0, steps = 0;
   bool json = false;
+  sim::SimulateFlags t;
   Cli cli(
-      "tutti simulate --config JOB.textproto [--index FILE] [--from STEP] [--steps N]",
+      "tutti simulate --config JOB.textproto [--index FILE] [--from STEP] [--steps N]\n"
+      "       tutti simulate --ladder [--model M] [--cluster C] [--world-sizes 8,64] [options]\n"
+      "       tutti simulate --fit-experiment [--world-sizes 64] [--off-by 4] [options]",
       "Plans --steps steps from --from with the packer's planning core (what\n"
       "tutti-packerd would serve for this config and index) and reports, per phase (vit,\n"
       "audio, llm), the slowest rank's cost over the mean rank's (max/mean: mean, p95 and\n"
       "worst over the steps) for tutti's plan, the lower bound max(mean, largest item) over the\n"
       "mean, the same ratio for the drawn split the plan replaces, and the\n"
       "share of the phase the other ranks spend waiting for the slowest (1 - sum of means /\n"
-      "sum of maxima); then the exchange volume per step and the planning time.");
+      "sum of maxima); then the exchange volume per step and the planning time.\n\n"
+      "--ladder: the cluster simulator. A workload (the seed's, or --index) planned with the\n"
+      "packer's planning core under each rung of the ablation ladder (naive; + staging,\n"
+      "prefetch; + modality segregation; + max-pixel curriculum; + seed-v1; + seed-v2;\n"
+      "+ post-balancing; tutti), timed on a model (--model: vit400m-moe16b-a3b,\n"
+      "vit675m-dense7b, vit675m-whisper-dense7b) and a cluster (--cluster: h100, h200, b200)\n"
+      "from FLOPs or --calibration pairs: step time, tokens/s, idle share per phase,\n"
+      "exchange and data-stall time, peak activation memory, efficiency against the ideal\n"
+      "step and against text-only training, per world size (--world-sizes), curriculum\n"
+      "stage (--stages) and synchronisation model (--sync). --plot FILE.png draws it.\n"
+      "--fit-experiment: the online cost fit (cost.online_fit) on a job whose configured\n"
+      "quadratic costs are --off-by times the true ones: slowest rank over the mean before\n"
+      "and after the fit.");
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
-  cli.Flag("index", &index, "index file; overrides the config's index_path");
+  cli.Flag("index", &index,
+           "index file; overrides the config's index_path (--ladder: the workload instead of "
+           "the seed's)");
   cli.Flag("from", &from, "first step");
-  cli.Flag("steps", &steps, "steps to simulate", 1, 1000000);
-  cli.Flag("json", &json, "one JSON object per phase instead of a table");
+  cli.Flag("steps", &steps, "steps to simulate (not given: 100; --ladder 10; --fit-experiment 200)",
+           1, 1000000);
+  cli.Flag("json", &json, "JSON instead of a table");
+  cli.Flag("ladder", &t.ladder, "run the ablation ladder with the time model");
+  cli.Flag("fit-experiment", &t.fit_experiment, "measure the online cost fit");
+  cli.Flag("model", &t.model, "model preset");
+  cli.Flag("cluster", &t.cluster, "cluster preset (8-GPU nodes)");
+  cli.Flag("sync", &t.sync, "synchronisation model: allreduce, fsdp or both");
+  cli.Flag("attention", &t.attention, "the ViT's attention: flash or eager");
+  cli.Flag("world-sizes", &t.world_sizes, "ranks, comma-separated (the fit experiment: the first)");
+  cli.Flag("stages", &t.stages,
+           "curriculum stages' max_pixels, comma-separated (the fit experiment: the last)");
+  cli.Flag("rungs", &t.rungs,
+           "rungs to run, comma-separated ids (naive, staging, segregation, curriculum, seed-v1, "
+           "seed-v2, post-balancing, tutti); empty: all");
+  cli.Flag("samples", &t.samples,
+           "samples of the seed workload (0: 400 per rank, at least 20,000)");
+  cli.Flag("audio-fraction", &t.audio_fraction,
+           "share of the seed workload's VL samples with an audio clip (three modalities)");
+  cli.Flag("calibration", &t.calibration,
+           "measured pairs (tools/gpu_calibrate.py) for the ViT's and LLM's seconds");
+  cli.Flag("peak-flops", &t.peak_flops, "override: dense bf16 FLOP/s per GPU");
+  cli.Flag("util-vit", &t.util_vit, "override: achieved share of peak on the ViT's matmuls");
+  cli.Flag("util-llm", &t.util_llm, "override: achieved share of peak on the LLM's matmuls");
+  cli.Flag("util-attention", &t.util_attention, "override: achieved share of peak on attention");
+  cli.Flag("nvlink-bandwidth", &t.nvlink_bandwidth, "override: bytes/s per GPU within a node");
+  cli.Flag("network-bandwidth", &t.network_bandwidth, "override: bytes/s per GPU between nodes");
+  cli.Flag("decode-threads", &t.decode_threads, "override: decode threads per node");
+  cli.Flag("prefetch-window", &t.prefetch_window, "override: steps of batches prepared ahead");
+  cli.Flag("off-by", &t.off_by, "the fit experiment: configured over true quadratic costs");
+  cli.Flag("plot", &t.plot, "--ladder: draw the ladder and the per-rank spread into FILE.png");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (t.ladder || t.fit_experiment) {
+    t.index = index;
+    t.from = from;
+    t.steps = steps;
+    t.json = json;
+    return sim::RunSimulateModels(t);
+  }
+  if (steps == 0) steps = 100;
   if (config.empty()) {
     std::fprintf(stderr, "tutti simulate: --config is required (see --help)\n");
-    return 2;
-  }
-  if (steps == 0) {
-    std::fprintf(stderr, "tutti simulate: --steps must be at least 1\n");
     return 2;
   }
   auto job = packer::LoadJob(config, index);

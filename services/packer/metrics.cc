@@ -190,6 +190,22 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                                    "before any client asked for them")
                              .Register(r)
                              .Add({})),
+      cost_fits_family(BuildCounter()
+                           .Name("tutti_packer_cost_fits_total")
+                           .Help("Online cost-fit rounds, by result")
+                           .Register(r)),
+      cost_fits_announced(cost_fits_family.Add({{"result", "announced"}})),
+      cost_fits_unchanged(cost_fits_family.Add({{"result", "unchanged"}})),
+      cost_fits_refused(cost_fits_family.Add({{"result", "refused"}})),
+      cost_fit_from_step(BuildGauge()
+                             .Name("tutti_packer_cost_fit_from_step")
+                             .Help("Step from which the latest online cost fit is in force")
+                             .Register(r)
+                             .Add({})),
+      cost_fit_constant(BuildGauge()
+                            .Name("tutti_packer_cost_fit_constant")
+                            .Help("Cost constants of the latest online fit")
+                            .Register(r)),
       source_samples_family(BuildCounter()
                                 .Name("tutti_packer_source_samples_total")
                                 .Help("Samples of each source in the steps planned")

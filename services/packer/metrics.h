@@ -133,6 +133,18 @@ struct PackerMetrics {
   prometheus::Counter& served_cache_misses;
   prometheus::Gauge& served_cache_bytes;
   prometheus::Counter& served_precomputed;
+  // The online cost fit (job.proto CostFitConfig):
+  // tutti_packer_cost_fits_total{result}: fit rounds that announced new
+  // constants ("announced"), found them close to those in force
+  // ("unchanged") or could fit no phase ("refused", the log says why);
+  // tutti_packer_cost_fit_from_step: the step the latest fit takes effect
+  // at (0: none); tutti_packer_cost_fit_constant{phase,term}: its constants.
+  prometheus::Family<prometheus::Counter>& cost_fits_family;
+  prometheus::Counter& cost_fits_announced;
+  prometheus::Counter& cost_fits_unchanged;
+  prometheus::Counter& cost_fits_refused;
+  prometheus::Gauge& cost_fit_from_step;
+  prometheus::Family<prometheus::Gauge>& cost_fit_constant;
 
   // tutti_packer_source_samples_total{source}: samples of each source in
   // the steps planned (a document split in pieces counts once);

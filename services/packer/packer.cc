@@ -7,10 +7,15 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job_config.h"
+#include "common/log.h"
 #include "services/packer/plan_proto.h"
 
 namespace tutti::packer {
 namespace {
+
+const Logger kLog("packer");
 
 constexpr double kFitWeight = 0.1;  // weight of a new report in the moving average
 
@@ -22,12 +27,20 @@ ServedPlansOptions WithWindow(ServedPlansOptions o, const Job& job) {
 }  // namespace
 
 Packer::Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics,
-               ServedPlansOptions served)
-    : job_(std::move(job)), window_(window), metrics_(metrics), served_(WithWindow(served, *job_)) {
+               ServedPlansOptions served, CostSchedule* costs)
+    : job_(std::move(job)),
+      window_(window),
+      metrics_(metrics),
+      served_(WithWindow(served, *job_)),
+      costs_(costs) {
   BuildJobInfo(*job_, &job_info_);
+  const OnlineFitOptions fit = OnlineFitOptionsFrom(job_->config());
+  if (fit.enabled && costs_ != nullptr) {
+    absl::MutexLock lock(&mu_);
+    fit_ = std::make_unique<OnlineCostFit>(fit);
+  }
   if (served_.options().precompute != kPrecomputeNone && served_.options().max_bytes > 0) {
-    window_->SetOnPlanned(
-        [this](uint64_t step, const PlanPtr& plan) { Precompute(step, *plan); });
+    window_->SetOnPlanned([this](uint64_t step, const PlanPtr& plan) { Precompute(step, *plan); });
   }
 }
 
@@ -168,6 +181,12 @@ absl::Status Packer::ReportTiming(const StepTiming& t) {
   } else if (absl::Status s = job_->CheckStep(t.step); !s.ok()) {
     status =
         absl::OutOfRangeError(absl::StrCat("timing report for step ", t.step, ": ", s.message()));
+  } else if (!t.config_fingerprint.empty() && t.config_fingerprint != job_->fingerprint()) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "timing report for step ", t.step, " rank ", t.rank, ": config_fingerprint ",
+        t.config_fingerprint, " is not this job's (", job_->fingerprint(),
+        "): the report comes from a client of another job and is not used; point it at its own "
+        "packer"));
   } else {
     for (const auto& [phase, seconds] : t.phases) {
       if (phase.empty() || phase.size() > 64 || !std::isfinite(seconds) || seconds < 0 ||
@@ -187,12 +206,23 @@ absl::Status Packer::ReportTiming(const StepTiming& t) {
     metrics_->timing_accepted.Increment();
     for (const auto& [phase, seconds] : t.phases) metrics_->ReportedPhase(phase).Observe(seconds);
   }
-  // Seconds per unit of planned cost, when the step's plan is at hand. Only
-  // exposed (metrics); plans never change, so served plans stay identical.
+  // Seconds per unit of planned cost, when the step's plan is at hand
+  // (metrics), and the online fit's report.
   PlanPtr plan = window_->Peek(t.step);
   if (plan == nullptr || t.rank >= plan->ranks.size()) return absl::OkStatus();
   const RankTotals& cost = plan->ranks[t.rank];
   absl::MutexLock lock(&mu_);
+  if (fit_ != nullptr) {
+    std::array<double, kFitPhases> seconds;
+    seconds.fill(-1);
+    for (const auto& [phase, s] : t.phases) {
+      for (int p = 0; p < kFitPhases; ++p) {
+        if (phase == FitPhaseName(p)) seconds[p] = s;
+      }
+    }
+    fit_->Add(t.step, FeaturesOf(*plan, t.rank), seconds);
+    if (fit_->Due()) RunFitRound();
+  }
   for (const auto& [phase, seconds] : t.phases) {
     double* fit = phase == "vit" ? &fitted_vit_ : phase == "llm" ? &fitted_llm_ : nullptr;
     const double units = phase == "vit" ? cost.vit : cost.llm;
@@ -202,6 +232,67 @@ absl::Status Packer::ReportTiming(const StepTiming& t) {
     if (metrics_) (phase == "vit" ? metrics_->fitted_vit : metrics_->fitted_llm).Set(*fit);
   }
   return absl::OkStatus();
+}
+
+void Packer::RunFitRound() {
+  const std::optional<CostFitEntry> latest = costs_->latest();
+  const CostModelOptions current = latest ? latest->cost : CostOptions(job_->config());
+  const FitRound round = fit_->Fit(current);
+  std::string phases;
+  bool any = false;
+  for (int p = 0; p < kFitPhases; ++p) {
+    if (fit_->reports(p) == 0) continue;
+    any |= round.phase[p].ok();
+    absl::StrAppend(&phases, phases.empty() ? "" : "; ", FitPhaseName(p), ": ",
+                    round.phase[p].ok()
+                        ? absl::StrFormat("%.4g + %.4g x + %.4g x^2 s (%u reports, %u outliers)",
+                                          round.fits[p].intercept, round.fits[p].linear,
+                                          round.fits[p].quadratic, round.fits[p].samples,
+                                          round.fits[p].outliers)
+                        : std::string(round.phase[p].message()));
+  }
+  if (!any) {
+    if (metrics_) metrics_->cost_fits_refused.Increment();
+    kLog.Warning(absl::StrCat("online cost fit after step ", fit_->newest_step(),
+                              ": no phase could be fitted, constants kept (", phases, ")"));
+    return;
+  }
+  if (!round.announce) {
+    if (metrics_) metrics_->cost_fits_unchanged.Increment();
+    kLog.Info(
+        absl::StrFormat("online cost fit after step %u: within %.1f%% of the constants in "
+                        "force, kept (%s)",
+                        fit_->newest_step(), 100 * round.change, phases));
+    return;
+  }
+  absl::StatusOr<CostFitEntry> e =
+      costs_->Announce(round.cost, fit_->newest_step() + fit_->options().lead_steps);
+  if (!e.ok()) {
+    if (metrics_) metrics_->cost_fits_refused.Increment();
+    kLog.Warning(absl::StrCat("online cost fit after step ", fit_->newest_step(),
+                              " not announced: ", e.status().message()));
+    return;
+  }
+  const CostModelOptions& c = e->cost;
+  kLog.Info(absl::StrFormat(
+      "online cost fit %u from step %u (announced after step %u; relative costs moved by "
+      "%.1f%%): vit %.6g + %.6g p^2, audio %.6g + %.6g t^2, llm %.6g + %.6g n^2 (%s)",
+      e->id, e->from_step, fit_->newest_step(), 100 * round.change, c.vit_linear, c.vit_quadratic,
+      c.audio_linear, c.audio_quadratic, c.llm_linear, c.llm_quadratic, phases));
+  if (metrics_) {
+    metrics_->cost_fits_announced.Increment();
+    metrics_->cost_fit_from_step.Set(static_cast<double>(e->from_step));
+    const struct {
+      const char* phase;
+      const char* term;
+      double value;
+    } constants[] = {{"vit", "linear", c.vit_linear},     {"vit", "quadratic", c.vit_quadratic},
+                     {"audio", "linear", c.audio_linear}, {"audio", "quadratic", c.audio_quadratic},
+                     {"llm", "linear", c.llm_linear},     {"llm", "quadratic", c.llm_quadratic}};
+    for (const auto& k : constants) {
+      metrics_->cost_fit_constant.Add({{"phase", k.phase}, {"term", k.term}}).Set(k.value);
+    }
+  }
 }
 
 void Packer::CountServed(bool stream, const absl::Status& status) {

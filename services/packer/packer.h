@@ -18,7 +18,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/packer/core/cost_schedule.h"
 #include "services/packer/core/job.h"
+#include "services/packer/core/online_fit.h"
 #include "services/packer/metrics.h"
 #include "services/packer/plan_window.h"
 #include "services/packer/served_plans.h"
@@ -37,6 +39,7 @@ struct StepTiming {
   uint64_t step = 0;
   uint32_t rank = 0;
   std::vector<std::pair<std::string, double>> phases;
+  std::string config_fingerprint;  // empty: not checked
 };
 
 class Packer {
@@ -44,9 +47,11 @@ class Packer {
   // metrics may be null. served: bounds of the serialized plans kept
   // (keep_behind is raised to the job's plan window) and the rank sets
   // precomputed when the window has planned a step (on its worker thread).
-  // `window` must outlive the Packer.
+  // `costs`: the schedule the window's planner reads, which the online fit
+  // (job.proto CostFitConfig, when enabled) announces fits to; may be null
+  // only when the fit is off. `window` and `costs` must outlive the Packer.
   Packer(std::shared_ptr<const Job> job, PlanWindow* window, PackerMetrics* metrics,
-         ServedPlansOptions served = {});
+         ServedPlansOptions served = {}, CostSchedule* costs = nullptr);
   ~Packer();
 
   const v1::JobInfo& job_info() const { return job_info_; }
@@ -81,6 +86,9 @@ class Packer {
   // exclusive; OUT_OF_RANGE when `start` is already beyond the dataset.
   absl::StatusOr<uint64_t> StreamEnd(uint64_t start, uint64_t end) const;
 
+  // Checks a report (rank, step, phases, the job's fingerprint) and counts
+  // it; with the online fit on, pairs it with its step's plan (while the
+  // window holds it) and fits when due. A fit round never fails a report.
   absl::Status ReportTiming(const StepTiming& timing);
 
   void CountServed(bool stream, const absl::Status& status);
@@ -97,9 +105,14 @@ class Packer {
   ServedPlans served_;
   std::atomic<bool> stopping_{false};  // set by the destructor: Precompute returns
 
+  // The online fit's round over the reports so far.
+  void RunFitRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  CostSchedule* const costs_;
   absl::Mutex mu_;
   double fitted_vit_ ABSL_GUARDED_BY(mu_) = 0;  // seconds per unit of ViT cost (EMA)
   double fitted_llm_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<OnlineCostFit> fit_ ABSL_GUARDED_BY(mu_);  // null: the fit is off
 };
 
 }  // namespace tutti::packer

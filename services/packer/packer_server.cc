@@ -15,6 +15,8 @@ const Logger kLog("packer");
 
 constexpr char kIndex[] = "index";
 constexpr char kPlans[] = "plans";
+// Steps the cost fit record reserves for planning at a time.
+constexpr uint64_t kCostReserveChunk = 256;
 
 }  // namespace
 
@@ -53,11 +55,14 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   std::vector<std::string> sources;
   for (uint32_t i = 0; i < job_->num_sources(); ++i) sources.push_back(job_->source_name(i));
   metrics_->SetSources(sources);
+  RETURN_IF_ERROR(LoadCostFits());
   PlanWindowOptions wo;
   wo.window = job_->config().plan_window();
   wo.threads = options_.plan_threads;
-  window_ = std::make_unique<PlanWindow>(std::make_shared<Planner>(job_), wo, metrics_.get());
-  packer_ = std::make_unique<Packer>(job_, window_.get(), metrics_.get(), options_.served);
+  window_ = std::make_unique<PlanWindow>(std::make_shared<Planner>(job_, nullptr, costs_.get()), wo,
+                                         metrics_.get());
+  packer_ =
+      std::make_unique<Packer>(job_, window_.get(), metrics_.get(), options_.served, costs_.get());
   gate_ = std::make_unique<RpcGate>(options_.rpc, "tutti.v1.Packer", host_->registry().get());
   ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
   ranks_->SetJob(job_->config().job_id());
@@ -76,6 +81,33 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
                                                             plan.status().message())));
   });
   return host_->Serving();
+}
+
+absl::Status PackerServer::LoadCostFits() {
+  const bool fit = OnlineFitOptionsFrom(job_->config()).enabled;
+  if (options_.cost_fit_record.empty()) {
+    if (!fit) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "the job's cost.online_fit is enabled, which needs --cost_fit_record: a file where "
+        "tutti-packerd records each fit it announces, so that a restarted packer plans every "
+        "step as before (give a path on persistent storage, one per job)");
+  }
+  ASSIGN_OR_RETURN(CostFitRecordData data,
+                   ReadCostFitRecord(options_.cost_fit_record, job_->fingerprint()));
+  if (!fit && data.fits.empty()) {
+    kLog.Info(absl::StrCat("--cost_fit_record ", options_.cost_fit_record,
+                           " is not used: the job's cost.online_fit is off"));
+    return absl::OkStatus();
+  }
+  kLog.Info(absl::StrCat("cost fit record ", options_.cost_fit_record, ": ", data.fits.size(),
+                         " fits, steps below ", data.planned_through,
+                         " may have been planned before; a new fit lands after them"));
+  costs_ = std::make_unique<CostSchedule>(data.fits, data.planned_through);
+  if (fit) {
+    cost_record_ = std::make_unique<CostFitRecord>(options_.cost_fit_record, std::move(data));
+    cost_record_->Attach(costs_.get(), kCostReserveChunk);
+  }
+  return absl::OkStatus();
 }
 
 void PackerServer::Shutdown() {

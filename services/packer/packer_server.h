@@ -14,6 +14,8 @@
 #include "common/daemon_host.h"
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
+#include "services/packer/core/cost_schedule.h"
+#include "services/packer/cost_fit_record.h"
 #include "services/packer/metrics.h"
 #include "services/packer/packer.h"
 #include "services/packer/packer_service.h"
@@ -32,7 +34,11 @@ struct PackerServerOptions {
   uint32_t max_streams_per_client = kDefaultMaxStreamsPerClient;
   // Serialized plans kept to serve again (served_plans.h).
   ServedPlansOptions served;
-  RpcGateOptions rpc;                      // TLS, token, request bounds (rpc_gate.h)
+  RpcGateOptions rpc;  // TLS, token, request bounds (rpc_gate.h)
+  // The online cost fits' record (cost_fit_record.h): read at start, so the
+  // steps are planned as before a restart, and kept as fits are announced.
+  // Required when the job's cost.online_fit is enabled; empty otherwise.
+  std::string cost_fit_record;
 };
 
 class PackerServer final : public Daemon {
@@ -51,10 +57,16 @@ class PackerServer final : public Daemon {
   const Job& job() const { return *job_; }
 
  private:
+  // Reads --cost_fit_record into the schedule the planner reads (when the
+  // fit is on or the record holds fits).
+  absl::Status LoadCostFits();
+
   const PackerServerOptions options_;
   std::unique_ptr<DaemonHost> host_;
   std::unique_ptr<PackerMetrics> metrics_;
   std::shared_ptr<const Job> job_;
+  std::unique_ptr<CostFitRecord> cost_record_;
+  std::unique_ptr<CostSchedule> costs_;  // null without a record and a fit
   std::unique_ptr<PlanWindow> window_;
   std::unique_ptr<Packer> packer_;
   std::unique_ptr<RpcGate> gate_;

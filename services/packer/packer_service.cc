@@ -185,6 +185,7 @@ grpc::ServerUnaryReactor* PackerService::ReportTiming(grpc::CallbackServerContex
         t.step = req.step();
         t.rank = req.rank();
         for (const auto& p : req.phases()) t.phases.emplace_back(p.phase(), p.seconds());
+        t.config_fingerprint = req.config_fingerprint();
         s = packer_->ReportTiming(t);
         done(absl::IsInvalidArgument(s) ? gate_->Refuse("invalid", s) : s);
       });

@@ -36,6 +36,11 @@ ABSL_FLAG(std::string, served_plan_precompute, "nodes,ranks",
           "client asks (so a job's first requests after a start are served at once), within "
           "--served_plan_cache: 'nodes' (each node's ranks, as a stager asks), 'ranks' (each "
           "rank alone), both comma-separated, or 'none'");
+ABSL_FLAG(std::string, cost_fit_record, "",
+          "file recording the job's online cost fits (job config cost.online_fit), read at "
+          "start so that a restarted packer plans every step as before, and rewritten as fits "
+          "are announced; required when the fit is enabled (one file per job, on persistent "
+          "storage)");
 
 namespace tutti::packer {
 
@@ -79,6 +84,7 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   ASSIGN_OR_RETURN(o.served.precompute,
                    PrecomputeShapesFlag(absl::GetFlag(FLAGS_served_plan_precompute)));
   ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
+  o.cost_fit_record = absl::GetFlag(FLAGS_cost_fit_record);
   return o;
 }
 

@@ -56,6 +56,17 @@ class PlanBuilder {
     plan_->set_min_pixels(cfg.vision().min_pixels());
     plan_->set_strategy(job_.plan_strategy());
     plan_->set_config_fingerprint(job_.fingerprint());
+    if (d_.cost_fit > 0) {
+      v1::CostFit* f = plan_->mutable_cost_fit();
+      f->set_id(d_.cost_fit);
+      f->set_from_step(d_.cost_fit_from);
+      f->set_vit_linear(d_.cost.vit_linear);
+      f->set_vit_quadratic(d_.cost.vit_quadratic);
+      f->set_llm_linear(d_.cost.llm_linear);
+      f->set_llm_quadratic(d_.cost.llm_quadratic);
+      f->set_audio_linear(d_.cost.audio_linear);
+      f->set_audio_quadratic(d_.cost.audio_quadratic);
+    }
 
     // Samples the returned ranks touch, in batch order. Collected sparsely:
     // a step holds tens of thousands of samples and one rank touches a few
@@ -534,7 +545,7 @@ std::vector<Rows> RowsOf(const v1::StepPlan& plan) {
           }
           auto it = samples.find(doc.sample_id());
           const uint32_t first = doc.pieces() > 0 ? doc.first_audio() : 0;
-          const uint32_t n = doc.pieces() > 0     ? doc.audio_count()
+          const uint32_t n = doc.pieces() > 0      ? doc.audio_count()
                              : it != samples.end() ? it->second->audio_size()
                                                    : 0;
           for (uint32_t a = first; a < first + n; ++a) {
@@ -602,7 +613,8 @@ absl::Status CheckExchangeRuns(const v1::StepPlan& plan, ExchangeRunCounts* coun
         const ItemKey first = key(t.items(k));
         const int64_t enc0 = row(rows[e].enc, first), llm0 = row(rows[r].llm, first);
         if (enc0 < 0 || llm0 < 0) {
-          return fail(e, r, "item ", k, " is not in the sender's encoder output or the "
+          return fail(e, r, "item ", k,
+                      " is not in the sender's encoder output or the "
                       "receiver's documents");
         }
         for (uint32_t i = 1; i < n; ++i) {

@@ -244,13 +244,13 @@ void BatchJob::ReadDoc(size_t d) {
                       if (!it.state.compare_exchange_strong(expect, kDecoding)) return;
                       if (!bytes.ok()) return self->Fail(it, bytes.status());
                       const DocItem& doc2 = self->layout_.docs()[d];
-                      auto ids = ParseInputIds(**bytes);
-                      if (!ids.ok()) {
+                      auto json = ParseTextMember(**bytes, *self->ctx_.config);
+                      if (!json.ok()) {
                         return self->Fail(it, absl::DataLossError(absl::StrCat(
                                                   self->Name(doc2.info->text(), doc2.shard), ": ",
-                                                  ids.status().message())));
+                                                  json.status().message())));
                       }
-                      self->layout_.WriteText(self->shm_->data(), d, *ids);
+                      self->layout_.WriteDocument(self->shm_->data(), d, *json);
                       it.state.store(kDone);
                       self->Settle();
                     });

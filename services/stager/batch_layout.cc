@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
+#include "common/sample_json.h"
 #include "common/smart_resize.h"
 #include "common/status.h"
 
@@ -265,6 +266,10 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   }
   d.text_offset = static_cast<uint32_t>(prefix);
   d.text_length = static_cast<uint32_t>(d.length - prefix);
+  d.piece = slot.pieces() > 0;
+  d.image_begin = static_cast<uint32_t>(doc_images_);
+  for (const auto& e : enc) d.image_count += e.second ? 0 : 1;
+  doc_images_ += d.image_count;
   *tokens += d.length;
   docs_.push_back(d);
   doc_encoders_.push_back(std::move(enc));
@@ -290,6 +295,8 @@ void BatchLayout::PlaceArrays(uint64_t tokens) {
   Add("seq_offsets", v1::DTYPE_INT32, {seq_docs_.size() + 1}, 4);
   Add("micro_batch_offsets", v1::DTYPE_INT32, {mb_seqs_.size() + 1}, 4);
   Add("doc_sample_ids", v1::DTYPE_INT64, {n_doc}, 8);
+  Add("loss_mask", v1::DTYPE_UINT8, {tokens}, 1);
+  Add("doc_image_starts", v1::DTYPE_INT32, {doc_images_}, 4);
   if (!audio_.empty()) {
     uint64_t total = 0;
     for (const auto& a : audio_) total += a.samples;
@@ -314,13 +321,20 @@ void BatchLayout::WriteFixed(char* base) const {
   auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset);
   auto* cu = reinterpret_cast<int32_t*>(base + Get("cu_seqlens").offset);
   auto* doc_ids = reinterpret_cast<int64_t*>(base + Get("doc_sample_ids").offset);
+  auto* starts = reinterpret_cast<int32_t*>(base + Get("doc_image_starts").offset);
+  const Array& loss = Get("loss_mask");
+  std::memset(base + loss.offset, 1, loss.nbytes);
   cu[0] = 0;
   for (size_t d = 0; d < docs_.size(); ++d) {
     const DocItem& doc = docs_[d];
     int32_t* t = input + doc.token_offset;
+    int32_t* start = starts + doc.image_begin;
     for (const auto& [n, is_audio] : doc_encoders_[d]) {
-      *t++ = static_cast<int32_t>(is_audio ? audio_cfg_.audio_start_id() : vision_.vision_start_id());
-      const int32_t pad = static_cast<int32_t>(is_audio ? audio_cfg_.audio_pad_id() : vision_.image_pad_id());
+      if (!is_audio) *start++ = static_cast<int32_t>(t + 1 - (input + doc.token_offset));
+      *t++ =
+          static_cast<int32_t>(is_audio ? audio_cfg_.audio_start_id() : vision_.vision_start_id());
+      const int32_t pad =
+          static_cast<int32_t>(is_audio ? audio_cfg_.audio_pad_id() : vision_.image_pad_id());
       std::fill(t, t + n, pad);
       t += n;
       *t++ = static_cast<int32_t>(is_audio ? audio_cfg_.audio_end_id() : vision_.vision_end_id());
@@ -355,6 +369,88 @@ void BatchLayout::WriteText(char* base, size_t doc, const std::vector<int32_t>& 
   const std::vector<int32_t> fitted = FitTokens(d.text_begin > 0 ? piece : tokens, d.text_length);
   if (fitted.empty()) return;  // a document of markers only: no text to write
   std::memcpy(input + d.token_offset + d.text_offset, fitted.data(), fitted.size() * 4);
+}
+
+void BatchLayout::WriteDocument(char* base, size_t doc, const SampleJson& json) const {
+  const DocItem& d = docs_[doc];
+  const auto& enc = doc_encoders_[doc];
+  const std::vector<int32_t>& ids = json.input_ids;
+  // Per input_ids index: 0 text, 1 an image placeholder, 2 an audio one.
+  std::vector<uint8_t> kind(ids.size(), 0);
+  if (json.schema == 2) {
+    for (uint32_t i : json.image_positions) kind[i] = 1;
+    for (uint32_t i : json.audio_positions) kind[i] = 2;
+  }
+  std::vector<uint8_t> trained(ids.size(), json.has_trained ? 0 : 1);
+  for (const auto& [b, e] : json.trained) std::fill(trained.begin() + b, trained.begin() + e, 1);
+  std::vector<size_t> image_items, audio_items;  // indices into enc, in order
+  for (size_t k = 0; k < enc.size(); ++k) (enc[k].second ? audio_items : image_items).push_back(k);
+  auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset) + d.token_offset;
+  auto* loss = reinterpret_cast<uint8_t*>(base + Get("loss_mask").offset) + d.token_offset;
+  // In place: where each run starts, if every run fits the planned length.
+  std::vector<uint64_t> run_at(ids.size(), 0);
+  bool in_place = json.schema == 2 && !d.piece && !enc.empty() &&
+                  json.image_positions.size() == image_items.size() &&
+                  json.audio_positions.size() == audio_items.size();
+  if (in_place) {
+    uint64_t p = 0;
+    size_t ii = 0, ai = 0;
+    for (size_t i = 0; i < ids.size() && in_place && p < d.length; ++i) {
+      if (kind[i] == 0) {
+        ++p;
+        continue;
+      }
+      run_at[i] = p;
+      p += enc[kind[i] == 1 ? image_items[ii++] : audio_items[ai++]].first + 2;
+      in_place = p <= d.length;
+    }
+    in_place = in_place && ii == image_items.size() && ai == audio_items.size();
+  }
+  if (in_place) {
+    auto* starts =
+        reinterpret_cast<int32_t*>(base + Get("doc_image_starts").offset) + d.image_begin;
+    uint64_t p = 0;
+    size_t ii = 0, ai = 0;
+    for (size_t i = 0; i < ids.size() && p < d.length; ++i) {
+      if (kind[i] == 0) {
+        input[p] = ids[i];
+        loss[p++] = trained[i];
+        continue;
+      }
+      const bool audio = kind[i] == 2;
+      const uint32_t n = enc[audio ? audio_items[ai++] : image_items[ii++]].first;
+      if (!audio) *starts++ = static_cast<int32_t>(run_at[i] + 1);
+      input[p++] =
+          static_cast<int32_t>(audio ? audio_cfg_.audio_start_id() : vision_.vision_start_id());
+      std::fill(input + p, input + p + n,
+                static_cast<int32_t>(audio ? audio_cfg_.audio_pad_id() : vision_.image_pad_id()));
+      p += n;
+      input[p++] =
+          static_cast<int32_t>(audio ? audio_cfg_.audio_end_id() : vision_.vision_end_id());
+      std::fill(loss + run_at[i], loss + p, 0);
+    }
+    // Shorter than planned (the member changed since indexing): zeros, untrained.
+    std::fill(input + p, input + d.length, 0);
+    std::fill(loss + p, loss + d.length, 0);
+    return;
+  }
+  // Runs first (WriteFixed wrote them), then the text less its placeholders.
+  std::vector<int32_t> text;
+  std::vector<uint8_t> text_trained;
+  text.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (kind[i] != 0) continue;
+    text.push_back(ids[i]);
+    text_trained.push_back(trained[i]);
+  }
+  WriteText(base, doc, text);
+  if (!json.has_trained || d.text_length == 0 || text.empty()) return;
+  // As WriteText fits the text: from text_begin, repeated to the length.
+  const size_t from = d.text_begin > 0 ? std::min<size_t>(d.text_begin, text.size()) : 0;
+  const size_t n = text.size() - from;
+  for (uint32_t k = 0; k < d.text_length; ++k) {
+    loss[d.text_offset + k] = n == 0 ? 0 : text_trained[from + k % n];
+  }
 }
 
 std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<bool>& image_dropped,
@@ -394,7 +490,9 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
   auto* cu = reinterpret_cast<int32_t*>(base + Get("cu_seqlens").offset);
   auto* doc_ids = reinterpret_cast<int64_t*>(base + Get("doc_sample_ids").offset);
   auto* seq = reinterpret_cast<int32_t*>(base + Get("seq_offsets").offset);
-  uint64_t tok = 0;
+  auto* loss = reinterpret_cast<uint8_t*>(base + Get("loss_mask").offset);
+  auto* starts = reinterpret_cast<int32_t*>(base + Get("doc_image_starts").offset);
+  uint64_t tok = 0, kept_starts = 0;
   size_t kd = 0, d = 0;
   seq[0] = 0;
   for (size_t s = 0; s < seq_docs_.size(); ++s) {
@@ -403,7 +501,12 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
       const DocItem& doc = docs_[d];
       if (doc.token_offset != tok) {
         std::memmove(input + tok, input + doc.token_offset, size_t{doc.length} * 4);
+        std::memmove(loss + tok, loss + doc.token_offset, doc.length);
       }
+      if (doc.image_begin != kept_starts) {
+        std::memmove(starts + kept_starts, starts + doc.image_begin, size_t{doc.image_count} * 4);
+      }
+      kept_starts += doc.image_count;
       tok += doc.length;
       doc_ids[kd] = static_cast<int64_t>(doc.sample_id);
       cu[++kd] = static_cast<int32_t>(tok);
@@ -413,6 +516,10 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
   cu[0] = 0;
   find("input_ids").shape[0] = tok;
   find("input_ids").nbytes = tok * 4;
+  find("loss_mask").shape[0] = tok;
+  find("loss_mask").nbytes = tok;
+  find("doc_image_starts").shape[0] = kept_starts;
+  find("doc_image_starts").nbytes = kept_starts * 4;
   find("cu_seqlens").shape[0] = kd + 1;
   find("cu_seqlens").nbytes = (kd + 1) * 4;
   find("doc_sample_ids").shape[0] = kd;
@@ -448,45 +555,36 @@ std::vector<v1::ArrayDesc> BatchLayout::Finalize(char* base, const std::vector<b
   return descs;
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
-  const size_t first = json.find_first_not_of(" \t\r\n");
-  if (first == absl::string_view::npos || json[first] != '{') {
-    return absl::DataLossError(absl::StrCat(
-        "is not a JSON object (", json.size(), " bytes starting with '",
-        absl::CHexEscape(json.substr(first == absl::string_view::npos ? 0 : first, 8)),
-        "'); the member changed after indexing, re-index the dataset"));
+absl::StatusOr<SampleJson> ParseTextMember(absl::string_view json,
+                                           const SampleJsonOptions& options) {
+  auto doc = ParseSampleJson(json, options);
+  if (!doc.ok()) {
+    const size_t first = json.find_first_not_of(" \t\r\n");
+    if (first == absl::string_view::npos || json[first] != '{') {
+      return absl::DataLossError(absl::StrCat(
+          "is not a JSON object (", json.size(), " bytes starting with '",
+          absl::CHexEscape(json.substr(first == absl::string_view::npos ? 0 : first, 8)),
+          "'); the member changed after indexing, re-index the dataset"));
+    }
+    return doc.status();
   }
-  const size_t key = json.find("\"input_ids\"");
-  if (key == absl::string_view::npos) {
+  if (!doc->has_input_ids) {
     return absl::NotFoundError("has no \"input_ids\" (pre-tokenise the dataset)");
   }
-  size_t i = key + 11;
-  auto skip = [&] {
-    while (i < json.size() && absl::ascii_isspace(static_cast<unsigned char>(json[i]))) ++i;
-  };
-  skip();
-  if (i >= json.size() || json[i] != ':') return absl::DataLossError("malformed JSON after \"input_ids\"");
-  ++i;
-  skip();
-  if (i >= json.size() || json[i] != '[') return absl::DataLossError("\"input_ids\" is not a list");
-  ++i;
-  std::vector<int32_t> out;
-  while (true) {
-    skip();
-    if (i >= json.size()) return absl::DataLossError("\"input_ids\" list is not closed (truncated JSON)");
-    if (json[i] == ']') break;
-    size_t j = i;
-    while (j < json.size() && (absl::ascii_isdigit(static_cast<unsigned char>(json[j])) || json[j] == '-')) ++j;
-    int32_t v;
-    if (j == i || !absl::SimpleAtoi(json.substr(i, j - i), &v)) {
-      return absl::DataLossError(absl::StrCat("\"input_ids\" holds a non-integer at byte ", i));
-    }
-    out.push_back(v);
-    i = j;
-    skip();
-    if (i < json.size() && json[i] == ',') ++i;
-  }
-  return out;
+  return doc;
+}
+
+absl::StatusOr<SampleJson> ParseTextMember(absl::string_view json, const v1::JobConfig& config) {
+  SampleJsonOptions o;
+  o.image_placeholder_id = config.vision().image_pad_id();
+  o.audio_placeholder_id = config.audio().audio_pad_id();
+  return ParseTextMember(json, o);
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json) {
+  auto doc = ParseTextMember(json, SampleJsonOptions{});
+  if (!doc.ok()) return doc.status();
+  return std::move(doc->input_ids);
 }
 
 std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n) {
@@ -497,33 +595,11 @@ std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n) {
 }
 
 absl::StatusOr<std::vector<float>> DecodeWav(absl::string_view b, uint32_t rate, uint64_t samples) {
-  auto le16 = [&](size_t o) { return uint32_t(uint8_t(b[o])) | (uint32_t(uint8_t(b[o + 1])) << 8); };
-  auto le32 = [&](size_t o) { return le16(o) | (le16(o + 2) << 16); };
-  if (b.size() < 12 || b.substr(0, 4) != "RIFF" || b.substr(8, 4) != "WAVE") {
-    return absl::DataLossError("not a RIFF/WAVE file");
-  }
-  uint32_t format = 0, channels = 0, src_rate = 0, bits = 0;
-  absl::string_view data;
-  for (size_t o = 12; o + 8 <= b.size();) {
-    const absl::string_view id = b.substr(o, 4);
-    const uint64_t len = le32(o + 4);
-    if (o + 8 + len > b.size()) return absl::DataLossError("WAV chunk runs past the end (truncated)");
-    if (id == "fmt " && len >= 16) {
-      format = le16(o + 8);
-      channels = le16(o + 10);
-      src_rate = le32(o + 12);
-      bits = le16(o + 22);
-      if (format == 0xFFFE && len >= 26) format = le16(o + 32);
-    } else if (id == "data") {
-      data = b.substr(o + 8, len);
-    }
-    o += 8 + len + (len & 1);
-  }
-  if (channels == 0 || src_rate == 0 || data.empty()) return absl::DataLossError("WAV has no fmt or data chunk");
-  const uint32_t bytes = bits / 8;
-  if (!((format == 1 && (bits == 8 || bits == 16 || bits == 24 || bits == 32)) || (format == 3 && bits == 32))) {
-    return absl::InvalidArgumentError(absl::StrCat("WAV format ", format, " with ", bits, " bits is not supported"));
-  }
+  // The index's parser (common/media_header.h): what it accepted is what decodes here.
+  ASSIGN_OR_RETURN(const AudioHeader h, ReadWavHeader(b));
+  const uint32_t format = h.format, channels = h.channels, src_rate = h.sample_rate,
+                 bits = h.bits_per_sample, bytes = bits / 8;
+  const absl::string_view data = b.substr(h.data_offset, h.data_size);
   const size_t frames = data.size() / (bytes * channels);
   std::vector<float> mono(frames, 0.0f);
   for (size_t f = 0; f < frames; ++f) {

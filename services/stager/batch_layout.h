@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/media_header.h"
+#include "common/sample_json.h"
 #include "services/stager/decode.h"
 #include "tutti/v1/job.pb.h"
 #include "tutti/v1/plan.pb.h"
@@ -50,6 +51,9 @@ struct DocItem {
   uint32_t text_offset = 0;  // first text token within the doc (after encoder tokens)
   uint32_t text_length = 0;
   uint32_t text_begin = 0;   // a piece of a split document: its first token of the text
+  bool piece = false;        // a piece of a split document (DocSlot.pieces > 0)
+  uint32_t image_begin = 0;  // its first entry in doc_image_starts
+  uint32_t image_count = 0;  // its images (entries there)
 };
 
 struct AudioItem {
@@ -79,6 +83,14 @@ class BatchLayout {
   // Writes a document's text tokens fitted to its planned text length.
   void WriteText(char* base, size_t doc, const std::vector<int32_t>& tokens) const;
 
+  // Writes a document from its k.json. A schema-2 document (not a piece of
+  // a split one) with one placeholder per planned image and audio clip gets
+  // each one's run (vision_start, image_pad x n, vision_end) where its
+  // placeholder is, in order, and doc_image_starts saying where; otherwise
+  // (no placeholders, a piece, or a run the planned length would cut) the
+  // runs lead and the text less its placeholders follows (WriteText).
+  // loss_mask is 0 on the tokens outside the document's trained spans.
+  void WriteDocument(char* base, size_t doc, const SampleJson& json) const;
   // Removes dropped images, documents and audio clips (compacting the arrays
   // in place) and returns the final array descriptions.
   std::vector<v1::ArrayDesc> Finalize(char* base, const std::vector<bool>& image_dropped,
@@ -114,12 +126,19 @@ class BatchLayout {
   std::vector<uint32_t> mb_seqs_;      // sequences per micro-batch
   std::vector<std::vector<std::pair<uint32_t, bool>>> doc_encoders_;  // per doc: (tokens, is_audio)
   std::vector<Array> arrays_;
+  uint64_t doc_images_ = 0;  // entries of doc_image_starts
   uint64_t total_ = 0;
 };
 
-// input_ids from a WebDataset k.json ({"input_ids": [1, 2, ...], ...}).
+// input_ids from a WebDataset k.json ({"input_ids": [1, 2, ...], ...}), read
+// by common/sample_json.h as the index reads it (the top-level field only).
 // NOT_FOUND when it has none, DATA_LOSS when malformed.
 absl::StatusOr<std::vector<int32_t>> ParseInputIds(absl::string_view json);
+
+// A k.json as the stager serves it: ParseInputIds' checks and messages, the
+// whole document (schema 2: the placeholders are the config's image_pad_id
+// and audio_pad_id, as tutti convert writes them).
+absl::StatusOr<SampleJson> ParseTextMember(absl::string_view json, const v1::JobConfig& config);
 
 // Truncates or repeats `tokens` to exactly n (n > 0 and tokens empty: zeros).
 std::vector<int32_t> FitTokens(const std::vector<int32_t>& tokens, size_t n);

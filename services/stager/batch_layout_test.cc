@@ -50,6 +50,93 @@ TEST(BatchLayoutTest, ArraysFollowThePlan) {
 }
 
 // A piece of a split document (overflow.long_documents "split") holds only
+// A schema-2 document: its image's run where its placeholder is, the text
+// around it, and the loss mask 0 outside its trained spans.
+TEST(BatchLayoutTest, ASchemaTwoDocumentHasItsImageRunAtItsPlaceholder) {
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_interleaved",
+                                    {.shards = 1, .samples_per_shard = 3});
+  v1::JobInfo job = testing::MakeJob(data, 2, 2);
+  v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
+  const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+  auto layout = BatchLayout::Build(plan, plan.ranks(1), job.config(), p);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const auto& doc = layout->docs()[0];
+  ASSERT_EQ(doc.image_count, 1u);
+  const uint32_t n = doc.text_offset - 2;  // the image's LLM tokens
+  const uint32_t text = doc.text_length;
+  ASSERT_GE(text, 3u);
+  // input_ids: two text tokens, the placeholder, the rest of the text;
+  // trained: the last two text tokens.
+  const int32_t pad = static_cast<int32_t>(job.config().vision().image_pad_id());
+  std::string ids = "2, 3, " + std::to_string(pad);
+  for (uint32_t i = 2; i < text; ++i) ids += ", " + std::to_string(10 + i);
+  const std::string json = R"({"schema": 2, "input_ids": [)" + ids + R"(], "trained": [[)" +
+                           std::to_string(text - 1) + ", " + std::to_string(text + 1) + "]]}";
+  auto parsed = ParseTextMember(json, job.config());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  std::vector<char> seg(layout->total_bytes());
+  layout->WriteFixed(seg.data());
+  layout->WriteDocument(seg.data(), 0, *parsed);
+  auto descs = layout->Finalize(seg.data(), {false, false, false}, {false, false, false}, {});
+  std::map<std::string, v1::ArrayDesc> by;
+  for (auto& d : descs) by[d.name()] = d;
+  ASSERT_EQ(by.count("loss_mask"), 1u);
+  ASSERT_EQ(by.count("doc_image_starts"), 1u);
+  const int32_t* out = reinterpret_cast<const int32_t*>(seg.data() + by["input_ids"].offset());
+  const uint8_t* loss = reinterpret_cast<const uint8_t*>(seg.data() + by["loss_mask"].offset());
+  const int32_t* starts =
+      reinterpret_cast<const int32_t*>(seg.data() + by["doc_image_starts"].offset());
+  EXPECT_EQ(out[0], 2);
+  EXPECT_EQ(out[1], 3);
+  EXPECT_EQ(out[2], 151652);  // vision_start where the placeholder was
+  for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(out[3 + i], pad) << i;
+  EXPECT_EQ(out[3 + n], 151653);
+  EXPECT_EQ(out[4 + n], 12);  // the text after it
+  EXPECT_EQ(out[doc.length - 1], static_cast<int32_t>(10 + text - 1));
+  EXPECT_EQ(starts[0], 3);
+  // Trained: input_ids [text - 1, text + 1): its last two tokens.
+  for (uint32_t t = 0; t < doc.length; ++t) {
+    EXPECT_EQ(loss[t], t >= doc.length - 2 ? 1 : 0) << t;
+  }
+  // The other documents keep the leading layout, every token trained.
+  const auto& doc1 = layout->docs()[1];
+  EXPECT_EQ(starts[1], 1);
+  EXPECT_EQ(out[doc1.token_offset], 151652);
+  EXPECT_EQ(loss[doc1.token_offset + doc1.text_offset], 1);
+}
+
+// A document whose planned length would cut an image's run (or a piece of a
+// split one) keeps the leading layout: every planned image keeps its run.
+TEST(BatchLayoutTest, ARunThePlannedLengthWouldCutKeepsTheLeadingLayout) {
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_cut",
+                                    {.shards = 1, .samples_per_shard = 3});
+  v1::JobInfo job = testing::MakeJob(data, 2, 2);
+  v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
+  const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+  auto layout = BatchLayout::Build(plan, plan.ranks(1), job.config(), p);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const auto& doc = layout->docs()[0];
+  const int32_t pad = static_cast<int32_t>(job.config().vision().image_pad_id());
+  // The placeholder after more text than the document's planned text.
+  std::string ids;
+  for (uint32_t i = 0; i <= doc.text_length; ++i) ids += std::to_string(20 + i) + ", ";
+  ids += std::to_string(pad);
+  auto parsed = ParseTextMember(R"({"schema": 2, "input_ids": [)" + ids + "]}", job.config());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  std::vector<char> seg(layout->total_bytes());
+  layout->WriteFixed(seg.data());
+  layout->WriteDocument(seg.data(), 0, *parsed);
+  const int32_t* out = reinterpret_cast<const int32_t*>(seg.data());
+  for (const auto& d :
+       layout->Finalize(seg.data(), {false, false, false}, {false, false, false}, {})) {
+    if (d.name() == "input_ids") out = reinterpret_cast<const int32_t*>(seg.data() + d.offset());
+  }
+  EXPECT_EQ(out[0], 151652);
+  EXPECT_EQ(out[1], pad);
+  EXPECT_EQ(out[doc.text_offset], 20);
+  EXPECT_EQ(out[doc.length - 1], static_cast<int32_t>(20 + doc.text_length - 1));
+}
+
 // the images it lists and the text from its text_begin.
 TEST(BatchLayoutTest, APieceOfASplitDocumentHoldsItsPartOfTheText) {
   auto data = testing::WriteDataset(::testing::TempDir() + "/layout_piece",
@@ -106,9 +193,12 @@ TEST(BatchLayoutTest, InconsistentPlanIsRefused) {
 }
 
 TEST(BatchLayoutTest, ParsesInputIds) {
-  auto ids = ParseInputIds(R"({"text": "x", "input_ids": [1, 22 ,-3]})");
+  auto ids = ParseInputIds(R"({"text": "x", "input_ids": [1, 22 ,3]})");
   ASSERT_TRUE(ids.ok());
-  EXPECT_EQ(*ids, (std::vector<int32_t>{1, 22, -3}));
+  EXPECT_EQ(*ids, (std::vector<int32_t>{1, 22, 3}));
+  // What the index refuses is refused here too (it reads with the same reader).
+  EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, -3]})").status().code(),
+            absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"tokens": 5})").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, 2)").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(), absl::StatusCode::kDataLoss);

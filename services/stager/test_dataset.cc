@@ -71,9 +71,17 @@ Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec) {
       std::vector<uchar> enc;
       cv::imencode(spec.ext, img, enc);
       const std::string image(enc.begin(), enc.end());
-      std::string json = "{\"input_ids\": [";
-      for (int t = 0; t < spec.text_tokens; ++t) absl::StrAppend(&json, t ? ", " : "", 1000 * id + t);
-      json += "]}";
+      std::string json = spec.schema2 ? "{\"schema\": 2, \"input_ids\": [" : "{\"input_ids\": [";
+      for (int t = 0; t < spec.text_tokens; ++t) {
+        if (spec.schema2 && t == spec.text_tokens / 2) absl::StrAppend(&json, ", 151655");
+        absl::StrAppend(&json, t ? ", " : "", 1000 * id + t);
+      }
+      json += "]";
+      if (spec.schema2) {
+        absl::StrAppend(&json, ", \"trained\": [[", spec.text_tokens / 2 + 1, ", ",
+                        spec.text_tokens + 1, "]]");
+      }
+      json += "}";
       v1::SampleInfo info;
       info.set_sample_id(id);
       info.set_shard(s);

@@ -21,6 +21,9 @@ struct DatasetSpec {
   bool crc = true;                // record CRC-32C in the shard and member refs
   uint32_t audio_ms = 0;          // > 0: every sample also holds k.wav of this length
   uint32_t audio_rate = 8000;     // its sample rate (PCM16 mono)
+  // k.json in schema 2: the image's placeholder (151655, the default
+  // image_pad_id) after the first text_tokens / 2 ids, the rest trained.
+  bool schema2 = false;
 };
 
 // Sample n of the test clips: PCM16 of a 440 Hz sine.

@@ -126,6 +126,38 @@ class BatchTest(unittest.TestCase):
             total += len(mb.image_token_positions)
         self.assertEqual(total, b.num_image_embeds)
 
+    def test_interleaved_documents(self):
+        """Image runs inside the text (schema 2): image tokens found where the runs are, in
+        order; M-RoPE per document as get_rope_index gives it; labels -100 outside the
+        trained spans on top of the other masks."""
+        rng = np.random.default_rng(11)
+        images, llm_of = synthetic.random_step(1, 0, rng)
+        while sum(1 for im in images if im[1] == 1) == 0:  # a document with two images
+            images, llm_of = synthetic.random_step(1, 0, rng)
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _exchange.LocalTransport(),
+                                 interleave=True)
+        self.addCleanup(seg.close)
+        L = b._layout
+        for mb in b.micro_batches:
+            ids, labels = mb.input_ids[0].long(), mb.labels[0]
+            pos = mb.image_token_positions
+            self.assertTrue(bool((ids[pos] == synthetic.PAD).all()))
+            self.assertEqual(len(pos), int((ids == synthetic.PAD).sum()))
+            self.assertTrue(bool((pos[1:] > pos[:-1]).all()))
+            cu = mb.cu_seqlens.long().tolist()
+            d0 = mb._docs[0]
+            for k in range(len(cu) - 1):
+                doc = ids[cu[k]:cu[k + 1]].tolist()
+                if synthetic.PAD in doc:
+                    self.assertNotEqual(doc[0], synthetic.START)  # text before its first image
+                grids = [g for _, g in L.doc_images[d0 + k]]
+                want = hf_style_rope(doc, grids, L.merge, synthetic.PAD)
+                np.testing.assert_array_equal(
+                    mb.mrope_position_ids[:, 0, cu[k]:cu[k + 1]].numpy(), want)
+                # Only each document's last token is trained.
+                kept = (labels[cu[k]:cu[k + 1]] != -100).nonzero().flatten().tolist()
+                self.assertEqual(kept, [cu[k + 1] - cu[k] - 1])
+
     def test_local_exchange_and_scatter_with_gradient_accumulation(self):
         b = self.make()
         x = torch.randn(b.num_encoder_rows, 4, requires_grad=True)

@@ -37,6 +37,8 @@ absl::StatusOr<std::shared_ptr<const Index>> MakeSeedIndex(const SeedWorkloadOpt
 absl::StatusOr<SeedStepShape> SeedShape(const SeedWorkloadOptions& o, const Index& index,
                                         uint32_t ranks, uint64_t max_pixels) {
   v1::JobConfig base;
+  base.mutable_vision()->set_patch_size(o.patch_size);
+  base.mutable_vision()->set_merge_size(o.merge_size);
   ApplyJobDefaults(&base);
   const StageCoster coster(base, index, max_pixels);
   double text = 0, vl = 0;
@@ -90,6 +92,10 @@ v1::JobConfig SeedConfig(const SeedWorkloadOptions& o, const SeedStepShape& shap
   c.mutable_packing()->set_strategy(strategy);
   c.mutable_packing()->set_open_bins(open_bins);
   c.mutable_post_balancing()->set_enabled(post_balancing);
+  if (o.patch_size != 14 || o.merge_size != 2) {
+    c.mutable_vision()->set_patch_size(o.patch_size);
+    c.mutable_vision()->set_merge_size(o.merge_size);
+  }
   ApplyJobDefaults(&c);
   return c;
 }

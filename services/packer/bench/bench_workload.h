@@ -31,6 +31,10 @@ struct SeedWorkloadOptions {
   double audio_fraction = 0;  // VL samples that also carry an audio clip
   uint32_t samples_per_shard = 1000;
   uint64_t seed = 1;
+  // The vision encoder's patch and merge sizes (the job's vision.*): what
+  // an image's tokens are counted in.
+  uint32_t patch_size = 14;
+  uint32_t merge_size = 2;
 };
 
 inline constexpr uint64_t kSeedStage1MaxPixels = 1003520;   // "1 MP"

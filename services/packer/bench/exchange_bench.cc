@@ -112,13 +112,21 @@ void RunGlpk(const ExchangeBenchOptions& o, const Job& job, const Planner& plann
     row->glpk_status = absl::StrCat("no result: ", inst.status().message());
     return;
   }
-  absl::StatusOr<dispatch::RearrangeResult> fast =
-      dispatch::RearrangeLlm(inst->problem, sd.improvement_rounds, sd.balance_tolerance);
+  // As Dispatch rearranges: locality within the working tolerance, then
+  // balance bought back down to balance_tolerance.
+  absl::StatusOr<dispatch::RearrangeResult> fast = dispatch::RearrangeLlm(
+      inst->problem, sd.improvement_rounds, std::max(sd.balance_tolerance, sd.locality_slack),
+      nullptr, (1 + sd.balance_tolerance) * inst->llm_lower_bound);
   if (!fast.ok()) {
     row->glpk_status = absl::StrCat("no result: ", fast.status().message());
     return;
   }
-  inst->problem.bound = fast->bound;  // the same constraint for both
+  // The same constraint for both: the fast placement's bound, or the
+  // balance it bought back below it.
+  const std::vector<double> fast_cost = dispatch::LlmRankCosts(inst->problem, fast->assignment);
+  inst->problem.bound =
+      std::min(fast->bound, std::max((1 + sd.balance_tolerance) * inst->llm_lower_bound,
+                                     *std::max_element(fast_cost.begin(), fast_cost.end())));
   dispatch::IlpOptions io;
   io.time_limit_s = o.glpk_time_limit_s;
   io.start = &fast->assignment;
@@ -165,9 +173,11 @@ absl::StatusOr<std::shared_ptr<const Job>> BenchJob(const ExchangeBenchOptions& 
                                o.open_bins, post);
   c.mutable_post_balancing()->set_padded(o.padded);
   if (o.hidden_size > 0) c.mutable_post_balancing()->set_hidden_size(o.hidden_size);
+  if (o.balance_tolerance >= 0) {
+    c.mutable_post_balancing()->set_balance_tolerance(o.balance_tolerance);
+  }
   JobOptions jo;
   jo.node_aware = node_aware;
-  jo.balance_tolerance = o.balance_tolerance;
   return Job::Create(std::move(c), std::move(index), jo);
 }
 

@@ -51,7 +51,8 @@ struct ExchangeBenchOptions {
   uint32_t shard_nodes = 0;
   bool padded = false;       // post_balancing.padded
   uint32_t hidden_size = 0;  // post_balancing.hidden_size; 0: the default 4096
-  double balance_tolerance = 0.01;
+  // post_balancing.balance_tolerance; negative (default): the job's default.
+  double balance_tolerance = -1;
   std::string pre_strategy = "tutti";  // the `pre` mode's packing strategy
   uint32_t open_bins = 6;              // its N (seed strategies)
   uint32_t plan_repeats = 5;           // Planner::Plan calls timed per world size (median)

@@ -1,6 +1,7 @@
 #include "services/packer/core/dispatcher.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -115,7 +116,86 @@ class PostBalancingDispatcher final : public Dispatcher {
   dispatch::DispatchOptions base_;
 };
 
+// Post-balancing by a peer balancer, node-oblivious: the LLM phase is the
+// peer's deal of the samples on LLM cost into the ranks' sequences (VL
+// samples first, then text on top, as the peer packs), and each encoder
+// phase the peer's partition of the encoder's items on their cost (one
+// unbounded sequence per rank). The placement is written as the
+// post-balancing library writes its own (dispatch::ApplyPlacement).
+class PeerRedealDispatcher final : public Dispatcher {
+ public:
+  PeerRedealDispatcher(const PackingStrategy* peer, const DispatcherOptions& o)
+      : peer_(peer), base_(PostBalancingOptions(o)), name_("post-balancing/" + peer->name()) {}
+
+  const std::string& name() const override { return name_; }
+
+  absl::Status Dispatch(const DispatchStep& step, StepPlanData* plan) const override {
+    dispatch::DispatchOptions o = base_;
+    o.cost = step.model->options();
+    const uint32_t W = o.cluster.world_size;
+    const uint32_t T = static_cast<uint32_t>(plan->text_items.size());
+    dispatch::GivenPlacement g;
+    g.name = peer_->name();
+    PackProblem p;
+    p.ranks = W;
+    p.seq_len = plan->seq_len;
+    p.img_cap = o.slots.img_cap;
+    p.text_seqs_per_rank = plan->text_seqs;
+    p.vl_seqs_per_rank = plan->vl_seqs;
+    p.text = plan->text_items;
+    p.vl = plan->vl_items;
+    p.balance_vit = false;
+    PackResult r;
+    if (absl::Status s = peer_->Pack(p, &r); !s.ok()) {
+      return absl::IsFailedPrecondition(s) ? AsCapacityError(std::move(s)) : s;
+    }
+    const size_t n = plan->samples.size();
+    g.llm.rank.resize(n);
+    g.llm.seq.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      const bool vl = k >= T;
+      const uint32_t per = vl ? plan->vl_seqs : plan->text_seqs;
+      const uint32_t slot = vl ? r.vl_slot[k - T] : r.text_slot[k];
+      g.llm.rank[k] = slot / per;
+      g.llm.seq[k] = (vl ? plan->text_seqs : 0) + slot % per;
+    }
+    for (dispatch::EncoderKind kind : dispatch::kEncoders) {
+      const bool vision = kind == dispatch::EncoderKind::kVision;
+      const size_t items = vision ? plan->images.size() : plan->audio.size();
+      std::vector<PackItem> cost(items);
+      for (size_t i = 0; i < items; ++i) {
+        cost[i].tokens = 1;
+        cost[i].vit = vision ? plan->images[i].cost : plan->audio[i].cost;
+      }
+      PackProblem e;
+      e.ranks = W;
+      e.seq_len = static_cast<uint32_t>(std::max<size_t>(1, items));  // never binds
+      e.vl_seqs_per_rank = 1;
+      e.vl = cost;
+      e.balance_vit = true;
+      if (absl::Status s = peer_->Pack(e, &r); !s.ok()) return s;
+      g.encoder_rank[static_cast<int>(kind)] = std::move(r.vl_slot);
+    }
+    const dispatch::ShardAvailability everywhere;
+    absl::Status s =
+        dispatch::ApplyPlacement(step.staging != nullptr ? *step.staging : everywhere, o, g, plan);
+    return absl::IsInvalidArgument(s)
+               ? absl::FailedPreconditionError(absl::StrCat(name_, ": ", s.message()))
+               : s;
+  }
+
+ private:
+  const PackingStrategy* peer_;
+  dispatch::DispatchOptions base_;
+  const std::string name_;
+};
+
 }  // namespace
+
+std::unique_ptr<Dispatcher> MakePeerRedealDispatcher(const PackingStrategy* peer,
+                                                     const DispatcherOptions& options) {
+  return std::make_unique<PeerRedealDispatcher>(peer, options);
+}
 
 std::unique_ptr<Dispatcher> MakeColocatedDispatcher(const PackingStrategy* strategy,
                                                     const DispatcherOptions& options) {

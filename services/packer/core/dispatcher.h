@@ -35,6 +35,11 @@
 
 namespace tutti::packer {
 
+// post_balancing.balance_tolerance: its default and the largest a job may
+// set (job.proto).
+inline constexpr double kDefaultBalanceTolerance = 0.0001;
+inline constexpr double kMaxBalanceTolerance = 0.1;
+
 // What a dispatcher needs besides the drawn step.
 struct DispatchStep {
   const CostModel* model = nullptr;  // the step's curriculum stage
@@ -75,10 +80,10 @@ struct DispatcherOptions {
   uint32_t hidden_size = 4096;
   uint32_t embedding_dtype_bytes = 2;
   // post: the node-oblivious baseline (false) that benchmarks measure the
-  // node-aware plan against, and the balance tolerance (dispatch_types.h).
-  // Defaults true and 0.01; not job configuration.
+  // node-aware plan against (default true; not job configuration), and the
+  // balance tolerance (post_balancing.balance_tolerance; dispatch_types.h).
   bool node_aware = true;
-  double balance_tolerance = 0.01;
+  double balance_tolerance = kDefaultBalanceTolerance;
 };
 
 // The post-balancing library's options for these settings (cost model and
@@ -89,6 +94,13 @@ dispatch::DispatchOptions PostBalancingOptions(const DispatcherOptions& options)
 std::unique_ptr<Dispatcher> MakeColocatedDispatcher(const PackingStrategy* strategy,
                                                     const DispatcherOptions& options);
 std::unique_ptr<Dispatcher> MakePostBalancingDispatcher(const DispatcherOptions& options);
+// Post-balancing by a peer strategy (lpt, kk, multipack, sequential;
+// `peer` must outlive the dispatcher): each phase re-dealt by the peer's own
+// balancer, node-oblivious (the LLM phase on LLM cost into the sequences,
+// each encoder phase a partition of its items on their cost). The baseline
+// `tutti bench packer --post-balancing` compares tutti's plans with.
+std::unique_ptr<Dispatcher> MakePeerRedealDispatcher(const PackingStrategy* peer,
+                                                     const DispatcherOptions& options);
 
 // Binary variables of the exact LLM rearrangement for a step of
 // `text_samples` + `vl_samples` samples: each sample times every rank's

@@ -273,6 +273,32 @@ TEST(PostBalancingTest, IlpIsExactOnSmallJobsAndRefusedOnLargeOnes) {
   }
 }
 
+// post_balancing.balance_tolerance: unset takes the default (and is not
+// written back, so the fingerprint of a job that never set it is unchanged);
+// 0 to 0.1 is taken as given; anything else is refused at load naming the
+// field and its range.
+TEST(PostBalancingTest, TheBalanceToleranceIsBoundedAndDefaulted) {
+  auto unset = JobOf(PostConfig());
+  ASSERT_TRUE(unset);
+  EXPECT_EQ(unset->dispatcher_options().balance_tolerance, kDefaultBalanceTolerance);
+  EXPECT_FALSE(unset->config().post_balancing().has_balance_tolerance());
+  for (double t : {0.0, 0.003, kMaxBalanceTolerance}) {
+    auto job = JobOf(PostConfig(absl::StrCat("balance_tolerance: ", t)));
+    ASSERT_TRUE(job);
+    EXPECT_EQ(job->dispatcher_options().balance_tolerance, t);
+    EXPECT_NE(job->fingerprint(), unset->fingerprint());
+  }
+  for (const char* bad : {"0.2", "-0.001", "nan", "inf"}) {
+    auto job = MakeJob(PostConfig(absl::StrCat("balance_tolerance: ", bad)), AudioIndex());
+    ASSERT_FALSE(job.ok()) << bad;
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    for (const char* needle : {"post_balancing.balance_tolerance", "outside [0, 0.1]"}) {
+      EXPECT_NE(job.status().message().find(needle), std::string::npos)
+          << bad << ": " << job.status();
+    }
+  }
+}
+
 TEST(PostBalancingTest, AStepAcrossAnEpochBoundaryDrawsNoSampleTwice) {
   SyntheticOptions o = SmallDataset(250);  // streams that the steps do not divide
   auto job = JobOf(PostConfig(), SyntheticIndex(o));
@@ -521,8 +547,8 @@ TEST(ExchangeRunsTest, TheCheckRefusesLayoutsThatBreakARun) {
   {
     v1::StepPlan p = plan;  // one message for every item of every pair
     for (auto& rp : *p.mutable_ranks()) {
-      for (auto* list : {rp.mutable_exchange()->mutable_sends(),
-                         rp.mutable_exchange()->mutable_recvs()}) {
+      for (auto* list :
+           {rp.mutable_exchange()->mutable_sends(), rp.mutable_exchange()->mutable_recvs()}) {
         for (auto& t : *list) {
           t.clear_runs();
           t.add_runs(t.items_size());

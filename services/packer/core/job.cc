@@ -55,7 +55,15 @@ absl::Status Job::Init(const JobOptions& options) {
   d.hidden_size = pb.hidden_size();
   d.embedding_dtype_bytes = static_cast<uint32_t>(DTypeSize(pb.embedding_dtype()));
   d.node_aware = options.node_aware;
-  d.balance_tolerance = options.balance_tolerance;
+  d.balance_tolerance =
+      pb.has_balance_tolerance() ? pb.balance_tolerance() : kDefaultBalanceTolerance;
+  if (!(d.balance_tolerance >= 0 && d.balance_tolerance <= kMaxBalanceTolerance)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "post_balancing.balance_tolerance ", pb.balance_tolerance(), " is outside [0, ",
+        kMaxBalanceTolerance, "]: it is the fraction by which a rank's phase cost may exceed the ",
+        "phase's lower bound to save inter-node bytes, e.g. ", kDefaultBalanceTolerance,
+        " (the default); leave it unset for the default"));
+  }
   dispatcher_options_ = d;
   if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
     const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
@@ -69,8 +77,19 @@ absl::Status Job::Init(const JobOptions& options) {
           "optimum in tutti bench exchange), or fewer samples per step or ranks"));
     }
   }
-  dispatcher_ =
-      pb.enabled() ? MakePostBalancingDispatcher(d) : MakeColocatedDispatcher(strategy_.get(), d);
+  if (!pb.enabled()) {
+    dispatcher_ = MakeColocatedDispatcher(strategy_.get(), d);
+  } else if (options.post_balancing_peer.empty()) {
+    dispatcher_ = MakePostBalancingDispatcher(d);
+  } else {
+    peer_ = MakePeerStrategy(options.post_balancing_peer);
+    if (peer_ == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the post-balancing peer '", options.post_balancing_peer,
+                       "' is not one of lpt, kk, multipack, sequential"));
+    }
+    dispatcher_ = MakePeerRedealDispatcher(peer_.get(), d);
+  }
   ASSIGN_OR_RETURN(overflow_, ResolveOverflowPolicy(config_.overflow()));
   fallback_strategy_ = MakeFirstFitStrategy();
   fallback_dispatcher_ = MakeColocatedDispatcher(fallback_strategy_.get(), d);
@@ -459,6 +478,7 @@ absl::Status Job::CheckStep(uint64_t step) const {
 
 std::string Job::plan_strategy() const {
   if (!post_balancing()) return strategy_->name();
+  if (peer_ != nullptr) return absl::StrCat("post-balancing/", peer_->name());
   return absl::StrCat("post-balancing/", config_.post_balancing().rearrangement());
 }
 

@@ -31,10 +31,14 @@ struct JobOptions {
   // modality at any curriculum stage. Default 0.95.
   double max_expected_fill = 0.95;
   // Post-balancing: node-aware placement (false: the node-oblivious
-  // baseline benchmarks compare against) and the balance tolerance. Defaults
-  // true and 0.01; not job configuration, so every daemon plans alike.
+  // baseline benchmarks compare against). Default true; not job
+  // configuration, so every daemon plans alike.
   bool node_aware = true;
-  double balance_tolerance = 0.01;
+  // Post-balancing by a peer strategy (lpt, kk, multipack, sequential)
+  // instead of tutti's node-aware re-deal (MakePeerRedealDispatcher): the
+  // baselines `tutti bench packer --post-balancing` compares against.
+  // Default empty (tutti's own); not job configuration.
+  std::string post_balancing_peer;
 };
 
 // Index statistics at one curriculum stage.
@@ -168,6 +172,7 @@ class Job {
   std::unique_ptr<Dispatcher> dispatcher_;
   OverflowPolicy overflow_;
   std::unique_ptr<PackingStrategy> fallback_strategy_;
+  std::unique_ptr<PackingStrategy> peer_;  // JobOptions::post_balancing_peer
   std::unique_ptr<Dispatcher> fallback_dispatcher_;
   // The index's own streams, or the filtered copies below when some sample
   // is left out.

@@ -17,6 +17,11 @@
 //               k % W), first fit decreasing into the rank's sequences (and
 //               the same repair as kk)
 //
+// Without balance_vit (a post-balancing re-deal's LLM phase, where ViT cost
+// is dealt apart) there is one cost to balance: every peer deals the text
+// and VL samples in one list by LLM cost, each into a sequence of its own
+// modality (kk and sequential then fill each modality's sequences as above).
+//
 // A rank takes a sample when one of its sequences of the sample's modality
 // has room for its tokens (and image tokens under img_cap). Deterministic:
 // every order breaks ties by position.
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "services/packer/core/packing.h"
 
 namespace tutti::packer {
@@ -157,6 +163,7 @@ class PeerStrategy final : public PackingStrategy {
   absl::Status Pack(const PackProblem& p, PackResult* out) const override {
     out->text_slot.assign(p.text.size(), 0);
     out->vl_slot.assign(p.vl.size(), 0);
+    if (!p.balance_vit) return PackOneList(p, out);
     std::vector<double> llm(p.ranks, 0.0);  // LLM cost per rank, VL first
     if (absl::Status s = PackModality(p, p.vl, p.vl_seqs_per_rank, p.balance_vit, "VL", &llm,
                                       out->vl_slot.data());
@@ -224,7 +231,14 @@ class PeerStrategy final : public PackingStrategy {
   absl::Status Kk(const PackProblem& p, absl::Span<const PackItem> items, uint32_t seqs, bool vit,
                   absl::string_view modality, const std::vector<double>& base,
                   uint32_t* slot) const {
-    const uint32_t W = p.ranks;
+    const std::vector<uint32_t> rank = KkRanks(p.ranks, items, vit, base);
+    return FillRanks(p, items, seqs, rank, vit, base, modality, name_, slot);
+  }
+
+  // The ranks of Karmarkar-Karp's partition of the items by key, the
+  // heaviest part onto the rank with the least base load.
+  static std::vector<uint32_t> KkRanks(uint32_t W, absl::Span<const PackItem> items, bool vit,
+                                       const std::vector<double>& base) {
     std::vector<int32_t> next(items.size(), -1);
     // A partition: its non-empty parts by decreasing sum (the rest are empty).
     std::vector<std::vector<Part>> parts;
@@ -284,7 +298,7 @@ class PeerStrategy final : public PackingStrategy {
         for (int32_t i = final_parts[k].head; i >= 0; i = next[i]) rank[i] = ranks[k];
       }
     }
-    return FillRanks(p, items, seqs, rank, vit, base, modality, name_, slot);
+    return rank;
   }
 
   // Over rank ranges: the least load and the most room any one sequence has
@@ -396,6 +410,145 @@ class PeerStrategy final : public PackingStrategy {
       }
     }
     std::copy(best.begin(), best.end(), slot);
+    return absl::OkStatus();
+  }
+
+  // One list (no balance_vit): the text samples, then the VL samples, as
+  // one item list; `vl` tells a VL item.
+  struct OneList {
+    std::vector<PackItem> items;
+    std::vector<uint8_t> vl;
+    size_t text = 0;  // items[0, text) are the text samples
+  };
+
+  // Writes item i's slot (rank * seqs + sequence within its modality).
+  static void SetSlot(const OneList& l, size_t i, uint32_t slot, PackResult* out) {
+    (i < l.text ? out->text_slot[i] : out->vl_slot[i - l.text]) = slot;
+  }
+
+  // Fills each modality's sequences with the samples `rank` gives them (as
+  // FillRanks), VL first with the text loads as the base, then text with the
+  // VL loads.
+  absl::Status FillBoth(const PackProblem& p, const OneList& l, const std::vector<uint32_t>& rank,
+                        PackResult* out) const {
+    const size_t T = l.text;
+    std::vector<double> text_load(p.ranks, 0.0), vl_load(p.ranks, 0.0);
+    for (size_t i = 0; i < T; ++i) text_load[rank[i]] += l.items[i].llm;
+    const std::vector<uint32_t> vl_rank(rank.begin() + T, rank.end());
+    RETURN_IF_ERROR(FillRanks(p, p.vl, p.vl_seqs_per_rank, vl_rank, false, text_load, "VL", name_,
+                              out->vl_slot.data()));
+    for (size_t i = 0; i < p.vl.size(); ++i) {
+      vl_load[out->vl_slot[i] / p.vl_seqs_per_rank] += p.vl[i].llm;
+    }
+    const std::vector<uint32_t> text_rank(rank.begin(), rank.begin() + T);
+    return FillRanks(p, p.text, p.text_seqs_per_rank, text_rank, false, vl_load, "text", name_,
+                     out->text_slot.data());
+  }
+
+  absl::Status PackOneList(const PackProblem& p, PackResult* out) const {
+    OneList l;
+    l.text = p.text.size();
+    l.items.assign(p.text.begin(), p.text.end());
+    l.items.insert(l.items.end(), p.vl.begin(), p.vl.end());
+    l.vl.assign(l.items.size(), 1);
+    std::fill(l.vl.begin(), l.vl.begin() + l.text, 0);
+    if (l.items.empty()) return absl::OkStatus();
+    switch (peer_) {
+      case Peer::kLpt:
+        return LptOneList(p, l, out);
+      case Peer::kKk:
+        return FillBoth(p, l, KkRanks(p.ranks, l.items, false, std::vector<double>(p.ranks, 0.0)),
+                        out);
+      case Peer::kMultipack:
+        return MultipackOneList(p, l, out);
+      case Peer::kSequential: {
+        std::vector<uint32_t> rank(l.items.size());
+        for (uint32_t i = 0; i < rank.size(); ++i) rank[i] = i % p.ranks;
+        return FillBoth(p, l, rank, out);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status NoRoomOneList(const PackProblem& p, const OneList& l, size_t i) const {
+    return i < l.text ? NoRoom(p, "text", p.text, p.text_seqs_per_rank, name_)
+                      : NoRoom(p, "VL", p.vl, p.vl_seqs_per_rank, name_);
+  }
+
+  absl::Status LptOneList(const PackProblem& p, const OneList& l, PackResult* out) const {
+    Sequences seqs[2] = {Sequences(p, p.text_seqs_per_rank), Sequences(p, p.vl_seqs_per_rank)};
+    std::vector<double> load(p.ranks, 0.0);
+    std::set<std::pair<double, uint32_t>> ranks;
+    for (uint32_t r = 0; r < p.ranks; ++r) ranks.insert({0.0, r});
+    for (uint32_t i : Decreasing(l.items, false)) {
+      Sequences& s = seqs[l.vl[i]];
+      auto it = ranks.begin();
+      int q = -1;
+      for (; it != ranks.end() && (q = s.Fit(it->second, l.items[i])) < 0; ++it) {
+      }
+      if (it == ranks.end()) return NoRoomOneList(p, l, i);
+      const uint32_t r = it->second;
+      ranks.erase(it);
+      load[r] += l.items[i].llm;
+      ranks.insert({load[r], r});
+      SetSlot(l, i, s.Add(r, q, l.items[i]), out);
+    }
+    return absl::OkStatus();
+  }
+
+  // First fit decreasing of both modalities into ranks of capacity `cap`,
+  // each item into a sequence of its modality; false when one fits nowhere.
+  static bool FirstFitOneList(const PackProblem& p, const OneList& l,
+                              const std::vector<uint32_t>& order, double cap, PackResult* out) {
+    Sequences seqs[2] = {Sequences(p, p.text_seqs_per_rank), Sequences(p, p.vl_seqs_per_rank)};
+    std::vector<double> load(p.ranks, 0.0);
+    const uint32_t image_cap = p.img_cap > 0 ? p.img_cap : UINT32_MAX;
+    RankTree trees[2] = {RankTree(load, p.text_seqs_per_rank > 0 ? p.seq_len : 0, UINT32_MAX),
+                         RankTree(load, p.vl_seqs_per_rank > 0 ? p.seq_len : 0, image_cap)};
+    uint32_t rooms[2][2];  // per modality: the rank's largest token and image room
+    for (uint32_t i : order) {
+      const PackItem& it = l.items[i];
+      const int m = l.vl[i];
+      const uint32_t images = m && p.img_cap > 0 ? it.image_tokens : 0;
+      bool placed = false;
+      for (size_t r = trees[m].First(0, cap - it.llm, it.tokens, images); r != SIZE_MAX && !placed;
+           r = trees[m].First(r + 1, cap - it.llm, it.tokens, images)) {
+        const uint32_t rank = static_cast<uint32_t>(r);
+        const int q = seqs[m].Fit(rank, it);
+        if (q < 0) continue;
+        load[r] += it.llm;
+        SetSlot(l, i, seqs[m].Add(rank, q, it), out);
+        for (int k = 0; k < 2; ++k) {
+          seqs[k].Room(rank, &rooms[k][0], &rooms[k][1]);
+          trees[k].Set(r, load[r], rooms[k][0], k == 1 && p.img_cap > 0 ? rooms[k][1] : UINT32_MAX);
+        }
+        placed = true;
+      }
+      if (!placed) return false;
+    }
+    return true;
+  }
+
+  absl::Status MultipackOneList(const PackProblem& p, const OneList& l, PackResult* out) const {
+    const std::vector<uint32_t> order = Decreasing(l.items, false);
+    double total = 0, largest = 0;
+    for (const PackItem& it : l.items) {
+      total += it.llm;
+      largest = std::max(largest, it.llm);
+    }
+    double lo = std::max(total / p.ranks, largest), hi = total;
+    if (!FirstFitOneList(p, l, order, hi, out)) return NoRoomOneList(p, l, order.front());
+    PackResult best = *out;
+    for (int iter = 0; iter < 40 && hi - lo > 1e-6 * hi; ++iter) {
+      const double mid = (lo + hi) / 2;
+      if (FirstFitOneList(p, l, order, mid, out)) {
+        hi = mid;
+        best = *out;
+      } else {
+        lo = mid;
+      }
+    }
+    *out = std::move(best);
     return absl::OkStatus();
   }
 

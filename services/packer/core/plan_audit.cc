@@ -18,6 +18,18 @@ absl::Status Differs(const StepPlanData& p, const std::string& what) {
 
 bool Close(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, a, b}); }
 
+// Sample s's ViT cost under the step's constants: its images as the stage
+// resizes them (an image that does not resize counts nothing; Cost refuses
+// it first).
+double VitCost(const Index& ix, const StageCoster& coster, const CostModel& model, uint32_t s) {
+  double vit = 0;
+  for (uint32_t j = ix.media_begin(s), e = ix.media_end(s); j < e; ++j) {
+    if (!ix.media_is_image(j)) continue;
+    if (auto g = coster.Image(j); g.ok()) vit += model.Vit(g->patches);
+  }
+  return vit;
+}
+
 // max, mean and max(mean, largest item) of per-rank loads.
 struct Phase {
   double max = 0, mean = 0, bound = 0;
@@ -132,6 +144,7 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
   std::vector<double> llm(W, 0.0), vit(W, 0.0);
   double largest_llm = 0, largest_vit = 0;
   const StageCoster& coster = job.coster(stage);
+  const CostModel model(p.cost);  // the config's, or the fit the step was planned with
   // Pieces add up to their document: (sample -> tokens, text, image tokens).
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint64_t>> pieces;
   for (size_t k = 0; k < p.samples.size(); ++k) {
@@ -156,9 +169,9 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
       }
     }
     if ((!whole && !truncated && ps.pieces == 0) ||
-        (whole && (ps.cost.image_tokens != c->image_tokens || !Close(ps.cost.vit, c->vit))) ||
-        ps.cost.llm_tokens > seq_len ||
-        !Close(ps.cost.llm, job.coster(stage).model().Llm(ps.cost.llm_tokens))) {
+        (whole && (ps.cost.image_tokens != c->image_tokens ||
+                   !Close(ps.cost.vit, VitCost(ix, coster, model, ps.sample)))) ||
+        ps.cost.llm_tokens > seq_len || !Close(ps.cost.llm, model.Llm(ps.cost.llm_tokens))) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " is planned with ", ps.cost.llm_tokens,
                                      " tokens / ", ps.cost.image_tokens,
                                      " image tokens, the index "

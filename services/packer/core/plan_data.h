@@ -132,6 +132,12 @@ struct StepPlanData {
   uint32_t ranks_per_node = 1;
   uint32_t text_seqs = 0;  // per rank
   uint32_t vl_seqs = 0;    // per rank
+  // The cost constants the step was planned with: the job config's, or an
+  // online fit's (cost_schedule.h) when cost_fit > 0 (its id; in force from
+  // cost_fit_from).
+  CostModelOptions cost;
+  uint32_t cost_fit = 0;
+  uint64_t cost_fit_from = 0;
 
   std::vector<PlannedSample> samples;  // global batch: text samples, then VL, in draw order
   std::vector<PlannedImage> images;    // batch order

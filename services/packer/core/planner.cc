@@ -1,6 +1,7 @@
 #include "services/packer/core/planner.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -271,7 +272,17 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   const Index& ix = job.index();
   const uint32_t stage = job.StageIndex(step);
   const StageCoster& coster = job.coster(stage);
-  const CostModel& model = coster.model();
+  out->cost = coster.model().options();
+  out->cost_fit = 0;
+  out->cost_fit_from = 0;
+  if (costs_ != nullptr) {
+    if (const std::optional<CostFitEntry> fit = costs_->ForStep(step)) {
+      out->cost = fit->cost;
+      out->cost_fit = fit->id;
+      out->cost_fit_from = fit->from_step;
+    }
+  }
+  const CostModel model(out->cost);
   const uint32_t T = cfg.batch().text_samples_per_step(), V = cfg.batch().vl_samples_per_step();
   const uint32_t W = job.world_size();
   const uint64_t n_text = job.text_samples().size(), n_vl = job.vl_samples().size();
@@ -443,7 +454,8 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   RETURN_IF_ERROR(job.CheckStep(step));
   RETURN_IF_ERROR(Draw(step, out));
   DispatchStep in;
-  in.model = &job.coster(out->stage).model();
+  const CostModel model(out->cost);
+  in.model = &model;
   dispatch::ShardAvailability staging;
   if (staging_ != nullptr) staging = staging_->At(step);
   in.staging = &staging;

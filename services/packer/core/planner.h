@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/packer/core/cost_schedule.h"
 #include "services/packer/core/job.h"
 #include "services/packer/core/overflow.h"
 #include "services/packer/core/plan_data.h"
@@ -76,10 +77,12 @@ class ShardStaging {
 
 class Planner {
  public:
-  // `staging` (may be null: everything staged everywhere) must outlive the
-  // planner.
-  explicit Planner(std::shared_ptr<const Job> job, const ShardStaging* staging = nullptr)
-      : job_(std::move(job)), staging_(staging) {}
+  // `staging` (may be null: everything staged everywhere) and `costs` (may
+  // be null: the job config's constants at every step; else the fits in
+  // force by step, cost_schedule.h) must outlive the planner.
+  explicit Planner(std::shared_ptr<const Job> job, const ShardStaging* staging = nullptr,
+                   const CostSchedule* costs = nullptr)
+      : job_(std::move(job)), staging_(staging), costs_(costs) {}
 
   // Plans `step` into *out, reusing its buffers. Thread-safe (const).
   // OUT_OF_RANGE for a step beyond the dataset's end; RESOURCE_EXHAUSTED
@@ -140,6 +143,7 @@ class Planner {
 
   std::shared_ptr<const Job> job_;
   const ShardStaging* staging_;
+  const CostSchedule* costs_;
   // Transitions and true frontiers computed so far, by step (a bounded
   // window of steps).
   mutable absl::Mutex mu_;

@@ -476,7 +476,7 @@ absl::Status Planner::Admit(StepPlanData* out) const {
   const Job& job = *job_;
   const v1::JobConfig& cfg = job.config();
   const uint32_t W = out->world_size;
-  const CostModel& model = job.coster(out->stage).model();
+  const CostModel model(out->cost);
   const uint32_t NT = static_cast<uint32_t>(out->text_items.size());
   const uint32_t N = static_cast<uint32_t>(out->samples.size());
   const DeferralQueue& in = out->deferred_in;

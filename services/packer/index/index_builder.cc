@@ -109,11 +109,17 @@ absl::StatusOr<std::vector<ListedShard>> ListShards(const std::string& dir,
 uint32_t DefaultIndexThreads() { return std::clamp(UsableCpus(), 2u, 8u); }
 
 std::string IndexOptionsMeta(const IndexBuildOptions& o) {
-  return absl::StrFormat(
+  std::string meta = absl::StrFormat(
       "bytes_per_token=%.17g vocab_size=%u max_source_side=%u max_source_pixels=%u "
       "max_aspect_ratio=%.17g max_images_per_sample=%u max_shard_members=%u max_text_bytes=%u",
       o.bytes_per_token, o.vocab_size, o.max_source_side, o.max_source_pixels, o.max_aspect_ratio,
       o.max_images_per_sample, o.max_shard_members, o.max_text_bytes);
+  // Only when set, so that an index built before they existed is reused.
+  if (o.image_placeholder_id >= 0 || o.audio_placeholder_id >= 0) {
+    absl::StrAppendFormat(&meta, " image_placeholder_id=%d audio_placeholder_id=%d",
+                          o.image_placeholder_id, o.audio_placeholder_id);
+  }
+  return meta;
 }
 
 namespace {

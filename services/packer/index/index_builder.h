@@ -85,6 +85,13 @@ struct IndexBuildOptions {
   // Default 151,936, Qwen2-VL's vocabulary, as the job config's default
   // image token ids are Qwen2-VL's; set it to the tokenizer's. 0: [0, 2^31).
   uint64_t vocab_size = kDefaultVocabSize;
+  // The placeholder ids of schema-2 k.json documents (one per image / audio
+  // clip at its place). A schema-2 sample whose placeholders differ in number
+  // from its image or audio members, or a schema-1 sample holding one in its
+  // text, is skipped as "placeholder_mismatch", named. -1 (default): none
+  // known (`tutti index` takes them from the dataset's tutti_dataset.json).
+  int64_t image_placeholder_id = -1;
+  int64_t audio_placeholder_id = -1;
   // The index built last time (null: read every shard). Used when it indexed
   // the same source directory with the same options above; what it recorded
   // of a shard whose size and modification time are unchanged is taken as

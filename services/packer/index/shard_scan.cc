@@ -92,6 +92,9 @@ struct ShardScanner::Member {
   absl::StatusOr<ImageHeader> image = absl::UnknownError("not probed");
   absl::StatusOr<AudioHeader> wav = absl::UnknownError("not probed");
   absl::Status json_read;  // reading k.json failed
+  // k.json as read (its ids dropped once counted: a shard's samples are
+  // checked after the walk), and its text tokens.
+  absl::StatusOr<SampleJson> json = absl::UnknownError("not probed");
   absl::StatusOr<uint32_t> json_tokens = absl::UnknownError("not probed");
   std::vector<std::string> json_unknown;  // k.json fields tutti does not know
 };
@@ -109,14 +112,29 @@ void ShardScanner::Probe(const RandomAccessFile& f, Member* m) {
         ReadHeader(f, m->offset, m->size, [](absl::string_view b) { return ReadImageHeader(b); });
   } else if (last == "wav") {
     m->wav =
-        ReadHeader(f, m->offset, m->size, [](absl::string_view b) { return ReadWavHeader(b); });
+        ReadHeader(f, m->offset, m->size, [size = m->size](absl::string_view b) {
+          return ReadWavHeader(b, size);
+        });
   } else if (m->ext == "json" && m->size <= o_.max_text_bytes) {
     auto bytes = f.ReadString(m->offset, m->size);
     if (!bytes.ok()) {
       m->json_read = bytes.status();
       return;
     }
-    m->json_tokens = JsonTokenCount(*bytes, o_.bytes_per_token, o_.vocab_size, &m->json_unknown);
+    SampleJsonOptions jo;
+    jo.vocab_size = o_.vocab_size;
+    jo.image_placeholder_id = o_.image_placeholder_id;
+    jo.audio_placeholder_id = o_.audio_placeholder_id;
+    m->json = ParseSampleJson(*bytes, jo);
+    if (!m->json.ok()) {
+      m->json_tokens = m->json.status();
+      return;
+    }
+    m->json_tokens = TokenCount(*m->json, o_.bytes_per_token);
+    m->json->input_ids = {};
+    m->json->trained = {};
+    m->json->meta = {};
+    m->json_unknown = m->json->unknown_fields;
   }
 }
 
@@ -286,6 +304,20 @@ void ShardScanner::ScanSample(Group* g, const ShardChecksums& sums, ShardResult*
     }
     if (!json->json_read.ok()) {
       return Skip(r, g->key, "read_error", std::string(json->json_read.message()));
+    }
+    if (json->json.ok()) {
+      const size_t audio =
+          std::count_if(media.begin(), media.end(), [](const auto& m) { return m.second; });
+      absl::Status st = CheckPlaceholders(*json->json, images, audio);
+      if (!st.ok()) {
+        const bool unknown = o_.image_placeholder_id < 0 && o_.audio_placeholder_id < 0;
+        return Skip(r, g->key, "placeholder_mismatch",
+                    absl::StrCat(g->key, ".json: ", st.message(),
+                                 unknown ? " (no placeholder id is known: the index takes them "
+                                           "from the dataset's tutti_dataset.json or "
+                                           "--image-placeholder-id/--audio-placeholder-id)"
+                                         : ""));
+      }
     }
     if (!json->json_unknown.empty()) {
       ++r->unknown_json_members;

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "common/file_io.h"
+#include "common/sample_json.h"
 #include "services/packer/index/index.h"
 #include "services/packer/index/index_builder.h"
 

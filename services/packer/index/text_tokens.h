@@ -1,7 +1,9 @@
 // Text token counts of WebDataset text members, without a tokenizer.
 //
-//   k.json: the length of its top-level "input_ids" array (pre-tokenised,
-//           every element checked to be a token id), or
+//   k.json: (read by common/sample_json.h, the reader the stager serves
+//           from) the length of its top-level "input_ids" array less its
+//           image/audio placeholders (pre-tokenised, every element checked
+//           to be a token id), or
 //           else its integer "num_tokens" or "token_count" field, or else an
 //           estimate from the byte length of its "text" string.
 //   k.txt:  an estimate from the byte length: ceil(bytes / bytes_per_token).
@@ -18,12 +20,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/sample_json.h"
 
 namespace tutti::packer {
 
 inline constexpr double kDefaultBytesPerToken = 4.0;
 
 uint32_t EstimateTextTokens(uint64_t bytes, double bytes_per_token);
+
+// The text tokens of a parsed k.json; NOT_FOUND when it has no field above.
+absl::StatusOr<uint32_t> TokenCount(const SampleJson& sample, double bytes_per_token);
 
 // Parses a JSON document (the whole k.json member). DATA_LOSS when it is not
 // valid JSON or not an object, or when "input_ids" is not a list of

@@ -36,7 +36,7 @@ TEST(TextTokensTest, InputIdsMustBeTokenIds) {
        {std::pair{R"({"input_ids": [-5, 1]})", "input_ids[0] is -5, outside"},
         {R"({"input_ids": [1, 2, 3.5]})", "input_ids[2] is 3.5, not an integer"},
         {R"({"input_ids": [1, "7"]})", "input_ids[1] is \"7\", not an integer"},
-        {R"({"input_ids": [1, 2e3]})", "input_ids[1] is 2e3, not an integer"}}) {
+        {R"({"input_ids": [1, 2e3]})", "input_ids[1] is 2000.0, not an integer"}}) {
     auto n = JsonTokenCount(json, 4);
     ASSERT_EQ(n.status().code(), absl::StatusCode::kDataLoss) << json;
     EXPECT_NE(n.status().message().find(what), std::string::npos) << n.status();

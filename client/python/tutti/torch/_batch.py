@@ -40,12 +40,15 @@ class LabelOptions:
         skipped (a placeholder of the same shape stands in for it), or one of
         whose images the rank that encodes it skipped (post-balancing:
         Batch.skipped_images).
+    mask_untrained: every token outside its document's trained spans (k.json "trained",
+        schema 2: the assistant's turns), as the stager's loss_mask says.
     """
 
     ignore_index: int = -100
     ignore_token_ids: tuple = None
     mask_document_start: bool = True
     mask_skipped: bool = True
+    mask_untrained: bool = True
 
 
 class _Layout:
@@ -116,7 +119,13 @@ class _Layout:
         version = int(plan.get("plan_version") or 0)
         self.llm_images = []  # (sample_id, image_index, (t, h, w), absolute token position)
         self.doc_images = []  # per doc: [(position within the doc, grid)]
+        # Where each document's image runs start (their first image_pad, in the document);
+        # a batch without the array has them first (vision_start, pads, vision_end each).
+        starts = arrays["doc_image_starts"].astype(np.int64) if "doc_image_starts" in arrays else None
+        # 0 on tokens outside the documents' trained spans (k.json "trained").
+        self.loss_mask = arrays["loss_mask"] if "loss_mask" in arrays else None
         pad_positions = []
+        next_start = 0
         for k, sid in enumerate(self.doc_ids.tolist()):
             slot = slots.get(sid)
             if slot is None:
@@ -130,9 +139,16 @@ class _Layout:
                     "or later: upgrade tutti-packerd")
             at, doc = 1, []
             start = int(self.cu[k])
+            if starts is not None and next_start + len(images) > len(starts):
+                raise tutti.DataLossError(
+                    f"step {self.step}, rank {self.rank}: doc_image_starts holds {len(starts)} "
+                    "entries, fewer than the images of the batch's documents")
             for im in images:
                 g = (int(im["grid_t"] or 1), int(im["grid_h"]), int(im["grid_w"]))
                 n = int(im["llm_tokens"])
+                if starts is not None:
+                    at = int(starts[next_start])
+                    next_start += 1
                 doc.append((at, g))
                 self.llm_images.append((sid, int(im["image_index"] or 0), g, start + at, n))
                 pad_positions.append(np.arange(start + at, start + at + n))
@@ -282,6 +298,8 @@ class MicroBatch:
             b = self._doc_bounds()
             if opts.mask_document_start and len(b) > 1:
                 out[b[:-1]] = opts.ignore_index
+            if opts.mask_untrained and L.loss_mask is not None:
+                out[L.loss_mask[self._t0:self._t1] == 0] = opts.ignore_index
             skipped = L.skipped_samples | {sid for sid, _ in L.skipped_elsewhere}
             if opts.mask_skipped and skipped:
                 d0 = self._docs[0]

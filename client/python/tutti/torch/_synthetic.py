@@ -136,7 +136,8 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4, runs=True):
 class Segment:
     count = 0
 
-    def __init__(self, step, rank, plan, images, bf16=False, skipped=(), dropped=(), sources=0):
+    def __init__(self, step, rank, plan, images, bf16=False, skipped=(), dropped=(), sources=0,
+                 interleave=False):
         by_key = {(im[0], im[1]): im for im in images}
         mine = [by_key[(ip["sample_id"], ip["image_index"])]
                 for e in plan["encoders"] for ip in e["images"]]  # in the plan's order
@@ -146,12 +147,25 @@ class Segment:
         grid = np.array([[1, gh, gw] for _, _, gh, gw, _, _ in mine], np.int32).reshape(-1, 3)
         sids = np.array([im[0] for im in mine], np.int64)
         ids, cu, doc_ids, seq_off, mb_off = [], [0], [], [0], [0]
+        starts, loss = [], []
         for mb in plan["micro_batches"]:
             for seq in mb["sequences"]:
                 for d in seq["docs"]:
-                    for im in d["images"]:
-                        ids += [START] + [PAD] * im["llm_tokens"] + [END]
-                    ids += [7, 8, 9]
+                    if interleave:  # 7, image 0, 8, the other images, 9; 9 trained
+                        begin = len(ids)
+                        ids += [7]
+                        for k, im in enumerate(d["images"]):
+                            starts.append(len(ids) + 1 - begin)
+                            ids += [START] + [PAD] * im["llm_tokens"] + [END]
+                            ids += [8] if k == 0 else []
+                        ids += [9] if d["images"] else [8, 9]
+                        loss += [0] * (len(ids) - begin - 1) + [1]
+                    else:
+                        for im in d["images"]:
+                            starts.append(len(ids) + 1 - cu[-1])
+                            ids += [START] + [PAD] * im["llm_tokens"] + [END]
+                        ids += [7, 8, 9]
+                        loss += [1] * (len(ids) - len(loss))
                     cu.append(len(ids))
                     doc_ids.append(d["sample_id"])
                 seq_off.append(len(ids))
@@ -169,6 +183,9 @@ class Segment:
                   ("seq_offsets", np.array(seq_off, np.int32), "DTYPE_INT32"),
                   ("micro_batch_offsets", np.array(mb_off, np.int32), "DTYPE_INT32"),
                   ("doc_sample_ids", np.array(doc_ids, np.int64), "DTYPE_INT64")]
+        if interleave:
+            arrays += [("loss_mask", np.array(loss, np.uint8), "DTYPE_UINT8"),
+                       ("doc_image_starts", np.array(starts, np.int32), "DTYPE_INT32")]
         offset, layout = 0, []
         for name, a, td in arrays:
             layout.append((name, a, td, offset))
@@ -195,12 +212,14 @@ class Segment:
 
 
 def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=(),
-          runs=True, dropped=(), sources=None):
+          runs=True, dropped=(), sources=None, interleave=False):
     """skipped: sample ids this rank's stager lists as skipped; dropped: sample ids whose
-    images this rank's batch lacks; runs: see rank_plan; sources: see job."""
+    images this rank's batch lacks; runs: see rank_plan; sources: see job; interleave: each
+    image run after a text token (the stager's schema-2 layout, with doc_image_starts and
+    loss_mask)."""
     plan = rank_plan(world, rank, images, llm_of, hidden, runs=runs)
     seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped, dropped=dropped,
-                  sources=len(sources) if sources else 0)
+                  sources=len(sources) if sources else 0, interleave=interleave)
     raw = tutti.map_batch(seg.desc, copy_on_write=True)
     b = Batch(raw, job(world, hidden, sources=sources))
     b._transport = transport

@@ -141,12 +141,16 @@ struct DispatchOptions {
   // Place items and samples to minimise inter-node bytes (default) or ignore
   // nodes (the baseline the node-aware plan is measured against).
   bool node_aware = true;
-  // Balance constraint of the node-aware placements: every rank's phase cost
-  // is at most (1 + balance_tolerance) x the phase's lower bound, or, when
-  // the node-aware greedy cannot reach that, (1 + balance_tolerance) x the
-  // makespan of the node-oblivious balancer. Locality is sought only within
-  // it; a smaller tolerance trades inter-node bytes for balance. Default 1%.
-  double balance_tolerance = 0.01;
+  // Balance against inter-node bytes. The node-aware placements first seek
+  // locality with every rank's phase cost within (1 + w) x the phase's
+  // lower bound, w = max(balance_tolerance, locality_slack) (or, when the
+  // node-aware greedy cannot reach that, (1 + w) x the makespan of the
+  // node-oblivious balancer); then each phase is lowered to
+  // (1 + balance_tolerance) x its lower bound by moves that add the fewest
+  // bytes. A smaller tolerance trades inter-node bytes for balance.
+  // Defaults 0.01% (a job's post_balancing.balance_tolerance default) and 1%.
+  double balance_tolerance = 0.0001;
+  double locality_slack = 0.01;
   // Run Karmarkar-Karp largest differencing (O(n * W log W)) besides LPT for
   // encoder phases with at most this many ranks; LPT alone above. Default 64.
   uint32_t kk_max_ranks = 64;

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <optional>
 #include <queue>
+#include <set>
 #include <tuple>
 
 #include "services/packer/core/post_balancing/balance.h"
@@ -289,6 +290,171 @@ std::vector<uint8_t> MoveTowardNodes(const EncoderProblem& p,
     }
   }
   return touched;
+}
+
+double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>& preferred,
+                            const std::vector<uint64_t>& weight,
+                            const std::vector<uint64_t>& load_weight, double target,
+                            uint32_t rounds, std::vector<uint32_t>* rank) {
+  const uint32_t W = p.cluster.world_size, rpn = p.cluster.ranks_per_node;
+  std::vector<double> load = BinLoads(p.cost, W, *rank);
+  if (W <= 1 || Within(*std::max_element(load.begin(), load.end()), target)) {
+    return load.empty() ? 0 : *std::max_element(load.begin(), load.end());
+  }
+  // Every rank's items by increasing cost, with what their bytes depend on
+  // (read in every step: kept beside the cost, not looked up), kept so as
+  // they move.
+  struct Entry {
+    double cost;
+    uint32_t item;
+    uint32_t preferred;
+    double weight, load_weight;
+    bool operator<(const Entry& o) const { return cost != o.cost ? cost < o.cost : item < o.item; }
+  };
+  // Kept across calls on this thread: a W = 2560 step lists 200,000 items,
+  // and fresh lists every step would be fresh pages every step.
+  thread_local std::vector<std::vector<Entry>> members;
+  if (members.size() < W) members.resize(W);
+  for (uint32_t r = 0; r < W; ++r) members[r].clear();
+  for (uint32_t i = 0; i < rank->size(); ++i) {
+    members[(*rank)[i]].push_back({p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
+                                   static_cast<double>(load_weight[i])});
+  }
+  // Sorted when first read: a step touches the slowest ranks and the least
+  // loaded ones, not always all of them.
+  std::vector<uint8_t> sorted(W, 0);
+  auto list = [&](uint32_t r) -> std::vector<Entry>& {
+    if (!sorted[r]) std::sort(members[r].begin(), members[r].end()), sorted[r] = 1;
+    return members[r];
+  };
+  std::vector<double> node_load(p.cluster.nodes(), 0.0);
+  for (uint32_t r = 0; r < W; ++r) node_load[p.cluster.node_of(r)] += load[r];
+  std::set<std::pair<double, uint32_t>> order;  // (load, rank)
+  for (uint32_t r = 0; r < W; ++r) order.insert({load[r], r});
+  auto node = [&](uint32_t r) { return p.cluster.node_of(r); };
+  // Bytes of an item while on node n: its output off its preferred node,
+  // its input where its shard is not staged (a remote load).
+  const bool everywhere = p.availability == nullptr || p.availability->all();
+  auto bytes = [&](const Entry& x, uint32_t n) {
+    return (x.preferred != kNoNode && x.preferred != n ? x.weight : 0.0) +
+           (everywhere || p.Staged(x.item, n) ? 0.0 : x.load_weight);
+  };
+  auto set_load = [&](uint32_t r, double v) {
+    order.erase({load[r], r});
+    node_load[node(r)] += v - load[r];
+    load[r] = v;
+    order.insert({v, r});
+  };
+  auto move = [&](uint32_t i, uint32_t from, uint32_t to) {
+    const Entry e{p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
+                  static_cast<double>(load_weight[i])};
+    auto& m = list(from);
+    m.erase(std::lower_bound(m.begin(), m.end(), e));
+    auto& n = list(to);
+    n.insert(std::lower_bound(n.begin(), n.end(), e), e);
+    (*rank)[i] = to;
+  };
+  constexpr uint32_t kTargets = 8, kWideTargets = 64;
+  std::vector<uint32_t> targets;
+  const uint64_t max_steps = uint64_t{rounds} * W;
+  for (uint64_t step = 0; step < max_steps; ++step) {
+    const uint32_t top = order.rbegin()->second;
+    const double peak = load[top];
+    if (Within(peak, target)) break;
+    const uint32_t ntop = node(top);
+    // The best change so far: free ones (no bytes added) by the load they
+    // leave, then the others by bytes per unit of makespan taken off.
+    bool found = false, best_free = false;
+    double best_key = 0, best_v = 0;
+    uint32_t bi = 0, bj = kNone, bt = 0;
+    auto consider = [&](double delta, double v, uint32_t i, uint32_t j, uint32_t t) {
+      if (!(v < peak * (1 - 1e-12))) return;
+      const bool free = delta <= 0;
+      const double key = free ? v : delta / (peak - std::max(v, target));
+      const bool better =
+          !found || (free && !best_free) ||
+          (free == best_free && (key < best_key || (key == best_key && v < best_v)));
+      if (better)
+        found = true, best_free = free, best_key = key, best_v = v, bi = i, bj = j, bt = t;
+    };
+    const std::vector<Entry>& mine = list(top);
+    // Moves, then (if none lowers the pair) swaps of i (top) with a smaller
+    // j (t): top drops by d = c_i - c_j, t rises by d; the best d is the one
+    // closest to half their gap. Both lists ascend, so the partners are
+    // found in one walk.
+    auto search = [&] {
+      for (uint32_t t : targets) {
+        const uint32_t nt = node(t);
+        for (const Entry& x : mine) {
+          if (load[t] + x.cost >= peak) break;  // no later (larger) item lowers the pair
+          consider(bytes(x, nt) - bytes(x, ntop), std::max(peak - x.cost, load[t] + x.cost), x.item,
+                   kNone, t);
+        }
+      }
+      if (found) return;
+      for (uint32_t t : targets) {
+        const uint32_t nt = node(t);
+        const double gap = peak - load[t];
+        const std::vector<Entry>& theirs = list(t);
+        size_t k = 0;
+        for (const Entry& x : mine) {
+          const double want = x.cost - gap / 2;
+          while (k < theirs.size() && theirs[k].cost < want) ++k;
+          for (size_t c : {k, k > 0 ? k - 1 : k}) {
+            if (c >= theirs.size()) continue;
+            const Entry& y = theirs[c];
+            const double d = x.cost - y.cost;
+            if (d <= 0) continue;
+            const double delta = bytes(x, nt) + bytes(y, ntop) - bytes(x, ntop) - bytes(y, nt);
+            consider(delta, std::max(peak - d, load[t] + d), x.item, y.item, t);
+          }
+        }
+      }
+    };
+    // While top's node holds no more than target a rank, changes inside it
+    // (free) can do; otherwise load must leave the node: to the least loaded
+    // ranks elsewhere.
+    targets.clear();
+    if (node_load[ntop] <= target * rpn) {
+      // The node's two least loaded other ranks: the widest gaps to top.
+      uint32_t a = kNone, b = kNone;
+      for (uint32_t r = ntop * rpn; r < (ntop + 1) * rpn; ++r) {
+        if (r == top) continue;
+        if (a == kNone || load[r] < load[a]) {
+          b = a, a = r;
+        } else if (b == kNone || load[r] < load[b]) {
+          b = r;
+        }
+      }
+      for (uint32_t r : {a, b}) {
+        if (r != kNone) targets.push_back(r);
+      }
+      search();
+    }
+    // When none of the few least loaded ranks takes a change (few items a
+    // rank), the next ones may: up to kWideTargets.
+    for (uint32_t want : {kTargets, kWideTargets}) {
+      if (found) break;
+      targets.clear();
+      uint32_t far = 0;
+      for (auto it = order.begin(); it != order.end() && far < want; ++it) {
+        if (node(it->second) == ntop) continue;
+        if (far++ >= (want == kTargets ? 0 : kTargets)) targets.push_back(it->second);
+      }
+      search();
+    }
+    if (!found) break;
+    double top_load = load[top] - p.cost[bi], t_load = load[bt] + p.cost[bi];
+    move(bi, top, bt);
+    if (bj != kNone) {
+      move(bj, bt, top);
+      top_load += p.cost[bj];
+      t_load -= p.cost[bj];
+    }
+    set_load(top, top_load);
+    set_load(bt, t_load);
+  }
+  return order.rbegin()->first;
 }
 
 }  // namespace tutti::dispatch

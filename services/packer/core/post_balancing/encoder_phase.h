@@ -67,6 +67,22 @@ std::vector<uint8_t> MoveTowardNodes(const EncoderProblem& problem,
                                      const std::vector<uint64_t>& weight, double bound,
                                      std::vector<uint32_t>* rank);
 
+// Lowers the makespan toward `target`, stopping once every rank is within
+// it: moves and swaps off the most loaded rank (to the two least loaded
+// other ranks of its node while the node holds no more than `target` a
+// rank, else to the 8 least loaded ranks elsewhere, then the next 56 when
+// none of those takes a change), each lowering the larger of the two ranks
+// it touches. A change that adds no bytes is taken first (the one that
+// leaves those ranks lowest); otherwise the one adding the fewest bytes per
+// unit of the makespan it takes off down to `target`. An item's bytes are
+// its `weight` while it is off its preferred node (kNoNode: none anywhere)
+// plus its `load_weight` while on a node that does not stage its shard (a
+// remote load). At most rounds x ranks changes. Returns the makespan after.
+double RebalanceFewestBytes(const EncoderProblem& problem, const std::vector<uint32_t>& preferred,
+                            const std::vector<uint64_t>& weight,
+                            const std::vector<uint64_t>& load_weight, double target,
+                            uint32_t rounds, std::vector<uint32_t>* rank);
+
 // Lowers the makespan inside every node (or the nodes flagged in `only`)
 // without changing any item's node.
 void ImproveWithinNodes(const EncoderProblem& problem, uint32_t rounds, std::vector<uint32_t>* rank,

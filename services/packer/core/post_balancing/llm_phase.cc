@@ -92,8 +92,15 @@ absl::StatusOr<LlmAssignment> BalanceLlm(const LlmProblem& problem, uint32_t rou
 }
 
 absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t rounds,
-                                             double tolerance, const LlmAssignment* balanced) {
+                                             double tolerance, const LlmAssignment* balanced,
+                                             double target) {
   const double stop_at = LlmLowerBound(problem) * (1 + 1e-6);
+  // Balance bought with bytes, down to the target.
+  auto rebalance = [&](Placer* placer) {
+    if (target > 0 && placer->Peak() > target) {
+      placer->ImproveBalance(Placer::ByteRule::kFewest, rounds, target);
+    }
+  };
   // The greedy (both orders on small steps, where it is cheap, keeping the
   // one with fewer bytes) and its local searches within `bound`; false if
   // no order meets the bound.
@@ -111,6 +118,7 @@ absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t
       if (!Within(placer.Peak(), bound)) continue;
       placer.ImproveLocality(bound);
       placer.ImproveBalance(true, rounds, stop_at);
+      rebalance(&placer);
       LlmAssignment a = placer.Result();
       const uint64_t bytes = LlmInterNodeBytes(problem, a);
       if (!found || bytes < found_bytes) {
@@ -141,6 +149,7 @@ absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t
   placer.Load(*balanced);
   placer.ImproveLocality(raised);
   placer.ImproveBalance(true, rounds, stop_at);
+  rebalance(&placer);
   out.assignment = placer.Result();
   out.bound = raised;
   return out;

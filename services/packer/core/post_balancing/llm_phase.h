@@ -107,10 +107,14 @@ struct RearrangeResult {
 // max(problem.bound, (1 + tolerance) x the makespan of the node-oblivious
 // `balanced` placement (computed with BalanceLlm when null)) and the greedy
 // retried, then, failing that, the local search run from `balanced`.
+// With a positive `target` (below the bound), the placement is then lowered
+// toward it by balance moves that add bytes where they must: one that adds
+// none first, else the fewest bytes per unit of peak taken off.
 // Fails only as BalanceLlm does.
 absl::StatusOr<RearrangeResult> RearrangeLlm(const LlmProblem& problem, uint32_t rounds,
                                              double tolerance,
-                                             const LlmAssignment* balanced = nullptr);
+                                             const LlmAssignment* balanced = nullptr,
+                                             double target = 0);
 
 // Recomputed from scratch (no incremental drift).
 std::vector<double> LlmRankCosts(const LlmProblem& problem, const LlmAssignment& a);

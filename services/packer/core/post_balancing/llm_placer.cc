@@ -130,7 +130,9 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
   return true;
 }
 
-void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
+void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_at) {
+  const bool node_aware = mode != ByteRule::kIgnore;
+  const bool fewest = mode == ByteRule::kFewest;
   const uint32_t W = p_.cluster.world_size;
   if (W <= 1) return;
   constexpr uint32_t kTargets = 6;
@@ -145,8 +147,15 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
     ordered_.insert({cost(r), r});
   }
   ordered_active_ = true;
-  std::vector<uint32_t> targets;
-  const uint64_t max_steps = uint64_t{rounds} * W;
+  std::vector<uint32_t> targets, swap_targets;
+  std::vector<double> here;
+  constexpr size_t kSortedSwaps = 3;
+  // Unpadded, a doc adds its own cost to a rank; padded, possibly nothing.
+  const double min_add = p_.padded ? 0.0 : 1.0;
+  // Buying balance with bytes takes at most rounds x min(W, 128) steps: at
+  // W = 2560, rounds x W steps would cost more than the rest of the plan.
+  const uint64_t max_steps =
+      uint64_t{rounds} * (fewest ? std::min<uint32_t>(W, kFewestBytesRanks) : W);
   // Stop once the peak is within 0.01% of the mean (checked every 16 steps;
   // padded costs change the mean as documents move), or when W steps lowered
   // it by less than 0.01%.
@@ -179,8 +188,11 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
         targets.push_back(r);
       }
     }
-    // Swaps need room only for the difference: add the least loaded others.
-    for (auto it = ordered_.begin(); it != ordered_.end() && targets.size() < 2 * kTargets; ++it) {
+    // Swaps need room only for the difference: add the least loaded others
+    // (not for unpadded kFewest, whose swaps look at the least loaded ranks
+    // by cost below).
+    const size_t with_others = fewest && !p_.padded ? 0 : 2 * kTargets;
+    for (auto it = ordered_.begin(); it != ordered_.end() && targets.size() < with_others; ++it) {
       if (it->second != top &&
           std::find(targets.begin(), targets.end(), it->second) == targets.end()) {
         targets.push_back(it->second);
@@ -198,29 +210,102 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
     }
     double best = peak * (1 - 1e-12);
     uint32_t best_d = kUnplaced, best_e = kUnplaced, best_t = 0, best_q = 0;
+    // kFewest: the best change so far is free (adds no bytes; then ranked by
+    // the peak it leaves, `best`) or not (ranked by bytes per unit of peak
+    // taken off down to stop_at, `best_key`).
+    bool best_free = false;
+    double best_key = 0;
+    auto better = [&](double delta, double v) {
+      if (!(v < peak * (1 - 1e-12))) return false;
+      if (!fewest) return v < best;
+      const bool free = delta <= 0;
+      const double key = free ? v : delta / (peak - std::max(v, stop_at));
+      if (best_d != kUnplaced && !free && best_free) return false;
+      if (best_d != kUnplaced && free == best_free && !(key < best_key)) return false;
+      best_free = free, best_key = key;
+      return true;
+    };
+    // Top's documents' bytes where they are, read once a step.
+    here.clear();
+    if (node_aware) {
+      for (uint32_t d : members_[top]) here.push_back(static_cast<double>(Bytes(d, node(top))));
+    }
     for (uint32_t t : targets) {
-      for (uint32_t d : members_[top]) {
-        if (node_aware && Bytes(d, node(t)) > Bytes(d, node(top))) continue;
+      for (size_t k = 0; k < members_[top].size(); ++k) {
+        const uint32_t d = members_[top][k];
         uint32_t q;
         double add;
-        if (!Best(t, d, &q, &add)) continue;
+        if (cost(t) + cost_[d] * min_add >= peak || !Best(t, d, &q, &add)) continue;
         const double rm = state_.RemoveDelta(top, seq_[d], p_.docs[d].tokens, cost_[d]);
         const double v = std::max(peak - rm, cost(t) + add);
-        if (v < best) best = v, best_d = d, best_e = kUnplaced, best_t = t, best_q = q;
+        if (!(v < peak * (1 - 1e-12))) continue;
+        const double delta = node_aware ? Bytes(d, node(t)) - here[k] : 0.0;
+        if (mode == ByteRule::kNone && delta > 0) continue;
+        if (better(delta, v)) best = v, best_d = d, best_e = kUnplaced, best_t = t, best_q = q;
+      }
+    }
+    if (fewest && !p_.padded && (best_d == kUnplaced || !best_free)) {
+      // Unpadded costs add up: swapping d (top) with a cheaper e of its
+      // modality on t lowers top by c_d - c_e and raises t as much, best
+      // when that is half their gap. Partners by cost on the least loaded
+      // ranks and top's least loaded node-mate.
+      swap_targets.clear();
+      for (auto it = ordered_.begin(); it != ordered_.end() && swap_targets.size() < kSortedSwaps;
+           ++it) {
+        if (it->second != top) swap_targets.push_back(it->second);
+      }
+      if (node_aware && targets.back() != top &&
+          std::find(swap_targets.begin(), swap_targets.end(), targets.back()) ==
+              swap_targets.end()) {
+        swap_targets.push_back(targets.back());  // the node-mate (added last above)
+      }
+      for (uint32_t t : swap_targets) {
+        const double gap = peak - cost(t);
+        by_cost_.clear();
+        for (uint32_t e : members_[t]) by_cost_.push_back({p_.docs[e].vl, cost_[e], e});
+        std::sort(by_cost_.begin(), by_cost_.end());
+        for (uint32_t d : members_[top]) {
+          const bool vl = p_.docs[d].vl;
+          const auto k = std::lower_bound(by_cost_.begin(), by_cost_.end(),
+                                          SortedDoc{vl, cost_[d] - gap / 2, 0});
+          for (auto c = k - std::min<ptrdiff_t>(2, k - by_cost_.begin());
+               c != by_cost_.end() && c < k + 2; ++c) {
+            const uint32_t e = c->doc;
+            if (c->vl != vl || !(c->cost < cost_[d])) continue;
+            if (!(std::max(peak - (cost_[d] - c->cost), cost(t) + cost_[d] - c->cost) <
+                  peak * (1 - 1e-12))) {
+              continue;
+            }
+            const double delta = static_cast<double>(Bytes(d, node(t))) + Bytes(e, node(top)) -
+                                 Bytes(d, node(top)) - Bytes(e, node(t));
+            double dt, dtop;
+            if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens,
+                                     cost_[d], &dt, p_.docs[e].image_tokens,
+                                     p_.docs[d].image_tokens) ||
+                !state_.ReplaceDelta(top, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[e].tokens,
+                                     cost_[e], &dtop, p_.docs[d].image_tokens,
+                                     p_.docs[e].image_tokens)) {
+              continue;
+            }
+            const double v = std::max(peak + dtop, cost(t) + dt);
+            if (better(delta, v)) best = v, best_d = d, best_e = e, best_t = t;
+          }
+        }
       }
     }
     uint32_t checks = 0;
     for (uint32_t t : targets) {
-      if (best_d != kUnplaced || checks > kSwapChecks) break;
+      if ((best_d != kUnplaced && (!fewest || best_free || !p_.padded)) || checks > kSwapChecks) {
+        break;
+      }
       for (uint32_t d : members_[top]) {
         if (checks > kSwapChecks) break;
         for (uint32_t e : members_[t]) {
           if (++checks > kSwapChecks) break;
           if (p_.docs[e].vl != p_.docs[d].vl || p_.docs[e].tokens >= p_.docs[d].tokens) continue;
-          if (node_aware &&
-              Bytes(d, node(t)) + Bytes(e, node(top)) > Bytes(d, node(top)) + Bytes(e, node(t))) {
-            continue;
-          }
+          const double delta = static_cast<double>(Bytes(d, node(t))) + Bytes(e, node(top)) -
+                               Bytes(d, node(top)) - Bytes(e, node(t));
+          if (mode == ByteRule::kNone && delta > 0) continue;
           double dt, dtop;
           if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens,
                                    cost_[d], &dt, p_.docs[e].image_tokens,
@@ -231,7 +316,7 @@ void Placer::ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
             continue;
           }
           const double v = std::max(peak + dtop, cost(t) + dt);
-          if (v < best) best = v, best_d = d, best_e = e, best_t = t;
+          if (better(delta, v)) best = v, best_d = d, best_e = e, best_t = t;
         }
       }
     }

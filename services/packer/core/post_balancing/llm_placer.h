@@ -29,6 +29,9 @@ constexpr size_t kPortfolioDocs = 20000;
 // (each repair looks at every rank).
 constexpr size_t kRepairDocs = 4000;
 constexpr uint32_t kRepairRanks = 64;
+// Ranks whose share of the search a pass that buys balance with bytes may
+// spend (ImproveBalance with ByteRule::kFewest: rounds x min(W, this) steps).
+constexpr uint32_t kFewestBytesRanks = 128;
 
 inline bool Within(double cost, double bound) {
   return cost <= bound + kRelSlack * std::abs(bound);
@@ -226,9 +229,18 @@ class Placer {
   // never add bytes, looking at most at *budget candidates. True on success.
   bool RepairBound(double bound, uint64_t* budget);
 
-  // Moves and swaps off the most loaded rank; with node_aware, never adds
-  // bytes. Stops when the peak rank cannot be lowered or is at most stop_at.
-  void ImproveBalance(bool node_aware, uint32_t rounds, double stop_at);
+  // What balance moves may do to the inter-node bytes.
+  enum class ByteRule {
+    kIgnore,  // node-oblivious
+    kNone,    // never add bytes
+    kFewest,  // a change that adds none first, else the fewest per unit of peak taken off
+  };
+  // Moves and swaps off the most loaded rank. Stops when the peak rank
+  // cannot be lowered or is at most stop_at.
+  void ImproveBalance(ByteRule bytes, uint32_t rounds, double stop_at);
+  void ImproveBalance(bool node_aware, uint32_t rounds, double stop_at) {
+    ImproveBalance(node_aware ? ByteRule::kNone : ByteRule::kIgnore, rounds, stop_at);
+  }
   // Moves or swaps docs onto cheaper nodes while every rank stays within bound.
   void ImproveLocality(double bound);
 
@@ -269,6 +281,16 @@ class Placer {
   std::vector<std::pair<uint64_t, uint32_t>> cheaper_;
   // Ranks out of a modality's tree for lack of room, by room (max first).
   std::priority_queue<std::pair<uint32_t, uint32_t>> parked_[2];
+  // ImproveBalance's swap partners of one rank by (modality, cost).
+  struct SortedDoc {
+    bool vl;
+    double cost;
+    uint32_t doc;
+    bool operator<(const SortedDoc& o) const {
+      return vl != o.vl ? vl < o.vl : cost != o.cost ? cost < o.cost : doc < o.doc;
+    }
+  };
+  std::vector<SortedDoc> by_cost_;
   // Ranks by cost, kept only while ImproveBalance runs.
   std::set<std::pair<double, uint32_t>> ordered_;
   std::vector<double> ordered_cost_;

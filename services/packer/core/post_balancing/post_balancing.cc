@@ -281,6 +281,12 @@ absl::Status ValidateStep(const StepPlanData& step, const ShardAvailability& av,
 
 namespace {
 
+// The balance tolerance the node-aware greedy passes seek locality within
+// (dispatch_types.h): each phase is lowered to balance_tolerance after.
+double WorkingTolerance(const DispatchOptions& o) {
+  return o.node_aware ? std::max(o.balance_tolerance, o.locality_slack) : o.balance_tolerance;
+}
+
 // Encoder phases and the LLM rearrangement problem (shared by Dispatch and
 // BuildRearrangement).
 absl::StatusOr<RearrangementInstance> Stage(const StepPlanData& step,
@@ -291,6 +297,7 @@ absl::StatusOr<RearrangementInstance> Stage(const StepPlanData& step,
   const ClusterShape& c = o.cluster;
   const uint32_t W = c.world_size;
   const size_t n = step.samples.size();
+  const double work = WorkingTolerance(o);
   RearrangementInstance inst;
   for (EncoderKind kind : kEncoders) {
     const int e = static_cast<int>(kind);
@@ -298,14 +305,14 @@ absl::StatusOr<RearrangementInstance> Stage(const StepPlanData& step,
     const EncoderProblem& prob = (*flat)[e].problem;
     inst.encoder_lower_bound[e] = MakespanLowerBound(prob.cost, W);
     EncoderPlacement placed =
-        PlaceEncoder(prob, o.node_aware, o.balance_tolerance, o.kk_max_ranks, o.improvement_rounds);
+        PlaceEncoder(prob, o.node_aware, work, o.kk_max_ranks, o.improvement_rounds);
     inst.encoder_bound[e] = placed.bound;
     inst.encoder_rank[e] = std::move(placed.rank);
   }
   LlmProblem& llm = inst.problem;
   llm = MakeLlmProblem(step, o);
   inst.llm_lower_bound = LlmLowerBound(llm);
-  llm.bound = (1 + o.balance_tolerance) * inst.llm_lower_bound;
+  llm.bound = (1 + work) * inst.llm_lower_bound;
   if (!o.node_aware) {
     ASSIGN_OR_RETURN(*balanced, BalanceLlm(llm, o.improvement_rounds));
     const auto cost = LlmRankCosts(llm, *balanced);
@@ -369,12 +376,19 @@ struct RearrangeStats {
   std::string rearrangement = "fast";
 };
 
-absl::StatusOr<LlmAssignment> Rearrange(const DispatchOptions& o, LlmProblem* llm,
+absl::StatusOr<LlmAssignment> Rearrange(const DispatchOptions& o, double target, LlmProblem* llm,
                                         RearrangeStats* stats) {
   ASSIGN_OR_RETURN(RearrangeResult rr,
-                   RearrangeLlm(*llm, o.improvement_rounds, o.balance_tolerance));
+                   RearrangeLlm(*llm, o.improvement_rounds, WorkingTolerance(o), nullptr, target));
   stats->llm_fallback = rr.fell_back;
   llm->bound = rr.bound;
+  if (target > 0) {
+    // Balance bought back below the bound is kept: an exact rearrangement
+    // must not give it away.
+    const std::vector<double> cost = LlmRankCosts(*llm, rr.assignment);
+    llm->bound =
+        std::min(llm->bound, std::max(target, *std::max_element(cost.begin(), cost.end())));
+  }
   stats->rearrangement = "fast";
   if (o.rearrangement != Rearrangement::kIlp) return std::move(rr.assignment);
   IlpOptions io;
@@ -497,47 +511,24 @@ void DrawnImbalance(const StepPlanData& step, const std::array<FlatEncoder, kNum
 
 }  // namespace
 
-absl::Status Dispatch(const ShardAvailability& availability, const DispatchOptions& options,
-                      StepPlanData* step) {
-  const DispatchOptions o = WithSeqLen(*step, options);
-  RETURN_IF_ERROR(ValidateStep(*step, availability, o));
+namespace {
+
+// Writes a placement to the step (steps 3 and 4 of Dispatch): every sample's
+// LLM rank and sequence, every encoder item's rank, remote loads and their
+// sources, and the phase summaries with the drawn split as "before".
+void WritePlacement(const ShardAvailability& availability, const DispatchOptions& o,
+                    const std::array<FlatEncoder, kNumEncoders>& flat,
+                    const RearrangementInstance& inst, const LlmAssignment& assignment,
+                    StepPlanData* step) {
   const ClusterShape& c = o.cluster;
   const uint32_t W = c.world_size;
   const uint32_t n = static_cast<uint32_t>(step->samples.size());
   const bool restricted = !availability.all();
-
-  // 1. Encoder phases and the LLM problem.
-  std::array<FlatEncoder, kNumEncoders> flat;
-  LlmAssignment balanced;
-  const StagingIndex staging(availability);
-  ASSIGN_OR_RETURN(RearrangementInstance inst,
-                   Stage(*step, availability, o, staging, &flat, &balanced));
-  LlmProblem& llm = inst.problem;
+  const LlmProblem& llm = inst.problem;
   std::vector<uint32_t> node(W);  // node of every rank (no division in the loops below)
   for (uint32_t r = 0; r < W; ++r) node[r] = c.node_of(r);
 
-  // 2. The LLM placement (node-aware: the rearrangement), then encoder items
-  // pulled onto their sample's LLM node where the encoder bound allows.
-  LlmAssignment assignment;
-  RearrangeStats stats;
-  if (o.node_aware) {
-    ASSIGN_OR_RETURN(assignment, Rearrange(o, &llm, &stats));
-    for (int e = 0; e < kNumEncoders; ++e) {
-      const FlatEncoder& f = flat[e];
-      if (f.sample.empty()) continue;
-      std::vector<uint32_t> preferred(f.sample.size());
-      for (size_t i = 0; i < f.sample.size(); ++i) {
-        preferred[i] = node[assignment.rank[f.sample[i]]];
-      }
-      const std::vector<uint8_t> touched = MoveTowardNodes(
-          f.problem, preferred, f.out_bytes, inst.encoder_bound[e], &inst.encoder_rank[e]);
-      ImproveWithinNodes(f.problem, o.improvement_rounds, &inst.encoder_rank[e], &touched);
-    }
-  } else {
-    assignment = std::move(balanced);
-  }
-
-  // 3. Samples: LLM rank and sequence; remote token ids in LLM order, after
+  // Samples: LLM rank and sequence; remote token ids in LLM order, after
   // the encoder items' loads, so that sources are picked deterministically.
   const uint32_t S = o.slots.sequences();
   std::vector<uint32_t> slot_start, llm_order;
@@ -565,7 +556,7 @@ absl::Status Dispatch(const ShardAvailability& availability, const DispatchOptio
     }
   }
 
-  // 4. Statistics, with the drawn split as "before".
+  // Statistics, with the drawn split as "before".
   std::array<double, kNumEncoders> enc_before{};
   double llm_before = 1;
   DrawnImbalance(*step, flat, llm, o, &enc_before, &llm_before);
@@ -581,8 +572,92 @@ absl::Status Dispatch(const ShardAvailability& availability, const DispatchOptio
   step->llm.bound = llm.bound;
   step->llm.imbalance_before = llm_before;
   step->phases_from_dispatcher = true;
+}
+
+}  // namespace
+
+absl::Status Dispatch(const ShardAvailability& availability, const DispatchOptions& options,
+                      StepPlanData* step) {
+  const DispatchOptions o = WithSeqLen(*step, options);
+  RETURN_IF_ERROR(ValidateStep(*step, availability, o));
+
+  // 1. Encoder phases and the LLM problem.
+  std::array<FlatEncoder, kNumEncoders> flat;
+  LlmAssignment balanced;
+  const StagingIndex staging(availability);
+  ASSIGN_OR_RETURN(RearrangementInstance inst,
+                   Stage(*step, availability, o, staging, &flat, &balanced));
+  LlmProblem& llm = inst.problem;
+
+  // 2. The LLM placement (node-aware: the rearrangement), then encoder items
+  // pulled onto their sample's LLM node where the encoder bound allows.
+  LlmAssignment assignment;
+  RearrangeStats stats;
+  if (o.node_aware) {
+    ASSIGN_OR_RETURN(assignment,
+                     Rearrange(o, (1 + o.balance_tolerance) * inst.llm_lower_bound, &llm, &stats));
+    for (int e = 0; e < kNumEncoders; ++e) {
+      const FlatEncoder& f = flat[e];
+      if (f.sample.empty()) continue;
+      std::vector<uint32_t> preferred(f.sample.size());
+      for (size_t i = 0; i < f.sample.size(); ++i) {
+        preferred[i] = o.cluster.node_of(assignment.rank[f.sample[i]]);
+      }
+      const std::vector<uint8_t> touched = MoveTowardNodes(
+          f.problem, preferred, f.out_bytes, inst.encoder_bound[e], &inst.encoder_rank[e]);
+      ImproveWithinNodes(f.problem, o.improvement_rounds, &inst.encoder_rank[e], &touched);
+      // Balance bought back with the fewest bytes, down to the tolerance.
+      RebalanceFewestBytes(f.problem, preferred, f.out_bytes, f.in_bytes,
+                           (1 + o.balance_tolerance) * inst.encoder_lower_bound[e],
+                           o.improvement_rounds, &inst.encoder_rank[e]);
+    }
+  } else {
+    assignment = std::move(balanced);
+  }
+
+  // 3-4. Samples, encoder items, loads and statistics.
+  WritePlacement(availability, o, flat, inst, assignment, step);
   step->rearrangement = std::move(stats.rearrangement);
   step->llm_fallback = stats.llm_fallback;
+  return absl::OkStatus();
+}
+
+absl::Status ApplyPlacement(const ShardAvailability& availability, const DispatchOptions& options,
+                            const GivenPlacement& placement, StepPlanData* step) {
+  const DispatchOptions o = WithSeqLen(*step, options);
+  RETURN_IF_ERROR(ValidateStep(*step, availability, o));
+  const uint32_t W = o.cluster.world_size;
+  const StagingIndex staging(availability);
+  std::array<FlatEncoder, kNumEncoders> flat;
+  RearrangementInstance inst;
+  for (EncoderKind kind : kEncoders) {
+    const int e = static_cast<int>(kind);
+    flat[e] = Flatten(*step, availability, o, kind, &staging);
+    const std::vector<uint32_t>& rank = placement.encoder_rank[e];
+    if (rank.size() != flat[e].sample.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the given placement has ", rank.size(), " ", EncoderPhaseName(kind),
+                       " items; the step has ", flat[e].sample.size()));
+    }
+    for (uint32_t r : rank) {
+      if (r >= W) {
+        return absl::InvalidArgumentError(absl::StrCat("the given placement puts an ",
+                                                       EncoderPhaseName(kind), " item on rank ", r,
+                                                       ", outside world_size ", W));
+      }
+    }
+    inst.encoder_lower_bound[e] = MakespanLowerBound(flat[e].problem.cost, W);
+    inst.encoder_bound[e] = Makespan(flat[e].problem.cost, W, rank);  // no bound but its own
+    inst.encoder_rank[e] = rank;
+  }
+  inst.problem = MakeLlmProblem(*step, o);
+  inst.llm_lower_bound = LlmLowerBound(inst.problem);
+  RETURN_IF_ERROR(CheckLlmAssignment(inst.problem, placement.llm, false));
+  const std::vector<double> llm_cost = LlmRankCosts(inst.problem, placement.llm);
+  inst.problem.bound = *std::max_element(llm_cost.begin(), llm_cost.end());
+  WritePlacement(availability, o, flat, inst, placement.llm, step);
+  step->rearrangement = placement.name;
+  step->llm_fallback = false;
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +42,23 @@ absl::Status ValidateStep(const StepPlanData& step, const ShardAvailability& sta
 // the step. On error the step's placement fields are unspecified.
 absl::Status Dispatch(const ShardAvailability& staging, const DispatchOptions& options,
                       StepPlanData* step);
+
+// A placement made elsewhere (the benchmark's peers re-deal each phase with
+// their own balancer): per encoder, every item's rank in batch order, and
+// every sample's LLM rank and sequence.
+struct GivenPlacement {
+  std::array<std::vector<uint32_t>, kNumEncoders> encoder_rank;
+  LlmAssignment llm;
+  std::string name;  // what step.rearrangement reports
+};
+
+// Writes `placement` to the step as Dispatch writes its own: remote loads
+// and their sources, and the phase summaries in the options' cost variant
+// (each phase's bound is the placement's own maximum). INVALID_ARGUMENT
+// when the placement does not match the step, INTERNAL when it breaks a
+// sequence's capacity or modality.
+absl::Status ApplyPlacement(const ShardAvailability& staging, const DispatchOptions& options,
+                            const GivenPlacement& placement, StepPlanData* step);
 
 // The node-aware LLM rearrangement instance of a step exactly as Dispatch
 // builds it: the encoder phases placed (node-aware when options.node_aware),
