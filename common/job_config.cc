@@ -19,6 +19,7 @@
 #include "common/file_io.h"
 #include "common/model_shape.h"
 #include "common/job_limits.h"
+#include "common/mixture_config.h"
 #include "common/status.h"
 
 namespace tutti {
@@ -363,12 +364,28 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("post_balancing.rearrangement '", re, "' is unknown; choose 'fast' or 'ilp'"));
   }
-  return absl::OkStatus();
+  return ValidateMixtureConfig(c);
 }
 
 std::string JobFingerprint(const v1::JobConfig& config, absl::string_view index_id) {
   v1::JobConfig identity = config;
   identity.clear_index_path();
+  // A mixture source's index file by the order it first appears in: which
+  // file each source draws from counts, not how its path is spelled (the
+  // index's content identity covers the files' samples). A config without a
+  // mixture is left as it is (mutable_mixture() would add an empty one).
+  if (identity.has_mixture()) {
+    std::vector<std::string> files;
+    for (v1::MixtureSource& s : *identity.mutable_mixture()->mutable_sources()) {
+      if (s.index_path().empty() || s.index_path() == config.index_path()) {
+        s.clear_index_path();
+        continue;
+      }
+      auto at = std::find(files.begin(), files.end(), s.index_path());
+      if (at == files.end()) at = files.insert(files.end(), s.index_path());
+      s.set_index_path(absl::StrCat("file ", at - files.begin() + 1));
+    }
+  }
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);

@@ -43,7 +43,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config);
 absl::Status ValidateCostConfig(const v1::JobConfig& config);
 
 // A stable hex digest of what determines a job's plans: the config
-// (deterministic serialization) less index_path, and `index_id`, the
+// (deterministic serialization) less index_path (a mixture source's index
+// file counted by the order it first appears in), and `index_id`, the
 // identity of the index's content (Index::content_id). The same config and
 // index give one fingerprint however the index's path is spelled.
 std::string JobFingerprint(const v1::JobConfig& config, absl::string_view index_id);

@@ -1,5 +1,6 @@
 #include "common/job_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tutti {
@@ -44,6 +45,23 @@ TEST(JobConfigTest, FingerprintCoversTheIndexContentNotItsPath) {
   EXPECT_EQ(JobFingerprint(c, "0123456789abcdef"), JobFingerprint(absolute, "0123456789abcdef"));
   EXPECT_NE(JobFingerprint(relative, "0123456789abcdef"),
             JobFingerprint(relative, "fedcba9876543210"));
+}
+
+// So does a mixture's: which file each source draws from counts, not the
+// spelling of its path.
+TEST(JobConfigTest, FingerprintCoversWhichFileAMixtureSourceDrawsFrom) {
+  auto with = [](const char* job, const char* a, const char* b) {
+    auto c =
+        Parse(absl::StrCat("index_path: '", job, "' batch { text_samples_per_step: 4 } mixture { ",
+                           "sources { name: 'a' index_path: '", a, "' weight: 1 } ",
+                           "sources { name: 'b' index_path: '", b, "' weight: 1 } }"));
+    return JobFingerprint(c, "0123456789abcdef");
+  };
+  EXPECT_EQ(with("x.idx", "a.idx", "b.idx"), with("/w/x.idx", "/w/a.idx", "/w/b.idx"));
+  EXPECT_EQ(with("x.idx", "x.idx", "b.idx"), with("/w/x.idx", "", "/w/b.idx"));
+  EXPECT_EQ(with("x.idx", "a.idx", "a.idx"), with("/w/x.idx", "/w/a.idx", "/w/a.idx"));
+  EXPECT_NE(with("x.idx", "a.idx", "a.idx"), with("x.idx", "a.idx", "b.idx"));
+  EXPECT_NE(with("x.idx", "", "b.idx"), with("x.idx", "b.idx", ""));
 }
 
 TEST(JobConfigTest, ParseErrorNamesLine) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/file_io.h"
 #include "services/packer/bench/bench_workload.h"
+#include "services/packer/bench/mixture_dataset.h"
 #include "services/packer/bench/synthetic.h"
 #include "services/packer/core/job.h"
 #include "services/packer/core/partition_bound.h"
@@ -69,6 +70,11 @@ struct Cell {
   std::vector<std::optional<StepQuality>> per_step;  // unset: the step failed
   StepQuality mean;
   std::string error;
+  // A mixture (MixtureConfig text) the cell's job draws through; empty: the
+  // two streams. `sources`: how many it names.
+  std::string mixture;
+  uint32_t sources = 0;
+  double resume_ms = 0;  // a fresh planner's first plan of --resume-step
 };
 
 // The slowest rank over the partition bound of the phase's items: the ViT
@@ -189,12 +195,18 @@ std::string CellName(const Cell& c) {
 // `index_path`: the index file the written configs name (with --hashes).
 void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer::Index> index,
              uint64_t steps, uint64_t build_steps, bool post, bool partition_bound,
-             const std::string& hash_dir, const std::string& index_path, Cell* c) {
+             const std::string& hash_dir, const std::string& index_path, uint64_t resume_step,
+             Cell* c) {
   v1::JobConfig config = packer::SeedConfig(wo, c->shape, c->ranks, c->max_pixels, c->strategy,
                                             std::max<uint32_t>(1, c->bins), post);
   // The job a daemon would load from the written config: index_path is part
   // of the job's identity.
   if (!hash_dir.empty()) config.set_index_path(index_path);
+  if (!c->mixture.empty() &&
+      !google::protobuf::TextFormat::ParseFromString(c->mixture, config.mutable_mixture())) {
+    c->error = "the benchmark's mixture does not parse";
+    return;
+  }
   if (c->tolerance >= 0) config.mutable_post_balancing()->set_balance_tolerance(c->tolerance);
   // With post-balancing a peer re-deals each phase with its own balancer
   // (not job configuration: no hashes are written for it).
@@ -211,6 +223,13 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
   v1::StepPlan plan;
   std::string hashes;
   (void)planner.Plan(steps, &d);  // warm-up (buffers), not measured
+  if (resume_step > 0) {
+    // A fresh packer's first plan far into the run (a resumed job).
+    packer::Planner fresh(*job);
+    const double t0 = ThreadCpuMs();
+    absl::Status st = fresh.Plan(resume_step, &d);
+    c->resume_ms = st.ok() ? ThreadCpuMs() - t0 : -1;
+  }
   for (uint64_t s = 0; s < steps; ++s) {
     const double t0 = ThreadCpuMs();
     absl::Status st = planner.Plan(s, &d);
@@ -245,10 +264,11 @@ void RunCell(const packer::SeedWorkloadOptions& wo, std::shared_ptr<const packer
 }
 
 std::string Label(const Cell& c) {
-  if (c.tolerance >= 0) return absl::StrCat(c.strategy, " t=", c.tolerance);
-  return c.strategy == "seed-v1" || c.strategy == "seed-v2"
-             ? absl::StrCat(c.strategy, " N=", c.bins)
-             : c.strategy;
+  std::string name = c.strategy == "seed-v1" || c.strategy == "seed-v2"
+                         ? absl::StrCat(c.strategy, " N=", c.bins)
+                         : c.strategy;
+  if (c.tolerance >= 0) name = absl::StrCat(c.strategy, " t=", c.tolerance);
+  return c.sources > 0 ? absl::StrCat(name, " ", c.sources, "src") : name;
 }
 
 // Allowed excess of tutti over a peer, relative to the bound: tutti's local
@@ -371,13 +391,13 @@ void PrintJson(const std::vector<Cell>& cells, bool bounds) {
         "\"llm_imbalance\": %.5f, \"llm_imbalance_vs_lb\": %.5f, \"llm_tokens_imbalance\": %.5f, "
         "\"image_tokens_std\": %.2f, \"image_tokens_mean\": %.2f, \"vit_imbalance_drawn\": %.5f, "
         "\"llm_imbalance_drawn\": %.5f, \"inter_node_bytes\": %.0f, \"remote_load_bytes\": "
-        "%.0f%s%s%s%s%s}%s\n",
+        "%.0f, \"sources\": %u, \"resume_plan_ms\": %.2f%s%s%s%s%s}%s\n",
         c.strategy.c_str(), c.bins, c.ranks, static_cast<unsigned long long>(c.max_pixels),
         c.seq_len, c.shape.text_seqs, c.shape.vl_seqs, c.shape.text_samples, c.shape.vl_samples,
         c.steps, c.failed, Quantile(c.plan_ms, 0.5), Quantile(c.plan_ms, 0.99),
         Quantile(c.build_ms, 0.5), c.mean.vit, c.mean.vit_lb, c.mean.llm, c.mean.llm_lb,
         c.mean.tokens, c.mean.img_std, c.mean.img_mean, c.mean.vit_drawn, c.mean.llm_drawn,
-        c.mean.inter_node_bytes, c.mean.remote_load_bytes,
+        c.mean.inter_node_bytes, c.mean.remote_load_bytes, c.sources, c.resume_ms,
         c.tolerance >= 0 ? absl::StrFormat(", \"balance_tolerance\": %g", c.tolerance).c_str() : "",
         bounds ? absl::StrFormat(", \"vit_imbalance_vs_partition_bound\": %.5f, "
                                  "\"llm_imbalance_vs_partition_bound\": %.5f",
@@ -529,7 +549,8 @@ int SeedStreamBench(const packer::SeedWorkloadOptions& wo,
 
 int RunBenchPacker(int argc, char** argv) {
   std::string ranks_text = "8,64,512,2560", stages_text = "1003520,16777216", only;
-  uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0;
+  uint64_t steps = 20, build_steps = 3, samples = 0, index_samples = 0, resume_step = 0;
+  uint32_t sources = 0;
   bool json = false, post = false, seed_stream = false, partition_bound = false;
   std::string tmp_dir = "/tmp", hash_dir, index_path, seq_lens_text, tolerances_text;
   packer::SeedWorkloadOptions wo;
@@ -584,6 +605,13 @@ int RunBenchPacker(int argc, char** argv) {
            "run seed-v1/v2 (N = 1, 2, 4, 6, 8) over one continuous stream of the steps' samples "
            "(bins carried across steps, text and VL in the same bins) at the first --ranks' "
            "step size, and print the image-token spread over the stream's packs");
+  cli.Flag("sources", &sources,
+           "also plan every cell as a mixture of this many sources, side by side with the two "
+           "streams: the dataset's samples re-sharded into FineVision's shape (every fourth "
+           "source text-only, the others VL, sizes over three orders of magnitude), weighted "
+           "by their sizes (services/packer/README.md, \"Mixtures\")");
+  cli.Flag("resume-step", &resume_step,
+           "also time a fresh planner's first plan of this step (a job resumed there) per cell");
   cli.Flag("hashes", &hash_dir,
            "write the dataset (DIR/index.idx), each cell's job config (DIR/<cell>.textproto) and "
            "the identity hash of every planned step (DIR/<cell>.hashes) to this directory");
@@ -695,6 +723,33 @@ int RunBenchPacker(int argc, char** argv) {
     std::fprintf(stderr, "tutti bench packer: %s\n", std::string(index.status().message()).c_str());
     return 1;
   }
+  // With --sources: the same samples in sources, for both kinds of cell.
+  std::string mixture_text;
+  if (sources > 0) {
+    std::vector<packer::MixtureDatasetSource> list;
+    auto bytes = packer::ReshardIntoSources(**index, sources / 4, sources - sources / 4, 100,
+                                            wo.seed, &list);
+    if (bytes.ok()) {
+      index = packer::Index::FromString(*bytes, absl::StrCat(sources, "-sources"));
+      if (index.ok() && !hash_dir.empty()) {
+        if (absl::Status w = WriteFileAtomically(hash_dir + "/index.idx", *bytes); !w.ok()) {
+          index = w;
+        }
+      }
+    } else {
+      index = bytes.status();
+    }
+    if (!index.ok()) {
+      std::fprintf(stderr, "tutti bench packer: %s\n",
+                   std::string(index.status().message()).c_str());
+      return 1;
+    }
+    packer::MixtureDatasetOptions shape;
+    shape.sources = list;
+    mixture_text = packer::MixtureConfigText(shape, /*by_size=*/true);
+    mixture_text = mixture_text.substr(mixture_text.find('{') + 1);
+    mixture_text = mixture_text.substr(0, mixture_text.rfind('}'));
+  }
   const uint64_t dataset_samples = (*index)->num_samples();
   std::fprintf(stderr, "dataset: %llu %s samples (%zu VL) in %.1f s\n",
                static_cast<unsigned long long>(dataset_samples),
@@ -721,21 +776,29 @@ int RunBenchPacker(int argc, char** argv) {
         }
       }
       for (const auto& [s, tolerance] : runs) {
-        Cell c;
-        c.strategy = s.name;
-        c.bins = s.bins;
-        c.tolerance = tolerance;
-        c.ranks = w;
-        c.max_pixels = px;
-        c.seq_len = so.seq_len;
-        c.shape = *shape;
-        const auto tc = Clock::now();
-        RunCell(so, *index, steps, build_steps, post, partition_bound, hash_dir, index_path, &c);
-        std::fprintf(stderr,
-                     "  W=%u max_pixels=%llu %-12s %zu steps planned, %u failed in %.1f s\n", w,
-                     static_cast<unsigned long long>(px), Label(c).c_str(), c.plan_ms.size(),
-                     c.failed, Ms(tc) / 1e3);
-        cells.push_back(std::move(c));
+        for (const bool mixed : {false, true}) {
+          if (mixed && sources == 0) continue;
+          Cell c;
+          c.strategy = s.name;
+          c.bins = s.bins;
+          c.tolerance = tolerance;
+          c.ranks = w;
+          c.max_pixels = px;
+          c.seq_len = so.seq_len;
+          c.shape = *shape;
+          if (mixed) {
+            c.mixture = mixture_text;
+            c.sources = sources;
+          }
+          const auto tc = Clock::now();
+          RunCell(so, *index, steps, build_steps, post, partition_bound, hash_dir, index_path,
+                  resume_step, &c);
+          std::fprintf(stderr,
+                       "  W=%u max_pixels=%llu %-12s %zu steps planned, %u failed in %.1f s\n", w,
+                       static_cast<unsigned long long>(px), Label(c).c_str(), c.plan_ms.size(),
+                       c.failed, Ms(tc) / 1e3);
+          cells.push_back(std::move(c));
+        }
       }
       AverageOverCommonSteps(cells.begin() + group, cells.end());
     }
@@ -754,6 +817,14 @@ int RunBenchPacker(int argc, char** argv) {
         "image tokens per VL pack; vit_drw = ViT max/mean of the drawn split;\n  averaged over "
         "the steps every strategy planned; failed = steps this strategy could not plan\n");
     PrintTable(cells, partition_bound, post);
+    if (resume_step > 0) {
+      std::printf("\na fresh planner's first plan of step %llu (a job resumed there), CPU ms:\n",
+                  static_cast<unsigned long long>(resume_step));
+      for (const Cell& c : cells) {
+        std::printf("  W=%u max_pixels=%llu %-14s %10.1f\n", c.ranks,
+                    static_cast<unsigned long long>(c.max_pixels), Label(c).c_str(), c.resume_ms);
+      }
+    }
   }
   return 0;
 }

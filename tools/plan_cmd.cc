@@ -19,6 +19,7 @@
 #include "services/packer/plan_proto.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/mixture_report.h"
 #include "tools/plan_cmd_check.h"
 
 namespace tutti::tools {
@@ -63,7 +64,7 @@ int RunPlan(int argc, char** argv) {
   std::string config, index, ranks_text, format = "summary", post_balancing, cost_fits;
   uint64_t step = 0, steps = 1;
   uint32_t world_size = 0;
-  bool check = false, quiet = false;
+  bool check = false, quiet = false, summary_only = false;
   Cli cli("tutti plan --config JOB.textproto [--index FILE] [--step N] [options]",
           "Computes the plan of one or more steps with the packer's planning core (the same\n"
           "plans tutti-packerd serves) and prints a per-rank summary, the StepPlan as text or\n"
@@ -82,6 +83,9 @@ int RunPlan(int argc, char** argv) {
   cli.Flag("format", &format, "summary, text, json or hash");
   cli.Flag("check", &check, "check every plan of the steps (a table; exit 1 on any violation)");
   cli.Flag("quiet", &quiet, "with --check: print only the failing steps and the summary");
+  cli.Flag("summary", &summary_only,
+           "print only the summary over the steps (the realised mixture per source against its "
+           "target, per stage), not each step's table");
   cli.Flag("world-size", &world_size, "plan at this world size instead of the config's");
   cli.Flag("post-balancing", &post_balancing,
            "on or off: plan with batch post-balancing on or off instead of as the config says");
@@ -157,6 +161,7 @@ int RunPlan(int argc, char** argv) {
   packer::Planner planner(*job, nullptr, schedule ? &*schedule : nullptr);
   packer::StepPlanData data;
   v1::StepPlan plan;
+  MixtureReport mixture(**job);
   const uint64_t end = (*job)->total_steps();  // 0: no end
   for (uint64_t s = step; s < step + steps; ++s) {
     if (end > 0 && s >= end && s > step) {
@@ -193,9 +198,11 @@ int RunPlan(int argc, char** argv) {
       (void)google::protobuf::util::MessageToJsonString(plan, &out, jo);
       std::printf("%s\n", out.c_str());
     } else {
-      PrintSummary(**job, data, plan, ms);
+      if (!summary_only) PrintSummary(**job, data, plan, ms);
+      mixture.Add(data);
     }
   }
+  if (format == "summary") std::fputs(mixture.Table().c_str(), stdout);
   return 0;
 }
 

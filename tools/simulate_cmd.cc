@@ -18,6 +18,7 @@
 #include "services/packer/load_job.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/mixture_report.h"
 #include "tools/sim/simulate_main.h"
 #include "tools/stats.h"
 
@@ -116,6 +117,7 @@ int RunSimulate(int argc, char** argv) {
   }
   packer::Planner planner(*job);
   packer::StepPlanData d;
+  MixtureReport mixture(**job);
   PhaseRun phases[3] = {{"vit"}, {"audio"}, {"llm"}};
   std::vector<double> plan_ms;
   double inter = 0, intra = 0, load = 0;
@@ -133,6 +135,7 @@ int RunSimulate(int argc, char** argv) {
       return 1;
     }
     plan_ms.push_back(1e3 * SecondsSince(t0));
+    mixture.Add(d);
     const packer::PhaseSummary* summary[3] = {&d.vit, &d.audio_phase, &d.llm};
     for (int p = 0; p < 3; ++p) {
       const packer::PhaseSummary& x = *summary[p];
@@ -174,6 +177,8 @@ int RunSimulate(int argc, char** argv) {
           Quantile(plan_ms, 0.5));
       first = false;
     }
+    const std::string sources = mixture.Json();
+    if (!sources.empty()) std::printf("%s%s", first ? "" : ",\n", sources.c_str());
     std::printf("\n]\n");
     return 0;
   }
@@ -198,6 +203,7 @@ int RunSimulate(int argc, char** argv) {
       inter / done / 1e6, intra / done / 1e6, load / done / 1e6);
   std::printf("plan time: %.2f ms median, %.2f ms p99\n", Quantile(plan_ms, 0.5),
               Quantile(plan_ms, 0.99));
+  std::fputs(mixture.Table().c_str(), stdout);
   return 0;
 }
 

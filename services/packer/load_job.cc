@@ -8,6 +8,7 @@
 #include "common/job_config.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "services/packer/combine_index.h"
 #include "services/packer/index/index.h"
 
 namespace tutti::packer {
@@ -39,7 +40,8 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
   if (edit) edit(&config);
   ApplyJobDefaults(&config);
   if (!index_override.empty()) config.set_index_path(index_override);
-  if (config.index_path().empty()) {
+  const std::vector<std::string> paths = IndexPathsOf(config);
+  if (paths.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the job config ", config_path,
                      " has no index_path and no --index was given; build an "
@@ -48,7 +50,21 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
   LoadJobStats local;
   LoadJobStats& st = stats ? *stats : local;
   auto t0 = absl::Now();
-  ASSIGN_OR_RETURN(std::shared_ptr<const Index> index, LoadIndex(config.index_path()));
+  std::vector<std::shared_ptr<const Index>> indexes;
+  for (const std::string& path : paths) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const Index> one, LoadIndex(path));
+    indexes.push_back(std::move(one));
+  }
+  std::shared_ptr<const Index> index = indexes[0];
+  if (indexes.size() > 1) {
+    // A mixture over several index files plans from them combined (on the
+    // heap: the files' mappings are released once the combined copy exists).
+    ASSIGN_OR_RETURN(index, CombineIndexes(indexes, paths));
+    kLog.Info("combined the mixture's index files", {{"files", indexes.size()},
+                                                     {"samples", index->num_samples()},
+                                                     {"source_dir", index->source_dir()}});
+  }
+  indexes.clear();
   st.index_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   st.samples = index->num_samples();
   st.index_mapped_bytes = index->mapped_bytes();

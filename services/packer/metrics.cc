@@ -205,8 +205,39 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
       cost_fit_constant(BuildGauge()
                             .Name("tutti_packer_cost_fit_constant")
                             .Help("Cost constants of the latest online fit")
-                            .Register(r)) {
+                            .Register(r)),
+      source_samples_family(BuildCounter()
+                                .Name("tutti_packer_source_samples_total")
+                                .Help("Samples of each source in the steps planned")
+                                .Register(r)),
+      source_epochs_family(BuildGauge()
+                               .Name("tutti_packer_source_epochs")
+                               .Help("Epochs of each source drawn by the furthest step planned")
+                               .Register(r)) {
   SetUnplanned({});
+}
+
+void PackerMetrics::SetSources(const std::vector<std::string>& names) {
+  source_samples_.clear();
+  source_epochs_.clear();
+  for (const std::string& name : names) {
+    source_samples_.push_back(&source_samples_family.Add({{"source", name}}));
+    source_epochs_.push_back(&source_epochs_family.Add({{"source", name}}));
+  }
+}
+
+void PackerMetrics::SourcesPlanned(uint64_t step, const std::vector<uint32_t>& samples,
+                                   const std::vector<double>& epochs) {
+  for (size_t i = 0; i < samples.size() && i < source_samples_.size(); ++i) {
+    if (samples[i] > 0) source_samples_[i]->Increment(samples[i]);
+  }
+  absl::MutexLock lock(&sources_mu_);
+  if (any_step_ && step < furthest_step_) return;
+  any_step_ = true;
+  furthest_step_ = step;
+  for (size_t i = 0; i < epochs.size() && i < source_epochs_.size(); ++i) {
+    source_epochs_[i]->Set(epochs[i]);
+  }
 }
 
 void PackerMetrics::SetMemory(uint64_t samples, uint64_t index_mapped, uint64_t index_heap,

@@ -13,6 +13,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tutti::packer {
 
@@ -142,8 +146,29 @@ struct PackerMetrics {
   prometheus::Gauge& cost_fit_from_step;
   prometheus::Family<prometheus::Gauge>& cost_fit_constant;
 
+  // tutti_packer_source_samples_total{source}: samples of each source in
+  // the steps planned (a document split in pieces counts once);
+  // tutti_packer_source_epochs{source}: the source's epochs drawn by the
+  // furthest step planned (samples drawn / its source-epoch; 2.5 = halfway
+  // through its third). One child per source the job names (at most 256,
+  // job.proto), created by SetSources.
+  prometheus::Family<prometheus::Counter>& source_samples_family;
+  prometheus::Family<prometheus::Gauge>& source_epochs_family;
+  void SetSources(const std::vector<std::string>& names);
+  // A planned step's samples by source and every source's epochs drawn
+  // through it (the gauges follow the furthest step). Thread-safe.
+  void SourcesPlanned(uint64_t step, const std::vector<uint32_t>& samples,
+                      const std::vector<double>& epochs);
+
   prometheus::Histogram& ReportedPhase(const std::string& phase);
   void CountError(int grpc_code);
+
+ private:
+  std::vector<prometheus::Counter*> source_samples_;
+  std::vector<prometheus::Gauge*> source_epochs_;
+  absl::Mutex sources_mu_;
+  uint64_t furthest_step_ ABSL_GUARDED_BY(sources_mu_) = 0;
+  bool any_step_ ABSL_GUARDED_BY(sources_mu_) = false;
 };
 
 }  // namespace tutti::packer

@@ -52,6 +52,9 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
              {"heap_bytes", loaded.job_heap_bytes},
              {"heap_bytes_per_sample", absl::StrFormat("%.2f", loaded.job_heap_bytes / n)}});
   metrics_->SetUnplanned(job_->unservable());
+  std::vector<std::string> sources;
+  for (uint32_t i = 0; i < job_->num_sources(); ++i) sources.push_back(job_->source_name(i));
+  metrics_->SetSources(sources);
   RETURN_IF_ERROR(LoadCostFits());
   PlanWindowOptions wo;
   wo.window = job_->config().plan_window();

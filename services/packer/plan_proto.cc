@@ -175,6 +175,11 @@ class PlanBuilder {
     info->set_llm_cost(ps.cost.llm);
     info->set_audio_cost(ps.cost.audio_cost);
     info->set_drawn_rank(ps.drawn_rank);
+    if (const Mixture* m = job_.mixture()) {
+      info->set_source(ps.source);
+      const uint64_t ceiling = m->source(ps.source).max_pixels;
+      if (ceiling > 0 && ceiling < d_.max_pixels) info->set_max_pixels(ceiling);
+    }
   }
 
   void AddRank(uint32_t r) {
@@ -431,10 +436,46 @@ void BuildJobInfo(const Job& job, v1::JobInfo* info) {
   info->set_samples(ix.num_samples());
   info->set_text_samples(job.text_samples().size());  // what the streams draw from
   info->set_vl_samples(job.vl_samples().size());
+  if (const Mixture* m = job.mixture()) {  // what the sources hold
+    uint64_t n[2] = {0, 0};
+    for (uint32_t i = 0; i < m->num_sources(); ++i) {
+      n[0] += m->source(i).part[0].n;
+      n[1] += m->source(i).part[1].n;
+    }
+    info->set_text_samples(n[0]);
+    info->set_vl_samples(n[1]);
+  }
   info->set_steps_per_epoch(job.steps_per_epoch());
   info->set_total_steps(job.total_steps());
   for (const IndexShard& s : ix.shards()) info->add_shards(s.name);
   info->set_dataset_bytes(ix.dataset_bytes());
+  const Mixture* m = job.mixture();
+  for (uint32_t i = 0; i < job.num_sources(); ++i) {
+    v1::SourceInfo* si = info->add_sources();
+    si->set_name(job.source_name(i));
+    if (m != nullptr) {
+      si->set_text_samples(m->source(i).part[0].n);
+      si->set_vl_samples(m->source(i).part[1].n);
+      si->set_text_epoch_samples(m->source(i).part[0].epoch_size);
+      si->set_vl_epoch_samples(m->source(i).part[1].epoch_size);
+    } else {
+      const uint64_t n = i == 0 ? job.text_samples().size() : job.vl_samples().size();
+      if (i == 0) {
+        si->set_text_samples(n);
+        si->set_text_epoch_samples(n);
+      } else {
+        si->set_vl_samples(n);
+        si->set_vl_epoch_samples(n);
+      }
+    }
+  }
+  if (m != nullptr) {
+    for (const auto& [start, digest] : m->history()) {
+      v1::MixtureHistory* h = info->add_mixture_history();
+      h->set_start_step(start);
+      h->set_fingerprint(digest);
+    }
+  }
 }
 
 std::string PlanIdentityBytes(v1::StepPlan* plan) {

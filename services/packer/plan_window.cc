@@ -104,6 +104,36 @@ void PlanWindow::UpdateDepth() {
   metrics_->window_depth.Set(depth);
 }
 
+void PlanWindow::CountSources(const StepPlanData& d) {
+  const Job& job = planner_->job();
+  const uint32_t S = job.num_sources();
+  std::vector<uint32_t> samples(S, 0);
+  for (const PlannedSample& ps : d.samples) samples[ps.source] += ps.piece == 0;
+  // Epochs drawn through the step: each source's samples drawn so far over
+  // its source-epoch (both streams' parts together).
+  std::vector<double> epochs(S, 0);
+  const auto& b = job.config().batch();
+  const uint64_t next = d.step + 1;
+  if (const Mixture* m = job.mixture()) {
+    for (uint32_t i = 0; i < S; ++i) {
+      double drawn = 0, epoch = 0;
+      for (const bool vl : {false, true}) {
+        const SourcePart& part = m->source(i).part[vl];
+        if (part.slot < 0) continue;
+        drawn += static_cast<double>(m->Before(vl, i, next));
+        epoch += static_cast<double>(part.epoch_size);
+      }
+      epochs[i] = epoch > 0 ? drawn / epoch : 0;
+    }
+  } else {
+    const double n[2] = {static_cast<double>(job.text_samples().size()),
+                         static_cast<double>(job.vl_samples().size())};
+    const double per[2] = {double(b.text_samples_per_step()), double(b.vl_samples_per_step())};
+    for (uint32_t i = 0; i < 2; ++i) epochs[i] = n[i] > 0 ? next * per[i] / n[i] : 0;
+  }
+  metrics_->SourcesPlanned(d.step, samples, epochs);
+}
+
 void PlanWindow::Worker() {
   while (true) {
     uint64_t step = 0;
@@ -149,6 +179,7 @@ void PlanWindow::Worker() {
         } else if (!data->rearrangement.empty()) {
           metrics_->rearrangement_ilp_fast_kept.Increment();
         }
+        CountSources(*data);
       } else {
         metrics_->plan_failures.Increment();
       }

@@ -74,6 +74,8 @@ class PlanWindow {
   };
 
   void Worker();
+  // A planned step's samples by source and the sources' epochs, to metrics.
+  void CountSources(const StepPlanData& data);
   // Picks the next step to plan: asked-for steps first (lowest), then the
   // window ahead of the head. Returns false when there is nothing to do.
   bool NextStep(uint64_t* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

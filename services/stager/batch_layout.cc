@@ -183,8 +183,11 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   d.token_offset = *tokens;
   d.length = slot.length();
   std::vector<std::pair<uint32_t, bool>> enc;
+  // A mixture source's ceiling below the step's max_pixels sizes its images.
+  VisionGeometryOptions own = geo;
+  if (s->max_pixels() > 0 && s->max_pixels() < own.max_pixels) own.max_pixels = s->max_pixels();
   auto image_tokens = [&](const v1::MemberRef& m) {
-    auto g = SmartResize(m.height(), m.width(), geo);
+    auto g = SmartResize(m.height(), m.width(), own);
     return g.ok() ? g->llm_tokens : 0;
   };
   const bool planned_images = plan_version >= 2;

@@ -354,6 +354,57 @@ TEST(BatchLayoutTest, DocumentImagesComeFromThePlan) {
       << b.status();
 }
 
+// A mixture source's max_pixels ceiling (SampleInfo.max_pixels) sizes its
+// images below the step's: a document's images are checked against it.
+TEST(BatchLayoutTest, ASourceCeilingSizesItsDocumentImages) {
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ceiling",
+                                    {.shards = 1, .samples_per_shard = 3});
+  v1::JobInfo job = testing::MakeJob(data, 2, 2);
+  v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
+  const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
+  ListDocumentImages(&plan);
+  v1::DocSlot* slot =
+      plan.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  ASSERT_EQ(slot->images_size(), 1);
+  v1::SampleInfo* info = nullptr;
+  for (v1::SampleInfo& s : *plan.mutable_samples()) {
+    if (s.sample_id() == slot->sample_id()) info = &s;
+  }
+  ASSERT_NE(info, nullptr);
+  const uint64_t ceiling = job.config().vision().min_pixels();
+  VisionGeometryOptions geo = GeometryOptions(job.config(), ceiling);
+  auto g = SmartResize(info->images(0).height(), info->images(0).width(), geo);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_LT(g->llm_tokens, slot->images(0).llm_tokens()) << "the ceiling must be below the step's";
+
+  // The ceiling without the smaller grid: the plan and the stager disagree.
+  v1::StepPlan capped = plan;
+  for (v1::SampleInfo& s : *capped.mutable_samples()) {
+    if (s.sample_id() == slot->sample_id()) s.set_max_pixels(ceiling);
+  }
+  auto refused = BatchLayout::Build(capped, capped.ranks(1), job.config(), p);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+
+  // The smaller grid with the ceiling: the document holds it.
+  v1::DocSlot* c =
+      capped.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  const uint32_t shrink = c->images(0).llm_tokens() - g->llm_tokens;
+  v1::DocImage* di = c->mutable_images(0);
+  di->set_grid_h(g->grid_h);
+  di->set_grid_w(g->grid_w);
+  di->set_llm_tokens(g->llm_tokens);
+  c->set_encoder_tokens(c->encoder_tokens() - shrink);
+  c->set_length(c->length() - shrink);
+  auto held = BatchLayout::Build(capped, capped.ranks(1), job.config(), p);
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  // And without the ceiling the smaller grid is refused.
+  v1::StepPlan uncapped = capped;
+  for (v1::SampleInfo& s : *uncapped.mutable_samples()) s.clear_max_pixels();
+  EXPECT_EQ(BatchLayout::Build(uncapped, uncapped.ranks(1), job.config(), p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A RIFF/WAVE file of 32-bit float samples.
 std::string FloatWav(const std::vector<float>& samples, uint16_t channels) {
   auto le = [](std::string* out, uint32_t v, int n) {

@@ -121,6 +121,20 @@ def swap_first_and_last(emb):
     return emb[perm.to(emb.device)]
 
 
+def add_source_losses(mb, token_loss, counted, loss_sum, tokens):
+    """Adds each label token's loss and count to its document's source (mb.doc_sources,
+    an index into batch.source_names): token_loss[t] is the loss of the label of token t + 1."""
+    cu = mb.cu_seqlens.to(token_loss.device, torch.long)
+    pos = torch.arange(1, token_loss.numel() + 1, device=token_loss.device)
+    doc = torch.searchsorted(cu[1:].contiguous(), pos, right=True)
+    sources = mb.doc_sources.to(token_loss.device)
+    keep = counted & (doc < sources.numel())
+    src = sources[doc[keep]]
+    known = src >= 0
+    loss_sum.index_add_(0, src[known], token_loss[keep][known])
+    tokens.index_add_(0, src[known], torch.ones_like(token_loss[keep][known]))
+
+
 def all_reduce_grads(params):
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -169,22 +183,35 @@ def main():
         tokens = torch.tensor(float(batch.num_label_tokens), device=device)         # tutti
         dist.all_reduce(tokens)
         loss_sum = torch.zeros((), device=device)
+        names = batch.source_names                                                  # tutti
+        source_loss = torch.zeros(len(names), device=device)
+        source_tokens = torch.zeros(len(names), device=device)
         for mb in batch.micro_batches:                                              # tutti
             rows = swap_first_and_last(emb) if args.swap_rows else emb  # per micro-batch
             h = mb.scatter_image_embeds(lm.embed(fold_ids(mb.input_ids)), rows)      # tutti
             logits = lm(h, mb.mrope_position_ids, mb.cu_seqlens)                    # tutti
             labels = mb.labels[:, 1:]                                               # tutti
             target = torch.where(labels >= 0, fold_ids(labels.clamp(min=0)), labels)
-            loss = F.cross_entropy(logits[0, :-1], target[0], ignore_index=-100,
-                                   reduction="sum") / tokens
+            token_loss = F.cross_entropy(logits[0, :-1], target[0], ignore_index=-100,
+                                         reduction="none")
+            loss = token_loss.sum() / tokens
             loss.backward()  # the last micro-batch's backward runs the backward exchange
             loss_sum += loss.detach()
+            add_source_losses(mb, token_loss.detach(), target[0] != -100, source_loss,
+                              source_tokens)
         flat = all_reduce_grads(params)
         dist.all_reduce(loss_sum)
+        dist.all_reduce(source_loss)
+        dist.all_reduce(source_tokens)
         opt.step()
         if env.rank == 0:
             row = {"step": batch.step, "loss": loss_sum.item(), "tokens": int(tokens.item()),
-                   "seconds": round(time.time() - t0, 4)}
+                   "seconds": round(time.time() - t0, 4),
+                   # Per source: the mean loss of its label tokens, and their count.
+                   "source_loss": {n: (source_loss[i] / source_tokens[i]).item()
+                                   for i, n in enumerate(names) if source_tokens[i] > 0},
+                   "source_tokens": {n: int(source_tokens[i].item())
+                                     for i, n in enumerate(names) if source_tokens[i] > 0}}
             print(json.dumps(row), flush=True)
             if log:
                 log.write(json.dumps(row) + "\n")

@@ -19,8 +19,14 @@ DIGEST = os.path.join(cluster.HERE, "batch_digest.py")
 RTOL, ATOL = 1e-4, 1e-6
 
 
+def rows(out):
+    """The example's step lines (JSON objects, decoded where each starts)."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(out, m.start())[0] for m in re.finditer(r"\{\"step\"", out)]
+
+
 def losses(out):
-    return [json.loads(m.group(1))["loss"] for m in re.finditer(r"(\{\"step\".*?\})", out)]
+    return [r["loss"] for r in rows(out)]
 
 
 def digests(out):
@@ -39,6 +45,13 @@ class ExampleTest(unittest.TestCase):
         first, last = sum(ls[:5]) / 5, sum(ls[-5:]) / 5
         print(f"loss: first 5 steps {first:.4f}, last 5 {last:.4f}")
         self.assertLess(last, first - 0.05, ls)
+        # Per-source losses: every label token counted under its document's source
+        # ("text", "vl" without a mixture), their weighted mean the step's loss.
+        for r in rows(out):
+            self.assertLessEqual(set(r["source_loss"]), {"text", "vl"}, r)
+            total = sum(r["source_loss"][n] * r["source_tokens"][n] for n in r["source_loss"])
+            self.assertEqual(sum(r["source_tokens"].values()), r["tokens"], r)
+            self.assertAlmostEqual(total / r["tokens"], r["loss"], delta=1e-4 * r["loss"], msg=r)
 
     def test_torchrun_gloo_30_steps(self):
         with cluster.cluster(post=True) as c:

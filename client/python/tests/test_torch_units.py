@@ -356,5 +356,53 @@ class LocalExchangeTest(unittest.TestCase):
             del out, grad_x
 
 
+class MixtureTest(unittest.TestCase):
+    def make(self, sources):
+        rng = np.random.default_rng(9)
+        images, llm_of = synthetic.random_step(1, 0, rng)
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _exchange.LocalTransport(),
+                                 sources=sources)
+        self.addCleanup(seg.close)
+        self.addCleanup(b.release)
+        return b
+
+    def test_documents_say_their_source(self):
+        b = self.make(["ocr", "charts", "text"])
+        self.assertEqual(b.source_names, ["ocr", "charts", "text"])
+        self.assertTrue(torch.equal(b.doc_sources, b.doc_sample_ids % 3))
+        for mb in b.micro_batches:
+            self.assertEqual(mb.doc_sources.dtype, torch.int64)
+            self.assertTrue(torch.equal(mb.doc_sources, mb.doc_sample_ids % 3))
+        self.assertEqual(self.make(None).source_names, ["text", "vl"])
+
+    def test_a_changed_mixture_is_refused_unless_told_how_to_go_on(self):
+        from tutti.torch import _loader
+        before = {"mixture_history": [{"start_step": 0, "fingerprint": "a"},
+                                      {"start_step": 100, "fingerprint": "b"}]}
+        state = {"next_step": 150, "mixture": _loader._mixture_fingerprint(before, 150)}
+        self.assertEqual(state["mixture"], "b")
+        self.assertIsNone(_loader._check_mixture(before, state, None))
+        # A stage added from the step it resumes at: the steps before drew as they did.
+        added = {"mixture_history": before["mixture_history"] + [
+            {"start_step": 150, "fingerprint": "c"}]}
+        self.assertIsNone(_loader._check_mixture(added, state, None))
+        # The stage the steps before were drawn by changed: refused, saying how to go on.
+        changed = {"mixture_history": [{"start_step": 0, "fingerprint": "a"},
+                                       {"start_step": 100, "fingerprint": "x"}]}
+        with self.assertRaises(tutti.FailedPreconditionError) as e:
+            _loader._check_mixture(changed, state, None)
+        self.assertIn("cannot resume at step 150", str(e.exception))
+        self.assertIn("add a stage with start_step >= 150", str(e.exception))
+        self.assertIn("mixture_change='continue'", str(e.exception))
+        self.assertIn("goes on", _loader._check_mixture(changed, state, "continue"))
+        with self.assertRaises(tutti.InvalidArgumentError):
+            _loader._check_mixture(changed, state, "restart")
+        # A checkpoint from a job without a mixture, resumed with one.
+        plain = {"next_step": 20, "mixture": None}
+        with self.assertRaises(tutti.FailedPreconditionError):
+            _loader._check_mixture(before, plain, None)
+        self.assertIsNone(_loader._check_mixture({}, plain, None))
+
+
 if __name__ == "__main__":
     unittest.main()

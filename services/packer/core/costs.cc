@@ -1,18 +1,26 @@
 #include "services/packer/core/costs.h"
 
+#include <algorithm>
+
 #include "common/job_config.h"
 
 namespace tutti::packer {
 
-StageCoster::StageCoster(const v1::JobConfig& config, const Index& index, uint64_t max_pixels)
+StageCoster::StageCoster(const v1::JobConfig& config, const Index& index, uint64_t max_pixels,
+                         std::vector<MediaCeiling> ceilings)
     : index_(index),
       geometry_(GeometryOptions(config, max_pixels)),
       model_(CostOptions(config)),
       frames_per_token_(std::max<uint32_t>(1, config.audio().frames_per_token())) {
+  for (const MediaCeiling& c : ceilings) {
+    if (c.max_pixels == 0 || c.max_pixels >= max_pixels || c.first >= c.end) continue;
+    ceilings_.push_back(c);
+    ceiling_geometry_.push_back(GeometryOptions(config, c.max_pixels));
+  }
   grid_.assign(index.num_media(), 0);
   for (uint32_t j = 0; j < index.num_media(); ++j) {
     if (!index.media_is_image(j)) continue;
-    auto g = SmartResize(index.media_height(j), index.media_width(j), geometry_);
+    auto g = SmartResize(index.media_height(j), index.media_width(j), GeometryFor(j));
     if (!g.ok() || g->grid_h == 0 || g->grid_w == 0 || g->grid_h > 0xFFFF || g->grid_w > 0xFFFF) {
       continue;
     }
@@ -28,10 +36,19 @@ StageCoster::StageCoster(const v1::JobConfig& config, const Index& index, uint64
   }
 }
 
+const VisionGeometryOptions& StageCoster::GeometryFor(uint32_t media) const {
+  if (ceilings_.empty()) return geometry_;
+  auto it = std::upper_bound(ceilings_.begin(), ceilings_.end(), media,
+                             [](uint32_t m, const MediaCeiling& c) { return m < c.first; });
+  if (it == ceilings_.begin()) return geometry_;
+  --it;
+  return media < it->end ? ceiling_geometry_[it - ceilings_.begin()] : geometry_;
+}
+
 absl::StatusOr<ImageGeometry> StageCoster::Image(uint32_t media) const {
   ImageGeometry g;
   if (ImageGeometryOf(media, &g)) return g;
-  return SmartResize(index_.media_height(media), index_.media_width(media), geometry_);
+  return SmartResize(index_.media_height(media), index_.media_width(media), GeometryFor(media));
 }
 
 uint32_t StageCoster::AudioTokens(uint32_t audio_ms) const {

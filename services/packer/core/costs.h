@@ -32,12 +32,22 @@ struct SampleCost {
   double audio_cost = 0;
 };
 
+// A lower max_pixels for the images of media [first, end) (a mixture
+// source's ceiling, MixtureSource.max_pixels).
+struct MediaCeiling {
+  uint32_t first = 0, end = 0;
+  uint64_t max_pixels = 0;
+};
+
 // Costs at one stage (max_pixels). Thread-safe (const). Every image's
 // resized grid is computed once, at construction (4 bytes per medium), so
 // that planning a step reads it instead of resizing again.
 class StageCoster {
  public:
-  StageCoster(const v1::JobConfig& config, const Index& index, uint64_t max_pixels);
+  // `ceilings`: ascending, disjoint ranges whose images resize under
+  // min(max_pixels, their ceiling).
+  StageCoster(const v1::JobConfig& config, const Index& index, uint64_t max_pixels,
+              std::vector<MediaCeiling> ceilings = {});
 
   // Fails only when an image cannot be resized (INVALID_ARGUMENT from
   // SmartResize, e.g. an aspect ratio above vision.max_aspect_ratio).
@@ -68,8 +78,13 @@ class StageCoster {
   const VisionGeometryOptions& geometry() const { return geometry_; }
 
  private:
+  // The geometry options of a medium: the stage's, or its ceiling's.
+  const VisionGeometryOptions& GeometryFor(uint32_t media) const;
+
   const Index& index_;
   VisionGeometryOptions geometry_;
+  std::vector<MediaCeiling> ceilings_;
+  std::vector<VisionGeometryOptions> ceiling_geometry_;  // per ceiling
   CostModel model_;
   uint32_t frames_per_token_;
   // Per medium: grid_h << 16 | grid_w of its resized image; 0 for audio and

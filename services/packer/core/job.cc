@@ -96,47 +96,115 @@ absl::Status Job::Init(const JobOptions& options) {
 
   const Index& ix = *index_;
   FilterStreams();
-  const uint64_t n_text = text_samples().size(), n_vl = vl_samples().size();
-  struct StreamCheck {
-    const char* name;
-    const char* field;
-    uint64_t per_step;
-    uint64_t n;
-  };
-  for (const StreamCheck& c :
-       {StreamCheck{"text-only", "text_samples_per_step", b.text_samples_per_step(), n_text},
-        StreamCheck{"vision-language", "vl_samples_per_step", b.vl_samples_per_step(), n_vl}}) {
-    if (c.per_step == 0) continue;
-    if (c.n == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(),
-                       " has no ", c.name, " samples", UnservableNote(), "; set batch.", c.field,
-                       " to 0 or index a dataset that has them"));
+  if (config_.has_mixture()) {
+    RETURN_IF_ERROR(InitMixture());
+  } else {
+    const uint64_t n_text = text_samples().size(), n_vl = vl_samples().size();
+    struct StreamCheck {
+      const char* name;
+      const char* field;
+      uint64_t per_step;
+      uint64_t n;
+    };
+    for (const StreamCheck& c :
+         {StreamCheck{"text-only", "text_samples_per_step", b.text_samples_per_step(), n_text},
+          StreamCheck{"vision-language", "vl_samples_per_step", b.vl_samples_per_step(), n_vl}}) {
+      if (c.per_step == 0) continue;
+      if (c.n == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(),
+                         " has no ", c.name, " samples", UnservableNote(), "; set batch.", c.field,
+                         " to 0 or index a dataset that has them"));
+      }
+      if (c.n < 2 * uint64_t{c.per_step}) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(),
+                         " has only ", c.n, " ", c.name, " samples", UnservableNote(),
+                         ", fewer than two steps draw (a step that spans an epoch boundary "
+                         "must find its samples without repeats); lower batch.",
+                         c.field, " to at most ", c.n / 2, " or index more ", c.name, " samples"));
+      }
     }
-    if (c.n < 2 * uint64_t{c.per_step}) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("batch.", c.field, " is ", c.per_step, " but the index ", ix.origin(),
-                       " has only ", c.n, " ", c.name, " samples", UnservableNote(),
-                       ", fewer than two steps draw (a step that spans an epoch boundary "
-                       "must find its samples without repeats); lower batch.",
-                       c.field, " to at most ", c.n / 2, " or index more ", c.name, " samples"));
-    }
+    steps_per_epoch_ =
+        StepsForEpochs(1, n_text, b.text_samples_per_step(), n_vl, b.vl_samples_per_step());
+    total_steps_ = config_.epochs() == 0
+                       ? 0
+                       : StepsForEpochs(config_.epochs(), n_text, b.text_samples_per_step(), n_vl,
+                                        b.vl_samples_per_step());
   }
-  steps_per_epoch_ =
-      StepsForEpochs(1, n_text, b.text_samples_per_step(), n_vl, b.vl_samples_per_step());
-  total_steps_ = config_.epochs() == 0
-                     ? 0
-                     : StepsForEpochs(config_.epochs(), n_text, b.text_samples_per_step(), n_vl,
-                                      b.vl_samples_per_step());
 
   costers_.reserve(config_.curriculum_size());
   for (int i = 0; i < config_.curriculum_size(); ++i) {
-    costers_.emplace_back(config_, ix, config_.curriculum(i).max_pixels());
+    costers_.emplace_back(config_, ix, config_.curriculum(i).max_pixels(), Ceilings());
   }
   for (int i = 0; i < config_.curriculum_size(); ++i) {
     RETURN_IF_ERROR(CheckStage(static_cast<uint32_t>(i), options));
   }
   return absl::OkStatus();
+}
+
+absl::Status Job::InitMixture() {
+  const auto& b = config_.batch();
+  const absl::Span<const uint32_t> streams[2] = {text_samples_, vl_samples_};
+  const uint32_t per[2] = {b.text_samples_per_step(), b.vl_samples_per_step()};
+  ASSIGN_OR_RETURN(mixture_,
+                   Mixture::Create(config_, *index_, streams, per, overflow_.long_documents));
+  // Each stream's epoch: its sources' epochs; the slower stream's decides.
+  steps_per_epoch_ = 0;
+  total_steps_ = 0;
+  for (const int vl : {0, 1}) {
+    if (per[vl] == 0) continue;
+    const uint64_t n = mixture_->epoch_samples(vl);
+    steps_per_epoch_ = std::max(steps_per_epoch_, (n + per[vl] - 1) / per[vl]);
+    if (config_.epochs() > 0) {
+      total_steps_ = std::max(total_steps_, (config_.epochs() * n + per[vl] - 1) / per[vl]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<MediaCeiling> Job::Ceilings() const {
+  std::vector<MediaCeiling> out;
+  if (!mixture_) return out;
+  const Index& ix = *index_;
+  for (uint32_t i = 0; i < mixture_->num_sources(); ++i) {
+    const MixtureSource& src = mixture_->source(i);
+    if (src.max_pixels == 0) continue;
+    for (const auto& [first, end] : src.shards) {
+      const IndexShard& last = ix.shard(end - 1);
+      out.push_back(MediaCeiling{ix.media_begin(ix.shard(first).first_sample),
+                                 ix.media_begin(last.first_sample + last.num_samples),
+                                 src.max_pixels});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const MediaCeiling& a, const MediaCeiling& b) { return a.first < b.first; });
+  return out;
+}
+
+std::string Job::source_name(uint32_t source) const {
+  if (mixture_) return mixture_->source(source).name;
+  return source == 0 ? "text" : "vl";
+}
+
+void Job::DrawSamples(bool vl, const uint64_t* pos, size_t count, uint32_t* sample,
+                      uint8_t* source) const {
+  if (mixture_) {
+    mixture_->Draw(vl, pos, count, sample, source);
+    return;
+  }
+  const auto& b = config_.batch();
+  const absl::Span<const uint32_t> ids = vl ? vl_samples() : text_samples();
+  StreamSampler sampler(config_.seed(), vl ? Stream::kVl : Stream::kText,
+                        std::max<uint64_t>(ids.size(), 1),
+                        vl ? b.vl_samples_per_step() : b.text_samples_per_step());
+  thread_local std::vector<uint64_t> local;
+  local.resize(count);
+  sampler.AtMany(pos, count, local.data());
+  for (size_t k = 0; k < count; ++k) {
+    sample[k] = ids[local[k]];
+    source[k] = vl ? 1 : 0;
+  }
 }
 
 const char* Job::UnservableReason(uint32_t s) const {
@@ -198,63 +266,97 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
   st.max_pixels = stage.max_pixels();
   st.seq_len = seq_len;
   uint64_t over_cap = 0, max_cap_tokens = 0;
-  int64_t first_cap = -1, first_skip[2] = {-1, -1};
+  int64_t first_cap = -1;
   uint32_t first_cap_tokens = 0;
-  double sum_text = 0, sum_vl = 0, sum_images = 0;
   std::vector<uint32_t> runs;
   std::vector<DocPiece> pieces;
-  // Only what the streams draw from: a sample left out is never planned.
-  for (const int vl : {0, 1}) {
-    for (const uint32_t s : vl ? vl_samples() : text_samples()) {
-      auto c = coster.Cost(s);
-      if (!c.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("sample ", DescribeSample(s), " cannot be resized at curriculum[", i,
-                         "]: ", c.status().message(),
-                         "; raise vision.max_aspect_ratio or rebuild the index without it"));
+  // The samples in groups with one long-document policy each: the two
+  // streams, or each source's part of each stream (what the streams draw:
+  // a sample left out is never planned).
+  struct Group {
+    bool vl = false;
+    int source = -1;  // mixture source; -1: the whole stream
+    LongDocuments policy = LongDocuments::kSplit;
+    uint64_t n = 0, skipped = 0;
+    int64_t first_skip = -1;
+    double tokens = 0, images = 0;
+  };
+  std::vector<Group> groups;
+  if (mixture_) {
+    for (uint32_t src = 0; src < mixture_->num_sources(); ++src) {
+      for (const int vl : {0, 1}) {
+        if (mixture_->source(src).part[vl].slot < 0) continue;
+        groups.push_back(Group{vl == 1, static_cast<int>(src), long_documents(src)});
       }
-      st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
-      // What the sequences will hold of it: all of it, split or not;
-      // seq_len truncated; nothing skipped.
-      uint32_t tokens = c->llm_tokens;
-      if (c->llm_tokens > seq_len) {
-        ++st.long_documents;
-        uint32_t image_runs = 0;
-        RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
-        const LongDocOutcome o =
-            ShapeDocument(c->text_tokens, runs, seq_len, overflow_.long_documents, &pieces);
-        if (o == LongDocOutcome::kSkipped) {
-          if (st.skipped[vl]++ == 0) first_skip[vl] = s;
-          tokens = 0;
+    }
+  } else {
+    groups.push_back(Group{false, -1, overflow_.long_documents});
+    groups.push_back(Group{true, -1, overflow_.long_documents});
+  }
+  for (Group& g : groups) {
+    const absl::Span<const uint32_t> list = g.vl ? vl_samples() : text_samples();
+    std::vector<std::pair<uint32_t, uint32_t>> ranges = {{0, static_cast<uint32_t>(list.size())}};
+    if (g.source >= 0) ranges = mixture_->source(static_cast<uint32_t>(g.source)).part[g.vl].ranges;
+    for (const auto& [lo, hi] : ranges) {
+      for (uint32_t at = lo; at < hi; ++at) {
+        const uint32_t s = list[at];
+        auto c = coster.Cost(s);
+        if (!c.ok()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("sample ", DescribeSample(s), " cannot be resized at curriculum[", i,
+                           "]: ", c.status().message(),
+                           "; raise vision.max_aspect_ratio or rebuild the index without it"));
         }
-        if (o == LongDocOutcome::kTruncated) tokens = seq_len;
-      }
-      (vl ? sum_vl : sum_text) += tokens;
-      if (tokens > 0) sum_images += c->image_tokens;
-      if (img_cap > 0 && c->image_tokens > img_cap) {
-        if (first_cap < 0) first_cap = s, first_cap_tokens = c->image_tokens;
-        max_cap_tokens = std::max<uint64_t>(max_cap_tokens, c->image_tokens);
-        ++over_cap;
+        ++g.n;
+        st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
+        // What the sequences will hold of it: all of it, split or not;
+        // seq_len truncated; nothing skipped.
+        uint32_t tokens = c->llm_tokens;
+        if (c->llm_tokens > seq_len) {
+          ++st.long_documents;
+          uint32_t image_runs = 0;
+          RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
+          const LongDocOutcome o = ShapeDocument(c->text_tokens, runs, seq_len, g.policy, &pieces);
+          if (o == LongDocOutcome::kSkipped) {
+            if (g.skipped++ == 0) g.first_skip = s;
+            ++st.skipped[g.vl];
+            tokens = 0;
+          }
+          if (o == LongDocOutcome::kTruncated) tokens = seq_len;
+        }
+        g.tokens += tokens;
+        if (tokens > 0) g.images += c->image_tokens;
+        if (img_cap > 0 && c->image_tokens > img_cap) {
+          if (first_cap < 0) first_cap = s, first_cap_tokens = c->image_tokens;
+          max_cap_tokens = std::max<uint64_t>(max_cap_tokens, c->image_tokens);
+          ++over_cap;
+        }
       }
     }
   }
   const std::string where =
       absl::StrCat("curriculum[", i, "] (start_step ", stage.start_step(), ", max_pixels ",
                    stage.max_pixels(), ", seq_len ", seq_len, ")");
-  for (const int vl : {0, 1}) {
-    const uint64_t n = vl ? vl_samples().size() : text_samples().size();
-    const double fraction = n > 0 ? double(st.skipped[vl]) / n : 0;
+  for (const Group& g : groups) {
+    const double fraction = g.n > 0 ? double(g.skipped) / g.n : 0;
     if (fraction <= overflow_.max_skip_fraction) continue;
+    const std::string whose =
+        g.source < 0 ? std::string(g.vl ? "vision-language" : "text-only")
+                     : absl::StrCat(g.vl ? "VL" : "text-only", " samples of mixture source '",
+                                    source_name(static_cast<uint32_t>(g.source)), "', whose");
+    const std::string field = g.source < 0
+                                  ? "overflow.long_documents"
+                                  : absl::StrCat("mixture.sources[", g.source, "].long_documents");
     return absl::FailedPreconditionError(absl::StrFormat(
-        "at %s overflow.long_documents '%s' would skip %u of the %u %s samples (%.4f, e.g. %s, "
+        "at %s %s '%s' would skip %u of the %u %s samples (%.4f, e.g. %s, "
         "longer than seq_len%s), above overflow.max_skip_fraction %.4f; raise curriculum[%u]."
-        "seq_len to at least %u or lower its max_pixels, choose overflow.long_documents 'split' "
+        "seq_len to at least %u or lower its max_pixels, choose %s 'split' "
         "(it skips only a document with one image or audio run longer than seq_len), or raise "
         "overflow.max_skip_fraction to at least %.4f",
-        where, LongDocumentsName(overflow_.long_documents), st.skipped[vl], n,
-        vl ? "vision-language" : "text-only", fraction, DescribeSample(first_skip[vl]),
-        overflow_.long_documents == LongDocuments::kSkip ? "" : " in one image or audio run",
-        overflow_.max_skip_fraction, i, st.max_tokens, fraction));
+        where, field, LongDocumentsName(g.policy), g.skipped, g.n, whose, fraction,
+        DescribeSample(static_cast<uint32_t>(g.first_skip)),
+        g.policy == LongDocuments::kSkip ? "" : " in one image or audio run",
+        overflow_.max_skip_fraction, i, st.max_tokens, field, fraction));
   }
   if (over_cap > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -264,9 +366,39 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
         max_cap_tokens, " or lower max_pixels"));
   }
   const auto& b = config_.batch();
-  const uint64_t n_text = text_samples().size(), n_vl = vl_samples().size();
-  st.mean_text_tokens = n_text ? sum_text / n_text : 0;
-  st.mean_vl_tokens = n_vl ? sum_vl / n_vl : 0;
+  const uint64_t n_vl = vl_samples().size();
+  // Mean tokens (and VL image tokens) of a drawn sample: over each stream,
+  // or with a mixture the weighted mean of its sources' means at the
+  // heaviest weights of the schedule.
+  double mean_images = 0;
+  if (!mixture_) {
+    const uint64_t n_text = text_samples().size();
+    st.mean_text_tokens = n_text ? groups[0].tokens / n_text : 0;
+    st.mean_vl_tokens = n_vl ? groups[1].tokens / n_vl : 0;
+    mean_images = n_vl ? (groups[0].images + groups[1].images) / n_vl : 0;
+  } else {
+    for (const int vl : {0, 1}) {
+      st.source_mean_tokens[vl].assign(mixture_->num_sources(), 0);
+      std::vector<double> images(mixture_->num_sources(), 0);
+      for (const Group& g : groups) {
+        if (g.vl != (vl == 1) || g.n == 0) continue;
+        st.source_mean_tokens[vl][g.source] = g.tokens / g.n;
+        images[g.source] = g.images / g.n;
+      }
+      double& mean = vl ? st.mean_vl_tokens : st.mean_text_tokens;
+      for (const MixtureSegment& seg : mixture_->segments()) {
+        double w = 0, tokens = 0, image_tokens = 0;
+        for (uint32_t src : mixture_->stream_sources(vl)) {
+          w += seg.weights[src];
+          tokens += seg.weights[src] * st.source_mean_tokens[vl][src];
+          image_tokens += seg.weights[src] * images[src];
+        }
+        if (w <= 0) continue;
+        mean = std::max(mean, tokens / w);
+        if (vl) mean_images = std::max(mean_images, image_tokens / w);
+      }
+    }
+  }
   const double W = world_size();
   const double text_cap = W * text_seqs_ * seq_len, vl_cap = W * vl_seqs_ * seq_len;
   st.text_fill = text_cap > 0 ? b.text_samples_per_step() * st.mean_text_tokens / text_cap : 0;
@@ -295,10 +427,9 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
         where, f.name, f.fill, f.per_step, f.name, f.mean, world_size(), f.seqs, seq_len,
         options.max_expected_fill, f.field, max_ok, f.name));
   }
-  if (img_cap > 0 && n_vl > 0 && vl_seqs_ > 0) {
+  if (img_cap > 0 && n_vl > 0 && vl_seqs_ > 0 && mean_images > 0) {
     // Image tokens against the cap, as tokens against seq_len above: a step
     // of average samples must leave its VL sequences room under the cap.
-    const double mean_images = sum_images / n_vl;
     const double image_cap = W * vl_seqs_ * img_cap;
     const double image_fill = b.vl_samples_per_step() * mean_images / image_cap;
     if (image_fill > options.max_expected_fill) {

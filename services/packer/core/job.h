@@ -17,6 +17,7 @@
 #include "common/job_config.h"
 #include "services/packer/core/costs.h"
 #include "services/packer/core/dispatcher.h"
+#include "services/packer/core/mixture.h"
 #include "services/packer/core/overflow.h"
 #include "services/packer/core/packing.h"
 #include "services/packer/index/index.h"
@@ -54,6 +55,9 @@ struct StageStats {
   // them: per stream (0 text, 1 VL) the documents it skips.
   uint64_t long_documents = 0;
   uint64_t skipped[2] = {0, 0};
+  // With a mixture: per source and stream, the mean LLM tokens of a sample
+  // (the stream means above are then the heaviest mix of the schedule).
+  std::vector<double> source_mean_tokens[2];
 };
 
 class Job {
@@ -76,7 +80,10 @@ class Job {
   uint32_t vl_seqs_per_rank() const { return vl_seqs_; }
   // Steps until every sample of both streams was drawn once (the slower
   // stream's epoch; the other one cycles on its own meanwhile), and until
-  // `epochs` times (0 = unlimited). sampler.h: StepsForEpochs.
+  // `epochs` times (0 = unlimited). sampler.h: StepsForEpochs. With a
+  // mixture a stream's epoch is the sum of its sources' source-epochs
+  // (Mixture::epoch_samples): each source is drawn by its weight, so one
+  // smaller than its share repeats and a larger one is taken in part.
   uint64_t steps_per_epoch() const { return steps_per_epoch_; }
   uint64_t total_steps() const { return total_steps_; }
 
@@ -115,6 +122,21 @@ class Job {
     return unservable_examples_;
   }
 
+  // The mixture (null: the index's text-only and VL streams are the two
+  // sources "text" and "vl").
+  const Mixture* mixture() const { return mixture_.get(); }
+  // Sources samples are drawn from (PlannedSample::source indexes them).
+  uint32_t num_sources() const { return mixture_ ? mixture_->num_sources() : 2; }
+  std::string source_name(uint32_t source) const;
+  // What becomes of a document of this source longer than seq_len.
+  LongDocuments long_documents(uint32_t source) const {
+    return mixture_ ? mixture_->source(source).long_documents : overflow_.long_documents;
+  }
+  // The samples at stream positions pos[k] (k < count) of stream `vl`, and
+  // their sources: the stream's permutations, or the mixture's draw.
+  void DrawSamples(bool vl, const uint64_t* pos, size_t count, uint32_t* sample,
+                   uint8_t* source) const;
+
   // OK when `step` lies within the dataset; OUT_OF_RANGE naming it otherwise.
   absl::Status CheckStep(uint64_t step) const;
   // Human-readable description of a sample: "shard/key".
@@ -126,6 +148,9 @@ class Job {
   absl::Status CheckStage(uint32_t i, const JobOptions& options);
   // Fills the streams and unservable_ from the index and the config.
   void FilterStreams();
+  // With a mixture: the sources, the epochs and the costers' ceilings.
+  absl::Status InitMixture();
+  std::vector<MediaCeiling> Ceilings() const;
   // Why the stager would refuse sample s; empty when it would serve it.
   const char* UnservableReason(uint32_t s) const;
   // " that the stager can serve (left out: ...)" when samples were left out.
@@ -156,6 +181,7 @@ class Job {
   std::vector<uint32_t> text_kept_, vl_kept_;
   std::map<std::string, uint64_t> unservable_;
   std::map<std::string, std::string> unservable_examples_;
+  std::unique_ptr<const Mixture> mixture_;
 };
 
 }  // namespace tutti::packer

@@ -67,10 +67,18 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
   // The draw: text samples, then VL, each stream's positions ascending:
   // the queue it entered with, then its own.
   const uint64_t per[2] = {cfg.batch().text_samples_per_step(), cfg.batch().vl_samples_per_step()};
-  const absl::Span<const uint32_t> ids[2] = {job.text_samples(), job.vl_samples()};
-  StreamSampler samplers[2] = {
-      StreamSampler(cfg.seed(), Stream::kText, std::max<size_t>(1, ids[0].size()), per[0]),
-      StreamSampler(cfg.seed(), Stream::kVl, std::max<size_t>(1, ids[1].size()), per[1])};
+  // What the streams give at every position the plan names (Job::DrawSamples).
+  std::vector<uint64_t> named[2];
+  for (const PlannedSample& ps : p.samples) named[ps.vl].push_back(ps.position);
+  std::vector<uint32_t> given[2];
+  std::vector<uint8_t> given_source[2];
+  for (int v = 0; v < 2; ++v) {
+    given[v].resize(named[v].size());
+    given_source[v].resize(named[v].size());
+    job.DrawSamples(v == 1, named[v].data(), named[v].size(), given[v].data(),
+                    given_source[v].data());
+  }
+  size_t at[2] = {0, 0};
   const std::vector<uint64_t>* queued[2] = {&p.deferred_in.text, &p.deferred_in.vl};
   const std::vector<uint64_t>* deferred[2] = {&p.deferred_out.text, &p.deferred_out.vl};
   const std::vector<uint64_t>* skipped[2] = {&p.skipped_text, &p.skipped_vl};
@@ -86,10 +94,16 @@ absl::Status AuditPlanAgainstJob(const Job& job, const StepPlanData& p) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " at ", k, " is out of stream order"));
     }
     in_vl = ps.vl;
+    const size_t g = at[v]++;
+    if (ps.sample != given[v][g] || ps.source != given_source[v][g]) {
+      return Differs(p, absl::StrCat("sample ", ps.sample, " (source ", ps.source,
+                                     ") is planned at stream position ", ps.position,
+                                     ", where the stream gives sample ", given[v][g], " (source ",
+                                     given_source[v][g], ")"));
+    }
     if (ps.piece > 0) continue;  // the first piece stands for its document
     const uint64_t pos = ps.position, drawn = per[v] ? pos / per[v] : 0;
-    if (ps.sample != ids[v][samplers[v].At(pos)] || drawn > p.step || drawn + H < p.step ||
-        (any[v] && pos <= last[v])) {
+    if (drawn > p.step || drawn + H < p.step || (any[v] && pos <= last[v])) {
       return Differs(p, absl::StrCat("sample ", ps.sample, " is planned at stream position ", pos,
                                      " (drawn at step ", drawn,
                                      "), which the stream or the order does not give it"));

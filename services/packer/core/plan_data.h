@@ -29,6 +29,9 @@ struct PlannedSample {
   uint32_t text_source = 0;
   bool text_remote = false;
   bool vl = false;
+  // The source it was drawn from (Job::source_name): a mixture's source, or
+  // 0 text-only and 1 VL without one.
+  uint8_t source = 0;
   // A document longer than seq_len (overflow.h): piece `piece` of `pieces`
   // (pieces 0: the whole document), its text tokens from text_begin
   // (cost.text_tokens of them); truncated: its text was cut to fit.

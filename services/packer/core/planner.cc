@@ -302,8 +302,12 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   out->vl_seqs = job.vl_seqs_per_rank();
   // Each stream cycles on its own (sampler.h): the epoch of each stream's
   // first sample of the step.
-  out->text_epoch = T > 0 ? step * T / std::max<uint64_t>(n_text, 1) : 0;
-  out->vl_epoch = V > 0 ? step * V / std::max<uint64_t>(n_vl, 1) : 0;
+  // With a mixture a stream's epoch is its sources' epochs together.
+  const Mixture* mixture = job.mixture();
+  const uint64_t epoch_text = mixture ? mixture->epoch_samples(false) : n_text;
+  const uint64_t epoch_vl = mixture ? mixture->epoch_samples(true) : n_vl;
+  out->text_epoch = T > 0 ? step * T / std::max<uint64_t>(epoch_text, 1) : 0;
+  out->vl_epoch = V > 0 ? step * V / std::max<uint64_t>(epoch_vl, 1) : 0;
   out->epoch = T > 0 ? out->text_epoch : out->vl_epoch;
 
   out->samples.resize(NT + NV);
@@ -322,18 +326,33 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
   // reads of the index ascending instead of random (the draw is otherwise
   // bound by memory latency), into compact per-candidate records; then the
   // plan's records in draw order.
-  StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1), T);
-  StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1), V);
-  thread_local std::vector<uint64_t> pos, local;
+  thread_local std::vector<uint64_t> pos, local, order;
+  thread_local std::vector<uint8_t> sources;
   pos.resize(NT + NV);
-  local.resize(NT + NV);
+  sources.resize(NT + NV);
   CandidatePositions(step, T, V, in, pos.data());
-  text_sampler.AtMany(pos.data(), NT, local.data());
-  vl_sampler.AtMany(pos.data() + NT, NV, local.data() + NT);
-  thread_local std::vector<uint64_t> order;
+  if (mixture == nullptr) {
+    StreamSampler text_sampler(cfg.seed(), Stream::kText, std::max<uint64_t>(n_text, 1), T);
+    StreamSampler vl_sampler(cfg.seed(), Stream::kVl, std::max<uint64_t>(n_vl, 1), V);
+    local.resize(NT + NV);
+    text_sampler.AtMany(pos.data(), NT, local.data());
+    vl_sampler.AtMany(pos.data() + NT, NV, local.data() + NT);
+    SampleOrder(local.data(), NT, NV, job.text_samples(), job.vl_samples(), &order);
+    std::fill(sources.begin(), sources.begin() + NT, 0);
+    std::fill(sources.begin() + NT, sources.end(), 1);
+  } else {
+    // The sources' draw gives sample ids, sorted here as SampleOrder does.
+    thread_local std::vector<uint32_t> ids;
+    thread_local std::vector<uint64_t> tmp;
+    ids.resize(NT + NV);
+    job.DrawSamples(false, pos.data(), NT, ids.data(), sources.data());
+    job.DrawSamples(true, pos.data() + NT, NV, ids.data() + NT, sources.data() + NT);
+    order.resize(size_t{NT} + NV);
+    for (uint32_t k = 0; k < NT + NV; ++k) order[k] = uint64_t{ids[k]} << 32 | k;
+    SortByUpper32(ix.num_samples(), &order, &tmp);
+  }
   thread_local std::vector<DrawnSample> drawn;
   thread_local std::vector<DrawnMedium> media;
-  SampleOrder(local.data(), NT, NV, job.text_samples(), job.vl_samples(), &order);
   ReadSamples(ix, coster, order, &drawn, &media);
   DrawnAdmission& admission = BeginAdmission(*out);
   constexpr uint32_t kAhead = 16;
@@ -360,6 +379,7 @@ absl::Status Planner::Draw(uint64_t step, StepPlanData* out) const {
     ps.shard = d.shard;
     ps.drawn_rank = drawn_rank;
     ps.vl = vl;
+    ps.source = sources[k];
     ps.position = pos[k];
     ps.first_image = static_cast<uint32_t>(out->images.size());
     ps.first_audio = static_cast<uint32_t>(out->audio.size());

@@ -132,44 +132,44 @@ absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_
   const uint32_t seq_len = cfg.curriculum(static_cast<int>(stage)).seq_len();
   const uint32_t per = vl ? cfg.batch().vl_samples_per_step() : cfg.batch().text_samples_per_step();
   const PackCertificate cert = Certificate(step, vl);
-  const auto& stream = vl ? job.vl_samples() : job.text_samples();
-  StreamSampler sampler(cfg.seed(), vl ? Stream::kVl : Stream::kText,
-                        std::max<uint64_t>(stream.size(), 1), per);
   std::vector<uint32_t> runs;
   std::vector<DocPiece> pieces;
-  // The stream-local indices of [lo, hi) in one batch (StreamSampler::AtMany).
+  // The samples of [lo, hi) in one batch (Job::DrawSamples).
   const uint32_t n = static_cast<uint32_t>(hi - lo);
-  thread_local std::vector<uint64_t> positions, local;
+  thread_local std::vector<uint64_t> positions;
+  thread_local std::vector<uint32_t> ids;
+  thread_local std::vector<uint8_t> sources;
   positions.resize(n);
-  local.resize(n);
+  ids.resize(n);
+  sources.resize(n);
   for (uint64_t p = lo; p < hi; ++p) positions[p - lo] = p;
-  sampler.AtMany(positions.data(), positions.size(), local.data());
-  // Their costs in sample-id order (a stream's ids ascend with its local
-  // indices), so that the index is read ascending as the draw reads it
-  // (Planner::Draw) instead of at random; the candidates then follow in
-  // position order. A costing that fails is reported for the first
-  // position it fails at, as a walk in position order would.
+  job.DrawSamples(vl, positions.data(), n, ids.data(), sources.data());
+  (void)per;
+  // Their costs in sample-id order, so that the index is read ascending as
+  // the draw reads it (Planner::Draw) instead of at random; the candidates
+  // then follow in position order. A costing that fails is reported for the
+  // first position it fails at, as a walk in position order would.
   struct Costed {
     uint32_t llm_tokens, image_tokens, text_tokens;
   };
   thread_local std::vector<uint64_t> order, tmp;
   thread_local std::vector<Costed> costed;
   order.resize(n);
-  for (uint32_t i = 0; i < n; ++i) order[i] = local[i] << 32 | i;
-  SortByUpper32(stream.size(), &order, &tmp);
+  for (uint32_t i = 0; i < n; ++i) order[i] = uint64_t{ids[i]} << 32 | i;
+  SortByUpper32(ix.num_samples(), &order, &tmp);
   costed.resize(n);
   uint32_t failed = n;
   absl::Status failure;
   constexpr uint32_t kAhead = 16;
   for (uint32_t k = 0; k < n; ++k) {
-    if (k + kAhead < n) ix.PrefetchSample(stream[order[k + kAhead] >> 32]);
+    if (k + kAhead < n) ix.PrefetchSample(static_cast<uint32_t>(order[k + kAhead] >> 32));
     if (k + kAhead / 2 < n) {
-      const uint32_t ahead = stream[order[k + kAhead / 2] >> 32];
+      const uint32_t ahead = static_cast<uint32_t>(order[k + kAhead / 2] >> 32);
       ix.PrefetchMedia(ahead);
       coster.PrefetchGrid(ix.media_begin(ahead));
     }
     const uint32_t i = static_cast<uint32_t>(order[k]);
-    absl::StatusOr<SampleCost> cost = coster.Cost(stream[order[k] >> 32]);
+    absl::StatusOr<SampleCost> cost = coster.Cost(static_cast<uint32_t>(order[k] >> 32));
     if (!cost.ok()) {
       if (i < failed) failed = i, failure = cost.status();
       continue;
@@ -178,12 +178,12 @@ absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_
   }
   for (uint32_t i = 0; i < n; ++i) {
     if (i == failed) return failure;
-    const uint32_t s = stream[local[i]];
+    const uint32_t s = ids[i];
     const Costed& cost = costed[i];
     runs.clear();
     uint32_t image_runs = 0;
     if (cost.llm_tokens > seq_len) RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
-    AddCandidate(cert, seq_len, job.overflow().long_documents, s, cost.llm_tokens,
+    AddCandidate(cert, seq_len, job.long_documents(sources[i]), s, cost.llm_tokens,
                  cost.image_tokens, cost.text_tokens, runs, image_runs, &pieces, c);
   }
   return absl::OkStatus();
@@ -427,7 +427,6 @@ struct DrawnAdmission {
   std::vector<uint32_t> runs;
   StreamCandidates c[2];
   PackCertificate cert[2] = {PackCertificate(0, 1, 0), PackCertificate(0, 1, 0)};
-  LongDocuments policy = LongDocuments::kSplit;
   bool reshape = false;
 };
 
@@ -441,7 +440,6 @@ DrawnAdmission& Planner::BeginAdmission(const StepPlanData& out) const {
   a.outcome.assign(N, LongDocOutcome::kWhole);
   if (a.shaped.size() < N) a.shaped.resize(N);
   a.reshape = false;
-  a.policy = job_->overflow().long_documents;
   for (const bool vl : {false, true}) {
     a.c[vl].Clear(/*keep_items=*/false);
     a.cert[vl] = Certificate(out.step, vl);
@@ -468,9 +466,9 @@ void Planner::AddAdmissionCandidate(DrawnAdmission& a, uint32_t k, const StepPla
   for (uint32_t i = 0; i < ps.cost.audio; ++i) {
     a.runs.push_back(out.audio[ps.first_audio + i].tokens + 2);
   }
-  a.outcome[k] = AddCandidate(a.cert[vl], seq_len, a.policy, ps.sample, ps.cost.llm_tokens,
-                              ps.cost.image_tokens, ps.cost.text_tokens, a.runs, ps.cost.images,
-                              &a.shaped[k], &a.c[vl]);
+  a.outcome[k] = AddCandidate(a.cert[vl], seq_len, job_->long_documents(ps.source), ps.sample,
+                              ps.cost.llm_tokens, ps.cost.image_tokens, ps.cost.text_tokens, a.runs,
+                              ps.cost.images, &a.shaped[k], &a.c[vl]);
   a.reshape |= a.outcome[k] != LongDocOutcome::kWhole;
 }
 

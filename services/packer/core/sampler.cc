@@ -187,22 +187,50 @@ void FeistelPermutation::MapPortable(const uint64_t* in, size_t count, uint64_t*
 }
 
 StreamSampler::StreamSampler(uint64_t seed, Stream stream, uint64_t n, uint64_t per_step)
+    : StreamSampler(seed, StreamOptions{uint64_t(stream) + 1, n, 0, per_step, nullptr}) {}
+
+StreamSampler::StreamSampler(uint64_t seed, const StreamOptions& o)
     : seed_(seed),
-      stream_(stream),
-      n_(std::max<uint64_t>(n, 1)),
-      per_step_(per_step),
-      perm_(std::max<uint64_t>(n, 1), 0) {}
+      key_(o.key),
+      n_(std::max<uint64_t>(o.n, 1)),
+      e_(o.epoch_size > 0 && o.epoch_size < n_ ? o.epoch_size : n_),
+      per_step_(o.max_block),
+      blocks_(o.blocks),
+      perm_(e_, 0),
+      walk_(n_, e_ < n_ ? Mix(seed ^ Mix(o.key) ^ 0x57414C4B57414C4Bull) : 0) {}
 
 uint64_t StreamSampler::Key(uint64_t epoch) const {
-  return Mix(seed_ ^ Mix(uint64_t(stream_) + 1) ^ Mix(epoch * 0xD1B54A32D192ED03ull));
+  return Mix(seed_ ^ Mix(key_) ^ Mix(epoch * 0xD1B54A32D192ED03ull));
+}
+
+void StreamSampler::Walk(uint64_t epoch, uint64_t* v, size_t count) const {
+  // Epoch e's window: walk positions (e x e_ + k) mod n_.
+  const uint64_t first =
+      static_cast<uint64_t>(static_cast<unsigned __int128>(epoch % n_) * e_ % n_);
+  for (size_t k = 0; k < count; ++k) {
+    const uint64_t x = first + v[k];
+    v[k] = x >= n_ ? x - n_ : x;
+  }
+  walk_.Map(v, count, v);
 }
 
 uint64_t StreamSampler::Plain(uint64_t epoch, uint64_t i) {
   if (epoch != epoch_) {
     epoch_ = epoch;
-    perm_ = FeistelPermutation(n_, Key(epoch));
+    perm_ = FeistelPermutation(e_, Key(epoch));
   }
-  return perm_(i);
+  uint64_t x = perm_(i);
+  if (e_ < n_) Walk(epoch, &x, 1);
+  return x;
+}
+
+void StreamSampler::PlainMany(uint64_t epoch, const uint64_t* in, size_t count, uint64_t* out) {
+  if (epoch != epoch_) {
+    epoch_ = epoch;
+    perm_ = FeistelPermutation(e_, Key(epoch));
+  }
+  perm_.Map(in, count, out);
+  if (e_ < n_) Walk(epoch, out, count);
 }
 
 void StreamSampler::PrepareStart(uint64_t epoch) {
@@ -210,31 +238,33 @@ void StreamSampler::PrepareStart(uint64_t epoch) {
   start_epoch_ = epoch;
   start_.clear();
   // The step that enters `epoch`, and what it took from the previous one
-  // (the old epoch's last `tail` positions, never reordered: n >= 2 * per).
-  const uint64_t first = epoch * n_;
-  const uint64_t step_start = first / per_step_ * per_step_;
+  // (the old epoch's last `tail` positions, never reordered: an epoch holds
+  // at least two steps' draws).
+  const uint64_t first = epoch * e_;
+  uint64_t step_start = 0, per = per_step_;
+  if (blocks_ != nullptr) {
+    blocks_->BlockOf(first, &step_start, &per);
+  } else {
+    step_start = first / per_step_ * per_step_;
+  }
   const uint64_t tail = first - step_start;
-  if (tail == 0) return;
-  // Both epochs' positions in batches (FeistelPermutation::Map); the taken
-  // samples as a bit set over the stream.
+  if (tail == 0 || tail >= per) return;
+  // Both epochs' positions in batches (PlainMany); the taken samples as a
+  // bit set over the stream.
   thread_local std::vector<uint64_t> taken, head, bits;
   taken.resize(tail);
-  for (uint64_t i = 0; i < tail; ++i) taken[i] = n_ - tail + i;
-  FeistelPermutation(n_, Key(epoch - 1)).Map(taken.data(), tail, taken.data());
+  for (uint64_t i = 0; i < tail; ++i) taken[i] = e_ - tail + i;
+  PlainMany(epoch - 1, taken.data(), tail, taken.data());
   bits.assign(n_ / 64 + 1, 0);
   for (const uint64_t x : taken) bits[x / 64] |= uint64_t{1} << (x % 64);
   // The step's share of the new epoch: the first per - tail samples of its
   // permutation that the step did not already take; the ones it did follow
   // right behind, in permutation order. At most `tail` of the new epoch's
   // first per positions were taken, so they hold the share.
-  const uint64_t share = per_step_ - tail;
-  head.resize(per_step_);
-  for (uint64_t i = 0; i < per_step_; ++i) head[i] = i;
-  if (epoch != epoch_) {
-    epoch_ = epoch;
-    perm_ = FeistelPermutation(n_, Key(epoch));
-  }
-  perm_.Map(head.data(), per_step_, head.data());
+  const uint64_t share = per - tail;
+  head.resize(per);
+  for (uint64_t i = 0; i < per; ++i) head[i] = i;
+  PlainMany(epoch, head.data(), per, head.data());
   std::vector<uint64_t> later;
   for (uint64_t i = 0; start_.size() < share; ++i) {
     const uint64_t x = head[i];
@@ -244,7 +274,7 @@ void StreamSampler::PrepareStart(uint64_t epoch) {
 }
 
 uint64_t StreamSampler::At(uint64_t p) {
-  const uint64_t epoch = p / n_, i = p % n_;
+  const uint64_t epoch = p / e_, i = p % e_;
   if (per_step_ > 0 && epoch > 0 && i < per_step_) {
     PrepareStart(epoch);
     if (i < start_.size()) return start_[i];
@@ -255,27 +285,23 @@ uint64_t StreamSampler::At(uint64_t p) {
 void StreamSampler::AtMany(const uint64_t* pos, size_t count, uint64_t* out) {
   size_t k = 0;
   while (k < count) {
-    const uint64_t epoch = pos[k] / n_;
+    const uint64_t epoch = pos[k] / e_;
     // The reordered start of an epoch goes through At; a run of positions
     // of one epoch past it, through the permutation in one batch.
-    const uint64_t first = epoch * n_;
-    const uint64_t start = per_step_ > 0 && epoch > 0 ? std::min(per_step_, n_) : 0;
+    const uint64_t first = epoch * e_;
+    const uint64_t start = per_step_ > 0 && epoch > 0 ? std::min(per_step_, e_) : 0;
     if (pos[k] - first < start) {
       out[k] = At(pos[k]);
       ++k;
       continue;
     }
-    // The run: positions in [first + start, first + n).
+    // The run: positions in [first + start, first + e_).
     size_t e = k;
-    while (e < count && pos[e] >= first + start && pos[e] - first < n_) {
+    while (e < count && pos[e] >= first + start && pos[e] - first < e_) {
       out[e] = pos[e] - first;
       ++e;
     }
-    if (epoch != epoch_) {
-      epoch_ = epoch;
-      perm_ = FeistelPermutation(n_, Key(epoch));
-    }
-    perm_.Map(out + k, e - k, out + k);
+    PlainMany(epoch, out + k, e - k, out + k);
     k = e;
   }
 }

@@ -163,6 +163,23 @@ class _Layout:
                 "the plan puts its documents' images; the stager and the packer disagree on the "
                 "vision config")
         self.llm_total = len(self.image_token_positions)
+        self._raw_samples = raw
+        self._mixture = cfg.get("mixture") is not None
+        self._doc_sources = None
+
+    def doc_sources(self):
+        """The source (an index into JobInfo.sources) of each document, in doc_ids order:
+        SampleInfo.source; without a mixture the two streams, 0 "text" and 1 "vl"."""
+        if self._doc_sources is None:
+            source = {}
+            for s in self._raw_samples.samples:
+                if self._mixture:
+                    source[int(s["sample_id"])] = int(s.get("source") or 0)
+                else:
+                    source[int(s["sample_id"])] = 1 if s.get("modality") == "MODALITY_VL" else 0
+            self._doc_sources = np.array([source.get(int(x), -1) for x in self.doc_ids.tolist()],
+                                         np.int64)
+        return self._doc_sources
 
 
 class MicroBatch:
@@ -232,6 +249,15 @@ class MicroBatch:
         L = self._batch._layout
         d0, d1 = self._docs
         return self._get("doc_sample_ids", lambda: torch.from_numpy(L.doc_ids[d0:d1].copy()))
+
+    @property
+    def doc_sources(self):
+        """[D] int64: the source of each document, an index into Batch.source_names (the mixture
+        source it was drawn from). A per-source loss: the documents' token losses summed over
+        cu_seqlens, then grouped by doc_sources."""
+        L = self._batch._layout
+        d0, d1 = self._docs
+        return self._get("doc_sources", lambda: torch.from_numpy(L.doc_sources()[d0:d1].copy()))
 
     @property
     def position_ids(self):
@@ -526,6 +552,19 @@ class Batch:
     @property
     def doc_sample_ids(self):
         return self._field("doc_sample_ids")
+
+    @property
+    def doc_sources(self):
+        """[docs] int64: the source of each document of doc_sample_ids, an index into
+        source_names."""
+        self._check("doc_sources")
+        return self._convert(torch.from_numpy(self._layout.doc_sources().copy()))
+
+    @property
+    def source_names(self):
+        """The job's sources (JobInfo.sources): the mixture's, or ["text", "vl"]."""
+        names = [s["name"] for s in (self._job.get("sources") or [])]
+        return names or ["text", "vl"]
 
     @property
     def num_label_tokens(self):

@@ -3,6 +3,7 @@ import hashlib
 import logging
 import sys
 import time
+import warnings
 
 import torch.distributed as dist
 
@@ -66,6 +67,41 @@ def _sampling_identity(job):
         "dataset": {"samples": int(job["samples"] or 0), "bytes": int(job["dataset_bytes"] or 0),
                     "shards": shards},
     }
+
+
+def _mixture_fingerprint(job, next_step):
+    """What drew the steps before next_step: the entry of JobInfo.mixture_history in force at
+    step next_step - 1 (None for a job without a mixture, or before any step)."""
+    found = None
+    for h in job.get("mixture_history") or []:
+        if next_step > 0 and int(h.get("start_step") or 0) <= next_step - 1:
+            found = h["fingerprint"]
+    return found
+
+
+def _check_mixture(job, state, mixture_change):
+    """Refuses a checkpoint whose steps a different mixture drew, unless mixture_change says
+    how to go on; returns a warning to give (or None)."""
+    if mixture_change not in (None, "continue"):
+        raise tutti.InvalidArgumentError(
+            f"mixture_change={mixture_change!r}: use None (refuse a changed mixture) or 'continue'")
+    step = int(state["next_step"])
+    mine, theirs = _mixture_fingerprint(job, step), state.get("mixture")
+    if mine == theirs:
+        return None
+    if mixture_change == "continue":
+        return (f"resuming at step {step} with a mixture that differs from the checkpoint's for "
+                "the steps before it (mixture_change='continue'): each source goes on from where "
+                "this mixture puts it at that step")
+    raise tutti.FailedPreconditionError(
+        f"cannot resume at step {step}: the mixture that draws the steps before it is not the "
+        f"checkpoint's (mixture fingerprint: checkpoint {theirs!r}, this job {mine!r}). To change "
+        f"the mixture of a resumed job, keep its sources and stages as they were and add a stage "
+        f"with start_step >= {step}: the steps before keep their draws and every source goes on "
+        "in its epoch. To go on with the mixture as now configured anyway (each source goes on "
+        "from where it puts it at that step, so samples of the sources' current epochs may come "
+        "again or wait for their next epoch), pass load_state_dict(state, "
+        "mixture_change='continue')")
 
 
 class Loader:
@@ -237,12 +273,16 @@ class Loader:
         return {"version": STATE_VERSION, "next_step": int(self.next_step),
                 "world_size": self.world_size, "job_id": self.job["config"]["job_id"],
                 "config_fingerprint": self.job["config_fingerprint"],
-                "sampling": _sampling_identity(self.job)}
+                "sampling": _sampling_identity(self.job),
+                "mixture": _mixture_fingerprint(self.job, int(self.next_step))}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, *, mixture_change=None):
         """Continues at state["next_step"]: the batches of an uninterrupted run, on fresh
         daemons too. A different world size is fine (the global batch of a step does not
-        depend on it); a different seed, batch composition or dataset is refused."""
+        depend on it); a different seed, batch composition or dataset is refused. So is a
+        mixture that drew the steps before next_step differently from the checkpoint's (a
+        stage added from next_step on is not a difference), unless mixture_change='continue':
+        then the job goes on with its mixture as now configured."""
         if self._taken:
             raise tutti.FailedPreconditionError(
                 "load_state_dict() after batches were taken: restore before iterating")
@@ -258,6 +298,9 @@ class Loader:
                 "cannot resume: the checkpoint's steps drew their samples differently ("
                 + "; ".join(diffs) + "); resume with the job config and dataset it was "
                 "saved with (world_size and ranks_per_node may change)")
+        warning = _check_mixture(self.job, state, mixture_change)
+        if warning:
+            warnings.warn(warning)
         step = int(state["next_step"])
         self._client = self._connect(step)
         self.next_step = self._client.next_step

@@ -14,13 +14,18 @@ ROW = 3 * 2 * 14 * 14
 START, PAD, END = 151652, 151655, 151653
 
 
-def job(world, hidden, dtype="DTYPE_FLOAT32"):
+def job(world, hidden, dtype="DTYPE_FLOAT32", sources=None):
+    """sources: names of a mixture's sources (a sample's source is its id modulo their
+    count), or None for a job without a mixture."""
     return {"config": {"world_size": world, "job_id": "synthetic", "seed": 1, "epochs": 0,
                        "vision": {"merge_size": 2}, "audio": {}, "batch": {},
                        "post_balancing": {"enabled": True, "hidden_size": hidden,
-                                          "embedding_dtype": dtype}},
+                                          "embedding_dtype": dtype},
+                       "mixture": {"sources": [{"name": n} for n in sources]} if sources else None},
             "steps_per_epoch": 0, "total_steps": 0, "shards": [], "samples": 0,
-            "dataset_bytes": 0, "config_fingerprint": "synthetic"}
+            "dataset_bytes": 0, "config_fingerprint": "synthetic",
+            "sources": [{"name": n} for n in (sources or ["text", "vl"])],
+            "mixture_history": []}
 
 
 def random_step(world, step, rng, max_images=6):
@@ -108,7 +113,7 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4):
 class Segment:
     count = 0
 
-    def __init__(self, step, rank, plan, images, bf16=False, skipped=(), dropped=(),
+    def __init__(self, step, rank, plan, images, bf16=False, skipped=(), dropped=(), sources=0,
                  interleave=False):
         by_key = {(im[0], im[1]): im for im in images}
         mine = [by_key[(ip["sample_id"], ip["image_index"])]
@@ -174,6 +179,9 @@ class Segment:
         self.desc = {"step": step, "rank": rank, "shm_name": "/" + self.name,
                      "shm_size": self.shm.size, "arrays": descs, "plan": plan, "seq_len": 4096,
                      "skipped": [{"sample_id": sid, "reason": "corrupt"} for sid in skipped]}
+        if sources:  # SampleInfo.source of every document's sample
+            self.desc["samples"] = [{"sample_id": sid, "source": sid % sources,
+                                     "modality": "MODALITY_VL"} for sid in sorted(set(doc_ids))]
 
     def close(self):
         self.shm.close()
@@ -181,17 +189,17 @@ class Segment:
 
 
 def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=(),
-          dropped=(), plan_version=4, interleave=False):
+          dropped=(), plan_version=4, sources=None, interleave=False):
     """skipped: sample ids this rank's stager lists as skipped; dropped: sample ids whose
     images this rank's batch lacks; plan_version: what the plan says it is (an older one
-    is refused by the exchange); interleave: each image run after a text token (the
-    stager's schema-2 layout, with doc_image_starts and loss_mask)."""
+    is refused by the exchange); sources: see job; interleave: each image run after a text
+    token (the stager's schema-2 layout, with doc_image_starts and loss_mask)."""
     plan = rank_plan(world, rank, images, llm_of, hidden)
     plan["plan_version"] = plan_version
     seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped, dropped=dropped,
-                  interleave=interleave)
+                  sources=len(sources) if sources else 0, interleave=interleave)
     raw = tutti.map_batch(seg.desc, copy_on_write=True)
-    b = Batch(raw, job(world, hidden))
+    b = Batch(raw, job(world, hidden, sources=sources))
     b._transport = transport
     return b, seg
 
