@@ -360,7 +360,7 @@ class MixtureTest(unittest.TestCase):
     def make(self, sources):
         rng = np.random.default_rng(9)
         images, llm_of = synthetic.random_step(1, 0, rng)
-        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _exchange.LocalTransport(),
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _transports.LocalTransport(),
                                  sources=sources)
         self.addCleanup(seg.close)
         self.addCleanup(b.release)
