@@ -57,7 +57,6 @@ absl::StatusOr<std::shared_ptr<const Index>> CombineIndexes(
   }
   w.Reserve(samples, media, keys);
   uint32_t first_shard = 0;
-  std::vector<MemberInput> members;
   for (size_t i = 0; i < indexes.size(); ++i) {
     const Index& ix = *indexes[i];
     std::string prefix =
@@ -69,38 +68,11 @@ absl::StatusOr<std::shared_ptr<const Index>> CombineIndexes(
     }
     w.AddMeta(kCombinedIndexMeta,
               absl::StrCat(paths[i], "\t", first_shard, "\t", ix.num_shards(), "\t", prefix));
-    const bool crcs = ix.has_member_crc32c();
     for (uint32_t sh = 0; sh < ix.num_shards(); ++sh) {
       const IndexShard& shard = ix.shard(sh);
       RETURN_IF_ERROR(w.AddShard(prefix + shard.name, shard.size, shard.crc32c));
       for (uint32_t s = shard.first_sample; s < shard.first_sample + shard.num_samples; ++s) {
-        MemberInput text;
-        const bool has_text = ix.text_kind(s) != MemberKind::kNone;
-        if (has_text) {
-          text.kind = ix.text_kind(s);
-          text.ext = std::string(ix.ext(ix.text_ext(s)));
-          text.offset = ix.text_offset(s);
-          text.size = ix.text_size(s);
-          text.has_crc32c = crcs;
-          if (crcs) text.crc32c = ix.text_crc32c(s);
-        }
-        members.clear();
-        for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-          const MediaView v = ix.media(j);
-          MemberInput m;
-          m.kind = v.kind;
-          m.ext = std::string(ix.ext(v.ext));
-          m.offset = v.offset;
-          m.size = v.size;
-          m.width = v.width;
-          m.height = v.height;
-          m.audio_ms = v.audio_ms;
-          m.has_crc32c = crcs;
-          if (crcs) m.crc32c = ix.media_crc32c(j);
-          members.push_back(m);
-        }
-        RETURN_IF_ERROR(
-            w.AddSample(ix.key(s), ix.text_tokens(s), has_text ? &text : nullptr, members));
+        RETURN_IF_ERROR(w.CopySample(ix, s));
       }
     }
     first_shard += ix.num_shards();

@@ -136,8 +136,6 @@ absl::StatusOr<std::string> ReshardIntoSources(const Index& index, uint32_t text
                                     " VL sources"));
   w.Reserve(index.num_samples(), index.num_media(), uint64_t{index.num_samples()} * 12);
   sources->clear();
-  const bool crcs = index.has_member_crc32c();
-  std::vector<MemberInput> media;
   // Members keep their offsets: every shard is as large as the largest.
   uint64_t shard_bytes = 0;
   for (const IndexShard& sh : index.shards()) shard_bytes = std::max(shard_bytes, sh.size);
@@ -154,33 +152,7 @@ absl::StatusOr<std::string> ReshardIntoSources(const Index& index, uint32_t text
                                    shard_bytes, 0));
       }
       const uint32_t s = lists[vl][at[vl]++];
-      MemberInput text;
-      const bool has_text = index.text_kind(s) != MemberKind::kNone;
-      if (has_text) {
-        text.kind = index.text_kind(s);
-        text.ext = std::string(index.ext(index.text_ext(s)));
-        text.offset = index.text_offset(s);
-        text.size = index.text_size(s);
-        text.has_crc32c = crcs;
-        if (crcs) text.crc32c = index.text_crc32c(s);
-      }
-      media.clear();
-      for (uint32_t j = index.media_begin(s); j < index.media_end(s); ++j) {
-        const MediaView v = index.media(j);
-        MemberInput m;
-        m.kind = v.kind;
-        m.ext = std::string(index.ext(v.ext));
-        m.offset = v.offset;
-        m.size = v.size;
-        m.width = v.width;
-        m.height = v.height;
-        m.audio_ms = v.audio_ms;
-        m.has_crc32c = crcs;
-        if (crcs) m.crc32c = index.media_crc32c(j);
-        media.push_back(m);
-      }
-      RETURN_IF_ERROR(
-          w.AddSample(index.key(s), index.text_tokens(s), has_text ? &text : nullptr, media));
+      RETURN_IF_ERROR(w.CopySample(index, s));
     }
     sources->push_back(std::move(src));
   }

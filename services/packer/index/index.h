@@ -299,6 +299,9 @@ class IndexWriter {
   // Adds shard `shard` of `from` with its samples and skip counts, as
   // AddShard, AddSample and AddSkipped would (the result is the same bytes).
   absl::Status CopyShard(const Index& from, uint32_t shard);
+  // Adds sample `s` of `from` to the current shard with its members as they
+  // stand (their checksums where `from` has them), as AddSample would.
+  absl::Status CopySample(const Index& from, uint32_t s);
 
   uint64_t num_samples() const { return num_samples_; }
   // The first error of a spilled column's file (writes are checked here and
@@ -327,7 +330,8 @@ class IndexWriter {
   uint64_t key_bytes_ = 0;
   std::unique_ptr<IndexColumn> text_ref_, text_size_, text_tokens_, key_off_, media_begin_, keys_,
       media_, text_crc_, media_crc_, text_stream_, vl_stream_;
-  bool member_crcs_ = true;  // every member added so far had a checksum
+  bool member_crcs_ = true;              // every member added so far had a checksum
+  std::vector<MemberInput> copy_media_;  // CopySample's scratch
 };
 
 }  // namespace tutti::packer

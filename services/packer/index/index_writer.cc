@@ -188,37 +188,40 @@ absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
   return absl::OkStatus();
 }
 
+absl::Status IndexWriter::CopySample(const Index& from, uint32_t s) {
+  const bool crcs = from.has_member_crc32c();
+  MemberInput text;
+  const bool has_text = from.text_kind(s) != MemberKind::kNone;
+  if (has_text) {
+    text.kind = from.text_kind(s);
+    text.ext = std::string(from.ext(from.text_ext(s)));
+    text.offset = from.text_offset(s);
+    text.size = from.text_size(s);
+    text.has_crc32c = crcs;
+    text.crc32c = crcs ? from.text_crc32c(s) : 0;
+  }
+  copy_media_.resize(from.media_end(s) - from.media_begin(s));
+  for (uint32_t j = from.media_begin(s); j < from.media_end(s); ++j) {
+    const MediaView v = from.media(j);
+    MemberInput& m = copy_media_[j - from.media_begin(s)];
+    m.kind = v.kind;
+    m.ext = std::string(from.ext(v.ext));
+    m.offset = v.offset;
+    m.size = v.size;
+    m.width = v.width;
+    m.height = v.height;
+    m.audio_ms = v.audio_ms;
+    m.has_crc32c = crcs;
+    m.crc32c = crcs ? from.media_crc32c(j) : 0;
+  }
+  return AddSample(from.key(s), from.text_tokens(s), has_text ? &text : nullptr, copy_media_);
+}
+
 absl::Status IndexWriter::CopyShard(const Index& from, uint32_t shard) {
   const IndexShard& sh = from.shard(shard);
   RETURN_IF_ERROR(AddShard(sh.name, sh.size, sh.crc32c, sh.mtime_ns));
-  const bool crcs = from.has_member_crc32c();
-  MemberInput text;
-  std::vector<MemberInput> media;
   for (uint32_t s = sh.first_sample; s < sh.first_sample + sh.num_samples; ++s) {
-    const bool has_text = from.text_kind(s) != MemberKind::kNone;
-    if (has_text) {
-      text.kind = from.text_kind(s);
-      text.ext = std::string(from.ext(from.text_ext(s)));
-      text.offset = from.text_offset(s);
-      text.size = from.text_size(s);
-      text.has_crc32c = crcs;
-      text.crc32c = crcs ? from.text_crc32c(s) : 0;
-    }
-    media.resize(from.media_end(s) - from.media_begin(s));
-    for (uint32_t j = from.media_begin(s); j < from.media_end(s); ++j) {
-      const MediaView v = from.media(j);
-      MemberInput& m = media[j - from.media_begin(s)];
-      m.kind = v.kind;
-      m.ext = std::string(from.ext(v.ext));
-      m.offset = v.offset;
-      m.size = v.size;
-      m.width = v.width;
-      m.height = v.height;
-      m.audio_ms = v.audio_ms;
-      m.has_crc32c = crcs;
-      m.crc32c = crcs ? from.media_crc32c(j) : 0;
-    }
-    RETURN_IF_ERROR(AddSample(from.key(s), from.text_tokens(s), has_text ? &text : nullptr, media));
+    RETURN_IF_ERROR(CopySample(from, s));
   }
   for (const IndexSkip& k : from.skips()) {
     if (k.shard == shard) AddSkipped(k.reason, k.count);
