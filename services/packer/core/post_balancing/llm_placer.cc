@@ -244,6 +244,23 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
         if (better(delta, v)) best = v, best_d = d, best_e = kUnplaced, best_t = t, best_q = q;
       }
     }
+    // Bytes between nodes a swap of d (on top) with e (on t) adds.
+    auto swap_bytes = [&](uint32_t d, uint32_t e, uint32_t t) {
+      return static_cast<double>(Bytes(d, node(t))) + Bytes(e, node(top)) - Bytes(d, node(top)) -
+             Bytes(e, node(t));
+    };
+    // The swap of d (on top) with e (on t), kept if it is the best so far.
+    auto consider_swap = [&](uint32_t d, uint32_t e, uint32_t t, double delta) {
+      double dt, dtop;
+      if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens, cost_[d],
+                               &dt, p_.docs[e].image_tokens, p_.docs[d].image_tokens) ||
+          !state_.ReplaceDelta(top, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[e].tokens,
+                               cost_[e], &dtop, p_.docs[d].image_tokens, p_.docs[e].image_tokens)) {
+        return;
+      }
+      const double v = std::max(peak + dtop, cost(t) + dt);
+      if (better(delta, v)) best = v, best_d = d, best_e = e, best_t = t;
+    };
     if (fewest && !p_.padded && (best_d == kUnplaced || !best_free)) {
       // Unpadded costs add up: swapping d (top) with a cheaper e of its
       // modality on t lowers top by c_d - c_e and raises t as much, best
@@ -276,19 +293,7 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
                   peak * (1 - 1e-12))) {
               continue;
             }
-            const double delta = static_cast<double>(Bytes(d, node(t))) + Bytes(e, node(top)) -
-                                 Bytes(d, node(top)) - Bytes(e, node(t));
-            double dt, dtop;
-            if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens,
-                                     cost_[d], &dt, p_.docs[e].image_tokens,
-                                     p_.docs[d].image_tokens) ||
-                !state_.ReplaceDelta(top, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[e].tokens,
-                                     cost_[e], &dtop, p_.docs[d].image_tokens,
-                                     p_.docs[e].image_tokens)) {
-              continue;
-            }
-            const double v = std::max(peak + dtop, cost(t) + dt);
-            if (better(delta, v)) best = v, best_d = d, best_e = e, best_t = t;
+            consider_swap(d, e, t, swap_bytes(d, e, t));
           }
         }
       }
@@ -303,20 +308,9 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
         for (uint32_t e : members_[t]) {
           if (++checks > kSwapChecks) break;
           if (p_.docs[e].vl != p_.docs[d].vl || p_.docs[e].tokens >= p_.docs[d].tokens) continue;
-          const double delta = static_cast<double>(Bytes(d, node(t))) + Bytes(e, node(top)) -
-                               Bytes(d, node(top)) - Bytes(e, node(t));
+          const double delta = swap_bytes(d, e, t);
           if (mode == ByteRule::kNone && delta > 0) continue;
-          double dt, dtop;
-          if (!state_.ReplaceDelta(t, seq_[e], p_.docs[e].tokens, cost_[e], p_.docs[d].tokens,
-                                   cost_[d], &dt, p_.docs[e].image_tokens,
-                                   p_.docs[d].image_tokens) ||
-              !state_.ReplaceDelta(top, seq_[d], p_.docs[d].tokens, cost_[d], p_.docs[e].tokens,
-                                   cost_[e], &dtop, p_.docs[d].image_tokens,
-                                   p_.docs[e].image_tokens)) {
-            continue;
-          }
-          const double v = std::max(peak + dtop, cost(t) + dt);
-          if (better(delta, v)) best = v, best_d = d, best_e = e, best_t = t;
+          consider_swap(d, e, t, delta);
         }
       }
     }
