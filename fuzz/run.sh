@@ -48,7 +48,7 @@ for t in "${targets[@]}"; do
     tee -a "$OUT/results.txt"
   if ((rc)); then
     failed+=("$t")
-    grep -E 'ERROR|SUMMARY|Test unit written|timeout' "$log" | head -5 >&2
+    grep -v '^\[libprotobuf' "$log" | grep -E 'ERROR|runtime error|SUMMARY|Test unit written|timeout' | head -5 >&2
   fi
 done
 if ((${#failed[@]})); then

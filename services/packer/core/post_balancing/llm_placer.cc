@@ -198,14 +198,15 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
         targets.push_back(it->second);
       }
     }
+    // Top's least loaded node-mate, when bytes count and it has one.
+    uint32_t mate = kUnplaced;
     if (node_aware && p_.cluster.ranks_per_node > 1) {
       const uint32_t first = node(top) * p_.cluster.ranks_per_node;
-      uint32_t local = kUnplaced;
       for (uint32_t r = first; r < first + p_.cluster.ranks_per_node; ++r) {
-        if (r != top && (local == kUnplaced || cost(r) < cost(local))) local = r;
+        if (r != top && (mate == kUnplaced || cost(r) < cost(mate))) mate = r;
       }
-      if (std::find(targets.begin(), targets.end(), local) == targets.end()) {
-        targets.push_back(local);
+      if (std::find(targets.begin(), targets.end(), mate) == targets.end()) {
+        targets.push_back(mate);
       }
     }
     double best = peak * (1 - 1e-12);
@@ -271,10 +272,9 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
            ++it) {
         if (it->second != top) swap_targets.push_back(it->second);
       }
-      if (node_aware && targets.back() != top &&
-          std::find(swap_targets.begin(), swap_targets.end(), targets.back()) ==
-              swap_targets.end()) {
-        swap_targets.push_back(targets.back());  // the node-mate (added last above)
+      if (mate != kUnplaced &&
+          std::find(swap_targets.begin(), swap_targets.end(), mate) == swap_targets.end()) {
+        swap_targets.push_back(mate);
       }
       for (uint32_t t : swap_targets) {
         const double gap = peak - cost(t);
