@@ -555,6 +555,19 @@ void StagerCore::Loop() {
 }
 
 // ------------------------------------------------------------ staging status
+void StagerCore::ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRef& member,
+                                   absl::Time deadline, MemberReader::Done done) {
+  absl::MutexLock l(&mu_);
+  if (!started_ || stopping_) {
+    done(absl::UnavailableError(
+             "tutti-stagerd is starting or stopping: it serves no members now; read the source"),
+         false);
+    return;
+  }
+  // Under mu_: Stop() resets the reader only after stopping_ is set.
+  reader_->Read(shard, member.name(), member.offset(), member.size(), deadline, std::move(done));
+}
+
 bool StagerCore::Started() const {
   absl::MutexLock l(&mu_);
   return started_;

@@ -180,6 +180,17 @@ class StagerCore {
   // Empty before Start().
   v1::StageStatus GetStageStatus() const;
 
+  // ---- peers
+  // Reads one member for another node's stager (FetchMembers): from this
+  // node's cache when the shard is staged here, else from the source, each
+  // read bounded as the stager's own (path refusals, the source's per-file
+  // bound), with `deadline`. UNAVAILABLE (to `done`, at once) before Start
+  // and once stopping.
+  void ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRef& member,
+                         absl::Time deadline, MemberReader::Done done);
+  // The sample deadline in force (set by Start).
+  absl::Duration sample_deadline() const { return ctx_.deadline; }
+
   StagingEngine* staging() { return staging_.get(); }
   ShardCache* cache() { return cache_.get(); }
 

@@ -45,7 +45,7 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   core_ = std::make_unique<StagerCore>(opts_.core, metrics_);
   gate_ = std::make_unique<RpcGate>(opts_.rpc, "tutti.v1.Stager", host_->registry().get());
   ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
-  service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get());
+  service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get(), metrics_);
   GrpcServerOptions grpc_options;
   grpc_options.socket_gid = opts_.core.share_gid;
   RETURN_IF_ERROR(ApplyRpcGateOptions(gate_.get(), opts_.listen,
