@@ -8,11 +8,15 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/http_client.h"
 #include "common/rpc_security.h"
+#include "common/shard_homes.h"
 #include "gtest/gtest.h"
 #include "services/stager/member_stream.h"
 #include "services/stager/stager_server.h"
@@ -38,6 +42,9 @@ class FixturePacker final : public v1::Packer::Service {
   }
   grpc::Status StreamPlans(grpc::ServerContext* ctx, const v1::StreamPlansRequest* req,
                            grpc::ServerWriter<v1::StepPlan>* w) override {
+    while (!open_.WaitForNotificationWithTimeout(absl::Milliseconds(5))) {
+      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    }
     std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
     const uint64_t stop = req->end_step() == 0 ? ~uint64_t{0} : req->end_step();
     for (uint64_t s = req->start_step(); s < stop && !ctx->IsCancelled(); ++s) {
@@ -48,6 +55,12 @@ class FixturePacker final : public v1::Packer::Service {
       if (!w->Write(Plan(s, ranks))) break;
     }
     return grpc::Status::OK;
+  }
+  // Plans flow once every stager has started (a real cluster's stagers start
+  // at different times: a holder still starting answers UNAVAILABLE and its
+  // members come from the source, which would make the counts below vary).
+  void Open() {
+    if (!open_.HasBeenNotified()) open_.Notify();
   }
   v1::StepPlan Plan(uint64_t step, const std::vector<uint32_t>& ranks) const {
     v1::StepPlan plan = testing::MakePlan(data_, job_, step, ranks, 2);
@@ -60,6 +73,7 @@ class FixturePacker final : public v1::Packer::Service {
   v1::JobInfo job_;
   uint64_t end_;
   Edit edit_;
+  absl::Notification open_;
 };
 
 struct Env {
@@ -77,8 +91,10 @@ struct Env {
     job = testing::MakeJob(data, world, ranks_per_node);
     job.mutable_config()->set_job_id("peers-" + name);
   }
-  void StartPacker(uint64_t end_step, FixturePacker::Edit edit = {}) {
+  // Plans flow once Open() is called (at once unless `gated`).
+  void StartPacker(uint64_t end_step, FixturePacker::Edit edit = {}, bool gated = false) {
     packer = std::make_unique<FixturePacker>(data, job, end_step, std::move(edit));
+    if (!gated) packer->Open();
     auto s = StartGrpcServer("127.0.0.1:0", {packer.get()}, &packer_port);
     ASSERT_TRUE(s.ok()) << s.status();
     packer_server = std::move(*s);
@@ -227,6 +243,195 @@ TEST(FetchMembersTest, BoundsAreCheckedBeforeAnythingIsRead) {
   EXPECT_EQ(
       Metric(server.metrics_port(), "tutti_stager_peer_served_members_total{outcome=\"failed\"}"),
       1);
+}
+
+// The homes of the dataset's shards over `nodes` (one each), as the packer
+// assigns them with the job's locality.
+ShardHomes HomesOf(const Env& env, uint32_t nodes) {
+  std::vector<ShardKey> keys;
+  for (const v1::ShardRef& s : env.data.shards) keys.push_back({s.name(), s.size()});
+  ShardHomesOptions o;
+  o.seed = env.job.config().seed();
+  auto homes = ShardHomes::Assign(keys, nodes, o);
+  EXPECT_TRUE(homes.ok()) << homes.status();
+  return *homes;
+}
+
+// What the packer's placement does with locality for a node that is not a
+// shard's home: its items there are remote_load and name their holder.
+// Counts the members so marked per node (images and k.json documents).
+struct RemoteMarks {
+  std::map<std::string, uint32_t> home;  // shard name -> home node
+  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
+  std::shared_ptr<std::map<uint32_t, std::set<std::pair<uint64_t, uint64_t>>>> marked =
+      std::make_shared<std::map<uint32_t, std::set<std::pair<uint64_t, uint64_t>>>>();
+
+  void operator()(v1::StepPlan* plan) const {
+    std::map<uint64_t, std::string> shard_of;
+    for (const v1::SampleInfo& s : plan->samples()) {
+      shard_of[s.sample_id()] = plan->shards(static_cast<int>(s.shard())).name();
+    }
+    std::lock_guard<std::mutex> l(*mu);
+    for (v1::RankPlan& rp : *plan->mutable_ranks()) {
+      const uint32_t node = rp.node();
+      for (v1::EncoderPhase& enc : *rp.mutable_encoders()) {
+        for (v1::ImagePlan& ip : *enc.mutable_images()) {
+          const uint32_t holder = home.at(shard_of.at(ip.sample_id()));
+          if (holder == node) continue;
+          ip.set_remote_load(true);
+          ip.set_holder_node(holder);
+          (*marked)[node].insert({plan->step(), ip.sample_id() * 2});
+        }
+      }
+      for (v1::MicroBatch& mb : *rp.mutable_micro_batches()) {
+        for (v1::Sequence& seq : *mb.mutable_sequences()) {
+          for (v1::DocSlot& doc : *seq.mutable_docs()) {
+            const uint32_t holder = home.at(shard_of.at(doc.sample_id()));
+            if (holder == node) continue;
+            doc.set_remote_load(true);
+            doc.set_holder_node(holder);
+            (*marked)[node].insert({plan->step(), doc.sample_id() * 2 + 1});
+          }
+        }
+      }
+    }
+  }
+  // Members marked remote_load on `node` over the steps planned.
+  size_t On(uint32_t node) const {
+    std::lock_guard<std::mutex> l(*mu);
+    return (*marked)[node].size();
+  }
+};
+
+RemoteMarks MarksOf(const Env& env, const ShardHomes& homes) {
+  RemoteMarks marks;
+  for (uint32_t i = 0; i < env.data.shards.size(); ++i) {
+    marks.home[env.data.shards[i].name()] = homes.Homes(i)[0];
+  }
+  return marks;
+}
+
+// Takes steps [0, steps) for every rank of `node` from its stager; every
+// batch must be whole (nothing skipped).
+void TakeSteps(StagerServer& server, uint32_t node, uint32_t ranks_per_node, uint64_t steps) {
+  for (uint64_t step = 0; step < steps; ++step) {
+    for (uint32_t r = node * ranks_per_node; r < (node + 1) * ranks_per_node; ++r) {
+      absl::StatusOr<v1::BatchDescriptor> d = server.core()->Acquire(step, r, 60000);
+      ASSERT_TRUE(d.ok()) << "node " << node << " step " << step << " rank " << r << ": "
+                          << d.status();
+      EXPECT_EQ(d->skipped_size(), 0)
+          << "node " << node << " step " << step << " rank " << r << ": " << d->skipped(0).reason()
+          << " " << d->skipped(0).detail();
+      ASSERT_TRUE(server.core()->Release(step, r).ok());
+    }
+  }
+}
+
+// The shards a stager staged.
+std::set<std::string> Staged(StagerServer& server) {
+  std::set<std::string> out;
+  const v1::StageStatus status = server.core()->GetStageStatus();
+  for (const v1::ShardStatus& s : status.shards()) {
+    if (s.state() == v1::ShardStatus::STATE_STAGED) out.insert(s.name());
+  }
+  return out;
+}
+
+// Two stagers as two nodes, each home to its shards: the members of the
+// other node's shards come from that node's stager, each once, never from
+// the source; each stager stages only its home shards.
+TEST(StagerPeersTest, TwoNodesFetchEachOthersMembersOnceAndStageOnlyTheirHomeShards) {
+  constexpr uint64_t kSteps = 6;
+  Env env("two", 4, 4, 2);
+  env.job.mutable_config()->mutable_locality()->set_home_replication(1);
+  const ShardHomes homes = HomesOf(env, 2);
+  const RemoteMarks marks = MarksOf(env, homes);
+  env.StartPacker(kSteps, marks, /*gated=*/true);
+  std::map<uint32_t, std::string> peers = {{0, "unix://" + env.root + "/stager0.sock"},
+                                           {1, "unix://" + env.root + "/stager1.sock"}};
+  std::vector<std::unique_ptr<StagerServer>> servers;
+  for (uint32_t n = 0; n < 2; ++n) {
+    StagerServerOptions o = env.Options(n);
+    o.listen = peers[n];
+    o.peers = peers;
+    servers.push_back(std::make_unique<StagerServer>(o));
+    ASSERT_TRUE(servers.back()->Start().ok());
+  }
+  env.packer->Open();
+  std::vector<std::thread> nodes;
+  for (uint32_t n = 0; n < 2; ++n) {
+    nodes.emplace_back([&, n] { TakeSteps(*servers[n], n, 2, kSteps); });
+  }
+  for (auto& t : nodes) t.join();
+
+  double sent = 0, received = 0;
+  for (uint32_t n = 0; n < 2; ++n) {
+    const int port = servers[n]->metrics_port();
+    SCOPED_TRACE(absl::StrCat("node ", n));
+    ASSERT_GT(marks.On(n), 0u) << "the test's plans must move something";
+    EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"received\"}"),
+              static_cast<double>(marks.On(n)));
+    EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}"), 0);
+    EXPECT_EQ(Metric(port, "tutti_stager_peer_served_members_total{outcome=\"sent\"}"),
+              static_cast<double>(marks.On(1 - n)));
+    sent += Metric(port, "tutti_stager_peer_bytes_total{direction=\"sent\"}");
+    received += Metric(port, "tutti_stager_peer_bytes_total{direction=\"received\"}");
+    // Only home shards are staged.
+    for (const std::string& shard : Staged(*servers[n])) {
+      EXPECT_EQ(marks.home.at(shard), n) << shard << " staged on node " << n;
+    }
+  }
+  EXPECT_GT(received, 0);
+  EXPECT_EQ(sent, received);
+}
+
+// A holder's stager that takes the call and never answers.
+class StallingStager final : public v1::Stager::Service {
+ public:
+  grpc::Status FetchMembers(grpc::ServerContext* ctx, const v1::FetchMembersRequest*,
+                            grpc::ServerWriter<v1::FetchedMember>*) override {
+    ++calls;
+    while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "stalled");
+  }
+  std::atomic<int> calls{0};
+};
+
+// A holder that stalls past --peer_timeout_ms, and one that is gone: every
+// member is read from the source within the sample deadline, nothing is
+// skipped, and each member is asked of the holder once.
+TEST(StagerPeersTest, AHolderThatStallsOrIsGoneFallsBackToTheSource) {
+  constexpr uint64_t kSteps = 4;
+  for (const bool stalls : {true, false}) {
+    SCOPED_TRACE(stalls ? "stalls" : "gone");
+    Env env(stalls ? "stall" : "gone", 4, 4, 2);
+    env.job.mutable_config()->mutable_locality()->set_home_replication(1);
+    env.job.mutable_config()->set_sample_deadline_ms(5000);
+    const RemoteMarks marks = MarksOf(env, HomesOf(env, 2));
+    env.StartPacker(kSteps, marks);
+    StallingStager holder;
+    std::unique_ptr<GrpcServer> holder_server;
+    const std::string holder_address = "unix://" + env.root + "/holder.sock";
+    if (stalls) {
+      int unused = 0;
+      auto s = StartGrpcServer(holder_address, {&holder}, &unused);
+      ASSERT_TRUE(s.ok()) << s.status();
+      holder_server = std::move(*s);
+    }
+    StagerServerOptions o = env.Options(0);
+    o.peers = {{1, holder_address}};
+    o.core.peer_timeout_ms = 300;
+    StagerServer server(o);
+    ASSERT_TRUE(server.Start().ok());
+    TakeSteps(server, 0, 2, kSteps);
+    const int port = server.metrics_port();
+    ASSERT_GT(marks.On(0), 0u);
+    EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}"),
+              static_cast<double>(marks.On(0)));
+    EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"received\"}"), 0);
+    if (stalls) EXPECT_EQ(holder.calls.load(), static_cast<int>(marks.On(0)));
+    EXPECT_GT(Metric(port, "tutti_stager_source_bytes_total"), 0);
+  }
 }
 
 }  // namespace

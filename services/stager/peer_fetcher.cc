@@ -14,16 +14,23 @@ namespace {
 
 // One FetchMembers call for one member: the stream's messages collected,
 // `done` told once the call ends. Deletes itself in OnDone.
-class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember> {
+class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
+                        public PeerFetcher::Call {
  public:
-  FetchCall(uint32_t node, std::string address, const v1::ShardRef& shard,
+  FetchCall(PeerFetcher* owner, uint32_t node, std::string address, const v1::ShardRef& shard,
             const v1::MemberRef& member, absl::Time deadline, MemberPeers::Done done,
             StagerMetrics* metrics)
-      : node_(node), address_(std::move(address)), done_(std::move(done)), metrics_(metrics) {
+      : owner_(owner),
+        node_(node),
+        address_(std::move(address)),
+        done_(std::move(done)),
+        metrics_(metrics) {
     *req_.mutable_shard() = shard;
     *req_.add_members() = member;
     ctx_.set_deadline(absl::ToChronoTime(deadline));
   }
+
+  void Cancel() override { ctx_.TryCancel(); }
 
   void Start(v1::Stager::Stub* stub) {
     stub->async()->FetchMembers(&ctx_, &req_, this);
@@ -62,10 +69,12 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember> {
       out = absl::DataLossError(absl::StrCat(who, " ended the stream without ", what));
     }
     done_(std::move(out));
+    owner_->Forget(this);
     delete this;
   }
 
  private:
+  PeerFetcher* const owner_;
   const uint32_t node_;
   const std::string address_;
   MemberPeers::Done done_;
@@ -103,7 +112,17 @@ PeerFetcher::PeerFetcher(std::map<uint32_t, std::string> peers, SecurityOptions 
                          StagerMetrics* metrics)
     : peers_(std::move(peers)), security_(std::move(security)), metrics_(metrics) {}
 
-PeerFetcher::~PeerFetcher() = default;
+PeerFetcher::~PeerFetcher() {
+  absl::MutexLock l(&mu_);
+  for (Call* call : calls_) call->Cancel();
+  mu_.Await(absl::Condition(
+      +[](std::set<Call*>* calls) { return calls->empty(); }, &calls_));
+}
+
+void PeerFetcher::Forget(Call* call) {
+  absl::MutexLock l(&mu_);
+  calls_.erase(call);
+}
 
 bool PeerFetcher::Knows(uint32_t node) const { return peers_.count(node) > 0; }
 
@@ -121,9 +140,14 @@ void PeerFetcher::Fetch(uint32_t node, const v1::ShardRef& shard, const v1::Memb
         absl::StrCat("no address for node ", node, "'s stager (--peers): read the source")));
     return;
   }
-  auto* call =
-      new FetchCall(node, peers_.at(node), shard, member, deadline, std::move(done), metrics_);
-  call->Start(StubOf(node));
+  auto* call = new FetchCall(this, node, peers_.at(node), shard, member, deadline, std::move(done),
+                             metrics_);
+  v1::Stager::Stub* stub = StubOf(node);
+  {
+    absl::MutexLock l(&mu_);
+    calls_.insert(call);
+  }
+  call->Start(stub);
 }
 
 }  // namespace tutti::stager

@@ -3,7 +3,8 @@
 // SecurityOptions the stager uses towards its packer). One channel per
 // peer, made on first use; every call has the caller's deadline.
 //
-// Thread-safe.
+// Thread-safe. Destroying it cancels the calls in flight and waits until
+// each has told its caller.
 #ifndef TUTTI_SERVICES_STAGER_PEER_FETCHER_H_
 #define TUTTI_SERVICES_STAGER_PEER_FETCHER_H_
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -41,6 +43,14 @@ class PeerFetcher final : public MemberPeers {
   void Fetch(uint32_t node, const v1::ShardRef& shard, const v1::MemberRef& member,
              absl::Time deadline, Done done) override;
 
+  // Calls in flight (FetchCall, in the .cc) report here.
+  class Call {
+   public:
+    virtual ~Call() = default;
+    virtual void Cancel() = 0;
+  };
+  void Forget(Call* call);
+
  private:
   v1::Stager::Stub* StubOf(uint32_t node);
 
@@ -49,6 +59,7 @@ class PeerFetcher final : public MemberPeers {
   StagerMetrics* const metrics_;
   absl::Mutex mu_;
   std::map<uint32_t, std::unique_ptr<v1::Stager::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::set<Call*> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tutti::stager

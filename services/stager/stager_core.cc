@@ -115,6 +115,8 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   ctx_.config = &config_;
   ctx_.policy = policy;
   ctx_.deadline = deadline;
+  ctx_.peers = peers_.get();
+  ctx_.peer_timeout = absl::Milliseconds(opts_.peer_timeout_ms);
   ctx_.segment_access.gid = opts_.share_gid;
   BatchWindowOptions wo;
   wo.window = opts_.window;
@@ -208,6 +210,9 @@ void StagerCore::Stop() {
   cv_.SignalAll();
   for (auto& cb : cbs) cb();
   if (scheduler_.joinable()) scheduler_.join();
+  // Ends the calls to other stagers (their callbacks fall back to reads,
+  // which the services below then end).
+  peers_.reset();
   // Ends reads (callbacks may still queue decodes); a read stuck in the
   // kernel is not waited for.
   source_io_.reset();
