@@ -162,6 +162,16 @@ v1::FetchMembersRequest FirstMembers(const testing::Dataset& data, int n) {
   return req;
 }
 
+// The shards a stager staged.
+std::set<std::string> Staged(StagerServer& server) {
+  std::set<std::string> out;
+  const v1::StageStatus status = server.core()->GetStageStatus();
+  for (const v1::ShardStatus& s : status.shards()) {
+    if (s.state() == v1::ShardStatus::STATE_STAGED) out.insert(s.name());
+  }
+  return out;
+}
+
 TEST(FetchMembersTest, ACallWithoutTheJobsTokenIsRefused) {
   Env env("token", 2, 2, 1);
   env.StartPacker(4);
@@ -245,6 +255,42 @@ TEST(FetchMembersTest, BoundsAreCheckedBeforeAnythingIsRead) {
       1);
 }
 
+// A shard another node asks for is staged here after its first member was
+// read from the source, and its members are then served from the cache: the
+// source is read for it once more (the copy), not once per member.
+TEST(FetchMembersTest, AShardAskedForIsStagedThenServedFromTheCache) {
+  Env env("demand", 2, 2, 1);
+  env.StartPacker(4, {}, /*gated=*/true);  // no plans: this node stages nothing of its own
+  StagerServer server(env.Options(0));
+  ASSERT_TRUE(server.Start().ok());
+  const int metrics = server.metrics_port();
+  const v1::FetchMembersRequest first = FirstMembers(env.data, 2);
+  ASSERT_TRUE(Fetch(server.grpc_port(), first, {}).status.ok());
+  const v1::ShardRef& shard = env.data.shards[0];
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < until && !Staged(server).count(shard.name())) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(Staged(server).count(shard.name())) << "shard " << shard.name() << " not staged";
+  const double source = Metric(metrics, "tutti_stager_source_bytes_total");
+  uint64_t members = 0;
+  for (int i = 0; i < first.members_size(); ++i) members += first.members(i).size();
+  // The first member from the source, the second too unless the copy was
+  // done by the time it was read, and the copy.
+  EXPECT_GE(source, static_cast<double>(first.members(0).size() + shard.size()));
+  EXPECT_LE(source, static_cast<double>(members + shard.size()));
+
+  const v1::FetchMembersRequest all = FirstMembers(env.data, 16);
+  Fetched again = Fetch(server.grpc_port(), all, {});
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  ASSERT_EQ(again.members.size(), 16u);
+  for (const auto& [i, m] : again.members) {
+    EXPECT_EQ(m.data(), MemberBytes(env.data, shard, all.members(static_cast<int>(i))));
+  }
+  EXPECT_EQ(Metric(metrics, "tutti_stager_source_bytes_total"), source);
+  env.packer->Open();
+}
+
 // The homes of the dataset's shards over `nodes` (one each), as the packer
 // assigns them with the job's locality.
 ShardHomes HomesOf(const Env& env, uint32_t nodes) {
@@ -325,16 +371,6 @@ void TakeSteps(StagerServer& server, uint32_t node, uint32_t ranks_per_node, uin
       ASSERT_TRUE(server.core()->Release(step, r).ok());
     }
   }
-}
-
-// The shards a stager staged.
-std::set<std::string> Staged(StagerServer& server) {
-  std::set<std::string> out;
-  const v1::StageStatus status = server.core()->GetStageStatus();
-  for (const v1::ShardStatus& s : status.shards()) {
-    if (s.state() == v1::ShardStatus::STATE_STAGED) out.insert(s.name());
-  }
-  return out;
 }
 
 // Two stagers as two nodes, each home to its shards: the members of the

@@ -569,8 +569,23 @@ void StagerCore::ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRe
          false);
     return;
   }
+  // Another node's plan names this node as the shard's holder: once a member
+  // of it was read, stage it, so that its other members come from the cache
+  // rather than the source. Behind this node's own ranks' shards (a later
+  // priority than any step they stage).
+  const uint64_t priority = window_->base() + 2 * uint64_t{opts_.window} + opts_.stage_ahead;
   // Under mu_: Stop() resets the reader only after stopping_ is set.
-  reader_->Read(shard, member.name(), member.offset(), member.size(), deadline, std::move(done));
+  reader_->Read(shard, member.name(), member.offset(), member.size(), deadline,
+                [this, shard, priority, done = std::move(done)](
+                    absl::StatusOr<MemberReader::Bytes> bytes, bool from_cache) {
+                  if (bytes.ok() && !from_cache) {
+                    const ShardState state = staging_->Status(shard.name()).state;
+                    if (state == ShardState::kUnknown || state == ShardState::kFailed) {
+                      staging_->Request(shard, priority);
+                    }
+                  }
+                  done(std::move(bytes), from_cache);
+                });
 }
 
 bool StagerCore::Started() const {

@@ -195,8 +195,10 @@ class StagerCore {
   // Reads one member for another node's stager (FetchMembers): from this
   // node's cache when the shard is staged here, else from the source, each
   // read bounded as the stager's own (path refusals, the source's per-file
-  // bound), with `deadline`. UNAVAILABLE (to `done`, at once) before Start
-  // and once stopping.
+  // bound), with `deadline`. A shard not staged here is asked of staging
+  // (after this node's own ranks' shards), so that its later members come
+  // from the cache; a failed one is asked again (staging's retry wait holds). UNAVAILABLE (to
+  // `done`, at once) before Start and once stopping.
   void ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRef& member,
                          absl::Time deadline, MemberReader::Done done);
   // The sample deadline in force (set by Start).
