@@ -357,10 +357,16 @@ RemoteMarks MarksOf(const Env& env, const ShardHomes& homes) {
   return marks;
 }
 
-// Takes steps [0, steps) for every rank of `node` from its stager; every
-// batch must be whole (nothing skipped).
-void TakeSteps(StagerServer& server, uint32_t node, uint32_t ranks_per_node, uint64_t steps) {
-  for (uint64_t step = 0; step < steps; ++step) {
+// Takes steps [first, end) for every rank of `node` from its stager; every
+// batch must be whole (nothing skipped) and no sample is planned on two
+// ranks of a step (`seen`, by step, shared by the nodes).
+struct Served {
+  std::mutex mu;
+  std::map<uint64_t, std::multiset<uint64_t>> images;  // step -> image sample ids
+};
+void TakeRange(StagerServer& server, uint32_t node, uint32_t ranks_per_node, uint64_t first,
+               uint64_t end, Served* served) {
+  for (uint64_t step = first; step < end; ++step) {
     for (uint32_t r = node * ranks_per_node; r < (node + 1) * ranks_per_node; ++r) {
       absl::StatusOr<v1::BatchDescriptor> d = server.core()->Acquire(step, r, 60000);
       ASSERT_TRUE(d.ok()) << "node " << node << " step " << step << " rank " << r << ": "
@@ -368,25 +374,34 @@ void TakeSteps(StagerServer& server, uint32_t node, uint32_t ranks_per_node, uin
       EXPECT_EQ(d->skipped_size(), 0)
           << "node " << node << " step " << step << " rank " << r << ": " << d->skipped(0).reason()
           << " " << d->skipped(0).detail();
+      {
+        std::lock_guard<std::mutex> l(served->mu);
+        for (const v1::EncoderPhase& e : d->plan().encoders()) {
+          for (const v1::ImagePlan& ip : e.images()) served->images[step].insert(ip.sample_id());
+        }
+      }
       ASSERT_TRUE(server.core()->Release(step, r).ok());
     }
   }
 }
 
-// Two stagers as two nodes, each home to its shards: the members of the
-// other node's shards come from that node's stager, each once, never from
-// the source; each stager stages only its home shards.
-TEST(StagerPeersTest, TwoNodesFetchEachOthersMembersOnceAndStageOnlyTheirHomeShards) {
-  constexpr uint64_t kSteps = 6;
-  Env env("two", 4, 4, 2);
+// `nodes` stagers as `nodes` nodes of two ranks each, each home to its shards
+// (ShardHomes, replication 1): the members of other nodes' shards come from
+// their home node's stager, each once, never from the source; each stager
+// stages only its home shards; every planned image is served once.
+void RunCluster(uint32_t nodes) {
+  constexpr uint64_t kSteps = 8;
+  constexpr uint32_t kRanksPerNode = 2;
+  Env env(absl::StrCat("cluster", nodes), 2 * static_cast<int>(nodes), nodes * kRanksPerNode,
+          kRanksPerNode);
   env.job.mutable_config()->mutable_locality()->set_home_replication(1);
-  const ShardHomes homes = HomesOf(env, 2);
-  const RemoteMarks marks = MarksOf(env, homes);
+  const RemoteMarks marks = MarksOf(env, HomesOf(env, nodes));
   env.StartPacker(kSteps, marks, /*gated=*/true);
-  std::map<uint32_t, std::string> peers = {{0, "unix://" + env.root + "/stager0.sock"},
-                                           {1, "unix://" + env.root + "/stager1.sock"}};
+  std::map<uint32_t, std::string> peers;
+  for (uint32_t n = 0; n < nodes; ++n)
+    peers[n] = absl::StrCat("unix://", env.root, "/s", n, ".sock");
   std::vector<std::unique_ptr<StagerServer>> servers;
-  for (uint32_t n = 0; n < 2; ++n) {
+  for (uint32_t n = 0; n < nodes; ++n) {
     StagerServerOptions o = env.Options(n);
     o.listen = peers[n];
     o.peers = peers;
@@ -394,31 +409,88 @@ TEST(StagerPeersTest, TwoNodesFetchEachOthersMembersOnceAndStageOnlyTheirHomeSha
     ASSERT_TRUE(servers.back()->Start().ok());
   }
   env.packer->Open();
-  std::vector<std::thread> nodes;
-  for (uint32_t n = 0; n < 2; ++n) {
-    nodes.emplace_back([&, n] { TakeSteps(*servers[n], n, 2, kSteps); });
+  Served served;
+  std::vector<std::thread> threads;
+  for (uint32_t n = 0; n < nodes; ++n) {
+    threads.emplace_back([&, n] { TakeRange(*servers[n], n, kRanksPerNode, 0, kSteps, &served); });
   }
-  for (auto& t : nodes) t.join();
+  for (auto& t : threads) t.join();
 
-  double sent = 0, received = 0;
-  for (uint32_t n = 0; n < 2; ++n) {
+  double sent = 0, received = 0, moved = 0;
+  for (uint32_t n = 0; n < nodes; ++n) {
     const int port = servers[n]->metrics_port();
     SCOPED_TRACE(absl::StrCat("node ", n));
-    ASSERT_GT(marks.On(n), 0u) << "the test's plans must move something";
     EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"received\"}"),
               static_cast<double>(marks.On(n)));
     EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}"), 0);
-    EXPECT_EQ(Metric(port, "tutti_stager_peer_served_members_total{outcome=\"sent\"}"),
-              static_cast<double>(marks.On(1 - n)));
     sent += Metric(port, "tutti_stager_peer_bytes_total{direction=\"sent\"}");
     received += Metric(port, "tutti_stager_peer_bytes_total{direction=\"received\"}");
-    // Only home shards are staged.
+    moved += static_cast<double>(marks.On(n));
+    // Only home shards are staged, so no other shard is read from the source
+    // here (a member of one would be a fallback, and there is none).
     for (const std::string& shard : Staged(*servers[n])) {
       EXPECT_EQ(marks.home.at(shard), n) << shard << " staged on node " << n;
     }
   }
-  EXPECT_GT(received, 0);
+  EXPECT_GT(moved, 0) << "the test's plans must move something";
   EXPECT_EQ(sent, received);
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    const std::multiset<uint64_t>& ids = served.images[step];
+    EXPECT_EQ(ids.size(), size_t{nodes} * kRanksPerNode * 2) << "step " << step;
+    EXPECT_EQ(std::set<uint64_t>(ids.begin(), ids.end()).size(), ids.size()) << "step " << step;
+  }
+}
+
+TEST(StagerPeersTest, TwoNodesFetchEachOthersMembersOnceAndStageOnlyTheirHomeShards) {
+  RunCluster(2);
+}
+
+TEST(StagerPeersTest, FourNodesOfTwoRanksFetchFromTheirHoldersOnce) { RunCluster(4); }
+
+// A holder's stager stopped mid-epoch and restarted: the other node's
+// batches stay whole (its members come from the source meanwhile), each
+// member is asked of the holder at most once, and the restarted stager
+// serves its ranks' remaining steps.
+TEST(StagerPeersTest, AHolderRestartedMidEpochLosesNothing) {
+  constexpr uint64_t kSteps = 12, kStopAt = 4;
+  Env env("restart", 4, 4, 2);
+  env.job.mutable_config()->mutable_locality()->set_home_replication(1);
+  const RemoteMarks marks = MarksOf(env, HomesOf(env, 2));
+  env.StartPacker(kSteps, marks, /*gated=*/true);
+  std::map<uint32_t, std::string> peers = {{0, "unix://" + env.root + "/s0.sock"},
+                                           {1, "unix://" + env.root + "/s1.sock"}};
+  auto options = [&](uint32_t n) {
+    StagerServerOptions o = env.Options(n);
+    o.listen = peers[n];
+    o.peers = peers;
+    o.core.peer_timeout_ms = 500;
+    return o;
+  };
+  auto node0 = std::make_unique<StagerServer>(options(0));
+  auto node1 = std::make_unique<StagerServer>(options(1));
+  ASSERT_TRUE(node0->Start().ok());
+  ASSERT_TRUE(node1->Start().ok());
+  env.packer->Open();
+  Served served;
+  std::thread first([&] { TakeRange(*node0, 0, 2, 0, kSteps, &served); });
+  TakeRange(*node1, 1, 2, 0, kStopAt, &served);
+  node1->Shutdown();
+  node1.reset();
+  absl::SleepFor(absl::Milliseconds(200));
+  node1 = std::make_unique<StagerServer>(options(1));
+  ASSERT_TRUE(node1->Start().ok());
+  TakeRange(*node1, 1, 2, kStopAt, kSteps, &served);
+  first.join();
+
+  const int port = node0->metrics_port();
+  EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"received\"}") +
+                Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}"),
+            static_cast<double>(marks.On(0)));
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    const std::multiset<uint64_t>& ids = served.images[step];
+    EXPECT_EQ(ids.size(), 8u) << "step " << step;
+    EXPECT_EQ(std::set<uint64_t>(ids.begin(), ids.end()).size(), ids.size()) << "step " << step;
+  }
 }
 
 // A holder's stager that takes the call and never answers.
@@ -459,7 +531,8 @@ TEST(StagerPeersTest, AHolderThatStallsOrIsGoneFallsBackToTheSource) {
     o.core.peer_timeout_ms = 300;
     StagerServer server(o);
     ASSERT_TRUE(server.Start().ok());
-    TakeSteps(server, 0, 2, kSteps);
+    Served served;
+    TakeRange(server, 0, 2, 0, kSteps, &served);
     const int port = server.metrics_port();
     ASSERT_GT(marks.On(0), 0u);
     EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}"),
