@@ -136,6 +136,9 @@ class PlanBuilder {
       ref->set_name(s.name);
       ref->set_size(s.size);
       ref->set_crc32c(s.crc32c);
+      if (const HomeStaging* homes = job_.homes(); homes != nullptr) {
+        for (uint32_t n : homes->HomesAt(d_.step).Homes(shard)) ref->add_home_nodes(n);
+      }
     }
     return static_cast<uint32_t>(shard_pos[shard]);
   }

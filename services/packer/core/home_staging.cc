@@ -95,4 +95,20 @@ const HomeStaging::Span& HomeStaging::Era(uint64_t step) const {
   return *(it - 1);
 }
 
+StepLocality MeasureStepLocality(const Index& index, const StepPlanData& step) {
+  StepLocality out;
+  auto add = [&out](bool remote, uint64_t bytes) {
+    ++out.items;
+    out.member_bytes += bytes;
+    if (remote) {
+      ++out.remote_items;
+      out.remote_member_bytes += bytes;
+    }
+  };
+  for (const PlannedSample& ps : step.samples) add(ps.text_remote, index.text_size(ps.sample));
+  for (const PlannedImage& im : step.images) add(im.remote_load, index.media(im.media).size);
+  for (const PlannedAudio& au : step.audio) add(au.remote_load, index.media(au.media).size);
+  return out;
+}
+
 }  // namespace tutti::packer

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/shard_homes.h"
+#include "services/packer/core/plan_data.h"
 #include "services/packer/core/post_balancing/dispatch_types.h"
 #include "services/packer/index/index.h"
 #include "tutti/v1/job.pb.h"
@@ -72,6 +73,17 @@ class HomeStaging {
   std::vector<NodeRemoval> removals_;  // by step, then node
   std::vector<Span> eras_;             // by from_step; eras_[0].from_step == 0
 };
+
+// What a planned step asks of the stagers with locality: the inputs it
+// loads (images, audio clips, documents' token ids; a split document's
+// pieces each count) and those whose shard the loading rank's node does not
+// stage (remote loads, served by a holder's stager), with their member bytes
+// as stored in the shards (what moves stager to stager).
+struct StepLocality {
+  uint64_t items = 0, remote_items = 0;
+  uint64_t member_bytes = 0, remote_member_bytes = 0;
+};
+StepLocality MeasureStepLocality(const Index& index, const StepPlanData& step);
 
 }  // namespace tutti::packer
 

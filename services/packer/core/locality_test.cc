@@ -2,6 +2,7 @@
 // stage it, the encoder phase prefers their ranks, a remote load names its
 // holder node, plans stay deterministic and node removals re-home shards
 // from their step on.
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -106,13 +107,16 @@ TEST_P(PostBalancingLocality, PlacesImagesOnHomeNodes) {
     v1::StepPlan plan;
     ASSERT_TRUE(BuildStepPlan(*on, d, {}, &plan).ok());
     uint32_t holders = 0;
+    std::map<uint64_t, uint32_t> shard_of;  // sample id -> StepPlan.shards
+    for (const v1::SampleInfo& si : plan.samples()) shard_of[si.sample_id()] = si.shard();
+    for (const v1::ShardRef& ref : plan.shards()) EXPECT_EQ(ref.home_nodes_size(), 1);
     for (const v1::RankPlan& rp : plan.ranks()) {
       for (const v1::EncoderPhase& ph : rp.encoders()) {
         for (const v1::ImagePlan& ip : ph.images()) {
           EXPECT_EQ(ip.has_holder_node(), ip.remote_load());
           if (!ip.remote_load()) continue;
           ++holders;
-          EXPECT_LT(ip.holder_node(), 8u);
+          EXPECT_EQ(ip.holder_node(), plan.shards(shard_of[ip.sample_id()]).home_nodes(0));
         }
       }
     }
@@ -197,6 +201,12 @@ TEST(LocalityTest, PlansAreDeterministicAndARestartedPackerAgrees) {
   // Locality changes the plans; off, they are what they were.
   EXPECT_NE(Hashes(MustJob(JobText(kPost)), {0}), Hashes(MustJob(text), {0}));
   EXPECT_EQ(MustJob(JobText(kPost))->homes(), nullptr);
+  auto off = MustJob(JobText(kPost));
+  StepPlanData d;
+  v1::StepPlan plan;
+  ASSERT_TRUE(Planner(off).Plan(0, &d).ok());
+  ASSERT_TRUE(BuildStepPlan(*off, d, {}, &plan).ok());
+  for (const v1::ShardRef& ref : plan.shards()) EXPECT_EQ(ref.home_nodes_size(), 0);
 }
 
 TEST(LocalityTest, ARemovedNodeIsReHomedFromItsStep) {
