@@ -91,6 +91,13 @@ absl::Status Job::Init(const JobOptions& options) {
     dispatcher_ = MakePeerRedealDispatcher(peer_.get(), d);
   }
   ASSIGN_OR_RETURN(overflow_, ResolveOverflowPolicy(config_.overflow()));
+  if (config_.locality().home_replication() > 0) {
+    ASSIGN_OR_RETURN(homes_, HomeStaging::Create(config_, *index_, options.node_removals));
+  } else if (!options.node_removals.empty()) {
+    return absl::InvalidArgumentError(
+        "node removals re-home shards, but the job has no locality (locality.home_replication "
+        "is 0): every node stages what its ranks' plans name");
+  }
   fallback_strategy_ = MakeFirstFitStrategy();
   fallback_dispatcher_ = MakeColocatedDispatcher(fallback_strategy_.get(), d);
 
