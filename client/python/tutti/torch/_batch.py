@@ -99,6 +99,7 @@ class _Layout:
             j += 1
         tokens = (grid.prod(axis=1) // (self.merge * self.merge)) if len(grid) else np.zeros(0, np.int64)
         offsets = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+        self.enc_keys = keys  # (sample_id, image_index) of each image, in pixel_values order
         self.enc_rows = {k: (int(offsets[i]), int(tokens[i])) for i, k in enumerate(keys)}
         self.enc_total = int(offsets[-1])
         patches = grid[:, 1] * grid[:, 2]
@@ -500,6 +501,14 @@ class Batch:
     def image_sample_ids(self):
         """[images] int64: the sample of each image in pixel_values."""
         return self._field("image_sample_ids")
+
+    @property
+    def image_indices(self):
+        """[images] int64: the index of each image in pixel_values within its sample (its order
+        of appearance in the sample's text, k.N.*), beside image_sample_ids."""
+        self._check("image_indices")
+        return self._convert(torch.tensor([i for _, i in self._layout.enc_keys],
+                                          dtype=torch.int64))
 
     @property
     def vit_cu_seqlens(self):
