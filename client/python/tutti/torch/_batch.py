@@ -164,9 +164,57 @@ class _Layout:
                 "the plan puts its documents' images; the stager and the packer disagree on the "
                 "vision config")
         self.llm_total = len(self.image_token_positions)
+        self._audio_runs(slots)
         self._raw_samples = raw
         self._mixture = cfg.get("mixture") is not None
         self._doc_sources = None
+
+    def _audio_runs(self, slots):
+        """The audio clips of the documents, in input_ids order: each clip's run (audio_start,
+        audio_pad x n, audio_end) where the stager wrote it (its placeholder's place in a
+        schema-2 document, else after the image runs), the k-th run of a document being its
+        k-th planned clip. Sets llm_audio [(sample_id, audio_index, position of the first
+        audio_pad, n)] and audio_token_positions."""
+        self.llm_audio = []
+        start_id, pad_id, end_id = self.audio_special
+        ids, where = self.input_ids, f"step {self.step}, rank {self.rank}"
+        pads = np.flatnonzero(ids == pad_id) if pad_id != self.special["image_pad_id"] else []
+        self.audio_token_positions = np.asarray(pads, np.int64)
+        # Per document: the audio tokens the plan gives it (its encoder tokens less its images').
+        want = {}
+        for k, sid in enumerate(self.doc_ids.tolist()):
+            slot = slots[sid]
+            n = int(slot.get("encoder_tokens") or 0) - sum(int(im["llm_tokens"])
+                                                          for im in slot["images"])
+            if n > 0:
+                want[k] = n
+        if not len(pads) and not want:
+            return
+        cut = np.flatnonzero(np.diff(pads) != 1) + 1
+        firsts = pads[np.concatenate([[0], cut])] if len(pads) else np.zeros(0, np.int64)
+        lengths = np.diff(np.concatenate([[0], cut, [len(pads)]])) if len(pads) else firsts
+        docs = np.searchsorted(self.cu, firsts, side="right") - 1
+        got, clip = {}, {}
+        for at, n, k in zip(firsts.tolist(), lengths.tolist(), docs.tolist()):
+            if (at == 0 or ids[at - 1] != start_id or at + n >= len(ids) or ids[at + n] != end_id
+                    or at + n >= self.cu[k + 1]):
+                raise tutti.DataLossError(
+                    f"{where}: input_ids hold audio_pad tokens at {at}..{at + n - 1} that are no "
+                    "audio run (audio_start, audio_pad..., audio_end) inside one document; the "
+                    "stager and the packer disagree on the audio config")
+            sid = int(self.doc_ids[k])
+            slot = slots[sid]
+            first = int(slot.get("first_audio") or 0) if int(slot.get("pieces") or 0) else 0
+            index = first + clip.get(k, 0)
+            clip[k] = clip.get(k, 0) + 1
+            got[k] = got.get(k, 0) + n
+            self.llm_audio.append((sid, index, at, n))
+        for k in sorted(set(want) | set(got)):
+            if want.get(k, 0) != got.get(k, 0):
+                raise tutti.DataLossError(
+                    f"{where}: the document of sample {int(self.doc_ids[k])} holds "
+                    f"{got.get(k, 0)} audio tokens in input_ids but its plan gives it "
+                    f"{want.get(k, 0)}; the stager and the packer disagree on the audio config")
 
     def doc_sources(self):
         """The source (an index into JobInfo.sources) of each document, in doc_ids order:
@@ -335,6 +383,24 @@ class MicroBatch:
         r0, r1 = self._rows
         return self._get("image_token_positions", lambda: torch.from_numpy(
             L.image_token_positions[r0:r1] - self._t0))
+
+    @property
+    def audio_token_positions(self):
+        """[A] int64: positions (in input_ids[0]) of this micro-batch's audio tokens (audio_pad),
+        in order: a schema-2 document's clip where its placeholder was, else after the image
+        runs."""
+        L = self._batch._layout
+        pos = L.audio_token_positions
+        a0, a1 = np.searchsorted(pos, self._t0), np.searchsorted(pos, self._t1)
+        return self._get("audio_token_positions", lambda: torch.from_numpy(pos[a0:a1] - self._t0))
+
+    @property
+    def audio_clips(self):
+        """[n, 3] int64: (sample_id, audio_index, tokens) of this micro-batch's audio clips in
+        input_ids order; clip i's tokens are the next `tokens` of audio_token_positions."""
+        L = self._batch._layout
+        rows = [(s, i, n) for s, i, at, n in L.llm_audio if self._t0 <= at < self._t1]
+        return self._get("audio_clips", lambda: torch.tensor(rows, dtype=torch.int64).view(-1, 3))
 
     @property
     def image_embed_index(self):
@@ -546,6 +612,21 @@ class Batch:
         """[n, 3] int64: grids of the images in this rank's documents, in input_ids order."""
         self._check("llm_image_grid_thw")
         return self._convert(torch.tensor([im[2] for im in self._layout.llm_images],
+                                          dtype=torch.int64).view(-1, 3))
+
+    @property
+    def audio_token_positions(self):
+        """[A] int64: positions in input_ids of the audio tokens of this rank's documents, in
+        order (see MicroBatch.audio_token_positions)."""
+        self._check("audio_token_positions")
+        return self._convert(torch.from_numpy(self._layout.audio_token_positions.copy()))
+
+    @property
+    def audio_clips(self):
+        """[n, 3] int64: (sample_id, audio_index, tokens) of the audio clips of this rank's
+        documents, in input_ids order."""
+        self._check("audio_clips")
+        return self._convert(torch.tensor([(s, i, n) for s, i, _, n in self._layout.llm_audio],
                                           dtype=torch.int64).view(-1, 3))
 
     @property
