@@ -465,6 +465,50 @@ class AudioPositionsTest(unittest.TestCase):
             raw.release()
 
 
+class ViewsTest(unittest.TestCase):
+    """The typed views of the job and the plan: defaults where the dict leaves a field out or
+    holds proto3's zero, the values where it holds them; a batch's own."""
+
+    def test_job_defaults_and_values(self):
+        from tutti import views
+
+        j = views.JobInfo.from_dict({"config": {"world_size": 4, "vision": None, "audio": {},
+                                                "post_balancing": {"enabled": True}}})
+        self.assertEqual((j.world_size, j.vision.image_pad_id, j.vision.merge_size,
+                          j.audio.markers, j.post_balancing.hidden_size,
+                          j.post_balancing.embedding_dtype, j.source_names, j.has_mixture),
+                         (4, 151655, 2, (151647, 151646, 151648), 4096, "DTYPE_BFLOAT16",
+                          ("text", "vl"), False))
+        j = views.JobInfo.from_dict(synthetic.job(2, 8, sources=["ocr", "chat"]))
+        self.assertEqual((j.world_size, j.post_balancing.hidden_size, j.source_names,
+                          j.has_mixture), (2, 8, ("ocr", "chat"), True))
+        j = views.JobInfo.from_dict({"config": {"vision": {"vision_start_id": 7, "image_pad_id": 8,
+                                                           "vision_end_id": 9}},
+                                     "mixture_history": [{"start_step": 0, "fingerprint": "a"},
+                                                         {"start_step": 5, "fingerprint": "b"}]})
+        self.assertEqual(j.vision.markers, (7, 8, 9))
+        self.assertEqual(j.mixture_history, ((0, "a"), (5, "b")))
+
+    def test_a_batch_s_plan_and_job(self):
+        from tutti import views
+
+        images = [(3, 0, 2, 4, 0, 0), (3, 1, 4, 4, 0, 0)]
+        b, seg = synthetic.batch(1, 0, 0, images, {3: 0, 4: 0}, 4, _transports.LocalTransport(),
+                                 audio={4: [5]})
+        self.addCleanup(seg.close)
+        self.addCleanup(b.release)
+        self.assertIsInstance(b.job_info, views.JobInfo)
+        plan = b.rank_plan
+        self.assertEqual(plan.plan_version, 4)
+        self.assertEqual([(i.sample_id, i.image_index, i.grid_thw, i.llm_rank)
+                          for i in plan.vision_images], [(3, 0, (1, 2, 4), 0), (3, 1, (1, 4, 4), 0)])
+        docs = [d for mb in plan.micro_batches for d in mb.docs]
+        self.assertEqual([(d.sample_id, d.audio_tokens, [im.llm_tokens for im in d.images])
+                          for d in docs], [(3, 0, [2, 4]), (4, 5, [])])
+        self.assertEqual(plan.find_doc(4).encoder_tokens, 5)
+        self.assertEqual(b.plan, plan.raw)  # the dict API as it was
+
+
 class EmptyMicroBatchTest(unittest.TestCase):
     """A micro-batch without documents (4 text / 16 VL samples on 4 ranks leave some rank's
     text micro-batch empty), and a batch without any: every helper gives empty tensors of its

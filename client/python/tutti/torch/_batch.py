@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 import tutti
+from tutti import views
 from tutti.torch import _rope
 
 _TORCH_DTYPE = {
@@ -55,39 +56,35 @@ class _Layout:
     """What the plan and the arrays say, host side (numpy), computed once."""
 
     def __init__(self, raw, job, arrays):
-        cfg = job["config"]
-        vision = cfg["vision"] or {}
-        self.merge = int(vision.get("merge_size") or 2)
+        """job: a views.JobInfo."""
+        vision = job.vision
+        self.merge = vision.merge_size
         self.step, self.rank = raw.step, raw.rank
         plan = raw.plan
         self.plan = plan
+        self.rank_plan = views.RankPlan.from_dict(plan)
         # The plan as the stager sent it: what tutti's transports take per exchange
         # (parsing it is ~200x cheaper than converting the dict).
         self.plan_bytes = raw.plan_bytes
-        self.world_size = int(cfg["world_size"])
-        post = cfg["post_balancing"] or {}
-        self.hidden_size = int(post.get("hidden_size") or 4096)
-        self.embed_dtype = _PROTO_DTYPE.get(post.get("embedding_dtype") or "DTYPE_BFLOAT16")
+        self.world_size = job.world_size
+        post = job.post_balancing
+        self.hidden_size = post.hidden_size
+        self.embed_dtype = _PROTO_DTYPE.get(post.embedding_dtype, torch.bfloat16)
         self.row_bytes = self.hidden_size * torch.empty(0, dtype=self.embed_dtype).element_size()
-        self.special = {k: int(vision.get(k) or d) for k, d in (
-            ("vision_start_id", 151652), ("image_pad_id", 151655), ("vision_end_id", 151653))}
-        audio = cfg["audio"] or {}
-        self.audio_special = [int(audio.get(k) or d) for k, d in (
-            ("audio_start_id", 151647), ("audio_pad_id", 151646), ("audio_end_id", 151648))]
+        self.special = {"vision_start_id": vision.vision_start_id,
+                        "image_pad_id": vision.image_pad_id, "vision_end_id": vision.vision_end_id}
+        self.audio_special = list(job.audio.markers)
         self.skipped_samples = {int(s["sample_id"]) for s in raw.skipped}
         # (sample_id, image_index) of images in this rank's documents whose encoding rank
         # skipped them (filled by share_skipped_images before the batch is handed out).
         self.skipped_elsewhere = set()
-        self.post_balancing = bool(post.get("enabled"))
+        self.post_balancing = post.enabled
 
         # Encoder side: the images this rank encodes, as the batch holds them.
         grid = arrays["image_grid_thw"].astype(np.int64).reshape(-1, 3)
         ids = arrays["image_sample_ids"].astype(np.int64)
         self.grid = grid
-        planned = []
-        for enc in plan["encoders"]:
-            if enc["encoder"] == "ENCODER_VISION":
-                planned += [(int(i["sample_id"]), int(i["image_index"])) for i in enc["images"]]
+        planned = [(i.sample_id, i.image_index) for i in self.rank_plan.vision_images]
         keys, j = [], 0
         for sid in ids.tolist():  # dropped samples leave whole: a subsequence of the plan's
             while j < len(planned) and planned[j][0] != sid:
@@ -106,18 +103,14 @@ class _Layout:
         self.vit_cu = np.concatenate([[0], np.cumsum(np.repeat(patches, grid[:, 0]))]).astype(np.int32)
 
         # LLM side: documents in input_ids order and their images.
-        slots = {}
-        for mb in plan["micro_batches"]:
-            for seq in mb["sequences"]:
-                for d in seq["docs"]:
-                    slots[int(d["sample_id"])] = d
+        slots = self.rank_plan.doc_slots()
         self.input_ids = arrays["input_ids"]
         self.cu = arrays["cu_seqlens"].astype(np.int64)
         self.doc_ids = arrays["doc_sample_ids"].astype(np.int64)
         self.seq_off = arrays["seq_offsets"].astype(np.int64)
         self.mb_off = arrays["micro_batch_offsets"].astype(np.int64)
-        self.mb_modality = [mb["modality"] for mb in plan["micro_batches"]]
-        version = int(plan.get("plan_version") or 0)
+        self.mb_modality = [mb.modality for mb in self.rank_plan.micro_batches]
+        version = self.rank_plan.plan_version
         self.llm_images = []  # (sample_id, image_index, (t, h, w), absolute token position)
         self.doc_images = []  # per doc: [(position within the doc, grid)]
         # Where each document's image runs start (their first image_pad, in the document);
@@ -132,8 +125,8 @@ class _Layout:
             if slot is None:
                 raise tutti.DataLossError(f"step {self.step}, rank {self.rank}: document of sample "
                                           f"{sid} is in the batch but not in its plan")
-            images = slot["images"]
-            if version < 2 and int(slot.get("encoder_tokens") or 0) > 0:
+            images = slot.images
+            if version < 2 and slot.encoder_tokens > 0:
                 raise tutti.FailedPreconditionError(
                     f"step {self.step}, rank {self.rank}: the plan (plan_version {version}) does "
                     "not say the image grids of its documents; tutti.torch needs plan_version 2 "
@@ -145,13 +138,12 @@ class _Layout:
                     f"step {self.step}, rank {self.rank}: doc_image_starts holds {len(starts)} "
                     "entries, fewer than the images of the batch's documents")
             for im in images:
-                g = (int(im["grid_t"] or 1), int(im["grid_h"]), int(im["grid_w"]))
-                n = int(im["llm_tokens"])
+                g, n = im.grid_thw, im.llm_tokens
                 if starts is not None:
                     at = int(starts[next_start])
                     next_start += 1
                 doc.append((at, g))
-                self.llm_images.append((sid, int(im["image_index"] or 0), g, start + at, n))
+                self.llm_images.append((sid, im.image_index, g, start + at, n))
                 pad_positions.append(np.arange(start + at, start + at + n))
                 at += n + 2
             self.doc_images.append(doc)
@@ -166,7 +158,7 @@ class _Layout:
         self.llm_total = len(self.image_token_positions)
         self._audio_runs(slots)
         self._raw_samples = raw
-        self._mixture = cfg.get("mixture") is not None
+        self._mixture = job.has_mixture
         self._doc_sources = None
 
     def _audio_runs(self, slots):
@@ -183,9 +175,7 @@ class _Layout:
         # Per document: the audio tokens the plan gives it (its encoder tokens less its images').
         want = {}
         for k, sid in enumerate(self.doc_ids.tolist()):
-            slot = slots[sid]
-            n = int(slot.get("encoder_tokens") or 0) - sum(int(im["llm_tokens"])
-                                                          for im in slot["images"])
+            n = slots[sid].audio_tokens
             if n > 0:
                 want[k] = n
         if not len(pads) and not want:
@@ -204,7 +194,7 @@ class _Layout:
                     "stager and the packer disagree on the audio config")
             sid = int(self.doc_ids[k])
             slot = slots[sid]
-            first = int(slot.get("first_audio") or 0) if int(slot.get("pieces") or 0) else 0
+            first = slot.first_audio if slot.pieces else 0
             index = first + clip.get(k, 0)
             clip[k] = clip.get(k, 0) + 1
             got[k] = got.get(k, 0) + n
@@ -467,7 +457,9 @@ class Batch:
     tensors taken before keep their memory and contents."""
 
     def __init__(self, raw, job, labels=None, convert=None, layout=None, tensors=None):
+        """job: the job as tutti.Client.job gives it (a dict) or a tutti.views.JobInfo."""
         self._raw = raw
+        job = job if isinstance(job, views.JobInfo) else views.JobInfo.from_dict(job)
         self._job = job
         self._labels = labels or LabelOptions()
         self._convert = convert or (lambda t: t)
@@ -481,7 +473,7 @@ class Batch:
         self.step = raw.step
         self.rank = raw.rank
         self.world_size = layout.world_size
-        spe = int(job.get("steps_per_epoch") or 0)
+        spe = job.steps_per_epoch
         self.epoch = self.step // spe if spe else 0
         self._released = False
         self._states = []
@@ -653,8 +645,19 @@ class Batch:
     @property
     def source_names(self):
         """The job's sources (JobInfo.sources): the mixture's, or ["text", "vl"]."""
-        names = [s["name"] for s in (self._job.get("sources") or [])]
-        return names or ["text", "vl"]
+        return list(self._job.source_names)
+
+    @property
+    def job_info(self):
+        """The job (tutti.views.JobInfo): its config's vision, audio and post-balancing
+        fields, sources, steps per epoch, ..."""
+        return self._job
+
+    @property
+    def rank_plan(self):
+        """This rank's plan as a tutti.views.RankPlan (typed; `plan` is the same as a dict)."""
+        self._check("rank_plan")
+        return self._layout.rank_plan
 
     @property
     def num_label_tokens(self):
