@@ -1,7 +1,7 @@
 """One rank of the interleaved end-to-end test, under torchrun: trains the tiny model
 (model.py) on tutti's batches with plain SGD and saves what the test checks against the raw
-records: per document its tokens, labels, M-RoPE ids, image positions and the embeddings
-placed there; per encoded image its pixels and encoder rows; rank 0 every step's loss and
+records: per document its tokens, labels, M-RoPE ids, image positions, the embeddings
+placed there and its sample's source and meta; per encoded image its pixels and encoder rows; rank 0 every step's loss and
 all-reduced gradients."""
 import argparse
 import os
@@ -60,6 +60,7 @@ def main():
             pos = mb.image_token_positions
             grids = mb.image_grid_thw.tolist()
             g = 0
+            sources, metas = mb.doc_sample_sources, mb.doc_sample_meta
             for k, sid in enumerate(mb.doc_sample_ids.tolist()):
                 a, b = cu[k], cu[k + 1]
                 mine = pos[(pos >= a) & (pos < b)]
@@ -74,7 +75,8 @@ def main():
                                  labels=mb.labels[0, a:b].clone(),
                                  mrope=mb.mrope_position_ids[:, 0, a:b].clone(),
                                  positions=mine - a, grids=doc_grids,
-                                 rows=h[0, mine].detach().clone()))
+                                 rows=h[0, mine].detach().clone(), source=sources[k],
+                                 meta=metas[k]))
         flat = model.flat_grads(params)
         dist.all_reduce(flat)
         dist.all_reduce(loss_sum)
@@ -84,6 +86,8 @@ def main():
             at += p.numel()
         opt.step()
         steps.append(dict(step=batch.step, loss=loss_sum.item(), tokens=int(tokens.item()),
+                          batch_sources=batch.doc_sample_sources, batch_meta=batch.doc_sample_meta,
+                          batch_docs=batch.doc_sample_ids.tolist(), keys=keys,
                           grad=flat.clone(),
                           micro_batches=[mb.num_tokens for mb in batch.micro_batches]))
     torch.save(dict(rank=env.rank, docs=docs, encoded=encoded, steps=steps, skipped=skipped),

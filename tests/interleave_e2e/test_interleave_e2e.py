@@ -6,7 +6,7 @@ indexed by `tutti index`, planned by tutti-packerd with post-balancing for 4 ran
 (ranks.py). Against an independent reconstruction from the raw records (the ChatML text written
 out by hand and tokenized, each image's run at its <image> tag, sized by HF's smart_resize):
 
-- every document's input_ids, its labels (-100 exactly outside the assistant's turns, on the
+- every document's input_ids, its sample's source and meta (batch and micro-batch), its labels (-100 exactly outside the assistant's turns, on the
   image runs and on the document's first token), its M-RoPE ids (an HF-style get_rope_index
   over the reconstructed tokens) and its image positions;
 - every image's embedding rows where its placeholder was are the encoder rows of that image,
@@ -121,7 +121,7 @@ def hf_style_rope(tokens, grids, image_token):
 def write_records(root, seed=3):
     """LLaVA JSONL and FineVision JSON records with 0, 1 and 2 images at different turns over
     images of distinct sizes and colours. Returns (input files, [turns per record] in the
-    converter's record order)."""
+    converter's record order, [(source, meta) per record] as k.json must carry them)."""
     rng = random.Random(seed)
     os.makedirs(os.path.join(root, "img"))
     images = []
@@ -130,7 +130,7 @@ def write_records(root, seed=3):
         name = f"img/{i}.{'jpg' if i % 2 else 'png'}"
         fx.make_image(os.path.join(root, name), w, h, "JPEG" if i % 2 else "PNG", seed=10 + i)
         images.append(name)
-    llava, turns = [], []
+    llava, turns, carried = [], [], []
     # (images per human turn) of each conversation: none, one at the first or a later turn, two
     # in one turn, two at different turns.
     shapes = [(0,), (0, 0), (1,), (0, 1), (1, 0, 0), (2,), (0, 2), (1, 0, 1), (0, 1, 1), (0, 0, 0),
@@ -159,6 +159,7 @@ def write_records(root, seed=3):
             rec["images"] = used
         llava.append(rec)
         turns.append(fx.llava_turns(rec, root))
+        carried.append(("", {"id": rec["id"]}))  # --meta-fields' default: the record's id
     fx.write_jsonl(os.path.join(root, "a.jsonl"), llava)
     finevision = []
     for r, n in enumerate((0, 1, 2, 1, 2, 0)):
@@ -166,6 +167,7 @@ def write_records(root, seed=3):
         texts = [{"user": fx.sentence(rng, rng.randint(3, 8)), "assistant": fx.sentence(rng, rng.randint(2, 9))}
                  for _ in range(rng.randint(1, 3))]
         finevision.append({"images": used, "texts": texts, "source": "chartqa"})
+        carried.append(("chartqa", {}))
         t = []
         for j, pair in enumerate(texts):  # untagged: the images open the first user turn
             lead = [("image", os.path.join(root, u)) for u in used] if j == 0 else []
@@ -173,7 +175,7 @@ def write_records(root, seed=3):
         turns.append(t)
     with open(os.path.join(root, "b.json"), "w") as f:
         json.dump(finevision, f)
-    return [os.path.join(root, "a.jsonl"), os.path.join(root, "b.json")], turns
+    return [os.path.join(root, "a.jsonl"), os.path.join(root, "b.json")], turns, carried
 
 
 class Expected:
@@ -215,7 +217,7 @@ class InterleavedEndToEndTest(unittest.TestCase):
 
     def convert_and_index(self):
         raw = os.path.join(self.dir, "raw")
-        inputs, turns = write_records(raw)
+        inputs, turns, self.text = write_records(raw)
         sp = fx.train_sentencepiece(os.path.join(self.dir, "sp"))
         data = os.path.join(self.dir, "data")
         out = subprocess.run([self.tool, "convert", "--tokenizer", sp, "--out", data, "--workers",
@@ -275,6 +277,8 @@ class InterleavedEndToEndTest(unittest.TestCase):
             np.testing.assert_array_equal(d["labels"].numpy(), want.labels, where)
             np.testing.assert_array_equal(d["mrope"].numpy(), want.mrope, where)
             self.assertEqual(d["grids"], want.grids, where)
+            # The sample's source and meta, per document, as the raw record gives them.
+            self.assertEqual((d["source"], d["meta"]), self.text[int(d["key"])], where)
             pos = np.concatenate(want.positions) if want.positions else np.zeros(0, np.int64)
             np.testing.assert_array_equal(d["positions"].numpy(), pos, where)
             interleaved += bool(want.positions) and int(want.positions[0][0]) > 1
@@ -296,6 +300,10 @@ class InterleavedEndToEndTest(unittest.TestCase):
 
         # The loss and gradients of a plain single-process model over the reconstructed
         # documents, one at a time, step after step.
+        for r in ranks:  # the batch's lists, in doc_sample_ids order
+            for s in r["steps"]:
+                got = list(zip(s["batch_sources"], s["batch_meta"]))
+                self.assertEqual(got, [self.text[int(s["keys"][sid])] for sid in s["batch_docs"]])
         steps = ranks[0]["steps"]
         self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
         vit, lm = model.build(vocab, HIDDEN)
@@ -326,8 +334,10 @@ class InterleavedEndToEndTest(unittest.TestCase):
             worst = max(worst, float((s["grad"] - grad).abs().max() / grad.abs().max()))
             self.assertLessEqual(excess, 0.0, f"step {s['step']}: gradients differ")
             opt.step()
-        print(f"{len(docs)} documents over {STEPS} steps and 4 ranks, {images_checked} images "
-              f"placed, {interleaved} with text before their first image; loss and gradients as "
+        empty = sum(n == 0 for r in ranks for st in r["steps"] for n in st["micro_batches"])
+        print(f"{len(docs)} documents over {STEPS} steps and 4 ranks ({empty} micro-batches "
+              f"without documents), {images_checked} images placed, {interleaved} documents "
+              f"with text before their first image; loss and gradients as "
               f"the single-process reference's (max grad diff / max |grad| {worst:.3g})")
 
 

@@ -509,6 +509,28 @@ class ViewsTest(unittest.TestCase):
         self.assertEqual(b.plan, plan.raw)  # the dict API as it was
 
 
+class SampleTextTest(unittest.TestCase):
+    def test_each_document_says_its_sample_s_source_and_meta(self):
+        """k.json's source and meta (SampleInfo.sample_source / sample_meta, set by the stager)
+        per document, in doc_sample_ids order, batch and micro-batch; "" and {} without."""
+        text = {3: {"sample_source": "chartqa", "sample_meta": '{"id":"r3","n":[1,2]}'},
+                5: {"sample_source": "", "sample_meta": '{"id":"r5"}'}}
+        b, seg = synthetic.batch(1, 0, 0, [(3, 0, 2, 2, 0, 0)], {3: 0, 4: 0, 5: 0}, 4,
+                                 _transports.LocalTransport(), text=text)
+        self.addCleanup(seg.close)
+        self.addCleanup(b.release)
+        self.assertEqual(b.doc_sample_ids.tolist(), [3, 4, 5])
+        self.assertEqual(b.doc_sample_sources, ["chartqa", "", ""])
+        self.assertEqual(b.doc_sample_meta, [{"id": "r3", "n": [1, 2]}, {}, {"id": "r5"}])
+        got = [(src, meta) for mb in b.micro_batches
+               for src, meta in zip(mb.doc_sample_sources, mb.doc_sample_meta)]
+        self.assertEqual(got, list(zip(b.doc_sample_sources, b.doc_sample_meta)))
+        self.assertEqual([len(mb.doc_sample_sources) for mb in b.micro_batches], [1, 2])
+        b.release()
+        with self.assertRaises(tutti.FailedPreconditionError):
+            b.doc_sample_meta
+
+
 class EmptyMicroBatchTest(unittest.TestCase):
     """A micro-batch without documents (4 text / 16 VL samples on 4 ranks leave some rank's
     text micro-batch empty), and a batch without any: every helper gives empty tensors of its
@@ -538,6 +560,7 @@ class EmptyMicroBatchTest(unittest.TestCase):
             t = getattr(mb, name)
             self.assertEqual((tuple(t.shape), t.dtype), (shape, dtype), name)
         self.assertEqual(mb.cu_seqlens.tolist(), [0])
+        self.assertEqual((mb.doc_sample_sources, mb.doc_sample_meta), ([], []))
         self.assertEqual(mb.seq_offsets.tolist(), [0] * len(mb.seq_offsets))
 
     def run_example_model(self, b):

@@ -1,5 +1,6 @@
 """One step's batch as torch tensors, and its micro-batches' model inputs."""
 import dataclasses
+import json
 import warnings
 
 import numpy as np
@@ -160,6 +161,7 @@ class _Layout:
         self._raw_samples = raw
         self._mixture = job.has_mixture
         self._doc_sources = None
+        self._doc_text = None
 
     def _audio_runs(self, slots):
         """The audio clips of the documents, in input_ids order: each clip's run (audio_start,
@@ -205,6 +207,18 @@ class _Layout:
                     f"{where}: the document of sample {int(self.doc_ids[k])} holds "
                     f"{got.get(k, 0)} audio tokens in input_ids but its plan gives it "
                     f"{want.get(k, 0)}; the stager and the packer disagree on the audio config")
+
+    def doc_text(self):
+        """Per document in doc_ids order: its sample's k.json (source string, meta dict) as the
+        stager read them (SampleInfo.sample_source / sample_meta; "" and {} when absent)."""
+        if self._doc_text is None:
+            by_sample = {}
+            for s in self._raw_samples.samples:
+                meta = s.get("sample_meta") or ""
+                by_sample[int(s["sample_id"])] = (s.get("sample_source") or "",
+                                                  json.loads(meta) if meta else {})
+            self._doc_text = [by_sample.get(int(x), ("", {})) for x in self.doc_ids.tolist()]
+        return self._doc_text
 
     def doc_sources(self):
         """The source (an index into JobInfo.sources) of each document, in doc_ids order:
@@ -297,6 +311,21 @@ class MicroBatch:
         L = self._batch._layout
         d0, d1 = self._docs
         return self._get("doc_sources", lambda: torch.from_numpy(L.doc_sources()[d0:d1].copy()))
+
+    @property
+    def doc_sample_sources(self):
+        """[D] str: each document's k.json "source" (sample schema 2; "" when it has none)."""
+        self._batch._check("doc_sample_sources")
+        d0, d1 = self._docs
+        return [src for src, _ in self._batch._layout.doc_text()[d0:d1]]
+
+    @property
+    def doc_sample_meta(self):
+        """[D] dict: each document's k.json "meta" object, as the sample holds it ({} when it
+        has none)."""
+        self._batch._check("doc_sample_meta")
+        d0, d1 = self._docs
+        return [meta for _, meta in self._batch._layout.doc_text()[d0:d1]]
 
     @property
     def position_ids(self):
@@ -641,6 +670,20 @@ class Batch:
         source_names."""
         self._check("doc_sources")
         return self._convert(torch.from_numpy(self._layout.doc_sources().copy()))
+
+    @property
+    def doc_sample_sources(self):
+        """[docs] str: each document's k.json "source" (sample schema 2; "" when it has
+        none), in doc_sample_ids order."""
+        self._check("doc_sample_sources")
+        return [src for src, _ in self._layout.doc_text()]
+
+    @property
+    def doc_sample_meta(self):
+        """[docs] dict: each document's k.json "meta" object ({} when it has none), in
+        doc_sample_ids order."""
+        self._check("doc_sample_meta")
+        return [meta for _, meta in self._layout.doc_text()]
 
     @property
     def source_names(self):

@@ -118,7 +118,7 @@ class Segment:
     count = 0
 
     def __init__(self, step, rank, plan, images, bf16=False, skipped=(), dropped=(), sources=0,
-                 interleave=False, audio=None):
+                 interleave=False, audio=None, text=None):
         by_key = {(im[0], im[1]): im for im in images}
         mine = [by_key[(ip["sample_id"], ip["image_index"])]
                 for e in plan["encoders"] for ip in e["images"]]  # in the plan's order
@@ -186,9 +186,11 @@ class Segment:
         self.desc = {"step": step, "rank": rank, "shm_name": "/" + self.name,
                      "shm_size": self.shm.size, "arrays": descs, "plan": plan, "seq_len": 4096,
                      "skipped": [{"sample_id": sid, "reason": "corrupt"} for sid in skipped]}
-        if sources:  # SampleInfo.source of every document's sample
-            self.desc["samples"] = [{"sample_id": sid, "source": sid % sources,
-                                     "modality": "MODALITY_VL"} for sid in sorted(set(doc_ids))]
+        if sources or text:  # SampleInfo.source, sample_source and sample_meta of each sample
+            self.desc["samples"] = [dict({"sample_id": sid, "modality": "MODALITY_VL"},
+                                         **({"source": sid % sources} if sources else {}),
+                                         **(text or {}).get(sid, {}))
+                                    for sid in sorted(set(doc_ids))]
 
     def close(self):
         self.shm.close()
@@ -196,17 +198,19 @@ class Segment:
 
 
 def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=(),
-          dropped=(), plan_version=4, sources=None, interleave=False, audio=None):
+          dropped=(), plan_version=4, sources=None, interleave=False, audio=None, text=None):
     """skipped: sample ids this rank's stager lists as skipped; dropped: sample ids whose
     images this rank's batch lacks; plan_version: what the plan says it is (an older one
     is refused by the exchange); sources: see job; interleave: each image run after a text
     token (the stager's schema-2 layout, with doc_image_starts and loss_mask); audio:
     {sample_id: [tokens of each clip]}, each clip's run before the document's last token
-    (interleaved) or after its image runs."""
+    (interleaved) or after its image runs; text: {sample_id: {"sample_source": str,
+    "sample_meta": compact JSON}} as the stager sets them from k.json."""
     plan = rank_plan(world, rank, images, llm_of, hidden, audio=audio)
     plan["plan_version"] = plan_version
     seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped, dropped=dropped,
-                  sources=len(sources) if sources else 0, interleave=interleave, audio=audio)
+                  sources=len(sources) if sources else 0, interleave=interleave, audio=audio,
+                  text=text)
     raw = tutti.map_batch(seg.desc, copy_on_write=True)
     b = Batch(raw, job(world, hidden, sources=sources))
     b._transport = transport
