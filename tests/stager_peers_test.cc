@@ -19,6 +19,7 @@
 #include "common/shard_homes.h"
 #include "gtest/gtest.h"
 #include "services/stager/member_stream.h"
+#include "services/stager/peer_fetcher.h"
 #include "services/stager/stager_server.h"
 #include "services/stager/test_dataset.h"
 #include "tutti/v1/packer.grpc.pb.h"
@@ -170,6 +171,21 @@ std::set<std::string> Staged(StagerServer& server) {
     if (s.state() == v1::ShardStatus::STATE_STAGED) out.insert(s.name());
   }
   return out;
+}
+
+TEST(PeersFlagTest, NodeAddressPairsAreParsedAndMistakesNamed) {
+  auto peers = ParsePeers("0=10.0.0.1:7071, 3=node3:7071");
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_EQ(*peers, (std::map<uint32_t, std::string>{{0, "10.0.0.1:7071"}, {3, "node3:7071"}}));
+  EXPECT_TRUE(ParsePeers("")->empty());
+  for (const char* bad : {"10.0.0.1:7071", "x=10.0.0.1:7071", "1=", "-1=a:1"}) {
+    auto r = ParsePeers(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("NODE=HOST:PORT"), std::string::npos) << r.status();
+  }
+  auto twice = ParsePeers("1=a:1,1=b:2");
+  EXPECT_NE(twice.status().message().find("names node 1 twice"), std::string::npos)
+      << twice.status();
 }
 
 TEST(FetchMembersTest, ACallWithoutTheJobsTokenIsRefused) {
