@@ -154,6 +154,7 @@ absl::StatusOr<LocalityBenchResult> RunLocalityBench(const LocalityBenchOptions&
   const Planner today_planner(today_job), local_planner(local_job);
   std::vector<double> cpu, wall, cpu_today, wall_today;
   double touched = 0, remote = 0, items = 0, peer_bytes = 0, vit = 0, vit_today = 0;
+  double images = 0, remote_images = 0;
   for (uint64_t step = 0; step < o.steps; ++step) {
     say(absl::StrCat("step ", step, ": planning W=", W, " with and without locality"));
     StepPlanData d, t;
@@ -180,6 +181,8 @@ absl::StatusOr<LocalityBenchResult> RunLocalityBench(const LocalityBenchOptions&
     ForEachLoad(d, rpn, [&](uint32_t shard, uint32_t node, bool is_remote) {
       if (!is_remote && !h.IsHome(shard, node)) ++r.off_home_local_loads;
     });
+    for (const PlannedImage& im : d.images) remote_images += im.remote_load ? 1 : 0;
+    images += static_cast<double>(d.images.size());
     const StepLocality l = MeasureStepLocality(*index, d);
     items += static_cast<double>(l.items);
     remote += static_cast<double>(l.remote_items);
@@ -190,6 +193,7 @@ absl::StatusOr<LocalityBenchResult> RunLocalityBench(const LocalityBenchOptions&
   const double n = o.steps;
   r.shards_per_node_step = touched / n;
   r.remote_share = items > 0 ? remote / items : 0;
+  r.image_remote_share = images > 0 ? remote_images / images : 0;
   r.peer_bytes_per_step = peer_bytes / n;
   r.vit_over_bound = vit / n;
   r.vit_over_bound_today = vit_today / n;
@@ -247,13 +251,15 @@ std::string FormatLocalityTable(const LocalityBenchResult& r) {
       &out,
       absl::StrFormat(
           "\nViT max / lower bound: %.4f with locality, %.4f today\n"
-          "inputs remote with locality: %.1f%%, member bytes stager to stager: %.2f GB a step\n"
+          "inputs remote with locality: %.1f%% (of the images %.1f%%), member bytes stager to "
+          "stager: %.2f GB a step\n"
           "inputs loaded locally off their home node: %u\n"
           "plan time (median, one thread): %.1f ms CPU (%.1f ms wall) with locality, "
           "%.1f ms CPU (%.1f ms wall) today\n",
           r.vit_over_bound, r.vit_over_bound_today, 100 * r.remote_share,
-          r.peer_bytes_per_step / 1e9, static_cast<unsigned>(r.off_home_local_loads), r.plan_cpu_ms,
-          r.plan_ms, r.plan_cpu_ms_today, r.plan_ms_today));
+          100 * r.image_remote_share, r.peer_bytes_per_step / 1e9,
+          static_cast<unsigned>(r.off_home_local_loads), r.plan_cpu_ms, r.plan_ms,
+          r.plan_cpu_ms_today, r.plan_ms_today));
   return out;
 }
 
@@ -271,13 +277,15 @@ std::string FormatLocalityJson(const LocalityBenchResult& r) {
   return absl::StrFormat(
       "{\"ranks\":%u,\"nodes\":%u,\"shards\":%u,\"replication\":%u,\"samples_per_step\":%u,"
       "\"epoch_steps\":%.6g,\"shards_per_node_step_today\":%.6g,\"vit_over_bound\":%.6g,"
-      "\"vit_over_bound_today\":%.6g,\"remote_share\":%.6g,\"peer_bytes_per_step\":%.6g,"
+      "\"vit_over_bound_today\":%.6g,\"remote_share\":%.6g,\"image_remote_share\":%.6g,\"peer_"
+      "bytes_per_step\":%.6g,"
       "\"off_home_local_loads\":%u,\"plan_cpu_ms\":%.6g,\"plan_ms\":%.6g,"
       "\"plan_cpu_ms_today\":%.6g,\"plan_ms_today\":%.6g,\"rows\":[%s]}\n",
       r.ranks, r.nodes, r.shards, r.replication, static_cast<unsigned>(r.samples_per_step),
       r.epoch_steps, r.shards_per_node_step, r.vit_over_bound, r.vit_over_bound_today,
-      r.remote_share, r.peer_bytes_per_step, static_cast<unsigned>(r.off_home_local_loads),
-      r.plan_cpu_ms, r.plan_ms, r.plan_cpu_ms_today, r.plan_ms_today, rows);
+      r.remote_share, r.image_remote_share, r.peer_bytes_per_step,
+      static_cast<unsigned>(r.off_home_local_loads), r.plan_cpu_ms, r.plan_ms, r.plan_cpu_ms_today,
+      r.plan_ms_today, rows);
 }
 
 }  // namespace tutti::packer

@@ -66,6 +66,7 @@ struct LocalityBenchResult {
   double vit_over_bound = 0;            // with locality, mean over the steps
   double vit_over_bound_today = 0;      // without
   double remote_share = 0;              // inputs remote with locality
+  double image_remote_share = 0;        // of the images, with locality
   double peer_bytes_per_step = 0;       // member bytes sent stager to stager, per step
   uint64_t off_home_local_loads = 0;    // inputs loaded locally on a non-home node (must be 0)
   double plan_cpu_ms = 0, plan_ms = 0;  // median, with locality

@@ -54,6 +54,7 @@ class ColocatedLocality {
   ColocatedLocality(const dispatch::ShardAvailability& staging, uint32_t world_size,
                     uint32_t ranks_per_node)
       : staging_(staging),
+        index_(staging),
         W_(world_size),
         rpn_(std::max<uint32_t>(ranks_per_node, 1)),
         nodes_(world_size / rpn_),
@@ -85,8 +86,8 @@ class ColocatedLocality {
   // rank with the destination's position in its node.
   uint32_t Source(uint32_t shard, uint32_t dest, uint64_t bytes) {
     uint32_t node = ~0u;
-    for (uint32_t n = 0; n < nodes_; ++n) {
-      if (staging_.Has(shard, n) && (node == ~0u || node_bytes_[n] < node_bytes_[node])) node = n;
+    for (const uint32_t* n = index_.begin(shard); n != index_.end(shard); ++n) {
+      if (node == ~0u || node_bytes_[*n] < node_bytes_[node]) node = *n;
     }
     if (node == ~0u) return dest;  // staged nowhere: the dispatcher's caller refuses it
     node_bytes_[node] += bytes;
@@ -99,8 +100,8 @@ class ColocatedLocality {
     if (nodes_ <= 1) return;
     std::vector<absl::flat_hash_map<uint32_t, uint64_t>> score(W_);
     auto add = [&](uint32_t bin, uint32_t shard, uint64_t bytes) {
-      for (uint32_t n = 0; n < nodes_; ++n) {
-        if (staging_.Has(shard, n)) score[bin][n] += bytes;
+      for (const uint32_t* n = index_.begin(shard); n != index_.end(shard); ++n) {
+        score[bin][*n] += bytes;
       }
     };
     for (const PlannedSample& ps : plan->samples) {
@@ -148,6 +149,7 @@ class ColocatedLocality {
   }
 
   const dispatch::ShardAvailability& staging_;
+  const dispatch::StagingIndex index_;  // each shard's staging nodes, increasing
   const uint32_t W_, rpn_, nodes_;
   std::vector<uint64_t> node_bytes_;
 };
@@ -338,6 +340,7 @@ dispatch::DispatchOptions PostBalancingOptions(const DispatcherOptions& o) {
   d.token_id_bytes = kTokenIdBytes;
   d.node_aware = o.node_aware;
   d.balance_tolerance = o.balance_tolerance;
+  d.text_affinity = o.text_affinity;
   return d;
 }
 

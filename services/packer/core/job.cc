@@ -64,6 +64,7 @@ absl::Status Job::Init(const JobOptions& options) {
         "phase's lower bound to save inter-node bytes, e.g. ", kDefaultBalanceTolerance,
         " (the default); leave it unset for the default"));
   }
+  d.text_affinity = config_.locality().home_replication() == 0;
   dispatcher_options_ = d;
   if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
     const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
