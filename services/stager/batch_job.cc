@@ -389,8 +389,13 @@ std::string BatchJob::PendingSummary() const {
 // image (nor an image with a foreign caption).
 class BatchJob::Outcome {
  public:
-  Outcome(v1::BatchDescriptor* descriptor, StagerMetrics* metrics, bool drop, Failures failures)
-      : descriptor_(descriptor), metrics_(metrics), drop_(drop), failures_(std::move(failures)) {}
+  Outcome(v1::BatchDescriptor* descriptor, StagerMetrics* metrics, LogRateLimit* log_limit,
+          bool drop, Failures failures)
+      : descriptor_(descriptor),
+        metrics_(metrics),
+        log_limit_(log_limit),
+        drop_(drop),
+        failures_(std::move(failures)) {}
 
   // Under the drop policy, a failed sample leaves the batch whole unless an
   // item of it crosses ranks.
@@ -409,7 +414,8 @@ class BatchJob::Outcome {
     s->set_detail(absl::StrCat(item.detail, what));
     s->set_action(kind == kDropped ? "dropped" : "placeholder");
     if (metrics_) metrics_->SkippedSamples(item.reason).Increment();
-    static LogRateLimit limit(absl::Seconds(10), 10);
+    static LogRateLimit process_limit(absl::Seconds(10), 10);
+    LogRateLimit& limit = log_limit_ != nullptr ? *log_limit_ : process_limit;
     if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
       kLog.Warning("skipped a sample member",
                    {{"reason", item.reason}, {"shard", shard}, {"member", member},
@@ -427,6 +433,7 @@ class BatchJob::Outcome {
  private:
   v1::BatchDescriptor* descriptor_;
   StagerMetrics* metrics_;
+  LogRateLimit* log_limit_;  // null: the process-wide one
   const bool drop_;
   const Failures failures_;
   std::set<uint64_t> counted_;
@@ -570,7 +577,8 @@ void BatchJob::Describe(const std::vector<bool>& image_dropped,
 void BatchJob::Finalize() {
   if (finalized_.exchange(true)) return;
   // Every item has settled (remaining_ reached 0): no other thread writes them now.
-  Outcome out(&descriptor_, ctx_.metrics, ctx_.policy == v1::SKIP_POLICY_DROP, FindFailures());
+  Outcome out(&descriptor_, ctx_.metrics, ctx_.skip_log, ctx_.policy == v1::SKIP_POLICY_DROP,
+              FindFailures());
   std::vector<bool> image_dropped(images_.size(), false), doc_dropped(docs_.size(), false),
       audio_dropped(audio_.size(), false);
   SettleImages(out, &image_dropped);

@@ -28,6 +28,7 @@
 #include "services/stager/batch_layout.h"
 #include "services/stager/batch_window.h"
 #include "services/stager/decode.h"
+#include "common/log.h"
 #include "services/stager/member_peers.h"
 #include "services/stager/metrics.h"
 #include "services/stager/reader.h"
@@ -51,6 +52,10 @@ struct BuildContext {
   // How long the holder has, from when the read starts; the rest of the
   // sample deadline is the source's. Zero: half of what is left of it.
   absl::Duration peer_timeout = absl::ZeroDuration();
+  // The rate limit of the "skipped a sample member" lines, one per stager
+  // (so two stagers in one process, as in tests, do not use up each
+  // other's). Null: one for the whole process.
+  LogRateLimit* skip_log = nullptr;
 };
 
 class BatchJob final : public WindowBatch, public std::enable_shared_from_this<BatchJob> {

@@ -116,6 +116,7 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   ctx_.policy = policy;
   ctx_.deadline = deadline;
   ctx_.peers = peers_.get();
+  ctx_.skip_log = &skip_log_;
   ctx_.peer_timeout = absl::Milliseconds(opts_.peer_timeout_ms);
   ctx_.segment_access.gid = opts_.share_gid;
   BatchWindowOptions wo;

@@ -245,6 +245,7 @@ class StagerCore {
   std::unique_ptr<IoService> source_io_;  // member reads from the source
   std::unique_ptr<MemberReader> reader_;
   std::unique_ptr<MemberPeers> peers_;
+  LogRateLimit skip_log_{absl::Seconds(10), 10};  // BuildContext::skip_log
   std::unique_ptr<ThreadPool> pool_;
   BuildContext ctx_;
   absl::Duration stage_wait_;  // BatchWindowOptions::stage_wait
