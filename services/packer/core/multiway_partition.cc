@@ -38,7 +38,8 @@ std::vector<uint32_t> LptPartition(const std::vector<double>& costs, uint32_t bi
   return assignment;
 }
 
-std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, uint32_t bins) {
+std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, uint32_t bins,
+                                             KkSums sums) {
   const size_t W = bins;
   std::vector<uint32_t> part_of(costs.size(), 0);
   if (bins <= 1 || costs.empty()) return part_of;
@@ -84,6 +85,10 @@ std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, u
     x.insert(x.end(), rest.begin(), rest.end());
     if (pure > 0 && !rest.empty() && rest.front().sum > x[pure - 1].sum) {
       std::inplace_merge(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(pure), x.end(), by_sum);
+    }
+    if (sums == KkSums::kRebased && x.size() == W) {
+      const double base = x.back().sum;
+      for (Part& part : x) part.sum -= base;
     }
     std::vector<Part>().swap(y);
     heap.push({spread(x), -a});

@@ -63,7 +63,15 @@ std::vector<uint32_t> LptPartition(const std::vector<double>& costs, uint32_t bi
 // item's part, parts numbered by decreasing sum (ties in the merge's
 // order), so part 0 is the heaviest. O(n log n + n bins log bins) time;
 // only non-empty parts are kept (memory O(n + bins) per live partition).
-std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, uint32_t bins);
+//
+// `sums`: kRebased subtracts the lightest part's sum from every part once
+// a partition has `bins` non-empty parts (post-balancing's partitions: the
+// sums stay small), kAbsolute keeps them (the peer strategies'). The two
+// differ only where sums that tie in exact arithmetic round apart; each
+// caller keeps the form its plans were made with.
+enum class KkSums { kAbsolute, kRebased };
+std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, uint32_t bins,
+                                             KkSums sums = KkSums::kAbsolute);
 
 }  // namespace tutti::packer
 

@@ -84,7 +84,8 @@ TEST(MultiwayPartitionTest, EveryItemOnAValidBinWithinTheListSchedulingBound) {
     const std::vector<double> costs = RandomCosts(500, bins);
     const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
     const double largest = *std::max_element(costs.begin(), costs.end());
-    for (const auto& bin_of : {LptPartition(costs, bins), KarmarkarKarpPartition(costs, bins)}) {
+    for (const auto& bin_of : {LptPartition(costs, bins), KarmarkarKarpPartition(costs, bins),
+                               KarmarkarKarpPartition(costs, bins, KkSums::kRebased)}) {
       ASSERT_EQ(bin_of.size(), costs.size());
       for (uint32_t b : bin_of) ASSERT_LT(b, bins);
       EXPECT_LE(Makespan(costs, bins, bin_of), total / bins + largest + 1e-9) << bins;
@@ -101,6 +102,33 @@ TEST(MultiwayPartitionTest, KarmarkarKarpBeatsLptOnManyEqualSizedItems) {
   const double kk = Makespan(costs, 16, KarmarkarKarpPartition(costs, 16));
   const double lpt = Makespan(costs, 16, LptPartition(costs, 16));
   EXPECT_LE(kk, lpt * 1.05);
+}
+
+TEST(MultiwayPartitionTest, KarmarkarKarpSumsDifferOnlyWhereTiesRoundApart) {
+  // In exact arithmetic the two 0.8 parts tie; in doubles the absolute sums
+  // (0.3 + 0.5, 0.3 + 0.1 + 0.4) and the rebased ones round apart, and the
+  // tie goes each way.
+  const std::vector<double> costs = {0.3, 0.3, 0.1, 0.5, 0.4, 0.9};
+  const std::vector<uint32_t> absolute = KarmarkarKarpPartition(costs, 3);
+  const std::vector<uint32_t> rebased = KarmarkarKarpPartition(costs, 3, KkSums::kRebased);
+  EXPECT_EQ(absolute, (std::vector<uint32_t>{2, 1, 2, 1, 2, 0}));
+  EXPECT_EQ(rebased, (std::vector<uint32_t>{1, 2, 1, 2, 1, 0}));
+  for (const auto& part_of : {absolute, rebased}) {
+    const std::vector<double> loads = Loads(costs, 3, part_of);
+    EXPECT_DOUBLE_EQ(loads[0], 0.9);
+    EXPECT_NEAR(loads[1], 0.8, 1e-12);
+    EXPECT_NEAR(loads[2], 0.8, 1e-12);
+  }
+  // Whole costs: no rounding, the same partition.
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    Rng rng(seed);
+    std::vector<double> whole(40 + seed);
+    for (double& c : whole) c = static_cast<double>(rng.Between(1, 9));
+    const uint32_t bins = 2 + seed % 13;
+    EXPECT_EQ(KarmarkarKarpPartition(whole, bins),
+              KarmarkarKarpPartition(whole, bins, KkSums::kRebased))
+        << seed;
+  }
 }
 
 TEST(MultiwayPartitionTest, EmptyAndSingleBin) {

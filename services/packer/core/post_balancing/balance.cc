@@ -125,7 +125,7 @@ std::vector<uint32_t> BalancePartition(const std::vector<double>& costs, uint32_
   std::vector<uint32_t> best = LptPartition(costs, bins);
   double best_span = ImproveMakespan(costs, bins, rounds, &best);
   if (bins > 1 && bins <= kk_max_bins) {
-    std::vector<uint32_t> kk = KarmarkarKarpPartition(costs, bins);
+    std::vector<uint32_t> kk = KarmarkarKarpPartition(costs, bins, packer::KkSums::kRebased);
     const double kk_span = ImproveMakespan(costs, bins, rounds, &kk);
     if (kk_span < best_span) best = std::move(kk);
   }
