@@ -54,13 +54,8 @@ using testing::WorldSize;
 uint32_t RanksPerNode(uint32_t world) { return world % 4 == 0 ? 4 : world; }
 
 std::shared_ptr<const packer::Job> MakeJob(uint32_t world) {
-  packer::SyntheticOptions o;
-  o.samples = 6000;
-  o.text_median_tokens = 400;
-  o.vl_text_median_tokens = 60;
+  packer::SyntheticOptions o = packer::SyntheticFromWorkload(kSmallTestWorkload, 6000);
   o.max_text_tokens = 4000;
-  o.small_max_pixels = 1e6;
-  o.big_max_pixels = 4e6;
   o.audio_fraction = 0.25;
   o.fit_seq_len = 8192;
   o.fit_max_pixels = 1003520;

@@ -50,7 +50,9 @@ int RunGenDataset(int argc, char** argv) {
   cli.Flag("seed", &o.seed, "random seed; the dataset is a pure function of it and the options");
   cli.Flag("threads", &o.threads, "encoder threads (0 = all cores)");
   cli.Flag("text-tokens-median", &o.text_tokens_median,
-           "median text tokens per sample (log-normal)");
+           "median text tokens of a text-only sample (log-normal)");
+  cli.Flag("vl-text-tokens-median", &o.vl_text_tokens_median,
+           "median text tokens of a sample with images (log-normal)");
   cli.Flag("text-tokens-sigma", &o.text_tokens_sigma, "log-space sigma of text tokens per sample");
   cli.Flag("max-text-tokens", &o.max_text_tokens, "largest text length in tokens");
   cli.Flag("jpeg-quality", &jpeg_quality, "JPEG quality 0-100");

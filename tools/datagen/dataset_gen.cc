@@ -18,9 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/rng.h"
 #include "common/status.h"
 #include "common/tar.h"
-#include "common/rng.h"
 
 namespace tutti::datagen {
 namespace fs = std::filesystem;
@@ -30,7 +30,10 @@ static_assert(std::endian::native == std::endian::little,
               "WAV and tar output assume little-endian");
 
 constexpr size_t kTarEndMarker = 1024;  // two zero blocks
-constexpr double kSmallMaxMp = 2.0, kSmallMinMp = 0.05, kLargeMaxMp = 16.0;
+// The seed workload's image areas (common/workload.h), in megapixels.
+constexpr double kSmallMinMp = kSeedWorkload.min_pixels / 1e6;
+constexpr double kSmallMaxMp = kSeedWorkload.small_max_pixels / 1e6;
+constexpr double kLargeMaxMp = kSeedWorkload.big_max_pixels / 1e6;
 constexpr uint32_t kMinSide = 32;
 
 const char* Extension(ImageKind kind) {
@@ -77,9 +80,10 @@ ImageSpec PlanImage(const GenDatasetOptions& opts, const FormatMix& formats, Rng
   return img;
 }
 
+// The seed workload's images per sample: uniform in [min_images, max_images].
 uint32_t ImageCount(Rng& rng) {
-  const double u = rng.Uniform();
-  return u < 0.55 ? 1 : u < 0.75 ? 2 : u < 0.9 ? 3 : 4;
+  const uint32_t lo = kSeedWorkload.min_images, hi = kSeedWorkload.max_images;
+  return std::min(hi, lo + static_cast<uint32_t>(rng.Uniform() * (hi - lo + 1)));
 }
 
 // Writes all of data to fd; the error names path.
@@ -233,7 +237,9 @@ SampleSpec PlanSample(const GenDatasetOptions& opts, const FormatMix& formats, u
   SampleSpec spec;
   spec.index = index;
   spec.key = absl::StrFormat("%09d", index);
-  const double n = rng.LogNormal(opts.text_tokens_median, opts.text_tokens_sigma);
+  const bool images = !rng.Bernoulli(opts.text_fraction);
+  const double n = rng.LogNormal(images ? opts.vl_text_tokens_median : opts.text_tokens_median,
+                                 opts.text_tokens_sigma);
   const auto tokens = static_cast<uint32_t>(std::clamp(
       std::lround(n), 4l, static_cast<long>(std::max<uint32_t>(4, opts.max_text_tokens))));
   spec.input_ids.resize(tokens);
@@ -242,7 +248,6 @@ SampleSpec PlanSample(const GenDatasetOptions& opts, const FormatMix& formats, u
     const double u = rng.Uniform();
     id = static_cast<int32_t>(u * u * kFirstSpecialTokenId);
   }
-  const bool images = !rng.Bernoulli(opts.text_fraction);
   const bool audio = rng.Bernoulli(opts.audio_fraction);
   if (images) {
     const uint32_t count = ImageCount(rng);
@@ -307,6 +312,7 @@ absl::Status ValidateGenOptions(const GenDatasetOptions& opts) {
     return bad("--max-text-tokens must be in [4, 1048576], got ", opts.max_text_tokens);
   }
   if (opts.text_tokens_median == 0) return bad("--text-tokens-median must be at least 1");
+  if (opts.vl_text_tokens_median == 0) return bad("--vl-text-tokens-median must be at least 1");
   if (!(opts.text_tokens_sigma >= 0 && opts.text_tokens_sigma <= 4)) {
     return bad("--text-tokens-sigma must be in [0, 4], got ", opts.text_tokens_sigma);
   }

@@ -1,7 +1,9 @@
 // `tutti gen-dataset`: writes a synthetic WebDataset (tar shards) that looks
 // like VLM training data: mostly text-only samples, the rest with 1-4 real
 // JPEG/PNG/WebP images at a realistic resolution mix, optional WAV audio, and
-// pre-tokenised text in `<key>.json` ({"input_ids": [...]}).
+// pre-tokenised text in `<key>.json` ({"input_ids": [...]}). The mix is the
+// seed workload's by default (common/workload.h), as in the synthetic
+// indexes the simulator and the packer's benchmarks draw.
 //
 // Member names: `<key>.json`, `<key>.<i>.jpg|png|webp` (i = image index from
 // 0), `<key>.wav`. Keys are the global sample index, 9 digits. Shards are
@@ -19,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/workload.h"
 #include "tools/datagen/synth_media.h"
 
 namespace tutti::datagen {
@@ -31,19 +34,25 @@ struct GenDatasetOptions {
   std::string out_dir;               // required; created if missing
   uint64_t samples = 1000;           // samples in the dataset
   uint32_t samples_per_shard = 256;  // samples per tar shard (last may hold fewer)
-  double text_fraction = 0.8;        // samples without images
-  double audio_fraction = 0.0;       // samples that also carry `<key>.wav` (drawn independently)
+  double text_fraction = 1 - kSeedWorkload.vl_fraction;  // samples without images
+  double audio_fraction = 0.0;  // samples that also carry `<key>.wav` (drawn independently)
   // Resolution mix (the seed's training set): (1 - large_fraction) of images
-  // up to 2 MP, large_fraction between 2 and 16 MP, log-uniform in area.
-  double large_fraction = 0.1;
-  double max_megapixels = 16.0;  // cap on any image's area; images above it are redrawn
-                                 // in [cap/2, cap]
+  // log-uniform in area between the workload's min_pixels and 2 MP,
+  // large_fraction between 2 and 16 MP.
+  double large_fraction = kSeedWorkload.big_image_fraction;
+  double max_megapixels = kSeedWorkload.big_max_pixels / 1e6;  // cap on any image's area;
+                                                               // images above it are redrawn
+                                                               // in [cap/2, cap]
   // Image formats with weights, "jpg:7,png:2,webp:1"; a name without ":w" weighs 1.
   std::string formats = "jpg:7,png:2,webp:1";
   uint64_t seed = 1;
-  uint32_t threads = 0;                // encoder threads; 0 = all cores
-  uint32_t text_tokens_median = 256;   // text tokens per sample: log-normal with this median
-  double text_tokens_sigma = 0.7;      // ... and this log-space sigma
+  uint32_t threads = 0;  // encoder threads; 0 = all cores
+  // Text tokens of a text-only sample: log-normal with this median, of a
+  // sample with images with vl_text_tokens_median, both with this log-space
+  // sigma.
+  uint32_t text_tokens_median = static_cast<uint32_t>(kSeedWorkload.text_median_tokens);
+  uint32_t vl_text_tokens_median = static_cast<uint32_t>(kSeedWorkload.vl_text_median_tokens);
+  double text_tokens_sigma = kSeedWorkload.text_sigma;
   uint32_t max_text_tokens = 16384;    // ... clamped to [4, this]
   uint32_t audio_sample_rate = 16000;  // WAV: PCM16 mono, 1-30 s
   EncodeOptions encode;                // JPEG/WebP quality, PNG compression

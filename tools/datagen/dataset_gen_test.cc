@@ -106,7 +106,7 @@ TEST(PlanSample, IsDeterministicAndFollowsTheMix) {
   ASSERT_TRUE(mix.ok());
   uint64_t with_images = 0, images = 0, large = 0, over_cap = 0;
   std::map<ImageKind, int> kinds;
-  std::vector<size_t> lengths;
+  std::vector<size_t> lengths, vl_lengths;  // text-only samples', VL samples'
   for (uint64_t i = 0; i < 4000; ++i) {
     const SampleSpec s = PlanSample(o, *mix, i);
     const SampleSpec again = PlanSample(o, *mix, i);
@@ -117,7 +117,7 @@ TEST(PlanSample, IsDeterministicAndFollowsTheMix) {
       ASSERT_GE(id, 0);
       ASSERT_LT(id, static_cast<int32_t>(kFirstSpecialTokenId));
     }
-    lengths.push_back(s.input_ids.size());
+    (s.images.empty() ? lengths : vl_lengths).push_back(s.input_ids.size());
     with_images += !s.images.empty();
     EXPECT_LE(s.images.size(), 4u);
     for (const auto& img : s.images) {
@@ -141,8 +141,13 @@ TEST(PlanSample, IsDeterministicAndFollowsTheMix) {
   EXPECT_EQ(over_cap, 0u);
   EXPECT_GT(kinds[ImageKind::kJpeg], kinds[ImageKind::kPng]);
   EXPECT_GT(kinds[ImageKind::kPng], kinds[ImageKind::kWebp]);
+  // The seed workload's text lengths (common/workload.h): medians 1,000
+  // and 150 tokens; 1-4 images a VL sample, 2.5 on average.
   std::sort(lengths.begin(), lengths.end());
-  EXPECT_NEAR(double(lengths[lengths.size() / 2]), 256.0, 30.0);  // the median
+  std::sort(vl_lengths.begin(), vl_lengths.end());
+  EXPECT_NEAR(double(lengths[lengths.size() / 2]), 1000.0, 80.0);
+  EXPECT_NEAR(double(vl_lengths[vl_lengths.size() / 2]), 150.0, 20.0);
+  EXPECT_NEAR(double(images) / with_images, 2.5, 0.15);
 }
 
 TEST(PlanSample, MaxMegapixelsCapsEveryImage) {

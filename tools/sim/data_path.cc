@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <queue>
 
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
+#include "services/packer/core/multiway_partition.h"
 
 namespace tutti::sim {
 
@@ -66,16 +66,12 @@ double DataPipeline::Makespan(uint64_t step, const std::vector<DataItem>& items)
   std::sort(t.begin(), t.end(), std::greater<>());
   const uint32_t threads = std::max<uint32_t>(1, o_.decode_threads);
   if (t.size() <= threads) return t.front();
-  std::priority_queue<double, std::vector<double>, std::greater<>> load;
-  for (uint32_t k = 0; k < threads; ++k) load.push(0);
-  double makespan = 0;
-  for (const double x : t) {
-    const double l = load.top() + x;
-    load.pop();
-    load.push(l);
-    makespan = std::max(makespan, l);
-  }
-  return makespan;
+  // Longest processing time first; t is in LPT's order, so each thread's
+  // load adds its items in the order they were placed.
+  const std::vector<uint32_t> thread_of = packer::LptPartition(t, threads);
+  std::vector<double> load(threads, 0.0);
+  for (size_t i = 0; i < t.size(); ++i) load[thread_of[i]] += t[i];
+  return *std::max_element(load.begin(), load.end());
 }
 
 double DataPipeline::Step(uint64_t step, const std::vector<std::vector<DataItem>>& by_node,

@@ -17,6 +17,7 @@ EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 DATASET_OPTS = ["--samples", "192", "--samples-per-shard", "48", "--max-megapixels", "0.06",
                 "--large-fraction", "0", "--text-fraction", "0.5", "--text-tokens-median", "40",
+                "--vl-text-tokens-median", "40",
                 "--max-text-tokens", "160", "--seed", "7"]
 
 JOB = """job_id: "{job_id}"

@@ -11,12 +11,10 @@
 namespace tutti::packer {
 
 SyntheticOptions SeedSyntheticOptions(const SeedWorkloadOptions& o, uint64_t samples) {
-  SyntheticOptions s;
-  s.samples = samples;
+  SyntheticOptions s = SyntheticFromWorkload(kSeedWorkload, samples);
   s.seed = o.seed;
   s.vl_fraction = o.vl_share;
   s.audio_fraction = o.audio_fraction;
-  s.text_median_tokens = 1000;
   s.max_text_tokens = o.seq_len;
   s.fit_seq_len = o.seq_len;
   s.fit_max_pixels = kSeedStage2MaxPixels;

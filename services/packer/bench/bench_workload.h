@@ -26,9 +26,9 @@ struct SeedWorkloadOptions {
   uint32_t seq_len = 32768;
   uint32_t seqs_per_rank = 4;
   uint32_t ranks_per_node = 8;
-  double fill = 0.87;         // target mean fill of every sequence
-  double vl_share = 0.2;      // the dataset's share of VL samples
-  double audio_fraction = 0;  // VL samples that also carry an audio clip
+  double fill = 0.87;                           // target mean fill of every sequence
+  double vl_share = kSeedWorkload.vl_fraction;  // the dataset's share of VL samples
+  double audio_fraction = 0;                    // VL samples that also carry an audio clip
   uint32_t samples_per_shard = 1000;
   uint64_t seed = 1;
   // The vision encoder's patch and merge sizes (the job's vision.*): what

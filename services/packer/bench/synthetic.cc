@@ -121,6 +121,23 @@ absl::Status Generate(const SyntheticOptions& o, IndexWriter* w) {
 
 }  // namespace
 
+SyntheticOptions SyntheticFromWorkload(const WorkloadMix& mix, uint64_t samples) {
+  SyntheticOptions o;
+  o.samples = samples;
+  o.vl_fraction = mix.vl_fraction;
+  o.text_median_tokens = mix.text_median_tokens;
+  o.text_sigma = mix.text_sigma;
+  o.vl_text_median_tokens = mix.vl_text_median_tokens;
+  o.vl_text_sigma = mix.vl_text_sigma;
+  o.min_images = mix.min_images;
+  o.max_images = mix.max_images;
+  o.big_image_fraction = mix.big_image_fraction;
+  o.min_pixels = mix.min_pixels;
+  o.small_max_pixels = mix.small_max_pixels;
+  o.big_max_pixels = mix.big_max_pixels;
+  return o;
+}
+
 absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& o) {
   IndexWriter w;
   RETURN_IF_ERROR(Generate(o, &w));

@@ -1,8 +1,8 @@
 // Synthetic datasets as indexes (no shard files behind them): for
 // benchmarks, scale tests (10 million samples) and planner tests. The mix
-// follows the seed's workload by default: 80% text-only samples with
-// lognormal lengths (median 1,000 tokens), 20% VL samples with 1-4 images,
-// 90% of them up to 2 MP and 10% up to 16 MP.
+// is a named workload (common/workload.h), the seed's by default: 80%
+// text-only samples with lognormal lengths (median 1,000 tokens), 20% VL
+// samples with 1-4 images, 90% of them up to 2 MP and 10% up to 16 MP.
 #ifndef TUTTI_SERVICES_PACKER_BENCH_SYNTHETIC_H_
 #define TUTTI_SERVICES_PACKER_BENCH_SYNTHETIC_H_
 
@@ -11,23 +11,26 @@
 
 #include "absl/status/statusor.h"
 #include "common/smart_resize.h"
+#include "common/workload.h"
 
 namespace tutti::packer {
 
 struct SyntheticOptions {
   uint64_t samples = 1000;
   uint64_t seed = 1;
-  double vl_fraction = 0.2;
-  double text_median_tokens = 1000;  // text-only samples, lognormal
-  double text_sigma = 0.8;
-  double vl_text_median_tokens = 150;  // the text of VL samples, lognormal
-  double vl_text_sigma = 0.8;
-  uint32_t min_images = 1;
-  uint32_t max_images = 4;
-  double big_image_fraction = 0.1;  // images drawn up to big_max_pixels
-  double min_pixels = 100000;       // areas are log-uniform in [min, small_max]
-  double small_max_pixels = 2e6;    // or [small_max, big_max] for big images
-  double big_max_pixels = 16e6;
+  double vl_fraction = kSeedWorkload.vl_fraction;
+  double text_median_tokens = kSeedWorkload.text_median_tokens;  // text-only samples, lognormal
+  double text_sigma = kSeedWorkload.text_sigma;
+  double vl_text_median_tokens = kSeedWorkload.vl_text_median_tokens;  // VL samples' text
+  double vl_text_sigma = kSeedWorkload.vl_text_sigma;
+  uint32_t min_images = kSeedWorkload.min_images;
+  uint32_t max_images = kSeedWorkload.max_images;
+  // Images drawn up to big_max_pixels; areas are log-uniform in [min,
+  // small_max], or [small_max, big_max] for big images.
+  double big_image_fraction = kSeedWorkload.big_image_fraction;
+  double min_pixels = kSeedWorkload.min_pixels;
+  double small_max_pixels = kSeedWorkload.small_max_pixels;
+  double big_max_pixels = kSeedWorkload.big_max_pixels;
   double audio_fraction = 0;  // VL samples that carry one audio clip
   uint32_t samples_per_shard = 1000;
   uint32_t max_text_tokens = 30000;  // text lengths are clipped here
@@ -37,6 +40,9 @@ struct SyntheticOptions {
   uint64_t fit_max_pixels = 0;
   VisionGeometryOptions geometry;
 };
+
+// `samples` samples of `mix`, the other options at their defaults.
+SyntheticOptions SyntheticFromWorkload(const WorkloadMix& mix, uint64_t samples);
 
 // A serialized index (Index::FromString / LoadIndex read it).
 absl::StatusOr<std::string> MakeSyntheticIndex(const SyntheticOptions& options);

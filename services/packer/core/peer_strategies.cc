@@ -29,12 +29,11 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
-#include <queue>
-#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/packer/core/multiway_partition.h"
 #include "services/packer/core/packing.h"
 
 namespace tutti::packer {
@@ -89,11 +88,8 @@ double Key(const PackItem& it, bool vit) { return vit ? it.vit : it.llm; }
 
 // Items by decreasing key, ties by position.
 std::vector<uint32_t> Decreasing(absl::Span<const PackItem> items, bool vit) {
-  std::vector<uint32_t> order(items.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return Key(items[a], vit) > Key(items[b], vit); });
-  return order;
+  return DecreasingOrder(static_cast<uint32_t>(items.size()),
+                         [&](uint32_t i) { return Key(items[i], vit); });
 }
 
 absl::Status NoRoom(const PackProblem& p, absl::string_view modality,
@@ -133,24 +129,6 @@ absl::Status FillRanks(const PackProblem& p, absl::Span<const PackItem> items, u
     slot[i] = s.Add(r, q, items[i]);
   }
   return absl::OkStatus();
-}
-
-// One part of a Karmarkar-Karp partition: its sum and its items, as a
-// linked list through `next`.
-struct Part {
-  double sum;
-  int32_t head, tail;
-};
-// Appends from's items to into's.
-void Join(Part* into, const Part& from, std::vector<int32_t>* next) {
-  if (from.head < 0) return;
-  into->sum += from.sum;
-  if (into->head < 0) {
-    into->head = from.head;
-  } else {
-    (*next)[into->tail] = from.head;
-  }
-  into->tail = from.tail;
 }
 
 enum class Peer { kLpt, kKk, kMultipack, kSequential };
@@ -208,21 +186,12 @@ class PeerStrategy final : public PackingStrategy {
   absl::Status Lpt(const PackProblem& p, absl::Span<const PackItem> items, uint32_t seqs, bool vit,
                    absl::string_view modality, std::vector<double>* load, uint32_t* slot) const {
     Sequences s(p, seqs);
-    std::set<std::pair<double, uint32_t>> ranks;
-    for (uint32_t r = 0; r < p.ranks; ++r) ranks.insert({(*load)[r], r});
-    for (uint32_t i : Decreasing(items, vit)) {
-      auto it = ranks.begin();
-      int q = -1;
-      for (; it != ranks.end() && (q = s.Fit(it->second, items[i])) < 0; ++it) {
-      }
-      if (it == ranks.end()) return NoRoom(p, modality, items, seqs, name_);
-      const uint32_t r = it->second;
-      ranks.erase(it);
-      (*load)[r] += Key(items[i], vit);
-      ranks.insert({(*load)[r], r});
-      slot[i] = s.Add(r, q, items[i]);
-    }
-    return absl::OkStatus();
+    int q = -1;
+    const int64_t failed = LptPlace(
+        Decreasing(items, vit), load, [&](uint32_t i) { return Key(items[i], vit); },
+        [&](uint32_t r, uint32_t i) { return (q = s.Fit(r, items[i])) >= 0; },
+        [&](uint32_t r, uint32_t i) { slot[i] = s.Add(r, q, items[i]); });
+    return failed >= 0 ? NoRoom(p, modality, items, seqs, name_) : absl::OkStatus();
   }
 
   // Largest differencing: every sample starts as a W-way partition with one
@@ -239,65 +208,15 @@ class PeerStrategy final : public PackingStrategy {
   // heaviest part onto the rank with the least base load.
   static std::vector<uint32_t> KkRanks(uint32_t W, absl::Span<const PackItem> items, bool vit,
                                        const std::vector<double>& base) {
-    std::vector<int32_t> next(items.size(), -1);
-    // A partition: its non-empty parts by decreasing sum (the rest are empty).
-    std::vector<std::vector<Part>> parts;
-    parts.reserve(items.size());
-    using Entry = std::pair<double, int64_t>;  // spread, -id (lower id first on ties)
-    std::priority_queue<Entry> heap;
-    auto spread = [&](const std::vector<Part>& v) {
-      if (v.empty()) return 0.0;
-      return v.front().sum - (v.size() < W ? 0.0 : v.back().sum);
-    };
-    for (uint32_t i = 0; i < items.size(); ++i) {
-      parts.push_back({Part{Key(items[i], vit), int32_t(i), int32_t(i)}});
-      heap.push({spread(parts.back()), -int64_t(i)});
-    }
-    // Merging x (popped first) with y: index i of a W-way partition holds
-    // x's part i and y's part W - 1 - i; the merged parts are sorted by
-    // decreasing sum, ties in index order. x's parts before the first index
-    // that y reaches are already sorted and stay in place; the rest (joined
-    // parts, then y's alone, by increasing index) are sorted and merged in.
-    const auto by_sum = [](const Part& l, const Part& r) { return l.sum > r.sum; };
-    std::vector<Part> rest;
-    while (heap.size() > 1) {
-      const int64_t a = -heap.top().second;
-      heap.pop();
-      const int64_t b = -heap.top().second;
-      heap.pop();
-      std::vector<Part>& x = parts[a];
-      std::vector<Part>& y = parts[b];
-      const size_t nx = x.size(), ny = y.size();
-      const size_t pure = std::min(nx, W - ny);
-      rest.clear();
-      for (size_t i = pure; i < nx; ++i) {
-        Part e = x[i];
-        if (W - 1 - i < ny) Join(&e, y[W - 1 - i], &next);
-        rest.push_back(e);
-      }
-      for (size_t i = std::max(nx, W - ny); i < W; ++i) rest.push_back(y[W - 1 - i]);
-      std::stable_sort(rest.begin(), rest.end(), by_sum);
-      x.resize(pure);
-      x.insert(x.end(), rest.begin(), rest.end());
-      if (pure > 0 && !rest.empty() && rest.front().sum > x[pure - 1].sum) {
-        std::inplace_merge(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(pure), x.end(),
-                           by_sum);
-      }
-      std::vector<Part>().swap(y);
-      heap.push({spread(x), -a});
-    }
-    std::vector<uint32_t> rank(items.size(), 0);
-    if (!heap.empty()) {
-      const std::vector<Part>& final_parts = parts[-heap.top().second];
-      // Heaviest part onto the rank with the least load so far.
-      std::vector<uint32_t> ranks(W);
-      std::iota(ranks.begin(), ranks.end(), 0u);
-      std::stable_sort(ranks.begin(), ranks.end(),
-                       [&](uint32_t l, uint32_t r) { return base[l] < base[r]; });
-      for (size_t k = 0; k < final_parts.size(); ++k) {
-        for (int32_t i = final_parts[k].head; i >= 0; i = next[i]) rank[i] = ranks[k];
-      }
-    }
+    std::vector<double> keys(items.size());
+    for (uint32_t i = 0; i < items.size(); ++i) keys[i] = Key(items[i], vit);
+    std::vector<uint32_t> rank = KarmarkarKarpPartition(keys, W);
+    // Heaviest part onto the rank with the least load so far.
+    std::vector<uint32_t> ranks(W);
+    std::iota(ranks.begin(), ranks.end(), 0u);
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [&](uint32_t l, uint32_t r) { return base[l] < base[r]; });
+    for (uint32_t& r : rank) r = ranks[r];
     return rank;
   }
 
@@ -478,22 +397,13 @@ class PeerStrategy final : public PackingStrategy {
   absl::Status LptOneList(const PackProblem& p, const OneList& l, PackResult* out) const {
     Sequences seqs[2] = {Sequences(p, p.text_seqs_per_rank), Sequences(p, p.vl_seqs_per_rank)};
     std::vector<double> load(p.ranks, 0.0);
-    std::set<std::pair<double, uint32_t>> ranks;
-    for (uint32_t r = 0; r < p.ranks; ++r) ranks.insert({0.0, r});
-    for (uint32_t i : Decreasing(l.items, false)) {
-      Sequences& s = seqs[l.vl[i]];
-      auto it = ranks.begin();
-      int q = -1;
-      for (; it != ranks.end() && (q = s.Fit(it->second, l.items[i])) < 0; ++it) {
-      }
-      if (it == ranks.end()) return NoRoomOneList(p, l, i);
-      const uint32_t r = it->second;
-      ranks.erase(it);
-      load[r] += l.items[i].llm;
-      ranks.insert({load[r], r});
-      SetSlot(l, i, s.Add(r, q, l.items[i]), out);
-    }
-    return absl::OkStatus();
+    int q = -1;
+    const std::vector<uint32_t> order = Decreasing(l.items, false);
+    const int64_t failed = LptPlace(
+        order, &load, [&](uint32_t i) { return l.items[i].llm; },
+        [&](uint32_t r, uint32_t i) { return (q = seqs[l.vl[i]].Fit(r, l.items[i])) >= 0; },
+        [&](uint32_t r, uint32_t i) { SetSlot(l, i, seqs[l.vl[i]].Add(r, q, l.items[i]), out); });
+    return failed >= 0 ? NoRoomOneList(p, l, order[failed]) : absl::OkStatus();
   }
 
   // First fit decreasing of both modalities into ranks of capacity `cap`,

@@ -23,13 +23,8 @@ inline std::shared_ptr<const Index> SyntheticIndex(const SyntheticOptions& o) {
 
 // A small dataset whose samples fit 8192-token sequences at 1 MP.
 inline SyntheticOptions SmallDataset(uint64_t samples = 4000) {
-  SyntheticOptions o;
-  o.samples = samples;
-  o.text_median_tokens = 400;
-  o.vl_text_median_tokens = 60;
+  SyntheticOptions o = SyntheticFromWorkload(kSmallTestWorkload, samples);
   o.max_text_tokens = 4000;
-  o.small_max_pixels = 1e6;
-  o.big_max_pixels = 4e6;
   o.fit_seq_len = 8192;
   o.fit_max_pixels = 1003520;
   o.samples_per_shard = 100;

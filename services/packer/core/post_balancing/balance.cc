@@ -2,33 +2,10 @@
 
 #include <algorithm>
 #include <functional>
-#include <numeric>
-#include <queue>
 #include <set>
 #include <utility>
 
 namespace tutti::dispatch {
-namespace {
-
-// Indices 0..n-1 by decreasing cost, ties by index.
-std::vector<uint32_t> ByDecreasingCost(const std::vector<double>& costs) {
-  std::vector<uint32_t> order(costs.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return costs[a] > costs[b]; });
-  return order;
-}
-
-constexpr int32_t kNone = -1;
-
-// A partial partition of Karmarkar-Karp: `bins` subsets, sums sorted
-// decreasing, each subset a linked list of items.
-struct KkTuple {
-  std::vector<double> sum;
-  std::vector<int32_t> head, tail;
-};
-
-}  // namespace
 
 double MakespanLowerBound(const std::vector<double>& costs, uint32_t bins) {
   if (bins == 0) return 0;
@@ -51,94 +28,6 @@ double Makespan(const std::vector<double>& costs, uint32_t bins,
                 const std::vector<uint32_t>& assignment) {
   const auto loads = BinLoads(costs, bins, assignment);
   return loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
-}
-
-std::vector<uint32_t> LptPartition(const std::vector<double>& costs, uint32_t bins) {
-  std::vector<uint32_t> assignment(costs.size(), 0);
-  if (bins <= 1) return assignment;
-  using Entry = std::pair<double, uint32_t>;  // (load, bin): least load, then lowest bin
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-  for (uint32_t b = 0; b < bins; ++b) heap.push({0.0, b});
-  for (uint32_t i : ByDecreasingCost(costs)) {
-    auto [load, bin] = heap.top();
-    heap.pop();
-    assignment[i] = bin;
-    heap.push({load + costs[i], bin});
-  }
-  return assignment;
-}
-
-std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, uint32_t bins) {
-  const size_t n = costs.size();
-  std::vector<uint32_t> assignment(n, 0);
-  if (bins <= 1 || n == 0) return assignment;
-  std::vector<int32_t> next(n, kNone);
-  std::vector<KkTuple> tuples;
-  tuples.reserve(n);
-  // Heap of (spread, -id): largest spread first, then the older tuple.
-  using Entry = std::pair<double, int64_t>;
-  std::priority_queue<Entry> heap;
-  for (uint32_t i = 0; i < n; ++i) {
-    KkTuple t;
-    t.sum.assign(bins, 0.0);
-    t.head.assign(bins, kNone);
-    t.tail.assign(bins, kNone);
-    t.sum[0] = costs[i];
-    t.head[0] = t.tail[0] = static_cast<int32_t>(i);
-    tuples.push_back(std::move(t));
-    heap.push({costs[i], -static_cast<int64_t>(i)});
-  }
-  std::vector<uint32_t> order(bins);
-  KkTuple merged;
-  while (heap.size() > 1) {
-    const int64_t ia = -heap.top().second;
-    heap.pop();
-    const int64_t ib = -heap.top().second;
-    heap.pop();
-    KkTuple& a = tuples[ia];
-    KkTuple& b = tuples[ib];
-    // Largest subset of a with smallest of b, and so on.
-    merged.sum.assign(bins, 0.0);
-    merged.head.assign(bins, kNone);
-    merged.tail.assign(bins, kNone);
-    for (uint32_t k = 0; k < bins; ++k) {
-      const uint32_t kb = bins - 1 - k;
-      merged.sum[k] = a.sum[k] + b.sum[kb];
-      int32_t h = a.head[k], t = a.tail[k];
-      if (b.head[kb] != kNone) {
-        if (h == kNone) {
-          h = b.head[kb];
-        } else {
-          next[t] = b.head[kb];
-        }
-        t = b.tail[kb];
-      }
-      merged.head[k] = h;
-      merged.tail[k] = t;
-    }
-    std::iota(order.begin(), order.end(), 0u);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](uint32_t x, uint32_t y) { return merged.sum[x] > merged.sum[y]; });
-    KkTuple& out = a;  // reuse a's storage; b is released
-    const double base = merged.sum[order[bins - 1]];
-    for (uint32_t k = 0; k < bins; ++k) {
-      out.sum[k] = merged.sum[order[k]] - base;
-      out.head[k] = merged.head[order[k]];
-      out.tail[k] = merged.tail[order[k]];
-    }
-    std::vector<double>().swap(b.sum);
-    std::vector<int32_t>().swap(b.head);
-    std::vector<int32_t>().swap(b.tail);
-    heap.push({out.sum[0] - out.sum[bins - 1], -ia});
-  }
-  const KkTuple& last = tuples[-heap.top().second];
-  for (uint32_t k = 0; k < bins; ++k) {
-    for (int32_t i = last.head[k]; i != kNone; i = next[i]) {
-      assignment[i] = k;
-      if (i == last.tail[k]) break;
-    }
-  }
-  return assignment;
 }
 
 double ImproveMakespan(const std::vector<double>& costs, uint32_t bins, uint32_t rounds,
@@ -236,7 +125,7 @@ std::vector<uint32_t> BalancePartition(const std::vector<double>& costs, uint32_
   std::vector<uint32_t> best = LptPartition(costs, bins);
   double best_span = ImproveMakespan(costs, bins, rounds, &best);
   if (bins > 1 && bins <= kk_max_bins) {
-    std::vector<uint32_t> kk = KarmarkarKarpPartition(costs, bins);
+    std::vector<uint32_t> kk = KarmarkarKarpPartition(costs, bins, packer::KkSums::kRebased);
     const double kk_span = ImproveMakespan(costs, bins, rounds, &kk);
     if (kk_span < best_span) best = std::move(kk);
   }

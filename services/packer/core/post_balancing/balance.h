@@ -10,6 +10,8 @@
 #include <functional>
 #include <vector>
 
+#include "services/packer/core/multiway_partition.h"
+
 namespace tutti::dispatch {
 
 // max(sum / bins, largest item): no placement has a smaller makespan.
@@ -20,14 +22,9 @@ std::vector<double> BinLoads(const std::vector<double>& costs, uint32_t bins,
 double Makespan(const std::vector<double>& costs, uint32_t bins,
                 const std::vector<uint32_t>& assignment);
 
-// Longest processing time first: items by decreasing cost onto the least
-// loaded bin. O(n log n + n log bins); makespan <= (4/3 - 1/(3 bins)) OPT.
-std::vector<uint32_t> LptPartition(const std::vector<double>& costs, uint32_t bins);
-
-// Karmarkar-Karp largest differencing for `bins` ways: repeatedly merges the
-// two partial partitions with the largest spread, largest subset with
-// smallest. O(n bins log bins) time, O(n + bins^2) memory at any time.
-std::vector<uint32_t> KarmarkarKarpPartition(const std::vector<double>& costs, uint32_t bins);
+// LPT and Karmarkar-Karp: the packer's one implementation of each.
+using packer::KarmarkarKarpPartition;
+using packer::LptPartition;
 
 // Local search on the most loaded bin: moves an item to the least loaded bin,
 // or swaps it with a smaller item of one of the least loaded bins, while that
