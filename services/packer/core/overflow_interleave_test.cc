@@ -14,6 +14,7 @@
 #include "services/packer/core/overflow.h"
 #include "services/packer/core/plan_check.h"
 #include "services/packer/core/planner.h"
+#include "services/packer/load_job.h"
 #include "services/packer/plan_proto.h"
 #include "services/packer/testing/jobs.h"
 
@@ -306,6 +307,35 @@ TEST(OverflowInterleaveTest, MediaOrderWithoutPositionsLeadsWithTheRuns) {
             std::make_tuple(3u, 9u, 0u));
   EXPECT_EQ(std::tie(order[2].media, order[2].text_at, order[2].index),
             std::make_tuple(5u, 9u, 1u));
+}
+
+// An index built with placeholder ids by a tutti that did not record
+// where they sit is refused at job load, saying to re-run tutti index.
+TEST(OverflowInterleaveTest, AnIndexOfPlaceholdersWithoutPositionsIsRefused) {
+  for (const std::string options : {"vocab_size=0",
+                                    "vocab_size=0 image_placeholder_id=5 "
+                                    "audio_placeholder_id=-1",
+                                    "vocab_size=0 image_placeholder_id=5 audio_placeholder_id=-1 "
+                                    "placeholder_positions=1"}) {
+    IndexWriter w;
+    w.SetSourceDir("/data/chat");
+    w.AddMeta("options", options);
+    ASSERT_TRUE(w.AddShard("a.tar", 1000, 0).ok());
+    const MemberInput json{MemberKind::kJson, "json", 0, 50};
+    ASSERT_TRUE(w.AddSample("k", 4, &json, {}).ok());
+    auto ix = Index::FromString(w.Finish(), "chat.idx");
+    ASSERT_TRUE(ix.ok());
+    const absl::Status s = CheckPlaceholderPositions(**ix, "chat.idx");
+    if (options.find("image_placeholder_id") != std::string::npos &&
+        options.find("positions") == std::string::npos) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << options;
+      EXPECT_NE(s.message().find("re-run `tutti index --source /data/chat --out chat.idx`"),
+                std::string::npos)
+          << s;
+    } else {
+      EXPECT_TRUE(s.ok()) << options << ": " << s;
+    }
+  }
 }
 
 }  // namespace
