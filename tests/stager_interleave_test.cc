@@ -1,7 +1,7 @@
 // Schema-2 samples through a real stager: shards on disk, staged, read and
 // decoded by StagerCore. Each image's run is where its placeholder was in
-// k.json, doc_image_starts says so, and loss_mask is 0 outside the trained
-// spans.
+// k.json, doc_image_starts says so, loss_mask is 0 outside the trained
+// spans, and each sample's source and meta come with the batch.
 #include <unistd.h>
 
 #include <filesystem>
@@ -53,6 +53,13 @@ TEST(StagerInterleaveTest, ImageRunsAreServedWhereTheirPlaceholdersAre) {
       auto d = core.Acquire(0, rank, 20000);
       ASSERT_TRUE(d.ok()) << d.status();
       EXPECT_EQ(d->skipped_size(), 0);
+      // Each sample's k.json source and meta (compact) are passed to the trainer.
+      ASSERT_GT(d->samples_size(), 0);
+      for (const auto& s : d->samples()) {
+        EXPECT_EQ(s.sample_source(), "set" + std::to_string(s.sample_id() % 2));
+        EXPECT_EQ(s.sample_meta(),
+                  "{\"id\":" + std::to_string(s.sample_id()) + ",\"tags\":[\"a\",\"b\"]}");
+      }
       std::map<std::string, v1::ArrayDesc> by;
       for (const auto& a : d->arrays()) by[a.name()] = a;
       ASSERT_EQ(by.count("loss_mask"), 1u);

@@ -251,6 +251,11 @@ void BatchJob::ReadDoc(size_t d) {
                                                   json.status().message())));
                       }
                       self->layout_.WriteDocument(self->shm_->data(), d, *json);
+                      {
+                        absl::MutexLock l(&it.mu);
+                        it.source = std::move(json->source);
+                        it.meta = std::move(json->meta);
+                      }
                       it.state.store(kDone);
                       self->Settle();
                     });
@@ -499,8 +504,22 @@ void BatchJob::Describe(const std::vector<bool>& image_dropped,
     *descriptor_.add_arrays() = std::move(a);
   }
   *descriptor_.mutable_plan() = rank;
+  // Each sample's k.json source and meta, from the first of its documents read here.
+  std::map<uint64_t, std::pair<std::string, std::string>> text;
+  for (size_t d = 0; d < docs_.size(); ++d) {
+    Item& item = *docs_[d];
+    if (!item.done() || doc_dropped[d]) continue;
+    absl::MutexLock l(&item.mu);
+    text.try_emplace(layout_.docs()[d].sample_id, item.source, item.meta);
+  }
   for (const auto& s : step_->samples()) {
-    if (named.count(s.sample_id())) *descriptor_.add_samples() = s;
+    if (!named.count(s.sample_id())) continue;
+    v1::SampleInfo* info = descriptor_.add_samples();
+    *info = s;
+    if (auto it = text.find(s.sample_id()); it != text.end()) {
+      info->set_sample_source(it->second.first);
+      info->set_sample_meta(it->second.second);
+    }
   }
   descriptor_.set_max_pixels(step_->max_pixels());
   descriptor_.set_seq_len(step_->seq_len());

@@ -84,6 +84,9 @@ class BatchJob final : public WindowBatch, public std::enable_shared_from_this<B
     absl::Mutex mu;  // the failure is written by one thread, read by Finalize
     std::string reason ABSL_GUARDED_BY(mu);  // when failed
     std::string detail ABSL_GUARDED_BY(mu);
+    // A document's k.json "source" and compact "meta", passed to the trainer.
+    std::string source ABSL_GUARDED_BY(mu);
+    std::string meta ABSL_GUARDED_BY(mu);
     bool done() const { return state.load() == kDone; }
   };
   // Which samples of the batch failed, and which of them cross ranks (an item

@@ -80,6 +80,8 @@ Dataset WriteDataset(const std::string& dir, const DatasetSpec& spec) {
       if (spec.schema2) {
         absl::StrAppend(&json, ", \"trained\": [[", spec.text_tokens / 2 + 1, ", ",
                         spec.text_tokens + 1, "]]");
+        absl::StrAppend(&json, ", \"source\": \"set", id % 2, "\", \"meta\": {\"id\": ", id,
+                        ", \"tags\": [\"a\", \"b\"]}");
       }
       json += "}";
       v1::SampleInfo info;

@@ -74,7 +74,8 @@ def _ports(path, name, proc, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if os.path.exists(path):
-            kv = dict(line.strip().split("=", 1) for line in open(path) if "=" in line)
+            with open(path) as f:
+                kv = dict(line.strip().split("=", 1) for line in f if "=" in line)
             if "grpc" in kv and "metrics" in kv:
                 return int(kv["grpc"])
         if proc.poll() is not None:
@@ -87,16 +88,18 @@ class Cluster:
     """One packer and `nodes` stagers for a job of nodes x per_node ranks."""
 
     def __init__(self, work, post=True, nodes=2, per_node=2, hidden=64, seed=11, epochs=0,
-                 job_id=None):
+                 job_id=None, data=None, job=JOB):
+        """data: (dataset directory, index) to serve instead of the generated dataset; job: the
+        job's text with the fields JOB has as {placeholders}."""
         self.work, self.nodes, self.per_node = work, nodes, per_node
         self.world = nodes * per_node
         self.job_args = dict(post=post, hidden=hidden, seed=seed, epochs=epochs)
         self.job_id = job_id or f"torchtest-{os.getpid()}-{os.path.basename(work)}"
-        self.procs = []
-        self.data, self.index = dataset()
+        self.procs, self.logs = [], []
+        self.data, self.index = data or dataset()
         self.config = os.path.join(work, "job.textproto")
         with open(self.config, "w") as f:
-            f.write(JOB.format(job_id=self.job_id, world=self.world, per_node=per_node,
+            f.write(job.format(job_id=self.job_id, world=self.world, per_node=per_node,
                                index=self.index, post="true" if post else "false", hidden=hidden,
                                seed=seed, epochs=epochs))
         self.packer = self.stagers = None
@@ -125,6 +128,7 @@ class Cluster:
 
     def _spawn(self, name, argv, logs):
         log = open(os.path.join(logs, name + ".log"), "w")
+        self.logs.append(log)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
@@ -140,6 +144,9 @@ class Cluster:
                 p.kill()
                 p.wait()
         self.procs = []
+        for log in self.logs:
+            log.close()
+        self.logs = []
 
     def env(self, node):
         e = dict(os.environ)

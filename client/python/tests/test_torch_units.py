@@ -404,5 +404,229 @@ class MixtureTest(unittest.TestCase):
         self.assertIsNone(_loader._check_mixture({}, plain, None))
 
 
+class AudioPositionsTest(unittest.TestCase):
+    """Audio clips in the documents: their tokens' positions in input_ids order and which clip
+    each run is, where the stager wrote the runs (at their placeholders inside the text, or
+    after the image runs); a plan the runs contradict is refused."""
+
+    IMAGES = [(3, 0, 2, 4, 0, 0)]
+    LLM_OF = {3: 0, 4: 0, 5: 0}  # sequences [3], [4, 5]: one micro-batch each
+    AUDIO = {3: [3, 2], 4: [4]}
+
+    def check(self, interleave):
+        b, seg = synthetic.batch(1, 0, 0, self.IMAGES, self.LLM_OF, 4,
+                                 _transports.LocalTransport(), interleave=interleave,
+                                 audio=self.AUDIO)
+        self.addCleanup(seg.close)
+        self.addCleanup(b.release)
+        clips = []
+        for mb in b.micro_batches:
+            ids = mb.input_ids[0].long()
+            pos = mb.audio_token_positions
+            self.assertEqual(pos.tolist(), (ids == synthetic.AUDIO_PAD).nonzero().flatten().tolist())
+            self.assertTrue(bool((mb.labels[0, pos] == -100).all()))
+            at = 0
+            for sid, index, n in mb.audio_clips.tolist():
+                run = pos[at:at + n]
+                self.assertEqual(run.tolist(), list(range(int(run[0]), int(run[0]) + n)))
+                self.assertEqual(int(ids[run[0] - 1]), synthetic.AUDIO_START)
+                self.assertEqual(int(ids[run[-1] + 1]), synthetic.AUDIO_END)
+                clips.append((sid, index, n))
+                at += n
+            self.assertEqual(at, len(pos))
+        self.assertEqual(clips, [(3, 0, 3), (3, 1, 2), (4, 0, 4)])
+        self.assertEqual(b.audio_clips.tolist(), [list(c) for c in clips])
+        ids = b.input_ids.long()
+        self.assertEqual(b.audio_token_positions.tolist(),
+                         (ids == synthetic.AUDIO_PAD).nonzero().flatten().tolist())
+        return b
+
+    def test_clips_inside_the_text(self):
+        b = self.check(interleave=True)
+        first = b.micro_batches[0]
+        # Sample 3: 7, its image's run (2 tokens), 8, its two clips, 9.
+        self.assertEqual(first.audio_token_positions.tolist(), [7, 8, 9, 12, 13])
+
+    def test_clips_after_the_image_runs(self):
+        b = self.check(interleave=False)
+        # Sample 3: its image's run (2 tokens), its two clips, 7, 8, 9.
+        self.assertEqual(b.micro_batches[0].audio_token_positions.tolist(), [5, 6, 7, 10, 11])
+
+    def test_runs_the_plan_does_not_give_are_refused(self):
+        for written, message in (({3: [3], 4: [4]}, "sample 3 holds 3 audio tokens"),
+                                 ({3: [3, 2], 4: [4, 1]}, "sample 4 holds 5 audio tokens")):
+            plan = synthetic.rank_plan(1, 0, self.IMAGES, self.LLM_OF, 4, audio=self.AUDIO)
+            seg = synthetic.Segment(0, 0, plan, self.IMAGES, interleave=True, audio=written)
+            self.addCleanup(seg.close)
+            raw = tutti.map_batch(seg.desc, copy_on_write=True)
+            with self.assertRaises(tutti.DataLossError) as e:
+                tutti.torch.Batch(raw, synthetic.job(1, 4))
+            self.assertIn(message, str(e.exception))
+            raw.release()
+
+
+class ViewsTest(unittest.TestCase):
+    """The typed views of the job and the plan: defaults where the dict leaves a field out or
+    holds proto3's zero, the values where it holds them; a batch's own."""
+
+    def test_job_defaults_and_values(self):
+        from tutti import views
+
+        j = views.JobInfo.from_dict({"config": {"world_size": 4, "vision": None, "audio": {},
+                                                "post_balancing": {"enabled": True}}})
+        self.assertEqual((j.world_size, j.vision.image_pad_id, j.vision.merge_size,
+                          j.audio.markers, j.post_balancing.hidden_size,
+                          j.post_balancing.embedding_dtype, j.source_names, j.has_mixture),
+                         (4, 151655, 2, (151647, 151646, 151648), 4096, "DTYPE_BFLOAT16",
+                          ("text", "vl"), False))
+        j = views.JobInfo.from_dict(synthetic.job(2, 8, sources=["ocr", "chat"]))
+        self.assertEqual((j.world_size, j.post_balancing.hidden_size, j.source_names,
+                          j.has_mixture), (2, 8, ("ocr", "chat"), True))
+        j = views.JobInfo.from_dict({"config": {"vision": {"vision_start_id": 7, "image_pad_id": 8,
+                                                           "vision_end_id": 9}},
+                                     "mixture_history": [{"start_step": 0, "fingerprint": "a"},
+                                                         {"start_step": 5, "fingerprint": "b"}]})
+        self.assertEqual(j.vision.markers, (7, 8, 9))
+        self.assertEqual(j.mixture_history, ((0, "a"), (5, "b")))
+
+    def test_a_batch_s_plan_and_job(self):
+        from tutti import views
+
+        images = [(3, 0, 2, 4, 0, 0), (3, 1, 4, 4, 0, 0)]
+        b, seg = synthetic.batch(1, 0, 0, images, {3: 0, 4: 0}, 4, _transports.LocalTransport(),
+                                 audio={4: [5]})
+        self.addCleanup(seg.close)
+        self.addCleanup(b.release)
+        self.assertIsInstance(b.job_info, views.JobInfo)
+        plan = b.rank_plan
+        self.assertEqual(plan.plan_version, 4)
+        self.assertEqual([(i.sample_id, i.image_index, i.grid_thw, i.llm_rank)
+                          for i in plan.vision_images], [(3, 0, (1, 2, 4), 0), (3, 1, (1, 4, 4), 0)])
+        docs = [d for mb in plan.micro_batches for d in mb.docs]
+        self.assertEqual([(d.sample_id, d.audio_tokens, [im.llm_tokens for im in d.images])
+                          for d in docs], [(3, 0, [2, 4]), (4, 5, [])])
+        self.assertEqual(plan.find_doc(4).encoder_tokens, 5)
+        self.assertEqual(b.plan, plan.raw)  # the dict API as it was
+
+
+class SampleTextTest(unittest.TestCase):
+    def test_each_document_says_its_sample_s_source_and_meta(self):
+        """k.json's source and meta (SampleInfo.sample_source / sample_meta, set by the stager)
+        per document, in doc_sample_ids order, batch and micro-batch; "" and {} without."""
+        text = {3: {"sample_source": "chartqa", "sample_meta": '{"id":"r3","n":[1,2]}'},
+                5: {"sample_source": "", "sample_meta": '{"id":"r5"}'}}
+        b, seg = synthetic.batch(1, 0, 0, [(3, 0, 2, 2, 0, 0)], {3: 0, 4: 0, 5: 0}, 4,
+                                 _transports.LocalTransport(), text=text)
+        self.addCleanup(seg.close)
+        self.addCleanup(b.release)
+        self.assertEqual(b.doc_sample_ids.tolist(), [3, 4, 5])
+        self.assertEqual(b.doc_sample_sources, ["chartqa", "", ""])
+        self.assertEqual(b.doc_sample_meta, [{"id": "r3", "n": [1, 2]}, {}, {"id": "r5"}])
+        got = [(src, meta) for mb in b.micro_batches
+               for src, meta in zip(mb.doc_sample_sources, mb.doc_sample_meta)]
+        self.assertEqual(got, list(zip(b.doc_sample_sources, b.doc_sample_meta)))
+        self.assertEqual([len(mb.doc_sample_sources) for mb in b.micro_batches], [1, 2])
+        b.release()
+        with self.assertRaises(tutti.FailedPreconditionError):
+            b.doc_sample_meta
+
+
+class EmptyMicroBatchTest(unittest.TestCase):
+    """A micro-batch without documents (4 text / 16 VL samples on 4 ranks leave some rank's
+    text micro-batch empty), and a batch without any: every helper gives empty tensors of its
+    usual rank and dtype, the exchange and the example trainer's model run through them."""
+
+    def make(self, llm_of, images, **kw):
+        b, seg = synthetic.batch(1, 0, 0, images, llm_of, 4, _transports.LocalTransport(),
+                                 interleave=True, **kw)
+        self.addCleanup(seg.close)
+        self.addCleanup(b.release)
+        return b
+
+    def check_empty(self, mb):
+        self.assertEqual(mb.num_tokens, 0)
+        self.assertEqual(mb.max_seqlen, 0)
+        self.assertEqual(mb.num_label_tokens, 0)
+        want = {"input_ids": ((1, 0), torch.int32), "labels": ((1, 0), torch.int64),
+                "position_ids": ((1, 0), torch.int64),
+                "mrope_position_ids": ((3, 1, 0), torch.int64),
+                "cu_seqlens": ((1,), torch.int32), "doc_sample_ids": ((0,), torch.int64),
+                "doc_sources": ((0,), torch.int64), "image_grid_thw": ((0, 3), torch.int64),
+                "image_token_positions": ((0,), torch.int64),
+                "image_embed_index": ((0,), torch.int64),
+                "audio_token_positions": ((0,), torch.int64),
+                "audio_clips": ((0, 3), torch.int64)}
+        for name, (shape, dtype) in want.items():
+            t = getattr(mb, name)
+            self.assertEqual((tuple(t.shape), t.dtype), (shape, dtype), name)
+        self.assertEqual(mb.cu_seqlens.tolist(), [0])
+        self.assertEqual((mb.doc_sample_sources, mb.doc_sample_meta), ([], []))
+        self.assertEqual(mb.seq_offsets.tolist(), [0] * len(mb.seq_offsets))
+
+    def run_example_model(self, b):
+        """The example trainer's step: encoder, exchange, a scatter, forward and backward
+        per micro-batch; returns the encoder input's gradient."""
+        import os
+        import sys
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                        "examples"))
+        import train_vlm
+
+        torch.manual_seed(0)
+        vit, lm = train_vlm.VisionEncoder(synthetic.ROW, 8, 4), train_vlm.CausalLM(4, 1, heads=2)
+        px = b.pixel_values.clone().requires_grad_()
+        emb = tutti.torch.exchange(vit(px, b.vit_cu_seqlens), b)
+        self.assertEqual(tuple(emb.shape), (b.num_image_embeds, 4))
+        for mb in b.micro_batches:
+            h = mb.scatter_image_embeds(lm.embed(train_vlm.fold_ids(mb.input_ids)), emb)
+            self.assertEqual(tuple(h.shape), (1, mb.num_tokens, 4))
+            logits = lm(h, mb.mrope_position_ids, mb.cu_seqlens)
+            labels = mb.labels[:, 1:]
+            target = torch.where(labels >= 0, train_vlm.fold_ids(labels.clamp(min=0)), labels)
+            loss = torch.nn.functional.cross_entropy(logits[0, :-1], target[0], ignore_index=-100,
+                                                     reduction="sum")
+            self.assertTrue(bool(torch.isfinite(loss)))
+            (loss + 0.0 * h.sum()).backward()
+            token_loss = torch.zeros(max(mb.num_tokens - 1, 0))
+            sums, counts = torch.zeros(2), torch.zeros(2)
+            train_vlm.add_source_losses(mb, token_loss, target[0] != -100, sums, counts)
+        return px.grad
+
+    def test_an_empty_micro_batch_beside_a_full_one(self):
+        # One sample of two images on the only rank: the plan's first sequence and so its
+        # first micro-batch are empty.
+        b = self.make({5: 0}, [(5, 0, 2, 4, 0, 0), (5, 1, 4, 2, 0, 0)])
+        empty, full = b.micro_batches
+        self.check_empty(empty)
+        self.assertEqual(full.doc_sample_ids.tolist(), [5])
+        self.assertEqual(len(full.image_token_positions), 4)
+        tutti.torch.share_skipped_images(b)
+        self.assertEqual(b.skipped_images, [])
+        grad = self.run_example_model(b)
+        self.assertEqual(tuple(grad.shape), tuple(b.pixel_values.shape))
+        self.assertGreater(float(grad.abs().sum()), 0.0)
+
+    def test_a_batch_without_documents(self):
+        b = self.make({}, [])
+        self.assertEqual(len(b.micro_batches), 2)
+        for mb in b.micro_batches:
+            self.check_empty(mb)
+        want = {"pixel_values": (0, synthetic.ROW), "image_grid_thw": (0, 3),
+                "image_sample_ids": (0,), "image_indices": (0,), "vit_cu_seqlens": (1,),
+                "image_embed_index": (0,), "llm_image_grid_thw": (0, 3), "input_ids": (0,),
+                "cu_seqlens": (1,), "doc_sample_ids": (0,), "doc_sources": (0,),
+                "audio_token_positions": (0,), "audio_clips": (0, 3)}
+        for name, shape in want.items():
+            self.assertEqual(tuple(getattr(b, name).shape), shape, name)
+        self.assertEqual((b.num_encoder_rows, b.num_image_embeds, b.num_label_tokens,
+                          b.vit_max_seqlen), (0, 0, 0, 0))
+        tutti.torch.share_skipped_images(b)
+        grad = self.run_example_model(b)
+        self.assertEqual(tuple(grad.shape), (0, synthetic.ROW))
+        moved = b.to("cpu")
+        self.check_empty(moved.micro_batches[0])
+        self.assertEqual(tuple(moved.input_ids.shape), (0,))
+
+
 if __name__ == "__main__":
     unittest.main()

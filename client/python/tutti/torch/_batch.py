@@ -1,11 +1,13 @@
 """One step's batch as torch tensors, and its micro-batches' model inputs."""
 import dataclasses
+import json
 import warnings
 
 import numpy as np
 import torch
 
 import tutti
+from tutti import views
 from tutti.torch import _rope
 
 _TORCH_DTYPE = {
@@ -55,39 +57,35 @@ class _Layout:
     """What the plan and the arrays say, host side (numpy), computed once."""
 
     def __init__(self, raw, job, arrays):
-        cfg = job["config"]
-        vision = cfg["vision"] or {}
-        self.merge = int(vision.get("merge_size") or 2)
+        """job: a views.JobInfo."""
+        vision = job.vision
+        self.merge = vision.merge_size
         self.step, self.rank = raw.step, raw.rank
         plan = raw.plan
         self.plan = plan
+        self.rank_plan = views.RankPlan.from_dict(plan)
         # The plan as the stager sent it: what tutti's transports take per exchange
         # (parsing it is ~200x cheaper than converting the dict).
         self.plan_bytes = raw.plan_bytes
-        self.world_size = int(cfg["world_size"])
-        post = cfg["post_balancing"] or {}
-        self.hidden_size = int(post.get("hidden_size") or 4096)
-        self.embed_dtype = _PROTO_DTYPE.get(post.get("embedding_dtype") or "DTYPE_BFLOAT16")
+        self.world_size = job.world_size
+        post = job.post_balancing
+        self.hidden_size = post.hidden_size
+        self.embed_dtype = _PROTO_DTYPE.get(post.embedding_dtype, torch.bfloat16)
         self.row_bytes = self.hidden_size * torch.empty(0, dtype=self.embed_dtype).element_size()
-        self.special = {k: int(vision.get(k) or d) for k, d in (
-            ("vision_start_id", 151652), ("image_pad_id", 151655), ("vision_end_id", 151653))}
-        audio = cfg["audio"] or {}
-        self.audio_special = [int(audio.get(k) or d) for k, d in (
-            ("audio_start_id", 151647), ("audio_pad_id", 151646), ("audio_end_id", 151648))]
+        self.special = {"vision_start_id": vision.vision_start_id,
+                        "image_pad_id": vision.image_pad_id, "vision_end_id": vision.vision_end_id}
+        self.audio_special = list(job.audio.markers)
         self.skipped_samples = {int(s["sample_id"]) for s in raw.skipped}
         # (sample_id, image_index) of images in this rank's documents whose encoding rank
         # skipped them (filled by share_skipped_images before the batch is handed out).
         self.skipped_elsewhere = set()
-        self.post_balancing = bool(post.get("enabled"))
+        self.post_balancing = post.enabled
 
         # Encoder side: the images this rank encodes, as the batch holds them.
         grid = arrays["image_grid_thw"].astype(np.int64).reshape(-1, 3)
         ids = arrays["image_sample_ids"].astype(np.int64)
         self.grid = grid
-        planned = []
-        for enc in plan["encoders"]:
-            if enc["encoder"] == "ENCODER_VISION":
-                planned += [(int(i["sample_id"]), int(i["image_index"])) for i in enc["images"]]
+        planned = [(i.sample_id, i.image_index) for i in self.rank_plan.vision_images]
         keys, j = [], 0
         for sid in ids.tolist():  # dropped samples leave whole: a subsequence of the plan's
             while j < len(planned) and planned[j][0] != sid:
@@ -99,24 +97,21 @@ class _Layout:
             j += 1
         tokens = (grid.prod(axis=1) // (self.merge * self.merge)) if len(grid) else np.zeros(0, np.int64)
         offsets = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+        self.enc_keys = keys  # (sample_id, image_index) of each image, in pixel_values order
         self.enc_rows = {k: (int(offsets[i]), int(tokens[i])) for i, k in enumerate(keys)}
         self.enc_total = int(offsets[-1])
         patches = grid[:, 1] * grid[:, 2]
         self.vit_cu = np.concatenate([[0], np.cumsum(np.repeat(patches, grid[:, 0]))]).astype(np.int32)
 
         # LLM side: documents in input_ids order and their images.
-        slots = {}
-        for mb in plan["micro_batches"]:
-            for seq in mb["sequences"]:
-                for d in seq["docs"]:
-                    slots[int(d["sample_id"])] = d
+        slots = self.rank_plan.doc_slots()
         self.input_ids = arrays["input_ids"]
         self.cu = arrays["cu_seqlens"].astype(np.int64)
         self.doc_ids = arrays["doc_sample_ids"].astype(np.int64)
         self.seq_off = arrays["seq_offsets"].astype(np.int64)
         self.mb_off = arrays["micro_batch_offsets"].astype(np.int64)
-        self.mb_modality = [mb["modality"] for mb in plan["micro_batches"]]
-        version = int(plan.get("plan_version") or 0)
+        self.mb_modality = [mb.modality for mb in self.rank_plan.micro_batches]
+        version = self.rank_plan.plan_version
         self.llm_images = []  # (sample_id, image_index, (t, h, w), absolute token position)
         self.doc_images = []  # per doc: [(position within the doc, grid)]
         # Where each document's image runs start (their first image_pad, in the document);
@@ -131,8 +126,8 @@ class _Layout:
             if slot is None:
                 raise tutti.DataLossError(f"step {self.step}, rank {self.rank}: document of sample "
                                           f"{sid} is in the batch but not in its plan")
-            images = slot["images"]
-            if version < 2 and int(slot.get("encoder_tokens") or 0) > 0:
+            images = slot.images
+            if version < 2 and slot.encoder_tokens > 0:
                 raise tutti.FailedPreconditionError(
                     f"step {self.step}, rank {self.rank}: the plan (plan_version {version}) does "
                     "not say the image grids of its documents; tutti.torch needs plan_version 2 "
@@ -144,13 +139,12 @@ class _Layout:
                     f"step {self.step}, rank {self.rank}: doc_image_starts holds {len(starts)} "
                     "entries, fewer than the images of the batch's documents")
             for im in images:
-                g = (int(im["grid_t"] or 1), int(im["grid_h"]), int(im["grid_w"]))
-                n = int(im["llm_tokens"])
+                g, n = im.grid_thw, im.llm_tokens
                 if starts is not None:
                     at = int(starts[next_start])
                     next_start += 1
                 doc.append((at, g))
-                self.llm_images.append((sid, int(im["image_index"] or 0), g, start + at, n))
+                self.llm_images.append((sid, im.image_index, g, start + at, n))
                 pad_positions.append(np.arange(start + at, start + at + n))
                 at += n + 2
             self.doc_images.append(doc)
@@ -163,9 +157,68 @@ class _Layout:
                 "the plan puts its documents' images; the stager and the packer disagree on the "
                 "vision config")
         self.llm_total = len(self.image_token_positions)
+        self._audio_runs(slots)
         self._raw_samples = raw
-        self._mixture = cfg.get("mixture") is not None
+        self._mixture = job.has_mixture
         self._doc_sources = None
+        self._doc_text = None
+
+    def _audio_runs(self, slots):
+        """The audio clips of the documents, in input_ids order: each clip's run (audio_start,
+        audio_pad x n, audio_end) where the stager wrote it (its placeholder's place in a
+        schema-2 document, else after the image runs), the k-th run of a document being its
+        k-th planned clip. Sets llm_audio [(sample_id, audio_index, position of the first
+        audio_pad, n)] and audio_token_positions."""
+        self.llm_audio = []
+        start_id, pad_id, end_id = self.audio_special
+        ids, where = self.input_ids, f"step {self.step}, rank {self.rank}"
+        pads = np.flatnonzero(ids == pad_id) if pad_id != self.special["image_pad_id"] else []
+        self.audio_token_positions = np.asarray(pads, np.int64)
+        # Per document: the audio tokens the plan gives it (its encoder tokens less its images').
+        want = {}
+        for k, sid in enumerate(self.doc_ids.tolist()):
+            n = slots[sid].audio_tokens
+            if n > 0:
+                want[k] = n
+        if not len(pads) and not want:
+            return
+        cut = np.flatnonzero(np.diff(pads) != 1) + 1
+        firsts = pads[np.concatenate([[0], cut])] if len(pads) else np.zeros(0, np.int64)
+        lengths = np.diff(np.concatenate([[0], cut, [len(pads)]])) if len(pads) else firsts
+        docs = np.searchsorted(self.cu, firsts, side="right") - 1
+        got, clip = {}, {}
+        for at, n, k in zip(firsts.tolist(), lengths.tolist(), docs.tolist()):
+            if (at == 0 or ids[at - 1] != start_id or at + n >= len(ids) or ids[at + n] != end_id
+                    or at + n >= self.cu[k + 1]):
+                raise tutti.DataLossError(
+                    f"{where}: input_ids hold audio_pad tokens at {at}..{at + n - 1} that are no "
+                    "audio run (audio_start, audio_pad..., audio_end) inside one document; the "
+                    "stager and the packer disagree on the audio config")
+            sid = int(self.doc_ids[k])
+            slot = slots[sid]
+            first = slot.first_audio if slot.pieces else 0
+            index = first + clip.get(k, 0)
+            clip[k] = clip.get(k, 0) + 1
+            got[k] = got.get(k, 0) + n
+            self.llm_audio.append((sid, index, at, n))
+        for k in sorted(set(want) | set(got)):
+            if want.get(k, 0) != got.get(k, 0):
+                raise tutti.DataLossError(
+                    f"{where}: the document of sample {int(self.doc_ids[k])} holds "
+                    f"{got.get(k, 0)} audio tokens in input_ids but its plan gives it "
+                    f"{want.get(k, 0)}; the stager and the packer disagree on the audio config")
+
+    def doc_text(self):
+        """Per document in doc_ids order: its sample's k.json (source string, meta dict) as the
+        stager read them (SampleInfo.sample_source / sample_meta; "" and {} when absent)."""
+        if self._doc_text is None:
+            by_sample = {}
+            for s in self._raw_samples.samples:
+                meta = s.get("sample_meta") or ""
+                by_sample[int(s["sample_id"])] = (s.get("sample_source") or "",
+                                                  json.loads(meta) if meta else {})
+            self._doc_text = [by_sample.get(int(x), ("", {})) for x in self.doc_ids.tolist()]
+        return self._doc_text
 
     def doc_sources(self):
         """The source (an index into JobInfo.sources) of each document, in doc_ids order:
@@ -260,6 +313,21 @@ class MicroBatch:
         return self._get("doc_sources", lambda: torch.from_numpy(L.doc_sources()[d0:d1].copy()))
 
     @property
+    def doc_sample_sources(self):
+        """[D] str: each document's k.json "source" (sample schema 2; "" when it has none)."""
+        self._batch._check("doc_sample_sources")
+        d0, d1 = self._docs
+        return [src for src, _ in self._batch._layout.doc_text()[d0:d1]]
+
+    @property
+    def doc_sample_meta(self):
+        """[D] dict: each document's k.json "meta" object, as the sample holds it ({} when it
+        has none)."""
+        self._batch._check("doc_sample_meta")
+        d0, d1 = self._docs
+        return [meta for _, meta in self._batch._layout.doc_text()[d0:d1]]
+
+    @property
     def position_ids(self):
         """[1, T] int64: position of each token within its document."""
         def build():
@@ -336,6 +404,24 @@ class MicroBatch:
             L.image_token_positions[r0:r1] - self._t0))
 
     @property
+    def audio_token_positions(self):
+        """[A] int64: positions (in input_ids[0]) of this micro-batch's audio tokens (audio_pad),
+        in order: a schema-2 document's clip where its placeholder was, else after the image
+        runs."""
+        L = self._batch._layout
+        pos = L.audio_token_positions
+        a0, a1 = np.searchsorted(pos, self._t0), np.searchsorted(pos, self._t1)
+        return self._get("audio_token_positions", lambda: torch.from_numpy(pos[a0:a1] - self._t0))
+
+    @property
+    def audio_clips(self):
+        """[n, 3] int64: (sample_id, audio_index, tokens) of this micro-batch's audio clips in
+        input_ids order; clip i's tokens are the next `tokens` of audio_token_positions."""
+        L = self._batch._layout
+        rows = [(s, i, n) for s, i, at, n in L.llm_audio if self._t0 <= at < self._t1]
+        return self._get("audio_clips", lambda: torch.tensor(rows, dtype=torch.int64).view(-1, 3))
+
+    @property
     def image_embed_index(self):
         """[R] int64: the row of the exchange's output each of this micro-batch's image tokens
         takes, in order (`emb[mb.image_embed_index]` are its image embeddings in input_ids
@@ -400,7 +486,9 @@ class Batch:
     tensors taken before keep their memory and contents."""
 
     def __init__(self, raw, job, labels=None, convert=None, layout=None, tensors=None):
+        """job: the job as tutti.Client.job gives it (a dict) or a tutti.views.JobInfo."""
         self._raw = raw
+        job = job if isinstance(job, views.JobInfo) else views.JobInfo.from_dict(job)
         self._job = job
         self._labels = labels or LabelOptions()
         self._convert = convert or (lambda t: t)
@@ -414,7 +502,7 @@ class Batch:
         self.step = raw.step
         self.rank = raw.rank
         self.world_size = layout.world_size
-        spe = int(job.get("steps_per_epoch") or 0)
+        spe = job.steps_per_epoch
         self.epoch = self.step // spe if spe else 0
         self._released = False
         self._states = []
@@ -502,6 +590,14 @@ class Batch:
         return self._field("image_sample_ids")
 
     @property
+    def image_indices(self):
+        """[images] int64: the index of each image in pixel_values within its sample (its order
+        of appearance in the sample's text, k.N.*), beside image_sample_ids."""
+        self._check("image_indices")
+        return self._convert(torch.tensor([i for _, i in self._layout.enc_keys],
+                                          dtype=torch.int64))
+
+    @property
     def vit_cu_seqlens(self):
         """[frames + 1] int32: patch boundaries of each image (frame) for varlen ViT attention."""
         self._check("vit_cu_seqlens")
@@ -540,6 +636,21 @@ class Batch:
                                           dtype=torch.int64).view(-1, 3))
 
     @property
+    def audio_token_positions(self):
+        """[A] int64: positions in input_ids of the audio tokens of this rank's documents, in
+        order (see MicroBatch.audio_token_positions)."""
+        self._check("audio_token_positions")
+        return self._convert(torch.from_numpy(self._layout.audio_token_positions.copy()))
+
+    @property
+    def audio_clips(self):
+        """[n, 3] int64: (sample_id, audio_index, tokens) of the audio clips of this rank's
+        documents, in input_ids order."""
+        self._check("audio_clips")
+        return self._convert(torch.tensor([(s, i, n) for s, i, _, n in self._layout.llm_audio],
+                                          dtype=torch.int64).view(-1, 3))
+
+    @property
     def input_ids(self):
         """[tokens] int32: every sequence of the rank, micro-batch then sequence order."""
         return self._field("input_ids")
@@ -561,10 +672,35 @@ class Batch:
         return self._convert(torch.from_numpy(self._layout.doc_sources().copy()))
 
     @property
+    def doc_sample_sources(self):
+        """[docs] str: each document's k.json "source" (sample schema 2; "" when it has
+        none), in doc_sample_ids order."""
+        self._check("doc_sample_sources")
+        return [src for src, _ in self._layout.doc_text()]
+
+    @property
+    def doc_sample_meta(self):
+        """[docs] dict: each document's k.json "meta" object ({} when it has none), in
+        doc_sample_ids order."""
+        self._check("doc_sample_meta")
+        return [meta for _, meta in self._layout.doc_text()]
+
+    @property
     def source_names(self):
         """The job's sources (JobInfo.sources): the mixture's, or ["text", "vl"]."""
-        names = [s["name"] for s in (self._job.get("sources") or [])]
-        return names or ["text", "vl"]
+        return list(self._job.source_names)
+
+    @property
+    def job_info(self):
+        """The job (tutti.views.JobInfo): its config's vision, audio and post-balancing
+        fields, sources, steps per epoch, ..."""
+        return self._job
+
+    @property
+    def rank_plan(self):
+        """This rank's plan as a tutti.views.RankPlan (typed; `plan` is the same as a dict)."""
+        self._check("rank_plan")
+        return self._layout.rank_plan
 
     @property
     def num_label_tokens(self):

@@ -8,6 +8,7 @@ import warnings
 import torch.distributed as dist
 
 import tutti
+from tutti import views
 from tutti.torch import _exchange, _transports
 from tutti.torch._batch import Batch, LabelOptions
 from tutti.torch._env import launch_env
@@ -53,19 +54,21 @@ class _WaitProgress:
             _say(f"rank {self.rank}: {what} after {seconds:.1f} s")
 
 
+def _job_info(job):
+    return job if isinstance(job, views.JobInfo) else views.JobInfo.from_dict(job)
+
+
 def _sampling_identity(job):
     """What decides which samples make up each step's global batch: the same on
     every world size (ranks only split the global batch)."""
-    cfg = job["config"]
-    batch = cfg["batch"] or {}
-    shards = hashlib.sha256("\n".join(job["shards"]).encode()).hexdigest()[:16]
+    job = _job_info(job)
+    shards = hashlib.sha256("\n".join(job.shards).encode()).hexdigest()[:16]
     return {
-        "seed": int(cfg["seed"] or 0),
-        "text_samples_per_step": int(batch.get("text_samples_per_step") or 0),
-        "vl_samples_per_step": int(batch.get("vl_samples_per_step") or 0),
-        "epochs": int(cfg["epochs"] or 0),
-        "dataset": {"samples": int(job["samples"] or 0), "bytes": int(job["dataset_bytes"] or 0),
-                    "shards": shards},
+        "seed": job.seed,
+        "text_samples_per_step": job.text_samples_per_step,
+        "vl_samples_per_step": job.vl_samples_per_step,
+        "epochs": job.epochs,
+        "dataset": {"samples": job.samples, "bytes": job.dataset_bytes, "shards": shards},
     }
 
 
@@ -73,9 +76,9 @@ def _mixture_fingerprint(job, next_step):
     """What drew the steps before next_step: the entry of JobInfo.mixture_history in force at
     step next_step - 1 (None for a job without a mixture, or before any step)."""
     found = None
-    for h in job.get("mixture_history") or []:
-        if next_step > 0 and int(h.get("start_step") or 0) <= next_step - 1:
-            found = h["fingerprint"]
+    for start_step, fingerprint in _job_info(job).mixture_history:
+        if next_step > 0 and start_step <= next_step - 1:
+            found = fingerprint
     return found
 
 
@@ -153,6 +156,7 @@ class Loader:
                           progress_interval=float(progress_interval or 0))
         self._client = self._connect(0)
         self.job = self._client.job
+        self.job_info = views.JobInfo.from_dict(self.job)  # the same, typed
         self._labels = labels or LabelOptions()
         self._pin = pin_memory
         self._device = device
@@ -227,7 +231,7 @@ class Loader:
             raise StopIteration from None
         if self._progress:
             self._progress.over(f"the batch of step {raw.step} came", raw.wait_seconds)
-        batch = Batch(raw, self.job, labels=self._labels)
+        batch = Batch(raw, self.job_info, labels=self._labels)
         batch._transport = self.transport
         try:
             _exchange.share_skipped_images(batch)  # collective, before any label is built
@@ -244,7 +248,7 @@ class Loader:
         return batch
 
     def __len__(self):
-        total = int(self.job["total_steps"] or 0)
+        total = self.job_info.total_steps
         if total == 0:
             if self.max_steps is None:
                 raise TypeError("this job has no end (epochs: 0): pass max_steps to have a length")
@@ -254,7 +258,7 @@ class Loader:
 
     @property
     def steps_per_epoch(self):
-        return int(self.job["steps_per_epoch"] or 0)
+        return self.job_info.steps_per_epoch
 
     @property
     def epoch(self):
@@ -271,10 +275,10 @@ class Loader:
         """Where this loader stands: save it with the model checkpoint after the optimizer
         step of the last batch taken. The same on every rank."""
         return {"version": STATE_VERSION, "next_step": int(self.next_step),
-                "world_size": self.world_size, "job_id": self.job["config"]["job_id"],
-                "config_fingerprint": self.job["config_fingerprint"],
-                "sampling": _sampling_identity(self.job),
-                "mixture": _mixture_fingerprint(self.job, int(self.next_step))}
+                "world_size": self.world_size, "job_id": self.job_info.job_id,
+                "config_fingerprint": self.job_info.config_fingerprint,
+                "sampling": _sampling_identity(self.job_info),
+                "mixture": _mixture_fingerprint(self.job_info, int(self.next_step))}
 
     def load_state_dict(self, state, *, mixture_change=None):
         """Continues at state["next_step"]: the batches of an uninterrupted run, on fresh
@@ -290,7 +294,7 @@ class Loader:
         if version != STATE_VERSION:
             raise tutti.InvalidArgumentError(
                 f"loader state version {version!r}; this tutti reads version {STATE_VERSION}")
-        mine, theirs = _sampling_identity(self.job), state.get("sampling") or {}
+        mine, theirs = _sampling_identity(self.job_info), state.get("sampling") or {}
         diffs = [f"{k}: checkpoint {theirs.get(k)!r}, this job {mine[k]!r}"
                  for k in mine if theirs.get(k) != mine[k]]
         if diffs:
@@ -298,7 +302,7 @@ class Loader:
                 "cannot resume: the checkpoint's steps drew their samples differently ("
                 + "; ".join(diffs) + "); resume with the job config and dataset it was "
                 "saved with (world_size and ranks_per_node may change)")
-        warning = _check_mixture(self.job, state, mixture_change)
+        warning = _check_mixture(self.job_info, state, mixture_change)
         if warning:
             warnings.warn(warning)
         step = int(state["next_step"])

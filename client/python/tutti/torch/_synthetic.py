@@ -12,6 +12,7 @@ from tutti.torch._batch import Batch
 
 ROW = 3 * 2 * 14 * 14
 START, PAD, END = 151652, 151655, 151653
+AUDIO_START, AUDIO_PAD, AUDIO_END = 151647, 151646, 151648
 
 
 def job(world, hidden, dtype="DTYPE_FLOAT32", sources=None):
@@ -44,12 +45,14 @@ def random_step(world, step, rng, max_images=6):
     return images, llm_of
 
 
-def rank_plan(world, rank, images, llm_of, hidden, elem=4):
+def rank_plan(world, rank, images, llm_of, hidden, elem=4, audio=None):
     """Rank `rank`'s plan, laid out as tutti-packerd lays it out (plan_version 4,
     services/packer/core/exchange.h): each LLM rank's documents in two sequences in sample
     order, a pair's items in the LLM rank's input_ids order, each rank's encoder images
     following its sends (grouped by destination), so that every pair is one contiguous run
-    at both ends."""
+    at both ends. audio: {sample_id: [tokens of each clip]} (encoded on the document's rank,
+    never exchanged)."""
+    audio = audio or {}
     tokens = {(s, i): gh * gw // 4 for s, i, gh, gw, _, _ in images}
     of_sample = {}
     for im in images:
@@ -92,9 +95,10 @@ def rank_plan(world, rank, images, llm_of, hidden, elem=4):
         docs = []
         for sid in seq:
             ims = of_sample.get(sid, [])
-            n = sum(tokens[(im[0], im[1])] + 2 for im in ims) + 3
+            clips = audio.get(sid, [])
+            n = sum(tokens[(im[0], im[1])] + 2 for im in ims) + sum(a + 2 for a in clips) + 3
             docs.append({"sample_id": sid, "offset": 0, "length": n,
-                         "encoder_tokens": sum(tokens[(im[0], im[1])] for im in ims),
+                         "encoder_tokens": sum(tokens[(im[0], im[1])] for im in ims) + sum(clips),
                          "images": [{"image_index": im[1], "grid_t": 1, "grid_h": im[2],
                                      "grid_w": im[3], "llm_tokens": tokens[(im[0], im[1])]}
                                     for im in ims]})
@@ -114,7 +118,7 @@ class Segment:
     count = 0
 
     def __init__(self, step, rank, plan, images, bf16=False, skipped=(), dropped=(), sources=0,
-                 interleave=False):
+                 interleave=False, audio=None, text=None):
         by_key = {(im[0], im[1]): im for im in images}
         mine = [by_key[(ip["sample_id"], ip["image_index"])]
                 for e in plan["encoders"] for ip in e["images"]]  # in the plan's order
@@ -128,20 +132,23 @@ class Segment:
         for mb in plan["micro_batches"]:
             for seq in mb["sequences"]:
                 for d in seq["docs"]:
-                    if interleave:  # 7, image 0, 8, the other images, 9; 9 trained
+                    clips = []
+                    for n in (audio or {}).get(d["sample_id"], []):
+                        clips += [AUDIO_START] + [AUDIO_PAD] * n + [AUDIO_END]
+                    if interleave:  # 7, image 0, 8, the other images, the clips, 9; 9 trained
                         begin = len(ids)
                         ids += [7]
                         for k, im in enumerate(d["images"]):
                             starts.append(len(ids) + 1 - begin)
                             ids += [START] + [PAD] * im["llm_tokens"] + [END]
                             ids += [8] if k == 0 else []
-                        ids += [9] if d["images"] else [8, 9]
+                        ids += clips + ([9] if d["images"] else [8, 9])
                         loss += [0] * (len(ids) - begin - 1) + [1]
-                    else:
+                    else:  # the image runs, the clips, the text
                         for im in d["images"]:
                             starts.append(len(ids) + 1 - cu[-1])
                             ids += [START] + [PAD] * im["llm_tokens"] + [END]
-                        ids += [7, 8, 9]
+                        ids += clips + [7, 8, 9]
                         loss += [1] * (len(ids) - len(loss))
                     cu.append(len(ids))
                     doc_ids.append(d["sample_id"])
@@ -179,9 +186,11 @@ class Segment:
         self.desc = {"step": step, "rank": rank, "shm_name": "/" + self.name,
                      "shm_size": self.shm.size, "arrays": descs, "plan": plan, "seq_len": 4096,
                      "skipped": [{"sample_id": sid, "reason": "corrupt"} for sid in skipped]}
-        if sources:  # SampleInfo.source of every document's sample
-            self.desc["samples"] = [{"sample_id": sid, "source": sid % sources,
-                                     "modality": "MODALITY_VL"} for sid in sorted(set(doc_ids))]
+        if sources or text:  # SampleInfo.source, sample_source and sample_meta of each sample
+            self.desc["samples"] = [dict({"sample_id": sid, "modality": "MODALITY_VL"},
+                                         **({"source": sid % sources} if sources else {}),
+                                         **(text or {}).get(sid, {}))
+                                    for sid in sorted(set(doc_ids))]
 
     def close(self):
         self.shm.close()
@@ -189,15 +198,19 @@ class Segment:
 
 
 def batch(world, rank, step, images, llm_of, hidden, transport, bf16=False, skipped=(),
-          dropped=(), plan_version=4, sources=None, interleave=False):
+          dropped=(), plan_version=4, sources=None, interleave=False, audio=None, text=None):
     """skipped: sample ids this rank's stager lists as skipped; dropped: sample ids whose
     images this rank's batch lacks; plan_version: what the plan says it is (an older one
     is refused by the exchange); sources: see job; interleave: each image run after a text
-    token (the stager's schema-2 layout, with doc_image_starts and loss_mask)."""
-    plan = rank_plan(world, rank, images, llm_of, hidden)
+    token (the stager's schema-2 layout, with doc_image_starts and loss_mask); audio:
+    {sample_id: [tokens of each clip]}, each clip's run before the document's last token
+    (interleaved) or after its image runs; text: {sample_id: {"sample_source": str,
+    "sample_meta": compact JSON}} as the stager sets them from k.json."""
+    plan = rank_plan(world, rank, images, llm_of, hidden, audio=audio)
     plan["plan_version"] = plan_version
     seg = Segment(step, rank, plan, images, bf16=bf16, skipped=skipped, dropped=dropped,
-                  sources=len(sources) if sources else 0, interleave=interleave)
+                  sources=len(sources) if sources else 0, interleave=interleave, audio=audio,
+                  text=text)
     raw = tutti.map_batch(seg.desc, copy_on_write=True)
     b = Batch(raw, job(world, hidden, sources=sources))
     b._transport = transport
