@@ -17,9 +17,9 @@
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/file_io.h"
-#include "common/model_shape.h"
 #include "common/job_limits.h"
 #include "common/mixture_config.h"
+#include "common/model_shape.h"
 #include "common/status.h"
 
 namespace tutti {
@@ -364,7 +364,23 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("post_balancing.rearrangement '", re, "' is unknown; choose 'fast' or 'ilp'"));
   }
+  RETURN_IF_ERROR(ValidateLocalityConfig(c.locality()));
   return ValidateMixtureConfig(c);
+}
+
+absl::Status ValidateLocalityConfig(const v1::LocalityConfig& l) {
+  if (l.home_replication() > kMaxHomeReplication) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "locality.home_replication ", l.home_replication(), " is above the limit of ",
+        kMaxHomeReplication, " home nodes per shard; 1 or 2 are usual (0 turns locality off)"));
+  }
+  if (l.node_cache_bytes() != 0 && l.home_replication() == 0) {
+    return absl::InvalidArgumentError(
+        "locality.node_cache_bytes is set but locality.home_replication is 0 (off): the capacity "
+        "bounds the shards each node is home to; set home_replication (e.g. 1) or drop "
+        "node_cache_bytes");
+  }
+  return absl::OkStatus();
 }
 
 std::string JobFingerprint(const v1::JobConfig& config, absl::string_view index_id) {

@@ -42,6 +42,12 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config);
 // online_fit's ranges.
 absl::Status ValidateCostConfig(const v1::JobConfig& config);
 
+// locality (part of ValidateJobConfig): home_replication at most
+// kMaxHomeReplication, node_cache_bytes only with home_replication. Whether
+// the nodes can hold the dataset is checked with the index (packer Job).
+inline constexpr uint32_t kMaxHomeReplication = 16;
+absl::Status ValidateLocalityConfig(const v1::LocalityConfig& locality);
+
 // A stable hex digest of what determines a job's plans: the config
 // (deterministic serialization) less index_path (a mixture source's index
 // file counted by the order it first appears in), and `index_id`, the

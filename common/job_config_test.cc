@@ -133,6 +133,24 @@ TEST(JobConfigTest, UnknownStrategyIsRefused) {
   EXPECT_NE(s.message().find("seed-v2"), std::string::npos);
 }
 
+TEST(JobConfigTest, LocalityBoundsAreChecked) {
+  auto c = Parse(R"pb(batch { text_samples_per_step: 4 })pb");
+  const std::string off = JobFingerprint(c, "i");
+  EXPECT_FALSE(c.has_locality());
+  c.mutable_locality()->set_home_replication(2);
+  c.mutable_locality()->set_node_cache_bytes(uint64_t{1} << 40);
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  EXPECT_NE(JobFingerprint(c, "i"), off);
+  c.mutable_locality()->set_home_replication(kMaxHomeReplication + 1);
+  auto s = ValidateJobConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("locality.home_replication 17"), std::string::npos) << s;
+  c.mutable_locality()->set_home_replication(0);
+  s = ValidateJobConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("node_cache_bytes is set"), std::string::npos) << s;
+}
+
 // Every numeric field has a range, refused at load naming the field, its
 // value and the range; so do the products the plans are sized by.
 TEST(JobConfigTest, EveryNumericFieldIsBoundedNamingItsRange) {

@@ -190,6 +190,25 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
                                    "before any client asked for them")
                              .Register(r)
                              .Add({})),
+      locality_items_family(BuildCounter()
+                                .Name("tutti_packer_locality_items_total")
+                                .Help("Inputs planned with locality: loaded where their shard is "
+                                      "staged (local) or sent by a holder's stager (remote)")
+                                .Register(r)),
+      locality_local_items(locality_items_family.Add({{"load", "local"}})),
+      locality_remote_items(locality_items_family.Add({{"load", "remote"}})),
+      locality_remote_member_bytes(
+          BuildHistogram()
+              .Name("tutti_packer_locality_remote_member_bytes")
+              .Help("Member bytes of a step's remote inputs, sent stager to stager")
+              .Register(r)
+              .Add({}, ByteBuckets())),
+      locality_vit_over_lower_bound(
+          BuildGauge()
+              .Name("tutti_packer_locality_vit_over_lower_bound")
+              .Help("The last step's slowest ViT rank over the phase's lower bound, with locality")
+              .Register(r)
+              .Add({})),
       cost_fits_family(BuildCounter()
                            .Name("tutti_packer_cost_fits_total")
                            .Help("Online cost-fit rounds, by result")

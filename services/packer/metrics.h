@@ -133,6 +133,20 @@ struct PackerMetrics {
   prometheus::Counter& served_cache_misses;
   prometheus::Gauge& served_cache_bytes;
   prometheus::Counter& served_precomputed;
+  // With locality (job config locality; steps of other jobs do not count):
+  // tutti_packer_locality_items_total{load="local"|"remote"}: the inputs
+  // planned (images, audio clips, documents' token ids) whose shard the
+  // loading rank's node stages, and the rest, which a holder's stager sends;
+  // tutti_packer_locality_remote_member_bytes: per step, the member bytes
+  // (as stored in the shards) of the remote ones;
+  // tutti_packer_locality_vit_over_lower_bound: the last step's slowest ViT
+  // rank over the phase's lower bound (1 = perfect balance), the balance
+  // paid for locality.
+  prometheus::Family<prometheus::Counter>& locality_items_family;
+  prometheus::Counter& locality_local_items;
+  prometheus::Counter& locality_remote_items;
+  prometheus::Histogram& locality_remote_member_bytes;
+  prometheus::Gauge& locality_vit_over_lower_bound;
   // The online cost fit (job.proto CostFitConfig):
   // tutti_packer_cost_fits_total{result}: fit rounds that announced new
   // constants ("announced"), found them close to those in force

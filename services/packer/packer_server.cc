@@ -31,7 +31,8 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   ready.Require(kIndex, "loading the job config and the index");
   ready.Require(kPlans, "the first plan is not computed yet");
   LoadJobStats loaded;
-  ASSIGN_OR_RETURN(job_, LoadJob(options_.config_path, options_.index_path, {}, nullptr, &loaded));
+  ASSIGN_OR_RETURN(
+      job_, LoadJob(options_.config_path, options_.index_path, options_.job, nullptr, &loaded));
   ready.Set(kIndex, absl::OkStatus());
   if (stop.requested()) return absl::CancelledError("stopped while starting");
   metrics_ = std::make_unique<PackerMetrics>(*host_->registry());

@@ -15,6 +15,7 @@
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
 #include "services/packer/core/cost_schedule.h"
+#include "services/packer/core/job.h"
 #include "services/packer/cost_fit_record.h"
 #include "services/packer/metrics.h"
 #include "services/packer/packer.h"
@@ -39,6 +40,9 @@ struct PackerServerOptions {
   // steps are planned as before a restart, and kept as fits are announced.
   // Required when the job's cost.online_fit is enabled; empty otherwise.
   std::string cost_fit_record;
+  // How the job is planned besides its config: node removals with locality
+  // (JobOptions::node_removals, --node_removals). Default none.
+  JobOptions job;
 };
 
 class PackerServer final : public Daemon {

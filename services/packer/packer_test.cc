@@ -127,6 +127,32 @@ TEST(PackerMetricsTest, PostBalancingPhasesAndExchangeBytesAreExposed) {
   EXPECT_GT(metrics.intra_node_bytes.Collect().histogram.sample_sum +
                 metrics.inter_node_bytes.Collect().histogram.sample_sum,
             0);
+  // Without locality the locality metrics stay at zero.
+  EXPECT_EQ(metrics.locality_local_items.Value() + metrics.locality_remote_items.Value(), 0);
+  EXPECT_EQ(metrics.locality_remote_member_bytes.Collect().histogram.sample_count, 0u);
+}
+
+// With shard homes every input planned is counted local or remote, and each
+// step's remote member bytes and ViT balance are exposed.
+TEST(PackerMetricsTest, LocalityCountsLocalAndRemoteInputs) {
+  auto job = MakeJob(std::string(kBaseConfig) +
+                         " post_balancing { enabled: true } locality { home_replication: 1 }",
+                     SyntheticIndex(SmallDataset(2000)));
+  ASSERT_TRUE(job.ok()) << job.status();
+  prometheus::Registry registry;
+  PackerMetrics metrics(registry);
+  PlanWindow window(std::make_shared<Planner>(*job), PlanWindowOptions{1, 1}, &metrics);
+  ASSERT_TRUE(window.GetBlocking(3).ok());
+  window.Stop();
+  const double steps = metrics.steps_planned.Value();
+  ASSERT_GE(steps, 1);
+  // 2 nodes, one home each shard: some inputs are remote, most are not.
+  EXPECT_GT(metrics.locality_remote_items.Value(), 0);
+  EXPECT_GT(metrics.locality_local_items.Value(), metrics.locality_remote_items.Value());
+  const auto bytes = metrics.locality_remote_member_bytes.Collect().histogram;
+  EXPECT_EQ(bytes.sample_count, steps);
+  EXPECT_GT(bytes.sample_sum, 0);
+  EXPECT_GE(metrics.locality_vit_over_lower_bound.Value(), 1.0);
 }
 
 TEST_F(PackerTest, ClientMismatchesAreRefused) {

@@ -9,6 +9,7 @@
 #include "common/daemon_flags.h"
 #include "common/security_flags.h"
 #include "common/status.h"
+#include "services/packer/core/home_staging.h"
 
 ABSL_FLAG(std::string, config, "",
           "job config: a text-format tutti.v1.JobConfig (see deploy/examples/job.textproto); "
@@ -41,6 +42,12 @@ ABSL_FLAG(std::string, cost_fit_record, "",
           "start so that a restarted packer plans every step as before, and rewritten as fits "
           "are announced; required when the fit is enabled (one file per job, on persistent "
           "storage)");
+
+ABSL_FLAG(std::string, node_removals, "",
+          "with locality (job config locality.home_replication): nodes that hold nothing from "
+          "a step on, as node@step[,node@step...] (e.g. 5@1200); their shards are re-homed from "
+          "that step and earlier steps keep their plans. Announce a step beyond those already "
+          "served, and give a restarted packer the same list so that it plans the same steps");
 
 namespace tutti::packer {
 
@@ -85,6 +92,7 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
                    PrecomputeShapesFlag(absl::GetFlag(FLAGS_served_plan_precompute)));
   ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   o.cost_fit_record = absl::GetFlag(FLAGS_cost_fit_record);
+  ASSIGN_OR_RETURN(o.job.node_removals, ParseNodeRemovals(absl::GetFlag(FLAGS_node_removals)));
   return o;
 }
 

@@ -136,6 +136,9 @@ class PlanBuilder {
       ref->set_name(s.name);
       ref->set_size(s.size);
       ref->set_crc32c(s.crc32c);
+      if (const HomeStaging* homes = job_.homes(); homes != nullptr) {
+        for (uint32_t n : homes->HomesAt(d_.step).Homes(shard)) ref->add_home_nodes(n);
+      }
     }
     return static_cast<uint32_t>(shard_pos[shard]);
   }
@@ -186,6 +189,9 @@ class PlanBuilder {
     const v1::JobConfig& cfg = job_.config();
     const uint32_t S = d_.seqs_per_rank();
     const uint32_t rpn = std::max<uint32_t>(1, d_.ranks_per_node);
+    // With locality a remote load names the node whose stager holds its
+    // shard: the load source's (a home node of the shard).
+    const bool locality = cfg.locality().home_replication() > 0;
     v1::RankPlan* rp = plan_->add_ranks();
     rp->set_rank(r);
     rp->set_node(r / rpn);
@@ -208,6 +214,7 @@ class PlanBuilder {
           doc->set_length(ps.cost.llm_tokens);
           doc->set_encoder_tokens(ps.cost.image_tokens + ps.cost.audio_tokens);
           doc->set_remote_load(ps.text_remote);
+          if (locality && ps.text_remote) doc->set_holder_node(ps.text_source / rpn);
           if (ps.pieces > 0 || ps.truncated) {
             // A piece, or a truncated document: the images listed below, the
             // audio clips and the text it holds.
@@ -259,6 +266,7 @@ class PlanBuilder {
         ip->set_llm_rank(d_.samples[im.owner].rank);
         ip->set_output_bytes(im.output_bytes);
         ip->set_remote_load(im.remote_load);
+        if (locality && im.remote_load) ip->set_holder_node(im.load_source / rpn);
         cost += im.cost;
       }
       for (uint32_t c = d_.rank_chunks[r]; c < d_.rank_chunks[r + 1]; ++c) {
@@ -287,6 +295,7 @@ class PlanBuilder {
         ap->set_llm_rank(d_.samples[au.owner].rank);
         ap->set_output_bytes(au.output_bytes);
         ap->set_remote_load(au.remote_load);
+        if (locality && au.remote_load) ap->set_holder_node(au.load_source / rpn);
         cost += au.cost;
         frames += au.frames;
         ch->add_items(k);

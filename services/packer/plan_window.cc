@@ -180,6 +180,16 @@ void PlanWindow::Worker() {
           metrics_->rearrangement_ilp_fast_kept.Increment();
         }
         CountSources(*data);
+        if (planner_->job().homes() != nullptr) {
+          const StepLocality l = MeasureStepLocality(planner_->job().index(), *data);
+          metrics_->locality_local_items.Increment(static_cast<double>(l.items - l.remote_items));
+          metrics_->locality_remote_items.Increment(static_cast<double>(l.remote_items));
+          metrics_->locality_remote_member_bytes.Observe(
+              static_cast<double>(l.remote_member_bytes));
+          if (data->vit.lower_bound > 0) {
+            metrics_->locality_vit_over_lower_bound.Set(data->vit.max / data->vit.lower_bound);
+          }
+        }
       } else {
         metrics_->plan_failures.Increment();
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "services/packer/core/post_balancing/post_balancing.h"
@@ -41,6 +42,118 @@ void PlaceSlots(const std::vector<uint32_t>& slots, uint32_t per, uint32_t first
   }
 }
 
+// Colocated packing with shards staged on some nodes only (locality): the
+// strategy's rank bins are dealt to ranks so that each node's ranks hold as
+// many of the input bytes their node stages as a greedy finds (a bin is a
+// rank's whole work, so every rank's costs stay what the strategy balanced:
+// a permutation of the ranks changes no balance), then every input whose
+// shard the LLM rank's node does not stage is a remote load from a rank of a
+// node that does. Deterministic: ties go to the lower bin, node and rank.
+class ColocatedLocality {
+ public:
+  ColocatedLocality(const dispatch::ShardAvailability& staging, uint32_t world_size,
+                    uint32_t ranks_per_node)
+      : staging_(staging),
+        index_(staging),
+        W_(world_size),
+        rpn_(std::max<uint32_t>(ranks_per_node, 1)),
+        nodes_(world_size / rpn_),
+        node_bytes_(nodes_, 0) {}
+
+  void Apply(StepPlanData* plan) {
+    Permute(plan);
+    for (PlannedSample& ps : plan->samples) {
+      ps.text_remote = !Local(ps.shard, ps.rank);
+      ps.text_source =
+          ps.text_remote ? Source(ps.shard, ps.rank, uint64_t{ps.cost.text_tokens} * kTokenIdBytes)
+                         : ps.rank;
+    }
+    for (PlannedImage& im : plan->images) Place(plan->samples[im.owner], im.input_bytes, &im);
+    for (PlannedAudio& au : plan->audio) Place(plan->samples[au.owner], au.input_bytes, &au);
+  }
+
+ private:
+  bool Local(uint32_t shard, uint32_t rank) const { return staging_.Has(shard, rank / rpn_); }
+
+  template <typename Item>
+  void Place(const PlannedSample& owner, uint64_t bytes, Item* item) {
+    item->enc_rank = owner.rank;
+    item->remote_load = !Local(owner.shard, owner.rank);
+    item->load_source = item->remote_load ? Source(owner.shard, owner.rank, bytes) : owner.rank;
+  }
+
+  // A rank of the staging node that sends the least so far; on it, the
+  // rank with the destination's position in its node.
+  uint32_t Source(uint32_t shard, uint32_t dest, uint64_t bytes) {
+    uint32_t node = ~0u;
+    for (const uint32_t* n = index_.begin(shard); n != index_.end(shard); ++n) {
+      if (node == ~0u || node_bytes_[*n] < node_bytes_[node]) node = *n;
+    }
+    if (node == ~0u) return dest;  // staged nowhere: the dispatcher's caller refuses it
+    node_bytes_[node] += bytes;
+    return node * rpn_ + dest % rpn_;
+  }
+
+  // Bins (the strategy's ranks) to ranks, greedily by the bytes a bin has
+  // staged on a node, most first.
+  void Permute(StepPlanData* plan) const {
+    if (nodes_ <= 1) return;
+    std::vector<absl::flat_hash_map<uint32_t, uint64_t>> score(W_);
+    auto add = [&](uint32_t bin, uint32_t shard, uint64_t bytes) {
+      for (const uint32_t* n = index_.begin(shard); n != index_.end(shard); ++n) {
+        score[bin][*n] += bytes;
+      }
+    };
+    for (const PlannedSample& ps : plan->samples) {
+      add(ps.rank, ps.shard, uint64_t{ps.cost.text_tokens} * kTokenIdBytes);
+    }
+    for (const PlannedImage& im : plan->images) {
+      const PlannedSample& ps = plan->samples[im.owner];
+      add(ps.rank, ps.shard, im.input_bytes);
+    }
+    for (const PlannedAudio& au : plan->audio) {
+      const PlannedSample& ps = plan->samples[au.owner];
+      add(ps.rank, ps.shard, au.input_bytes);
+    }
+    struct Pair {
+      uint64_t bytes;
+      uint32_t bin, node;
+    };
+    std::vector<Pair> pairs;
+    for (uint32_t b = 0; b < W_; ++b) {
+      for (const auto& [n, bytes] : score[b]) pairs.push_back({bytes, b, n});
+    }
+    std::sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) {
+      if (a.bytes != b.bytes) return a.bytes > b.bytes;
+      return a.bin != b.bin ? a.bin < b.bin : a.node < b.node;
+    });
+    std::vector<uint32_t> node_of_bin(W_, ~0u), free(nodes_, rpn_);
+    for (const Pair& p : pairs) {
+      if (node_of_bin[p.bin] != ~0u || free[p.node] == 0) continue;
+      node_of_bin[p.bin] = p.node;
+      --free[p.node];
+    }
+    uint32_t open = 0;
+    for (uint32_t b = 0; b < W_; ++b) {
+      if (node_of_bin[b] != ~0u) continue;
+      while (free[open] == 0) ++open;
+      node_of_bin[b] = open;
+      --free[open];
+    }
+    // Within a node, its bins in increasing order on its ranks.
+    std::vector<uint32_t> rank_of_bin(W_), next(nodes_, 0);
+    for (uint32_t b = 0; b < W_; ++b) {
+      rank_of_bin[b] = node_of_bin[b] * rpn_ + next[node_of_bin[b]]++;
+    }
+    for (PlannedSample& ps : plan->samples) ps.rank = rank_of_bin[ps.rank];
+  }
+
+  const dispatch::ShardAvailability& staging_;
+  const dispatch::StagingIndex index_;  // each shard's staging nodes, increasing
+  const uint32_t W_, rpn_, nodes_;
+  std::vector<uint64_t> node_bytes_;
+};
+
 class ColocatedDispatcher final : public Dispatcher {
  public:
   ColocatedDispatcher(const PackingStrategy* strategy, const DispatcherOptions& o)
@@ -48,8 +161,11 @@ class ColocatedDispatcher final : public Dispatcher {
 
   const std::string& name() const override { return name_; }
 
-  // Loads happen on the sample's LLM rank; the staging map is not consulted.
-  absl::Status Dispatch(const DispatchStep&, StepPlanData* plan) const override {
+  // Loads happen on the sample's LLM rank. With shards staged on some nodes
+  // only (locality), the ranks' bins are dealt for locality first and what
+  // is not staged on the LLM rank's node is a remote load
+  // (ColocatedLocality).
+  absl::Status Dispatch(const DispatchStep& step, StepPlanData* plan) const override {
     PackProblem p;
     p.ranks = o_.world_size;
     p.seq_len = plan->seq_len;
@@ -75,6 +191,9 @@ class ColocatedDispatcher final : public Dispatcher {
     for (PlannedAudio& au : plan->audio) {
       au.enc_rank = au.load_source = plan->samples[au.owner].rank;
       au.remote_load = false;
+    }
+    if (step.staging != nullptr && !step.staging->all()) {
+      ColocatedLocality(*step.staging, o_.world_size, o_.ranks_per_node).Apply(plan);
     }
     plan->phases_from_dispatcher = false;
     plan->rearrangement.clear();
@@ -221,6 +340,7 @@ dispatch::DispatchOptions PostBalancingOptions(const DispatcherOptions& o) {
   d.token_id_bytes = kTokenIdBytes;
   d.node_aware = o.node_aware;
   d.balance_tolerance = o.balance_tolerance;
+  d.text_affinity = o.text_affinity;
   return d;
 }
 

@@ -84,6 +84,9 @@ struct DispatcherOptions {
   // balance tolerance (post_balancing.balance_tolerance; dispatch_types.h).
   bool node_aware = true;
   double balance_tolerance = kDefaultBalanceTolerance;
+  // post: documents' token ids weigh in the LLM placement (false with shard
+  // homes: DispatchOptions::text_affinity). Default true.
+  bool text_affinity = true;
 };
 
 // The post-balancing library's options for these settings (cost model and

@@ -64,6 +64,7 @@ absl::Status Job::Init(const JobOptions& options) {
         "phase's lower bound to save inter-node bytes, e.g. ", kDefaultBalanceTolerance,
         " (the default); leave it unset for the default"));
   }
+  d.text_affinity = config_.locality().home_replication() == 0;
   dispatcher_options_ = d;
   if (pb.enabled() && d.rearrangement == dispatch::Rearrangement::kIlp) {
     const uint64_t binaries = IlpBinaries(d, b.text_samples_per_step(), b.vl_samples_per_step());
@@ -91,6 +92,13 @@ absl::Status Job::Init(const JobOptions& options) {
     dispatcher_ = MakePeerRedealDispatcher(peer_.get(), d);
   }
   ASSIGN_OR_RETURN(overflow_, ResolveOverflowPolicy(config_.overflow()));
+  if (config_.locality().home_replication() > 0) {
+    ASSIGN_OR_RETURN(homes_, HomeStaging::Create(config_, *index_, options.node_removals));
+  } else if (!options.node_removals.empty()) {
+    return absl::InvalidArgumentError(
+        "node removals re-home shards, but the job has no locality (locality.home_replication "
+        "is 0): every node stages what its ranks' plans name");
+  }
   fallback_strategy_ = MakeFirstFitStrategy();
   fallback_dispatcher_ = MakeColocatedDispatcher(fallback_strategy_.get(), d);
 

@@ -17,6 +17,7 @@
 #include "common/job_config.h"
 #include "services/packer/core/costs.h"
 #include "services/packer/core/dispatcher.h"
+#include "services/packer/core/home_staging.h"
 #include "services/packer/core/mixture.h"
 #include "services/packer/core/overflow.h"
 #include "services/packer/core/packing.h"
@@ -39,6 +40,10 @@ struct JobOptions {
   // baselines `tutti bench packer --post-balancing` compares against.
   // Default empty (tutti's own); not job configuration.
   std::string post_balancing_peer;
+  // With locality: nodes that hold nothing from a step on (home_staging.h).
+  // Not job configuration: the daemon's --node_removals, which a restarted
+  // packer must be given alike to plan the same steps. Default none.
+  std::vector<NodeRemoval> node_removals;
 };
 
 // Index statistics at one curriculum stage.
@@ -122,6 +127,10 @@ class Job {
     return unservable_examples_;
   }
 
+  // The shards' home nodes by step when locality is on (home_replication >
+  // 0), else null: every shard counts as staged on every node.
+  const HomeStaging* homes() const { return homes_.get(); }
+
   // The mixture (null: the index's text-only and VL streams are the two
   // sources "text" and "vl").
   const Mixture* mixture() const { return mixture_.get(); }
@@ -182,6 +191,7 @@ class Job {
   std::map<std::string, uint64_t> unservable_;
   std::map<std::string, std::string> unservable_examples_;
   std::unique_ptr<const Mixture> mixture_;
+  std::shared_ptr<const HomeStaging> homes_;
 };
 
 }  // namespace tutti::packer

@@ -457,8 +457,14 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   const CostModel model(out->cost);
   in.model = &model;
   dispatch::ShardAvailability staging;
-  if (staging_ != nullptr) staging = staging_->At(step);
-  in.staging = &staging;
+  if (staging_ != nullptr) {
+    staging = staging_->At(step);
+    in.staging = &staging;
+  } else if (job.homes() != nullptr) {
+    in.staging = &job.homes()->At(step);
+  } else {
+    in.staging = &staging;
+  }
   absl::Status s = job.dispatcher().Dispatch(in, out);
   if (IsCapacityError(s)) {
     // The strategy could not pack what the step admitted; first-fit

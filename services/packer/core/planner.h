@@ -65,7 +65,8 @@ struct StreamAdmission {
 // Which node's stager holds which shard, as the packer learns it (e.g. from
 // stager reports). Plans depend on it: with the same answer for a step, the
 // same plan. Implementations must be thread-safe (planner threads call At
-// concurrently). Without one, every shard counts as staged on every node.
+// concurrently). Without one, the job's home nodes (Job::homes, locality)
+// or, without locality, every shard on every node.
 class ShardStaging {
  public:
   virtual ~ShardStaging() = default;
@@ -77,7 +78,8 @@ class ShardStaging {
 
 class Planner {
  public:
-  // `staging` (may be null: everything staged everywhere) and `costs` (may
+  // `staging` (may be null: the job's home nodes with locality, else
+  // everything staged everywhere) and `costs` (may
   // be null: the job config's constants at every step; else the fits in
   // force by step, cost_schedule.h) must outlive the planner.
   explicit Planner(std::shared_ptr<const Job> job, const ShardStaging* staging = nullptr,

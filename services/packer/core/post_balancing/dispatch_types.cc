@@ -32,14 +32,27 @@ bool ShardAvailability::Has(uint32_t shard, uint32_t node) const {
   return (bits_[bit / 64] >> (bit % 64)) & 1;
 }
 
+void ShardAvailability::AppendNodes(uint32_t shard, std::vector<uint32_t>* out) const {
+  if (all_ || shard >= shards_) return;
+  const uint64_t first = uint64_t{shard} * nodes_, last = first + nodes_;
+  for (uint64_t w = first / 64; w * 64 < last; ++w) {
+    uint64_t word = bits_[w];
+    const uint64_t base = w * 64;
+    if (base < first) word &= ~uint64_t{0} << (first - base);
+    if (last - base < 64) word &= (uint64_t{1} << (last - base)) - 1;
+    while (word != 0) {
+      out->push_back(static_cast<uint32_t>(base + __builtin_ctzll(word) - first));
+      word &= word - 1;
+    }
+  }
+}
+
 StagingIndex::StagingIndex(const ShardAvailability& a) : all_(a.all()) {
   if (all_) return;
   everywhere_.assign(a.shards(), 0);
   offset_.reserve(uint64_t{a.shards()} + 1);
   for (uint32_t s = 0; s < a.shards(); ++s) {
-    for (uint32_t n = 0; n < a.nodes(); ++n) {
-      if (a.Has(s, n)) nodes_.push_back(n);
-    }
+    a.AppendNodes(s, &nodes_);
     offset_.push_back(static_cast<uint32_t>(nodes_.size()));
     everywhere_[s] = offset_[s + 1] - offset_[s] == a.nodes();
   }

@@ -88,6 +88,9 @@ class ShardAvailability {
 
   void Set(uint32_t shard, uint32_t node, bool staged);
   bool Has(uint32_t shard, uint32_t node) const;
+  // Appends the nodes that stage `shard`, increasing (a word of the bitmap
+  // at a time). Not for all().
+  void AppendNodes(uint32_t shard, std::vector<uint32_t>* out) const;
   bool all() const { return all_; }
   uint32_t shards() const { return shards_; }
   uint32_t nodes() const { return nodes_; }
@@ -138,6 +141,13 @@ struct DispatchOptions {
   uint32_t hidden_size = 4096;         // LLM hidden size (embedding bytes)
   uint32_t embedding_dtype_bytes = 2;  // bfloat16 encoder outputs
   uint32_t token_id_bytes = 4;         // int32 token ids (remote text loads)
+  // Whether a document's token ids pull it toward the nodes that stage its
+  // shard in the LLM placement (default true). false (shard homes, job
+  // config locality): every document has a home node or two, its token ids
+  // are a few KB that a holder's stager sends, and weighing them would tie
+  // every document to its node; they are still marked remote (text_remote)
+  // where the LLM rank's node does not stage the shard.
+  bool text_affinity = true;
   // Place items and samples to minimise inter-node bytes (default) or ignore
   // nodes (the baseline the node-aware plan is measured against).
   bool node_aware = true;

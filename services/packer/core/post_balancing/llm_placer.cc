@@ -272,9 +272,12 @@ void Placer::ImproveBalance(Placer::ByteRule mode, uint32_t rounds, double stop_
            ++it) {
         if (it->second != top) swap_targets.push_back(it->second);
       }
-      if (mate != kUnplaced &&
-          std::find(swap_targets.begin(), swap_targets.end(), mate) == swap_targets.end()) {
-        swap_targets.push_back(mate);
+      // And the last target: top's node-mate when it was added above (none
+      // may have been found with one rank per node).
+      if (node_aware && !targets.empty() && targets.back() != top &&
+          std::find(swap_targets.begin(), swap_targets.end(), targets.back()) ==
+              swap_targets.end()) {
+        swap_targets.push_back(targets.back());
       }
       for (uint32_t t : swap_targets) {
         const double gap = peak - cost(t);

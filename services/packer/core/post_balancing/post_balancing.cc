@@ -67,11 +67,14 @@ LlmProblem MakeLlmProblem(const StepPlanData& step, const DispatchOptions& o) {
 }
 
 // Picks, for a remote load, a rank on a node that stages the shard: the drawn
-// rank when its node does, else the least-used staging node's least-used rank.
+// rank when its node does, else the least-used staging node's least-used rank
+// (the shard's staging nodes from `staging`, increasing, lowest on ties).
 class LoadSources {
  public:
-  LoadSources(const ShardAvailability& availability, const ClusterShape& c)
+  LoadSources(const ShardAvailability& availability, const StagingIndex& staging,
+              const ClusterShape& c)
       : availability_(availability),
+        staging_(staging),
         c_(c),
         node_bytes_(c.nodes(), 0),
         rank_bytes_(c.world_size, 0) {}
@@ -80,10 +83,8 @@ class LoadSources {
     uint32_t r = drawn;
     if (!availability_.Has(shard, c_.node_of(drawn))) {
       uint32_t node = ~0u;
-      for (uint32_t n = 0; n < c_.nodes(); ++n) {
-        if (availability_.Has(shard, n) && (node == ~0u || node_bytes_[n] < node_bytes_[node])) {
-          node = n;
-        }
+      for (const uint32_t* n = staging_.begin(shard); n != staging_.end(shard); ++n) {
+        if (node == ~0u || node_bytes_[*n] < node_bytes_[node]) node = *n;
       }
       r = node * c_.ranks_per_node;
       for (uint32_t k = r; k < (node + 1) * c_.ranks_per_node; ++k) {
@@ -97,6 +98,7 @@ class LoadSources {
 
  private:
   const ShardAvailability& availability_;
+  const StagingIndex& staging_;
   ClusterShape c_;
   std::vector<uint64_t> node_bytes_, rank_bytes_;
 };
@@ -332,7 +334,7 @@ absl::StatusOr<RearrangementInstance> Stage(const StepPlanData& step,
         entries.push_back({c.node_of(inst.encoder_rank[e][i]), f.out_bytes[i]});
       }
     }
-    if (restricted) {
+    if (restricted && o.text_affinity) {
       const uint64_t text = uint64_t{step.samples[s].cost.text_tokens} * o.token_id_bytes;
       const uint32_t shard = step.samples[s].shard;
       if (!staging.everywhere(shard) && text > 0) {
@@ -516,8 +518,8 @@ namespace {
 // Writes a placement to the step (steps 3 and 4 of Dispatch): every sample's
 // LLM rank and sequence, every encoder item's rank, remote loads and their
 // sources, and the phase summaries with the drawn split as "before".
-void WritePlacement(const ShardAvailability& availability, const DispatchOptions& o,
-                    const std::array<FlatEncoder, kNumEncoders>& flat,
+void WritePlacement(const ShardAvailability& availability, const StagingIndex& staging,
+                    const DispatchOptions& o, const std::array<FlatEncoder, kNumEncoders>& flat,
                     const RearrangementInstance& inst, const LlmAssignment& assignment,
                     StepPlanData* step) {
   const ClusterShape& c = o.cluster;
@@ -540,7 +542,7 @@ void WritePlacement(const ShardAvailability& availability, const DispatchOptions
     ps.text_remote = false;
     ps.text_source = ps.rank;
   }
-  LoadSources sources(availability, c);
+  LoadSources sources(availability, staging, c);
   std::array<std::vector<double>, kNumEncoders> enc_cost;
   for (int e = 0; e < kNumEncoders; ++e) {
     enc_cost[e] = PlaceEncoderItems(kEncoders[e], flat[e], inst.encoder_rank[e], llm_order,
@@ -616,7 +618,7 @@ absl::Status Dispatch(const ShardAvailability& availability, const DispatchOptio
   }
 
   // 3-4. Samples, encoder items, loads and statistics.
-  WritePlacement(availability, o, flat, inst, assignment, step);
+  WritePlacement(availability, staging, o, flat, inst, assignment, step);
   step->rearrangement = std::move(stats.rearrangement);
   step->llm_fallback = stats.llm_fallback;
   return absl::OkStatus();
@@ -655,7 +657,7 @@ absl::Status ApplyPlacement(const ShardAvailability& availability, const Dispatc
   RETURN_IF_ERROR(CheckLlmAssignment(inst.problem, placement.llm, false));
   const std::vector<double> llm_cost = LlmRankCosts(inst.problem, placement.llm);
   inst.problem.bound = *std::max_element(llm_cost.begin(), llm_cost.end());
-  WritePlacement(availability, o, flat, inst, placement.llm, step);
+  WritePlacement(availability, staging, o, flat, inst, placement.llm, step);
   step->rearrangement = placement.name;
   step->llm_fallback = false;
   return absl::OkStatus();

@@ -127,6 +127,30 @@ TEST(DispatcherTest, SameInputSamePlan) {
   ExpectSamePlan(PlaceAndCheck(w, w.options), PlaceAndCheck(w, w.options));
 }
 
+// The staging index reads the bitmap a word at a time: the same nodes as
+// asking every (shard, node) pair, for node counts that straddle words.
+TEST(DispatcherTest, StagingIndexListsEveryStagingNode) {
+  for (uint32_t nodes : {1u, 7u, 64u, 65u, 320u}) {
+    ShardAvailability a = ShardAvailability::None(37, nodes);
+    uint64_t x = 12345;
+    for (uint32_t s = 0; s < 37; ++s) {
+      for (uint32_t n = 0; n < nodes; ++n) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        if ((x >> 60) < 3 || s == 5) a.Set(s, n, true);
+      }
+    }
+    const StagingIndex index(a);
+    for (uint32_t s = 0; s < 37; ++s) {
+      std::vector<uint32_t> want;
+      for (uint32_t n = 0; n < nodes; ++n) {
+        if (a.Has(s, n)) want.push_back(n);
+      }
+      EXPECT_EQ(std::vector<uint32_t>(index.begin(s), index.end(s)), want) << nodes << " " << s;
+      EXPECT_EQ(index.everywhere(s), want.size() == nodes);
+    }
+  }
+}
+
 TEST(DispatcherTest, RestrictedStagingLoadsThroughTheLoadExchange) {
   const SeedStep w = DrawSeedStep(16, 4, 0.2, 3);
   const packer::ShardsOnNodes staging(4000, 4);

@@ -1,0 +1,277 @@
+// Plans with locality (job.proto, LocalityConfig): each shard's home nodes
+// stage it, the encoder phase prefers their ranks, a remote load names its
+// holder node, plans stay deterministic and node removals re-home shards
+// from their step on.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "services/packer/core/home_staging.h"
+#include "services/packer/core/plan_check.h"
+#include "services/packer/core/planner.h"
+#include "services/packer/plan_proto.h"
+#include "services/packer/testing/jobs.h"
+
+namespace tutti::packer {
+namespace {
+
+using testing::Config;
+using testing::SmallDataset;
+using testing::SyntheticIndex;
+
+std::shared_ptr<const Index> Dataset() {
+  static auto* index = new std::shared_ptr<const Index>(SyntheticIndex(SmallDataset(6000)));
+  return *index;
+}
+
+// 16 ranks on 8 nodes; `extra` adds locality and post-balancing.
+std::string JobText(const std::string& extra) {
+  return absl::StrCat(R"pb(
+                        seed: 7
+                        world_size: 16
+                        ranks_per_node: 2
+                        batch {
+                          text_samples_per_step: 64
+                          vl_samples_per_step: 48
+                          grad_accum: 2
+                          text_micro_batch: 2
+                          vl_micro_batch: 2
+                          text_vl_ratio: "1:1"
+                          max_patches_per_chunk: 8192
+                        }
+                        curriculum { start_step: 0 max_pixels: 1003520 seq_len: 8192 }
+                      )pb",
+                      extra);
+}
+
+std::shared_ptr<const Job> MustJob(const std::string& text, JobOptions o = {}) {
+  auto job = Job::Create(Config(text), Dataset(), o);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *job : nullptr;
+}
+
+// Images whose encoder rank's node is not a home of their shard, and images.
+struct Remote {
+  uint32_t images = 0, remote = 0;
+};
+Remote CountRemote(const StepPlanData& d, const ShardHomes& homes, uint32_t rpn) {
+  Remote r;
+  for (const PlannedImage& im : d.images) {
+    ++r.images;
+    if (!homes.IsHome(d.samples[im.owner].shard, im.enc_rank / rpn)) ++r.remote;
+  }
+  return r;
+}
+
+constexpr const char* kPost = "post_balancing { enabled: true }";
+constexpr const char* kLocality = "locality { home_replication: 1 }";
+
+// At the default balance tolerance (0.01%) and at 2%: the fraction of
+// images the node-oblivious placement puts off their home node that the
+// locality-aware one still does is at most `most` (this small step has ~115
+// images over 8 nodes, so balance alone forces many off their home node).
+class PostBalancingLocality : public ::testing::TestWithParam<std::pair<const char*, double>> {};
+
+TEST_P(PostBalancingLocality, PlacesImagesOnHomeNodes) {
+  const std::string text = JobText(absl::StrCat(GetParam().first, " ", kLocality));
+  const double most = GetParam().second;
+  auto on = MustJob(text);
+  // The same placement algorithm, node-oblivious: where the homes would put
+  // images without preferring them.
+  JobOptions oblivious;
+  oblivious.node_aware = false;
+  auto blind = MustJob(text, oblivious);
+  ASSERT_NE(on, nullptr);
+  ASSERT_NE(blind, nullptr);
+  ASSERT_NE(on->homes(), nullptr);
+  const ShardHomes& homes = on->homes()->HomesAt(0);
+  Planner planner(on), blind_planner(blind);
+  Remote with, without;
+  for (uint64_t step = 0; step < 6; ++step) {
+    StepPlanData d, b;
+    ASSERT_TRUE(planner.Plan(step, &d).ok());
+    ASSERT_TRUE(blind_planner.Plan(step, &b).ok());
+    PlanCheckOptions check;
+    check.staging = &on->homes()->At(step);
+    ASSERT_TRUE(CheckPlannedStep(d, check).ok()) << CheckPlannedStep(d, check);
+    const Remote r = CountRemote(d, homes, 2), o = CountRemote(b, homes, 2);
+    with.images += r.images;
+    with.remote += r.remote;
+    without.images += o.images;
+    without.remote += o.remote;
+    // Each image is remote exactly when its node is no home, and then names
+    // a home node as its holder.
+    v1::StepPlan plan;
+    ASSERT_TRUE(BuildStepPlan(*on, d, {}, &plan).ok());
+    uint32_t holders = 0;
+    std::map<uint64_t, uint32_t> shard_of;  // sample id -> StepPlan.shards
+    for (const v1::SampleInfo& si : plan.samples()) shard_of[si.sample_id()] = si.shard();
+    for (const v1::ShardRef& ref : plan.shards()) EXPECT_EQ(ref.home_nodes_size(), 1);
+    for (const v1::RankPlan& rp : plan.ranks()) {
+      for (const v1::EncoderPhase& ph : rp.encoders()) {
+        for (const v1::ImagePlan& ip : ph.images()) {
+          EXPECT_EQ(ip.has_holder_node(), ip.remote_load());
+          if (!ip.remote_load()) continue;
+          ++holders;
+          EXPECT_EQ(ip.holder_node(), plan.shards(shard_of[ip.sample_id()]).home_nodes(0));
+        }
+      }
+    }
+    EXPECT_EQ(holders, r.remote);
+    for (const PlannedImage& im : d.images) {
+      if (im.remote_load) {
+        EXPECT_TRUE(homes.IsHome(d.samples[im.owner].shard, im.load_source / 2));
+      }
+    }
+  }
+  ASSERT_GT(with.images, 500u);
+  EXPECT_EQ(with.images, without.images);
+  // Node-oblivious, about 7 in 8 images land off their home node.
+  EXPECT_GT(without.remote, with.images / 2);
+  EXPECT_LT(with.remote, most * without.remote)
+      << with.remote << " of " << with.images << " remote, " << without.remote << " without";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tolerances, PostBalancingLocality,
+    ::testing::Values(std::make_pair("post_balancing { enabled: true }", 0.75),
+                      std::make_pair("post_balancing { enabled: true balance_tolerance: 0.02 }",
+                                     0.5)));
+
+TEST(LocalityTest, ColocatedPacksRanksOntoHomeNodesWithTheSameBalance) {
+  auto on = MustJob(JobText(kLocality));
+  ASSERT_NE(on, nullptr);
+  const ShardHomes& homes = on->homes()->HomesAt(0);
+  // Everything staged everywhere: the strategy's own rank bins.
+  struct Everywhere final : ShardStaging {
+    dispatch::ShardAvailability At(uint64_t) const override { return {}; }
+  } everywhere;
+  Planner planner(on), plain(on, &everywhere);
+  Remote with, without;
+  for (uint64_t step = 0; step < 6; ++step) {
+    StepPlanData d, p;
+    ASSERT_TRUE(planner.Plan(step, &d).ok());
+    ASSERT_TRUE(plain.Plan(step, &p).ok());
+    PlanCheckOptions check;
+    check.staging = &on->homes()->At(step);
+    ASSERT_TRUE(CheckPlannedStep(d, check).ok()) << CheckPlannedStep(d, check);
+    const Remote r = CountRemote(d, homes, 2), o = CountRemote(p, homes, 2);
+    with.images += r.images;
+    with.remote += r.remote;
+    without.images += o.images;
+    without.remote += o.remote;
+    // A permutation of the ranks: the same per-rank costs, reordered.
+    std::multiset<double> a, b;
+    for (const RankTotals& t : d.ranks) a.insert(t.vit + t.llm);
+    for (const RankTotals& t : p.ranks) b.insert(t.vit + t.llm);
+    EXPECT_EQ(a, b) << "step " << step;
+    EXPECT_EQ(d.vit.max, p.vit.max);
+    EXPECT_EQ(d.llm.max, p.llm.max);
+  }
+  EXPECT_EQ(with.images, without.images);
+  EXPECT_LT(with.remote, without.remote);
+}
+
+std::vector<std::string> Hashes(const std::shared_ptr<const Job>& job,
+                                const std::vector<uint64_t>& steps) {
+  Planner planner(job);
+  std::vector<std::string> out;
+  for (uint64_t step : steps) {
+    StepPlanData d;
+    v1::StepPlan plan;
+    absl::Status s = planner.Plan(step, &d);
+    if (s.ok()) s = BuildStepPlan(*job, d, {}, &plan);
+    out.push_back(s.ok() ? PlanHash(&plan) : s.ToString());
+  }
+  return out;
+}
+
+TEST(LocalityTest, PlansAreDeterministicAndARestartedPackerAgrees) {
+  const std::string text = JobText(absl::StrCat(kPost, " locality { home_replication: 2 }"));
+  const auto first = Hashes(MustJob(text), {0, 1, 2, 3, 4, 5});
+  // A restarted packer: another job object, steps planned from the middle.
+  const auto restarted = Hashes(MustJob(text), {3, 4, 5, 0, 1, 2});
+  EXPECT_EQ(std::vector<std::string>(first.begin() + 3, first.end()),
+            std::vector<std::string>(restarted.begin(), restarted.begin() + 3));
+  EXPECT_EQ(std::vector<std::string>(first.begin(), first.begin() + 3),
+            std::vector<std::string>(restarted.begin() + 3, restarted.end()));
+  // Locality changes the plans; off, they are what they were.
+  EXPECT_NE(Hashes(MustJob(JobText(kPost)), {0}), Hashes(MustJob(text), {0}));
+  EXPECT_EQ(MustJob(JobText(kPost))->homes(), nullptr);
+  auto off = MustJob(JobText(kPost));
+  StepPlanData d;
+  v1::StepPlan plan;
+  ASSERT_TRUE(Planner(off).Plan(0, &d).ok());
+  ASSERT_TRUE(BuildStepPlan(*off, d, {}, &plan).ok());
+  for (const v1::ShardRef& ref : plan.shards()) EXPECT_EQ(ref.home_nodes_size(), 0);
+}
+
+TEST(LocalityTest, ARemovedNodeIsReHomedFromItsStep) {
+  const std::string text = JobText(absl::StrCat(kPost, " ", kLocality));
+  JobOptions o;
+  auto removals = ParseNodeRemovals("3@4");
+  ASSERT_TRUE(removals.ok());
+  o.node_removals = *removals;
+  auto removed = MustJob(text, o);
+  auto kept = MustJob(text);
+  ASSERT_NE(removed, nullptr);
+  const HomeStaging& h = *removed->homes();
+  EXPECT_TRUE(h.ExcludedAt(3).empty());
+  EXPECT_EQ(h.ExcludedAt(4), std::vector<uint32_t>{3});
+  EXPECT_TRUE(h.HomesAt(4).ShardsOf(3).empty());
+  EXPECT_FALSE(h.HomesAt(3).ShardsOf(3).empty());
+  // Only node 3's shards moved.
+  for (uint32_t s = 0; s < h.HomesAt(0).shards(); ++s) {
+    if (h.HomesAt(0).Homes(s)[0] != 3)
+      EXPECT_EQ(h.HomesAt(0).Homes(s)[0], h.HomesAt(4).Homes(s)[0]);
+  }
+  // Steps before the removal plan as without it; from it on, nothing is
+  // read from node 3's stager and every sample is still planned.
+  EXPECT_EQ(Hashes(removed, {0, 1, 2, 3}), Hashes(kept, {0, 1, 2, 3}));
+  Planner planner(removed), before(kept);
+  for (uint64_t step = 4; step < 7; ++step) {
+    StepPlanData d, k;
+    ASSERT_TRUE(planner.Plan(step, &d).ok());
+    ASSERT_TRUE(before.Plan(step, &k).ok());
+    PlanCheckOptions check;
+    check.staging = &h.At(step);
+    ASSERT_TRUE(CheckPlannedStep(d, check).ok()) << CheckPlannedStep(d, check);
+    EXPECT_EQ(d.samples.size(), k.samples.size());
+    for (uint32_t i = 0; i < d.num_load_items(); ++i) {
+      if (d.IsRemoteLoad(i)) EXPECT_NE(d.LoadSource(i) / 2, 3u) << "step " << step;
+    }
+  }
+  // Refusals: a node the job lacks, removals without locality.
+  o.node_removals = {{8, 1}};
+  EXPECT_FALSE(Job::Create(Config(text), Dataset(), o).ok());
+  o.node_removals = {{1, 1}};
+  auto refused = Job::Create(Config(JobText(kPost)), Dataset(), o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ParseNodeRemovals("3").ok());
+  EXPECT_FALSE(ParseNodeRemovals("a@1").ok());
+}
+
+TEST(LocalityTest, ACacheTooSmallForTheDatasetIsRefusedAtLoad) {
+  uint64_t total = 0;
+  for (const IndexShard& s : Dataset()->shards()) total += s.size;
+  // 8 nodes holding 2 copies need 2 x total / 8 each.
+  auto job =
+      Job::Create(Config(JobText(absl::StrCat(
+                      "locality { home_replication: 2 node_cache_bytes: ", total / 5, " }"))),
+                  Dataset());
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(job.status().message().find("raise the per-node cache capacity"), std::string::npos)
+      << job.status();
+  EXPECT_TRUE(
+      Job::Create(Config(JobText(absl::StrCat(
+                      "locality { home_replication: 2 node_cache_bytes: ", total / 2, " }"))),
+                  Dataset())
+          .ok());
+}
+
+}  // namespace
+}  // namespace tutti::packer

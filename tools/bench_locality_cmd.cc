@@ -1,0 +1,88 @@
+// `tutti bench locality`: NFS egress per epoch with shard homes against
+// today's behaviour, the balance paid, stager-to-stager bytes, plan time.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/byte_size.h"
+#include "services/packer/bench/locality_bench.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace tutti::tools {
+namespace {
+
+// "1/32" or "0.125".
+bool ParseFraction(absl::string_view s, double* out) {
+  std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(s, '/');
+  double a = 0, b = 1;
+  if (!absl::SimpleAtod(p.first, &a)) return false;
+  if (!p.second.empty() && (!absl::SimpleAtod(p.second, &b) || b <= 0)) return false;
+  *out = a / b;
+  return *out > 0;
+}
+
+int RunBenchLocality(int argc, char** argv) {
+  packer::LocalityBenchOptions o;
+  std::string dataset = "10000000000000", shard = "1000000000", caches = "1/32,1/8,1";
+  bool json = false;
+  Cli cli("tutti bench locality [options]",
+          "What shard homes (job config locality) save at cluster scale: a synthetic dataset "
+          "in the seed's mix cut into as many shards as --dataset-bytes / --shard-bytes, steps "
+          "of the seed workload (bench exchange's) planned with post-balancing by the packer's "
+          "own Job and Planner with locality and without it. Reports NFS egress per epoch "
+          "(with locality: what the homes hold, r x dataset, and a check that no plan loads an "
+          "input locally off its shard's home; today: each node stages every shard its ranks' "
+          "plans name, the distinct shards per node and step measured from the plans and an "
+          "epoch of such steps modelled against the node's cache under uniform access), the "
+          "ViT phase's slowest rank over its lower bound with and without locality, the member "
+          "bytes sent stager to stager per step and the median plan time on one thread.");
+  cli.Flag("ranks", &o.world_size, "world size");
+  cli.Flag("ranks-per-node", &o.workload.ranks_per_node, "ranks per node");
+  cli.Flag("dataset-bytes", &dataset, "dataset size in bytes (decimal; suffixes K/M/G/T binary)");
+  cli.Flag("shard-bytes", &shard, "shard size in bytes (decimal; suffixes K/M/G/T binary)");
+  cli.Flag("replication", &o.replication, "locality.home_replication");
+  cli.Flag("caches", &caches, "each node's cache as fractions of the dataset, comma-separated");
+  cli.Flag("steps", &o.steps, "steps planned and measured");
+  cli.Flag("samples", &o.samples, "synthetic samples in the index (0: the steps' draws and more)");
+  cli.Flag("max-pixels", &o.max_pixels, "smart-resize max_pixels of the curriculum stage");
+  cli.Flag("tolerance", &o.balance_tolerance,
+           "post_balancing.balance_tolerance; negative: the job's default");
+  cli.Flag("seed", &o.workload.seed, "workload seed");
+  cli.Flag("json", &json, "print one JSON object instead of a table");
+  int rc = 0;
+  if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (!ParseByteSize(dataset, &o.dataset_bytes) || !ParseByteSize(shard, &o.shard_bytes)) {
+    std::fprintf(stderr, "--dataset-bytes / --shard-bytes: give a size such as 1000000000 or 1G\n");
+    return 2;
+  }
+  o.cache_fractions.clear();
+  for (absl::string_view part : absl::StrSplit(caches, ',', absl::SkipEmpty())) {
+    double f = 0;
+    if (!ParseFraction(part, &f)) {
+      std::fprintf(stderr, "--caches: '%s' is not a positive fraction such as 1/8 or 0.125\n",
+                   std::string(part).c_str());
+      return 2;
+    }
+    o.cache_fractions.push_back(f);
+  }
+  o.progress = [](const std::string& line) {
+    std::fprintf(stderr, "[bench locality] %s\n", line.c_str());
+  };
+  auto r = packer::RunLocalityBench(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "tutti bench locality: %s\n", std::string(r.status().message()).c_str());
+    return 1;
+  }
+  const std::string out = json ? packer::FormatLocalityJson(*r) : packer::FormatLocalityTable(*r);
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tutti::tools
+
+TUTTI_COMMAND("bench locality", "shard homes: NFS egress per epoch, balance paid, plan time",
+              tutti::tools::RunBenchLocality);
