@@ -367,6 +367,12 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
                                      "--metrics=127.0.0.1:0"};
   packer.insert(packer.end(), o.packer_flags.begin(), o.packer_flags.end());
   ASSIGN_OR_RETURN(c->packer_, Daemon::Start("packer", packer, o.dir));
+  std::vector<int> ports;
+  std::vector<std::string> peers;
+  for (int node = 0; o.peers && node < o.nodes; ++node) {
+    ports.push_back(FreeLoopbackPort());
+    peers.push_back(absl::StrCat(node, "=127.0.0.1:", ports.back()));
+  }
   for (int node = 0; node < o.nodes; ++node) {
     std::vector<std::string> argv = {Stagerd(),
                                      "--packer=" + c->packer_->address(),
@@ -379,6 +385,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
                                      "--memory_budget=512M",
                                      "--packer_wait_s=20"};
     argv.insert(argv.end(), o.stager_flags.begin(), o.stager_flags.end());
+    if (o.peers) {
+      argv.push_back(absl::StrCat("--listen=127.0.0.1:", ports[static_cast<size_t>(node)]));
+      argv.push_back("--peers=" + absl::StrJoin(peers, ","));
+    }
     ASSIGN_OR_RETURN(auto stager, Daemon::Start(absl::StrCat("stager", node), argv, o.dir));
     c->stagers_.push_back(std::move(stager));
   }

@@ -139,6 +139,9 @@ struct ClusterOptions {
   int nodes = 2;
   std::vector<std::string> stager_flags;  // extra tutti-stagerd flags
   std::vector<std::string> packer_flags;  // extra tutti-packerd flags
+  // Each stager listens on a loopback port picked ahead, and every stager is
+  // given all of them in --peers (stager to stager member fetches).
+  bool peers = false;
 };
 
 // One tutti-packerd and `nodes` tutti-stagerd.

@@ -142,6 +142,50 @@ void BatchJob::ReadChecked(const v1::ShardRef& shard, const v1::MemberRef& membe
       });
 }
 
+void BatchJob::ReadItem(const v1::ShardRef& shard, const v1::MemberRef& member,
+                        std::optional<uint32_t> holder, MemberReader::Done done) {
+  if (!holder || ctx_.peers == nullptr || !ctx_.peers->Knows(*holder)) {
+    return ReadChecked(shard, member, std::move(done));
+  }
+  const absl::Time now = absl::Now();
+  const absl::Duration left = deadline() - now;
+  const absl::Duration share =
+      ctx_.peer_timeout > absl::ZeroDuration() ? ctx_.peer_timeout : left / 2;
+  auto self = shared_from_this();
+  const v1::ShardRef* s = &shard;  // both live in the plan or the layout, which the batch keeps
+  const v1::MemberRef* m = &member;
+  ctx_.peers->Fetch(*holder, shard, member, std::min(deadline(), now + share),
+                    [self, s, m, node = *holder,
+                     done = std::move(done)](absl::StatusOr<MemberPeers::Bytes> bytes) mutable {
+                      StagerMetrics* metrics = self->ctx_.metrics;
+                      if (bytes.ok() && m->has_crc32c() && Crc32c(**bytes) != m->crc32c()) {
+                        bytes = absl::DataLossError(absl::StrCat(
+                            "its bytes have CRC-32C ", absl::Hex(Crc32c(**bytes), absl::kZeroPad8),
+                            " but the index says ", absl::Hex(m->crc32c(), absl::kZeroPad8)));
+                      } else if (bytes.ok() && (*bytes)->size() != m->size()) {
+                        bytes = absl::DataLossError(
+                            absl::StrCat("it sent ", (*bytes)->size(), " bytes, not ", m->size()));
+                      }
+                      if (bytes.ok()) {
+                        if (metrics) metrics->peer_members_received.Increment();
+                        return done(std::move(bytes), false);
+                      }
+                      if (metrics) metrics->peer_fallbacks.Increment();
+                      static LogRateLimit limit(absl::Seconds(10), 10);
+                      if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
+                        kLog.Warning(
+                            "a remote_load member did not come from its holder's stager: read from "
+                            "the source",
+                            {{"shard", s->name()},
+                             {"member", m->name()},
+                             {"holder_node", node},
+                             {"error", bytes.status().ToString()},
+                             {"suppressed", suppressed}});
+                      }
+                      self->ReadChecked(*s, *m, std::move(done));
+                    });
+}
+
 // The job's bounds on a planned image that need no bytes: images per sample
 // and planned pixels (the source's own size is checked from its header when
 // it is decoded). The packer plans neither, so a refusal here means the plan
@@ -172,14 +216,14 @@ absl::Status BatchJob::CheckImageLimits(size_t i) {
 
 void BatchJob::ReadImage(size_t i) {
   const ImageItem& im = layout_.images()[i];
-  // A remote_load image (its shard is staged on another node, not here) is
-  // read like any other: the reader goes to the source when the shard is not
-  // in this node's cache.
+  // A remote_load image (its shard is staged on another node, not here)
+  // comes from its holder's stager when the plan names one (ReadItem), else,
+  // or when that fails, like any other: the reader goes to the source when
+  // the shard is not in this node's cache.
   if (im.remote_load && ctx_.metrics) ctx_.metrics->remote_load_images.Increment();
   auto self = shared_from_this();
-  ReadChecked(
-      im.shard, im.member,
-      [self, i](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
+  ReadItem(
+      im.shard, im.member, im.holder, [self, i](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
         Item& it = *self->images_[i];
         int expect = kReading;
         if (!bytes.ok()) {
@@ -237,52 +281,50 @@ void BatchJob::ReadDoc(size_t d) {
                           text.name(), text.name().empty() ? "" : ")", "; pre-tokenise the dataset")));
   }
   auto self = shared_from_this();
-  ReadChecked(doc.shard, text,
-                    [self, d](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
-                      Item& it = *self->docs_[d];
-                      int expect = kReading;
-                      if (!it.state.compare_exchange_strong(expect, kDecoding)) return;
-                      if (!bytes.ok()) return self->Fail(it, bytes.status());
-                      const DocItem& doc2 = self->layout_.docs()[d];
-                      auto json = ParseTextMember(**bytes, *self->ctx_.config);
-                      if (!json.ok()) {
-                        return self->Fail(it, absl::DataLossError(absl::StrCat(
-                                                  self->Name(doc2.info->text(), doc2.shard), ": ",
-                                                  json.status().message())));
-                      }
-                      self->layout_.WriteDocument(self->shm_->data(), d, *json);
-                      {
-                        absl::MutexLock l(&it.mu);
-                        it.source = std::move(json->source);
-                        it.meta = std::move(json->meta);
-                      }
-                      it.state.store(kDone);
-                      self->Settle();
-                    });
+  ReadItem(doc.shard, text, doc.holder, [self, d](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
+    Item& it = *self->docs_[d];
+    int expect = kReading;
+    if (!it.state.compare_exchange_strong(expect, kDecoding)) return;
+    if (!bytes.ok()) return self->Fail(it, bytes.status());
+    const DocItem& doc2 = self->layout_.docs()[d];
+    auto json = ParseTextMember(**bytes, *self->ctx_.config);
+    if (!json.ok()) {
+      return self->Fail(
+          it, absl::DataLossError(absl::StrCat(self->Name(doc2.info->text(), doc2.shard), ": ",
+                                               json.status().message())));
+    }
+    self->layout_.WriteDocument(self->shm_->data(), d, *json);
+    {
+      absl::MutexLock l(&it.mu);
+      it.source = std::move(json->source);
+      it.meta = std::move(json->meta);
+    }
+    it.state.store(kDone);
+    self->Settle();
+  });
 }
 
 void BatchJob::ReadAudio(size_t a) {
   const AudioItem& au = layout_.audio()[a];
   auto self = shared_from_this();
-  ReadChecked(au.shard, au.member,
-                    [self, a](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
-                      Item& it = *self->audio_[a];
-                      int expect = kReading;
-                      if (!it.state.compare_exchange_strong(expect, kDecoding)) return;
-                      if (!bytes.ok()) return self->Fail(it, bytes.status());
-                      const AudioItem& au2 = self->layout_.audio()[a];
-                      auto pcm = DecodeWav(**bytes, self->ctx_.config->audio().sample_rate(), au2.samples);
-                      if (!pcm.ok()) {
-                        return self->Fail(it, absl::DataLossError(absl::StrCat(
-                                                  self->Name(au2.member, au2.shard), ": ",
-                                                  pcm.status().message())));
-                      }
-                      if (!pcm->empty()) {
-                        std::memcpy(self->shm_->data() + au2.offset, pcm->data(), pcm->size() * 4);
-                      }
-                      it.state.store(kDone);
-                      self->Settle();
-                    });
+  ReadItem(
+      au.shard, au.member, au.holder, [self, a](absl::StatusOr<MemberReader::Bytes> bytes, bool) {
+        Item& it = *self->audio_[a];
+        int expect = kReading;
+        if (!it.state.compare_exchange_strong(expect, kDecoding)) return;
+        if (!bytes.ok()) return self->Fail(it, bytes.status());
+        const AudioItem& au2 = self->layout_.audio()[a];
+        auto pcm = DecodeWav(**bytes, self->ctx_.config->audio().sample_rate(), au2.samples);
+        if (!pcm.ok()) {
+          return self->Fail(it, absl::DataLossError(absl::StrCat(self->Name(au2.member, au2.shard),
+                                                                 ": ", pcm.status().message())));
+        }
+        if (!pcm->empty()) {
+          std::memcpy(self->shm_->data() + au2.offset, pcm->data(), pcm->size() * 4);
+        }
+        it.state.store(kDone);
+        self->Settle();
+      });
 }
 
 std::string BatchJob::DecodeBacklog() const {
@@ -347,8 +389,13 @@ std::string BatchJob::PendingSummary() const {
 // image (nor an image with a foreign caption).
 class BatchJob::Outcome {
  public:
-  Outcome(v1::BatchDescriptor* descriptor, StagerMetrics* metrics, bool drop, Failures failures)
-      : descriptor_(descriptor), metrics_(metrics), drop_(drop), failures_(std::move(failures)) {}
+  Outcome(v1::BatchDescriptor* descriptor, StagerMetrics* metrics, LogRateLimit* log_limit,
+          bool drop, Failures failures)
+      : descriptor_(descriptor),
+        metrics_(metrics),
+        log_limit_(log_limit),
+        drop_(drop),
+        failures_(std::move(failures)) {}
 
   // Under the drop policy, a failed sample leaves the batch whole unless an
   // item of it crosses ranks.
@@ -367,7 +414,8 @@ class BatchJob::Outcome {
     s->set_detail(absl::StrCat(item.detail, what));
     s->set_action(kind == kDropped ? "dropped" : "placeholder");
     if (metrics_) metrics_->SkippedSamples(item.reason).Increment();
-    static LogRateLimit limit(absl::Seconds(10), 10);
+    static LogRateLimit process_limit(absl::Seconds(10), 10);
+    LogRateLimit& limit = log_limit_ != nullptr ? *log_limit_ : process_limit;
     if (uint64_t suppressed = 0; limit.Allow(&suppressed)) {
       kLog.Warning("skipped a sample member",
                    {{"reason", item.reason}, {"shard", shard}, {"member", member},
@@ -385,6 +433,7 @@ class BatchJob::Outcome {
  private:
   v1::BatchDescriptor* descriptor_;
   StagerMetrics* metrics_;
+  LogRateLimit* log_limit_;  // null: the process-wide one
   const bool drop_;
   const Failures failures_;
   std::set<uint64_t> counted_;
@@ -528,7 +577,8 @@ void BatchJob::Describe(const std::vector<bool>& image_dropped,
 void BatchJob::Finalize() {
   if (finalized_.exchange(true)) return;
   // Every item has settled (remaining_ reached 0): no other thread writes them now.
-  Outcome out(&descriptor_, ctx_.metrics, ctx_.policy == v1::SKIP_POLICY_DROP, FindFailures());
+  Outcome out(&descriptor_, ctx_.metrics, ctx_.skip_log, ctx_.policy == v1::SKIP_POLICY_DROP,
+              FindFailures());
   std::vector<bool> image_dropped(images_.size(), false), doc_dropped(docs_.size(), false),
       audio_dropped(audio_.size(), false);
   SettleImages(out, &image_dropped);

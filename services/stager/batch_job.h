@@ -15,11 +15,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <opencv2/core.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <opencv2/core.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -29,6 +28,8 @@
 #include "services/stager/batch_layout.h"
 #include "services/stager/batch_window.h"
 #include "services/stager/decode.h"
+#include "common/log.h"
+#include "services/stager/member_peers.h"
 #include "services/stager/metrics.h"
 #include "services/stager/reader.h"
 #include "services/stager/thread_pool.h"
@@ -45,6 +46,16 @@ struct BuildContext {
   v1::SkipPolicy policy = v1::SKIP_POLICY_SUBSTITUTE;
   absl::Duration deadline = absl::Seconds(2);  // per read + decode
   ShmAccess segment_access;                    // who may map the batch segments
+  // The stagers of other nodes, asked first for a remote_load item's member
+  // when the plan names its holder (may be null: always the source).
+  MemberPeers* peers = nullptr;
+  // How long the holder has, from when the read starts; the rest of the
+  // sample deadline is the source's. Zero: half of what is left of it.
+  absl::Duration peer_timeout = absl::ZeroDuration();
+  // The rate limit of the "skipped a sample member" lines, one per stager
+  // (so two stagers in one process, as in tests, do not use up each
+  // other's). Null: one for the whole process.
+  LogRateLimit* skip_log = nullptr;
 };
 
 class BatchJob final : public WindowBatch, public std::enable_shared_from_this<BatchJob> {
@@ -99,6 +110,12 @@ class BatchJob final : public WindowBatch, public std::enable_shared_from_this<B
   // Reads a member for this batch, checked against its checksum (see .cc).
   void ReadChecked(const v1::ShardRef& shard, const v1::MemberRef& member,
                    MemberReader::Done done);
+  // A member of an item: from `holder`'s stager first when the plan names
+  // one this stager can ask (its bytes checked against the index), then,
+  // when that fails or runs late, ReadChecked. Each member is asked of the
+  // holder at most once.
+  void ReadItem(const v1::ShardRef& shard, const v1::MemberRef& member,
+                std::optional<uint32_t> holder, MemberReader::Done done);
   // OK, or RESOURCE_EXHAUSTED naming the bound image i's plan exceeds.
   absl::Status CheckImageLimits(size_t i);
   void ReadImage(size_t i);

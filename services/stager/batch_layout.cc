@@ -141,6 +141,7 @@ absl::Status BatchLayout::AddImage(const v1::ImagePlan& ip, const PlanSamples& s
   it.bytes = it.rows * params_.row_values() * params_.value_bytes();
   it.llm_rank = ip.llm_rank();
   it.remote_load = ip.remote_load();
+  if (ip.remote_load() && ip.has_holder_node()) it.holder = ip.holder_node();
   it.sample_images = static_cast<uint32_t>(s->images_size());
   images_.push_back(std::move(it));
   return absl::OkStatus();
@@ -157,6 +158,7 @@ absl::Status BatchLayout::AddAudio(const v1::AudioPlan& ap, const PlanSamples& s
   a.audio_index = ap.audio_index();
   a.member = s->audio(ap.audio_index());
   a.shard = samples.ShardOf(*s);
+  if (ap.remote_load() && ap.has_holder_node()) a.holder = ap.holder_node();
   const uint64_t rate = audio_cfg_.sample_rate();
   a.samples = std::min<uint64_t>(a.member.audio_ms() * rate / 1000,
                                  uint64_t{audio_cfg_.max_seconds()} * rate);
@@ -179,6 +181,7 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   d.sample_id = slot.sample_id();
   d.info = s;
   d.shard = samples.ShardOf(*s);
+  if (slot.remote_load() && slot.has_holder_node()) d.holder = slot.holder_node();
   d.sequence = sequence;
   d.token_offset = *tokens;
   d.length = slot.length();

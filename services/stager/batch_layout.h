@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct ImageItem {
   uint64_t bytes = 0;
   uint32_t llm_rank = 0;     // rank whose LLM phase consumes its encoder output
   bool remote_load = false;  // its shard is not staged on this node: read from the source
+  std::optional<uint32_t> holder;  // remote_load with locality: the node whose stager holds it
   uint32_t sample_images = 0;  // images of its sample (SampleInfo.images)
 };
 
@@ -54,6 +56,7 @@ struct DocItem {
   bool piece = false;        // a piece of a split document (DocSlot.pieces > 0)
   uint32_t image_begin = 0;  // its first entry in doc_image_starts
   uint32_t image_count = 0;  // its images (entries there)
+  std::optional<uint32_t> holder;  // remote_load with locality: the node whose stager holds it
 };
 
 struct AudioItem {
@@ -63,6 +66,7 @@ struct AudioItem {
   v1::ShardRef shard;
   uint64_t samples = 0;   // PCM samples at the configured rate
   uint64_t offset = 0;    // byte offset in the segment
+  std::optional<uint32_t> holder;  // remote_load with locality: the node whose stager holds it
 };
 
 class BatchLayout {

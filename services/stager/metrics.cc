@@ -72,6 +72,30 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       remote_load_images(Counter(*registry, "tutti_stager_remote_load_images_total",
                                  "Images the plan marks remote_load (their shard is not staged "
                                  "on this node), read from the source directly")),
+      source_bytes(Counter(*registry, "tutti_stager_source_bytes_total",
+                           "Bytes read from the source directory: staging copies and member "
+                           "reads, those for other nodes' stagers included")),
+      peer_bytes_sent(Counter(*registry, "tutti_stager_peer_bytes_total",
+                              "Member bytes moved stager to stager (FetchMembers), by direction",
+                              {{"direction", "sent"}})),
+      peer_bytes_received(
+          Counter(*registry, "tutti_stager_peer_bytes_total",
+                  "Member bytes moved stager to stager (FetchMembers), by direction",
+                  {{"direction", "received"}})),
+      peer_members_received(Counter(*registry, "tutti_stager_peer_members_total",
+                                    "Members of remote_load items asked of their holder's stager, "
+                                    "by outcome: received, or fallback (read from the source)",
+                                    {{"outcome", "received"}})),
+      peer_fallbacks(Counter(*registry, "tutti_stager_peer_members_total",
+                             "Members of remote_load items asked of their holder's stager, "
+                             "by outcome: received, or fallback (read from the source)",
+                             {{"outcome", "fallback"}})),
+      peer_served(Counter(*registry, "tutti_stager_peer_served_members_total",
+                          "Members served to other nodes' stagers, by outcome: sent, failed",
+                          {{"outcome", "sent"}})),
+      peer_served_failed(Counter(*registry, "tutti_stager_peer_served_members_total",
+                                 "Members served to other nodes' stagers, by outcome: sent, failed",
+                                 {{"outcome", "failed"}})),
       window_building(Gauge(*registry, "tutti_stager_window_building_batches",
                             "Batches being read and decoded")),
       batch_memory(Gauge(*registry, "tutti_stager_batch_memory_bytes",

@@ -67,6 +67,23 @@ class StagerMetrics {
   prometheus::Counter& checksum_rereads;     // tutti_stager_checksum_rereads_total
   prometheus::Counter& dropped_samples;      // tutti_stager_dropped_samples_total
   prometheus::Counter& remote_load_images;   // tutti_stager_remote_load_images_total
+  // Bytes read from --source (staging copies and member reads, the reads for
+  // another node's stager included): tutti_stager_source_bytes_total.
+  prometheus::Counter& source_bytes;
+  // Member bytes moved stager to stager (FetchMembers):
+  // tutti_stager_peer_bytes_total{direction="sent"|"received"}.
+  prometheus::Counter& peer_bytes_sent;
+  prometheus::Counter& peer_bytes_received;
+  // Members of remote_load items asked of their holder's stager, by outcome:
+  // received, or fallback (the holder did not deliver in time, refused,
+  // failed, or sent bytes that fail the index's checksum; read from the
+  // source instead): tutti_stager_peer_members_total{outcome}.
+  prometheus::Counter& peer_members_received;
+  prometheus::Counter& peer_fallbacks;
+  // Members served to other nodes' stagers, by outcome:
+  // tutti_stager_peer_served_members_total{outcome="sent"|"failed"}.
+  prometheus::Counter& peer_served;
+  prometheus::Counter& peer_served_failed;
   // Window and clients.
   // tutti_stager_window_batches{rank}: the local rank's batches ready ahead
   // of it (built, not yet handed out); one series per local rank.

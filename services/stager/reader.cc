@@ -228,6 +228,9 @@ void MemberReader::Issue(const std::shared_ptr<Handle>& h, Pending p) {
                             " could be read: truncated shard; re-copy or re-index it")),
                         h->from_cache);
         } else {
+          if (metrics_ && !h->from_cache) {
+            metrics_->source_bytes.Increment(static_cast<double>(pending->length));
+          }
           pending->done(buf, h->from_cache);
         }
       },

@@ -115,6 +115,9 @@ absl::Status StagerCore::Start(const v1::JobInfo& job) {
   ctx_.config = &config_;
   ctx_.policy = policy;
   ctx_.deadline = deadline;
+  ctx_.peers = peers_.get();
+  ctx_.skip_log = &skip_log_;
+  ctx_.peer_timeout = absl::Milliseconds(opts_.peer_timeout_ms);
   ctx_.segment_access.gid = opts_.share_gid;
   BatchWindowOptions wo;
   wo.window = opts_.window;
@@ -208,6 +211,9 @@ void StagerCore::Stop() {
   cv_.SignalAll();
   for (auto& cb : cbs) cb();
   if (scheduler_.joinable()) scheduler_.join();
+  // Ends the calls to other stagers (their callbacks fall back to reads,
+  // which the services below then end).
+  peers_.reset();
   // Ends reads (callbacks may still queue decodes); a read stuck in the
   // kernel is not waited for.
   source_io_.reset();
@@ -555,6 +561,34 @@ void StagerCore::Loop() {
 }
 
 // ------------------------------------------------------------ staging status
+void StagerCore::ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRef& member,
+                                   absl::Time deadline, MemberReader::Done done) {
+  absl::MutexLock l(&mu_);
+  if (!started_ || stopping_) {
+    done(absl::UnavailableError(
+             "tutti-stagerd is starting or stopping: it serves no members now; read the source"),
+         false);
+    return;
+  }
+  // Another node's plan names this node as the shard's holder: once a member
+  // of it was read, stage it, so that its other members come from the cache
+  // rather than the source. Behind this node's own ranks' shards (a later
+  // priority than any step they stage).
+  const uint64_t priority = window_->base() + 2 * uint64_t{opts_.window} + opts_.stage_ahead;
+  // Under mu_: Stop() resets the reader only after stopping_ is set.
+  reader_->Read(shard, member.name(), member.offset(), member.size(), deadline,
+                [this, shard, priority, done = std::move(done)](
+                    absl::StatusOr<MemberReader::Bytes> bytes, bool from_cache) {
+                  if (bytes.ok() && !from_cache) {
+                    const ShardState state = staging_->Status(shard.name()).state;
+                    if (state == ShardState::kUnknown || state == ShardState::kFailed) {
+                      staging_->Request(shard, priority);
+                    }
+                  }
+                  done(std::move(bytes), from_cache);
+                });
+}
+
 bool StagerCore::Started() const {
   absl::MutexLock l(&mu_);
   return started_;

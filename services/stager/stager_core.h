@@ -31,6 +31,7 @@
 #include "services/stager/batch_job.h"
 #include "services/stager/batch_window.h"
 #include "services/stager/cache.h"
+#include "services/stager/member_peers.h"
 #include "services/stager/metrics.h"
 #include "services/stager/node_ranks.h"
 #include "services/stager/plan_intake.h"
@@ -87,6 +88,11 @@ struct StagerOptions {
   // one returns. With staging.file_queue_depth, keep it under a FUSE
   // mount's background limit (12 by default).
   unsigned source_file_reads = 4;
+  // How long the holder's stager has to send a remote_load member
+  // (--peer_timeout_ms) before it is read from the source; within the sample
+  // deadline. 0 = half of what is left of the sample deadline when the read
+  // starts.
+  uint32_t peer_timeout_ms = 0;
 };
 
 class StagerCore {
@@ -99,6 +105,11 @@ class StagerCore {
              std::unique_ptr<IoBackend> staging_backend = nullptr,
              std::unique_ptr<IoBackend> read_backend = nullptr);
   ~StagerCore();
+
+  // The stagers of other nodes that remote_load members are asked of first
+  // (member_peers.h); call before Start. Without: always the source. Stop()
+  // destroys them first, so their calls end before the reads they fall back to.
+  void SetPeers(std::unique_ptr<MemberPeers> peers) { peers_ = std::move(peers); }
 
   // Validates the job, opens the cache (removing partial files), starts
   // staging, the decode pool and the scheduler.
@@ -180,6 +191,19 @@ class StagerCore {
   // Empty before Start().
   v1::StageStatus GetStageStatus() const;
 
+  // ---- peers
+  // Reads one member for another node's stager (FetchMembers): from this
+  // node's cache when the shard is staged here, else from the source, each
+  // read bounded as the stager's own (path refusals, the source's per-file
+  // bound), with `deadline`. A shard not staged here is asked of staging
+  // (after this node's own ranks' shards), so that its later members come
+  // from the cache; a failed one is asked again (staging's retry wait holds). UNAVAILABLE (to
+  // `done`, at once) before Start and once stopping.
+  void ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRef& member,
+                         absl::Time deadline, MemberReader::Done done);
+  // The sample deadline in force (set by Start).
+  absl::Duration sample_deadline() const { return ctx_.deadline; }
+
   StagingEngine* staging() { return staging_.get(); }
   ShardCache* cache() { return cache_.get(); }
 
@@ -220,6 +244,8 @@ class StagerCore {
   std::unique_ptr<IoService> cache_io_;   // member reads from the cache
   std::unique_ptr<IoService> source_io_;  // member reads from the source
   std::unique_ptr<MemberReader> reader_;
+  std::unique_ptr<MemberPeers> peers_;
+  LogRateLimit skip_log_{absl::Seconds(10), 10};  // BuildContext::skip_log
   std::unique_ptr<ThreadPool> pool_;
   BuildContext ctx_;
   absl::Duration stage_wait_;  // BatchWindowOptions::stage_wait

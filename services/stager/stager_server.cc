@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "services/stager/peer_fetcher.h"
 
 namespace tutti::stager {
 namespace {
@@ -43,9 +44,12 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   metrics_ = std::make_shared<StagerMetrics>(host_->registry());
   // Bind the gRPC port before talking to the packer, so a port in use fails at once.
   core_ = std::make_unique<StagerCore>(opts_.core, metrics_);
+  if (!opts_.peers.empty()) {
+    core_->SetPeers(std::make_unique<PeerFetcher>(opts_.peers, opts_.rpc.security, metrics_.get()));
+  }
   gate_ = std::make_unique<RpcGate>(opts_.rpc, "tutti.v1.Stager", host_->registry().get());
   ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
-  service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get());
+  service_ = std::make_unique<StagerService>(core_.get(), gate_.get(), ranks_.get(), metrics_);
   GrpcServerOptions grpc_options;
   grpc_options.socket_gid = opts_.core.share_gid;
   RETURN_IF_ERROR(ApplyRpcGateOptions(gate_.get(), opts_.listen,

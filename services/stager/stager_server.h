@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,6 +39,10 @@ struct StagerServerOptions {
   absl::Duration probe_interval = absl::Seconds(2);  // how often readiness checks the
                                                      // source and the packer
   StagerOptions core;
+  // The other nodes' stagers (--peers): node -> gRPC address, asked first for
+  // remote_load members whose plan names their node (peer_fetcher.h), with
+  // `rpc`'s TLS and token. Empty: remote_load members come from the source.
+  std::map<uint32_t, std::string> peers;
   RpcGateOptions rpc;  // TLS, token, request bounds (rpc_gate.h); its TLS and
                        // token also reach the packer
 };

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "services/stager/member_stream.h"
 
 namespace tutti::stager {
 namespace {
@@ -138,6 +139,26 @@ grpc::ServerUnaryReactor* StagerService::RenewLeases(grpc::CallbackServerContext
         for (uint64_t step : *lost) resp->add_lost(step);
         done(absl::OkStatus());
       });
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StagerService::FetchMembers(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) {
+  v1::FetchMembersRequest req;
+  absl::StatusOr<CallTicket> ticket = gate_->Admit(*ctx, *in, &req);
+  if (!ticket.ok()) return new RefusedStream(ticket.status());
+  if (absl::Status s = CheckFetchRequest(req); !s.ok()) {
+    return new RefusedStream(
+        gate_->Refuse(absl::IsResourceExhausted(s) ? "too_large" : "too_many_items", s));
+  }
+  if (!core_->Started()) {
+    return new RefusedStream(absl::UnavailableError(
+        "tutti-stagerd is starting: it has no job from its packer yet; read the source"));
+  }
+  // Within the caller's deadline and never past this stager's sample deadline.
+  absl::Time deadline = absl::Now() + core_->sample_deadline();
+  const absl::Time asked = absl::FromChrono(ctx->deadline());
+  if (asked < deadline) deadline = asked;
+  return new MemberStream(core_, metrics_, std::move(req), deadline, *std::move(ticket));
 }
 
 }  // namespace tutti::stager

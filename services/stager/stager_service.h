@@ -8,6 +8,8 @@
 #ifndef TUTTI_SERVICES_STAGER_STAGER_SERVICE_H_
 #define TUTTI_SERVICES_STAGER_STAGER_SERVICE_H_
 
+#include <memory>
+
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
 #include "services/stager/stager_core.h"
@@ -18,13 +20,16 @@ namespace tutti::stager {
 using RawStagerService = v1::Stager::WithRawCallbackMethod_GetStageStatus<
     v1::Stager::WithRawCallbackMethod_RegisterRank<v1::Stager::WithRawCallbackMethod_AcquireBatch<
         v1::Stager::WithRawCallbackMethod_ReleaseBatch<
-            v1::Stager::WithRawCallbackMethod_RenewLeases<v1::Stager::Service>>>>>;
+            v1::Stager::WithRawCallbackMethod_RenewLeases<
+                v1::Stager::WithRawCallbackMethod_FetchMembers<v1::Stager::Service>>>>>>;
 
 class StagerService final : public RawStagerService {
  public:
   // All must outlive the service.
-  StagerService(StagerCore* core, RpcGate* gate, RankIdentities* ranks)
-      : core_(core), gate_(gate), ranks_(ranks) {}
+  // metrics: for FetchMembers' counts (may be null).
+  StagerService(StagerCore* core, RpcGate* gate, RankIdentities* ranks,
+                std::shared_ptr<StagerMetrics> metrics = nullptr)
+      : core_(core), gate_(gate), ranks_(ranks), metrics_(std::move(metrics)) {}
 
   grpc::ServerUnaryReactor* GetStageStatus(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* in,
@@ -40,6 +45,11 @@ class StagerService final : public RawStagerService {
                                          grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* RenewLeases(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* in, grpc::ByteBuffer* out) override;
+  // Another node's stager asks for member bytes (member_stream.h): the
+  // job's token (the gate), the request's bounds, then the reads. It acts as
+  // no rank.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchMembers(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* in) override;
 
  private:
   // OK when the caller may act as `rank`; else the refusal (counted).
@@ -54,6 +64,7 @@ class StagerService final : public RawStagerService {
   StagerCore* core_;
   RpcGate* gate_;
   RankIdentities* ranks_;
+  std::shared_ptr<StagerMetrics> metrics_;
 };
 
 }  // namespace tutti::stager

@@ -8,6 +8,7 @@
 #include "common/daemon_flags.h"
 #include "common/security_flags.h"
 #include "common/status.h"
+#include "services/stager/peer_fetcher.h"
 
 ABSL_FLAG(std::string, packer, "127.0.0.1:7070",
           "tutti-packerd address: HOST:PORT or unix:///PATH/TO.sock");
@@ -82,6 +83,13 @@ ABSL_FLAG(uint32_t, max_acquire_timeout_ms, 3600000,
           "the longest an AcquireBatch may ask to wait for its batch (timeout_ms), "
           "60000..86400000; a longer one is refused INVALID_ARGUMENT (libtutti asks for at most "
           "a minute at a time and asks again)");
+ABSL_FLAG(std::string, peers, "",
+          "the other nodes' stagers, NODE=HOST:PORT,... (their --listen addresses): a "
+          "remote_load item whose plan names its holder node (the job's locality) is asked of "
+          "that node's stager first, then read from the source; empty = always the source");
+ABSL_FLAG(uint32_t, peer_timeout_ms, 0,
+          "how long a holder's stager has to send a remote_load member before it is read from "
+          "the source, 0..3600000, within the sample deadline (0 = half of what is left of it)");
 ABSL_FLAG(uint32_t, packer_wait_s, 600,
           "how long to retry reaching the packer at start, 0..86400 (SIGTERM ends the wait at "
           "once)");
@@ -152,6 +160,8 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
                  "0 = the sample deadline"},
            Range{"staging_timeout_ms", absl::GetFlag(FLAGS_staging_timeout_ms), 100, 3600000, ""},
            Range{"packer_wait_s", absl::GetFlag(FLAGS_packer_wait_s), 0, 86400, ""},
+           Range{"peer_timeout_ms", absl::GetFlag(FLAGS_peer_timeout_ms), 0, 3600000,
+                 "0 = half of what is left of the sample deadline"},
            Range{"lease_seconds", absl::GetFlag(FLAGS_lease_seconds), 1, 86400, ""},
            Range{"max_acquire_timeout_ms", absl::GetFlag(FLAGS_max_acquire_timeout_ms), 60000,
                  86400000, ""},
@@ -187,6 +197,11 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
         "empty for the job's)"));
   }
   o.packer_wait = absl::Seconds(absl::GetFlag(FLAGS_packer_wait_s));
+  ASSIGN_OR_RETURN(o.peers, ParsePeers(absl::GetFlag(FLAGS_peers)));
+  for (const auto& [peer, address] : o.peers) {
+    RETURN_IF_ERROR(CheckAddressFlag("peers", address, AddressUse::kConnect, false));
+  }
+  c.peer_timeout_ms = absl::GetFlag(FLAGS_peer_timeout_ms);
   ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   return o;
 }

@@ -525,6 +525,7 @@ void StagingEngine::OnRead(const std::shared_ptr<File>& f, int b, uint64_t offse
                           offset, " ended after ", r, " of ", len, " bytes (it had ", f->size,
                           " bytes); the shard is being rewritten at the source; retry later")));
   }
+  if (metrics_) metrics_->source_bytes.Increment(static_cast<double>(r));
   if (f->ref.crc32c() != 0) f->crcs[offset] = {Crc32cExtend(0, buffers_[b], len), len};
   size_t wlen = len;
   if (f->dst_direct && len % kAlign != 0) {
