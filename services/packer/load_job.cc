@@ -26,6 +26,20 @@ const char* UnservableFix(const std::string& why) {
 
 }  // namespace
 
+absl::Status CheckPlaceholderPositions(const Index& index, const std::string& path) {
+  const std::string options = index.meta("options");
+  if (options.find("placeholder_id=") == std::string::npos ||
+      options.find("placeholder_positions=1") != std::string::npos) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "index ", path,
+      " was built with placeholder ids (schema-2 samples) by a tutti that did not record where "
+      "each placeholder sits, which splitting and truncating interleaved documents needs; "
+      "re-run `tutti index --source ",
+      index.source_dir(), " --out ", path, "`"));
+}
+
 absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_path,
                                                    const std::string& index_override,
                                                    const JobOptions& options,
@@ -53,6 +67,7 @@ absl::StatusOr<std::shared_ptr<const Job>> LoadJob(const std::string& config_pat
   std::vector<std::shared_ptr<const Index>> indexes;
   for (const std::string& path : paths) {
     ASSIGN_OR_RETURN(std::shared_ptr<const Index> one, LoadIndex(path));
+    RETURN_IF_ERROR(CheckPlaceholderPositions(*one, path));
     indexes.push_back(std::move(one));
   }
   std::shared_ptr<const Index> index = indexes[0];

@@ -24,6 +24,12 @@ struct LoadJobStats {
   uint64_t job_heap_bytes = 0;
 };
 
+// FAILED_PRECONDITION saying to re-run `tutti index` when the index at
+// `path` was built with placeholder ids but records no placeholder
+// positions (a tutti before MPOS): its interleaved documents would be
+// split and truncated as if their runs led.
+absl::Status CheckPlaceholderPositions(const Index& index, const std::string& path);
+
 // Reads a text JobConfig, applies defaults, replaces index_path with
 // `index_override` when that is not empty, loads the index and creates the
 // job. Errors name the file and the fix. `edit`, when given, changes the

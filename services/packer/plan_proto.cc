@@ -215,7 +215,9 @@ class PlanBuilder {
           doc->set_encoder_tokens(ps.cost.image_tokens + ps.cost.audio_tokens);
           doc->set_remote_load(ps.text_remote);
           if (locality && ps.text_remote) doc->set_holder_node(ps.text_source / rpn);
-          if (ps.pieces > 0) {
+          if (ps.pieces > 0 || ps.truncated) {
+            // A piece, or a truncated document: the images listed below, the
+            // audio clips and the text it holds.
             doc->set_piece(ps.piece);
             doc->set_pieces(ps.pieces);
             doc->set_audio_count(ps.cost.audio);
@@ -542,8 +544,9 @@ std::vector<Rows> RowsOf(const v1::StepPlan& plan) {
             r.llm[{v1::ENCODER_VISION, doc.sample_id(), di.image_index()}] = image_row++;
           }
           auto it = samples.find(doc.sample_id());
-          const uint32_t first = doc.pieces() > 0 ? doc.first_audio() : 0;
-          const uint32_t n = doc.pieces() > 0      ? doc.audio_count()
+          const bool part = doc.pieces() > 0 || doc.truncated();
+          const uint32_t first = part ? doc.first_audio() : 0;
+          const uint32_t n = part                  ? doc.audio_count()
                              : it != samples.end() ? it->second->audio_size()
                                                    : 0;
           for (uint32_t a = first; a < first + n; ++a) {

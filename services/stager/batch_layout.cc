@@ -186,6 +186,7 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   d.token_offset = *tokens;
   d.length = slot.length();
   std::vector<std::pair<uint32_t, bool>> enc;
+  std::vector<uint32_t> index;  // each entry's image (audio clip) index
   // A mixture source's ceiling below the step's max_pixels sizes its images.
   VisionGeometryOptions own = geo;
   if (s->max_pixels() > 0 && s->max_pixels() < own.max_pixels) own.max_pixels = s->max_pixels();
@@ -204,6 +205,7 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
                                                        di.image_index()));
       }
       const uint32_t computed = image_tokens(s->images(static_cast<int>(di.image_index())));
+      index.push_back(di.image_index());
       if (!planned_images) {
         enc.emplace_back(computed, false);
         continue;
@@ -221,7 +223,9 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
       enc.emplace_back(di.llm_tokens(), false);
     }
   }
-  if (slot.pieces() > 0) {
+  // A piece, or (from plan_version 2 on) a truncated document: the audio
+  // clips and the text the plan gives it.
+  if (slot.pieces() > 0 || (slot.truncated() && planned_images)) {
     if (uint64_t{slot.first_audio()} + slot.audio_count() >
         static_cast<uint64_t>(s->audio_size())) {
       return absl::InvalidArgumentError(absl::StrCat(samples.where(), ": sample ",
@@ -230,13 +234,20 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
     }
     for (uint32_t a = slot.first_audio(); a < slot.first_audio() + slot.audio_count(); ++a) {
       enc.emplace_back(AudioTokens(s->audio(static_cast<int>(a)), audio_cfg_), true);
+      index.push_back(a);
     }
     d.text_begin = slot.text_begin();
   } else {
     if (!planned_images) {
-      for (const auto& m : s->images()) enc.emplace_back(image_tokens(m), false);
+      for (const auto& m : s->images()) {
+        index.push_back(static_cast<uint32_t>(enc.size()));
+        enc.emplace_back(image_tokens(m), false);
+      }
     }
-    for (const auto& m : s->audio()) enc.emplace_back(AudioTokens(m, audio_cfg_), true);
+    for (int a = 0; a < s->audio_size(); ++a) {
+      enc.emplace_back(AudioTokens(s->audio(a), audio_cfg_), true);
+      index.push_back(static_cast<uint32_t>(a));
+    }
   }
   uint64_t sum = 0;
   for (const auto& e : enc) sum += e.first;
@@ -276,6 +287,7 @@ absl::Status BatchLayout::AddDocument(const v1::DocSlot& slot, uint32_t sequence
   *tokens += d.length;
   docs_.push_back(d);
   doc_encoders_.push_back(std::move(enc));
+  doc_media_.push_back(std::move(index));
   return absl::OkStatus();
 }
 
@@ -390,31 +402,57 @@ void BatchLayout::WriteDocument(char* base, size_t doc, const SampleJson& json) 
   for (size_t k = 0; k < enc.size(); ++k) (enc[k].second ? audio_items : image_items).push_back(k);
   auto* input = reinterpret_cast<int32_t*>(base + Get("input_ids").offset) + d.token_offset;
   auto* loss = reinterpret_cast<uint8_t*>(base + Get("loss_mask").offset) + d.token_offset;
-  // In place: where each run starts, if every run fits the planned length.
+  // In place: the part of k.json the plan gives the document (the whole of
+  // it, a piece of a split one, a truncated one's prefix) is its text tokens
+  // [text_begin, text_begin + text_length) and the placeholders of its
+  // images and audio clips. Where those are one contiguous stretch of
+  // input_ids holding every planned image and clip, and every run fits the
+  // planned length, the stretch is written in order with each run where its
+  // placeholder is.
   std::vector<uint64_t> run_at(ids.size(), 0);
-  bool in_place = json.schema == 2 && !d.piece && !enc.empty() &&
-                  json.image_positions.size() == image_items.size() &&
-                  json.audio_positions.size() == audio_items.size();
+  std::vector<uint8_t> held(ids.size(), 0);
+  size_t first = ids.size(), last = 0;
+  bool in_place = json.schema == 2 && !enc.empty();
+  if (in_place) {
+    const std::vector<uint32_t>& index = doc_media_[doc];
+    std::vector<uint8_t> has_image(json.image_positions.size(), 0),
+        has_audio(json.audio_positions.size(), 0);
+    for (size_t k = 0; k < enc.size() && in_place; ++k) {
+      std::vector<uint8_t>& has = enc[k].second ? has_audio : has_image;
+      in_place = index[k] < has.size();
+      if (in_place) has[index[k]] = 1;
+    }
+    uint32_t ti = 0, ii = 0, ai = 0;
+    for (size_t i = 0; i < ids.size() && in_place; ++i) {
+      if (kind[i] == 0) {
+        held[i] = ti >= d.text_begin && ti - d.text_begin < d.text_length;
+        ++ti;
+      } else {
+        held[i] = kind[i] == 1 ? has_image[ii++] : has_audio[ai++];
+      }
+      if (held[i]) first = std::min(first, i), last = i;
+    }
+  }
   if (in_place) {
     uint64_t p = 0;
     size_t ii = 0, ai = 0;
-    for (size_t i = 0; i < ids.size() && in_place && p < d.length; ++i) {
+    for (size_t i = first; i <= last && in_place; ++i) {
+      in_place = held[i] && p <= d.length;
       if (kind[i] == 0) {
         ++p;
         continue;
       }
       run_at[i] = p;
       p += enc[kind[i] == 1 ? image_items[ii++] : audio_items[ai++]].first + 2;
-      in_place = p <= d.length;
     }
-    in_place = in_place && ii == image_items.size() && ai == audio_items.size();
+    in_place = in_place && p <= d.length && ii == image_items.size() && ai == audio_items.size();
   }
   if (in_place) {
     auto* starts =
         reinterpret_cast<int32_t*>(base + Get("doc_image_starts").offset) + d.image_begin;
     uint64_t p = 0;
     size_t ii = 0, ai = 0;
-    for (size_t i = 0; i < ids.size() && p < d.length; ++i) {
+    for (size_t i = first; i <= last; ++i) {
       if (kind[i] == 0) {
         input[p] = ids[i];
         loss[p++] = trained[i];

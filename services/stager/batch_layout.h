@@ -87,11 +87,13 @@ class BatchLayout {
   // Writes a document's text tokens fitted to its planned text length.
   void WriteText(char* base, size_t doc, const std::vector<int32_t>& tokens) const;
 
-  // Writes a document from its k.json. A schema-2 document (not a piece of
-  // a split one) with one placeholder per planned image and audio clip gets
-  // each one's run (vision_start, image_pad x n, vision_end) where its
-  // placeholder is, in order, and doc_image_starts saying where; otherwise
-  // (no placeholders, a piece, or a run the planned length would cut) the
+  // Writes a document from its k.json. A schema-2 document gets its part of
+  // the token stream (the whole, a piece of a split one, a truncated one's
+  // prefix: its planned text range and the placeholders of its planned
+  // images and audio clips, one contiguous stretch of input_ids) in order,
+  // each run (vision_start, image_pad x n, vision_end) where its placeholder
+  // is, and doc_image_starts saying where; otherwise (no placeholders, a
+  // part that is not contiguous, or a run the planned length would cut) the
   // runs lead and the text less its placeholders follows (WriteText).
   // loss_mask is 0 on the tokens outside the document's trained spans.
   void WriteDocument(char* base, size_t doc, const SampleJson& json) const;
@@ -129,6 +131,7 @@ class BatchLayout {
   std::vector<uint32_t> seq_docs_;     // documents per sequence
   std::vector<uint32_t> mb_seqs_;      // sequences per micro-batch
   std::vector<std::vector<std::pair<uint32_t, bool>>> doc_encoders_;  // per doc: (tokens, is_audio)
+  std::vector<std::vector<uint32_t>> doc_media_;  // per doc: each entry's image/audio index
   std::vector<Array> arrays_;
   uint64_t doc_images_ = 0;  // entries of doc_image_starts
   uint64_t total_ = 0;

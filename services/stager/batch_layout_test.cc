@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "services/stager/test_dataset.h"
@@ -16,7 +17,8 @@ namespace tutti::stager {
 namespace {
 
 TEST(BatchLayoutTest, ArraysFollowThePlan) {
-  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds", {.shards = 1, .samples_per_shard = 3});
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds",
+                                    {.shards = 1, .samples_per_shard = 3});
   v1::JobInfo job = testing::MakeJob(data, 2, 2);
   v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 3);
   const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
@@ -40,8 +42,8 @@ TEST(BatchLayoutTest, ArraysFollowThePlan) {
   EXPECT_EQ(by["cu_seqlens"].shape(0), 3u);
   const auto& doc = layout->docs()[0];
   const int32_t* ids = reinterpret_cast<const int32_t*>(seg.data() + by["input_ids"].offset());
-  EXPECT_EQ(ids[0], 151652);  // vision_start
-  EXPECT_EQ(ids[1], 151655);  // image_pad
+  EXPECT_EQ(ids[0], 151652);                    // vision_start
+  EXPECT_EQ(ids[1], 151655);                    // image_pad
   EXPECT_EQ(ids[doc.text_offset - 1], 151653);  // vision_end
   EXPECT_EQ(ids[doc.text_offset], 7);
   EXPECT_EQ(ids[doc.text_offset + 3], 7);  // fitted by repeating
@@ -214,7 +216,8 @@ TEST(BatchLayoutTest, APieceOfASplitDocumentHoldsItsPartOfTheText) {
 }
 
 TEST(BatchLayoutTest, InconsistentPlanIsRefused) {
-  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds2", {.shards = 1, .samples_per_shard = 2});
+  auto data = testing::WriteDataset(::testing::TempDir() + "/layout_ds2",
+                                    {.shards = 1, .samples_per_shard = 2});
   v1::JobInfo job = testing::MakeJob(data, 1, 1);
   v1::StepPlan plan = testing::MakePlan(data, job, 0, {}, 2);
   const PatchifyParams p = PatchifyParams::FromConfig(job.config().vision());
@@ -239,7 +242,8 @@ TEST(BatchLayoutTest, ParsesInputIds) {
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseInputIds(R"({"tokens": 5})").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, 2)").status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseInputIds(R"({"input_ids": [1, "a"]})").status().code(),
+            absl::StatusCode::kDataLoss);
   // Not JSON at all (a member swapped after indexing): said as such.
   auto binary = ParseInputIds(std::string("\x89PNG\r\n\x1a\n....", 12));
   ASSERT_EQ(binary.status().code(), absl::StatusCode::kDataLoss);
@@ -264,8 +268,7 @@ TEST(BatchLayoutTest, EncoderTokensBelowWhatTheItemsNeedAreRefused) {
   slot->set_encoder_tokens(1);
   auto layout = BatchLayout::Build(plan, plan.ranks(0), job.config(), p);
   EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument) << layout.status();
-  EXPECT_NE(layout.status().message().find("encoder tokens"), std::string::npos)
-      << layout.status();
+  EXPECT_NE(layout.status().message().find("encoder tokens"), std::string::npos) << layout.status();
 }
 
 // `plan` as a packer of plan_version 2 writes it: every document lists its
@@ -430,7 +433,8 @@ std::string FloatWav(const std::vector<float>& samples, uint16_t channels) {
 TEST(BatchLayoutTest, WavWithNonFiniteSamplesIsRefusedAndLoudStereoStaysFinite) {
   // A NaN or infinite sample would reach the batch and the loss (found by
   // fuzz/wav_decode_fuzzer).
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     auto pcm = DecodeWav(FloatWav({0.5f, bad, 0.25f, 0.f}, 1), 8000, 4);
     EXPECT_EQ(pcm.status().code(), absl::StatusCode::kDataLoss) << pcm.status();
   }
@@ -439,6 +443,126 @@ TEST(BatchLayoutTest, WavWithNonFiniteSamplesIsRefusedAndLoudStereoStaysFinite) 
   auto pcm = DecodeWav(FloatWav({big, big, -big, -big}, 2), 8000, 2);
   ASSERT_TRUE(pcm.ok()) << pcm.status();
   for (float v : *pcm) EXPECT_TRUE(std::isfinite(v)) << v;
+}
+
+// Rank 1's first document made a conversation with two images (the second
+// a copy of the first's member): k.json t0 t1 <image> t2 t3 t4 t5 <image>
+// t6 t7, trained [3, 9). Returns its layout with `edit` applied to its slot,
+// and its k.json.
+struct Conversation {
+  v1::JobInfo job;
+  v1::StepPlan plan;
+  SampleJson json;
+  uint32_t n = 0;  // each image's LLM tokens
+};
+Conversation MakeConversation(const std::string& dir) {
+  Conversation c;
+  auto data = testing::WriteDataset(dir, {.shards = 1, .samples_per_shard = 3});
+  c.job = testing::MakeJob(data, 2, 2);
+  c.plan = testing::MakePlan(data, c.job, 0, {}, 3);
+  ListDocumentImages(&c.plan);
+  v1::DocSlot* slot =
+      c.plan.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  for (auto& si : *c.plan.mutable_samples()) {
+    if (si.sample_id() == slot->sample_id()) *si.add_images() = si.images(0);
+  }
+  c.n = slot->encoder_tokens();
+  const int32_t pad = static_cast<int32_t>(c.job.config().vision().image_pad_id());
+  const std::string ids =
+      absl::StrCat("[100, 101, ", pad, ", 102, 103, 104, 105, ", pad, ", 106, 107]");
+  auto parsed = ParseTextMember(
+      absl::StrCat(R"({"schema": 2, "input_ids": )", ids, R"(, "trained": [[3, 9]]})"),
+      c.job.config());
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  c.json = *parsed;
+  return c;
+}
+
+// The first document's input_ids, loss_mask and doc_image_starts entries.
+void ServeFirst(const Conversation& c, std::vector<int32_t>* ids, std::vector<uint8_t>* loss,
+                std::vector<int32_t>* starts) {
+  const PatchifyParams p = PatchifyParams::FromConfig(c.job.config().vision());
+  auto layout = BatchLayout::Build(c.plan, c.plan.ranks(1), c.job.config(), p);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::vector<char> seg(layout->total_bytes());
+  layout->WriteFixed(seg.data());
+  layout->WriteDocument(seg.data(), 0, c.json);
+  std::map<std::string, v1::ArrayDesc> by;
+  for (auto& d : layout->Finalize(seg.data(), {false, false, false}, {false, false, false}, {})) {
+    by[d.name()] = d;
+  }
+  const auto& doc = layout->docs()[0];
+  const auto* in = reinterpret_cast<const int32_t*>(seg.data() + by["input_ids"].offset());
+  const auto* lm = reinterpret_cast<const uint8_t*>(seg.data() + by["loss_mask"].offset());
+  const auto* st = reinterpret_cast<const int32_t*>(seg.data() + by["doc_image_starts"].offset());
+  ids->assign(in + doc.token_offset, in + doc.token_offset + doc.length);
+  loss->assign(lm + doc.token_offset, lm + doc.token_offset + doc.length);
+  starts->assign(st + doc.image_begin, st + doc.image_begin + doc.image_count);
+}
+
+// The expected stretch: text ids, and -1 for an image's run.
+void ExpectServed(const Conversation& c, const std::vector<int32_t>& want,
+                  const std::vector<uint8_t>& want_loss, const std::vector<int32_t>& ids,
+                  const std::vector<uint8_t>& loss, const std::vector<int32_t>& starts) {
+  const auto& v = c.job.config().vision();
+  std::vector<int32_t> full, full_starts;
+  std::vector<uint8_t> full_loss;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i] >= 0) {
+      full.push_back(want[i]);
+      full_loss.push_back(want_loss[i]);
+      continue;
+    }
+    full.push_back(static_cast<int32_t>(v.vision_start_id()));
+    full_starts.push_back(static_cast<int32_t>(full.size()));
+    full.insert(full.end(), c.n, static_cast<int32_t>(v.image_pad_id()));
+    full.push_back(static_cast<int32_t>(v.vision_end_id()));
+    full_loss.insert(full_loss.end(), c.n + 2, 0);
+  }
+  EXPECT_EQ(ids, full);
+  EXPECT_EQ(loss, full_loss);
+  EXPECT_EQ(starts, full_starts);
+}
+
+// A conversation truncated before its second image: the text before the
+// first, its run, the text up to the second; the second image is not
+// served (nor planned), and what is served is in the true order.
+TEST(BatchLayoutTest, ATruncatedConversationIsItsPrefixInOrder) {
+  Conversation c = MakeConversation(::testing::TempDir() + "/layout_truncated");
+  v1::DocSlot* slot =
+      c.plan.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  ASSERT_EQ(slot->images_size(), 1);  // image 0 only
+  slot->set_truncated(true);
+  slot->set_length(c.n + 2 + 6);
+  std::vector<int32_t> ids, starts;
+  std::vector<uint8_t> loss;
+  ServeFirst(c, &ids, &loss, &starts);
+  ExpectServed(c, {100, 101, -1, 102, 103, 104, 105}, {0, 0, 0, 1, 1, 1, 1}, ids, loss, starts);
+}
+
+// The second piece of the conversation split inside the text before its
+// second image: the rest of that text, the image's run, the text after.
+TEST(BatchLayoutTest, APieceOfASplitConversationIsItsStretchInOrder) {
+  Conversation c = MakeConversation(::testing::TempDir() + "/layout_split");
+  v1::DocSlot* slot =
+      c.plan.mutable_ranks(1)->mutable_micro_batches(0)->mutable_sequences(0)->mutable_docs(0);
+  slot->mutable_images(0)->set_image_index(1);
+  slot->set_piece(1);
+  slot->set_pieces(2);
+  slot->set_text_begin(4);
+  slot->set_length(c.n + 2 + 4);
+  std::vector<int32_t> ids, starts;
+  std::vector<uint8_t> loss;
+  ServeFirst(c, &ids, &loss, &starts);
+  ExpectServed(c, {104, 105, -1, 106, 107}, {1, 1, 0, 1, 0}, ids, loss, starts);
+  // The first piece: the text before the first image, its run, and the
+  // text up to the cut.
+  slot->mutable_images(0)->set_image_index(0);
+  slot->set_piece(0);
+  slot->set_text_begin(0);
+  slot->set_length(c.n + 2 + 4);
+  ServeFirst(c, &ids, &loss, &starts);
+  ExpectServed(c, {100, 101, -1, 102, 103}, {0, 0, 0, 1, 1}, ids, loss, starts);
 }
 
 }  // namespace

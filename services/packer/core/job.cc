@@ -276,7 +276,7 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
   uint64_t over_cap = 0, max_cap_tokens = 0;
   int64_t first_cap = -1;
   uint32_t first_cap_tokens = 0;
-  std::vector<uint32_t> runs;
+  DocumentLayout doc;
   std::vector<DocPiece> pieces;
   // The samples in groups with one long-document policy each: the two
   // streams, or each source's part of each stream (what the streams draw:
@@ -319,21 +319,28 @@ absl::Status Job::CheckStage(uint32_t i, const JobOptions& options) {
         st.max_tokens = std::max(st.max_tokens, c->llm_tokens);
         // What the sequences will hold of it: all of it, split or not;
         // seq_len truncated; nothing skipped.
-        uint32_t tokens = c->llm_tokens;
+        uint32_t tokens = c->llm_tokens, image_tokens = c->image_tokens;
         if (c->llm_tokens > seq_len) {
           ++st.long_documents;
-          uint32_t image_runs = 0;
-          RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
-          const LongDocOutcome o = ShapeDocument(c->text_tokens, runs, seq_len, g.policy, &pieces);
+          RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &doc));
+          const LongDocOutcome o =
+              ShapeDocumentStream(c->text_tokens, doc, seq_len, g.policy, &pieces);
           if (o == LongDocOutcome::kSkipped) {
             if (g.skipped++ == 0) g.first_skip = s;
             ++st.skipped[g.vl];
             tokens = 0;
           }
-          if (o == LongDocOutcome::kTruncated) tokens = seq_len;
+          if (o == LongDocOutcome::kTruncated) {
+            // Its kept prefix: the runs past the cut are dropped.
+            tokens = pieces[0].tokens;
+            image_tokens = 0;
+            for (uint32_t r = 0; r < pieces[0].runs; ++r) {
+              if (doc.medium[r] < doc.images) image_tokens += doc.runs[r] - 2;
+            }
+          }
         }
         g.tokens += tokens;
-        if (tokens > 0) g.images += c->image_tokens;
+        if (tokens > 0) g.images += image_tokens;
         if (img_cap > 0 && c->image_tokens > img_cap) {
           if (first_cap < 0) first_cap = s, first_cap_tokens = c->image_tokens;
           max_cap_tokens = std::max<uint64_t>(max_cap_tokens, c->image_tokens);

@@ -107,19 +107,79 @@ LongDocOutcome ShapeDocument(uint32_t text_tokens, absl::Span<const uint32_t> ru
   return LongDocOutcome::kSplit;
 }
 
-absl::Status DocumentRuns(const StageCoster& coster, const Index& ix, uint32_t s,
-                          std::vector<uint32_t>* runs, uint32_t* image_runs) {
-  runs->clear();
-  *image_runs = 0;
-  for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-    if (!ix.media_is_image(j)) continue;
-    auto g = coster.Image(j);
-    if (!g.ok()) return g.status();
-    runs->push_back(g->llm_tokens + 2);
-    ++*image_runs;
+bool DocumentLayout::RunsLead() const {
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (text_at[r] != 0 || medium[r] != r) return false;
   }
-  for (uint32_t j = ix.media_begin(s); j < ix.media_end(s); ++j) {
-    if (!ix.media_is_image(j)) runs->push_back(coster.AudioTokens(ix.media_audio_ms(j)) + 2);
+  return true;
+}
+
+LongDocOutcome ShapeDocumentStream(uint32_t text_tokens, const DocumentLayout& doc,
+                                   uint32_t seq_len, LongDocuments policy,
+                                   std::vector<DocPiece>* pieces) {
+  if (doc.RunsLead()) return ShapeDocument(text_tokens, doc.runs, seq_len, policy, pieces);
+  pieces->clear();
+  const std::vector<uint32_t>& runs = doc.runs;
+  const uint32_t R = static_cast<uint32_t>(runs.size());
+  uint64_t total = text_tokens, longest_run = 0;
+  for (uint32_t r : runs) total += r, longest_run = std::max<uint64_t>(longest_run, r);
+  if (total <= seq_len) {
+    pieces->push_back(DocPiece{0, R, 0, text_tokens, static_cast<uint32_t>(total)});
+    return LongDocOutcome::kWhole;
+  }
+  if (policy == LongDocuments::kSkip) return LongDocOutcome::kSkipped;
+  const bool truncate = policy == LongDocuments::kTruncate;
+  if (!truncate && longest_run > seq_len) return LongDocOutcome::kSkipped;
+  // The stream in order: the text before run r, run r, ..., the text after
+  // the last run. Split starts a piece where the next run or text token
+  // does not fit; truncate stops there.
+  DocPiece cur;
+  uint32_t r = 0, t = 0;
+  auto next_piece = [&]() -> bool {
+    if (truncate) return false;
+    pieces->push_back(cur);
+    cur = DocPiece{r, 0, t, 0, 0};
+    return true;
+  };
+  while (r < R || t < text_tokens) {
+    const uint32_t text_end = r < R ? doc.text_at[r] : text_tokens;
+    if (t < text_end) {
+      if (cur.tokens == seq_len && !next_piece()) break;
+      const uint32_t take = std::min(text_end - t, seq_len - cur.tokens);
+      if (cur.text_tokens == 0) cur.text_begin = t;
+      cur.text_tokens += take;
+      cur.tokens += take;
+      t += take;
+      continue;
+    }
+    if (cur.tokens + runs[r] > seq_len && !next_piece()) break;
+    if (cur.runs == 0) cur.first_run = r;
+    cur.tokens += runs[r];
+    ++cur.runs;
+    ++r;
+  }
+  if (cur.tokens == 0) return LongDocOutcome::kSkipped;  // truncate: its first run is too long
+  if (cur.runs == 0) cur.first_run = r;
+  pieces->push_back(cur);
+  return truncate ? LongDocOutcome::kTruncated : LongDocOutcome::kSplit;
+}
+
+absl::Status DocumentRuns(const StageCoster& coster, const Index& ix, uint32_t s,
+                          DocumentLayout* doc) {
+  doc->Clear();
+  thread_local std::vector<MediaPlace> order;
+  ix.MediaOrder(s, &order);
+  for (const MediaPlace& m : order) doc->images += m.image;
+  for (const MediaPlace& m : order) {
+    uint32_t tokens;
+    if (m.image) {
+      auto g = coster.Image(m.media);
+      if (!g.ok()) return g.status();
+      tokens = g->llm_tokens;
+    } else {
+      tokens = coster.AudioTokens(ix.media_audio_ms(m.media));
+    }
+    doc->Add(tokens + 2, m.text_at, m.image ? m.index : doc->images + m.index);
   }
   return absl::OkStatus();
 }

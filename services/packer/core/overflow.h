@@ -3,10 +3,15 @@
 // services/packer/README.md, "Overflow").
 //
 // Long documents: "split" into consecutive pieces of at most seq_len tokens
-// (a document's layout is its image runs, its audio runs, then its text; a
-// run, an encoder output with its two markers, is never cut), "truncate"
-// (runs kept, text cut to fit) or "skip". What cannot be split or truncated
-// (one run longer than seq_len) is skipped.
+// (a run, an encoder output with its two markers, is never cut), "truncate"
+// or "skip". A document's layout is its token stream: a schema-2 sample's
+// runs where its placeholders are (the index's MPOS), else its image runs,
+// its audio runs, then its text. Split fills each piece in that order, a
+// piece boundary only between runs and text or inside the text; truncate
+// keeps the longest prefix that cuts no run (the runs past the cut are
+// dropped: not planned, never decoded). Where the runs lead, truncate keeps
+// every run and cuts the text. What cannot be split or truncated (a run
+// longer than seq_len where it would be placed) is skipped.
 //
 // Deferral: each stream's candidates for a step are the samples still waiting
 // from earlier steps (oldest first) followed by the step's own draw; both are
@@ -59,7 +64,7 @@ absl::StatusOr<OverflowPolicy> ResolveOverflowPolicy(const v1::OverflowConfig& c
 const char* LongDocumentsName(LongDocuments policy);
 
 // One piece of a document: runs [first_run, first_run + runs) of its run
-// list (images, then audio clips) and text tokens [text_begin, text_begin +
+// list (DocumentLayout order) and text tokens [text_begin, text_begin +
 // text_tokens).
 struct DocPiece {
   uint32_t first_run = 0, runs = 0;
@@ -69,17 +74,44 @@ struct DocPiece {
 
 enum class LongDocOutcome { kWhole, kSplit, kTruncated, kSkipped };
 
-// The document of `text_tokens` text tokens after `runs` (each run's LLM
-// tokens including its two markers), for `seq_len`: kWhole (one piece, as it
-// is) when it fits; else as `policy` says, or kSkipped when a run alone is
-// longer than seq_len.
+// A document's runs in the order of its token stream: each run's LLM
+// tokens including its two markers, the text tokens before it
+// (non-decreasing) and which medium it is (images, then audio clips: image i
+// is i, audio clip a is images + a).
+struct DocumentLayout {
+  std::vector<uint32_t> runs, text_at, medium;
+  uint32_t images = 0;
+  void Clear() {
+    runs.clear();
+    text_at.clear();
+    medium.clear();
+    images = 0;
+  }
+  void Add(uint32_t tokens, uint32_t text_before, uint32_t which) {
+    runs.push_back(tokens);
+    text_at.push_back(text_before);
+    medium.push_back(which);
+  }
+  // Whether the runs lead, images then audio clips (a sample without
+  // placeholders, or whose placeholders all lead).
+  bool RunsLead() const;
+};
+
+// The document of `text_tokens` text tokens and the runs of `doc`, for
+// `seq_len`: kWhole (one piece, as it is) when it fits; else as `policy`
+// says (see above), or kSkipped when it cannot be.
+LongDocOutcome ShapeDocumentStream(uint32_t text_tokens, const DocumentLayout& doc,
+                                   uint32_t seq_len, LongDocuments policy,
+                                   std::vector<DocPiece>* pieces);
+// The same for a document whose runs lead (`runs`: each run's LLM tokens
+// including its two markers).
 LongDocOutcome ShapeDocument(uint32_t text_tokens, absl::Span<const uint32_t> runs,
                              uint32_t seq_len, LongDocuments policy, std::vector<DocPiece>* pieces);
 
-// A sample's runs at a stage, in document order: each image's LLM tokens + 2,
-// then each audio clip's; *image_runs = its images.
+// A sample's runs at a stage in the order of its token stream
+// (Index::MediaOrder): each image's LLM tokens + 2, each audio clip's.
 absl::Status DocumentRuns(const StageCoster& coster, const Index& index, uint32_t sample,
-                          std::vector<uint32_t>* runs, uint32_t* image_runs);
+                          DocumentLayout* doc);
 
 // The admission certificate over items of one stream (see above).
 class PackCertificate {

@@ -44,13 +44,11 @@ struct StreamCandidates {
 namespace {
 
 // The items of one document: one, unless it is longer than seq_len.
-// `runs`: its image runs, then its audio runs (LLM tokens with markers);
-// the first `image_runs` are images.
+// `doc`: its runs in the order of its token stream (read only then).
 LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongDocuments policy,
                             uint32_t sample, uint32_t llm_tokens, uint32_t image_tokens,
-                            uint32_t text_tokens, absl::Span<const uint32_t> runs,
-                            uint32_t image_runs, std::vector<DocPiece>* pieces,
-                            StreamCandidates* c) {
+                            uint32_t text_tokens, const DocumentLayout& doc,
+                            std::vector<DocPiece>* pieces, StreamCandidates* c) {
   c->ids.push_back(sample);
   LongDocOutcome outcome = LongDocOutcome::kWhole;
   auto add = [&](uint32_t tokens, uint32_t images) {
@@ -65,12 +63,12 @@ LongDocOutcome AddCandidate(const PackCertificate& cert, uint32_t seq_len, LongD
   if (llm_tokens <= seq_len) {
     add(llm_tokens, image_tokens);
   } else {
-    outcome = ShapeDocument(text_tokens, runs, seq_len, policy, pieces);
+    outcome = ShapeDocumentStream(text_tokens, doc, seq_len, policy, pieces);
     if (outcome != LongDocOutcome::kSkipped) {
       for (const DocPiece& p : *pieces) {
         uint32_t images = 0;
-        for (uint32_t r = p.first_run; r < p.first_run + p.runs && r < image_runs; ++r) {
-          images += runs[r] - 2;
+        for (uint32_t r = p.first_run; r < p.first_run + p.runs; ++r) {
+          if (doc.medium[r] < doc.images) images += doc.runs[r] - 2;
         }
         add(p.tokens, images);
       }
@@ -132,7 +130,7 @@ absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_
   const uint32_t seq_len = cfg.curriculum(static_cast<int>(stage)).seq_len();
   const uint32_t per = vl ? cfg.batch().vl_samples_per_step() : cfg.batch().text_samples_per_step();
   const PackCertificate cert = Certificate(step, vl);
-  std::vector<uint32_t> runs;
+  DocumentLayout doc;
   std::vector<DocPiece> pieces;
   // The samples of [lo, hi) in one batch (Job::DrawSamples).
   const uint32_t n = static_cast<uint32_t>(hi - lo);
@@ -180,11 +178,10 @@ absl::Status Planner::CostPositions(uint64_t step, bool vl, uint64_t lo, uint64_
     if (i == failed) return failure;
     const uint32_t s = ids[i];
     const Costed& cost = costed[i];
-    runs.clear();
-    uint32_t image_runs = 0;
-    if (cost.llm_tokens > seq_len) RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &runs, &image_runs));
+    doc.Clear();
+    if (cost.llm_tokens > seq_len) RETURN_IF_ERROR(DocumentRuns(coster, ix, s, &doc));
     AddCandidate(cert, seq_len, job.long_documents(sources[i]), s, cost.llm_tokens,
-                 cost.image_tokens, cost.text_tokens, runs, image_runs, &pieces, c);
+                 cost.image_tokens, cost.text_tokens, doc, &pieces, c);
   }
   return absl::OkStatus();
 }
@@ -420,11 +417,14 @@ absl::StatusOr<DeferralQueue> Planner::QueueEntering(uint64_t step) const {
 
 // Admit's candidates of the step being drawn, added by Draw as it costs
 // them (BeginAdmission, AddAdmissionCandidate): per candidate its outcome
-// and (for split and truncated ones) pieces; each stream's candidates.
+// and (for split and truncated ones) pieces and which medium each of its
+// runs is (DocumentLayout::medium); each stream's candidates.
 struct DrawnAdmission {
   std::vector<LongDocOutcome> outcome;
   std::vector<std::vector<DocPiece>> shaped;
-  std::vector<uint32_t> runs;
+  std::vector<std::vector<uint32_t>> medium;
+  DocumentLayout doc;
+  std::vector<MediaPlace> order;
   StreamCandidates c[2];
   PackCertificate cert[2] = {PackCertificate(0, 1, 0), PackCertificate(0, 1, 0)};
   bool reshape = false;
@@ -438,7 +438,7 @@ DrawnAdmission& Planner::BeginAdmission(const StepPlanData& out) const {
   DrawnAdmission& a = drawn_admission;
   const uint32_t N = static_cast<uint32_t>(out.samples.size());
   a.outcome.assign(N, LongDocOutcome::kWhole);
-  if (a.shaped.size() < N) a.shaped.resize(N);
+  if (a.shaped.size() < N) a.shaped.resize(N), a.medium.resize(N);
   a.reshape = false;
   for (const bool vl : {false, true}) {
     a.c[vl].Clear(/*keep_items=*/false);
@@ -458,17 +458,21 @@ void Planner::AddAdmissionCandidate(DrawnAdmission& a, uint32_t k, const StepPla
     c.begin.push_back(static_cast<uint32_t>(c.sizes.size()));
     return;  // outcome[k] is kWhole from BeginAdmission
   }
-  // Longer than seq_len: shaped from its runs.
-  a.runs.clear();
-  for (uint32_t i = 0; i < ps.cost.images; ++i) {
-    a.runs.push_back(out.images[ps.first_image + i].llm_tokens + 2);
+  // Longer than seq_len: shaped from its runs in the order of its token
+  // stream (the index's media order; the images and audio clips drawn are
+  // the sample's, in member order).
+  job_->index().MediaOrder(ps.sample, &a.order);
+  a.doc.Clear();
+  a.doc.images = ps.cost.images;
+  for (const MediaPlace& m : a.order) {
+    const uint32_t tokens = m.image ? out.images[ps.first_image + m.index].llm_tokens
+                                    : out.audio[ps.first_audio + m.index].tokens;
+    a.doc.Add(tokens + 2, m.text_at, m.image ? m.index : ps.cost.images + m.index);
   }
-  for (uint32_t i = 0; i < ps.cost.audio; ++i) {
-    a.runs.push_back(out.audio[ps.first_audio + i].tokens + 2);
-  }
+  a.medium[k] = a.doc.medium;
   a.outcome[k] = AddCandidate(a.cert[vl], seq_len, job_->long_documents(ps.source), ps.sample,
-                              ps.cost.llm_tokens, ps.cost.image_tokens, ps.cost.text_tokens, a.runs,
-                              ps.cost.images, &a.shaped[k], &a.c[vl]);
+                              ps.cost.llm_tokens, ps.cost.image_tokens, ps.cost.text_tokens, a.doc,
+                              &a.shaped[k], &a.c[vl]);
   a.reshape |= a.outcome[k] != LongDocOutcome::kWhole;
 }
 
@@ -483,6 +487,7 @@ absl::Status Planner::Admit(StepPlanData* out) const {
   DrawnAdmission& drawn = drawn_admission;
   const std::vector<LongDocOutcome>& outcome = drawn.outcome;
   const std::vector<std::vector<DocPiece>>& shaped = drawn.shaped;
+  const std::vector<std::vector<uint32_t>>& medium = drawn.medium;
   bool reshape = drawn.reshape;
   uint32_t admitted[2] = {0, 0};
   Frontier next;
@@ -554,7 +559,15 @@ absl::Status Planner::Admit(StepPlanData* out) const {
       SampleCost& cost = q.cost;
       cost = SampleCost();
       cost.text_tokens = piece.text_tokens;
+      // Its runs as the sample's images, then audio clips (each kind in
+      // member order, as the stream holds them).
+      thread_local std::vector<uint32_t> held;
+      held.clear();
       for (uint32_t r = piece.first_run; r < piece.first_run + piece.runs; ++r) {
+        held.push_back(outcome[k] == LongDocOutcome::kWhole ? r : medium[k][r]);
+      }
+      std::sort(held.begin(), held.end());
+      for (const uint32_t r : held) {
         if (r < ps.cost.images) {
           PlannedImage im = out->images[ps.first_image + r];
           im.owner = owner;

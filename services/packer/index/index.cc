@@ -72,6 +72,7 @@ constexpr Known kKnown[] = {
     {fmt::kVstr, fmt::Rows::kRecords, 4, true},
     {fmt::kTcrc, fmt::Rows::kSamples, 4, false},
     {fmt::kMcrc, fmt::Rows::kMedia, 4, false},
+    {fmt::kMpos, fmt::Rows::kMedia, 4, false},
 };
 
 // Runs fn over [0, n) in ranges on up to 16 threads (one range when n is
@@ -221,6 +222,12 @@ void Index::SetContentId(const Layout& layout) {
                              fmt::kVstr}) {
     const Layout::Section* s = layout.Find(tag);
     const uint64_t entry[2] = {uint64_t{tag} << 32 | (s ? s->crc32c : 0), s ? s->bytes : 0};
+    bytes.append(reinterpret_cast<const char*>(entry), sizeof(entry));
+  }
+  // Placeholder positions where the index has them (an index without
+  // keeps the identity it had before they existed).
+  if (const Layout::Section* s = layout.Find(fmt::kMpos); s != nullptr) {
+    const uint64_t entry[2] = {uint64_t{fmt::kMpos} << 32 | s->crc32c, s->bytes};
     bytes.append(reinterpret_cast<const char*>(entry), sizeof(entry));
   }
   for (const std::string& ext : exts_) absl::StrAppend(&bytes, ext.size(), ":", ext);
@@ -397,6 +404,9 @@ absl::Status Index::BindSections(const Layout& layout) {
     text_crc_ = reinterpret_cast<const uint32_t*>(tcrc->data);
     media_crc_ = reinterpret_cast<const uint32_t*>(mcrc->data);
   }
+  if (const Layout::Section* mpos = layout.Find(fmt::kMpos); mpos != nullptr) {
+    media_pos_ = reinterpret_cast<const uint32_t*>(mpos->data);
+  }
   return absl::OkStatus();
 }
 
@@ -499,7 +509,51 @@ absl::Status Index::ValidateSample(uint32_t s, uint64_t shard_size) const {
       return Damaged(origin_, absl::StrCat("sample ", s, " has a bad media member"));
     }
   }
+  if (media_pos_ != nullptr && media_begin_[s + 1] > media_begin_[s]) {
+    // Each kind's placeholders in member order, none shared, each run's
+    // text before it within the text.
+    thread_local std::vector<uint32_t> sorted;
+    sorted.assign(media_pos_ + media_begin_[s], media_pos_ + media_begin_[s + 1]);
+    int64_t last[2] = {-1, -1};
+    bool ok = true;
+    for (uint32_t j = media_begin_[s]; j < media_begin_[s + 1]; ++j) {
+      const bool image = media_is_image(j);
+      ok &= int64_t{media_pos_[j]} > last[image];
+      last[image] = media_pos_[j];
+    }
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t k = 0; k < sorted.size() && ok; ++k) {
+      ok = (k == 0 || sorted[k] > sorted[k - 1]) && sorted[k] - k <= text_tokens_[s];
+    }
+    if (!ok) {
+      return Damaged(origin_, absl::StrCat("sample ", s, " has bad placeholder positions"));
+    }
+  }
   return absl::OkStatus();
+}
+
+uint32_t Index::media_position(uint32_t s, uint32_t j) const {
+  if (media_pos_ != nullptr) return media_pos_[j];
+  uint32_t images = 0, before = 0;
+  const bool image = media_is_image(j);
+  for (uint32_t k = media_begin(s); k < media_end(s); ++k) {
+    images += media_is_image(k);
+    before += k < j && media_is_image(k) == image;
+  }
+  return image ? before : images + before;
+}
+
+void Index::MediaOrder(uint32_t s, std::vector<MediaPlace>* out) const {
+  out->clear();
+  uint32_t image = 0, audio = 0;
+  for (uint32_t j = media_begin(s); j < media_end(s); ++j) {
+    const bool is_image = media_is_image(j);
+    out->push_back(MediaPlace{j, media_position(s, j), is_image, is_image ? image++ : audio++});
+  }
+  // By position; text_at is the position less the runs before it.
+  std::sort(out->begin(), out->end(),
+            [](const MediaPlace& a, const MediaPlace& b) { return a.text_at < b.text_at; });
+  for (uint32_t k = 0; k < out->size(); ++k) (*out)[k].text_at -= k;
 }
 
 // Every sample in exactly one stream, the one its members say: each

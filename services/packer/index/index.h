@@ -96,6 +96,20 @@ struct MemberInput {
   // when every member has one.
   bool has_crc32c = false;
   uint32_t crc32c = 0;
+  // Where its placeholder sits in the sample's input_ids (an index into
+  // them, placeholders counted; schema 2), or -1: the sample has none and
+  // its runs lead (images in order, then audio clips), as in schema 1.
+  // Either every image and audio member of a sample has one or none does.
+  int64_t placeholder_at = -1;
+};
+
+// A sample's media in the order of its token stream (MediaOrder): one entry
+// per image or audio member, sorted by where its run goes.
+struct MediaPlace {
+  uint32_t media = 0;    // the index's media id
+  uint32_t text_at = 0;  // text tokens before its run
+  bool image = false;
+  uint32_t index = 0;  // position among the sample's images (or audio clips)
 };
 
 class Index {
@@ -149,6 +163,16 @@ class Index {
   uint32_t media_width(uint32_t j) const { return media_[j].dims & 0xFFFF; }
   uint32_t media_height(uint32_t j) const { return media_[j].dims >> 16; }
   uint32_t media_audio_ms(uint32_t j) const { return media_[j].dims; }
+  // Whether the index records where each medium's placeholder is (MPOS:
+  // written when some sample has placeholders that do not all lead).
+  bool has_media_positions() const { return media_pos_ != nullptr; }
+  // Medium j's (of sample s) placeholder index in input_ids, placeholders
+  // counted; without MPOS (or for a sample without placeholders) the runs
+  // lead: image i at i, then audio clip a at images + a.
+  uint32_t media_position(uint32_t s, uint32_t j) const;
+  // Sample s's media in token-stream order (by placeholder position), each
+  // with the text tokens before its run.
+  void MediaOrder(uint32_t s, std::vector<MediaPlace>* out) const;
 
   // Hints for batched random access (planning draws samples at random).
   void PrefetchSample(uint32_t s) const {
@@ -245,6 +269,7 @@ class Index {
   const MediaRecord* media_ = nullptr;
   const uint32_t* text_crc_ = nullptr;   // n, or null
   const uint32_t* media_crc_ = nullptr;  // m, or null
+  const uint32_t* media_pos_ = nullptr;  // m, or null (MPOS)
   const uint32_t* text_stream_ = nullptr;
   const uint32_t* vl_stream_ = nullptr;
 
@@ -329,9 +354,11 @@ class IndexWriter {
   uint64_t num_media_ = 0;
   uint64_t key_bytes_ = 0;
   std::unique_ptr<IndexColumn> text_ref_, text_size_, text_tokens_, key_off_, media_begin_, keys_,
-      media_, text_crc_, media_crc_, text_stream_, vl_stream_;
+      media_, text_crc_, media_crc_, text_stream_, vl_stream_, media_pos_;
   bool member_crcs_ = true;              // every member added so far had a checksum
+  bool media_positions_ = false;         // a sample's placeholders did not all lead
   std::vector<MemberInput> copy_media_;  // CopySample's scratch
+  std::vector<uint32_t> positions_;      // AddSample's scratch
 };
 
 }  // namespace tutti::packer

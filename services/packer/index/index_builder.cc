@@ -116,7 +116,11 @@ std::string IndexOptionsMeta(const IndexBuildOptions& o) {
       o.max_images_per_sample, o.max_shard_members, o.max_text_bytes);
   // Only when set, so that an index built before they existed is reused.
   if (o.image_placeholder_id >= 0 || o.audio_placeholder_id >= 0) {
-    absl::StrAppendFormat(&meta, " image_placeholder_id=%d audio_placeholder_id=%d",
+    // placeholder_positions: the index records where each run goes (MPOS);
+    // an index of placeholders built before it did is not reused.
+    absl::StrAppendFormat(&meta,
+                          " image_placeholder_id=%d audio_placeholder_id=%d "
+                          "placeholder_positions=1",
                           o.image_placeholder_id, o.audio_placeholder_id);
   }
   return meta;

@@ -87,6 +87,10 @@ inline constexpr uint32_t kKeys = Tag("KEYS");  // bytes: the keys, back to back
 inline constexpr uint32_t kMedi = Tag("MEDI");  // media: Index::MediaRecord
 inline constexpr uint32_t kTcrc = Tag("TCRC");  // samples: u32 (optional, with MCRC)
 inline constexpr uint32_t kMcrc = Tag("MCRC");  // media: u32 (optional, with TCRC)
+// media: u32 each medium's placeholder index in its sample's input_ids
+// (placeholders counted); optional, written when some sample's placeholders
+// do not all lead (schema 2). Without it every sample's runs lead.
+inline constexpr uint32_t kMpos = Tag("MPOS");
 inline constexpr uint32_t kTstr = Tag("TSTR");  // records: u32 text-only sample ids, ascending
 inline constexpr uint32_t kVstr = Tag("VSTR");  // records: u32 VL sample ids, ascending
 inline constexpr uint32_t kSkip = Tag("SKIP");  // records: SkipRecord, by shard then reason

@@ -2,6 +2,7 @@
 // through the index builder: their text tokens, and what it refuses.
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/tar.h"
 #include "gtest/gtest.h"
@@ -59,6 +60,22 @@ TEST(IndexSchema2Test, PlaceholdersAreCheckedAndNotCountedAsText) {
   EXPECT_EQ(ix.key(0), "ok");
   EXPECT_EQ(ix.text_tokens(0), 5u);
   EXPECT_EQ(ix.media_end(0) - ix.media_begin(0), 3u);
+  // Where each run goes: image 0 after 1 text token, image 1 after 3, the
+  // clip after 4 (members in the index: 0.jpg, 0.wav, 1.png).
+  ASSERT_TRUE(ix.has_media_positions());
+  const uint32_t m0 = ix.media_begin(0);
+  EXPECT_EQ(ix.media_position(0, m0), 1u);
+  EXPECT_EQ(ix.media_position(0, m0 + 1), 6u);
+  EXPECT_EQ(ix.media_position(0, m0 + 2), 4u);
+  std::vector<MediaPlace> order;
+  ix.MediaOrder(0, &order);
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(order[0].media, m0);
+  EXPECT_EQ(order[0].text_at, 1u);
+  EXPECT_EQ(order[1].media, m0 + 2);
+  EXPECT_EQ(order[1].text_at, 3u);
+  EXPECT_EQ(order[2].media, m0 + 1);
+  EXPECT_EQ(order[2].text_at, 4u);
   EXPECT_EQ(ix.key(1), "text");
   EXPECT_EQ(ix.text_tokens(1), 3u);
   EXPECT_EQ(report.skipped["placeholder_mismatch"], 5u) << all;
@@ -96,6 +113,49 @@ TEST(IndexSchema2Test, WithoutPlaceholderIdsAnImageSampleSaysWhereTheyComeFrom) 
   ASSERT_FALSE(report.skipped_examples.empty());
   EXPECT_NE(report.skipped_examples[0].find("tutti_dataset.json"), std::string::npos)
       << report.skipped_examples[0];
+}
+
+// Placeholder positions as the writer takes them: all of a sample's media
+// or none, each kind in member order, none shared, within the text; an
+// index whose placeholders all lead records none (and keeps its identity).
+TEST(IndexSchema2Test, PlaceholderPositionsAreCheckedAndOnlyRecordedWhereTheyMatter) {
+  auto media = [](int64_t a, int64_t b) {
+    std::vector<MemberInput> m(2);
+    m[0].kind = m[1].kind = MemberKind::kJpeg;
+    m[0].ext = "0.jpg";
+    m[1].ext = "1.jpg";
+    for (auto& x : m) x.offset = 100, x.size = 10, x.width = x.height = 32;
+    m[0].placeholder_at = a;
+    m[1].placeholder_at = b;
+    return m;
+  };
+  const MemberInput json{MemberKind::kJson, "json", 0, 50};
+  IndexWriter w;
+  ASSERT_TRUE(w.AddShard("a.tar", 1000, 0).ok());
+  EXPECT_FALSE(w.AddSample("part", 4, &json, media(2, -1)).ok());
+  EXPECT_FALSE(w.AddSample("order", 4, &json, media(3, 1)).ok());
+  EXPECT_FALSE(w.AddSample("past", 4, &json, media(0, 6)).ok());  // 5 text tokens before it
+  ASSERT_TRUE(w.AddSample("lead", 4, &json, media(0, 1)).ok());
+  ASSERT_TRUE(w.AddSample("none", 4, &json, media(-1, -1)).ok());
+  IndexWriter plain;
+  ASSERT_TRUE(plain.AddShard("a.tar", 1000, 0).ok());
+  ASSERT_TRUE(plain.AddSample("lead", 4, &json, media(-1, -1)).ok());
+  ASSERT_TRUE(plain.AddSample("none", 4, &json, media(-1, -1)).ok());
+  auto a = Index::FromString(w.Finish(), "a.idx");
+  auto b = Index::FromString(plain.Finish(), "b.idx");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_FALSE((*a)->has_media_positions());
+  EXPECT_EQ((*a)->content_id(), (*b)->content_id());
+  ASSERT_TRUE(w.AddSample("inside", 4, &json, media(1, 4)).ok());
+  auto c = Index::FromString(w.Finish(), "c.idx");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->has_media_positions());
+  EXPECT_EQ((*c)->media_position(2, 5), 4u);
+  EXPECT_EQ((*c)->media_position(0, 1), 1u);
+  // A copy keeps them.
+  IndexWriter copy;
+  ASSERT_TRUE(copy.CopyShard(**c, 0).ok());
+  EXPECT_EQ(copy.Finish(), w.Finish());
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ struct IndexWriter::Section {
 
 IndexWriter::IndexWriter() {
   for (auto* c : {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_, &media_,
-                  &text_crc_, &media_crc_, &text_stream_, &vl_stream_}) {
+                  &text_crc_, &media_crc_, &text_stream_, &vl_stream_, &media_pos_}) {
     *c = std::make_unique<IndexColumn>();
   }
   key_off_->Push(uint32_t{0});
@@ -58,7 +58,7 @@ IndexWriter::~IndexWriter() = default;
 
 absl::Status IndexWriter::SpillTo(const std::string& dir) {
   for (auto* c : {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_, &media_,
-                  &text_crc_, &media_crc_, &text_stream_, &vl_stream_}) {
+                  &text_crc_, &media_crc_, &text_stream_, &vl_stream_, &media_pos_}) {
     RETURN_IF_ERROR((*c)->SpillTo(dir));
   }
   return absl::OkStatus();
@@ -71,6 +71,7 @@ void IndexWriter::Reserve(uint64_t samples, uint64_t media, uint64_t key_bytes) 
   key_off_->Reserve((samples + 1) * 4);
   media_begin_->Reserve((samples + 1) * 4);
   media_->Reserve(media * sizeof(Index::MediaRecord));
+  media_pos_->Reserve(media * 4);
   keys_->Reserve(key_bytes);
 }
 
@@ -155,6 +156,49 @@ absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
                                                      m.width, "x", m.height, " is out of range"));
     }
   }
+  // Placeholder positions: all or none; each kind's in member order, none
+  // shared, each run's text before it within the text.
+  uint32_t images = 0, placed = 0;
+  for (const MemberInput& m : media) images += IsImage(m.kind), placed += m.placeholder_at >= 0;
+  positions_.clear();
+  bool interleaved = false;
+  if (placed > 0) {
+    if (placed != media.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample '", key, "': ", placed, " of its ", media.size(),
+          " image/audio members have a placeholder position; give one to each or to none"));
+    }
+    int64_t last[2] = {-1, -1};
+    uint32_t image = 0, audio = 0;
+    for (const MemberInput& m : media) {
+      const bool is_image = IsImage(m.kind);
+      if (m.placeholder_at <= last[is_image] || m.placeholder_at >= int64_t{UINT32_MAX}) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample '", key, "' member ", m.ext, ": placeholder position ",
+                         m.placeholder_at, " is not after the previous ",
+                         is_image ? "image's" : "audio clip's", " (", last[is_image], ")"));
+      }
+      last[is_image] = m.placeholder_at;
+      positions_.push_back(static_cast<uint32_t>(m.placeholder_at));
+      interleaved |= m.placeholder_at != (is_image ? image++ : images + audio++);
+    }
+    std::vector<uint32_t> sorted = positions_;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t k = 0; k < sorted.size(); ++k) {
+      if ((k > 0 && sorted[k] == sorted[k - 1]) || sorted[k] - k > text_tokens) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample '", key, "': placeholder position ", sorted[k],
+                         k > 0 && sorted[k] == sorted[k - 1]
+                             ? " is given twice"
+                             : absl::StrCat(" lies past its ", text_tokens, " text tokens")));
+      }
+    }
+  } else {
+    uint32_t image = 0, audio = 0;
+    for (const MemberInput& m : media) {
+      positions_.push_back(IsImage(m.kind) ? image++ : images + audio++);
+    }
+  }
   uint64_t ref = 0;
   if (text != nullptr) {
     ASSIGN_OR_RETURN(uint16_t ext, ExtId(text->ext));
@@ -171,6 +215,8 @@ absl::Status IndexWriter::AddSample(absl::string_view key, uint32_t text_tokens,
     media_crc_->Push(m.crc32c);
     member_crcs_ &= m.has_crc32c;
   }
+  media_pos_->Append(positions_.data(), positions_.size() * 4);
+  media_positions_ |= interleaved;
   const uint32_t tsize = text != nullptr ? static_cast<uint32_t>(text->size) : 0;
   const uint32_t id = static_cast<uint32_t>(num_samples_);
   (media.empty() ? text_stream_ : vl_stream_)->Push(id);
@@ -213,6 +259,7 @@ absl::Status IndexWriter::CopySample(const Index& from, uint32_t s) {
     m.audio_ms = v.audio_ms;
     m.has_crc32c = crcs;
     m.crc32c = crcs ? from.media_crc32c(j) : 0;
+    m.placeholder_at = from.has_media_positions() ? int64_t{from.media_position(s, j)} : -1;
   }
   return AddSample(from.key(s), from.text_tokens(s), has_text ? &text : nullptr, copy_media_);
 }
@@ -230,8 +277,9 @@ absl::Status IndexWriter::CopyShard(const Index& from, uint32_t shard) {
 }
 
 absl::Status IndexWriter::status() const {
-  for (const auto* c : {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_,
-                        &media_, &text_crc_, &media_crc_, &text_stream_, &vl_stream_}) {
+  for (const auto* c :
+       {&text_ref_, &text_size_, &text_tokens_, &key_off_, &media_begin_, &keys_, &media_,
+        &text_crc_, &media_crc_, &text_stream_, &vl_stream_, &media_pos_}) {
     RETURN_IF_ERROR((*c)->status());
   }
   return absl::OkStatus();
@@ -306,6 +354,7 @@ std::vector<IndexWriter::Section> IndexWriter::Sections(std::string* strs, std::
     s.push_back({fmt::kTcrc, R::kSamples, 4, nullptr, text_crc_.get()});
     s.push_back({fmt::kMcrc, R::kMedia, 4, nullptr, media_crc_.get()});
   }
+  if (media_positions_) s.push_back({fmt::kMpos, R::kMedia, 4, nullptr, media_pos_.get()});
   return s;
 }
 

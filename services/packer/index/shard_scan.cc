@@ -318,6 +318,14 @@ void ShardScanner::ScanSample(Group* g, const ShardChecksums& sums, ShardResult*
                                            "--image-placeholder-id/--audio-placeholder-id)"
                                          : ""));
       }
+      if (json->json->schema == 2) {
+        // Where each run goes: its placeholder's index in input_ids.
+        size_t image = 0, clip = 0;
+        for (MemberInput& in : s.media) {
+          in.placeholder_at = IsImage(in.kind) ? json->json->image_positions[image++]
+                                               : json->json->audio_positions[clip++];
+        }
+      }
     }
     if (!json->json_unknown.empty()) {
       ++r->unknown_json_members;
