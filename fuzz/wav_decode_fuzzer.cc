@@ -7,6 +7,7 @@
 
 #include "absl/strings/string_view.h"
 #include "services/stager/batch_layout.h"
+#include "services/stager/members.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;

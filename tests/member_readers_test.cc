@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "services/packer/index/text_tokens.h"
 #include "services/stager/batch_layout.h"
+#include "services/stager/members.h"
 
 namespace tutti {
 namespace {

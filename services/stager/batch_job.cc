@@ -15,6 +15,7 @@
 #include "common/job_config.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "services/stager/members.h"
 #include "services/stager/skip.h"
 
 namespace tutti::stager {

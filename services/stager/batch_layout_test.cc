@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "gtest/gtest.h"
+#include "services/stager/members.h"
 #include "services/stager/test_dataset.h"
 
 namespace tutti::stager {
