@@ -5,8 +5,8 @@
 
 #include "absl/strings/string_view.h"
 #include "services/packer/index/text_tokens.h"
-#include "services/stager/batch_layout.h"
-#include "services/stager/members.h"
+#include "services/stager/decode/batch_layout.h"
+#include "services/stager/decode/members.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view json(reinterpret_cast<const char*>(data), size);

@@ -12,7 +12,7 @@
 #include "common/job_config.h"
 #include "fuzz/fuzz_job.h"
 #include "google/protobuf/stubs/logging.h"
-#include "services/stager/batch_layout.h"
+#include "services/stager/decode/batch_layout.h"
 #include "tutti/v1/plan.pb.h"
 
 namespace {

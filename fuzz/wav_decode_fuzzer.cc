@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "absl/strings/string_view.h"
-#include "services/stager/batch_layout.h"
-#include "services/stager/members.h"
+#include "services/stager/decode/batch_layout.h"
+#include "services/stager/decode/members.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;

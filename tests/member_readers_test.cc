@@ -5,8 +5,8 @@
 #include "common/media_header.h"
 #include "gtest/gtest.h"
 #include "services/packer/index/text_tokens.h"
-#include "services/stager/batch_layout.h"
-#include "services/stager/members.h"
+#include "services/stager/decode/batch_layout.h"
+#include "services/stager/decode/members.h"
 
 namespace tutti {
 namespace {

@@ -32,7 +32,7 @@
 #include "common/file_io.h"
 #include "common/media_header.h"
 #include "common/smart_resize.h"
-#include "services/stager/decode.h"
+#include "services/stager/decode/decode.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

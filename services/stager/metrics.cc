@@ -1,8 +1,8 @@
 #include "services/stager/metrics.h"
 
 #include "common/latency_buckets.h"
-#include "services/stager/path_refusal.h"
-#include "services/stager/skip.h"
+#include "services/stager/decode/skip.h"
+#include "services/stager/staging/path_refusal.h"
 
 namespace tutti::stager {
 namespace {

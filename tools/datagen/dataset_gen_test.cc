@@ -15,7 +15,7 @@
 #include "common/file_io.h"
 #include "common/media_header.h"
 #include "common/tar.h"
-#include "services/stager/members.h"
+#include "services/stager/decode/members.h"
 
 namespace tutti::datagen {
 namespace {
