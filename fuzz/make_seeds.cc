@@ -207,6 +207,12 @@ void IndexSeeds(const fs::path& dir, const std::string& jpeg, const std::string&
   a.Add("000002.txt", "a caption");
   a.Add("000002.wav", std::string(44, '\0'));       // a bad audio header: skipped
   a.Add("000003.json", R"({"input_ids": [1, 2})");  // bad JSON: skipped
+  // Schema 2, interleaved: the images' placeholders (9) after some text, so
+  // the index records where they are (MPOS).
+  a.Add("000005.json",
+        R"({"schema": 2, "input_ids": [1, 2, 9, 3, 4, 9, 5], "trained": [[3, 5]]})");
+  a.Add("000005.0.jpg", jpeg);
+  a.Add("000005.1.png", png);
   tutti::TarWriter b;
   b.Add("sub/000004.json", R"({"input_ids": [5]})");
   const std::string bad = b.Finish();
@@ -219,6 +225,7 @@ void IndexSeeds(const fs::path& dir, const std::string& jpeg, const std::string&
   }
   tutti::packer::IndexBuildOptions o;
   o.source_dir = src.string();
+  o.image_placeholder_id = 9;
   auto bytes = tutti::packer::BuildIndex(o, nullptr, nullptr);
   fs::remove_all(src);
   if (!bytes.ok()) {
