@@ -70,6 +70,20 @@ absl::StatusOr<Calibrated> FitCalibration(const CalibrationPairs& p, Attention a
   if (!l.ok()) {
     return Annotate(l.status(), absl::StrCat("calibration: the LLM's pairs (", p.llm.size(), ")"));
   }
+  // The time model needs work to cost time: a fit whose ViT terms or LLM
+  // linear term is not positive (noisy or too few sizes) is refused here,
+  // naming the pairs, rather than by the model later.
+  if (!(v->linear > 0) || !(v->quadratic > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibration: the ViT's ", eager ? "eager" : "sdpa", " pairs (", vit.size(),
+        ") fit a linear term of ", v->linear, " and a quadratic term of ", v->quadratic,
+        " s; both must be positive: time more sizes, more repeats, on an idle device"));
+  }
+  if (!(l->linear > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibration: the LLM's pairs (", p.llm.size(), ") fit a linear term of ", l->linear,
+        " s; it must be positive: time more sizes, more repeats, on an idle device"));
+  }
   c.vit = *v;
   c.llm = *l;
   c.timing = fallback;

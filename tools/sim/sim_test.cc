@@ -171,6 +171,24 @@ TEST(CalibrationTest, PairsGiveTheConstants) {
   EXPECT_NEAR(c->timing.vit_quadratic / 3e-11, 1, 1e-3);
 }
 
+// Pairs that fit well but give a term the time model cannot use (noisy CPU
+// timings can): refused as the calibration's, naming the pairs.
+TEST(CalibrationTest, AFitWithATermThatIsNotPositiveIsRefusedNamingThePairs) {
+  std::string text;
+  for (double p = 32; p <= 512; p *= 2) {
+    absl::StrAppend(&text, "vit sdpa ", p, " ", 1e-9 * p * p, "\n");  // no linear term
+    absl::StrAppend(&text, "vit eager ", p, " ", 1e-9 * p * p, "\n");
+    absl::StrAppend(&text, "llm flash ", p, " ", 1e-6 * p, "\n");
+  }
+  auto pairs = ParseCalibration(text, "t");
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  auto c = FitCalibration(*pairs, Attention::kFlash, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("calibration: the ViT's sdpa pairs (5)"), std::string::npos)
+      << c.status();
+  EXPECT_NE(c.status().message().find("must be positive"), std::string::npos) << c.status();
+}
+
 // A small seed workload on 8-GPU nodes.
 SimSetup SmallSetup(const std::string& model = "vit400m-moe16b-a3b", double audio = 0) {
   SimSetup s;
