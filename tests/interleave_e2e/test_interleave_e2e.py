@@ -35,6 +35,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python", "tests"))
 import cluster  # noqa: E402
 import convert_fixtures as fx  # noqa: E402
+from hf_reference import hf_style_rope  # noqa: E402
 import model  # noqa: E402
 
 HIDDEN = 32
@@ -94,28 +95,6 @@ def hf_pixels(path):
     p = frames.reshape(1, 2, 3, gh // MERGE, MERGE, PATCH, gw // MERGE, MERGE, PATCH)
     p = p.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
     return p.reshape(gh * gw, 3 * 2 * PATCH * PATCH), (1, gh, gw)
-
-
-def hf_style_rope(tokens, grids, image_token):
-    """Qwen2-VL get_rope_index for one unpadded row of images, written as its loop reads:
-    find each image's first token, text before it counts on, then the grid indices."""
-    pos, st, image = [], 0, 0
-    while image < len(grids):
-        ed = tokens.index(image_token, st)
-        t, h, w = grids[image]
-        lt, lh, lw = t, h // MERGE, w // MERGE
-        start = (max(max(p) for p in pos) + 1) if pos else 0
-        text = ed - st
-        pos += [[start + i] * 3 for i in range(text)]
-        for a in range(lt):
-            for b in range(lh):
-                for c in range(lw):
-                    pos.append([start + text + a, start + text + b, start + text + c])
-        st = ed + lt * lh * lw
-        image += 1
-    start = (max(max(p) for p in pos) + 1) if pos else 0
-    pos += [[start + i] * 3 for i in range(len(tokens) - st)]
-    return np.array(pos, np.int64).T
 
 
 def write_records(root, seed=3):
@@ -206,7 +185,7 @@ class Expected:
                 labels.append(t if trained_at[j] else -100)
         labels[0] = -100  # no document is predicted from the one packed before it
         self.tokens, self.labels = np.array(tokens, np.int64), np.array(labels, np.int64)
-        self.mrope = hf_style_rope(tokens, self.grids, pad)
+        self.mrope = hf_style_rope(tokens, self.grids, MERGE, pad)
 
 
 class InterleavedEndToEndTest(unittest.TestCase):
