@@ -445,7 +445,8 @@ TEST(StagerPeersTest, AHomeShardOnlyPeersReadIsStagedAheadAndKeptUntilItsStepPas
   for (const auto& [i, m] : fetched.members) {
     EXPECT_EQ(m.data(), MemberBytes(env.data, other.shard(), other.members(static_cast<int>(i))));
   }
-  EXPECT_TRUE(Staged(server).count(held.name())) << "the held shard was evicted before its step";
+  EXPECT_TRUE(server.core()->cache()->Has(held.name(), held.size()))
+      << "the held shard was evicted before its step";
   EXPECT_EQ(server.core()->cache()->evictions(), 0u);
 
   // Its members are served from the cache: the source is not read again.
