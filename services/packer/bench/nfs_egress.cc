@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -97,7 +98,7 @@ absl::StatusOr<std::vector<double>> ParseCacheSizes(absl::string_view text,
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     part = absl::StripAsciiWhitespace(part);
     double f = 0;
-    if (!part.empty() && absl::ascii_isalpha(part.back())) {
+    if (!part.empty() && absl::StrContains("KMGTkmgt", part.back())) {
       uint64_t bytes = 0;
       if (!ParseByteSize(part, &bytes) || bytes == 0) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -121,9 +122,9 @@ absl::StatusOr<std::vector<double>> ParseCacheSizes(absl::string_view text,
       f = a / b;
       if (!(f > 0 && f <= 1)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "cache size '", part, "' is ", f,
-            " of the dataset: give a fraction in (0, 1] (1: the whole dataset a node) or a size "
-            "with a unit such as 312G"));
+            "cache size '", part,
+            "' is not a fraction of the dataset in (0, 1] (1: the whole dataset a node; more "
+            "holds nothing more): give one such as 1/32 or a size with a unit such as 312G"));
       }
     }
     out.push_back(f);
@@ -282,6 +283,17 @@ absl::StatusOr<EgressResult> CountEgress(const EgressSetup& s, const EgressOptio
   return r;
 }
 
+namespace {
+
+// Decimal bytes, 1 decimal: "58810.3 TB", "16.0 GB".
+std::string Bytes(double b) {
+  if (b >= 1e12) return absl::StrFormat("%.1f TB", b / 1e12);
+  if (b >= 1e9) return absl::StrFormat("%.1f GB", b / 1e9);
+  return absl::StrFormat("%.1f MB", b / 1e6);
+}
+
+}  // namespace
+
 std::string FormatEgressTable(const EgressResult& r) {
   const bool epoch =
       r.counted_steps == static_cast<uint64_t>(std::max(1.0, std::ceil(r.epoch_steps)));
@@ -297,16 +309,16 @@ std::string FormatEgressTable(const EgressResult& r) {
                                   "NFS today", "NFS homes", "limit rD", "today/rD", "homes/rD"));
   for (const EgressRow& row : r.rows) {
     if (!row.error.empty()) {
-      absl::StrAppend(&out, absl::StrFormat("%-8.4g %12.3f TB %13.1f TB  homes refused: %s\n",
-                                            row.cache_fraction, row.cache_bytes_per_node / 1e12,
-                                            row.nfs_today_bytes / 1e12, row.error));
+      absl::StrAppend(&out, absl::StrFormat("%-8.4g %14s %16s  homes refused: %s\n",
+                                            row.cache_fraction, Bytes(row.cache_bytes_per_node),
+                                            Bytes(row.nfs_today_bytes), row.error));
       continue;
     }
     absl::StrAppend(
-        &out, absl::StrFormat("%-8.4g %12.3f TB %13.1f TB %13.1f TB %11.1f TB %12.1f %12.3f\n",
-                              row.cache_fraction, row.cache_bytes_per_node / 1e12,
-                              row.nfs_today_bytes / 1e12, row.nfs_locality_bytes / 1e12,
-                              row.limit_bytes / 1e12, row.nfs_today_bytes / row.limit_bytes,
+        &out, absl::StrFormat("%-8.4g %14s %16s %16s %14s %12.1f %12.3f\n", row.cache_fraction,
+                              Bytes(row.cache_bytes_per_node), Bytes(row.nfs_today_bytes),
+                              Bytes(row.nfs_locality_bytes), Bytes(row.limit_bytes),
+                              row.nfs_today_bytes / row.limit_bytes,
                               row.nfs_locality_bytes / row.limit_bytes));
   }
   return out;
