@@ -1,16 +1,56 @@
 // `tutti bench locality`: NFS egress per epoch with shard homes against
 // today's behaviour, the balance paid, stager-to-stager bytes, plan time.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "services/packer/bench/locality_bench.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/locality_loopback.h"
 
 namespace tutti::tools {
 namespace {
+
+int RunLoopback(LoopbackOptions lo, const std::string& replications, bool json) {
+  lo.replications.clear();
+  for (absl::string_view part : absl::StrSplit(replications, ',', absl::SkipEmpty())) {
+    uint32_t r = 0;
+    if (!absl::SimpleAtoi(part, &r) || r > 16) {
+      std::fprintf(stderr, "--loopback-replications: '%s' is not a replication in 0..16\n",
+                   std::string(part).c_str());
+      return 2;
+    }
+    lo.replications.push_back(r);
+  }
+  if (lo.replications.empty()) {
+    std::fprintf(stderr, "--loopback-replications: give at least one, e.g. 0,1,2\n");
+    return 2;
+  }
+  if (lo.dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    lo.dir =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/tutti-loopback-" + std::to_string(getpid());
+  }
+  lo.progress = [](const std::string& line) {
+    std::fprintf(stderr, "[bench locality --loopback] %s\n", line.c_str());
+  };
+  auto runs = RunLocalityLoopback(lo);
+  if (!runs.ok()) {
+    std::fprintf(stderr, "tutti bench locality --loopback: %s\n",
+                 std::string(runs.status().message()).c_str());
+    return 1;
+  }
+  const std::string out = json ? FormatLoopbackJson(*runs) : FormatLoopbackTable(lo, *runs);
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
 
 int RunBenchLocality(int argc, char** argv) {
   packer::LocalityBenchOptions o;
@@ -49,8 +89,27 @@ int RunBenchLocality(int argc, char** argv) {
            "post_balancing.balance_tolerance; negative: the job's default");
   cli.Flag("seed", &o.workload.seed, "workload seed");
   cli.Flag("json", &json, "print one JSON object instead of a table");
+  bool loopback = false;
+  std::string replications = "0,1,2";
+  LoopbackOptions lo;
+  cli.Flag("loopback", &loopback,
+           "instead: real stagers on this host (tools/locality_loopback.h): a generated dataset, "
+           "one packer, --loopback-nodes stagers with --peers, their ranks taking every batch of "
+           "one epoch, per --loopback-replications; source and peer bytes from the stagers' "
+           "counters");
+  cli.Flag("loopback-nodes", &lo.nodes, "--loopback: stagers (nodes)", 2, 64);
+  cli.Flag("loopback-ranks-per-node", &lo.ranks_per_node, "--loopback: ranks per node", 1, 64);
+  cli.Flag("loopback-samples", &lo.samples, "--loopback: generated samples", 16, 1000000);
+  cli.Flag("loopback-samples-per-shard", &lo.samples_per_shard, "--loopback: samples a shard", 1,
+           1000000);
+  cli.Flag("loopback-replications", &replications,
+           "--loopback: home_replication per run, comma-separated (0: locality off)");
+  cli.Flag("loopback-post-balancing", &lo.post_balancing, "--loopback: post-balancing on");
+  cli.Flag("loopback-dir", &lo.dir,
+           "--loopback: work directory, emptied and removed (default: under $TMPDIR)");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (loopback) return RunLoopback(lo, replications, json);
   if (!ParseByteSize(dataset, &o.dataset_bytes) || !ParseByteSize(shard, &o.shard_bytes)) {
     std::fprintf(stderr, "--dataset-bytes / --shard-bytes: give a size such as 1000000000 or 1G\n");
     return 2;
