@@ -99,7 +99,7 @@ struct EgressOptions {
   // Steps the caches are simulated over; 0: an epoch of the dataset
   // (dataset samples / samples a step, rounded up).
   uint64_t count_steps = 0;
-  // Synthetic samples in the index; 0: at least three steps' draws.
+  // Synthetic samples in the index; 0: five steps' draws (the epochs repeat).
   uint64_t samples = 0;
   double balance_tolerance = -1;  // post_balancing.balance_tolerance; < 0: default
   std::function<void(const std::string&)> progress;  // may be empty
