@@ -114,7 +114,8 @@ TEST(SimulateCommand, EgressPerEpochTodayAndWithHomesAndBadInputsRefused) {
   EXPECT_THAT(r.output, HasSubstr("no cache size given holds the homes"));
   r = simulate({"--caches=1/8,1", "--replication=4", "--steps=2"});
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("homes refused: shard homes: 4 copies"));
+  EXPECT_THAT(r.output, HasSubstr("homes refused: 4 copies of the dataset need 68.7 GB but 4 "
+                                  "nodes' caches of 2.1 GB hold 8.6 GB; raise the cache"));
 }
 
 // `tutti --version` as every tutti binary takes it; numeric flags outside

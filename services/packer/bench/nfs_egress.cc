@@ -18,6 +18,17 @@
 
 namespace tutti::packer {
 
+namespace {
+
+// Decimal bytes, 1 decimal: "58810.3 TB", "16.0 GB".
+std::string Bytes(double b) {
+  if (b >= 1e12) return absl::StrFormat("%.1f TB", b / 1e12);
+  if (b >= 1e9) return absl::StrFormat("%.1f GB", b / 1e9);
+  return absl::StrFormat("%.1f MB", b / 1e6);
+}
+
+}  // namespace
+
 bool LruShardCache::Touch(uint32_t shard, uint64_t bytes) {
   if (auto it = where_.find(shard); it != where_.end()) {
     order_.splice(order_.begin(), order_, it->second);
@@ -208,7 +219,23 @@ absl::StatusOr<EgressSetup> MakeEgressSetup(const EgressOptions& o) {
     ho.replication = o.replication;
     ho.node_capacity_bytes = static_cast<uint64_t>(std::ceil(f * s.index_bytes));
     ho.seed = today.seed();
-    s.homes.push_back(ShardHomes::Assign(keys, s.nodes, ho));
+    absl::StatusOr<ShardHomes> homes = ShardHomes::Assign(keys, s.nodes, ho);
+    if (!homes.ok()) {
+      // Said in the dataset's bytes (the index's are synthetic).
+      const double need = static_cast<double>(o.replication) * o.dataset_bytes;
+      const double cache = f * o.dataset_bytes;
+      homes = absl::ResourceExhaustedError(
+          need > cache * s.nodes
+              ? absl::StrCat(o.replication, " copies of the dataset need ", Bytes(need), " but ",
+                             s.nodes, " nodes' caches of ", Bytes(cache), " hold ",
+                             Bytes(cache * s.nodes),
+                             "; raise the cache, lower the replication or add nodes")
+              : absl::StrCat(o.replication, " copies of the dataset (", Bytes(need),
+                             ") placed as whole shards leave a shard without ", o.replication,
+                             " nodes with room in caches of ", Bytes(cache),
+                             "; raise the cache, lower the replication or add nodes"));
+    }
+    s.homes.push_back(std::move(homes));
     if (s.homes.back().ok() && (smallest == 0 || f < smallest)) smallest = f;
   }
   if (smallest == 0) {
@@ -282,17 +309,6 @@ absl::StatusOr<EgressResult> CountEgress(const EgressSetup& s, const EgressOptio
   }
   return r;
 }
-
-namespace {
-
-// Decimal bytes, 1 decimal: "58810.3 TB", "16.0 GB".
-std::string Bytes(double b) {
-  if (b >= 1e12) return absl::StrFormat("%.1f TB", b / 1e12);
-  if (b >= 1e9) return absl::StrFormat("%.1f GB", b / 1e9);
-  return absl::StrFormat("%.1f MB", b / 1e6);
-}
-
-}  // namespace
 
 std::string FormatEgressTable(const EgressResult& r) {
   const bool epoch =

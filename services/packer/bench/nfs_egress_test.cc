@@ -91,7 +91,8 @@ TEST(ParseCacheSizesTest, FractionsAndSizesAndWhatIsRefused) {
   EXPECT_NE(big.status().message().find("larger than the dataset"), std::string::npos)
       << big.status();
   auto two = ParseCacheSizes("2", tb);
-  EXPECT_NE(two.status().message().find("is not a fraction of the dataset in (0, 1]"), std::string::npos)
+  EXPECT_NE(two.status().message().find("is not a fraction of the dataset in (0, 1]"),
+            std::string::npos)
       << two.status();
 }
 
