@@ -41,7 +41,7 @@ int RunSimulate(int argc, char** argv) {
       "tutti simulate --config JOB.textproto [--index FILE] [--from STEP] [--steps N]\n"
       "       tutti simulate --ladder [--model M] [--cluster C] [--world-sizes 8,64] [options]\n"
       "       tutti simulate --fit-experiment [--world-sizes 64] [--off-by 4] [options]\n"
-      "       tutti simulate --egress [--nodes 320] [--dataset-bytes 10T] [--caches 1/32,1] "
+      "       tutti simulate --egress [--nodes 320] [--dataset-bytes BYTES] [--caches 1/32,1] "
       "[options]",
       "Plans --steps steps from --from with the packer's planning core (what\n"
       "tutti-packerd would serve for this config and index) and reports, per phase (vit,\n"
@@ -90,8 +90,10 @@ int RunSimulate(int argc, char** argv) {
   cli.Flag("egress", &t.egress, "NFS egress per epoch with and without shard homes");
   cli.Flag("nodes", &t.nodes, "--egress: nodes", 1, 1 << 20);
   cli.Flag("ranks-per-node", &t.ranks_per_node, "--egress: ranks per node", 1, 1024);
-  cli.Flag("dataset-bytes", &t.dataset_bytes, "--egress: dataset size (bytes, or 10T)");
-  cli.Flag("shard-bytes", &t.shard_bytes, "--egress: shard size (bytes, or 1G)");
+  cli.Flag("dataset-bytes", &t.dataset_bytes,
+           "--egress: dataset size in bytes (suffixes K/M/G/T binary)");
+  cli.Flag("shard-bytes", &t.shard_bytes,
+           "--egress: shard size in bytes (suffixes K/M/G/T binary)");
   cli.Flag("caches", &t.caches,
            "--egress: each node's cache, comma-separated: fractions of the dataset (1/32, 0.125) "
            "or sizes (312G)");
