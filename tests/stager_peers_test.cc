@@ -277,6 +277,9 @@ TEST(FetchMembersTest, BoundsAreCheckedBeforeAnythingIsRead) {
 // is read for the shard once (the copy), never for a member besides.
 TEST(FetchMembersTest, AShardAskedForIsStagedThenServedFromTheCache) {
   Env env("demand", 2, 2, 1);
+  // A deadline a loaded host keeps: the members wait up to half of it for the
+  // copy before they are read from the source.
+  env.job.mutable_config()->set_sample_deadline_ms(20000);
   env.StartPacker(4, {}, /*gated=*/true);  // no plans: this node stages nothing of its own
   StagerServer server(env.Options(0));
   ASSERT_TRUE(server.Start().ok());
