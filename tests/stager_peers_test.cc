@@ -17,6 +17,7 @@
 #include "common/http_client.h"
 #include "common/rpc_security.h"
 #include "common/shard_homes.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "services/stager/member_stream.h"
 #include "services/stager/peer_fetcher.h"
@@ -217,6 +218,122 @@ TEST(FetchMembersTest, ACallWithoutTheJobsTokenIsRefused) {
     EXPECT_EQ(ok.members[i].data(),
               MemberBytes(env.data, req.shard(), req.members(static_cast<int>(i))));
   }
+}
+
+// A stager whose --listen is a Unix socket (its ranks' address) serves other
+// nodes' stagers on --peer_listen: FetchMembers there with the job's token,
+// health, and every rank's call refused there (the same rank is served on
+// the socket).
+TEST(PeerListenTest, AUnixSocketStagerServesPeersThereAndRefusesRanks) {
+  Env env("peer_listen", 2, 2, 1);
+  env.StartPacker(4);
+  StagerServerOptions o = env.Options(0);
+  const std::string socket = absl::StrCat("unix://", env.root, "/s0.sock");
+  o.listen = socket;
+  o.peer_listen = "127.0.0.1:0";
+  o.port_file = env.root + "/s0.ports";
+  o.rpc.security.token = "the-job-token";
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  const int port = server.peer_port();
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(server.grpc_port(), 0);
+  std::ifstream ports(o.port_file);
+  const std::string port_file((std::istreambuf_iterator<char>(ports)),
+                              std::istreambuf_iterator<char>());
+  EXPECT_NE(port_file.find(absl::StrCat("\npeer_grpc=", port, "\n")), std::string::npos)
+      << port_file;
+
+  const v1::FetchMembersRequest req = FirstMembers(env.data, 2);
+  SecurityOptions token;
+  token.token = "the-job-token";
+  Fetched ok = Fetch(port, req, token);
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  ASSERT_EQ(ok.members.size(), 2u);
+  for (uint32_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(ok.members[i].data(),
+              MemberBytes(env.data, req.shard(), req.members(static_cast<int>(i))));
+  }
+  EXPECT_EQ(Fetch(port, req, {}).status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  auto health =
+      grpc::health::v1::Health::NewStub(MakeSecureChannel(absl::StrCat("127.0.0.1:", port), token));
+  grpc::health::v1::HealthCheckRequest hreq;
+  hreq.set_service("tutti.v1.Stager");
+  grpc::health::v1::HealthCheckResponse hresp;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  do {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(health->Check(&ctx, hreq, &hresp).ok());
+    if (hresp.status() == grpc::health::v1::HealthCheckResponse::SERVING) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < until);
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // Rank 0 of the job, with its token: refused on the peer address...
+  ClientIdentity rank0;
+  rank0.rank = 0;
+  rank0.job_id = env.job.config().job_id();
+  auto peer =
+      v1::Stager::NewStub(MakeSecureChannel(absl::StrCat("127.0.0.1:", port), token, rank0));
+  auto deadline = [](grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  };
+  v1::RegisterRankRequest reg;
+  reg.set_rank(0);
+  v1::RegisterRankResponse registered;
+  std::vector<grpc::Status> refused;
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    refused.push_back(peer->RegisterRank(&ctx, reg, &registered));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::AcquireBatchRequest acq;
+    acq.set_rank(0);
+    acq.set_timeout_ms(1000);
+    v1::BatchDescriptor batch;
+    refused.push_back(peer->AcquireBatch(&ctx, acq, &batch));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::ReleaseBatchRequest rel;
+    rel.set_rank(0);
+    v1::ReleaseBatchResponse released;
+    refused.push_back(peer->ReleaseBatch(&ctx, rel, &released));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::RenewLeasesRequest renew;
+    renew.set_rank(0);
+    renew.set_incarnation(1);
+    v1::RenewLeasesResponse renewed;
+    refused.push_back(peer->RenewLeases(&ctx, renew, &renewed));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::StageStatus status;
+    refused.push_back(peer->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
+  }
+  for (const grpc::Status& s : refused) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE(s.error_message().find("--peer_listen"), std::string::npos) << s.error_message();
+  }
+  EXPECT_EQ(Metric(server.metrics_port(),
+                   "tutti_rpc_refused_total{reason=\"peer_listener\",service=\"tutti.v1.Stager\"}"),
+            static_cast<double>(refused.size()));
+  // ... and served on the socket.
+  auto local = v1::Stager::NewStub(MakeSecureChannel(socket, token, rank0));
+  grpc::ClientContext ctx;
+  deadline(&ctx);
+  grpc::Status s = local->RegisterRank(&ctx, reg, &registered);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 TEST(FetchMembersTest, BoundsAreCheckedBeforeAnythingIsRead) {
