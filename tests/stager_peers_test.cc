@@ -38,7 +38,11 @@ class FixturePacker final : public v1::Packer::Service {
   using Edit = std::function<void(v1::StepPlan*)>;
   FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step, Edit edit = {})
       : data_(std::move(data)), job_(std::move(job)), end_(end_step), edit_(std::move(edit)) {}
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo* out) override {
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest*,
+                      v1::JobInfo* out) override {
+    while (hold_job_ && !job_released_.WaitForNotificationWithTimeout(absl::Milliseconds(5))) {
+      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    }
     *out = job_;
     return grpc::Status::OK;
   }
@@ -59,10 +63,16 @@ class FixturePacker final : public v1::Packer::Service {
     return grpc::Status::OK;
   }
   // Plans flow once every stager has started (a real cluster's stagers start
-  // at different times: a holder still starting answers UNAVAILABLE and its
-  // members come from the source, which would make the counts below vary).
+  // at different times: a holder not serving yet, or starting past the peer
+  // timeout, has its members read from the source, which would make the
+  // counts below vary).
   void Open() {
     if (!open_.HasBeenNotified()) open_.Notify();
+  }
+  // GetJob answers only once ReleaseJob is called (a stager stays starting).
+  void HoldJob() { hold_job_ = true; }
+  void ReleaseJob() {
+    if (!job_released_.HasBeenNotified()) job_released_.Notify();
   }
   v1::StepPlan Plan(uint64_t step, const std::vector<uint32_t>& ranks) const {
     v1::StepPlan plan = testing::MakePlan(data_, job_, step, ranks, 2);
@@ -76,6 +86,8 @@ class FixturePacker final : public v1::Packer::Service {
   uint64_t end_;
   Edit edit_;
   absl::Notification open_;
+  std::atomic<bool> hold_job_{false};
+  absl::Notification job_released_;
 };
 
 struct Env {
@@ -334,6 +346,61 @@ TEST(PeerListenTest, AUnixSocketStagerServesPeersThereAndRefusesRanks) {
   deadline(&ctx);
   grpc::Status s = local->RegisterRank(&ctx, reg, &registered);
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// PeerFetcher::Fetch, waited for.
+absl::StatusOr<MemberPeers::Bytes> FetchFrom(PeerFetcher& fetcher, uint32_t node,
+                                             const v1::FetchMembersRequest& req,
+                                             absl::Duration within) {
+  absl::Notification done;
+  absl::StatusOr<MemberPeers::Bytes> out;
+  fetcher.Fetch(node, req.shard(), req.members(0), absl::Now() + within,
+                [&](absl::StatusOr<MemberPeers::Bytes> r) {
+                  out = std::move(r);
+                  done.Notify();
+                });
+  done.WaitForNotification();
+  return out;
+}
+
+// A holder still starting (no job from its packer yet: a job's stagers start
+// together) is asked again until it has its job, within the deadline; one
+// still starting at the deadline is a failure the caller falls back on.
+TEST(PeerFetcherTest, AStartingHolderIsAskedAgainUntilItHasItsJob) {
+  Env env("starting", 2, 2, 1);
+  env.StartPacker(4);
+  env.packer->HoldJob();
+  StagerServerOptions o = env.Options(1);
+  const std::string socket = env.root + "/holder.sock";
+  o.listen = "unix://" + socket;
+  StagerServer holder(o);
+  absl::Status started;
+  std::thread start([&] { started = holder.Start(); });
+  // Its socket is served before it asks the packer for its job.
+  for (absl::Time until = absl::Now() + absl::Seconds(30);
+       absl::Now() < until && !fs::exists(socket);) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::string address = o.listen;
+  if (!fs::exists(socket)) env.packer->ReleaseJob();  // so that `start` ends
+  EXPECT_TRUE(fs::exists(socket)) << "the holder never served";
+  PeerFetcher fetcher({{1, address}}, {}, nullptr);
+  const v1::FetchMembersRequest req = FirstMembers(env.data, 1);
+
+  absl::StatusOr<MemberPeers::Bytes> late = FetchFrom(fetcher, 1, req, absl::Milliseconds(500));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
+  EXPECT_NE(late.status().message().find("starting"), std::string::npos) << late.status();
+
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    env.packer->ReleaseJob();
+  });
+  absl::StatusOr<MemberPeers::Bytes> got = FetchFrom(fetcher, 1, req, absl::Seconds(30));
+  release.join();
+  start.join();
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(**got, MemberBytes(env.data, req.shard(), req.members(0)));
 }
 
 TEST(FetchMembersTest, BoundsAreCheckedBeforeAnythingIsRead) {

@@ -1,5 +1,7 @@
 #include "services/stager/peer_fetcher.h"
 
+#include <grpcpp/alarm.h>
+
 #include <chrono>
 #include <utility>
 
@@ -8,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
 #include "common/rpc_security.h"
+#include "services/stager/member_stream.h"
 
 namespace tutti::stager {
 namespace {
@@ -23,6 +26,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
       : owner_(owner),
         node_(node),
         address_(std::move(address)),
+        deadline_(deadline),
         done_(std::move(done)),
         metrics_(metrics) {
     *req_.mutable_shard() = shard;
@@ -31,6 +35,14 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
   }
 
   void Cancel() override { ctx_.TryCancel(); }
+
+  // Never started (the fetcher is being destroyed): `done` hears so.
+  void Abandon() {
+    done_(absl::CancelledError(
+        absl::StrCat("this stager is stopping: member ", req_.members(0).name(), " of shard ",
+                     req_.shard().name(), " not asked of node ", node_, "'s stager")));
+    delete this;
+  }
 
   void Start(v1::Stager::Stub* stub) {
     stub->async()->FetchMembers(&ctx_, &req_, this);
@@ -52,6 +64,12 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
   }
 
   void OnDone(const grpc::Status& s) override {
+    if (!s.ok() && Starting() && absl::Now() + kStartingRetry < deadline_) {
+      owner_->RetryLater(node_, req_.shard(), req_.members(0), deadline_, std::move(done_));
+      owner_->Forget(this);
+      delete this;
+      return;
+    }
     absl::StatusOr<MemberPeers::Bytes> out;
     const std::string who = absl::StrCat("node ", node_, "'s stager at ", address_);
     const std::string what =
@@ -74,9 +92,13 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
   }
 
  private:
+  // The holder said it has no job yet (member_stream.h kPeerStartingKey).
+  bool Starting() const { return ctx_.GetServerTrailingMetadata().count(kPeerStartingKey) > 0; }
+
   PeerFetcher* const owner_;
   const uint32_t node_;
   const std::string address_;
+  const absl::Time deadline_;
   MemberPeers::Done done_;
   StagerMetrics* const metrics_;
   grpc::ClientContext ctx_;
@@ -85,6 +107,50 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
   bool got_ = false;
   MemberPeers::Bytes bytes_;
   absl::Status error_;
+};
+
+// A starting holder asked again after kStartingRetry. Deletes itself once
+// the alarm has fired or been cancelled.
+class RetryCall final : public PeerFetcher::Call {
+ public:
+  RetryCall(PeerFetcher* owner, uint32_t node, const v1::ShardRef& shard,
+            const v1::MemberRef& member, absl::Time deadline, MemberPeers::Done done)
+      : owner_(owner),
+        node_(node),
+        shard_(shard),
+        member_(member),
+        deadline_(deadline),
+        done_(std::move(done)) {}
+
+  void Start() {
+    alarm_.Set(absl::ToChronoTime(absl::Now() + kStartingRetry), [this](bool ok) {
+      if (ok) {
+        owner_->Launch(node_, shard_, member_, deadline_, std::move(done_));
+      } else {
+        done_(absl::CancelledError(absl::StrCat("node ", node_,
+                                                "'s stager was starting and this stager is "
+                                                "stopping: read the source")));
+      }
+      owner_->Forget(this);
+      delete this;
+    });
+  }
+  void Cancel() override { alarm_.Cancel(); }
+  // Never set (the fetcher is being destroyed): `done` hears so.
+  void Abandon() {
+    done_(absl::CancelledError(absl::StrCat(
+        "node ", node_, "'s stager was starting and this stager is stopping: read the source")));
+    delete this;
+  }
+
+ private:
+  PeerFetcher* const owner_;
+  const uint32_t node_;
+  const v1::ShardRef shard_;
+  const v1::MemberRef member_;
+  const absl::Time deadline_;
+  MemberPeers::Done done_;
+  grpc::Alarm alarm_;
 };
 
 }  // namespace
@@ -114,9 +180,17 @@ PeerFetcher::PeerFetcher(std::map<uint32_t, std::string> peers, SecurityOptions 
 
 PeerFetcher::~PeerFetcher() {
   absl::MutexLock l(&mu_);
+  stopping_ = true;
   for (Call* call : calls_) call->Cancel();
   mu_.Await(absl::Condition(
       +[](std::set<Call*>* calls) { return calls->empty(); }, &calls_));
+}
+
+bool PeerFetcher::Track(Call* call) {
+  absl::MutexLock l(&mu_);
+  if (stopping_) return false;
+  calls_.insert(call);
+  return true;
 }
 
 void PeerFetcher::Forget(Call* call) {
@@ -140,14 +214,29 @@ void PeerFetcher::Fetch(uint32_t node, const v1::ShardRef& shard, const v1::Memb
         absl::StrCat("no address for node ", node, "'s stager (--peers): read the source")));
     return;
   }
+  Launch(node, shard, member, deadline, std::move(done));
+}
+
+void PeerFetcher::Launch(uint32_t node, const v1::ShardRef& shard, const v1::MemberRef& member,
+                         absl::Time deadline, Done done) {
+  v1::Stager::Stub* stub = StubOf(node);
   auto* call = new FetchCall(this, node, peers_.at(node), shard, member, deadline, std::move(done),
                              metrics_);
-  v1::Stager::Stub* stub = StubOf(node);
-  {
-    absl::MutexLock l(&mu_);
-    calls_.insert(call);
+  if (!Track(call)) {
+    call->Abandon();
+    return;
   }
   call->Start(stub);
+}
+
+void PeerFetcher::RetryLater(uint32_t node, const v1::ShardRef& shard, const v1::MemberRef& member,
+                             absl::Time deadline, Done done) {
+  auto* retry = new RetryCall(this, node, shard, member, deadline, std::move(done));
+  if (!Track(retry)) {
+    retry->Abandon();
+    return;
+  }
+  retry->Start();
 }
 
 }  // namespace tutti::stager

@@ -151,6 +151,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StagerService::FetchMembers(
         gate_->Refuse(absl::IsResourceExhausted(s) ? "too_large" : "too_many_items", s));
   }
   if (!core_->Started()) {
+    ctx->AddTrailingMetadata(kPeerStartingKey, "1");
     return new RefusedStream(absl::UnavailableError(
         "tutti-stagerd is starting: it has no job from its packer yet; read the source"));
   }
