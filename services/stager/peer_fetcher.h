@@ -1,7 +1,14 @@
 // MemberPeers over gRPC: FetchMembers to another node's tutti-stagerd at the
 // address --peers gives for it, with the job's TLS and token (the same
 // SecurityOptions the stager uses towards its packer). One channel per
-// peer, made on first use; every call has the caller's deadline. A holder
+// peer, made on first use. The members asked of one holder for one shard
+// within kGatherMembers (a step's batches ask for theirs together) go in one
+// call, up to the RPC's bounds (kMaxPeerMembers members, kMaxPeerCallBytes);
+// the call's deadline is the earliest of its members', and each member's
+// caller hears as soon as its message arrives, or at the call's end that it
+// did not come (then the caller reads the source; a late message is
+// dropped, so no member is read twice). A member above kMaxPeerMemberBytes
+// is not asked (the holder would refuse the call). A holder
 // that answers it is still starting (no job from its packer yet: stagers of
 // one job start together) is asked again every kStartingRetry until it
 // answers otherwise or the deadline is near; any other failure is final.
@@ -18,6 +25,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
@@ -37,6 +46,9 @@ absl::StatusOr<std::map<uint32_t, std::string>> ParsePeers(const std::string& te
 
 // How long the fetcher waits before asking a starting holder again.
 inline constexpr absl::Duration kStartingRetry = absl::Milliseconds(100);
+// How long a member asked of a holder waits for others of its shard to go
+// in the same call.
+inline constexpr absl::Duration kGatherMembers = absl::Milliseconds(2);
 
 class PeerFetcher final : public MemberPeers {
  public:
@@ -50,23 +62,39 @@ class PeerFetcher final : public MemberPeers {
   void Fetch(uint32_t node, const v1::ShardRef& shard, const v1::MemberRef& member,
              absl::Time deadline, Done done) override;
 
-  // Calls in flight and retries waiting (in the .cc) report here.
+  // Calls in flight, gathering and retry timers (in the .cc) report here.
   class Call {
    public:
     virtual ~Call() = default;
     virtual void Cancel() = 0;
   };
   void Forget(Call* call);
-  // Starts one FetchMembers call for a known node (after the retry pause
-  // too); once the fetcher is being destroyed, `done` hears CANCELLED.
-  void Launch(uint32_t node, const v1::ShardRef& shard, const v1::MemberRef& member,
-              absl::Time deadline, Done done);
-  // Waits kStartingRetry, then Launch; `done` hears CANCELLED if the fetcher
+  // One member asked for: its deadline and its caller.
+  struct Asked {
+    v1::MemberRef member;
+    absl::Time deadline;
+    Done done;
+  };
+  // Starts one FetchMembers call for `asked` (at most kMaxPeerMembers, of
+  // one shard, of a known node); once the fetcher is being destroyed, each
+  // hears CANCELLED.
+  void Launch(uint32_t node, const v1::ShardRef& shard, std::vector<Asked> asked);
+  // Waits kStartingRetry, then Launch; each hears CANCELLED if the fetcher
   // is destroyed meanwhile.
-  void RetryLater(uint32_t node, const v1::ShardRef& shard, const v1::MemberRef& member,
-                  absl::Time deadline, Done done);
+  void RetryLater(uint32_t node, const v1::ShardRef& shard, std::vector<Asked> asked);
+  // The gathering batch `id` of (node, shard) is sent (its timer fired).
+  void Flush(uint32_t node, const std::string& shard, uint64_t id);
 
  private:
+  // Members of one shard waiting to be asked of one holder.
+  struct Gathering {
+    uint64_t id = 0;
+    v1::ShardRef shard;
+    std::vector<Asked> asked;
+    uint64_t bytes = 0;
+  };
+  using Key = std::pair<uint32_t, std::string>;  // holder node, shard name
+
   v1::Stager::Stub* StubOf(uint32_t node);
   // Registers `call` unless the fetcher is being destroyed (then false).
   bool Track(Call* call);
@@ -77,6 +105,8 @@ class PeerFetcher final : public MemberPeers {
   absl::Mutex mu_;
   std::map<uint32_t, std::unique_ptr<v1::Stager::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::set<Call*> calls_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Gathering> gathering_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_gathering_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

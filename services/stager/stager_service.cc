@@ -159,6 +159,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StagerService::FetchMembers(
   absl::Time deadline = absl::Now() + core_->sample_deadline();
   const absl::Time asked = absl::FromChrono(ctx->deadline());
   if (asked < deadline) deadline = asked;
+  if (metrics_) metrics_->peer_served_calls.Increment();
   return new MemberStream(core_, metrics_, std::move(req), deadline, *std::move(ticket));
 }
 
