@@ -30,7 +30,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
                         public PeerFetcher::Call {
  public:
   FetchCall(PeerFetcher* owner, uint32_t node, std::string address, const v1::ShardRef& shard,
-            std::vector<PeerFetcher::Asked> asked, StagerMetrics* metrics)
+            std::vector<PeerFetcher::Asked> asked, StagerMetrics* metrics, bool wait_for_ready)
       : owner_(owner),
         node_(node),
         address_(std::move(address)),
@@ -43,6 +43,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
       deadline_ = std::min(deadline_, a.deadline);
     }
     ctx_.set_deadline(absl::ToChronoTime(deadline_));
+    ctx_.set_wait_for_ready(wait_for_ready);
   }
 
   void Cancel() override { ctx_.TryCancel(); }
@@ -61,6 +62,10 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone follows
+    if (!reached_) {
+      reached_ = true;
+      owner_->Reached(node_);
+    }
     const uint32_t i = msg_.index();
     if (i < asked_.size() && asked_[i].done) {
       MemberPeers::Done done = std::move(asked_[i].done);
@@ -78,6 +83,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
   }
 
   void OnDone(const grpc::Status& s) override {
+    if (!reached_ && (s.ok() || Starting())) owner_->Reached(node_);
     std::vector<PeerFetcher::Asked> left;
     for (PeerFetcher::Asked& a : asked_) {
       if (a.done) left.push_back(std::move(a));
@@ -114,6 +120,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::FetchedMember>,
   std::vector<PeerFetcher::Asked> asked_;  // by index in the request; done null once told
   StagerMetrics* const metrics_;
   absl::Time deadline_;
+  bool reached_ = false;  // a message arrived (the owner was told)
   grpc::ClientContext ctx_;
   v1::FetchMembersRequest req_;
   v1::FetchedMember msg_;
@@ -197,6 +204,16 @@ bool PeerFetcher::Track(Call* call) {
   if (stopping_) return false;
   calls_.insert(call);
   return true;
+}
+
+bool PeerFetcher::WaitForReady(uint32_t node) {
+  absl::MutexLock l(&mu_);
+  return reached_.count(node) == 0 && absl::Now() < made_ + kStartupGrace;
+}
+
+void PeerFetcher::Reached(uint32_t node) {
+  absl::MutexLock l(&mu_);
+  reached_.insert(node);
 }
 
 void PeerFetcher::Forget(Call* call) {
@@ -283,7 +300,8 @@ void PeerFetcher::Flush(uint32_t node, const std::string& shard, uint64_t id) {
 
 void PeerFetcher::Launch(uint32_t node, const v1::ShardRef& shard, std::vector<Asked> asked) {
   v1::Stager::Stub* stub = StubOf(node);
-  auto* call = new FetchCall(this, node, peers_.at(node), shard, std::move(asked), metrics_);
+  auto* call = new FetchCall(this, node, peers_.at(node), shard, std::move(asked), metrics_,
+                             WaitForReady(node));
   if (!Track(call)) {
     call->Abandon();
     return;

@@ -11,7 +11,10 @@
 // is not asked (the holder would refuse the call). A holder
 // that answers it is still starting (no job from its packer yet: stagers of
 // one job start together) is asked again every kStartingRetry until it
-// answers otherwise or the deadline is near; any other failure is final.
+// answers otherwise or the deadline is near; a holder that has not answered
+// once yet, within kStartupGrace of the fetcher's start, is waited for up to
+// the deadline when it cannot be connected to (its stager's process may
+// start after this one); any other failure is final.
 //
 // Thread-safe. Destroying it cancels the calls in flight and waits until
 // each has told its caller.
@@ -46,6 +49,9 @@ absl::StatusOr<std::map<uint32_t, std::string>> ParsePeers(const std::string& te
 
 // How long the fetcher waits before asking a starting holder again.
 inline constexpr absl::Duration kStartingRetry = absl::Milliseconds(100);
+// How long after the fetcher is made a holder that has never answered is
+// waited for rather than taken as gone.
+inline constexpr absl::Duration kStartupGrace = absl::Seconds(60);
 // How long a member asked of a holder waits for others of its shard to go
 // in the same call.
 inline constexpr absl::Duration kGatherMembers = absl::Milliseconds(2);
@@ -84,6 +90,9 @@ class PeerFetcher final : public MemberPeers {
   void RetryLater(uint32_t node, const v1::ShardRef& shard, std::vector<Asked> asked);
   // The gathering batch `id` of (node, shard) is sent (its timer fired).
   void Flush(uint32_t node, const std::string& shard, uint64_t id);
+  // `node`'s stager answered (it is up): from now on a failure to connect
+  // to it is final.
+  void Reached(uint32_t node);
 
  private:
   // Members of one shard waiting to be asked of one holder.
@@ -98,6 +107,8 @@ class PeerFetcher final : public MemberPeers {
   v1::Stager::Stub* StubOf(uint32_t node);
   // Registers `call` unless the fetcher is being destroyed (then false).
   bool Track(Call* call);
+  // A call to `node` waits for its connection (kStartupGrace).
+  bool WaitForReady(uint32_t node);
 
   const std::map<uint32_t, std::string> peers_;
   const SecurityOptions security_;
@@ -106,6 +117,8 @@ class PeerFetcher final : public MemberPeers {
   std::map<uint32_t, std::unique_ptr<v1::Stager::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::set<Call*> calls_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Gathering> gathering_ ABSL_GUARDED_BY(mu_);
+  const absl::Time made_ = absl::Now();
+  std::set<uint32_t> reached_ ABSL_GUARDED_BY(mu_);  // nodes whose stager answered
   uint64_t next_gathering_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
