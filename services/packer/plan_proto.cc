@@ -136,7 +136,7 @@ class PlanBuilder {
       ref->set_name(s.name);
       ref->set_size(s.size);
       ref->set_crc32c(s.crc32c);
-      if (const HomeStaging* homes = job_.homes(); homes != nullptr) {
+      if (const HomeStaging* homes = d_.homes ? d_.homes.get() : job_.homes(); homes) {
         for (uint32_t n : homes->HomesAt(d_.step).Homes(shard)) ref->add_home_nodes(n);
       }
     }
