@@ -68,22 +68,35 @@ std::shared_ptr<const HomeStaging> LocalitySchedule::homes() const {
 
 absl::StatusOr<uint64_t> LocalitySchedule::Announce(std::vector<LocalityChange> changes,
                                                     uint64_t earliest) {
-  absl::MutexLock lock(&mu_);
-  if (!frozen_.ok()) return frozen_;
-  const uint64_t from = std::max(earliest, planned_through_);
-  std::vector<LocalityChange> all = homes_->changes();
-  for (LocalityChange& c : changes) {
-    c.from_step = from;
-    all.push_back(c);
+  // The homes are built outside the lock (tens of milliseconds at cluster
+  // scale), so planners are not held up; built again if a planner moved the
+  // watermark past the step meanwhile.
+  while (true) {
+    std::shared_ptr<const HomeStaging> base;
+    uint64_t from = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!frozen_.ok()) return frozen_;
+      base = homes_;
+      from = std::max(earliest, planned_through_);
+    }
+    std::vector<LocalityChange> all = base->changes();
+    for (LocalityChange& c : changes) {
+      c.from_step = from;
+      all.push_back(c);
+    }
+    absl::StatusOr<std::shared_ptr<const HomeStaging>> next =
+        HomeStaging::Create(job_->config(), job_->index(), std::move(all));
+    if (!next.ok()) return next.status();
+    absl::MutexLock lock(&mu_);
+    if (!frozen_.ok()) return frozen_;
+    if (homes_ != base || std::max(earliest, planned_through_) != from) continue;
+    if (record_changes_) {
+      if (absl::Status s = record_changes_(changes); !s.ok()) return s;
+    }
+    homes_ = *std::move(next);
+    return from;
   }
-  absl::StatusOr<std::shared_ptr<const HomeStaging>> next =
-      HomeStaging::Create(job_->config(), job_->index(), std::move(all));
-  if (!next.ok()) return next.status();
-  if (record_changes_) {
-    if (absl::Status s = record_changes_(changes); !s.ok()) return s;
-  }
-  homes_ = *std::move(next);
-  return from;
 }
 
 uint64_t LocalitySchedule::planned_through() const {

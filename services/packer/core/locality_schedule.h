@@ -66,7 +66,9 @@ class LocalitySchedule final : public ShardStaging {
   // Nothing is taken when: the homes with them do not fit the nodes'
   // capacities (RESOURCE_EXHAUSTED naming the bytes, from ShardHomes) or
   // leave no node (INVALID_ARGUMENT); the record hook fails (its error);
-  // the schedule no longer takes changes (FAILED_PRECONDITION).
+  // the schedule no longer takes changes (FAILED_PRECONDITION). The homes
+  // are built without holding up planners (about 20 ms per change step at
+  // 10,000 shards on 320 nodes); one caller at a time.
   absl::StatusOr<uint64_t> Announce(std::vector<LocalityChange> changes, uint64_t earliest = 0);
 
   uint64_t planned_through() const;
