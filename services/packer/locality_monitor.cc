@@ -27,6 +27,13 @@ LocalityMonitor::LocalityMonitor(std::shared_ptr<const Job> job, LocalitySchedul
       metrics_(metrics),
       options_(std::move(options)),
       liveness_(NodesOf(*job_), options_.liveness, options_.operator_removed) {
+  if (metrics_ != nullptr) {
+    // Every reason's series from the start (0 until it happens).
+    for (const char* reason : {"dead", "returned", "capacity"}) {
+      metrics_->locality_rehomings_family.Add({{"reason", reason}});
+      metrics_->locality_rehomings_refused_family.Add({{"reason", reason}});
+    }
+  }
   absl::MutexLock lock(&mu_);
   SetMetrics(options_.clock());
 }
