@@ -6,6 +6,7 @@
 // other's members (then the source when the holder fails or is late).
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <mutex>
 #include <set>
@@ -17,6 +18,7 @@
 #include "common/http_client.h"
 #include "common/rpc_security.h"
 #include "common/shard_homes.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "services/stager/member_stream.h"
 #include "services/stager/peer_fetcher.h"
@@ -37,7 +39,11 @@ class FixturePacker final : public v1::Packer::Service {
   using Edit = std::function<void(v1::StepPlan*)>;
   FixturePacker(testing::Dataset data, v1::JobInfo job, uint64_t end_step, Edit edit = {})
       : data_(std::move(data)), job_(std::move(job)), end_(end_step), edit_(std::move(edit)) {}
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo* out) override {
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest*,
+                      v1::JobInfo* out) override {
+    while (hold_job_ && !job_released_.WaitForNotificationWithTimeout(absl::Milliseconds(5))) {
+      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    }
     *out = job_;
     return grpc::Status::OK;
   }
@@ -58,10 +64,16 @@ class FixturePacker final : public v1::Packer::Service {
     return grpc::Status::OK;
   }
   // Plans flow once every stager has started (a real cluster's stagers start
-  // at different times: a holder still starting answers UNAVAILABLE and its
-  // members come from the source, which would make the counts below vary).
+  // at different times: a holder not serving yet, or starting past the peer
+  // timeout, has its members read from the source, which would make the
+  // counts below vary).
   void Open() {
     if (!open_.HasBeenNotified()) open_.Notify();
+  }
+  // GetJob answers only once ReleaseJob is called (a stager stays starting).
+  void HoldJob() { hold_job_ = true; }
+  void ReleaseJob() {
+    if (!job_released_.HasBeenNotified()) job_released_.Notify();
   }
   v1::StepPlan Plan(uint64_t step, const std::vector<uint32_t>& ranks) const {
     v1::StepPlan plan = testing::MakePlan(data_, job_, step, ranks, 2);
@@ -75,6 +87,8 @@ class FixturePacker final : public v1::Packer::Service {
   uint64_t end_;
   Edit edit_;
   absl::Notification open_;
+  std::atomic<bool> hold_job_{false};
+  absl::Notification job_released_;
 };
 
 struct Env {
@@ -217,6 +231,196 @@ TEST(FetchMembersTest, ACallWithoutTheJobsTokenIsRefused) {
     EXPECT_EQ(ok.members[i].data(),
               MemberBytes(env.data, req.shard(), req.members(static_cast<int>(i))));
   }
+}
+
+// A stager whose --listen is a Unix socket (its ranks' address) serves other
+// nodes' stagers on --peer_listen: FetchMembers there with the job's token,
+// health, and every rank's call refused there (the same rank is served on
+// the socket).
+TEST(PeerListenTest, AUnixSocketStagerServesPeersThereAndRefusesRanks) {
+  Env env("peer_listen", 2, 2, 1);
+  env.StartPacker(4);
+  StagerServerOptions o = env.Options(0);
+  const std::string socket = absl::StrCat("unix://", env.root, "/s0.sock");
+  o.listen = socket;
+  o.peer_listen = "127.0.0.1:0";
+  o.port_file = env.root + "/s0.ports";
+  o.rpc.security.token = "the-job-token";
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+  const int port = server.peer_port();
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(server.grpc_port(), 0);
+  std::ifstream ports(o.port_file);
+  const std::string port_file((std::istreambuf_iterator<char>(ports)),
+                              std::istreambuf_iterator<char>());
+  EXPECT_NE(port_file.find(absl::StrCat("\npeer_grpc=", port, "\n")), std::string::npos)
+      << port_file;
+
+  const v1::FetchMembersRequest req = FirstMembers(env.data, 2);
+  SecurityOptions token;
+  token.token = "the-job-token";
+  Fetched ok = Fetch(port, req, token);
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  ASSERT_EQ(ok.members.size(), 2u);
+  for (uint32_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(ok.members[i].data(),
+              MemberBytes(env.data, req.shard(), req.members(static_cast<int>(i))));
+  }
+  EXPECT_EQ(Fetch(port, req, {}).status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  auto health =
+      grpc::health::v1::Health::NewStub(MakeSecureChannel(absl::StrCat("127.0.0.1:", port), token));
+  grpc::health::v1::HealthCheckRequest hreq;
+  hreq.set_service("tutti.v1.Stager");
+  grpc::health::v1::HealthCheckResponse hresp;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  do {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(health->Check(&ctx, hreq, &hresp).ok());
+    if (hresp.status() == grpc::health::v1::HealthCheckResponse::SERVING) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < until);
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // Rank 0 of the job, with its token: refused on the peer address...
+  ClientIdentity rank0;
+  rank0.rank = 0;
+  rank0.job_id = env.job.config().job_id();
+  auto peer =
+      v1::Stager::NewStub(MakeSecureChannel(absl::StrCat("127.0.0.1:", port), token, rank0));
+  auto deadline = [](grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  };
+  v1::RegisterRankRequest reg;
+  reg.set_rank(0);
+  v1::RegisterRankResponse registered;
+  std::vector<grpc::Status> refused;
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    refused.push_back(peer->RegisterRank(&ctx, reg, &registered));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::AcquireBatchRequest acq;
+    acq.set_rank(0);
+    acq.set_timeout_ms(1000);
+    v1::BatchDescriptor batch;
+    refused.push_back(peer->AcquireBatch(&ctx, acq, &batch));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::ReleaseBatchRequest rel;
+    rel.set_rank(0);
+    v1::ReleaseBatchResponse released;
+    refused.push_back(peer->ReleaseBatch(&ctx, rel, &released));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::RenewLeasesRequest renew;
+    renew.set_rank(0);
+    renew.set_incarnation(1);
+    v1::RenewLeasesResponse renewed;
+    refused.push_back(peer->RenewLeases(&ctx, renew, &renewed));
+  }
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    v1::StageStatus status;
+    refused.push_back(peer->GetStageStatus(&ctx, v1::GetStageStatusRequest(), &status));
+  }
+  for (const grpc::Status& s : refused) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE(s.error_message().find("--peer_listen"), std::string::npos) << s.error_message();
+  }
+  EXPECT_EQ(Metric(server.metrics_port(),
+                   "tutti_rpc_refused_total{reason=\"peer_listener\",service=\"tutti.v1.Stager\"}"),
+            static_cast<double>(refused.size()));
+  // ... and served on the socket.
+  auto local = v1::Stager::NewStub(MakeSecureChannel(socket, token, rank0));
+  grpc::ClientContext ctx;
+  deadline(&ctx);
+  grpc::Status s = local->RegisterRank(&ctx, reg, &registered);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// PeerFetcher::Fetch, waited for.
+absl::StatusOr<MemberPeers::Bytes> FetchFrom(PeerFetcher& fetcher, uint32_t node,
+                                             const v1::FetchMembersRequest& req,
+                                             absl::Duration within) {
+  absl::Notification done;
+  absl::StatusOr<MemberPeers::Bytes> out;
+  fetcher.Fetch(node, req.shard(), req.members(0), absl::Now() + within,
+                [&](absl::StatusOr<MemberPeers::Bytes> r) {
+                  out = std::move(r);
+                  done.Notify();
+                });
+  done.WaitForNotification();
+  return out;
+}
+
+// A holder whose stager is not up yet (its process starts after this one:
+// a job's stagers start together) is waited for, and one still starting (no
+// job from its packer yet) is asked again until it has its job, within the
+// deadline; one still starting at the deadline is a failure the caller falls
+// back on.
+TEST(PeerFetcherTest, AStartingHolderIsWaitedForUntilItHasItsJob) {
+  Env env("starting", 2, 2, 1);
+  env.StartPacker(4);
+  env.packer->HoldJob();
+  StagerServerOptions o = env.Options(1);
+  const std::string socket = env.root + "/holder.sock";
+  o.listen = "unix://" + socket;
+  PeerFetcher fetcher({{1, o.listen}}, {}, nullptr);
+  const v1::FetchMembersRequest req = FirstMembers(env.data, 1);
+
+  // Asked before the holder's process serves anything.
+  absl::Notification first_done;
+  absl::StatusOr<MemberPeers::Bytes> first;
+  fetcher.Fetch(1, req.shard(), req.members(0), absl::Now() + absl::Seconds(30),
+                [&](absl::StatusOr<MemberPeers::Bytes> r) {
+                  first = std::move(r);
+                  first_done.Notify();
+                });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(first_done.HasBeenNotified()) << first.status();
+
+  StagerServer holder(o);
+  absl::Status started;
+  std::thread start([&] { started = holder.Start(); });
+  // Its socket is served before it asks the packer for its job.
+  for (absl::Time until = absl::Now() + absl::Seconds(30);
+       absl::Now() < until && !fs::exists(socket);) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (!fs::exists(socket)) env.packer->ReleaseJob();  // so that `start` ends
+  EXPECT_TRUE(fs::exists(socket)) << "the holder never served";
+
+  absl::StatusOr<MemberPeers::Bytes> late = FetchFrom(fetcher, 1, req, absl::Milliseconds(500));
+  // Still starting (UNAVAILABLE saying so), or still being connected to
+  // (gRPC's reconnection backoff) when the deadline came.
+  EXPECT_TRUE(absl::IsUnavailable(late.status()) || absl::IsDeadlineExceeded(late.status()))
+      << late.status();
+
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    env.packer->ReleaseJob();
+  });
+  absl::StatusOr<MemberPeers::Bytes> got = FetchFrom(fetcher, 1, req, absl::Seconds(30));
+  release.join();
+  start.join();
+  first_done.WaitForNotification();
+  ASSERT_TRUE(started.ok()) << started;
+  const std::string want = MemberBytes(env.data, req.shard(), req.members(0));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(**got, want);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(**first, want);
 }
 
 TEST(FetchMembersTest, BoundsAreCheckedBeforeAnythingIsRead) {
@@ -432,10 +636,12 @@ void RunCluster(uint32_t nodes) {
   }
   for (auto& t : threads) t.join();
 
-  double sent = 0, received = 0, moved = 0;
+  double sent = 0, received = 0, moved = 0, calls = 0, served_members = 0;
   for (uint32_t n = 0; n < nodes; ++n) {
     const int port = servers[n]->metrics_port();
     SCOPED_TRACE(absl::StrCat("node ", n));
+    calls += Metric(port, "tutti_stager_peer_served_calls_total");
+    served_members += Metric(port, "tutti_stager_peer_served_members_total{outcome=\"sent\"}");
     EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"received\"}"),
               static_cast<double>(marks.On(n)));
     EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}"), 0);
@@ -450,6 +656,12 @@ void RunCluster(uint32_t nodes) {
   }
   EXPECT_GT(moved, 0) << "the test's plans must move something";
   EXPECT_EQ(sent, received);
+  // The members a step needs of one shard from one holder go in one call,
+  // not one call each.
+  EXPECT_EQ(served_members, moved);
+  EXPECT_LT(calls, served_members) << calls << " calls for " << served_members << " members";
+  std::cout << nodes << " nodes, " << kSteps << " steps: " << served_members << " members in "
+            << calls << " FetchMembers calls\n";
   for (uint64_t step = 0; step < kSteps; ++step) {
     const std::multiset<uint64_t>& ids = served.images[step];
     EXPECT_EQ(ids.size(), size_t{nodes} * kRanksPerNode * 2) << "step " << step;
@@ -512,18 +724,20 @@ TEST(StagerPeersTest, AHolderRestartedMidEpochLosesNothing) {
 // A holder's stager that takes the call and never answers.
 class StallingStager final : public v1::Stager::Service {
  public:
-  grpc::Status FetchMembers(grpc::ServerContext* ctx, const v1::FetchMembersRequest*,
+  grpc::Status FetchMembers(grpc::ServerContext* ctx, const v1::FetchMembersRequest* req,
                             grpc::ServerWriter<v1::FetchedMember>*) override {
     ++calls;
+    members += req->members_size();
     while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
     return grpc::Status(grpc::StatusCode::CANCELLED, "stalled");
   }
   std::atomic<int> calls{0};
+  std::atomic<int> members{0};  // over all calls
 };
 
 // A holder that stalls past --peer_timeout_ms, and one that is gone: every
 // member is read from the source within the sample deadline, nothing is
-// skipped, and each member is asked of the holder once.
+// skipped, and each member is asked of the holder once (in calls of several).
 TEST(StagerPeersTest, AHolderThatStallsOrIsGoneFallsBackToTheSource) {
   constexpr uint64_t kSteps = 4;
   for (const bool stalls : {true, false}) {
@@ -554,7 +768,11 @@ TEST(StagerPeersTest, AHolderThatStallsOrIsGoneFallsBackToTheSource) {
     EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}"),
               static_cast<double>(marks.On(0)));
     EXPECT_EQ(Metric(port, "tutti_stager_peer_members_total{outcome=\"received\"}"), 0);
-    if (stalls) EXPECT_EQ(holder.calls.load(), static_cast<int>(marks.On(0)));
+    if (stalls) {
+      EXPECT_EQ(holder.members.load(), static_cast<int>(marks.On(0)));
+      EXPECT_GE(holder.calls.load(), 1);
+      EXPECT_LT(holder.calls.load(), holder.members.load());
+    }
     EXPECT_GT(Metric(port, "tutti_stager_source_bytes_total"), 0);
   }
 }
