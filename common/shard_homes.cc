@@ -65,16 +65,31 @@ absl::StatusOr<ShardHomes> ShardHomes::Assign(absl::Span<const ShardKey> shards,
   h.node_bytes_.assign(nodes, 0);
   const uint32_t r = h.replication_;
   const uint64_t cap = options.node_capacity_bytes;
+  // Each node's capacity (0 = unbounded); any unbounded live node lifts the
+  // total bound.
+  std::vector<uint64_t> caps(nodes, cap);
+  for (uint32_t n = 0; n < nodes && n < options.node_capacities.size(); ++n) {
+    if (options.node_capacities[n] > 0) caps[n] = options.node_capacities[n];
+  }
+  bool bounded = true;
+  unsigned __int128 have = 0;
+  for (uint32_t n : live) {
+    bounded = bounded && caps[n] != 0;
+    have += caps[n];
+  }
+  const bool uniform = options.node_capacities.empty();
+  const std::string cap_text = uniform ? absl::StrCat("the cache capacity of ", FormatBytes(cap))
+                                       : std::string("the nodes' cache capacities");
 
-  if (cap != 0) {
+  if (bounded) {
     unsigned __int128 need = 0;
     for (const ShardKey& s : shards) need += static_cast<unsigned __int128>(s.bytes) * r;
-    const unsigned __int128 have = static_cast<unsigned __int128>(cap) * live.size();
     if (need > have) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "shard homes: ", r, " copies of the dataset need ",
           FormatBytes(static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX))),
-          " but ", live.size(), " live nodes of ", FormatBytes(cap), " each hold ",
+          " but ", live.size(), " live nodes",
+          uniform ? absl::StrCat(" of ", FormatBytes(cap), " each") : std::string(), " hold ",
           FormatBytes(static_cast<uint64_t>(std::min<unsigned __int128>(have, UINT64_MAX))),
           "; raise the per-node cache capacity, lower the replication or add nodes"));
     }
@@ -83,7 +98,7 @@ absl::StatusOr<ShardHomes> ShardHomes::Assign(absl::Span<const ShardKey> shards,
   std::vector<std::pair<uint64_t, uint32_t>> w(live.size());
   for (uint32_t s = 0; s < h.shards_; ++s) {
     const ShardKey& key = shards[s];
-    if (cap != 0 && key.bytes > cap) {
+    if (uniform && cap != 0 && key.bytes > cap) {
       return absl::ResourceExhaustedError(
           absl::StrCat("shard homes: shard ", key.name, " (", FormatBytes(key.bytes),
                        ") is larger than a node's cache capacity of ", FormatBytes(cap),
@@ -93,7 +108,7 @@ absl::StatusOr<ShardHomes> ShardHomes::Assign(absl::Span<const ShardKey> shards,
     for (size_t i = 0; i < live.size(); ++i) {
       w[i] = {MixSeed(shard_seed, uint64_t{live[i]} + 1), live[i]};
     }
-    auto fits = [&](uint32_t n) { return cap == 0 || h.node_bytes_[n] + key.bytes <= cap; };
+    auto fits = [&](uint32_t n) { return caps[n] == 0 || h.node_bytes_[n] + key.bytes <= caps[n]; };
     // The r heaviest first; only when one of them is full is the rest ordered.
     std::partial_sort(w.begin(), w.begin() + r, w.end(), Heavier);
     bool all_fit = true;
@@ -109,7 +124,7 @@ absl::StatusOr<ShardHomes> ShardHomes::Assign(absl::Span<const ShardKey> shards,
     if (got < r) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "shard homes: shard ", s, " (", key.name, ", ", FormatBytes(key.bytes), ") finds ", got,
-          " of ", r, " live nodes with room under the cache capacity of ", FormatBytes(cap),
+          " of ", r, " live nodes with room under ", cap_text,
           " once the shards before it are placed; raise the per-node cache capacity, lower the "
           "replication or add nodes"));
     }

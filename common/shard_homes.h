@@ -13,10 +13,10 @@
 //     outweighs a current home (about r/(n+1) of them), each onto n;
 //   - excluding a node (dead, removed) moves only the shards it was home to:
 //     they keep their other homes and gain the next-highest live node.
-// With a per-node capacity, shards are assigned in the order given (index
-// order): a node whose assigned bytes plus the shard's would exceed the
-// capacity is passed over and the next-highest weight takes the shard. The
-// movement bounds above then hold only while no node is full.
+// With a per-node capacity (one for all, or each node its own), shards are assigned in the order
+// given (index order): a node whose assigned bytes plus the shard's would exceed the capacity is
+// passed over and the next-highest weight takes the shard. The movement bounds above then hold only
+// while no node is full.
 //
 // Pure and deterministic: the same shards, node count, options and excluded
 // set give the same homes on every machine.
@@ -38,6 +38,10 @@ struct ShardHomesOptions {
   uint32_t replication = 1;
   // Bytes of shards one node may be home to; 0 = unbounded.
   uint64_t node_capacity_bytes = 0;
+  // Per node id, that node's own capacity where > 0 (what its stager
+  // reports), in place of node_capacity_bytes; nodes beyond the vector and
+  // entries of 0 have node_capacity_bytes. Default empty.
+  std::vector<uint64_t> node_capacities;
   // The job's seed: another seed gives an independent assignment.
   uint64_t seed = 0;
 };

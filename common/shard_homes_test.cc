@@ -170,6 +170,34 @@ TEST(ShardHomesTest, CapacityRespected) {
   EXPECT_GT(most, cap);
 }
 
+TEST(ShardHomesTest, EachNodesOwnCapacityRespected) {
+  const uint32_t kShards = 400, kNodes = 8;
+  const uint64_t kBytes = 1 << 20;
+  const auto shards = Shards(kShards, kBytes);
+  const ShardHomes free = MustAssign(shards, kNodes, {});
+  // Node 3 holds a third of its share; the others are unbounded.
+  ShardHomesOptions o;
+  o.node_capacities.assign(kNodes, 0);
+  o.node_capacities[3] = free.BytesOf(3) / 3;
+  const ShardHomes h = MustAssign(shards, kNodes, o);
+  EXPECT_LE(h.BytesOf(3), o.node_capacities[3]);
+  EXPECT_GT(h.BytesOf(3), 0u);
+  // Only shards node 3 held moved, and only those it gave up.
+  for (uint32_t s = 0; s < kShards; ++s) {
+    if (free.Homes(s)[0] != 3) EXPECT_EQ(h.Homes(s)[0], free.Homes(s)[0]) << s;
+  }
+  // A node's own capacity replaces the common one; 0 keeps it.
+  o.node_capacity_bytes = kBytes * 60;
+  o.node_capacities[3] = kBytes * 10;
+  const ShardHomes both = MustAssign(shards, kNodes, o);
+  for (uint32_t n = 0; n < kNodes; ++n)
+    EXPECT_LE(both.BytesOf(n), n == 3 ? kBytes * 10 : kBytes * 60);
+  // What the nodes' own capacities cannot hold is refused.
+  o.node_capacity_bytes = kBytes * 40;
+  auto refused = ShardHomes::Assign(shards, kNodes, o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
 TEST(ShardHomesTest, RefusesWhatTheClusterCannotHold) {
   const auto shards = Shards(100, 1 << 20);
   // 2 x 100 MiB on 4 nodes of 40 MiB.

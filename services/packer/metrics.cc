@@ -209,6 +209,37 @@ PackerMetrics::PackerMetrics(prometheus::Registry& r)
               .Help("The last step's slowest ViT rank over the phase's lower bound, with locality")
               .Register(r)
               .Add({})),
+      locality_nodes_family(BuildGauge()
+                                .Name("tutti_packer_locality_nodes")
+                                .Help("Nodes by state in the latest shard homes (live, removed, "
+                                      "silent, unreported)")
+                                .Register(r)),
+      locality_rehomings_family(BuildCounter()
+                                    .Name("tutti_packer_locality_rehomings_total")
+                                    .Help("Node changes announced from the stagers' reports, by "
+                                          "reason (dead, returned, capacity)")
+                                    .Register(r)),
+      locality_rehomings_refused_family(
+          BuildCounter()
+              .Name("tutti_packer_locality_rehomings_refused_total")
+              .Help("Node changes the packer could not take, by reason")
+              .Register(r)),
+      locality_change_from_step(BuildGauge()
+                                    .Name("tutti_packer_locality_change_from_step")
+                                    .Help("The step the latest node change is in force from")
+                                    .Register(r)
+                                    .Add({})),
+      locality_node_cache_bytes(BuildGauge()
+                                    .Name("tutti_packer_locality_node_cache_bytes")
+                                    .Help("Per node: its reported cache capacity and bytes held, "
+                                          "and the bytes the latest homes assign it")
+                                    .Register(r)),
+      locality_reports_family(BuildCounter()
+                                  .Name("tutti_packer_locality_reports_total")
+                                  .Help("Node reports from stagers, by result")
+                                  .Register(r)),
+      locality_reports_accepted(locality_reports_family.Add({{"result", "accepted"}})),
+      locality_reports_rejected(locality_reports_family.Add({{"result", "rejected"}})),
       cost_fits_family(BuildCounter()
                            .Name("tutti_packer_cost_fits_total")
                            .Help("Online cost-fit rounds, by result")

@@ -147,6 +147,28 @@ struct PackerMetrics {
   prometheus::Counter& locality_remote_items;
   prometheus::Histogram& locality_remote_member_bytes;
   prometheus::Gauge& locality_vit_over_lower_bound;
+  // The node changes the stagers' reports lead to (locality_monitor.h):
+  // tutti_packer_locality_nodes{state="live"|"removed"|"silent"|"unreported"}:
+  // nodes live in the latest homes, removed from them, live but not heard
+  // from within --node_dead_after_s (about to be removed), live and never
+  // heard from; tutti_packer_locality_rehomings_total{reason="dead"|
+  // "returned"|"capacity"}: changes announced;
+  // tutti_packer_locality_rehomings_refused_total{reason}: changes that
+  // could not be taken (the homes would not fit the capacities, or the
+  // record could not be written; the log says which);
+  // tutti_packer_locality_change_from_step: the step the latest change is
+  // in force from; tutti_packer_locality_node_cache_bytes{node,
+  // kind="capacity"|"held"|"assigned"}: per node, its last report and the
+  // bytes the latest homes assign it; tutti_packer_locality_reports_total{
+  // result="accepted"|"rejected"}.
+  prometheus::Family<prometheus::Gauge>& locality_nodes_family;
+  prometheus::Family<prometheus::Counter>& locality_rehomings_family;
+  prometheus::Family<prometheus::Counter>& locality_rehomings_refused_family;
+  prometheus::Gauge& locality_change_from_step;
+  prometheus::Family<prometheus::Gauge>& locality_node_cache_bytes;
+  prometheus::Family<prometheus::Counter>& locality_reports_family;
+  prometheus::Counter& locality_reports_accepted;
+  prometheus::Counter& locality_reports_rejected;
   // The online cost fit (job.proto CostFitConfig):
   // tutti_packer_cost_fits_total{result}: fit rounds that announced new
   // constants ("announced"), found them close to those in force

@@ -15,7 +15,7 @@ const Logger kLog("packer");
 
 constexpr char kIndex[] = "index";
 constexpr char kPlans[] = "plans";
-// Steps the cost fit record reserves for planning at a time.
+// Steps the cost fit and locality records reserve for planning at a time.
 constexpr uint64_t kCostReserveChunk = 256;
 
 }  // namespace
@@ -57,18 +57,19 @@ absl::Status PackerServer::Start(const StopSignal& stop) {
   for (uint32_t i = 0; i < job_->num_sources(); ++i) sources.push_back(job_->source_name(i));
   metrics_->SetSources(sources);
   RETURN_IF_ERROR(LoadCostFits());
+  RETURN_IF_ERROR(LoadLocality());
   PlanWindowOptions wo;
   wo.window = job_->config().plan_window();
   wo.threads = options_.plan_threads;
-  window_ = std::make_unique<PlanWindow>(std::make_shared<Planner>(job_, nullptr, costs_.get()), wo,
-                                         metrics_.get());
+  window_ = std::make_unique<PlanWindow>(
+      std::make_shared<Planner>(job_, locality_.get(), costs_.get()), wo, metrics_.get());
   packer_ =
       std::make_unique<Packer>(job_, window_.get(), metrics_.get(), options_.served, costs_.get());
   gate_ = std::make_unique<RpcGate>(options_.rpc, "tutti.v1.Packer", host_->registry().get());
   ranks_ = std::make_unique<RankIdentities>(gate_->authenticator().requires_token());
   ranks_->SetJob(job_->config().job_id());
   service_ = std::make_unique<PackerService>(packer_.get(), gate_.get(), ranks_.get(),
-                                             options_.max_streams_per_client);
+                                             options_.max_streams_per_client, monitor_.get());
   GrpcServerOptions grpc_options;
   RETURN_IF_ERROR(ApplyRpcGateOptions(
       gate_.get(), options_.listen, [](const std::string& w) { kLog.Warning(w); }, &grpc_options));
@@ -111,6 +112,46 @@ absl::Status PackerServer::LoadCostFits() {
   return absl::OkStatus();
 }
 
+absl::Status PackerServer::LoadLocality() {
+  if (job_->homes() == nullptr) {
+    if (!options_.locality_record.empty()) {
+      kLog.Info(absl::StrCat("--locality_record ", options_.locality_record,
+                             " is not used: the job has no locality"));
+    }
+    return absl::OkStatus();
+  }
+  if (options_.locality_record.empty()) {
+    kLog.Warning(
+        "the job has locality but no --locality_record: the stagers' node reports are not acted "
+        "on (a dead node is not re-homed, a full cache not re-homed within its capacity); give "
+        "a record file on persistent storage to turn that on");
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(LocalityRecordData data,
+                   ReadLocalityRecord(options_.locality_record, job_->fingerprint()));
+  std::vector<LocalityChange> changes = RemovalChanges(options_.job.node_removals);
+  changes.insert(changes.end(), data.changes.begin(), data.changes.end());
+  kLog.Info(absl::StrCat("locality record ", options_.locality_record, ": ", data.changes.size(),
+                         " node changes, steps below ", data.planned_through,
+                         " may have been planned before; a new change lands after them"));
+  absl::StatusOr<std::unique_ptr<LocalitySchedule>> schedule =
+      LocalitySchedule::Create(job_, std::move(changes), data.planned_through);
+  if (!schedule.ok()) {
+    return Annotate(schedule.status(), absl::StrCat("the node changes of --locality_record ",
+                                                    options_.locality_record));
+  }
+  locality_ = *std::move(schedule);
+  locality_record_ = std::make_unique<LocalityRecord>(options_.locality_record, std::move(data));
+  locality_record_->Attach(locality_.get(), kCostReserveChunk);
+  LocalityMonitorOptions mo;
+  mo.liveness.dead_after = options_.node_dead_after;
+  mo.tick = options_.node_check_interval;
+  for (const NodeRemoval& r : options_.job.node_removals) mo.operator_removed.push_back(r.node);
+  monitor_ = std::make_unique<LocalityMonitor>(job_, locality_.get(), metrics_.get(), mo);
+  monitor_->Start();
+  return absl::OkStatus();
+}
+
 void PackerServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
@@ -118,6 +159,7 @@ void PackerServer::Shutdown() {
   // milliseconds; an idle client connection would otherwise hold the
   // shutdown until the deadline).
   if (host_) host_->StopGrpc(absl::Seconds(1));
+  if (monitor_) monitor_->Stop();
   if (window_) window_->Stop();
   if (host_) host_->Stop();
 }

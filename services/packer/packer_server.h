@@ -17,6 +17,8 @@
 #include "services/packer/core/cost_schedule.h"
 #include "services/packer/core/job.h"
 #include "services/packer/cost_fit_record.h"
+#include "services/packer/locality_monitor.h"
+#include "services/packer/locality_record.h"
 #include "services/packer/metrics.h"
 #include "services/packer/packer.h"
 #include "services/packer/packer_service.h"
@@ -43,6 +45,15 @@ struct PackerServerOptions {
   // How the job is planned besides its config: node removals with locality
   // (JobOptions::node_removals, --node_removals). Default none.
   JobOptions job;
+  // With locality: the record of the node changes announced from the
+  // stagers' reports (locality_record.h), read at start and kept; empty:
+  // the reports are not acted on (ReportNode is FAILED_PRECONDITION).
+  std::string locality_record;
+  // A node that reported and then not for this long is removed; zero:
+  // never. Default 30 s (--node_dead_after_s).
+  absl::Duration node_dead_after = absl::Seconds(30);
+  // How often silent nodes are looked for. Default 1 s.
+  absl::Duration node_check_interval = absl::Seconds(1);
 };
 
 class PackerServer final : public Daemon {
@@ -64,6 +75,9 @@ class PackerServer final : public Daemon {
   // Reads --cost_fit_record into the schedule the planner reads (when the
   // fit is on or the record holds fits).
   absl::Status LoadCostFits();
+  // Reads --locality_record into the schedule the planner reads and starts
+  // the monitor of the stagers' node reports (with locality and a record).
+  absl::Status LoadLocality();
 
   const PackerServerOptions options_;
   std::unique_ptr<DaemonHost> host_;
@@ -71,6 +85,9 @@ class PackerServer final : public Daemon {
   std::shared_ptr<const Job> job_;
   std::unique_ptr<CostFitRecord> cost_record_;
   std::unique_ptr<CostSchedule> costs_;  // null without a record and a fit
+  std::unique_ptr<LocalityRecord> locality_record_;
+  std::unique_ptr<LocalitySchedule> locality_;  // null without locality and a record
+  std::unique_ptr<LocalityMonitor> monitor_;
   std::unique_ptr<PlanWindow> window_;
   std::unique_ptr<Packer> packer_;
   std::unique_ptr<RpcGate> gate_;

@@ -191,4 +191,19 @@ grpc::ServerUnaryReactor* PackerService::ReportTiming(grpc::CallbackServerContex
       });
 }
 
+grpc::ServerUnaryReactor* PackerService::ReportNode(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* in,
+                                                    grpc::ByteBuffer* out) {
+  return ServeUnary<v1::NodeReport, v1::NodeReportResponse>(
+      gate_, ctx, in, out, [this](const v1::NodeReport& req, v1::NodeReportResponse*, auto done) {
+        if (monitor_ == nullptr) {
+          return done(absl::FailedPreconditionError(
+              "tutti-packerd does not act on node reports: the job has no locality, or the "
+              "packer runs without --locality_record"));
+        }
+        absl::Status s = monitor_->Report(req);
+        done(absl::IsInvalidArgument(s) ? gate_->Refuse("invalid", s) : s);
+      });
+}
+
 }  // namespace tutti::packer

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
+#include "services/packer/locality_monitor.h"
 #include "services/packer/packer.h"
 #include "tutti/v1/packer.grpc.pb.h"
 
@@ -35,16 +36,23 @@ grpc::ByteBuffer AsByteBuffer(Packer::PlanBytes bytes);
 
 using RawPackerService = v1::Packer::WithRawCallbackMethod_GetJob<
     v1::Packer::WithRawCallbackMethod_GetPlan<v1::Packer::WithRawCallbackMethod_StreamPlans<
-        v1::Packer::WithRawCallbackMethod_ReportTiming<v1::Packer::Service>>>>;
+        v1::Packer::WithRawCallbackMethod_ReportTiming<
+            v1::Packer::WithRawCallbackMethod_ReportNode<v1::Packer::Service>>>>>;
 
 class PackerService final : public RawPackerService {
  public:
   // All must outlive the service. A client connection (its peer address)
   // may hold max_streams_per_client StreamPlans at once; one more is
   // RESOURCE_EXHAUSTED, counted as refused "too_many_streams".
+  // `monitor` (may be null: ReportNode is FAILED_PRECONDITION) takes the
+  // stagers' node reports.
   PackerService(Packer* packer, RpcGate* gate, RankIdentities* ranks,
-                uint32_t max_streams_per_client = kDefaultMaxStreamsPerClient)
-      : packer_(packer), gate_(gate), ranks_(ranks),
+                uint32_t max_streams_per_client = kDefaultMaxStreamsPerClient,
+                LocalityMonitor* monitor = nullptr)
+      : packer_(packer),
+        gate_(gate),
+        ranks_(ranks),
+        monitor_(monitor),
         max_streams_per_client_(max_streams_per_client) {}
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
@@ -56,6 +64,8 @@ class PackerService final : public RawPackerService {
   grpc::ServerUnaryReactor* ReportTiming(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* in,
                                          grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* ReportNode(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                       grpc::ByteBuffer* out) override;
 
   // Client connections holding a plan stream now (0 once every stream ended).
   size_t clients_with_streams() const {
@@ -73,6 +83,7 @@ class PackerService final : public RawPackerService {
   Packer* packer_;
   RpcGate* gate_;
   RankIdentities* ranks_;
+  LocalityMonitor* monitor_;
   const uint32_t max_streams_per_client_;
   mutable absl::Mutex streams_mu_;
   // Open plan streams per client connection; entries at 0 are erased.

@@ -49,6 +49,16 @@ ABSL_FLAG(std::string, node_removals, "",
           "that step and earlier steps keep their plans. Announce a step beyond those already "
           "served, and give a restarted packer the same list so that it plans the same steps");
 
+ABSL_FLAG(std::string, locality_record, "",
+          "with locality: file recording the node changes the packer announces from the "
+          "stagers' reports (a dead node removed, a returning one added back, a full cache "
+          "re-homed), read at start so that a restarted packer plans every step as before; "
+          "without it the reports are not acted on (one file per job, on persistent storage)");
+ABSL_FLAG(int32_t, node_dead_after_s, 30,
+          "with locality and --locality_record: a node whose stager reported before and then "
+          "not for this many seconds is removed (its shards re-homed from the first step not "
+          "yet planned); 0 = never; 1 to 86400");
+
 namespace tutti::packer {
 
 absl::StatusOr<uint32_t> PrecomputeShapesFlag(absl::string_view value) {
@@ -93,6 +103,10 @@ absl::StatusOr<PackerServerOptions> PackerOptionsFromFlags() {
   ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
   o.cost_fit_record = absl::GetFlag(FLAGS_cost_fit_record);
   ASSIGN_OR_RETURN(o.job.node_removals, ParseNodeRemovals(absl::GetFlag(FLAGS_node_removals)));
+  o.locality_record = absl::GetFlag(FLAGS_locality_record);
+  const int32_t dead_after = absl::GetFlag(FLAGS_node_dead_after_s);
+  RETURN_IF_ERROR(CheckFlagRange("node_dead_after_s", dead_after, 0, 86400));
+  o.node_dead_after = absl::Seconds(dead_after);
   return o;
 }
 

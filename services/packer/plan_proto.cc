@@ -127,19 +127,22 @@ class PlanBuilder {
   }
 
  private:
+  // The homes the step was planned with: those of the node changes in force
+  // (StepPlanData.homes) or, without any, the job's.
+  const HomeStaging* StepHomes() const { return d_.homes ? d_.homes.get() : job_.homes(); }
   void FillShardRef(uint32_t shard, v1::ShardRef* ref) const {
     const IndexShard& s = ix_.shard(shard);
     ref->set_name(s.name);
     ref->set_size(s.size);
     ref->set_crc32c(s.crc32c);
-    if (const HomeStaging* homes = job_.homes(); homes != nullptr) {
+    if (const HomeStaging* homes = StepHomes(); homes != nullptr) {
       for (uint32_t n : homes->HomesAt(d_.step).Homes(shard)) ref->add_home_nodes(n);
     }
   }
   // With locality: the shards the whole step reads whose homes include a
   // node of `ranks` (StepPlan.held_shards), in the step's first-use order.
   void AddHeldShards(absl::Span<const uint32_t> ranks) {
-    const HomeStaging* homes = job_.homes();
+    const HomeStaging* homes = StepHomes();
     if (homes == nullptr || ranks.empty()) return;
     const uint32_t rpn = std::max<uint32_t>(1, d_.ranks_per_node);
     // `ranks` is sorted, so its nodes are too.

@@ -122,6 +122,12 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
                              "Step plans received from the packer")),
       packer_reconnects(Counter(*registry, "tutti_stager_packer_reconnects_total",
                                 "Times the plan stream from the packer was re-established")),
+      node_reports_sent(Counter(*registry, "tutti_stager_node_reports_total",
+                                "Node reports to the packer (locality), by result: sent, failed",
+                                {{"result", "sent"}})),
+      node_reports_failed(Counter(*registry, "tutti_stager_node_reports_total",
+                                  "Node reports to the packer (locality), by result: sent, failed",
+                                  {{"result", "failed"}})),
       registry_(registry),
       skipped_family_(prometheus::BuildCounter()
                           .Name("tutti_stager_skipped_samples_total")

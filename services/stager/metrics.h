@@ -107,6 +107,10 @@ class StagerMetrics {
   prometheus::Counter& ranks_lapsed;         // tutti_stager_ranks_lapsed_total
   prometheus::Counter& plans_received;       // tutti_stager_plans_received_total
   prometheus::Counter& packer_reconnects;    // tutti_stager_packer_reconnects_total
+  // Node reports to the packer with locality (node_reporter.h):
+  // tutti_stager_node_reports_total{result="sent"|"failed"}.
+  prometheus::Counter& node_reports_sent;
+  prometheus::Counter& node_reports_failed;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;  // keeps the families alive

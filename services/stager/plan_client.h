@@ -52,6 +52,8 @@ class PlanClient {
   // Streams plans into `core` on a thread until Stop().
   void Start(StagerCore* core);
   void Stop();
+  // The channel to the packer (its TLS and token), for the node reporter.
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
   void Run();

@@ -83,6 +83,12 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
   ready.Set(kCache, absl::OkStatus());
   host_->SetLiveness([core = core_.get()] { return core->Live(); });
   plans_->Start(core_.get());
+  if (job.config().locality().home_replication() > 0 &&
+      opts_.node_report_interval > absl::ZeroDuration()) {
+    reporter_ = std::make_unique<NodeReporter>(plans_->channel(), core_.get(), metrics_.get(),
+                                               NodeReporterOptions{opts_.node_report_interval});
+    reporter_->Start();
+  }
   return host_->Serving();
 }
 
@@ -161,6 +167,7 @@ void StagerServer::Shutdown() {
     stop_probe_.Notify();
     prober_.join();
   }
+  if (reporter_) reporter_->Stop();
   if (core_) core_->Stop();  // answers waiting clients with UNAVAILABLE, wakes the plan stream
   if (plans_) plans_->Stop();
   // Every call waiting in the core has been answered by now, and the others

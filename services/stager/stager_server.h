@@ -22,6 +22,7 @@
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
 #include "common/uring_file.h"
+#include "services/stager/node_reporter.h"
 #include "services/stager/peer_service.h"
 #include "services/stager/plan_client.h"
 #include "services/stager/stager_core.h"
@@ -54,6 +55,9 @@ struct StagerServerOptions {
   std::map<uint32_t, std::string> peers;
   RpcGateOptions rpc;  // TLS, token, request bounds (rpc_gate.h); its TLS and
                        // token also reach the packer
+  // With locality: how often this node is reported to the packer
+  // (node_reporter.h); zero: never. Default 5 s.
+  absl::Duration node_report_interval = absl::Seconds(5);
 };
 
 class StagerServer final : public Daemon {
@@ -102,6 +106,7 @@ class StagerServer final : public Daemon {
   std::unique_ptr<PeerStagerService> peer_service_;  // with peer_listen
   int peer_port_ = 0;
   std::unique_ptr<PlanClient> plans_;
+  std::unique_ptr<NodeReporter> reporter_;  // with locality
   std::unique_ptr<IoService> probe_io_;  // stats the source with a deadline (it may hang)
   absl::Notification stop_probe_;
   std::thread prober_;

@@ -96,6 +96,11 @@ ABSL_FLAG(std::string, peers, "",
 ABSL_FLAG(uint32_t, peer_timeout_ms, 0,
           "how long a holder's stager has to send a remote_load member before it is read from "
           "the source, 0..3600000, within the sample deadline (0 = half of what is left of it)");
+ABSL_FLAG(uint32_t, node_report_interval_ms, 5000,
+          "with locality: how often this node (cache capacity, bytes held, shards refused for "
+          "want of space) is reported to the packer, which takes a node silent for its "
+          "--node_dead_after_s as dead; 100..3600000, 0 = never (the packer then never hears "
+          "of this node)");
 ABSL_FLAG(uint32_t, packer_wait_s, 600,
           "how long to retry reaching the packer at start, 0..86400 (SIGTERM ends the wait at "
           "once)");
@@ -212,6 +217,12 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
     RETURN_IF_ERROR(CheckAddressFlag("peers", address, AddressUse::kConnect, false));
   }
   c.peer_timeout_ms = absl::GetFlag(FLAGS_peer_timeout_ms);
+  const uint32_t report_ms = absl::GetFlag(FLAGS_node_report_interval_ms);
+  if (report_ms != 0) {
+    RETURN_IF_ERROR(
+        CheckFlagRange("node_report_interval_ms", report_ms, 100, 3600000, "0 = never"));
+  }
+  o.node_report_interval = absl::Milliseconds(report_ms);
   // The certificates are checked against the address that serves TLS:
   // --peer_listen when --listen is a Unix socket.
   ASSIGN_OR_RETURN(o.rpc,

@@ -28,23 +28,42 @@ absl::StatusOr<std::vector<NodeRemoval>> ParseNodeRemovals(absl::string_view tex
   return out;
 }
 
+const char* LocalityChangeName(LocalityChange::Kind kind) {
+  switch (kind) {
+    case LocalityChange::Kind::kRemove:
+      return "remove";
+    case LocalityChange::Kind::kAdd:
+      return "add";
+    case LocalityChange::Kind::kCapacity:
+      return "capacity";
+  }
+  return "?";
+}
+
+std::vector<LocalityChange> RemovalChanges(const std::vector<NodeRemoval>& removals) {
+  std::vector<LocalityChange> out;
+  for (const NodeRemoval& r : removals) {
+    out.push_back({LocalityChange::Kind::kRemove, r.node, r.from_step, 0});
+  }
+  return out;
+}
+
 absl::StatusOr<std::shared_ptr<const HomeStaging>> HomeStaging::Create(
-    const v1::JobConfig& config, const Index& index, std::vector<NodeRemoval> removals) {
+    const v1::JobConfig& config, const Index& index, std::vector<LocalityChange> changes) {
   const v1::LocalityConfig& l = config.locality();
   if (l.home_replication() == 0) {
     return absl::InvalidArgumentError(
         "shard homes need locality.home_replication >= 1 (the job has locality off)");
   }
   const uint32_t nodes = config.world_size() / std::max<uint32_t>(config.ranks_per_node(), 1);
-  std::sort(removals.begin(), removals.end(), [](const NodeRemoval& a, const NodeRemoval& b) {
-    return a.from_step != b.from_step ? a.from_step < b.from_step : a.node < b.node;
-  });
-  removals.erase(std::unique(removals.begin(), removals.end()), removals.end());
-  for (const NodeRemoval& r : removals) {
-    if (r.node >= nodes) {
-      return absl::InvalidArgumentError(absl::StrCat("node removal ", r.node, "@", r.from_step,
-                                                     " names no node of the job (nodes 0..",
-                                                     nodes - 1, ")"));
+  std::stable_sort(
+      changes.begin(), changes.end(),
+      [](const LocalityChange& a, const LocalityChange& b) { return a.from_step < b.from_step; });
+  for (const LocalityChange& c : changes) {
+    if (c.node >= nodes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node ", LocalityChangeName(c.kind), " ", c.node, "@", c.from_step,
+                       " names no node of the job (nodes 0..", nodes - 1, ")"));
     }
   }
   std::vector<ShardKey> keys;
@@ -56,20 +75,27 @@ absl::StatusOr<std::shared_ptr<const HomeStaging>> HomeStaging::Create(
   o.seed = config.seed();
 
   auto staging = std::shared_ptr<HomeStaging>(new HomeStaging());
-  staging->removals_ = removals;
-  std::vector<uint32_t> excluded;
+  staging->changes_ = changes;
+  staging->nodes_ = nodes;
+  staging->default_capacity_ = l.node_cache_bytes();
+  std::vector<bool> excluded(nodes, false);
+  std::vector<uint64_t> capacities;  // empty while no node has its own
   size_t next = 0;
   uint64_t from = 0;
   while (true) {
     Span era;
     era.from_step = from;
-    era.excluded = excluded;
-    absl::StatusOr<ShardHomes> homes = ShardHomes::Assign(keys, nodes, o, excluded);
+    for (uint32_t n = 0; n < nodes; ++n) {
+      if (excluded[n]) era.excluded.push_back(n);
+    }
+    era.capacities = capacities;
+    o.node_capacities = capacities;
+    absl::StatusOr<ShardHomes> homes = ShardHomes::Assign(keys, nodes, o, era.excluded);
     if (!homes.ok()) {
       return Annotate(homes.status(),
                       from == 0 ? std::string("locality")
-                                : absl::StrCat("locality from step ", from, ", with nodes ",
-                                               absl::StrJoin(excluded, ","), " removed"));
+                                : absl::StrCat("locality from step ", from, ", with nodes {",
+                                               absl::StrJoin(era.excluded, ","), "} removed"));
     }
     era.homes = *std::move(homes);
     era.availability = dispatch::ShardAvailability::None(index.num_shards(), nodes);
@@ -77,16 +103,32 @@ absl::StatusOr<std::shared_ptr<const HomeStaging>> HomeStaging::Create(
       for (uint32_t n : era.homes.Homes(s)) era.availability.Set(s, n, true);
     }
     staging->eras_.push_back(std::move(era));
-    if (next == removals.size()) break;
-    from = removals[next].from_step;
-    while (next < removals.size() && removals[next].from_step == from) {
-      const uint32_t n = removals[next++].node;
-      if (std::find(excluded.begin(), excluded.end(), n) == excluded.end()) excluded.push_back(n);
+    if (next == changes.size()) break;
+    from = changes[next].from_step;
+    while (next < changes.size() && changes[next].from_step == from) {
+      const LocalityChange& c = changes[next++];
+      switch (c.kind) {
+        case LocalityChange::Kind::kRemove:
+          excluded[c.node] = true;
+          break;
+        case LocalityChange::Kind::kAdd:
+          excluded[c.node] = false;
+          break;
+        case LocalityChange::Kind::kCapacity:
+          if (capacities.empty()) capacities.assign(nodes, 0);
+          capacities[c.node] = c.capacity_bytes;
+          break;
+      }
     }
-    std::sort(excluded.begin(), excluded.end());
-    if (staging->eras_.back().from_step == from) staging->eras_.pop_back();  // removals at step 0
+    if (staging->eras_.back().from_step == from) staging->eras_.pop_back();  // changes at step 0
   }
   return std::shared_ptr<const HomeStaging>(std::move(staging));
+}
+
+uint64_t HomeStaging::CapacityAt(uint64_t step, uint32_t node) const {
+  const Span& e = Era(step);
+  if (node < e.capacities.size() && e.capacities[node] > 0) return e.capacities[node];
+  return default_capacity_;
 }
 
 const HomeStaging::Span& HomeStaging::Era(uint64_t step) const {

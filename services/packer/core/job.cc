@@ -93,7 +93,8 @@ absl::Status Job::Init(const JobOptions& options) {
   }
   ASSIGN_OR_RETURN(overflow_, ResolveOverflowPolicy(config_.overflow()));
   if (config_.locality().home_replication() > 0) {
-    ASSIGN_OR_RETURN(homes_, HomeStaging::Create(config_, *index_, options.node_removals));
+    ASSIGN_OR_RETURN(homes_,
+                     HomeStaging::Create(config_, *index_, RemovalChanges(options.node_removals)));
   } else if (!options.node_removals.empty()) {
     return absl::InvalidArgumentError(
         "node removals re-home shards, but the job has no locality (locality.home_replication "

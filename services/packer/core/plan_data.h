@@ -5,6 +5,7 @@
 #define TUTTI_SERVICES_PACKER_CORE_PLAN_DATA_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@ namespace tutti::packer {
 
 // Bytes of one token id in input_ids (int32), as a remote load carries them.
 inline constexpr uint32_t kTokenIdBytes = 4;
+
+class HomeStaging;  // home_staging.h
 
 struct PlannedSample {
   uint32_t sample = 0;       // index sample id
@@ -138,6 +141,10 @@ struct StepPlanData {
   CostModelOptions cost;
   uint32_t cost_fit = 0;
   uint64_t cost_fit_from = 0;
+  // With locality: the homes the step was planned with when they came from
+  // the planner's ShardStaging (locality_schedule.h); null: the job's
+  // (Job::homes).
+  std::shared_ptr<const HomeStaging> homes;
 
   std::vector<PlannedSample> samples;  // global batch: text samples, then VL, in draw order
   std::vector<PlannedImage> images;    // batch order

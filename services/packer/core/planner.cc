@@ -457,7 +457,10 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   const CostModel model(out->cost);
   in.model = &model;
   dispatch::ShardAvailability staging;
-  if (staging_ != nullptr) {
+  out->homes = staging_ != nullptr ? staging_->HomesFor(step) : nullptr;
+  if (out->homes != nullptr) {
+    in.staging = &out->homes->At(step);
+  } else if (staging_ != nullptr) {
     staging = staging_->At(step);
     in.staging = &staging;
   } else if (job.homes() != nullptr) {

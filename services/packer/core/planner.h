@@ -74,6 +74,10 @@ class ShardStaging {
   // with the staged (shard, node) pairs set, over the index's shards and the
   // job's nodes; or the default (everything everywhere).
   virtual dispatch::ShardAvailability At(uint64_t step) const = 0;
+  // The shards' homes in force at `step` when this staging is made of
+  // them (the planner then reads the availability from them and the plan
+  // names them); null (the default): At() alone.
+  virtual std::shared_ptr<const HomeStaging> HomesFor(uint64_t step) const { return nullptr; }
 };
 
 class Planner {

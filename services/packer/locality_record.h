@@ -1,0 +1,73 @@
+// The record of the node changes a packer announced with locality
+// (tutti-packerd --locality_record): every change (a node removed as dead,
+// added back, given a smaller capacity) and how far steps may have been
+// planned, so that a restarted packer plans every step with the homes it
+// was first planned with (locality_schedule.h). Changes given by the
+// operator (--node_removals) are not recorded: they are given again.
+//
+// A small text file, rewritten whole and atomically at each change (an
+// announcement, or the planning reservation moving on by a chunk of steps):
+//
+//   # comment lines
+//   job <config fingerprint>
+//   planned_through <steps below this may have been planned>
+//   remove <node> <from_step>
+//   add <node> <from_step>
+//   capacity <node> <from_step> <bytes>
+//
+// Changes in the order they were announced.
+#ifndef TUTTI_SERVICES_PACKER_LOCALITY_RECORD_H_
+#define TUTTI_SERVICES_PACKER_LOCALITY_RECORD_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "services/packer/core/home_staging.h"
+#include "services/packer/core/locality_schedule.h"
+
+namespace tutti::packer {
+
+struct LocalityRecordData {
+  std::string fingerprint;
+  uint64_t planned_through = 0;
+  std::vector<LocalityChange> changes;
+};
+
+std::string FormatLocalityRecord(const LocalityRecordData& data);
+// DATA_LOSS naming `origin` and the line for anything it cannot read;
+// FAILED_PRECONDITION when the record is another job's (its fingerprint
+// differs from `fingerprint`; empty: not checked).
+absl::StatusOr<LocalityRecordData> ParseLocalityRecord(const std::string& text,
+                                                       const std::string& origin,
+                                                       const std::string& fingerprint);
+// The record at `path`; one that does not exist yet is empty (a new job).
+absl::StatusOr<LocalityRecordData> ReadLocalityRecord(const std::string& path,
+                                                      const std::string& fingerprint);
+
+// The record of a running packer: keeps it on disk as the schedule changes.
+class LocalityRecord {
+ public:
+  LocalityRecord(std::string path, LocalityRecordData data);
+
+  absl::Status AddChanges(const std::vector<LocalityChange>& changes);
+  absl::Status Reserve(uint64_t planned_through);
+
+  // Sets `schedule`'s hooks to this record (reserving `chunk` steps ahead at
+  // a time). The record must outlive the schedule's use.
+  void Attach(LocalitySchedule* schedule, uint64_t chunk);
+
+ private:
+  absl::Status Write() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  absl::Mutex mu_;
+  LocalityRecordData data_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tutti::packer
+
+#endif  // TUTTI_SERVICES_PACKER_LOCALITY_RECORD_H_

@@ -1,0 +1,107 @@
+// A stager's node reports with locality (services/stager/node_reporter.h):
+// a real tutti-stagerd server (StagerServer, in process) against a small
+// tutti.v1.Packer fixture that serves plans and keeps the reports. A cache
+// too small for the shards its plans name is reported with its capacity,
+// the bytes held and the shards refused for want of space, named.
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
+#include "gtest/gtest.h"
+#include "services/stager/stager_server.h"
+#include "services/stager/test_dataset.h"
+#include "tutti/v1/packer.grpc.pb.h"
+
+namespace tutti::stager {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ReportingPacker final : public v1::Packer::Service {
+ public:
+  ReportingPacker(testing::Dataset data, v1::JobInfo job)
+      : data_(std::move(data)), job_(std::move(job)) {}
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobInfo* out) override {
+    *out = job_;
+    return grpc::Status::OK;
+  }
+  grpc::Status StreamPlans(grpc::ServerContext* ctx, const v1::StreamPlansRequest* req,
+                           grpc::ServerWriter<v1::StepPlan>* w) override {
+    std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
+    const uint64_t stop = req->end_step() == 0 ? 4 : std::min<uint64_t>(req->end_step(), 4);
+    for (uint64_t s = req->start_step(); s < stop && !ctx->IsCancelled(); ++s) {
+      if (!w->Write(testing::MakePlan(data_, job_, s, ranks, 2))) break;
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportNode(grpc::ServerContext*, const v1::NodeReport* r,
+                          v1::NodeReportResponse*) override {
+    absl::MutexLock l(&mu_);
+    reports_.push_back(*r);
+    return grpc::Status::OK;
+  }
+  std::vector<v1::NodeReport> reports() {
+    absl::MutexLock l(&mu_);
+    return reports_;
+  }
+
+ private:
+  testing::Dataset data_;
+  v1::JobInfo job_;
+  absl::Mutex mu_;
+  std::vector<v1::NodeReport> reports_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(NodeReportTest, AFullCacheIsReportedWithItsCapacityAndTheShardsItRefused) {
+  const std::string root = ::testing::TempDir() + "/node_report_" + std::to_string(::getpid());
+  fs::remove_all(root);
+  testing::Dataset data =
+      testing::WriteDataset(root + "/src", {.shards = 4, .samples_per_shard = 8});
+  v1::JobInfo job = testing::MakeJob(data, /*world=*/4, /*ranks_per_node=*/2);
+  job.mutable_config()->set_job_id("node-report");
+  job.mutable_config()->mutable_locality()->set_home_replication(1);
+  uint64_t smallest = UINT64_MAX;
+  for (const v1::ShardRef& s : data.shards) smallest = std::min<uint64_t>(smallest, s.size());
+  ReportingPacker packer(data, job);
+  int port = 0;
+  auto grpc_server = StartGrpcServer("127.0.0.1:0", {&packer}, &port);
+  ASSERT_TRUE(grpc_server.ok()) << grpc_server.status();
+
+  StagerServerOptions o;
+  o.packer = "127.0.0.1:" + std::to_string(port);
+  o.listen = "127.0.0.1:0";
+  o.metrics = "127.0.0.1:0";
+  o.packer_wait = absl::Seconds(20);
+  o.core.node = 1;
+  o.core.cache_dir = root + "/cache";
+  o.core.cache_capacity_bytes = smallest / 2;  // no shard fits
+  o.core.staging.source_dir = data.dir;
+  o.core.window = 2;
+  o.core.stage_ahead = 2;
+  o.node_report_interval = absl::Milliseconds(100);
+  StagerServer server(o);
+  ASSERT_TRUE(server.Start().ok());
+
+  v1::NodeReport last;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<v1::NodeReport> got = packer.reports();
+    if (!got.empty()) last = got.back();
+    if (last.refused_shards() > 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(last.node(), 1u);
+  EXPECT_EQ(last.config_fingerprint(), job.config_fingerprint());
+  EXPECT_EQ(last.cache_capacity_bytes(), smallest / 2);
+  EXPECT_EQ(last.cache_held_bytes(), 0u);
+  EXPECT_GT(last.refused_shards(), 0u);
+  ASSERT_GT(last.refused_shard_names_size(), 0);
+  bool known = false;
+  for (const v1::ShardRef& s : data.shards) known |= s.name() == last.refused_shard_names(0);
+  EXPECT_TRUE(known) << last.refused_shard_names(0);
+  server.Shutdown();
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace tutti::stager
