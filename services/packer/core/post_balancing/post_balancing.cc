@@ -195,11 +195,7 @@ absl::Status ValidateStep(const StepPlanData& step, const ShardAvailability& av,
                                                      c.nodes(), "; build it for every node"));
     }
     staged_somewhere.assign(av.shards(), 0);
-    for (uint32_t s = 0; s < av.shards(); ++s) {
-      for (uint32_t n = 0; n < av.nodes() && !staged_somewhere[s]; ++n) {
-        staged_somewhere[s] = av.Has(s, n);
-      }
-    }
+    for (uint32_t s = 0; s < av.shards(); ++s) staged_somewhere[s] = av.AnyNode(s);
   }
   // Encoder tokens and items per sample.
   const uint32_t n = static_cast<uint32_t>(step.samples.size());
@@ -535,12 +531,26 @@ void WritePlacement(const ShardAvailability& availability, const StagingIndex& s
   const uint32_t S = o.slots.sequences();
   std::vector<uint32_t> slot_start, llm_order;
   LlmOrder(assignment, W, S, &slot_start, &llm_order);
+  // A remote document's load, read in batch order (samples are large
+  // records: LLM order would visit them scattered), its source picked in
+  // LLM order below and written back in batch order.
+  struct TextLoad {
+    uint32_t shard, drawn;  // drawn: the drawn rank, then the source picked
+    uint64_t bytes;
+    bool remote;
+  };
+  thread_local std::vector<TextLoad> text;
+  text.resize(restricted ? n : 0);
   for (uint32_t k = 0; k < n; ++k) {
     packer::PlannedSample& ps = step->samples[k];
     ps.rank = assignment.rank[k];
     ps.seq = assignment.seq[k];
     ps.text_remote = false;
     ps.text_source = ps.rank;
+    if (restricted) {
+      text[k] = TextLoad{ps.shard, ps.drawn_rank, uint64_t{ps.cost.text_tokens} * o.token_id_bytes,
+                         !availability.Has(ps.shard, node[ps.rank])};
+    }
   }
   LoadSources sources(availability, staging, c);
   std::array<std::vector<double>, kNumEncoders> enc_cost;
@@ -550,11 +560,14 @@ void WritePlacement(const ShardAvailability& availability, const StagingIndex& s
   }
   if (restricted) {
     for (uint32_t s : llm_order) {
-      packer::PlannedSample& ps = step->samples[s];
-      if (availability.Has(ps.shard, node[ps.rank])) continue;
+      TextLoad& t = text[s];
+      if (t.remote) t.drawn = sources.Pick(t.shard, t.drawn, t.bytes);
+    }
+    for (uint32_t k = 0; k < n; ++k) {
+      if (!text[k].remote) continue;
+      packer::PlannedSample& ps = step->samples[k];
       ps.text_remote = true;
-      ps.text_source =
-          sources.Pick(ps.shard, ps.drawn_rank, uint64_t{ps.cost.text_tokens} * o.token_id_bytes);
+      ps.text_source = text[k].drawn;
     }
   }
 
