@@ -128,6 +128,15 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
     dirty_list.clear();
     return rank_tree.Min();
   };
+  // The node tree likewise: with restricted staging only a shard staged
+  // nowhere asks it.
+  std::vector<uint8_t> node_dirty(N, 0);
+  std::vector<uint32_t> node_dirty_list;
+  auto least_node = [&] {
+    for (uint32_t nd : node_dirty_list) node_tree.Update(nd), node_dirty[nd] = 0;
+    node_dirty_list.clear();
+    return node_tree.Min();
+  };
   const bool everywhere = p.availability == nullptr || p.availability->all();
   std::optional<StagingIndex> own_index;
   const StagingIndex* staging = p.staging;
@@ -147,13 +156,13 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
     const uint32_t first = groups[g].first;
     uint32_t home = kNone;
     if (everywhere) {
-      home = node_tree.Min();
+      home = least_node();
     } else {
       for (const uint32_t* nd = staging->begin(p.shard[first]); nd != staging->end(p.shard[first]);
            ++nd) {
         if (home == kNone || node_load[*nd] < node_load[home]) home = *nd;
       }
-      if (home == kNone) home = node_tree.Min();
+      if (home == kNone) home = least_node();
     }
     items.clear();
     for (uint32_t i = first; i < groups[g].second; ++i) items.push_back(i);
@@ -188,7 +197,10 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
       if (!dirty[r]) dirty[r] = 1, dirty_list.push_back(r);
     }
     // The group's nodes: usually just `home`.
-    for (uint32_t i : items) node_tree.Update(p.cluster.node_of(rank[i]));
+    for (uint32_t i : items) {
+      const uint32_t nd = p.cluster.node_of(rank[i]);
+      if (!node_dirty[nd]) node_dirty[nd] = 1, node_dirty_list.push_back(nd);
+    }
   }
   ImproveWithinNodes(p, rounds, &rank);
   *within_out = within;
@@ -308,6 +320,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     double cost;
     uint32_t item;
     uint32_t preferred;
+    uint32_t shard;
     double weight, load_weight;
     bool operator<(const Entry& o) const { return cost != o.cost ? cost < o.cost : item < o.item; }
   };
@@ -317,7 +330,8 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
   if (members.size() < W) members.resize(W);
   for (uint32_t r = 0; r < W; ++r) members[r].clear();
   for (uint32_t i = 0; i < rank->size(); ++i) {
-    members[(*rank)[i]].push_back({p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
+    members[(*rank)[i]].push_back({p.cost[i], i, preferred[i], p.shard[i],
+                                   static_cast<double>(weight[i]),
                                    static_cast<double>(load_weight[i])});
   }
   // Sorted when first read: a step touches the slowest ranks and the least
@@ -337,7 +351,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
   const bool everywhere = p.availability == nullptr || p.availability->all();
   auto bytes = [&](const Entry& x, uint32_t n) {
     return (x.preferred != kNoNode && x.preferred != n ? x.weight : 0.0) +
-           (everywhere || p.Staged(x.item, n) ? 0.0 : x.load_weight);
+           (everywhere || p.availability->Has(x.shard, n) ? 0.0 : x.load_weight);
   };
   auto set_load = [&](uint32_t r, double v) {
     order.erase({load[r], r});
@@ -346,7 +360,11 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     order.insert({v, r});
   };
   auto move = [&](uint32_t i, uint32_t from, uint32_t to) {
-    const Entry e{p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
+    const Entry e{p.cost[i],
+                  i,
+                  preferred[i],
+                  p.shard[i],
+                  static_cast<double>(weight[i]),
                   static_cast<double>(load_weight[i])};
     auto& m = list(from);
     m.erase(std::lower_bound(m.begin(), m.end(), e));
@@ -356,6 +374,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
   };
   constexpr uint32_t kTargets = 8, kWideTargets = 64;
   std::vector<uint32_t> targets;
+  std::vector<double> here;
   const uint64_t max_steps = uint64_t{rounds} * W;
   for (uint64_t step = 0; step < max_steps; ++step) {
     const uint32_t top = order.rbegin()->second;
@@ -378,6 +397,9 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
         found = true, best_free = free, best_key = key, best_v = v, bi = i, bj = j, bt = t;
     };
     const std::vector<Entry>& mine = list(top);
+    // Top's items' bytes where they are, read once a step.
+    here.resize(mine.size());
+    for (size_t k = 0; k < mine.size(); ++k) here[k] = bytes(mine[k], ntop);
     // Moves, then (if none lowers the pair) swaps of i (top) with a smaller
     // j (t): top drops by d = c_i - c_j, t rises by d; the best d is the one
     // closest to half their gap. Both lists ascend, so the partners are
@@ -385,10 +407,11 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     auto search = [&] {
       for (uint32_t t : targets) {
         const uint32_t nt = node(t);
-        for (const Entry& x : mine) {
+        for (size_t m = 0; m < mine.size(); ++m) {
+          const Entry& x = mine[m];
           if (load[t] + x.cost >= peak) break;  // no later (larger) item lowers the pair
-          consider(bytes(x, nt) - bytes(x, ntop), std::max(peak - x.cost, load[t] + x.cost), x.item,
-                   kNone, t);
+          consider(bytes(x, nt) - here[m], std::max(peak - x.cost, load[t] + x.cost), x.item, kNone,
+                   t);
         }
       }
       if (found) return;
@@ -397,7 +420,8 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
         const double gap = peak - load[t];
         const std::vector<Entry>& theirs = list(t);
         size_t k = 0;
-        for (const Entry& x : mine) {
+        for (size_t m = 0; m < mine.size(); ++m) {
+          const Entry& x = mine[m];
           const double want = x.cost - gap / 2;
           while (k < theirs.size() && theirs[k].cost < want) ++k;
           for (size_t c : {k, k > 0 ? k - 1 : k}) {
@@ -405,7 +429,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
             const Entry& y = theirs[c];
             const double d = x.cost - y.cost;
             if (d <= 0) continue;
-            const double delta = bytes(x, nt) + bytes(y, ntop) - bytes(x, ntop) - bytes(y, nt);
+            const double delta = bytes(x, nt) + bytes(y, ntop) - here[m] - bytes(y, nt);
             consider(delta, std::max(peak - d, load[t] + d), x.item, y.item, t);
           }
         }
