@@ -37,7 +37,11 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
                         const std::vector<uint8_t>* only) {
   const uint32_t rpn = p.cluster.ranks_per_node, W = p.cluster.world_size;
   if (rpn <= 1) return;
-  std::vector<std::vector<uint32_t>> members(W);
+  // Kept across calls on this thread (fresh lists every call would be
+  // thousands of allocations a step at W = 2560).
+  thread_local std::vector<std::vector<uint32_t>> members;
+  if (members.size() < W) members.resize(W);
+  for (uint32_t r = 0; r < W; ++r) members[r].clear();
   std::vector<double> load(W, 0.0);
   for (uint32_t i = 0; i < rank->size(); ++i) {
     members[(*rank)[i]].push_back(i);
@@ -46,7 +50,7 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
   auto by_cost = [&](uint32_t a, uint32_t b) {
     return p.cost[a] != p.cost[b] ? p.cost[a] < p.cost[b] : a < b;
   };
-  std::vector<uint32_t> lo_sorted;
+  thread_local std::vector<uint32_t> lo_sorted;
   for (uint32_t n = 0; n < p.cluster.nodes(); ++n) {
     if (only != nullptr && !(*only)[n]) continue;
     const uint32_t first = n * rpn;
