@@ -116,10 +116,15 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
   for (size_t g = 0; g < groups.size(); ++g) {
     for (uint32_t i = groups[g].first; i < groups[g].second; ++i) group_cost[g] += p.cost[i];
   }
+  // Decreasing cost, ties by index (a stable sort's order), sorted with the
+  // costs beside the indices rather than looked up.
+  std::vector<std::pair<double, uint32_t>> keyed(groups.size());
+  for (uint32_t g = 0; g < groups.size(); ++g) keyed[g] = {group_cost[g], g};
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
   std::vector<uint32_t> order(groups.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return group_cost[a] > group_cost[b]; });
+  for (size_t k = 0; k < keyed.size(); ++k) order[k] = keyed[k].second;
 
   std::vector<double> rank_load(W, 0.0), node_load(N, 0.0);
   MinTree rank_tree(&rank_load), node_tree(&node_load);

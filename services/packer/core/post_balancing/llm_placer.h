@@ -55,6 +55,10 @@ class Placer {
         trees_{MinTree(&state_.costs()), MinTree(&state_.costs())},
         lower_bound_(LlmLowerBound(p)) {
     for (auto& d : dirty_) d.assign(p.cluster.world_size, 0);
+    // Room for a rank's share and some (each list grown doc by doc would be
+    // reallocated several times per rank).
+    const size_t share = p.docs.size() / std::max<uint32_t>(1, p.cluster.world_size);
+    for (auto& m : members_) m.reserve(share + share / 4 + 4);
     for (size_t d = 0; d < p.docs.size(); ++d) {
       cost_[d] = model_.Llm(p.docs[d].tokens);
       smallest_[p.docs[d].vl] = std::min(smallest_[p.docs[d].vl], p.docs[d].tokens);
