@@ -37,20 +37,24 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
                         const std::vector<uint8_t>* only) {
   const uint32_t rpn = p.cluster.ranks_per_node, W = p.cluster.world_size;
   if (rpn <= 1) return;
-  // Kept across calls on this thread (fresh lists every call would be
-  // thousands of allocations a step at W = 2560).
-  thread_local std::vector<std::vector<uint32_t>> members;
+  // Each rank's items with their costs beside them (the searches below
+  // read them many times). Kept across calls on this thread (fresh lists
+  // every call would be thousands of allocations a step at W = 2560).
+  struct Item {
+    double cost;
+    uint32_t i;
+    // By cost, ties by index.
+    bool operator<(const Item& o) const { return cost != o.cost ? cost < o.cost : i < o.i; }
+  };
+  thread_local std::vector<std::vector<Item>> members;
   if (members.size() < W) members.resize(W);
   for (uint32_t r = 0; r < W; ++r) members[r].clear();
   std::vector<double> load(W, 0.0);
   for (uint32_t i = 0; i < rank->size(); ++i) {
-    members[(*rank)[i]].push_back(i);
+    members[(*rank)[i]].push_back({p.cost[i], i});
     load[(*rank)[i]] += p.cost[i];
   }
-  auto by_cost = [&](uint32_t a, uint32_t b) {
-    return p.cost[a] != p.cost[b] ? p.cost[a] < p.cost[b] : a < b;
-  };
-  thread_local std::vector<uint32_t> lo_sorted;
+  thread_local std::vector<Item> lo_sorted;
   for (uint32_t n = 0; n < p.cluster.nodes(); ++n) {
     if (only != nullptr && !(*only)[n]) continue;
     const uint32_t first = n * rpn;
@@ -65,7 +69,7 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
       // Shift d from hi to lo (0 < d < gap); best is d closest to gap / 2,
       // by moving one item or swapping one of hi's with a smaller one of lo's.
       lo_sorted = members[lo];
-      std::sort(lo_sorted.begin(), lo_sorted.end(), by_cost);
+      std::sort(lo_sorted.begin(), lo_sorted.end());
       double best = gap;  // |d - gap/2| must beat gap/2 to help
       uint32_t bi = ~0u, bj = ~0u;
       auto consider = [&](uint32_t i, uint32_t j, double d) {
@@ -73,19 +77,19 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
         const double miss = std::abs(d - gap / 2);
         if (miss < best) best = miss, bi = i, bj = j;
       };
-      for (uint32_t i : members[hi]) {
-        consider(i, ~0u, p.cost[i]);
-        const double want = p.cost[i] - gap / 2;
+      for (const Item& x : members[hi]) {
+        consider(x.i, ~0u, x.cost);
+        const double want = x.cost - gap / 2;
         auto it = std::lower_bound(lo_sorted.begin(), lo_sorted.end(), want,
-                                   [&](uint32_t j, double v) { return p.cost[j] < v; });
-        if (it != lo_sorted.end()) consider(i, *it, p.cost[i] - p.cost[*it]);
-        if (it != lo_sorted.begin()) consider(i, *(it - 1), p.cost[i] - p.cost[*(it - 1)]);
+                                   [](const Item& y, double v) { return y.cost < v; });
+        if (it != lo_sorted.end()) consider(x.i, it->i, x.cost - it->cost);
+        if (it != lo_sorted.begin()) consider(x.i, (it - 1)->i, x.cost - (it - 1)->cost);
       }
       if (bi == ~0u) break;
       auto move = [&](uint32_t item, uint32_t from, uint32_t to) {
         auto& m = members[from];
-        m.erase(std::find(m.begin(), m.end(), item));
-        members[to].push_back(item);
+        m.erase(std::find_if(m.begin(), m.end(), [&](const Item& y) { return y.i == item; }));
+        members[to].push_back({p.cost[item], item});
         load[from] -= p.cost[item];
         load[to] += p.cost[item];
         (*rank)[item] = to;
@@ -330,19 +334,35 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     uint32_t item;
     uint32_t preferred;
     uint32_t shard;
+    uint32_t home;  // home_of(shard)
     double weight, load_weight;
     bool operator<(const Entry& o) const { return cost != o.cost ? cost < o.cost : item < o.item; }
+  };
+  const bool everywhere = p.availability == nullptr || p.availability->all();
+  // Where a shard is staged, for the bytes below: its one staging node, or
+  // kNone (nowhere), or kSeveral (then the bitmap is asked).
+  constexpr uint32_t kSeveral = kNone - 1;
+  auto home_of = [&](uint32_t shard) {
+    if (everywhere || p.staging == nullptr) return kSeveral;
+    if (shard >= p.availability->shards()) return kNone;
+    const uint32_t *b = p.staging->begin(shard), *e = p.staging->end(shard);
+    return e == b ? kNone : e - b == 1 ? *b : kSeveral;
+  };
+  auto entry = [&](uint32_t i) {
+    return Entry{p.cost[i],
+                 i,
+                 preferred[i],
+                 p.shard[i],
+                 home_of(p.shard[i]),
+                 static_cast<double>(weight[i]),
+                 static_cast<double>(load_weight[i])};
   };
   // Kept across calls on this thread: a W = 2560 step lists 200,000 items,
   // and fresh lists every step would be fresh pages every step.
   thread_local std::vector<std::vector<Entry>> members;
   if (members.size() < W) members.resize(W);
   for (uint32_t r = 0; r < W; ++r) members[r].clear();
-  for (uint32_t i = 0; i < rank->size(); ++i) {
-    members[(*rank)[i]].push_back({p.cost[i], i, preferred[i], p.shard[i],
-                                   static_cast<double>(weight[i]),
-                                   static_cast<double>(load_weight[i])});
-  }
+  for (uint32_t i = 0; i < rank->size(); ++i) members[(*rank)[i]].push_back(entry(i));
   // Sorted when first read: a step touches the slowest ranks and the least
   // loaded ones, not always all of them.
   std::vector<uint8_t> sorted(W, 0);
@@ -357,10 +377,12 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
   auto node = [&](uint32_t r) { return p.cluster.node_of(r); };
   // Bytes of an item while on node n: its output off its preferred node,
   // its input where its shard is not staged (a remote load).
-  const bool everywhere = p.availability == nullptr || p.availability->all();
+  auto staged = [&](const Entry& x, uint32_t n) {
+    return everywhere || x.home == n || (x.home == kSeveral && p.availability->Has(x.shard, n));
+  };
   auto bytes = [&](const Entry& x, uint32_t n) {
     return (x.preferred != kNoNode && x.preferred != n ? x.weight : 0.0) +
-           (everywhere || p.availability->Has(x.shard, n) ? 0.0 : x.load_weight);
+           (staged(x, n) ? 0.0 : x.load_weight);
   };
   auto set_load = [&](uint32_t r, double v) {
     order.erase({load[r], r});
@@ -369,12 +391,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     order.insert({v, r});
   };
   auto move = [&](uint32_t i, uint32_t from, uint32_t to) {
-    const Entry e{p.cost[i],
-                  i,
-                  preferred[i],
-                  p.shard[i],
-                  static_cast<double>(weight[i]),
-                  static_cast<double>(load_weight[i])};
+    const Entry e = entry(i);
     auto& m = list(from);
     m.erase(std::lower_bound(m.begin(), m.end(), e));
     auto& n = list(to);
