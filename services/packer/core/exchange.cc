@@ -30,21 +30,28 @@ bool InputIdsOrder(const StepPlanData& plan, std::vector<uint32_t>* by_llm) {
       plan.docs.items.size() != plan.samples.size()) {
     return false;
   }
-  uint64_t held = 0;  // read in record order: the documents hold every sample once
-  for (const PlannedSample& ps : plan.samples) held += ps.cost.images + ps.cost.audio;
+  // Each sample's items, read in record order (the records are large; the
+  // documents' order below visits them scattered).
+  struct Items {
+    uint32_t first_image, images, first_audio, audio;
+  };
+  thread_local std::vector<Items> items;
+  items.resize(plan.samples.size());
+  uint64_t held = 0;  // the documents hold every sample once
+  for (size_t k = 0; k < plan.samples.size(); ++k) {
+    const PlannedSample& ps = plan.samples[k];
+    items[k] = Items{ps.first_image, ps.cost.images, ps.first_audio, ps.cost.audio};
+    held += ps.cost.images + ps.cost.audio;
+  }
   if (held != n) return false;
   by_llm->clear();
   by_llm->reserve(n);
   // The rows are rank-major (rank * sequences + sequence), so the documents
   // in row order are every rank's input_ids order, rank after rank.
   for (uint32_t sample : plan.docs.items) {
-    const PlannedSample& ps = plan.samples[sample];
-    for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
-      by_llm->push_back(i);
-    }
-    for (uint32_t a = ps.first_audio; a < ps.first_audio + ps.cost.audio; ++a) {
-      by_llm->push_back(I + a);
-    }
+    const Items& x = items[sample];
+    for (uint32_t i = x.first_image; i < x.first_image + x.images; ++i) by_llm->push_back(i);
+    for (uint32_t a = x.first_audio; a < x.first_audio + x.audio; ++a) by_llm->push_back(I + a);
   }
   return true;
 }
