@@ -57,6 +57,67 @@ TEST(SimulateCommand, ReportsEveryPhaseAndStopsAtTheEnd) {
   RemoveTree(dir);
 }
 
+// `tutti simulate --egress` on a cluster small enough to count by hand: 4
+// nodes of 2 ranks, 16 shards of 1 GiB (17.2 GB in all). Every node's ranks
+// read every shard each step (16 a step), so today with a whole dataset's
+// cache each node reads each shard once: 4 x 17.2 = 68.7 GB; with one home
+// a shard and caches that hold the homes, 17.2 GB, the limit r x dataset.
+// Inputs the model cannot take are refused naming the flag.
+TEST(SimulateCommand, EgressPerEpochTodayAndWithHomesAndBadInputsRefused) {
+  auto simulate = [&](std::vector<std::string> flags) {
+    std::vector<std::string> argv = {TuttiCli(),        "simulate",           "--egress",
+                                     "--nodes=4",       "--ranks-per-node=2", "--dataset-bytes=16G",
+                                     "--shard-bytes=1G"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return RunCommand(argv, absl::Seconds(60));
+  };
+  RunResult r = simulate({"--caches=1/4,1", "--steps=20"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("W = 8 ranks on 4 nodes, 16 shards of 1.0 GiB, r = 1"));
+  EXPECT_THAT(r.output, HasSubstr("counted over 20 planned steps of 4 nodes"));
+  EXPECT_THAT(r.output, HasSubstr("shards a node reads a step: 16.0 today, 4.0 with homes"));
+  EXPECT_THAT(r.output, HasSubstr("NFS today        NFS homes       limit rD"));
+  EXPECT_THAT(r.output,
+              ::testing::ContainsRegex("\n1 +17.2 GB +68.7 GB +17.2 GB +17.2 GB +4.0 +1.000\n"));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("\n0.25 +4.3 GB +[0-9.]+ [GT]B +17.2 GB "
+                                                 "+17.2 GB +[0-9.]+ +1.000\n"));
+
+  r = simulate({"--caches=1", "--replication=2", "--steps=10", "--json"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"replication\":2"));
+  EXPECT_THAT(r.output, HasSubstr("\"counted_steps\":10"));
+  EXPECT_THAT(r.output, HasSubstr("\"nfs_today_bytes\":6.87195e+10"));
+  EXPECT_THAT(r.output, HasSubstr("\"nfs_locality_bytes\":3.43597e+10"));
+  EXPECT_THAT(r.output, HasSubstr("\"limit_bytes\":3.43597e+10"));
+
+  struct Case {
+    std::string flag;
+    const char* expect;
+  };
+  for (const Case& c : {
+           Case{"--nodes=0", "--nodes 0 is out of range"},
+           Case{"--caches=nan", "cache size 'nan' is not a fraction of the dataset in (0, 1]"},
+           Case{"--caches=2", "cache size '2' is not a fraction of the dataset in (0, 1]"},
+           Case{"--caches=17G", "is larger than the dataset"},
+           Case{"--caches=0", "cache size '0' is not a fraction"},
+           Case{"--dataset-bytes=nan", "--dataset-bytes 'nan' is not a size"},
+           Case{"--shard-bytes=0", "--shard-bytes '0' is not a size"},
+           Case{"--replication=5", "replication 5 is not in 1..4 (the nodes)"},
+       }) {
+    r = simulate({c.flag, "--steps=2"});
+    EXPECT_EQ(r.status, 2) << c.flag << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.expect)) << c.flag;
+  }
+  // Caches too small for the homes: today's egress still, the homes refused.
+  r = simulate({"--caches=1/8,1/2", "--replication=4", "--steps=2"});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("no cache size given holds the homes"));
+  r = simulate({"--caches=1/8,1", "--replication=4", "--steps=2"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("homes refused: 4 copies of the dataset need 68.7 GB but 4 "
+                                  "nodes' caches of 2.1 GB hold 8.6 GB; raise the cache"));
+}
+
 // `tutti --version` as every tutti binary takes it; numeric flags outside
 // their range and a job config value outside its range are refused naming
 // the range before anything is sized by them.

@@ -40,7 +40,9 @@ int RunSimulate(int argc, char** argv) {
   Cli cli(
       "tutti simulate --config JOB.textproto [--index FILE] [--from STEP] [--steps N]\n"
       "       tutti simulate --ladder [--model M] [--cluster C] [--world-sizes 8,64] [options]\n"
-      "       tutti simulate --fit-experiment [--world-sizes 64] [--off-by 4] [options]",
+      "       tutti simulate --fit-experiment [--world-sizes 64] [--off-by 4] [options]\n"
+      "       tutti simulate --egress [--nodes 320] [--dataset-bytes BYTES] [--caches 1/32,1] "
+      "[options]",
       "Plans --steps steps from --from with the packer's planning core (what\n"
       "tutti-packerd would serve for this config and index) and reports, per phase (vit,\n"
       "audio, llm), the slowest rank's cost over the mean rank's (max/mean: mean, p95 and\n"
@@ -59,17 +61,43 @@ int RunSimulate(int argc, char** argv) {
       "stage (--stages) and synchronisation model (--sync). --plot FILE.png draws it.\n"
       "--fit-experiment: the online cost fit (cost.online_fit) on a job whose configured\n"
       "quadratic costs are --off-by times the true ones: slowest rank over the mean before\n"
-      "and after the fit.");
+      "and after the fit.\n"
+      "--egress: NFS egress per epoch at --nodes nodes of --ranks-per-node ranks, a dataset\n"
+      "of --dataset-bytes in --shard-bytes shards, each node's cache of each --caches size\n"
+      "(fractions of the dataset or sizes such as 312G), against the limit r x dataset\n"
+      "(r = --replication). Counted: the seed workload planned with post-balancing by the\n"
+      "packer's planning core for --steps steps (not given: an epoch of the dataset), once\n"
+      "without locality (today: every node stages every shard its ranks read) and once with\n"
+      "shard homes (each node its home shards, for its ranks and the nodes it serves); every\n"
+      "node's stager simulated as a cache evicting the least recently used shard, fed in\n"
+      "plan order with the shards it reads a step; every miss a whole shard from the source.\n"
+      "Modelled, not measured: a synthetic index in the seed's mix with the dataset's shard\n"
+      "count but fewer samples a shard (its epochs repeat, reshuffled) and its bytes scaled\n"
+      "to --dataset-bytes; no stager runs (`tutti bench locality --loopback` measures real\n"
+      "stagers' counters).");
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index,
            "index file; overrides the config's index_path (--ladder: the workload instead of "
            "the seed's)");
   cli.Flag("from", &from, "first step");
-  cli.Flag("steps", &steps, "steps to simulate (not given: 100; --ladder 10; --fit-experiment 200)",
+  cli.Flag("steps", &steps,
+           "steps to simulate (not given: 100; --ladder 10; --fit-experiment 200; --egress an "
+           "epoch)",
            1, 1000000);
   cli.Flag("json", &json, "JSON instead of a table");
   cli.Flag("ladder", &t.ladder, "run the ablation ladder with the time model");
   cli.Flag("fit-experiment", &t.fit_experiment, "measure the online cost fit");
+  cli.Flag("egress", &t.egress, "NFS egress per epoch with and without shard homes");
+  cli.Flag("nodes", &t.nodes, "--egress: nodes", 1, 1 << 20);
+  cli.Flag("ranks-per-node", &t.ranks_per_node, "--egress: ranks per node", 1, 1024);
+  cli.Flag("dataset-bytes", &t.dataset_bytes,
+           "--egress: dataset size in bytes (suffixes K/M/G/T binary)");
+  cli.Flag("shard-bytes", &t.shard_bytes,
+           "--egress: shard size in bytes (suffixes K/M/G/T binary)");
+  cli.Flag("caches", &t.caches,
+           "--egress: each node's cache, comma-separated: fractions of the dataset (1/32, 0.125) "
+           "or sizes (312G)");
+  cli.Flag("replication", &t.replication, "--egress: home nodes per shard (locality)", 1, 16);
   cli.Flag("model", &t.model, "model preset");
   cli.Flag("cluster", &t.cluster, "cluster preset (8-GPU nodes)");
   cli.Flag("sync", &t.sync, "synchronisation model: allreduce, fsdp or both");
@@ -81,7 +109,8 @@ int RunSimulate(int argc, char** argv) {
            "rungs to run, comma-separated ids (naive, staging, segregation, curriculum, seed-v1, "
            "seed-v2, post-balancing, tutti); empty: all");
   cli.Flag("samples", &t.samples,
-           "samples of the seed workload (0: 400 per rank, at least 20,000)");
+           "samples of the seed workload (0: 400 per rank, at least 20,000; --egress: five "
+           "steps' draws)");
   cli.Flag("audio-fraction", &t.audio_fraction,
            "share of the seed workload's VL samples with an audio clip (three modalities)");
   cli.Flag("calibration", &t.calibration,
@@ -98,6 +127,15 @@ int RunSimulate(int argc, char** argv) {
   cli.Flag("plot", &t.plot, "--ladder: draw the ladder and the per-rank spread into FILE.png");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (t.egress) {
+    if (t.ladder || t.fit_experiment) {
+      std::fprintf(stderr, "tutti simulate: give one of --ladder, --fit-experiment and --egress\n");
+      return 2;
+    }
+    t.steps = steps;
+    t.json = json;
+    return sim::RunSimulateEgress(t);
+  }
   if (t.ladder || t.fit_experiment) {
     t.index = index;
     t.from = from;

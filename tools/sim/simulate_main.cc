@@ -7,7 +7,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/byte_size.h"
 #include "common/status.h"
+#include "services/packer/bench/nfs_egress.h"
 #include "tools/sim/calibration.h"
 #include "tools/sim/fit_experiment.h"
 #include "tools/sim/report.h"
@@ -108,6 +110,56 @@ absl::StatusOr<SimSetup> SetupFromFlags(const SimulateFlags& f, uint32_t max_wor
     ASSIGN_OR_RETURN(s.index, packer::MakeSeedIndex(s.workload, samples));
   }
   return s;
+}
+
+int RunSimulateEgress(const SimulateFlags& f) {
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "tutti simulate --egress: %s\n", std::string(s.message()).c_str());
+    return absl::IsInvalidArgument(s) ? 2 : 1;
+  };
+  packer::EgressOptions o;
+  if (f.nodes == 0 || f.ranks_per_node == 0) {
+    return fail(absl::InvalidArgumentError("--nodes and --ranks-per-node must be at least 1"));
+  }
+  if (uint64_t{f.nodes} * f.ranks_per_node > (1u << 20)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--nodes ", f.nodes, " x --ranks-per-node ", f.ranks_per_node, " ranks: at most 1048576")));
+  }
+  o.world_size = f.nodes * f.ranks_per_node;
+  o.workload.ranks_per_node = f.ranks_per_node;
+  if (!ParseByteSize(f.dataset_bytes, &o.dataset_bytes) || o.dataset_bytes == 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--dataset-bytes '", f.dataset_bytes, "' is not a size such as 10000000000000 or 10T")));
+  }
+  if (!ParseByteSize(f.shard_bytes, &o.shard_bytes) || o.shard_bytes == 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--shard-bytes '", f.shard_bytes, "' is not a size such as 1000000000 or 1G")));
+  }
+  auto caches = packer::ParseCacheSizes(f.caches, o.dataset_bytes);
+  if (!caches.ok()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--caches: ", caches.status().message())));
+  }
+  o.cache_fractions = *caches;
+  o.replication = f.replication;
+  o.count_steps = f.steps;
+  o.samples = f.samples;
+  if (!f.json) {
+    o.progress = [](const std::string& line) {
+      std::fprintf(stderr, "[simulate egress] %s\n", line.c_str());
+    };
+  }
+  auto setup = packer::MakeEgressSetup(o);
+  if (!setup.ok()) return fail(setup.status());
+  auto r = packer::CountEgress(*setup, o);
+  if (!r.ok()) return fail(r.status());
+  if (f.json) {
+    std::printf("{%s}\n", packer::FormatEgressJsonFields(*r).c_str());
+  } else {
+    std::printf("W = %u ranks on %u nodes, %u shards of %s, r = %u\n", r->ranks, r->nodes,
+                r->shards, FormatBytes(o.shard_bytes).c_str(), r->replication);
+    std::fputs(packer::FormatEgressTable(*r).c_str(), stdout);
+  }
+  return 0;
 }
 
 int RunSimulateModels(const SimulateFlags& f) {

@@ -1,4 +1,4 @@
-// `tutti simulate --ladder` and `tutti simulate --fit-experiment`: the
+// `tutti simulate --ladder`, `--fit-experiment` and `--egress`: the
 // flags as given, turned into a setup (model, cluster, workload, timing) and
 // run; prints a table, JSON, or draws a PNG. tools/simulate_cmd.cc parses
 // the flags.
@@ -16,6 +16,7 @@ namespace tutti::sim {
 struct SimulateFlags {
   bool ladder = false;
   bool fit_experiment = false;
+  bool egress = false;
   std::string model = "vit400m-moe16b-a3b";
   std::string cluster = "b200";
   std::string sync = "both";  // allreduce, fsdp or both
@@ -33,6 +34,14 @@ struct SimulateFlags {
   std::string peak_flops, util_vit, util_llm, util_attention, nvlink_bandwidth, network_bandwidth,
       decode_threads, prefetch_window;
   double off_by = 4;
+  // --egress: the cluster (world size nodes x ranks_per_node), the dataset,
+  // each node's cache sizes (nfs_egress.h: ParseCacheSizes) and the homes.
+  uint32_t nodes = 320;
+  uint32_t ranks_per_node = 8;
+  std::string dataset_bytes = "10000000000000";  // 10 TB
+  std::string shard_bytes = "1000000000";        // 1 GB
+  std::string caches = "1/32,1/8,1";
+  uint32_t replication = 1;
   bool json = false;
   std::string plot;
 };
@@ -40,6 +49,10 @@ struct SimulateFlags {
 // The setup the flags describe (for `world_size` ranks at most: the seed
 // workload is sized for it), or an error naming the flag.
 absl::StatusOr<SimSetup> SetupFromFlags(const SimulateFlags& flags, uint32_t max_world_size);
+
+// `tutti simulate --egress`: NFS egress per epoch with and without shard
+// homes (services/packer/bench/nfs_egress.h); the exit code as below.
+int RunSimulateEgress(const SimulateFlags& flags);
 
 // Runs what the flags ask for; the exit code (0, 1 on failure after
 // printing why to stderr, 2 for a usage error).
