@@ -61,15 +61,38 @@ absl::Status DaemonHost::ServeGrpc(const std::string& address,
   if (!server.ok()) return server.status();
   grpc_ = std::move(*server);
   grpc_listen_ = address;
+  health_name_ = health_name;
   readiness_.Require(kServing, "starting to serve");
-  grpc::HealthCheckServiceInterface* health = grpc_->server()->GetHealthCheckService();
-  if (health != nullptr) {
-    readiness_.Watch([health, health_name](bool ready) {
+  WatchHealth();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> DaemonHost::ServeMoreGrpc(const std::string& name, const std::string& address,
+                                              const std::vector<grpc::Service*>& services,
+                                              const GrpcServerOptions& options) {
+  if (!grpc_) return absl::FailedPreconditionError("ServeMoreGrpc() before ServeGrpc()");
+  int port = 0;
+  auto server = StartGrpcServer(address, services, &port, options);
+  if (!server.ok()) return server.status();
+  more_grpc_.push_back({name, WithPort(address, port), port, std::move(*server)});
+  WatchHealth();
+  return port;
+}
+
+void DaemonHost::WatchHealth() {
+  std::vector<grpc::HealthCheckServiceInterface*> healths;
+  if (grpc_) healths.push_back(grpc_->server()->GetHealthCheckService());
+  for (const MoreGrpc& more : more_grpc_) {
+    healths.push_back(more.server->server()->GetHealthCheckService());
+  }
+  std::erase(healths, nullptr);
+  if (healths.empty()) return;
+  readiness_.Watch([healths, health_name = health_name_](bool ready) {
+    for (grpc::HealthCheckServiceInterface* health : healths) {
       health->SetServingStatus(ready);  // "" and every service
       health->SetServingStatus(health_name, ready);
-    });
-  }
-  return absl::OkStatus();
+    }
+  });
 }
 
 std::string DaemonHost::grpc_address() const { return WithPort(grpc_listen_, grpc_port_); }
@@ -79,9 +102,13 @@ absl::Status DaemonHost::WritePortFile() const {
   if (!grpc_) {
     return WriteFileAtomically(options_.port_file, absl::StrCat("metrics=", metrics_port(), "\n"));
   }
-  return WriteFileAtomically(
-      options_.port_file, absl::StrCat("grpc=", grpc_port_, "\nmetrics=", metrics_port(),
-                                       "\ngrpc_address=", grpc_address(), "\n"));
+  std::string text = absl::StrCat("grpc=", grpc_port_, "\nmetrics=", metrics_port(),
+                                  "\ngrpc_address=", grpc_address(), "\n");
+  for (const MoreGrpc& more : more_grpc_) {
+    absl::StrAppend(&text, more.name, "=", more.port, "\n", more.name, "_address=", more.address,
+                    "\n");
+  }
+  return WriteFileAtomically(options_.port_file, text);
 }
 
 absl::Status DaemonHost::Serving() {
@@ -94,8 +121,11 @@ absl::Status DaemonHost::Serving() {
 void DaemonHost::StopGrpc(absl::Duration grace) {
   readiness_.ShuttingDown();
   if (!grpc_) return;
-  readiness_.Watch(nullptr);  // the health service goes with the server
-  grpc_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
+  readiness_.Watch(nullptr);  // the health services go with the servers
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace);
+  for (MoreGrpc& more : more_grpc_) more.server->Shutdown(deadline);
+  grpc_->Shutdown(deadline);
+  more_grpc_.clear();
   grpc_.reset();
 }
 

@@ -8,7 +8,7 @@
 // The HTTP endpoints come up first, so /healthz and /readyz answer while the
 // daemon is still starting (loading its index, waiting for a peer).
 //
-// Thread-safe, except Start/ServeGrpc/Stop, which the daemon's lifecycle calls
+// Thread-safe, except Start/ServeGrpc/ServeMoreGrpc/Stop, which the daemon's lifecycle calls
 // from one thread.
 #ifndef TUTTI_COMMON_DAEMON_HOST_H_
 #define TUTTI_COMMON_DAEMON_HOST_H_
@@ -60,6 +60,15 @@ class DaemonHost {
   absl::Status ServeGrpc(const std::string& address, const std::vector<grpc::Service*>& services,
                          const std::string& health_name, const GrpcServerOptions& options = {});
   int grpc_port() const { return grpc_port_; }  // 0 for a Unix socket
+  // One more gRPC server, on `address` (see StartGrpcServer), with
+  // `services` and a health service of its own that reports the same
+  // readiness as the first: e.g. a TCP address for other daemons beside a
+  // Unix socket for local clients. Call after ServeGrpc, before Serving();
+  // returns the bound port (0 for a Unix socket). `name` keys it in the
+  // port file: "NAME=PORT\nNAME_address=ADDRESS\n" after the first server's.
+  absl::StatusOr<int> ServeMoreGrpc(const std::string& name, const std::string& address,
+                                    const std::vector<grpc::Service*>& services,
+                                    const GrpcServerOptions& options = {});
   // Where clients connect: HOST:PORT with the bound port, or the unix: address.
   std::string grpc_address() const;
   // The daemon has started: "grpc=PORT\nmetrics=PORT\ngrpc_address=ADDRESS\n"
@@ -78,6 +87,16 @@ class DaemonHost {
   absl::Status Live() const;
   // The port file, if set: only "metrics=PORT\n" before ServeGrpc.
   absl::Status WritePortFile() const;
+  // Every server's health service follows readiness.
+  void WatchHealth();
+
+  // A server started by ServeMoreGrpc.
+  struct MoreGrpc {
+    std::string name;
+    std::string address;  // with the bound port
+    int port = 0;         // 0 for a Unix socket
+    std::unique_ptr<GrpcServer> server;
+  };
 
   const DaemonHostOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -86,8 +105,10 @@ class DaemonHost {
   std::function<absl::Status()> live_ ABSL_GUARDED_BY(live_mu_);
   std::unique_ptr<MetricsServer> metrics_;
   std::string grpc_listen_;
+  std::string health_name_;
   std::unique_ptr<GrpcServer> grpc_;
   int grpc_port_ = 0;
+  std::vector<MoreGrpc> more_grpc_;
 };
 
 // "host:port" with the port replaced ("unix:..." unchanged).

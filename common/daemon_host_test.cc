@@ -67,6 +67,37 @@ TEST(DaemonHost, NeverReadyBeforeThePortFileNamesTheGrpcPort) {
   std::filesystem::remove(ports);
 }
 
+// A second server (a TCP address beside a Unix socket) reports the same
+// readiness on its own health service and is named in the port file.
+TEST(DaemonHost, ASecondGrpcServerFollowsReadinessAndIsInThePortFile) {
+  const std::string ports = PortFile("more");
+  std::filesystem::remove(ports);
+  auto host = DaemonHost::Start({"test-daemon", "127.0.0.1:0", ports});
+  ASSERT_TRUE(host.ok()) << host.status();
+  v1::Packer::Service first, second;
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      (*host)->ServeMoreGrpc("peer_grpc", "127.0.0.1:0", {&second}).status()));
+  ASSERT_TRUE((*host)->ServeGrpc("127.0.0.1:0", {&first}, "tutti.v1.Packer").ok());
+  absl::StatusOr<int> port = (*host)->ServeMoreGrpc("peer_grpc", "127.0.0.1:0", {&second});
+  ASSERT_TRUE(port.ok()) << port.status();
+  ASSERT_GT(*port, 0);
+  EXPECT_NE(*port, (*host)->grpc_port());
+  using grpc::health::v1::HealthCheckResponse;
+  EXPECT_EQ(Health(*port, "tutti.v1.Packer"), HealthCheckResponse::NOT_SERVING);
+  ASSERT_TRUE((*host)->Serving().ok());
+  EXPECT_EQ(Health(*port, "tutti.v1.Packer"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health((*host)->grpc_port(), "tutti.v1.Packer"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Read(ports),
+            absl::StrCat("grpc=", (*host)->grpc_port(), "\nmetrics=", (*host)->metrics_port(),
+                         "\ngrpc_address=127.0.0.1:", (*host)->grpc_port(), "\npeer_grpc=", *port,
+                         "\npeer_grpc_address=127.0.0.1:", *port, "\n"));
+  (*host)->readiness().Set("work", absl::UnavailableError("not now"));
+  EXPECT_EQ(Health(*port, "tutti.v1.Packer"), HealthCheckResponse::NOT_SERVING);
+  (*host)->Stop();
+  EXPECT_EQ(Health(*port, ""), HealthCheckResponse::UNKNOWN);  // no longer served
+  std::filesystem::remove(ports);
+}
+
 TEST(DaemonHost, ServingBeforeServeGrpcIsRefused) {
   auto host = DaemonHost::Start({"test-daemon", "127.0.0.1:0", ""});
   ASSERT_TRUE(host.ok()) << host.status();

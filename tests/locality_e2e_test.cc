@@ -5,9 +5,12 @@
 // (tutti-e2e-ranks: every sample, image, token and exchanged byte checked
 // against the packer's plan, each planned sample served exactly once), with
 // post-balancing on and off. Each shard is read from the source only by its
-// home node's stager: every stager stages only its homes, and the members
-// the others need reach them stager to stager, none from the source.
+// home node's stager, once: every stager stages its homes ahead (also those
+// only other nodes' ranks read, StepPlan.held_shards) and nothing else, and
+// the members the others need reach them stager to stager, none from the
+// source. The source bytes summed over the stagers are the dataset's.
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -85,8 +88,16 @@ void RunLocality(bool post_balancing) {
   ASSERT_TRUE(homes.ok()) << homes.status();
   std::map<std::string, uint32_t> home;
   for (int i = 0; i < job.shards_size(); ++i) home[job.shards(i)] = homes->Homes(i)[0];
+  // The bytes of each node's home shards, and of the dataset.
+  std::map<uint32_t, double> home_bytes;
+  double dataset_bytes = 0;
+  for (const auto& [name, node] : home) {
+    const double size = static_cast<double>(std::filesystem::file_size(dir + "/ds/" + name));
+    home_bytes[node] += size;
+    dataset_bytes += size;
+  }
 
-  double received = 0, sent = 0;
+  double received = 0, sent = 0, source = 0;
   for (int node = 0; node < kNodes; ++node) {
     SCOPED_TRACE(absl::StrCat("node ", node));
     const int port = (*cluster)->stager(node).metrics_port();
@@ -103,6 +114,11 @@ void RunLocality(bool post_balancing) {
                 Metric(port, "tutti_stager_peer_bytes_total{direction=\"sent\"}"),
                 Metric(port, "tutti_stager_peer_bytes_total{direction=\"received\"}"));
     received += Metric(port, "tutti_stager_peer_bytes_total{direction=\"received\"}");
+    // Its home shards, each copied once, and nothing else from the source.
+    const double from_source = Metric(port, "tutti_stager_source_bytes_total");
+    EXPECT_EQ(from_source, home_bytes[node]);
+    EXPECT_EQ(from_source, Metric(port, "tutti_stager_staged_bytes_total"));
+    source += from_source;
     sent += Metric(port, "tutti_stager_peer_bytes_total{direction=\"sent\"}");
     // Only its home shards were staged (so read from the source) here.
     grpc::ClientContext ctx;
@@ -120,6 +136,11 @@ void RunLocality(bool post_balancing) {
   // from their shard's home and moved stager to stager.
   EXPECT_GT(received, 0);
   EXPECT_EQ(sent, received);
+  std::printf(
+      "source bytes over the stagers %.0f = %.3f x the dataset (%.0f bytes); "
+      "stager to stager %.0f bytes\n",
+      source, source / dataset_bytes, dataset_bytes, received);
+  EXPECT_EQ(source, dataset_bytes);
 
   absl::Status stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;

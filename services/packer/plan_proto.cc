@@ -102,6 +102,7 @@ class PlanBuilder {
     shard_pos_ = &shard_pos;
     for (uint32_t k : touched) AddSample(k);
     for (uint32_t r : ranks) AddRank(r);
+    AddHeldShards(ranks);
     // Back to all -1 for the next plan built on this thread.
     for (uint32_t shard : used_shards_) shard_pos[shard] = -1;
 
@@ -126,19 +127,43 @@ class PlanBuilder {
   }
 
  private:
+  void FillShardRef(uint32_t shard, v1::ShardRef* ref) const {
+    const IndexShard& s = ix_.shard(shard);
+    ref->set_name(s.name);
+    ref->set_size(s.size);
+    ref->set_crc32c(s.crc32c);
+    if (const HomeStaging* homes = job_.homes(); homes != nullptr) {
+      for (uint32_t n : homes->HomesAt(d_.step).Homes(shard)) ref->add_home_nodes(n);
+    }
+  }
+  // With locality: the shards the whole step reads whose homes include a
+  // node of `ranks` (StepPlan.held_shards), in the step's first-use order.
+  void AddHeldShards(absl::Span<const uint32_t> ranks) {
+    const HomeStaging* homes = job_.homes();
+    if (homes == nullptr || ranks.empty()) return;
+    const uint32_t rpn = std::max<uint32_t>(1, d_.ranks_per_node);
+    // `ranks` is sorted, so its nodes are too.
+    thread_local std::vector<uint32_t> nodes;
+    nodes.clear();
+    for (uint32_t r : ranks) {
+      if (nodes.empty() || nodes.back() != r / rpn) nodes.push_back(r / rpn);
+    }
+    const ShardHomes& at = homes->HomesAt(d_.step);
+    for (uint32_t shard : d_.step_shards) {
+      for (uint32_t n : at.Homes(shard)) {
+        if (std::binary_search(nodes.begin(), nodes.end(), n)) {
+          FillShardRef(shard, plan_->add_held_shards());
+          break;
+        }
+      }
+    }
+  }
   uint32_t ShardRef(uint32_t shard) {
     std::vector<int32_t>& shard_pos = *shard_pos_;
     if (shard_pos[shard] < 0) {
       shard_pos[shard] = plan_->shards_size();
       used_shards_.push_back(shard);
-      const IndexShard& s = ix_.shard(shard);
-      v1::ShardRef* ref = plan_->add_shards();
-      ref->set_name(s.name);
-      ref->set_size(s.size);
-      ref->set_crc32c(s.crc32c);
-      if (const HomeStaging* homes = job_.homes(); homes != nullptr) {
-        for (uint32_t n : homes->HomesAt(d_.step).Homes(shard)) ref->add_home_nodes(n);
-      }
+      FillShardRef(shard, plan_->add_shards());
     }
     return static_cast<uint32_t>(shard_pos[shard]);
   }

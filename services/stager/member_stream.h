@@ -27,6 +27,10 @@
 namespace tutti::stager {
 
 // Members one FetchMembers call may ask for.
+// Trailing metadata of a FetchMembers call the holder refused because it
+// has no job from its packer yet: the asking stager asks again shortly,
+// within its deadline (peer_fetcher.h), instead of reading the source.
+inline constexpr char kPeerStartingKey[] = "tutti-peer-starting";
 inline constexpr int kMaxPeerMembers = 64;
 // Bytes of one member, and of all the members of one call.
 inline constexpr uint64_t kMaxPeerMemberBytes = 32ull << 20;

@@ -96,6 +96,9 @@ StagerMetrics::StagerMetrics(std::shared_ptr<Registry> registry)
       peer_served_failed(Counter(*registry, "tutti_stager_peer_served_members_total",
                                  "Members served to other nodes' stagers, by outcome: sent, failed",
                                  {{"outcome", "failed"}})),
+      peer_served_calls(Counter(*registry, "tutti_stager_peer_served_calls_total",
+                                "FetchMembers calls of other nodes' stagers admitted (each names up "
+                                "to 64 members of one shard)")),
       window_building(Gauge(*registry, "tutti_stager_window_building_batches",
                             "Batches being read and decoded")),
       batch_memory(Gauge(*registry, "tutti_stager_batch_memory_bytes",

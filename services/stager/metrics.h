@@ -84,6 +84,9 @@ class StagerMetrics {
   // tutti_stager_peer_served_members_total{outcome="sent"|"failed"}.
   prometheus::Counter& peer_served;
   prometheus::Counter& peer_served_failed;
+  // FetchMembers calls of other nodes' stagers admitted (each names up to
+  // 64 members of one shard): tutti_stager_peer_served_calls_total.
+  prometheus::Counter& peer_served_calls;
   // Window and clients.
   // tutti_stager_window_batches{rank}: the local rank's batches ready ahead
   // of it (built, not yet handed out); one series per local rank.

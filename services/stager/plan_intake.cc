@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -94,8 +95,15 @@ std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan) {
     }
   }
   std::vector<const v1::ShardRef*> out;
+  std::set<std::string> names;
   for (int i = 0; i < plan.shards_size(); ++i) {
-    if (needed.count(static_cast<uint32_t>(i))) out.push_back(&plan.shards(i));
+    if (needed.count(static_cast<uint32_t>(i))) {
+      out.push_back(&plan.shards(i));
+      names.insert(plan.shards(i).name());
+    }
+  }
+  for (const v1::ShardRef& ref : plan.held_shards()) {
+    if (names.insert(ref.name()).second) out.push_back(&ref);
   }
   return out;
 }

@@ -82,8 +82,11 @@ class PlanIntake {
 
 // The shards this node stages for a plan: those of the local ranks' images,
 // documents and audio, except shards named only by remote_load items (the
-// packer staged those on another node; their members are read from the
-// source). Plan order (first use) is kept; the pointers point into `plan`.
+// packer staged those on another node, whose stager sends their members),
+// then, with locality, the shards the step reads on other nodes that this
+// node is home to (StepPlan.held_shards: its stager serves their members).
+// Plan order (first use) is kept, each shard once; the pointers point into
+// `plan`.
 std::vector<const v1::ShardRef*> ShardsToStage(const v1::StepPlan& plan);
 
 }  // namespace tutti::stager

@@ -98,6 +98,13 @@ TEST(PlanIntakeTest, ShardsToStageSkipRemoteLoadsAndKeepPlanOrder) {
   std::vector<std::string> names;
   for (const v1::ShardRef* ref : ShardsToStage(plan)) names.push_back(ref->name());
   EXPECT_EQ(names, (std::vector<std::string>{"a.tar", "c.tar"}));
+  // With locality: the shards this node is home to that other nodes' ranks
+  // read follow, in their order, each once (d.tar only through a remote
+  // load here, e.tar not by this node's ranks at all, c.tar already staged).
+  for (const char* n : {"e.tar", "c.tar", "d.tar"}) plan.add_held_shards()->set_name(n);
+  names.clear();
+  for (const v1::ShardRef* ref : ShardsToStage(plan)) names.push_back(ref->name());
+  EXPECT_EQ(names, (std::vector<std::string>{"a.tar", "c.tar", "e.tar", "d.tar"}));
 }
 
 }  // namespace

@@ -207,6 +207,14 @@ void StagerCore::Stop() {
     window_->FailWaiters(
         absl::UnavailableError("tutti-stagerd is shutting down; retry against the restarted daemon"),
         &cbs);
+    for (PeerRead& read : peer_waits_) {
+      cbs.push_back([done = std::move(read.done)] {
+        done(absl::UnavailableError(
+                 "tutti-stagerd is shutting down: it serves no members now; read the source"),
+             false);
+      });
+    }
+    peer_waits_.clear();
   }
   cv_.SignalAll();
   for (auto& cb : cbs) cb();
@@ -512,6 +520,7 @@ void StagerCore::Tick(Callbacks* cbs) {
       cbs);
   window_->Tick(absl::Now(), *intake_, shard_state, cbs);
   FollowWindow();
+  ServeWaitingPeers(absl::Now());
   PublishIo();
 }
 
@@ -570,23 +579,48 @@ void StagerCore::ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRe
          false);
     return;
   }
-  // Another node's plan names this node as the shard's holder: once a member
-  // of it was read, stage it, so that its other members come from the cache
-  // rather than the source. Behind this node's own ranks' shards (a later
-  // priority than any step they stage).
-  const uint64_t priority = window_->base() + 2 * uint64_t{opts_.window} + opts_.stage_ahead;
+  // Another node's plan names this node as the shard's holder. Not staged
+  // here yet: staged now, behind this node's own ranks' shards (a later
+  // priority than any step they stage), so that its members come from the
+  // cache and the source is read for the shard once. A name that leads
+  // outside --source is left to the read, which refuses it (counted once).
+  ShardState state = staging_->Status(shard.name()).state;
+  if ((state == ShardState::kUnknown || state == ShardState::kFailed) &&
+      JoinUnder(staging_->options().source_dir, shard.name()).ok()) {
+    staging_->Request(shard, window_->base() + 2 * uint64_t{opts_.window} + opts_.stage_ahead);
+    state = staging_->Status(shard.name()).state;
+  }
+  const absl::Time now = absl::Now();
+  PeerRead read{shard, member, deadline, now + std::max(deadline - now, absl::ZeroDuration()) / 2,
+                std::move(done)};
+  if (state == ShardState::kPending || state == ShardState::kStaging) {
+    peer_waits_.push_back(std::move(read));
+    cv_.SignalAll();
+    return;
+  }
+  ReadForPeer(std::move(read));
+}
+
+void StagerCore::ReadForPeer(PeerRead read) {
   // Under mu_: Stop() resets the reader only after stopping_ is set.
-  reader_->Read(shard, member.name(), member.offset(), member.size(), deadline,
-                [this, shard, priority, done = std::move(done)](
-                    absl::StatusOr<MemberReader::Bytes> bytes, bool from_cache) {
-                  if (bytes.ok() && !from_cache) {
-                    const ShardState state = staging_->Status(shard.name()).state;
-                    if (state == ShardState::kUnknown || state == ShardState::kFailed) {
-                      staging_->Request(shard, priority);
-                    }
-                  }
-                  done(std::move(bytes), from_cache);
-                });
+  reader_->Read(read.shard, read.member.name(), read.member.offset(), read.member.size(),
+                read.deadline, std::move(read.done));
+}
+
+void StagerCore::ServeWaitingPeers(absl::Time now) {
+  if (peer_waits_.empty()) return;
+  std::vector<PeerRead> waiting;
+  for (PeerRead& read : peer_waits_) {
+    const ShardStatusInfo st = staging_->Status(read.shard.name());
+    const bool copying = st.state == ShardState::kPending ||
+                         (st.state == ShardState::kStaging && now - st.progress_at <= stage_wait_);
+    if (copying && now < read.read_by) {
+      waiting.push_back(std::move(read));
+    } else {
+      ReadForPeer(std::move(read));
+    }
+  }
+  peer_waits_.swap(waiting);
 }
 
 bool StagerCore::Started() const {

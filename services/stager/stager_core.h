@@ -195,10 +195,15 @@ class StagerCore {
   // Reads one member for another node's stager (FetchMembers): from this
   // node's cache when the shard is staged here, else from the source, each
   // read bounded as the stager's own (path refusals, the source's per-file
-  // bound), with `deadline`. A shard not staged here is asked of staging
-  // (after this node's own ranks' shards), so that its later members come
-  // from the cache; a failed one is asked again (staging's retry wait holds). UNAVAILABLE (to
-  // `done`, at once) before Start and once stopping.
+  // bound), with `deadline`. A shard not staged here (this node restarted,
+  // or the asking node's plans ran ahead of its own) is asked of staging
+  // first, after this node's own ranks' shards; a failed one is asked again
+  // (staging's retry wait holds). While the shard is queued or being copied
+  // the read waits for the copy, for at most half the time left to
+  // `deadline` (a copy that makes no progress for the stage wait is not
+  // waited for), and is then served from the cache, else from the source:
+  // either way the source is read for the member at most once. UNAVAILABLE
+  // (to `done`) before Start and once stopping, also for reads waiting then.
   void ReadMemberForPeer(const v1::ShardRef& shard, const v1::MemberRef& member,
                          absl::Time deadline, MemberReader::Done done);
   // The sample deadline in force (set by Start).
@@ -229,6 +234,17 @@ class StagerCore {
   // Hands the window's shard sets to the cache (pinned) and the reader (open).
   void ApplyShardSets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PlanBlocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member another node's stager asked for (ReadMemberForPeer), waiting
+  // until `read_by` for its shard's copy into the cache.
+  struct PeerRead {
+    v1::ShardRef shard;
+    v1::MemberRef member;
+    absl::Time deadline, read_by;
+    MemberReader::Done done;
+  };
+  void ReadForPeer(PeerRead read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the waiting members whose copy ended, stalls or took too long.
+  void ServeWaitingPeers(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardState ShardStateOf(const std::string& shard) const;
 
   // Fixed at construction, or set by Start before any thread runs.
@@ -260,6 +276,7 @@ class StagerCore {
   // What PublishIo last saw of each I/O service (kIoPaths order).
   IoServiceStats published_io_[3] ABSL_GUARDED_BY(mu_);
   RankProcesses processes_ ABSL_GUARDED_BY(mu_);
+  std::vector<PeerRead> peer_waits_ ABSL_GUARDED_BY(mu_);
 
   // Batches built, handed from the decode/read threads to the scheduler.
   absl::Mutex done_mu_ ABSL_ACQUIRED_AFTER(mu_);

@@ -57,6 +57,15 @@ absl::Status StagerServer::StartServing(const StopSignal& stop) {
                                       &grpc_options));
   RETURN_IF_ERROR(
       host_->ServeGrpc(opts_.listen, {service_.get()}, "tutti.v1.Stager", grpc_options));
+  if (!opts_.peer_listen.empty()) {
+    peer_service_ = std::make_unique<PeerStagerService>(service_.get(), gate_.get());
+    GrpcServerOptions peer_options;
+    RETURN_IF_ERROR(ApplyRpcGateOptions(
+        gate_.get(), opts_.peer_listen, [](const std::string& w) { kLog.Warning(w); },
+        &peer_options));
+    ASSIGN_OR_RETURN(peer_port_, host_->ServeMoreGrpc("peer_grpc", opts_.peer_listen,
+                                                      {peer_service_.get()}, peer_options));
+  }
   plans_ = std::make_unique<PlanClient>(opts_.packer, metrics_.get(), opts_.rpc.security);
   probe_io_ = std::make_unique<IoService>(MakePreadBackend(1));
   prober_ = std::thread([this] { Probe(); });
@@ -136,7 +145,11 @@ void StagerServer::Probe() {
 std::string StagerServer::Banner() const {
   const std::string node =
       opts_.core.node_auto ? std::string("auto") : absl::StrCat(opts_.core.node);
-  return absl::StrCat("tutti-stagerd node ", node, " listening on ", grpc_address(),
+  const std::string peers =
+      opts_.peer_listen.empty()
+          ? std::string()
+          : absl::StrCat(", peers on ", WithPort(opts_.peer_listen, peer_port_));
+  return absl::StrCat("tutti-stagerd node ", node, " listening on ", grpc_address(), peers,
                       " (metrics ", WithPort(opts_.metrics, metrics_port()), ")");
 }
 

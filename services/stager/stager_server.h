@@ -22,6 +22,7 @@
 #include "common/rank_identity.h"
 #include "common/rpc_gate.h"
 #include "common/uring_file.h"
+#include "services/stager/peer_service.h"
 #include "services/stager/plan_client.h"
 #include "services/stager/stager_core.h"
 #include "services/stager/stager_service.h"
@@ -32,9 +33,17 @@ struct StagerServerOptions {
   std::string packer = "127.0.0.1:7070";   // tutti-packerd address
   std::string listen = "127.0.0.1:7071";   // gRPC address: HOST:PORT (port 0 = any free port)
                                            // or unix:///PATH (a Unix-domain socket)
+  // A second gRPC address, HOST:PORT (port 0 = any free port), serving
+  // only other nodes' stagers (FetchMembers) and health, with the same
+  // token and TLS (peer_service.h): how a stager whose --listen is a Unix
+  // socket for its ranks is reached by the others' --peers. Empty: none
+  // (the others ask --listen).
+  std::string peer_listen;
   std::string metrics = "127.0.0.1:9471";  // /metrics, /healthz, /readyz (port 0 = any free port)
   std::string port_file;                   // if set: "grpc=PORT\nmetrics=PORT\ngrpc_address=A\n"
-                                           // written there (PORT 0 for a Unix socket)
+                                           // written there (PORT 0 for a Unix socket), and
+                                           // "peer_grpc=PORT\npeer_grpc_address=A\n" with
+                                           // peer_listen
   absl::Duration packer_wait = absl::Minutes(10);  // how long to retry GetJob
   absl::Duration probe_interval = absl::Seconds(2);  // how often readiness checks the
                                                      // source and the packer
@@ -63,6 +72,7 @@ class StagerServer final : public Daemon {
   // Where clients connect: HOST:PORT with the bound port, or the unix: address.
   std::string grpc_address() const { return host_ ? host_->grpc_address() : ""; }
   int metrics_port() const { return host_ ? host_->metrics_port() : 0; }
+  int peer_port() const { return peer_port_; }  // --peer_listen's bound port (0: none)
   StagerCore* core() { return core_.get(); }
   Readiness* readiness() { return host_ ? &host_->readiness() : nullptr; }
 
@@ -89,6 +99,8 @@ class StagerServer final : public Daemon {
   std::unique_ptr<RpcGate> gate_;
   std::unique_ptr<RankIdentities> ranks_;
   std::unique_ptr<StagerService> service_;
+  std::unique_ptr<PeerStagerService> peer_service_;  // with peer_listen
+  int peer_port_ = 0;
   std::unique_ptr<PlanClient> plans_;
   std::unique_ptr<IoService> probe_io_;  // stats the source with a deadline (it may hang)
   absl::Notification stop_probe_;

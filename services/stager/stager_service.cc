@@ -151,6 +151,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StagerService::FetchMembers(
         gate_->Refuse(absl::IsResourceExhausted(s) ? "too_large" : "too_many_items", s));
   }
   if (!core_->Started()) {
+    ctx->AddTrailingMetadata(kPeerStartingKey, "1");
     return new RefusedStream(absl::UnavailableError(
         "tutti-stagerd is starting: it has no job from its packer yet; read the source"));
   }
@@ -158,6 +159,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StagerService::FetchMembers(
   absl::Time deadline = absl::Now() + core_->sample_deadline();
   const absl::Time asked = absl::FromChrono(ctx->deadline());
   if (asked < deadline) deadline = asked;
+  if (metrics_) metrics_->peer_served_calls.Increment();
   return new MemberStream(core_, metrics_, std::move(req), deadline, *std::move(ticket));
 }
 

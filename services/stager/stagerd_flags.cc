@@ -24,6 +24,11 @@ ABSL_FLAG(std::string, cache, "",
 ABSL_FLAG(std::string, listen, "127.0.0.1:7071",
           "gRPC address to serve: HOST:PORT (port 0 = any free port) or unix:///PATH/TO.sock (a "
           "Unix-domain socket, e.g. on a hostPath shared with the training pods)");
+ABSL_FLAG(std::string, peer_listen, "",
+          "a second gRPC address, HOST:PORT (port 0 = any free port), serving only other nodes' "
+          "stagers (FetchMembers, their --peers) and health, with the same token and TLS; a "
+          "rank's call there is refused. For a stager whose --listen is a Unix socket; empty = "
+          "none (other stagers ask --listen)");
 ABSL_FLAG(std::string, metrics, "127.0.0.1:9471",
           "HOST:PORT serving /metrics, /healthz and /readyz (port 0 = any free port)");
 ABSL_FLAG(std::string, socket_group, "",
@@ -84,9 +89,10 @@ ABSL_FLAG(uint32_t, max_acquire_timeout_ms, 3600000,
           "60000..86400000; a longer one is refused INVALID_ARGUMENT (libtutti asks for at most "
           "a minute at a time and asks again)");
 ABSL_FLAG(std::string, peers, "",
-          "the other nodes' stagers, NODE=HOST:PORT,... (their --listen addresses): a "
-          "remote_load item whose plan names its holder node (the job's locality) is asked of "
-          "that node's stager first, then read from the source; empty = always the source");
+          "the other nodes' stagers, NODE=HOST:PORT,... (their --peer_listen, else --listen, "
+          "addresses): a remote_load item whose plan names its holder node (the job's "
+          "locality) is asked of that node's stager first, then read from the source; empty = "
+          "always the source");
 ABSL_FLAG(uint32_t, peer_timeout_ms, 0,
           "how long a holder's stager has to send a remote_load member before it is read from "
           "the source, 0..3600000, within the sample deadline (0 = half of what is left of it)");
@@ -111,6 +117,10 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
   RETURN_IF_ERROR(CheckAddressFlag("packer", o.packer, AddressUse::kConnect, true));
   RETURN_IF_ERROR(CheckAddressFlag("listen", o.listen, AddressUse::kServe, true));
   RETURN_IF_ERROR(CheckAddressFlag("metrics", o.metrics, AddressUse::kServe, false));
+  o.peer_listen = absl::GetFlag(FLAGS_peer_listen);
+  if (!o.peer_listen.empty()) {
+    RETURN_IF_ERROR(CheckAddressFlag("peer_listen", o.peer_listen, AddressUse::kServe, false));
+  }
   StagerOptions& c = o.core;
   const std::string node = absl::GetFlag(FLAGS_node);
   if (node == "auto") {
@@ -202,7 +212,10 @@ absl::StatusOr<StagerServerOptions> StagerOptionsFromFlags() {
     RETURN_IF_ERROR(CheckAddressFlag("peers", address, AddressUse::kConnect, false));
   }
   c.peer_timeout_ms = absl::GetFlag(FLAGS_peer_timeout_ms);
-  ASSIGN_OR_RETURN(o.rpc, RpcGateOptionsFromFlags(o.listen));
+  // The certificates are checked against the address that serves TLS:
+  // --peer_listen when --listen is a Unix socket.
+  ASSIGN_OR_RETURN(o.rpc,
+                   RpcGateOptionsFromFlags(o.peer_listen.empty() ? o.listen : o.peer_listen));
   return o;
 }
 

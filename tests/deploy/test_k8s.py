@@ -72,9 +72,10 @@ def quantity(q: str) -> float:
     return float(m.group(1)) * units[m.group(2)]
 
 
-def downward_env(container, pod_meta, namespace):
+def downward_env(container, pod_meta, namespace, node="gpu-node"):
     """The container's environment as the kubelet would set it (the downward
-    API's resource values from the container's own limits)."""
+    API's resource values from the container's own limits; spec.nodeName is
+    `node`, a Secret's value names it)."""
     env = {}
     for e in container.get("env", []):
         if "value" in e:
@@ -82,8 +83,11 @@ def downward_env(container, pod_meta, namespace):
             continue
         src = e["valueFrom"]
         if "fieldRef" in src:
-            assert src["fieldRef"]["fieldPath"] == "metadata.namespace", src
-            env[e["name"]] = namespace
+            path = src["fieldRef"]["fieldPath"]
+            assert path in ("metadata.namespace", "spec.nodeName"), src
+            env[e["name"]] = namespace if path == "metadata.namespace" else node
+        elif "secretKeyRef" in src:
+            env[e["name"]] = f"secret:{src['secretKeyRef']['name']}/{src['secretKeyRef']['key']}"
         elif "resourceFieldRef" in src:
             ref = src["resourceFieldRef"]
             part, _, res = ref["resource"].partition(".")
@@ -106,7 +110,8 @@ class Render(unittest.TestCase):
         dirs = kustomizations()
         names = {str(d.relative_to(K8S)) for d in dirs}
         for want in ("base", "cluster", "overlays/training-example", "overlays/monitoring",
-                     "overlays/io-uring", "overlays/shared-node/job-a", "overlays/shared-node/job-b"):
+                     "overlays/io-uring", "overlays/shared-node/job-a", "overlays/shared-node/job-b",
+                     "overlays/locality"):
             self.assertIn(want, names)
         for d in dirs:
             with self.subTest(kustomization=str(d.relative_to(K8S))):
@@ -235,6 +240,90 @@ class Render(unittest.TestCase):
         self.assertEqual(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0)
         c = spec["containers"][0]
         self.assertEqual(c["resources"]["requests"], c["resources"]["limits"])  # Guaranteed QoS
+
+    def test_locality_is_off_unless_its_overlay_is_used(self):
+        """Only overlays/locality turns the job's locality on and gives the stager its node
+        list, peer port and the job's token; every other kustomization is unchanged."""
+        for d in kustomizations():
+            objs = render(d)
+            for cm in (o for o in objs if o["kind"] == "ConfigMap"
+                       and "job.textproto" in o.get("data", {})):
+                text = cm["data"]["job.textproto"]
+                on = re.search(r"(?m)^\s*locality\s*\{[^}]*home_replication:\s*[1-9]", text)
+                self.assertEqual(bool(on), d == K8S / "overlays/locality", d)
+            for o, _, spec in pod_specs(objs):
+                if o["metadata"]["name"] != "tutti-stagerd":
+                    continue
+                env = {e["name"] for c in spec["containers"] for e in c.get("env", [])}
+                self.assertEqual("TUTTI_NODES_FILE" in env, d == K8S / "overlays/locality", d)
+
+    def test_locality_overlay_gives_consistent_peer_flags(self):
+        """overlays/locality: the stager's peer port is a hostPort equal to the containerPort
+        and to TUTTI_PEER_PORT, the node list ConfigMap is mounted where TUTTI_NODES_FILE
+        points, the stager and the packer take the job's token from the same Secret, and
+        stagerd.sh (the rendered ConfigMap's) run on each listed node gives --node = its
+        line, --peer_listen on the peer port and the same --peers naming every node's
+        address; on a node not in the list it keeps --node=auto and names no peer."""
+        objs = render(K8S / "overlays/locality")
+        cms = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+        ds = next(o for o in objs if o["kind"] == "DaemonSet")
+        packer = next(o for o in objs if o["kind"] == "Deployment")
+        spec = ds["spec"]["template"]["spec"]
+        c = next(c for c in spec["containers"] if c["name"] == "stagerd")
+        env = {e["name"]: e for e in c["env"]}
+        port = int(env["TUTTI_PEER_PORT"]["value"])
+        peers = next(p for p in c["ports"] if p["name"] == "peers")
+        self.assertEqual((peers["containerPort"], peers["hostPort"]), (port, port))
+        self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
+        token = env["TUTTI_TOKEN"]["valueFrom"]["secretKeyRef"]
+        packer_env = {e["name"]: e for e in packer["spec"]["template"]["spec"]["containers"][0]["env"]}
+        self.assertEqual(packer_env["TUTTI_TOKEN"]["valueFrom"]["secretKeyRef"], token)
+        nodes_file = env["TUTTI_NODES_FILE"]["value"]
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == os.path.dirname(nodes_file))
+        vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        nodes_text = cms[vol["configMap"]["name"]]["data"][os.path.basename(nodes_file)]
+        nodes = [line.split() for line in (l.split("#")[0] for l in nodes_text.splitlines())
+                 if line.split()]
+        self.assertGreaterEqual(len(nodes), 2, nodes_text)
+        want_peers = ",".join(f"{i}={(n + n[:1])[1]}:{port}" for i, n in enumerate(nodes))
+        script_cm = next(v["configMap"]["name"] for v in spec["volumes"] if v.get("configMap")
+                         and any(m["name"] == v["name"] and m["mountPath"] == os.path.dirname(STAGERD_SH)
+                                 for m in c["volumeMounts"]))
+        known = dt.help_flags(dt.STAGERD) if os.access(dt.STAGERD, os.X_OK) else None
+        tmp = dt.temp_dir("k8s-locality")
+        (tmp / "nodes.txt").write_text(nodes_text)
+        (tmp / "stagerd.sh").write_text(cms[script_cm]["data"]["stagerd.sh"])
+        (tmp / "cache").mkdir()
+        rec = tmp / "record.sh"
+        rec.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "$0.out"\n')
+        rec.chmod(0o755)
+        for i, name in [(i, n[0]) for i, n in enumerate(nodes)] + [(None, "not-a-job-node")]:
+            with self.subTest(node=name):
+                penv = downward_env(c, ds["spec"]["template"]["metadata"], "tutti", node=name)
+                penv.update(PATH=os.environ["PATH"], TUTTI_STAGERD=str(rec),
+                            TUTTI_CACHE_DIR=str(tmp / "cache"),
+                            TUTTI_NODES_FILE=str(tmp / "nodes.txt"))
+                r = dt.run(["/bin/sh", tmp / "stagerd.sh", *c["args"]], env=penv)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                argv = (tmp / "record.sh.out").read_text().splitlines()
+                flags = {}
+                for a in argv:
+                    k, _, v = a[2:].partition("=")
+                    flags.setdefault(k, []).append(v)
+                if i is None:
+                    self.assertEqual(flags["node"], ["auto"])
+                    self.assertNotIn("peers", flags)
+                    self.assertNotIn("peer_listen", flags)
+                    self.assertIn("not in", r.stderr)
+                    continue
+                self.assertEqual(flags["node"], [str(i)], argv)
+                self.assertEqual(flags["peer_listen"], [f"0.0.0.0:{port}"], argv)
+                self.assertEqual(flags["peers"], [want_peers], argv)
+                # The stager's own entry is the address the others reach it at.
+                self.assertIn(f"{i}={nodes[i][-1]}:{port}", flags["peers"][0].split(","))
+                if known is not None:
+                    for k in flags:
+                        self.assertIn(k, known, f"tutti-stagerd has no flag --{k}")
 
     def test_two_jobs_on_one_node_share_no_host_path(self):
         seen = {}

@@ -2,6 +2,7 @@
 // stage it, the encoder phase prefers their ranks, a remote load names its
 // holder node, plans stay deterministic and node removals re-home shards
 // from their step on.
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -271,6 +272,88 @@ TEST(LocalityTest, ACacheTooSmallForTheDatasetIsRefusedAtLoad) {
                       "locality { home_replication: 2 node_cache_bytes: ", total / 2, " }"))),
                   Dataset())
           .ok());
+}
+
+// The names of a plan's held_shards, in order.
+std::vector<std::string> HeldNames(const v1::StepPlan& plan) {
+  std::vector<std::string> out;
+  for (const v1::ShardRef& ref : plan.held_shards()) out.push_back(ref.name());
+  return out;
+}
+
+// Every shard the step reads (on any rank) is in the plan cut for a node's
+// ranks exactly when the node is one of its homes, in the step's first-use
+// order, with its size and homes; also shards none of the node's own ranks
+// read (those only other nodes' ranks read, which its stager serves).
+// Without locality no plan lists any.
+TEST(LocalityTest, PlansListTheShardsEachNodeIsHomeToThatTheStepReadsAnywhere) {
+  for (const char* mode : {kPost, ""}) {
+    SCOPED_TRACE(mode);
+    auto job = MustJob(JobText(absl::StrCat(mode, " locality { home_replication: 2 }")));
+    ASSERT_NE(job, nullptr);
+    const Index& ix = job->index();
+    Planner planner(job);
+    uint32_t only_others = 0;
+    for (uint64_t step = 0; step < 4; ++step) {
+      StepPlanData d;
+      ASSERT_TRUE(planner.Plan(step, &d).ok());
+      const ShardHomes& homes = job->homes()->HomesAt(step);
+      // What the step reads, from its samples, in first-use order.
+      std::vector<uint32_t> read;
+      for (const PlannedSample& ps : d.samples) {
+        const uint32_t shard = ix.ShardOf(ps.sample);
+        if (std::find(read.begin(), read.end(), shard) == read.end()) read.push_back(shard);
+      }
+      ASSERT_GT(read.size(), 8u);
+      std::map<std::string, uint32_t> times_held;  // over the 8 nodes' plans
+      for (uint32_t node = 0; node < 8; ++node) {
+        SCOPED_TRACE(absl::StrCat("step ", step, " node ", node));
+        v1::StepPlan plan, one;
+        ASSERT_TRUE(
+            BuildStepPlan(*job, d, std::vector<uint32_t>{2 * node, 2 * node + 1}, &plan).ok());
+        std::vector<std::string> want;
+        for (uint32_t shard : read) {
+          if (homes.IsHome(shard, node)) want.push_back(ix.shard(shard).name);
+        }
+        EXPECT_EQ(HeldNames(plan), want);
+        std::set<std::string> own;
+        for (const v1::ShardRef& ref : plan.shards()) own.insert(ref.name());
+        for (const v1::ShardRef& ref : plan.held_shards()) {
+          ++times_held[ref.name()];
+          only_others += own.count(ref.name()) == 0;
+          ASSERT_EQ(ref.home_nodes_size(), 2);
+          EXPECT_TRUE(ref.home_nodes(0) == node || ref.home_nodes(1) == node);
+          EXPECT_GT(ref.size(), 0u);
+        }
+        // One rank of the node: the same list (the node's stager may ask
+        // for any of its ranks).
+        ASSERT_TRUE(BuildStepPlan(*job, d, std::vector<uint32_t>{2 * node + 1}, &one).ok());
+        EXPECT_EQ(HeldNames(one), want);
+      }
+      // Each shard the step reads, once per home node (2), none other.
+      EXPECT_EQ(times_held.size(), read.size());
+      for (const auto& [name, n] : times_held) EXPECT_EQ(n, 2u) << name;
+      // All ranks: every shard the step reads, in first-use order.
+      v1::StepPlan all;
+      ASSERT_TRUE(BuildStepPlan(*job, d, {}, &all).ok());
+      std::vector<std::string> every;
+      for (uint32_t shard : read) every.push_back(ix.shard(shard).name);
+      EXPECT_EQ(HeldNames(all), every);
+    }
+    // The step reads shards some node's ranks do not touch but it is home to.
+    EXPECT_GT(only_others, 0u);
+    // Without locality: none, for any cut of the plan.
+    auto off = MustJob(JobText(mode));
+    StepPlanData d;
+    ASSERT_TRUE(Planner(off).Plan(0, &d).ok());
+    EXPECT_TRUE(d.step_shards.empty());
+    for (const std::vector<uint32_t>& ranks :
+         {std::vector<uint32_t>{}, std::vector<uint32_t>{0, 1}, std::vector<uint32_t>{5}}) {
+      v1::StepPlan plan;
+      ASSERT_TRUE(BuildStepPlan(*off, d, ranks, &plan).ok());
+      EXPECT_EQ(plan.held_shards_size(), 0);
+    }
+  }
 }
 
 }  // namespace

@@ -142,6 +142,12 @@ struct StepPlanData {
   std::vector<PlannedSample> samples;  // global batch: text samples, then VL, in draw order
   std::vector<PlannedImage> images;    // batch order
   std::vector<PlannedAudio> audio;
+  // With locality (Job::homes()): every shard the step's samples read, each
+  // once, in first-use order over `samples` (ListStepShards). The wire plan
+  // names, for the nodes it is cut for, those they are home to
+  // (StepPlan.held_shards); kept here so that cutting a plan for a few ranks
+  // does not walk the whole batch. Empty without locality.
+  std::vector<uint32_t> step_shards;
 
   Csr docs;        // row rank * (text_seqs + vl_seqs) + seq -> samples (batch order)
   Csr enc_images;  // row rank -> images it encodes (the order of its sends)

@@ -480,6 +480,8 @@ absl::Status Planner::Plan(uint64_t step, StepPlanData* out) const {
   Summary summary(job.config().post_balancing().enabled(), out);
   LayOut(job.config().batch().max_patches_per_chunk(), &summary, out);
   summary.Finish();
+  out->step_shards.clear();
+  if (job.homes() != nullptr) ListStepShards(job.index().num_shards(), out);
   return absl::OkStatus();
 }
 
@@ -493,6 +495,17 @@ void SummarizeStep(bool post, StepPlanData* out) {
   for (const PlannedImage& im : out->images) summary.Add(im);
   for (const PlannedAudio& au : out->audio) summary.Add(au);
   summary.Finish();
+}
+
+void ListStepShards(uint32_t num_shards, StepPlanData* out) {
+  out->step_shards.clear();
+  std::vector<bool> seen(num_shards, false);
+  for (const PlannedSample& ps : out->samples) {
+    if (ps.shard < num_shards && !seen[ps.shard]) {
+      seen[ps.shard] = true;
+      out->step_shards.push_back(ps.shard);
+    }
+  }
 }
 
 }  // namespace tutti::packer

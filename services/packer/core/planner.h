@@ -159,6 +159,9 @@ void LayOutStep(uint32_t max_patches_per_chunk, StepPlanData* step);
 // Per-rank totals and, unless the dispatcher measured them, the phase
 // summaries (`post`: encoder items are placed apart from their samples).
 void SummarizeStep(bool post, StepPlanData* step);
+// Fills step->step_shards from its samples (shards below num_shards); Plan
+// does it when the job has locality.
+void ListStepShards(uint32_t num_shards, StepPlanData* step);
 
 }  // namespace tutti::packer
 

@@ -380,6 +380,7 @@ bool BatchWindow::TakeShardSets(std::set<std::string>* pinned, std::set<std::str
     for (const v1::ShardRef* ref : s.stage) pinned->insert(ref->name());
     if (step < base_ + opts_.window) {
       for (const auto& ref : s.plan->shards()) open->insert(ref.name());
+      for (const auto& ref : s.plan->held_shards()) open->insert(ref.name());  // peers read them
     }
   }
   return true;
