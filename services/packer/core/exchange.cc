@@ -30,21 +30,28 @@ bool InputIdsOrder(const StepPlanData& plan, std::vector<uint32_t>* by_llm) {
       plan.docs.items.size() != plan.samples.size()) {
     return false;
   }
-  uint64_t held = 0;  // read in record order: the documents hold every sample once
-  for (const PlannedSample& ps : plan.samples) held += ps.cost.images + ps.cost.audio;
+  // Each sample's items, read in record order (the records are large; the
+  // documents' order below visits them scattered).
+  struct Items {
+    uint32_t first_image, images, first_audio, audio;
+  };
+  thread_local std::vector<Items> items;
+  items.resize(plan.samples.size());
+  uint64_t held = 0;  // the documents hold every sample once
+  for (size_t k = 0; k < plan.samples.size(); ++k) {
+    const PlannedSample& ps = plan.samples[k];
+    items[k] = Items{ps.first_image, ps.cost.images, ps.first_audio, ps.cost.audio};
+    held += ps.cost.images + ps.cost.audio;
+  }
   if (held != n) return false;
   by_llm->clear();
   by_llm->reserve(n);
   // The rows are rank-major (rank * sequences + sequence), so the documents
   // in row order are every rank's input_ids order, rank after rank.
   for (uint32_t sample : plan.docs.items) {
-    const PlannedSample& ps = plan.samples[sample];
-    for (uint32_t i = ps.first_image; i < ps.first_image + ps.cost.images; ++i) {
-      by_llm->push_back(i);
-    }
-    for (uint32_t a = ps.first_audio; a < ps.first_audio + ps.cost.audio; ++a) {
-      by_llm->push_back(I + a);
-    }
+    const Items& x = items[sample];
+    for (uint32_t i = x.first_image; i < x.first_image + x.images; ++i) by_llm->push_back(i);
+    for (uint32_t a = x.first_audio; a < x.first_audio + x.audio; ++a) by_llm->push_back(I + a);
   }
   return true;
 }
@@ -125,17 +132,18 @@ void ClearLoadExchange(StepPlanData* plan) {
 
 void BuildLoadExchange(StepPlanData* plan) {
   const uint32_t W = plan->world_size;
-  thread_local std::vector<uint32_t> ids, tmp, scratch_begin, src, dst;
-  ids.clear();
+  // A remote load with its keys beside it (the sorts below read them in
+  // sequence, not scattered through per-item arrays).
+  struct Load {
+    uint32_t item, src, dst;
+  };
+  thread_local std::vector<Load> loads, tmp;
+  thread_local std::vector<uint32_t> scratch_begin, at;
+  loads.clear();
   plan->remote_load_bytes = 0;
-  const uint32_t n = plan->num_load_items();
-  src.resize(n);
-  dst.resize(n);
   // Load items in their order: images, audio clips, then samples' token ids.
   auto remote = [&](uint32_t i) {
-    ids.push_back(i);
-    src[i] = plan->LoadSource(i);
-    dst[i] = plan->LoadDest(i);
+    loads.push_back(Load{i, plan->LoadSource(i), plan->LoadDest(i)});
     plan->remote_load_bytes += plan->LoadBytes(i);
   };
   const uint32_t I = static_cast<uint32_t>(plan->images.size());
@@ -149,15 +157,33 @@ void BuildLoadExchange(StepPlanData* plan) {
   for (uint32_t i = 0; i < plan->samples.size(); ++i) {
     if (plan->samples[i].text_remote) remote(I + A + i);
   }
-  if (ids.empty()) {
+  if (loads.empty()) {
     ClearLoadExchange(plan);
     return;
   }
+  // Stable counting sorts of `in` by key: the loads (into *out) or their
+  // items (into *items).
+  auto sort = [&](const std::vector<Load>& in, auto key, std::vector<uint32_t>* begin,
+                  std::vector<Load>* out, std::vector<uint32_t>* items) {
+    begin->assign(W + 1, 0);
+    for (const Load& x : in) ++(*begin)[key(x) + 1];
+    for (uint32_t r = 0; r < W; ++r) (*begin)[r + 1] += (*begin)[r];
+    at.assign(begin->begin(), begin->end() - 1);
+    if (out != nullptr) {
+      out->resize(in.size());
+      for (const Load& x : in) (*out)[at[key(x)]++] = x;
+    } else {
+      items->resize(in.size());
+      for (const Load& x : in) (*items)[at[key(x)]++] = x.item;
+    }
+  };
+  auto src = [](const Load& x) { return x.src; };
+  auto dst = [](const Load& x) { return x.dst; };
   // sends: by (source, destination, item); recvs: by (destination, source, item)
-  CountingSort(ids, W, dst.data(), &scratch_begin, &tmp);
-  CountingSort(tmp, W, src.data(), &plan->load_sends.begin, &plan->load_sends.items);
-  CountingSort(ids, W, src.data(), &scratch_begin, &tmp);
-  CountingSort(tmp, W, dst.data(), &plan->load_recvs.begin, &plan->load_recvs.items);
+  sort(loads, dst, &scratch_begin, &tmp, nullptr);
+  sort(tmp, src, &plan->load_sends.begin, nullptr, &plan->load_sends.items);
+  sort(loads, src, &scratch_begin, &tmp, nullptr);
+  sort(tmp, dst, &plan->load_recvs.begin, nullptr, &plan->load_recvs.items);
 }
 
 }  // namespace tutti::packer

@@ -47,6 +47,20 @@ void ShardAvailability::AppendNodes(uint32_t shard, std::vector<uint32_t>* out) 
   }
 }
 
+bool ShardAvailability::AnyNode(uint32_t shard) const {
+  if (all_) return true;
+  if (shard >= shards_) return false;
+  const uint64_t first = uint64_t{shard} * nodes_, last = first + nodes_;
+  for (uint64_t w = first / 64; w * 64 < last; ++w) {
+    uint64_t word = bits_[w];
+    const uint64_t base = w * 64;
+    if (base < first) word &= ~uint64_t{0} << (first - base);
+    if (last - base < 64) word &= (uint64_t{1} << (last - base)) - 1;
+    if (word != 0) return true;
+  }
+  return false;
+}
+
 StagingIndex::StagingIndex(const ShardAvailability& a) : all_(a.all()) {
   if (all_) return;
   everywhere_.assign(a.shards(), 0);

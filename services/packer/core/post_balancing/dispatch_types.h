@@ -91,6 +91,8 @@ class ShardAvailability {
   // Appends the nodes that stage `shard`, increasing (a word of the bitmap
   // at a time). Not for all().
   void AppendNodes(uint32_t shard, std::vector<uint32_t>* out) const;
+  // Whether some node stages `shard` (a word of the bitmap at a time).
+  bool AnyNode(uint32_t shard) const;
   bool all() const { return all_; }
   uint32_t shards() const { return shards_; }
   uint32_t nodes() const { return nodes_; }

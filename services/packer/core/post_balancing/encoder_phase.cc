@@ -37,16 +37,24 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
                         const std::vector<uint8_t>* only) {
   const uint32_t rpn = p.cluster.ranks_per_node, W = p.cluster.world_size;
   if (rpn <= 1) return;
-  std::vector<std::vector<uint32_t>> members(W);
+  // Each rank's items with their costs beside them (the searches below
+  // read them many times). Kept across calls on this thread (fresh lists
+  // every call would be thousands of allocations a step at W = 2560).
+  struct Item {
+    double cost;
+    uint32_t i;
+    // By cost, ties by index.
+    bool operator<(const Item& o) const { return cost != o.cost ? cost < o.cost : i < o.i; }
+  };
+  thread_local std::vector<std::vector<Item>> members;
+  if (members.size() < W) members.resize(W);
+  for (uint32_t r = 0; r < W; ++r) members[r].clear();
   std::vector<double> load(W, 0.0);
   for (uint32_t i = 0; i < rank->size(); ++i) {
-    members[(*rank)[i]].push_back(i);
+    members[(*rank)[i]].push_back({p.cost[i], i});
     load[(*rank)[i]] += p.cost[i];
   }
-  auto by_cost = [&](uint32_t a, uint32_t b) {
-    return p.cost[a] != p.cost[b] ? p.cost[a] < p.cost[b] : a < b;
-  };
-  std::vector<uint32_t> lo_sorted;
+  thread_local std::vector<Item> lo_sorted;
   for (uint32_t n = 0; n < p.cluster.nodes(); ++n) {
     if (only != nullptr && !(*only)[n]) continue;
     const uint32_t first = n * rpn;
@@ -61,7 +69,7 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
       // Shift d from hi to lo (0 < d < gap); best is d closest to gap / 2,
       // by moving one item or swapping one of hi's with a smaller one of lo's.
       lo_sorted = members[lo];
-      std::sort(lo_sorted.begin(), lo_sorted.end(), by_cost);
+      std::sort(lo_sorted.begin(), lo_sorted.end());
       double best = gap;  // |d - gap/2| must beat gap/2 to help
       uint32_t bi = ~0u, bj = ~0u;
       auto consider = [&](uint32_t i, uint32_t j, double d) {
@@ -69,19 +77,19 @@ void ImproveWithinNodes(const EncoderProblem& p, uint32_t rounds, std::vector<ui
         const double miss = std::abs(d - gap / 2);
         if (miss < best) best = miss, bi = i, bj = j;
       };
-      for (uint32_t i : members[hi]) {
-        consider(i, ~0u, p.cost[i]);
-        const double want = p.cost[i] - gap / 2;
+      for (const Item& x : members[hi]) {
+        consider(x.i, ~0u, x.cost);
+        const double want = x.cost - gap / 2;
         auto it = std::lower_bound(lo_sorted.begin(), lo_sorted.end(), want,
-                                   [&](uint32_t j, double v) { return p.cost[j] < v; });
-        if (it != lo_sorted.end()) consider(i, *it, p.cost[i] - p.cost[*it]);
-        if (it != lo_sorted.begin()) consider(i, *(it - 1), p.cost[i] - p.cost[*(it - 1)]);
+                                   [](const Item& y, double v) { return y.cost < v; });
+        if (it != lo_sorted.end()) consider(x.i, it->i, x.cost - it->cost);
+        if (it != lo_sorted.begin()) consider(x.i, (it - 1)->i, x.cost - (it - 1)->cost);
       }
       if (bi == ~0u) break;
       auto move = [&](uint32_t item, uint32_t from, uint32_t to) {
         auto& m = members[from];
-        m.erase(std::find(m.begin(), m.end(), item));
-        members[to].push_back(item);
+        m.erase(std::find_if(m.begin(), m.end(), [&](const Item& y) { return y.i == item; }));
+        members[to].push_back({p.cost[item], item});
         load[from] -= p.cost[item];
         load[to] += p.cost[item];
         (*rank)[item] = to;
@@ -112,10 +120,15 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
   for (size_t g = 0; g < groups.size(); ++g) {
     for (uint32_t i = groups[g].first; i < groups[g].second; ++i) group_cost[g] += p.cost[i];
   }
+  // Decreasing cost, ties by index (a stable sort's order), sorted with the
+  // costs beside the indices rather than looked up.
+  std::vector<std::pair<double, uint32_t>> keyed(groups.size());
+  for (uint32_t g = 0; g < groups.size(); ++g) keyed[g] = {group_cost[g], g};
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
   std::vector<uint32_t> order(groups.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return group_cost[a] > group_cost[b]; });
+  for (size_t k = 0; k < keyed.size(); ++k) order[k] = keyed[k].second;
 
   std::vector<double> rank_load(W, 0.0), node_load(N, 0.0);
   MinTree rank_tree(&rank_load), node_tree(&node_load);
@@ -127,6 +140,15 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
     for (uint32_t r : dirty_list) rank_tree.Update(r), dirty[r] = 0;
     dirty_list.clear();
     return rank_tree.Min();
+  };
+  // The node tree likewise: with restricted staging only a shard staged
+  // nowhere asks it.
+  std::vector<uint8_t> node_dirty(N, 0);
+  std::vector<uint32_t> node_dirty_list;
+  auto least_node = [&] {
+    for (uint32_t nd : node_dirty_list) node_tree.Update(nd), node_dirty[nd] = 0;
+    node_dirty_list.clear();
+    return node_tree.Min();
   };
   const bool everywhere = p.availability == nullptr || p.availability->all();
   std::optional<StagingIndex> own_index;
@@ -147,13 +169,13 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
     const uint32_t first = groups[g].first;
     uint32_t home = kNone;
     if (everywhere) {
-      home = node_tree.Min();
+      home = least_node();
     } else {
       for (const uint32_t* nd = staging->begin(p.shard[first]); nd != staging->end(p.shard[first]);
            ++nd) {
         if (home == kNone || node_load[*nd] < node_load[home]) home = *nd;
       }
-      if (home == kNone) home = node_tree.Min();
+      if (home == kNone) home = least_node();
     }
     items.clear();
     for (uint32_t i = first; i < groups[g].second; ++i) items.push_back(i);
@@ -188,7 +210,10 @@ std::vector<uint32_t> GreedyEncoderNodeAware(const EncoderProblem& p, double bou
       if (!dirty[r]) dirty[r] = 1, dirty_list.push_back(r);
     }
     // The group's nodes: usually just `home`.
-    for (uint32_t i : items) node_tree.Update(p.cluster.node_of(rank[i]));
+    for (uint32_t i : items) {
+      const uint32_t nd = p.cluster.node_of(rank[i]);
+      if (!node_dirty[nd]) node_dirty[nd] = 1, node_dirty_list.push_back(nd);
+    }
   }
   ImproveWithinNodes(p, rounds, &rank);
   *within_out = within;
@@ -308,18 +333,36 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     double cost;
     uint32_t item;
     uint32_t preferred;
+    uint32_t shard;
+    uint32_t home;  // home_of(shard)
     double weight, load_weight;
     bool operator<(const Entry& o) const { return cost != o.cost ? cost < o.cost : item < o.item; }
+  };
+  const bool everywhere = p.availability == nullptr || p.availability->all();
+  // Where a shard is staged, for the bytes below: its one staging node, or
+  // kNone (nowhere), or kSeveral (then the bitmap is asked).
+  constexpr uint32_t kSeveral = kNone - 1;
+  auto home_of = [&](uint32_t shard) {
+    if (everywhere || p.staging == nullptr) return kSeveral;
+    if (shard >= p.availability->shards()) return kNone;
+    const uint32_t *b = p.staging->begin(shard), *e = p.staging->end(shard);
+    return e == b ? kNone : e - b == 1 ? *b : kSeveral;
+  };
+  auto entry = [&](uint32_t i) {
+    return Entry{p.cost[i],
+                 i,
+                 preferred[i],
+                 p.shard[i],
+                 home_of(p.shard[i]),
+                 static_cast<double>(weight[i]),
+                 static_cast<double>(load_weight[i])};
   };
   // Kept across calls on this thread: a W = 2560 step lists 200,000 items,
   // and fresh lists every step would be fresh pages every step.
   thread_local std::vector<std::vector<Entry>> members;
   if (members.size() < W) members.resize(W);
   for (uint32_t r = 0; r < W; ++r) members[r].clear();
-  for (uint32_t i = 0; i < rank->size(); ++i) {
-    members[(*rank)[i]].push_back({p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
-                                   static_cast<double>(load_weight[i])});
-  }
+  for (uint32_t i = 0; i < rank->size(); ++i) members[(*rank)[i]].push_back(entry(i));
   // Sorted when first read: a step touches the slowest ranks and the least
   // loaded ones, not always all of them.
   std::vector<uint8_t> sorted(W, 0);
@@ -334,10 +377,12 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
   auto node = [&](uint32_t r) { return p.cluster.node_of(r); };
   // Bytes of an item while on node n: its output off its preferred node,
   // its input where its shard is not staged (a remote load).
-  const bool everywhere = p.availability == nullptr || p.availability->all();
+  auto staged = [&](const Entry& x, uint32_t n) {
+    return everywhere || x.home == n || (x.home == kSeveral && p.availability->Has(x.shard, n));
+  };
   auto bytes = [&](const Entry& x, uint32_t n) {
     return (x.preferred != kNoNode && x.preferred != n ? x.weight : 0.0) +
-           (everywhere || p.Staged(x.item, n) ? 0.0 : x.load_weight);
+           (staged(x, n) ? 0.0 : x.load_weight);
   };
   auto set_load = [&](uint32_t r, double v) {
     order.erase({load[r], r});
@@ -346,8 +391,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     order.insert({v, r});
   };
   auto move = [&](uint32_t i, uint32_t from, uint32_t to) {
-    const Entry e{p.cost[i], i, preferred[i], static_cast<double>(weight[i]),
-                  static_cast<double>(load_weight[i])};
+    const Entry e = entry(i);
     auto& m = list(from);
     m.erase(std::lower_bound(m.begin(), m.end(), e));
     auto& n = list(to);
@@ -356,6 +400,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
   };
   constexpr uint32_t kTargets = 8, kWideTargets = 64;
   std::vector<uint32_t> targets;
+  std::vector<double> here;
   const uint64_t max_steps = uint64_t{rounds} * W;
   for (uint64_t step = 0; step < max_steps; ++step) {
     const uint32_t top = order.rbegin()->second;
@@ -378,6 +423,9 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
         found = true, best_free = free, best_key = key, best_v = v, bi = i, bj = j, bt = t;
     };
     const std::vector<Entry>& mine = list(top);
+    // Top's items' bytes where they are, read once a step.
+    here.resize(mine.size());
+    for (size_t k = 0; k < mine.size(); ++k) here[k] = bytes(mine[k], ntop);
     // Moves, then (if none lowers the pair) swaps of i (top) with a smaller
     // j (t): top drops by d = c_i - c_j, t rises by d; the best d is the one
     // closest to half their gap. Both lists ascend, so the partners are
@@ -385,10 +433,11 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
     auto search = [&] {
       for (uint32_t t : targets) {
         const uint32_t nt = node(t);
-        for (const Entry& x : mine) {
+        for (size_t m = 0; m < mine.size(); ++m) {
+          const Entry& x = mine[m];
           if (load[t] + x.cost >= peak) break;  // no later (larger) item lowers the pair
-          consider(bytes(x, nt) - bytes(x, ntop), std::max(peak - x.cost, load[t] + x.cost), x.item,
-                   kNone, t);
+          consider(bytes(x, nt) - here[m], std::max(peak - x.cost, load[t] + x.cost), x.item, kNone,
+                   t);
         }
       }
       if (found) return;
@@ -397,7 +446,8 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
         const double gap = peak - load[t];
         const std::vector<Entry>& theirs = list(t);
         size_t k = 0;
-        for (const Entry& x : mine) {
+        for (size_t m = 0; m < mine.size(); ++m) {
+          const Entry& x = mine[m];
           const double want = x.cost - gap / 2;
           while (k < theirs.size() && theirs[k].cost < want) ++k;
           for (size_t c : {k, k > 0 ? k - 1 : k}) {
@@ -405,7 +455,7 @@ double RebalanceFewestBytes(const EncoderProblem& p, const std::vector<uint32_t>
             const Entry& y = theirs[c];
             const double d = x.cost - y.cost;
             if (d <= 0) continue;
-            const double delta = bytes(x, nt) + bytes(y, ntop) - bytes(x, ntop) - bytes(y, nt);
+            const double delta = bytes(x, nt) + bytes(y, ntop) - here[m] - bytes(y, nt);
             consider(delta, std::max(peak - d, load[t] + d), x.item, y.item, t);
           }
         }

@@ -71,17 +71,15 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
   // docs come in length order, scattered in memory.
   struct Pending {
     uint32_t d;
-    uint32_t tokens;
+    LlmDoc doc;
     double cost;
     uint64_t base;
-    bool vl;
     bool pinned;
   };
   std::vector<Pending> todo(order.size());
   for (size_t k = 0; k < order.size(); ++k) {
     const uint32_t d = order[k];
-    todo[k] =
-        Pending{d, p_.docs[d].tokens, cost_[d], p_.affinity.base(d), p_.docs[d].vl, pinned[d] != 0};
+    todo[k] = Pending{d, p_.docs[d], cost_[d], p_.affinity.base(d), pinned[d] != 0};
   }
   for (const Pending& x : todo) {
     const uint32_t d = x.d;
@@ -91,7 +89,7 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
     uint32_t r = kUnplaced;
     if (x.pinned) {
       for (const auto& [bytes, n] : CheaperNodes(d, x.base)) {
-        r = BestInNode(n, d, bound, &q, &delta);
+        r = BestInNode(n, x.doc, bound, &q, &delta);
         if (r != kUnplaced) break;
       }
     }
@@ -103,7 +101,7 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
       const double limit =
           std::min((least == MinTree::kNone ? 0.0 : cost(least)) + x.cost + slack, bound);
       for (const auto& [bytes, n] : CheaperNodes(d, x.base)) {
-        r = BestInNode(n, d, limit, &q, &delta);
+        r = BestInNode(n, x.doc, limit, &q, &delta);
         if (r != kUnplaced) break;
       }
     }
@@ -118,12 +116,12 @@ bool Placer::Greedy(Order order_kind, bool use_affinity, double bound, bool* wit
         if (r == kUnplaced || fill > best_fill) r = rr, q = rq, delta = rd, best_fill = fill;
       }
     }
-    if (r == kUnplaced) r = LeastLoadedWithRoom(d, &q, &delta);
+    if (r == kUnplaced) r = LeastLoadedWithRoom(x.doc, &q, &delta);
     if (r == kUnplaced) {
       *unplaceable = d;
       return false;
     }
-    Place(d, r, q, x.tokens, x.cost);
+    Place(d, r, q, x.doc, x.cost);
   }
   trees_live_ = false;
   *within = Within(Peak(), bound);

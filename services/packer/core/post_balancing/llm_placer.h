@@ -55,17 +55,21 @@ class Placer {
         trees_{MinTree(&state_.costs()), MinTree(&state_.costs())},
         lower_bound_(LlmLowerBound(p)) {
     for (auto& d : dirty_) d.assign(p.cluster.world_size, 0);
+    // Room for a rank's share and some (each list grown doc by doc would be
+    // reallocated several times per rank).
+    const size_t share = p.docs.size() / std::max<uint32_t>(1, p.cluster.world_size);
+    for (auto& m : members_) m.reserve(share + share / 4 + 4);
     for (size_t d = 0; d < p.docs.size(); ++d) {
       cost_[d] = model_.Llm(p.docs[d].tokens);
       smallest_[p.docs[d].vl] = std::min(smallest_[p.docs[d].vl], p.docs[d].tokens);
     }
   }
 
-  void Place(uint32_t d, uint32_t r, uint32_t q) { Place(d, r, q, p_.docs[d].tokens, cost_[d]); }
-  // The same, with the doc's tokens and cost at hand.
-  void Place(uint32_t d, uint32_t r, uint32_t q, uint32_t tokens, double doc_cost) {
+  void Place(uint32_t d, uint32_t r, uint32_t q) { Place(d, r, q, p_.docs[d], cost_[d]); }
+  // The same, with the doc's record and cost at hand.
+  void Place(uint32_t d, uint32_t r, uint32_t q, const LlmDoc& doc, double doc_cost) {
     if (logging_) undo_.push_back({d, kUnplaced, 0});
-    state_.Add(r, q, tokens, doc_cost, p_.docs[d].image_tokens);
+    state_.Add(r, q, doc.tokens, doc_cost, doc.image_tokens);
     rank_[d] = r, seq_[d] = q, pos_[d] = static_cast<uint32_t>(members_[r].size());
     members_[r].push_back(d);
     Touch(r);
@@ -120,8 +124,8 @@ class Placer {
   // without room for the current length leaves its modality's tree and
   // returns once the length drops to its room (a rank without room even for
   // the modality's smallest doc stays out).
-  uint32_t LeastLoadedWithRoom(uint32_t d, uint32_t* q, double* delta) {
-    const LlmDoc& doc = p_.docs[d];
+  // `doc` is d's record (the greedy passes a copy read in its order).
+  uint32_t LeastLoadedWithRoom(const LlmDoc& doc, uint32_t* q, double* delta) {
     const uint32_t t = doc.tokens;
     const bool vl = doc.vl;
     Flush(vl);
@@ -148,13 +152,21 @@ class Placer {
 
   // Least loaded rank of `node` that takes d within `bound`.
   uint32_t BestInNode(uint32_t n, uint32_t d, double bound, uint32_t* q, double* delta) const {
+    return BestInNode(n, p_.docs[d], bound, q, delta);
+  }
+  // The same with the doc's record at hand.
+  uint32_t BestInNode(uint32_t n, const LlmDoc& doc, double bound, uint32_t* q,
+                      double* delta) const {
     uint32_t best = kUnplaced;
     double best_cost = 0;
     const uint32_t first = n * p_.cluster.ranks_per_node;
     for (uint32_t r = first; r < first + p_.cluster.ranks_per_node; ++r) {
       uint32_t rq;
       double rd;
-      if (!Best(r, d, &rq, &rd) || !Within(cost(r) + rd, bound)) continue;
+      if (!state_.BestSequence(r, doc.tokens, doc.vl, &rq, &rd, doc.image_tokens) ||
+          !Within(cost(r) + rd, bound)) {
+        continue;
+      }
       if (best == kUnplaced || cost(r) < best_cost) {
         best = r, best_cost = cost(r), *q = rq, *delta = rd;
       }

@@ -195,11 +195,7 @@ absl::Status ValidateStep(const StepPlanData& step, const ShardAvailability& av,
                                                      c.nodes(), "; build it for every node"));
     }
     staged_somewhere.assign(av.shards(), 0);
-    for (uint32_t s = 0; s < av.shards(); ++s) {
-      for (uint32_t n = 0; n < av.nodes() && !staged_somewhere[s]; ++n) {
-        staged_somewhere[s] = av.Has(s, n);
-      }
-    }
+    for (uint32_t s = 0; s < av.shards(); ++s) staged_somewhere[s] = av.AnyNode(s);
   }
   // Encoder tokens and items per sample.
   const uint32_t n = static_cast<uint32_t>(step.samples.size());
@@ -456,27 +452,39 @@ std::vector<double> PlaceEncoderItems(EncoderKind kind, const FlatEncoder& f,
   }
   const bool vision = kind == EncoderKind::kVision;
   const bool restricted = !availability.all();
+  // Remote loads found in item order (the step's records read and written
+  // in sequence), their sources picked in the order above: per item, the
+  // drawn rank of its sample, then the source; kNone where it is local.
+  constexpr uint32_t kLocal = ~0u;
+  thread_local std::vector<uint32_t> source;
+  source.assign(restricted ? items : 0, kLocal);
+  if (restricted) {
+    for (uint32_t i = 0; i < items; ++i) {
+      if (!availability.Has(f.problem.shard[i], node[rank[i]])) {
+        source[i] = step->samples[f.sample[i]].drawn_rank;
+      }
+    }
+  }
   std::vector<double> cost(W, 0.0);
   for (uint32_t i : order) {
-    const uint32_t r = rank[i];
-    cost[r] += f.problem.cost[i];
-    bool remote = false;
-    uint32_t source = r;
-    if (restricted && !availability.Has(f.problem.shard[i], node[r])) {
-      remote = true;
-      source =
-          sources->Pick(f.problem.shard[i], step->samples[f.sample[i]].drawn_rank, f.in_bytes[i]);
+    cost[rank[i]] += f.problem.cost[i];
+    if (restricted && source[i] != kLocal) {
+      source[i] = sources->Pick(f.problem.shard[i], source[i], f.in_bytes[i]);
     }
+  }
+  for (uint32_t i = 0; i < items; ++i) {
+    const bool remote = restricted && source[i] != kLocal;
+    const uint32_t r = rank[i], from = remote ? source[i] : r;
     if (vision) {
       packer::PlannedImage& im = step->images[i];
       im.enc_rank = r;
       im.remote_load = remote;
-      im.load_source = source;
+      im.load_source = from;
     } else {
       packer::PlannedAudio& au = step->audio[i];
       au.enc_rank = r;
       au.remote_load = remote;
-      au.load_source = source;
+      au.load_source = from;
     }
   }
   return cost;
@@ -535,12 +543,26 @@ void WritePlacement(const ShardAvailability& availability, const StagingIndex& s
   const uint32_t S = o.slots.sequences();
   std::vector<uint32_t> slot_start, llm_order;
   LlmOrder(assignment, W, S, &slot_start, &llm_order);
+  // A remote document's load, read in batch order (samples are large
+  // records: LLM order would visit them scattered), its source picked in
+  // LLM order below and written back in batch order.
+  struct TextLoad {
+    uint32_t shard, drawn;  // drawn: the drawn rank, then the source picked
+    uint64_t bytes;
+    bool remote;
+  };
+  thread_local std::vector<TextLoad> text;
+  text.resize(restricted ? n : 0);
   for (uint32_t k = 0; k < n; ++k) {
     packer::PlannedSample& ps = step->samples[k];
     ps.rank = assignment.rank[k];
     ps.seq = assignment.seq[k];
     ps.text_remote = false;
     ps.text_source = ps.rank;
+    if (restricted) {
+      text[k] = TextLoad{ps.shard, ps.drawn_rank, uint64_t{ps.cost.text_tokens} * o.token_id_bytes,
+                         !availability.Has(ps.shard, node[ps.rank])};
+    }
   }
   LoadSources sources(availability, staging, c);
   std::array<std::vector<double>, kNumEncoders> enc_cost;
@@ -549,12 +571,17 @@ void WritePlacement(const ShardAvailability& availability, const StagingIndex& s
                                     availability, node, &sources, step);
   }
   if (restricted) {
-    for (uint32_t s : llm_order) {
-      packer::PlannedSample& ps = step->samples[s];
-      if (availability.Has(ps.shard, node[ps.rank])) continue;
+    constexpr size_t kAhead = 16;  // LLM order reads `text` scattered: fetched ahead
+    for (size_t j = 0; j < llm_order.size(); ++j) {
+      if (j + kAhead < llm_order.size()) __builtin_prefetch(&text[llm_order[j + kAhead]], 1);
+      TextLoad& t = text[llm_order[j]];
+      if (t.remote) t.drawn = sources.Pick(t.shard, t.drawn, t.bytes);
+    }
+    for (uint32_t k = 0; k < n; ++k) {
+      if (!text[k].remote) continue;
+      packer::PlannedSample& ps = step->samples[k];
       ps.text_remote = true;
-      ps.text_source =
-          sources.Pick(ps.shard, ps.drawn_rank, uint64_t{ps.cost.text_tokens} * o.token_id_bytes);
+      ps.text_source = text[k].drawn;
     }
   }
 
