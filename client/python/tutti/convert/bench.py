@@ -119,9 +119,12 @@ def rendered_texts(context, path):
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and its reaped children (the pool's workers)."""
+    """CPU seconds of this process and its reaped children (the pool's workers).
+
+    This process's own time from process_time (nanoseconds): os.times counts
+    in clock ticks (10 ms), which a short run can read as zero."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return time.process_time() + t.children_user + t.children_system
 
 
 def bare_loop(context, path, out):
