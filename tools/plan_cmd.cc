@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "services/packer/core/planner.h"
 #include "services/packer/cost_fit_record.h"
 #include "services/packer/load_job.h"
+#include "services/packer/locality_record.h"
 #include "services/packer/plan_proto.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -62,6 +64,7 @@ void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v
 
 int RunPlan(int argc, char** argv) {
   std::string config, index, ranks_text, format = "summary", post_balancing, cost_fits;
+  std::string locality_record, node_removals_text;
   uint64_t step = 0, steps = 1;
   uint32_t world_size = 0;
   bool check = false, quiet = false, summary_only = false;
@@ -74,7 +77,10 @@ int RunPlan(int argc, char** argv) {
           "img_cap in every sequence, the encoder and exchange lists, and the ViT and LLM\n"
           "imbalance figures the packer reports; prints a table and exits 1 on any violation or\n"
           "step the planner refuses. With --cost-fits, plans each step with the online cost fit\n"
-          "in force at it (tutti-packerd --cost_fit_record), as the packer planned it.");
+          "in force at it (tutti-packerd --cost_fit_record), as the packer planned it. With\n"
+          "--locality-record (and --node-removals), plans each step with the shard homes in\n"
+          "force at it after the node changes the packer recorded (tutti-packerd\n"
+          "--locality_record and --node_removals), as the packer planned it.");
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index, "index file; overrides the config's index_path");
   cli.Flag("step", &step, "first step to plan");
@@ -91,8 +97,28 @@ int RunPlan(int argc, char** argv) {
            "on or off: plan with batch post-balancing on or off instead of as the config says");
   cli.Flag("cost-fits", &cost_fits,
            "the job's cost fit record (tutti-packerd --cost_fit_record): plan with its fits");
+  cli.Flag("locality-record", &locality_record,
+           "the job's locality record (tutti-packerd --locality_record): plan with the node "
+           "changes it holds");
+  cli.Flag("node-removals", &node_removals_text,
+           "NODE@STEP,...: nodes removed from a step on, as tutti-packerd --node_removals (give "
+           "the same list the packer had)");
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (check && !locality_record.empty()) {
+    std::fprintf(stderr,
+                 "tutti plan: --check checks plans against the job's configured homes; it does "
+                 "not take --locality-record\n");
+    return 2;
+  }
+  packer::JobOptions job_options;
+  if (auto removals = packer::ParseNodeRemovals(node_removals_text); removals.ok()) {
+    job_options.node_removals = *std::move(removals);
+  } else {
+    std::fprintf(stderr, "tutti plan: --node-removals: %s\n",
+                 std::string(removals.status().message()).c_str());
+    return 2;
+  }
   if (check && !cost_fits.empty()) {
     std::fprintf(stderr,
                  "tutti plan: --check checks plans against the job's configured costs; it does "
@@ -128,7 +154,7 @@ int RunPlan(int argc, char** argv) {
       c->mutable_post_balancing()->set_enabled(post_balancing == "on");
     }
   };
-  auto job = packer::LoadJob(config, index, {}, edit);
+  auto job = packer::LoadJob(config, index, job_options, edit);
   if (!job.ok()) {
     std::fprintf(stderr, "tutti plan: %s\n", std::string(job.status().message()).c_str());
     return 1;
@@ -158,7 +184,35 @@ int RunPlan(int argc, char** argv) {
     }
     schedule.emplace(record->fits, record->planned_through);
   }
-  packer::Planner planner(*job, nullptr, schedule ? &*schedule : nullptr);
+  // The homes by step after the node changes the packer recorded (none:
+  // the job's homes under --node-removals at every step).
+  std::unique_ptr<packer::LocalitySchedule> locality;
+  if (!locality_record.empty()) {
+    if ((*job)->homes() == nullptr) {
+      std::fprintf(stderr,
+                   "tutti plan: --locality-record %s: the job has no locality "
+                   "(locality.home_replication is 0), so no node change applies to its plans; "
+                   "give the config the packer that wrote the record ran with\n",
+                   locality_record.c_str());
+      return 1;
+    }
+    if (FILE* f = std::fopen(locality_record.c_str(), "r")) {
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr,
+                   "tutti plan: --locality-record %s cannot be read; give the file "
+                   "tutti-packerd --locality_record wrote\n",
+                   locality_record.c_str());
+      return 1;
+    }
+    auto replay = packer::LoadLocalityReplay(*job, job_options.node_removals, locality_record);
+    if (!replay.ok()) {
+      std::fprintf(stderr, "tutti plan: %s\n", std::string(replay.status().message()).c_str());
+      return 1;
+    }
+    locality = std::move(replay->schedule);
+  }
+  packer::Planner planner(*job, locality.get(), schedule ? &*schedule : nullptr);
   packer::StepPlanData data;
   v1::StepPlan plan;
   MixtureReport mixture(**job);
