@@ -3,12 +3,14 @@
 // by --node_removals) reproduced offline, every step byte for byte (equal
 // plan hashes), the steps before a change as without it; a record of
 // another job, a job without locality, a record that is not there and a
-// malformed removal list refused naming what is wrong.
+// malformed removal list refused naming what is wrong. `tutti simulate`
+// takes the same flags.
 #include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -138,6 +140,34 @@ TEST(PlanLocalityRecord, ReplaysTheNodeChangesTheDaemonPlannedWith) {
   ASSERT_EQ(record_hash.size(), kSteps) << record_only.output;
   EXPECT_EQ(record_hash.at(kOperatorFrom - 1), served.at(kOperatorFrom - 1));
   EXPECT_NE(record_hash.at(kOperatorFrom), served.at(kOperatorFrom));
+
+  // `tutti simulate` plans the job the same way: with the record its steps
+  // after the changes load more from other nodes than with the job's homes.
+  const std::vector<std::string> simulate = {TuttiCli(), "simulate", "--config=" + config,
+                                             absl::StrCat("--steps=", kSteps)};
+  auto loaded = [](const std::string& output) {
+    for (absl::string_view line : absl::StrSplit(output, '\n')) {
+      if (absl::StrContains(line, "loaded from other nodes")) return std::string(line);
+    }
+    return std::string("none in: ") + output;
+  };
+  RunResult sim_plain = RunCommand(simulate, absl::Seconds(60));
+  ASSERT_EQ(sim_plain.status, 0) << sim_plain.output;
+  std::vector<std::string> argv = simulate;
+  argv.push_back("--locality-record=" + record);
+  argv.push_back("--node-removals=" + removals);
+  RunResult sim_replayed = RunCommand(argv, absl::Seconds(60));
+  ASSERT_EQ(sim_replayed.status, 0) << sim_replayed.output;
+  EXPECT_THAT(loaded(sim_plain.output), HasSubstr("exchange per step"));
+  EXPECT_THAT(loaded(sim_replayed.output), HasSubstr("exchange per step"));
+  EXPECT_NE(loaded(sim_plain.output), loaded(sim_replayed.output));
+  argv.back() = "--node-removals=9@1";
+  RunResult sim_bad = RunCommand(argv, absl::Seconds(60));
+  EXPECT_EQ(sim_bad.status, 1) << sim_bad.output;
+  sim_bad = RunCommand({TuttiCli(), "simulate", "--egress", "--locality-record=" + record},
+                       absl::Seconds(60));
+  EXPECT_EQ(sim_bad.status, 2) << sim_bad.output;
+  EXPECT_THAT(sim_bad.output, HasSubstr("--locality-record"));
 
   // Another job's record, a job without locality, no file, a bad list,
   // --check.

@@ -17,10 +17,10 @@
 #include "services/packer/core/planner.h"
 #include "services/packer/cost_fit_record.h"
 #include "services/packer/load_job.h"
-#include "services/packer/locality_record.h"
 #include "services/packer/plan_proto.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/locality_replay.h"
 #include "tools/mixture_report.h"
 #include "tools/plan_cmd_check.h"
 
@@ -64,7 +64,7 @@ void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v
 
 int RunPlan(int argc, char** argv) {
   std::string config, index, ranks_text, format = "summary", post_balancing, cost_fits;
-  std::string locality_record, node_removals_text;
+  LocalityReplayFlags replay;
   uint64_t step = 0, steps = 1;
   uint32_t world_size = 0;
   bool check = false, quiet = false, summary_only = false;
@@ -97,32 +97,18 @@ int RunPlan(int argc, char** argv) {
            "on or off: plan with batch post-balancing on or off instead of as the config says");
   cli.Flag("cost-fits", &cost_fits,
            "the job's cost fit record (tutti-packerd --cost_fit_record): plan with its fits");
-  cli.Flag("locality-record", &locality_record,
-           "the job's locality record (tutti-packerd --locality_record): plan with the node "
-           "changes it holds");
-  cli.Flag("node-removals", &node_removals_text,
-           "NODE@STEP,...: nodes removed from a step on, as tutti-packerd --node_removals (give "
-           "the same list the packer had)");
+  replay.Register(&cli);
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
-  if (check && !locality_record.empty()) {
+  if (check && !replay.record.empty()) {
     std::fprintf(stderr,
                  "tutti plan: --check checks plans against the job's configured homes; it does "
                  "not take --locality-record\n");
     return 2;
   }
   packer::JobOptions job_options;
-  if (auto removals = packer::ParseNodeRemovals(node_removals_text); removals.ok()) {
-    job_options.node_removals = *std::move(removals);
-  } else {
-    std::fprintf(stderr, "tutti plan: --node-removals: %s\n",
-                 std::string(removals.status().message()).c_str());
-    return 2;
-  }
-  if (check && !cost_fits.empty()) {
-    std::fprintf(stderr,
-                 "tutti plan: --check checks plans against the job's configured costs; it does "
-                 "not take --cost-fits\n");
+  if (absl::Status s = replay.AddTo(&job_options); !s.ok()) {
+    std::fprintf(stderr, "tutti plan: %s\n", std::string(s.message()).c_str());
     return 2;
   }
   if (format != "summary" && format != "text" && format != "json" && format != "hash") {
@@ -186,33 +172,12 @@ int RunPlan(int argc, char** argv) {
   }
   // The homes by step after the node changes the packer recorded (none:
   // the job's homes under --node-removals at every step).
-  std::unique_ptr<packer::LocalitySchedule> locality;
-  if (!locality_record.empty()) {
-    if ((*job)->homes() == nullptr) {
-      std::fprintf(stderr,
-                   "tutti plan: --locality-record %s: the job has no locality "
-                   "(locality.home_replication is 0), so no node change applies to its plans; "
-                   "give the config the packer that wrote the record ran with\n",
-                   locality_record.c_str());
-      return 1;
-    }
-    if (FILE* f = std::fopen(locality_record.c_str(), "r")) {
-      std::fclose(f);
-    } else {
-      std::fprintf(stderr,
-                   "tutti plan: --locality-record %s cannot be read; give the file "
-                   "tutti-packerd --locality_record wrote\n",
-                   locality_record.c_str());
-      return 1;
-    }
-    auto replay = packer::LoadLocalityReplay(*job, job_options.node_removals, locality_record);
-    if (!replay.ok()) {
-      std::fprintf(stderr, "tutti plan: %s\n", std::string(replay.status().message()).c_str());
-      return 1;
-    }
-    locality = std::move(replay->schedule);
+  auto locality = replay.Load(*job, job_options);
+  if (!locality.ok()) {
+    std::fprintf(stderr, "tutti plan: %s\n", std::string(locality.status().message()).c_str());
+    return 1;
   }
-  packer::Planner planner(*job, locality.get(), schedule ? &*schedule : nullptr);
+  packer::Planner planner(*job, locality->get(), schedule ? &*schedule : nullptr);
   packer::StepPlanData data;
   v1::StepPlan plan;
   MixtureReport mixture(**job);
