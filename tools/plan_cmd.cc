@@ -100,6 +100,12 @@ int RunPlan(int argc, char** argv) {
   replay.Register(&cli);
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if (check && !cost_fits.empty()) {
+    std::fprintf(stderr,
+                 "tutti plan: --check checks plans against the job's configured costs; it does "
+                 "not take --cost-fits\n");
+    return 2;
+  }
   if (check && !replay.record.empty()) {
     std::fprintf(stderr,
                  "tutti plan: --check checks plans against the job's configured homes; it does "
