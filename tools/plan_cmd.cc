@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "services/packer/plan_proto.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/locality_replay.h"
 #include "tools/mixture_report.h"
 #include "tools/plan_cmd_check.h"
 
@@ -62,6 +64,7 @@ void PrintSummary(const packer::Job& job, const packer::StepPlanData& d, const v
 
 int RunPlan(int argc, char** argv) {
   std::string config, index, ranks_text, format = "summary", post_balancing, cost_fits;
+  LocalityReplayFlags replay;
   uint64_t step = 0, steps = 1;
   uint32_t world_size = 0;
   bool check = false, quiet = false, summary_only = false;
@@ -74,7 +77,10 @@ int RunPlan(int argc, char** argv) {
           "img_cap in every sequence, the encoder and exchange lists, and the ViT and LLM\n"
           "imbalance figures the packer reports; prints a table and exits 1 on any violation or\n"
           "step the planner refuses. With --cost-fits, plans each step with the online cost fit\n"
-          "in force at it (tutti-packerd --cost_fit_record), as the packer planned it.");
+          "in force at it (tutti-packerd --cost_fit_record), as the packer planned it. With\n"
+          "--locality-record (and --node-removals), plans each step with the shard homes in\n"
+          "force at it after the node changes the packer recorded (tutti-packerd\n"
+          "--locality_record and --node_removals), as the packer planned it.");
   cli.Flag("config", &config, "job config (text tutti.v1.JobConfig)");
   cli.Flag("index", &index, "index file; overrides the config's index_path");
   cli.Flag("step", &step, "first step to plan");
@@ -91,12 +97,24 @@ int RunPlan(int argc, char** argv) {
            "on or off: plan with batch post-balancing on or off instead of as the config says");
   cli.Flag("cost-fits", &cost_fits,
            "the job's cost fit record (tutti-packerd --cost_fit_record): plan with its fits");
+  replay.Register(&cli);
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
   if (check && !cost_fits.empty()) {
     std::fprintf(stderr,
                  "tutti plan: --check checks plans against the job's configured costs; it does "
                  "not take --cost-fits\n");
+    return 2;
+  }
+  if (check && !replay.record.empty()) {
+    std::fprintf(stderr,
+                 "tutti plan: --check checks plans against the job's configured homes; it does "
+                 "not take --locality-record\n");
+    return 2;
+  }
+  packer::JobOptions job_options;
+  if (absl::Status s = replay.AddTo(&job_options); !s.ok()) {
+    std::fprintf(stderr, "tutti plan: %s\n", std::string(s.message()).c_str());
     return 2;
   }
   if (format != "summary" && format != "text" && format != "json" && format != "hash") {
@@ -128,7 +146,7 @@ int RunPlan(int argc, char** argv) {
       c->mutable_post_balancing()->set_enabled(post_balancing == "on");
     }
   };
-  auto job = packer::LoadJob(config, index, {}, edit);
+  auto job = packer::LoadJob(config, index, job_options, edit);
   if (!job.ok()) {
     std::fprintf(stderr, "tutti plan: %s\n", std::string(job.status().message()).c_str());
     return 1;
@@ -158,7 +176,14 @@ int RunPlan(int argc, char** argv) {
     }
     schedule.emplace(record->fits, record->planned_through);
   }
-  packer::Planner planner(*job, nullptr, schedule ? &*schedule : nullptr);
+  // The homes by step after the node changes the packer recorded (none:
+  // the job's homes under --node-removals at every step).
+  auto locality = replay.Load(*job, job_options);
+  if (!locality.ok()) {
+    std::fprintf(stderr, "tutti plan: %s\n", std::string(locality.status().message()).c_str());
+    return 1;
+  }
+  packer::Planner planner(*job, locality->get(), schedule ? &*schedule : nullptr);
   packer::StepPlanData data;
   v1::StepPlan plan;
   MixtureReport mixture(**job);

@@ -18,6 +18,7 @@
 #include "services/packer/load_job.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/locality_replay.h"
 #include "tools/mixture_report.h"
 #include "tools/sim/simulate_main.h"
 #include "tools/stats.h"
@@ -49,7 +50,9 @@ int RunSimulate(int argc, char** argv) {
       "worst over the steps) for tutti's plan, the lower bound max(mean, largest item) over the\n"
       "mean, the same ratio for the drawn split the plan replaces, and the\n"
       "share of the phase the other ranks spend waiting for the slowest (1 - sum of means /\n"
-      "sum of maxima); then the exchange volume per step and the planning time.\n\n"
+      "sum of maxima); then the exchange volume per step and the planning time. With\n"
+      "--locality-record (and --node-removals), each step planned with the shard homes the\n"
+      "packer had after its recorded node changes (tutti-packerd --locality_record).\n\n"
       "--ladder: the cluster simulator. A workload (the seed's, or --index) planned with the\n"
       "packer's planning core under each rung of the ablation ladder (naive; + staging,\n"
       "prefetch; + modality segregation; + max-pixel curriculum; + seed-v1; + seed-v2;\n"
@@ -125,8 +128,18 @@ int RunSimulate(int argc, char** argv) {
   cli.Flag("prefetch-window", &t.prefetch_window, "override: steps of batches prepared ahead");
   cli.Flag("off-by", &t.off_by, "the fit experiment: configured over true quadratic costs");
   cli.Flag("plot", &t.plot, "--ladder: draw the ladder and the per-rank spread into FILE.png");
+  LocalityReplayFlags replay;
+  replay.Register(&cli);
   int rc = 0;
   if (!cli.Parse(argc, argv, &rc)) return rc;
+  if ((t.egress || t.ladder || t.fit_experiment) &&
+      (!replay.record.empty() || !replay.removals.empty())) {
+    std::fprintf(stderr,
+                 "tutti simulate: --locality-record and --node-removals replay a job's node "
+                 "changes with --config; --egress, --ladder and --fit-experiment plan workloads "
+                 "of their own\n");
+    return 2;
+  }
   if (t.egress) {
     if (t.ladder || t.fit_experiment) {
       std::fprintf(stderr, "tutti simulate: give one of --ladder, --fit-experiment and --egress\n");
@@ -148,12 +161,23 @@ int RunSimulate(int argc, char** argv) {
     std::fprintf(stderr, "tutti simulate: --config is required (see --help)\n");
     return 2;
   }
-  auto job = packer::LoadJob(config, index);
+  packer::JobOptions job_options;
+  if (absl::Status s = replay.AddTo(&job_options); !s.ok()) {
+    std::fprintf(stderr, "tutti simulate: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  auto job = packer::LoadJob(config, index, job_options);
   if (!job.ok()) {
     std::fprintf(stderr, "tutti simulate: %s\n", std::string(job.status().message()).c_str());
     return 1;
   }
-  packer::Planner planner(*job);
+  // The homes by step after the node changes the packer recorded, if given.
+  auto locality = replay.Load(*job, job_options);
+  if (!locality.ok()) {
+    std::fprintf(stderr, "tutti simulate: %s\n", std::string(locality.status().message()).c_str());
+    return 1;
+  }
+  packer::Planner planner(*job, locality->get());
   packer::StepPlanData d;
   MixtureReport mixture(**job);
   PhaseRun phases[3] = {{"vit"}, {"audio"}, {"llm"}};

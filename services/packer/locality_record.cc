@@ -90,6 +90,23 @@ absl::StatusOr<LocalityRecordData> ReadLocalityRecord(const std::string& path,
   return ParseLocalityRecord(text, path, fingerprint);
 }
 
+absl::StatusOr<LocalityReplay> LoadLocalityReplay(std::shared_ptr<const Job> job,
+                                                  const std::vector<NodeRemoval>& removals,
+                                                  const std::string& path) {
+  LocalityReplay out;
+  ASSIGN_OR_RETURN(out.data, ReadLocalityRecord(path, job->fingerprint()));
+  std::vector<LocalityChange> changes = RemovalChanges(removals);
+  changes.insert(changes.end(), out.data.changes.begin(), out.data.changes.end());
+  absl::StatusOr<std::unique_ptr<LocalitySchedule>> schedule =
+      LocalitySchedule::Create(std::move(job), std::move(changes), out.data.planned_through);
+  if (!schedule.ok()) {
+    return Annotate(schedule.status(),
+                    absl::StrCat("the node changes of the locality record ", path));
+  }
+  out.schedule = *std::move(schedule);
+  return out;
+}
+
 LocalityRecord::LocalityRecord(std::string path, LocalityRecordData data)
     : path_(std::move(path)), data_(std::move(data)) {}
 

@@ -20,6 +20,7 @@
 #define TUTTI_SERVICES_PACKER_LOCALITY_RECORD_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,21 @@ absl::StatusOr<LocalityRecordData> ParseLocalityRecord(const std::string& text,
 // The record at `path`; one that does not exist yet is empty (a new job).
 absl::StatusOr<LocalityRecordData> ReadLocalityRecord(const std::string& path,
                                                       const std::string& fingerprint);
+
+// The homes a packer given `removals` (--node_removals) and the record at
+// `path` plans with: the removals first, then the record's changes in the
+// order recorded, steps below its planned_through taken as planned. The
+// one way tutti-packerd and `tutti plan --locality-record` build it, so the
+// two plan every step alike. Errors: the record's (another job's:
+// FAILED_PRECONDITION naming both fingerprints), and the schedule's
+// (LocalitySchedule::Create) annotated with `path`.
+struct LocalityReplay {
+  LocalityRecordData data;
+  std::unique_ptr<LocalitySchedule> schedule;
+};
+absl::StatusOr<LocalityReplay> LoadLocalityReplay(std::shared_ptr<const Job> job,
+                                                  const std::vector<NodeRemoval>& removals,
+                                                  const std::string& path);
 
 // The record of a running packer: keeps it on disk as the schedule changes.
 class LocalityRecord {

@@ -127,20 +127,13 @@ absl::Status PackerServer::LoadLocality() {
         "a record file on persistent storage to turn that on");
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(LocalityRecordData data,
-                   ReadLocalityRecord(options_.locality_record, job_->fingerprint()));
-  std::vector<LocalityChange> changes = RemovalChanges(options_.job.node_removals);
-  changes.insert(changes.end(), data.changes.begin(), data.changes.end());
+  ASSIGN_OR_RETURN(LocalityReplay replay,
+                   LoadLocalityReplay(job_, options_.job.node_removals, options_.locality_record));
+  LocalityRecordData& data = replay.data;
   kLog.Info(absl::StrCat("locality record ", options_.locality_record, ": ", data.changes.size(),
                          " node changes, steps below ", data.planned_through,
                          " may have been planned before; a new change lands after them"));
-  absl::StatusOr<std::unique_ptr<LocalitySchedule>> schedule =
-      LocalitySchedule::Create(job_, std::move(changes), data.planned_through);
-  if (!schedule.ok()) {
-    return Annotate(schedule.status(), absl::StrCat("the node changes of --locality_record ",
-                                                    options_.locality_record));
-  }
-  locality_ = *std::move(schedule);
+  locality_ = std::move(replay.schedule);
   locality_record_ = std::make_unique<LocalityRecord>(options_.locality_record, std::move(data));
   locality_record_->Attach(locality_.get(), kCostReserveChunk);
   LocalityMonitorOptions mo;

@@ -75,9 +75,25 @@ void NodeReporter::Start() {
   thread_ = std::thread([this] {
     do {
       absl::Status s = SendOnce();
-      if (uint64_t suppressed = 0; !s.ok() && limit_.Allow(&suppressed)) {
+      if (absl::IsFailedPrecondition(s)) {
+        // A packer that does not act on reports answers every one alike:
+        // said once (until it takes one), not per report.
+        if (!told_not_acted_on_) {
+          told_not_acted_on_ = true;
+          kLog.Warning(
+              "the packer does not act on this node's reports (it runs without "
+              "--locality_record, or its job has no locality): a dead node's shards are not "
+              "re-homed and a full cache is not re-homed within its capacity; start "
+              "tutti-packerd with --locality_record FILE on storage that outlives it. Reports "
+              "go on; this is logged once",
+              {{"error", s.message()}});
+        }
+      } else if (uint64_t suppressed = 0; !s.ok() && limit_.Allow(&suppressed)) {
         kLog.Warning("node report to the packer failed; the next is sent on time",
                      {{"error", s.message()}, {"suppressed", suppressed}});
+      } else if (s.ok() && told_not_acted_on_) {
+        told_not_acted_on_ = false;
+        kLog.Info("the packer acts on this node's reports again");
       }
     } while (!stop_.WaitForNotificationWithTimeout(options_.interval));
   });

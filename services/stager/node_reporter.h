@@ -6,7 +6,9 @@
 // its shards, and re-homes within a capacity smaller than the homes
 // (services/packer/README.md). Nothing is sent while the node is not known
 // yet (--node auto before a rank arrives). A failed report is counted and
-// logged (rate-limited) and the next one is sent on time.
+// logged (rate-limited) and the next one is sent on time; a packer that
+// does not act on reports (FAILED_PRECONDITION: no --locality_record) is
+// logged once, with what it costs and the fix, until it takes a report.
 //
 // Threads: Start()/Stop() from the owner; SendOnce() from any thread.
 #ifndef TUTTI_SERVICES_STAGER_NODE_REPORTER_H_
@@ -58,6 +60,7 @@ class NodeReporter {
   const NodeReporterOptions options_;
   absl::Notification stop_;
   LogRateLimit limit_{absl::Minutes(1), 3};  // failed reports' lines (the thread's)
+  bool told_not_acted_on_ = false;           // the thread's
   std::thread thread_;
 };
 

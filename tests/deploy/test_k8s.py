@@ -325,6 +325,42 @@ class Render(unittest.TestCase):
                     for k in flags:
                         self.assertIn(k, known, f"tutti-stagerd has no flag --{k}")
 
+    def test_locality_overlay_keeps_the_packer_record_on_a_volume_claim(self):
+        """overlays/locality: the packer gets --locality_record in a directory mounted from a
+        PersistentVolumeClaim rendered with it (an emptyDir would lose the record with the
+        pod, and a rescheduled packer would plan served steps with other homes), writable by
+        the packer's group; no other kustomization passes the flag."""
+        for d in kustomizations():
+            objs = render(d)
+            for o, _, spec in pod_specs(objs):
+                if o["metadata"]["name"] != "tutti-packerd":
+                    continue
+                c = next(c for c in spec["containers"] if c["name"] == "packerd")
+                records = [a.partition("=")[2] for a in c.get("args", [])
+                           if a.startswith("--locality_record=")]
+                if d != K8S / "overlays/locality":
+                    self.assertEqual(records, [], d)
+                    continue
+                self.assertEqual(len(records), 1, c.get("args"))
+                record = records[0]
+                mount = next(m for m in c["volumeMounts"]
+                             if record.startswith(m["mountPath"].rstrip("/") + "/"))
+                self.assertFalse(mount.get("readOnly", False), mount)
+                vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+                self.assertNotIn("emptyDir", vol)
+                claim = vol["persistentVolumeClaim"]["claimName"]
+                pvcs = [p for p in objs if p["kind"] == "PersistentVolumeClaim"
+                        and p["metadata"]["name"] == claim]
+                self.assertEqual(len(pvcs), 1, claim)
+                self.assertEqual(pvcs[0]["metadata"].get("namespace"), o["metadata"]["namespace"])
+                self.assertIn("ReadWriteOnce", pvcs[0]["spec"]["accessModes"])
+                self.assertEqual(spec["securityContext"]["fsGroup"],
+                                 spec["securityContext"]["runAsGroup"])
+                self.assertEqual(o["spec"]["replicas"], 1)
+                self.assertEqual(o["spec"]["strategy"]["type"], "Recreate")
+                if os.access(dt.PACKERD, os.X_OK):
+                    self.assertIn("locality_record", dt.help_flags(dt.PACKERD))
+
     def test_two_jobs_on_one_node_share_no_host_path(self):
         seen = {}
         cache_percent = 0

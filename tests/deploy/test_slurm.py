@@ -215,6 +215,7 @@ class SbatchQuickstart(unittest.TestCase):
         self.assertFalse((work / "run").exists(), detail)
         # Without the job's locality the stagers neither serve nor ask each other.
         self.assertNotIn("locality on", text, detail)
+        self.assertEqual(list(logs.glob("tutti-locality-*")), [], detail)
         self.assertNotIn("peers on", stager_logs[0].read_text(errors="replace"), detail)
 
     def test_locality_two_nodes_stagers_fetch_from_each_other(self):
@@ -260,6 +261,27 @@ class SbatchQuickstart(unittest.TestCase):
         peers = f"0=127.0.0.1:{peer_port},1=127.0.0.2:{peer_port}"
         self.assertIn(f"locality on (home_replication 1): stagers serve each other at {peers}",
                       text, detail)
+        # The packer kept a record of node changes (TUTTI_LOCALITY_RECORD's default) that
+        # names this job: `tutti plan` replays it with the job's config, and refuses it with
+        # a config whose fingerprint differs.
+        record = logs / f"tutti-locality-{slurm_job}.record"
+        self.assertIn(f"the packer records node changes in {record}", text, detail)
+        packer_log = (logs / f"tutti-packerd-{slurm_job}.log").read_text(errors="replace")
+        self.assertIn(f"locality record {record}: 0 node changes", packer_log, detail)
+        self.assertTrue(record.exists(), detail)
+        lines = record.read_text().splitlines()
+        self.assertTrue(any(re.fullmatch(r"job [0-9a-f]+", l) for l in lines), lines)
+        self.assertTrue(any(re.fullmatch(r"planned_through [1-9][0-9]*", l) for l in lines),
+                        lines)
+        replay = dt.run([dt.TUTTI, "plan", f"--config={work / 'job.textproto'}",
+                         f"--locality-record={record}", "--steps=6", "--format=hash"])
+        self.assertEqual(replay.returncode, 0, replay.stdout + replay.stderr)
+        self.assertEqual(len(re.findall(r"(?m)^step \d+ [0-9a-f]+$", replay.stdout)), 6,
+                         replay.stdout)
+        other = dt.run([dt.TUTTI, "plan", f"--config={work / 'job.textproto'}",
+                        f"--locality-record={record}", "--world-size=2", "--format=hash"])
+        self.assertEqual(other.returncode, 1, other.stdout + other.stderr)
+        self.assertIn("the config that record was made with", other.stderr)
         # One log per node (%N is the host's name here, %t the task = the node).
         stager_logs = sorted(logs.glob(f"tutti-stagerd-{slurm_job}-*.log"),
                              key=lambda p: p.name.rsplit("-", 1)[1])
