@@ -3,6 +3,9 @@
 // (ShardHomes), fetching the members of other nodes' shards from their
 // holder (then the source when the holder fails, stalls or is late), and a
 // home node's stager staging ahead the shards only peers read.
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -13,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "services/stager/stager_server.h"
 #include "tests/stager_peers_testing.h"
+#include "tools/slowfs_mount.h"
 
 namespace tutti::stager {
 namespace {
@@ -367,6 +371,102 @@ TEST(StagerPeersTest, AHolderThatStallsOrIsGoneFallsBackToTheSource) {
     }
     EXPECT_GT(Metric(port, "tutti_stager_source_bytes_total"), 0);
   }
+}
+
+// A holder whose source answers for some members and stalls on the others
+// (tutti-slowfs: half the images another node asks for never answer): each of its FetchMembers
+// calls sends the members it could read and then nothing. The asking stager uses the members sent,
+// reads the rest from the source once the call's deadline passed, and drops whatever comes later:
+// every member is either received or read from the source, never both, and every batch is whole.
+TEST(StagerPeersTest, AHolderThatSendsSomeMembersThenStallsLosesNothing) {
+  if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/fuse is not available";
+  constexpr uint64_t kSteps = 4;
+  Env env("partial", 4, 4, 2);
+  env.job.mutable_config()->mutable_locality()->set_home_replication(1);
+  env.job.mutable_config()->set_sample_deadline_ms(20000);
+  const RemoteMarks marks = MarksOf(env, HomesOf(env, 2));
+  env.StartPacker(kSteps, marks, /*gated=*/true);
+  // Of the images node 0's ranks read from node 1 in each step, every other
+  // one stalls at node 1's source (their byte ranges never answer): each
+  // call for a step's members of a shard has members sent and members not.
+  std::vector<std::string> stalls;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    const v1::StepPlan plan = env.packer->Plan(step, {0, 1});
+    std::map<uint64_t, uint32_t> shard_of;
+    for (const v1::SampleInfo& s : plan.samples()) shard_of[s.sample_id()] = s.shard();
+    bool stall = false;
+    for (const v1::RankPlan& rp : plan.ranks()) {
+      for (const v1::EncoderPhase& e : rp.encoders()) {
+        for (const v1::ImagePlan& ip : e.images()) {
+          if (!ip.remote_load() || !(stall = !stall)) continue;
+          const v1::ShardRef& shard = plan.shards(static_cast<int>(shard_of.at(ip.sample_id())));
+          for (const v1::SampleInfo& s : env.data.samples) {
+            if (s.sample_id() != ip.sample_id()) continue;
+            stalls.push_back(
+                absl::StrCat(shard.name(), "@", s.images(0).offset(), "+", s.images(0).size()));
+          }
+        }
+      }
+    }
+  }
+  ASSERT_FALSE(stalls.empty());
+  // Normalized: /proc/mounts names the mount point without a doubled slash.
+  const std::string slow = std::filesystem::path(env.root + "/slow").lexically_normal().string();
+  auto mount =
+      std::make_unique<tools::SlowfsMount>(TUTTI_SLOWFS_BINARY, env.data.dir, slow, 2.0, stalls);
+  if (!mount->ok()) GTEST_SKIP() << "could not mount tutti-slowfs";
+
+  StagerServerOptions ho = env.Options(1);
+  ho.listen = "unix://" + env.root + "/s1.sock";
+  ho.core.staging.source_dir = slow;
+  ho.core.staging.op_timeout = absl::Seconds(2);  // its own copies give up on the stall
+  auto holder = std::make_unique<StagerServer>(ho);
+  ASSERT_TRUE(holder->Start().ok());
+  StagerServerOptions o = env.Options(0);
+  o.peers = {{1, ho.listen}};
+  o.core.peer_timeout_ms = 3000;
+  auto node0 = std::make_unique<StagerServer>(o);
+  ASSERT_TRUE(node0->Start().ok());
+  env.packer->Open();
+  Served served;
+  TakeRange(*node0, 0, 2, 0, kSteps, &served);
+
+  const int port = node0->metrics_port();
+  const double received = Metric(port, "tutti_stager_peer_members_total{outcome=\"received\"}");
+  const double fallback = Metric(port, "tutti_stager_peer_members_total{outcome=\"fallback\"}");
+  EXPECT_GT(received, 0) << "the holder sent nothing: the test's stalls cover too much";
+  EXPECT_GT(fallback, 0) << "the holder never stalled: the test's stalls cover too little";
+  EXPECT_EQ(received + fallback, static_cast<double>(marks.On(0)));
+  // Nothing read twice: the source gave node 0 its home shards' copies and
+  // the members its holder did not send, and the holder the rest.
+  std::map<uint64_t, const v1::SampleInfo*> sample;
+  for (const v1::SampleInfo& s : env.data.samples) sample[s.sample_id()] = &s;
+  double marked_bytes = 0;
+  {
+    std::lock_guard<std::mutex> l(*marks.mu);
+    for (const auto& [step, key] : (*marks.marked)[0]) {
+      const v1::SampleInfo& s = *sample.at(key / 2);
+      marked_bytes += static_cast<double>(key % 2 == 0 ? s.images(0).size() : s.text().size());
+    }
+  }
+  double staged_bytes = 0;
+  for (const std::string& name : Staged(*node0)) {
+    for (const v1::ShardRef& shard : env.data.shards) {
+      if (shard.name() == name) staged_bytes += static_cast<double>(shard.size());
+    }
+  }
+  EXPECT_EQ(Metric(port, "tutti_stager_source_bytes_total") - staged_bytes +
+                Metric(port, "tutti_stager_peer_bytes_total{direction=\"received\"}"),
+            marked_bytes);
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    const std::multiset<uint64_t>& ids = served.images[step];
+    EXPECT_EQ(ids.size(), 4u) << "step " << step;
+    EXPECT_EQ(std::set<uint64_t>(ids.begin(), ids.end()).size(), ids.size()) << "step " << step;
+  }
+  // The stalled reads end with the mount, then the stagers stop.
+  mount.reset();
+  node0.reset();
+  holder.reset();
 }
 
 }  // namespace
