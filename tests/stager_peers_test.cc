@@ -21,6 +21,7 @@
 namespace tutti::stager {
 namespace {
 
+namespace fs = std::filesystem;
 using peers_testing::Env;
 using peers_testing::Fetch;
 using peers_testing::Fetched;
@@ -199,6 +200,43 @@ TEST(StagerPeersTest, AHomeShardOnlyPeersReadIsStagedAheadAndKeptUntilItsStepPas
   }
   EXPECT_TRUE(Staged(server).count(other.shard().name()));
   EXPECT_GT(server.core()->cache()->evictions(), 0u);
+
+  // The shards evicted for it are no longer reported staged, nor counted in
+  // the staged bytes; one a peer asks for again is staged again.
+  std::vector<v1::ShardRef> evicted;
+  for (const v1::ShardRef& shard : {env.data.shards[0], env.data.shards[1], held}) {
+    if (!fs::exists(server.core()->cache()->PathOf(shard.name()))) evicted.push_back(shard);
+  }
+  ASSERT_FALSE(evicted.empty());
+  const std::set<std::string> staged = Staged(server);
+  for (const v1::ShardRef& shard : evicted) {
+    EXPECT_FALSE(staged.count(shard.name())) << shard.name() << " evicted, still reported staged";
+  }
+  const v1::StageStatus status = server.core()->GetStageStatus();
+  EXPECT_EQ(status.staged_files(), staged.size());
+  EXPECT_EQ(status.staged_bytes(), server.core()->cache()->cached_bytes());
+  EXPECT_EQ(Metric(metrics, "tutti_stager_cache_bytes"),
+            static_cast<double>(server.core()->cache()->cached_bytes()));
+  v1::FetchMembersRequest again;
+  *again.mutable_shard() = evicted[0];
+  for (const v1::SampleInfo& s : env.data.samples) {
+    if (env.data.shards[s.shard()].name() == evicted[0].name() && again.members_size() < 2) {
+      *again.add_members() = s.images(0);
+    }
+  }
+  until = absl::Now() + absl::Seconds(30);
+  const std::string copy = server.core()->cache()->PathOf(evicted[0].name());
+  auto staged_again = [&] { return Staged(server).count(evicted[0].name()) && fs::exists(copy); };
+  while (absl::Now() < until && !staged_again()) {
+    fetched = Fetch(server.grpc_port(), again, {});
+    ASSERT_TRUE(fetched.status.ok()) << fetched.status.error_message();
+    for (const auto& [i, m] : fetched.members) {
+      EXPECT_EQ(m.data(), MemberBytes(env.data, evicted[0], again.members(static_cast<int>(i))));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(staged_again()) << evicted[0].name()
+                              << " was not staged again when a peer asked for it";
 }
 
 // `nodes` stagers as `nodes` nodes of two ranks each, each home to its shards
