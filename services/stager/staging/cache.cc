@@ -117,7 +117,8 @@ bool ShardCache::Has(const std::string& name, uint64_t expected_size) {
   return true;
 }
 
-absl::Status ShardCache::Reserve(const std::string& name, uint64_t bytes) {
+absl::Status ShardCache::Reserve(const std::string& name, uint64_t bytes,
+                                 std::vector<std::string>* evicted_names) {
   std::vector<std::pair<std::string, uint64_t>> evicted;
   absl::Status status;
   {
@@ -153,8 +154,9 @@ absl::Status ShardCache::Reserve(const std::string& name, uint64_t bytes) {
       used_ += bytes;
     }
   }
-  if (on_evict_) {
-    for (const auto& [n, b] : evicted) on_evict_(n, b);
+  for (const auto& [n, b] : evicted) {
+    if (evicted_names != nullptr) evicted_names->push_back(n);
+    if (on_evict_) on_evict_(n, b);
   }
   return status;
 }

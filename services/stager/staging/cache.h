@@ -55,9 +55,12 @@ class ShardCache {
   // file of another size is removed. Counts as a use.
   bool Has(const std::string& name, uint64_t expected_size);
   // Reserves room for a shard about to be staged, evicting unpinned shards
-  // (least recently used first). RESOURCE_EXHAUSTED when even that is not
-  // enough, naming the sizes involved.
-  absl::Status Reserve(const std::string& name, uint64_t bytes);
+  // (least recently used first); the names of the shards evicted are added
+  // to `evicted` when given (also when the reservation fails), so that the
+  // caller stops counting them as staged. RESOURCE_EXHAUSTED when even that
+  // is not enough, naming the sizes involved.
+  absl::Status Reserve(const std::string& name, uint64_t bytes,
+                       std::vector<std::string>* evicted = nullptr);
   // The staged shard was renamed into place.
   void Commit(const std::string& name, uint64_t bytes);
   // Staging failed: drop the reservation.

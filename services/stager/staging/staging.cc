@@ -453,7 +453,9 @@ void StagingEngine::OnSourceStat(const std::shared_ptr<File>& f, int64_t r) {
                           "shard ", f->src_path, " is ", f->size, " bytes but the index says ",
                           f->ref.size(), ": it changed since it was indexed; re-index the dataset")));
   }
-  absl::Status s = cache_->Reserve(f->ref.name(), f->size);
+  std::vector<std::string> evicted;
+  absl::Status s = cache_->Reserve(f->ref.name(), f->size, &evicted);
+  Evicted(evicted);
   if (!s.ok()) {
     // Room may come when a shard being copied finishes or fails: wait for it
     // instead of failing every shard that does not fit at once.
@@ -631,6 +633,18 @@ void StagingEngine::OnFsynced(const std::shared_ptr<File>& f, int64_t r) {
   status_[f->ref.name()].bytes = f->size;
   status_[f->ref.name()].failures = 0;
   Done(f, ShardState::kStaged);
+}
+
+void StagingEngine::Evicted(const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  for (const std::string& name : names) {
+    // Only a staged shard's copy is evicted (one being copied is reserved):
+    // it is no longer staged, and the next Request copies it again.
+    auto it = status_.find(name);
+    if (it != status_.end() && it->second.state == ShardState::kStaged) status_.erase(it);
+  }
+  if (metrics_) metrics_->cache_bytes.Set(static_cast<double>(cache_->cached_bytes()));
+  cv_.SignalAll();
 }
 
 void StagingEngine::Discard(const std::shared_ptr<File>& f) {

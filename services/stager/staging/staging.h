@@ -90,10 +90,14 @@ class StagingEngine {
   // Asks for `shard` to be in the cache; lower priority values go first.
   // A shard already cached is a hit; re-asking lowers its priority value.
   void Request(const v1::ShardRef& shard, uint64_t priority);
+  // A shard the cache evicted is not staged any more: kUnknown, as if never
+  // asked for, and left out of the Snapshot.
   ShardStatusInfo Status(const std::string& name) const;
   std::vector<ShardStatusInfo> Snapshot() const;
   // Blocks until every shard in `names` is staged or failed, or until
-  // `deadline`; returns the first failure (or DEADLINE_EXCEEDED).
+  // `deadline`; returns the first failure (or DEADLINE_EXCEEDED). A shard
+  // seen staged counts even if evicted later; one evicted before it was
+  // seen is waited for until asked for again and staged.
   absl::Status Wait(const std::vector<std::string>& names, absl::Time deadline) const;
   // Called (on the staging thread) whenever a shard is staged or fails.
   void SetListener(std::function<void(const std::string&, ShardState)> fn);
@@ -127,6 +131,10 @@ class StagingEngine {
   void OnFsynced(const std::shared_ptr<File>& f, int64_t r);
   void Finish(const std::shared_ptr<File>& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const std::shared_ptr<File>& f, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cache evicted these shards to make room: they are not staged any more
+  // (Status says kUnknown, Snapshot leaves them out) and are copied again
+  // when next asked for.
+  void Evicted(const std::vector<std::string>& names) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the shard's files, removes its partial copy and gives back its reservation.
   void Discard(const std::shared_ptr<File>& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // No room in the cache while other shards are being copied: back to the

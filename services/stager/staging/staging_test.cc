@@ -7,9 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <vector>
 
 #include "common/crc32c.h"
@@ -229,13 +230,47 @@ TEST(StagingTest, ACacheWithRoomForOneShardStagesThemOneAtATime) {
   rig.engine->SetListener([&](const std::string&, ShardState st) {
     if (st == ShardState::kStaged) ++staged;
   });
-  absl::Status s = rig.StageAll();
-  EXPECT_TRUE(s.ok()) << s;
+  // Counted as they are staged: a shard evicted by the next one is not
+  // staged any more by the time all four are.
+  for (size_t i = 0; i < rig.data.shards.size(); ++i) rig.engine->Request(rig.data.shards[i], i);
   for (int i = 0; i < 6000 && staged.load() < 4; ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(staged.load(), 4);
   EXPECT_LE(rig.cache->used_bytes(), size + size / 2);
   EXPECT_EQ(rig.cache->evictions(), 3u);
   EXPECT_FALSE(HasPartial(rig.cache->dir()));
+}
+
+TEST(StagingTest, AnEvictedShardIsNoLongerStagedAndIsStagedAgainWhenAskedFor) {
+  // Two shards, room for one and a half: staging the second evicts the first.
+  Rig probe("evicted_probe", {.shards = 2, .samples_per_shard = 2});
+  const uint64_t size = std::max(probe.data.shards[0].size(), probe.data.shards[1].size());
+  Rig rig("evicted", {.shards = 2, .samples_per_shard = 2}, {}, 0, /*capacity=*/size + size / 2);
+  const auto& s = rig.data.shards;
+  auto staged = [&] {
+    std::set<std::string> out;
+    for (const ShardStatusInfo& info : rig.engine->Snapshot()) {
+      if (info.state == ShardState::kStaged) out.insert(info.name);
+    }
+    return out;
+  };
+  rig.engine->Request(s[0], 0);
+  ASSERT_TRUE(rig.engine->Wait({s[0].name()}, absl::Now() + absl::Seconds(10)).ok());
+  rig.engine->Request(s[1], 1);
+  ASSERT_TRUE(rig.engine->Wait({s[1].name()}, absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_EQ(rig.cache->evictions(), 1u);
+  ASSERT_FALSE(fs::exists(rig.cache->PathOf(s[0].name())));
+  EXPECT_EQ(rig.engine->Status(s[0].name()).state, ShardState::kUnknown);
+  EXPECT_EQ(staged(), (std::set<std::string>{s[1].name()}));
+
+  // Asked for again (a later plan, a peer's demand): copied again, and the
+  // shard it evicted in turn is the one not staged now.
+  rig.engine->Request(s[0], 2);
+  ASSERT_TRUE(rig.engine->Wait({s[0].name()}, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(fs::exists(rig.cache->PathOf(s[0].name())));
+  EXPECT_EQ(rig.engine->Status(s[0].name()).state, ShardState::kStaged);
+  EXPECT_EQ(rig.engine->Status(s[1].name()).state, ShardState::kUnknown);
+  EXPECT_EQ(staged(), (std::set<std::string>{s[0].name()}));
+  EXPECT_EQ(rig.cache->evictions(), 2u);
 }
 
 TEST(StagingTest, UnreadableAndStalledSourcesFailNamingTheFile) {
