@@ -283,7 +283,24 @@ void RequestSeeds(const fs::path& dir) {
   seed("renew_leases", 7, renew);
   tutti::v1::RegisterRankRequest register_rank;
   register_rank.set_rank(1);
-  seed("register_rank", 8, register_rank);
+  tutti::v1::NodeReport node;
+  node.set_node(2);
+  node.set_config_fingerprint("0123456789abcdef");
+  node.set_cache_capacity_bytes(uint64_t{1} << 30);
+  node.set_cache_held_bytes(uint64_t{3} << 28);
+  node.set_refused_shards(1);
+  node.add_refused_shard_names("shard-00007.tar");
+  seed("node_report", 8, node);
+  tutti::v1::FetchMembersRequest fetch;
+  fetch.mutable_shard()->set_name("shard-00003.tar");
+  fetch.mutable_shard()->set_size(1 << 20);
+  auto* member = fetch.add_members();
+  member->set_name("000042.0.jpg");
+  member->set_offset(512);
+  member->set_size(2048);
+  fetch.set_from_node(1);
+  seed("fetch_members", 9, fetch);
+  seed("register_rank", 10, register_rank);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 namespace {
 
 std::unique_ptr<google::protobuf::Message> RequestOf(uint8_t method) {
-  switch (method % 9) {
+  switch (method % 11) {
     case 0:
       return std::make_unique<tutti::v1::GetJobRequest>();
     case 1:
@@ -37,6 +37,10 @@ std::unique_ptr<google::protobuf::Message> RequestOf(uint8_t method) {
       return std::make_unique<tutti::v1::ReleaseBatchRequest>();
     case 7:
       return std::make_unique<tutti::v1::RenewLeasesRequest>();
+    case 8:
+      return std::make_unique<tutti::v1::NodeReport>();
+    case 9:
+      return std::make_unique<tutti::v1::FetchMembersRequest>();
     default:
       return std::make_unique<tutti::v1::RegisterRankRequest>();
   }
