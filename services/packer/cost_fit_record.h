@@ -4,12 +4,9 @@
 // `tutti simulate` plan every step with the constants it was first planned
 // with (cost_schedule.h).
 //
-// A small text file, rewritten whole and atomically at each change (a fit,
-// or the planning reservation moving on by a chunk of steps):
+// A step record (step_record.h), rewritten at each change (a fit, or the
+// planning reservation moving on by a chunk of steps), whose own lines are
 //
-//   # comment lines
-//   job <config fingerprint>
-//   planned_through <steps below this may have been planned>
 //   fit <id> <from_step> vit <linear> <quadratic> llm <...> <...> audio <...> <...>
 //
 // Constants are C99 hexadecimal floats (%a), read back bit for bit.
@@ -21,10 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "services/packer/core/cost_schedule.h"
+#include "services/packer/step_record.h"
 
 namespace tutti::packer {
 
@@ -58,11 +54,7 @@ class CostFitRecord {
   void Attach(CostSchedule* schedule, uint64_t chunk);
 
  private:
-  absl::Status Write() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const std::string path_;
-  absl::Mutex mu_;
-  CostFitRecordData data_ ABSL_GUARDED_BY(mu_);
+  StepRecordFile<CostFitRecordData> file_;
 };
 
 }  // namespace tutti::packer

@@ -5,12 +5,10 @@
 // was first planned with (locality_schedule.h). Changes given by the
 // operator (--node_removals) are not recorded: they are given again.
 //
-// A small text file, rewritten whole and atomically at each change (an
-// announcement, or the planning reservation moving on by a chunk of steps):
+// A step record (step_record.h), rewritten at each change (an
+// announcement, or the planning reservation moving on by a chunk of steps),
+// whose own lines are
 //
-//   # comment lines
-//   job <config fingerprint>
-//   planned_through <steps below this may have been planned>
 //   remove <node> <from_step>
 //   add <node> <from_step>
 //   capacity <node> <from_step> <bytes>
@@ -24,11 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "services/packer/core/home_staging.h"
 #include "services/packer/core/locality_schedule.h"
+#include "services/packer/step_record.h"
 
 namespace tutti::packer {
 
@@ -77,11 +74,7 @@ class LocalityRecord {
   void Attach(LocalitySchedule* schedule, uint64_t chunk);
 
  private:
-  absl::Status Write() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const std::string path_;
-  absl::Mutex mu_;
-  LocalityRecordData data_ ABSL_GUARDED_BY(mu_);
+  StepRecordFile<LocalityRecordData> file_;
 };
 
 }  // namespace tutti::packer

@@ -2,20 +2,15 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
-
 namespace tutti::packer {
 
 CostSchedule::CostSchedule(std::vector<CostFitEntry> entries, uint64_t planned_through)
-    : entries_(std::move(entries)),
-      planned_through_(planned_through),
-      reserved_through_(planned_through) {}
+    : entries_(std::move(entries)), planned_(planned_through) {}
 
 void CostSchedule::SetRecord(RecordFit fit, RecordReservation reservation, uint64_t reserve_chunk) {
   absl::MutexLock lock(&mu_);
   record_fit_ = std::move(fit);
-  record_reservation_ = std::move(reservation);
-  reserve_chunk_ = std::max<uint64_t>(1, reserve_chunk);
+  planned_.SetReserve(std::move(reservation), reserve_chunk);
 }
 
 std::optional<CostFitEntry> CostSchedule::AtLocked(uint64_t step) const {
@@ -27,21 +22,7 @@ std::optional<CostFitEntry> CostSchedule::AtLocked(uint64_t step) const {
 
 std::optional<CostFitEntry> CostSchedule::ForStep(uint64_t step) const {
   absl::MutexLock lock(&mu_);
-  if (step >= planned_through_) {
-    if (record_reservation_ && frozen_.ok() && step >= reserved_through_) {
-      const uint64_t through = step + reserve_chunk_;
-      if (absl::Status s = record_reservation_(through); s.ok()) {
-        reserved_through_ = through;
-      } else {
-        // Beyond the recorded reservation a successor could not know what
-        // was planned: no fit may land there any more.
-        frozen_ = absl::FailedPreconditionError(
-            absl::StrCat("the planned steps could not be recorded (", s.message(),
-                         "); no further cost fit takes effect"));
-      }
-    }
-    planned_through_ = step + 1;
-  }
+  planned_.Note(step, "cost fit");
   return AtLocked(step);
 }
 
@@ -53,10 +34,10 @@ std::optional<CostFitEntry> CostSchedule::At(uint64_t step) const {
 absl::StatusOr<CostFitEntry> CostSchedule::Announce(const CostModelOptions& cost,
                                                     uint64_t earliest) {
   absl::MutexLock lock(&mu_);
-  if (!frozen_.ok()) return frozen_;
+  if (!planned_.frozen().ok()) return planned_.frozen();
   CostFitEntry e;
   e.id = entries_.empty() ? 1 : entries_.back().id + 1;
-  e.from_step = std::max(earliest, planned_through_);
+  e.from_step = std::max(earliest, planned_.planned_through());
   if (!entries_.empty()) e.from_step = std::max(e.from_step, entries_.back().from_step + 1);
   e.cost = cost;
   if (record_fit_) {
@@ -79,12 +60,12 @@ std::optional<CostFitEntry> CostSchedule::latest() const {
 
 uint64_t CostSchedule::planned_through() const {
   absl::MutexLock lock(&mu_);
-  return planned_through_;
+  return planned_.planned_through();
 }
 
 absl::Status CostSchedule::frozen() const {
   absl::MutexLock lock(&mu_);
-  return frozen_;
+  return planned_.frozen();
 }
 
 }  // namespace tutti::packer

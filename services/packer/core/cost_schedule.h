@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cost_model.h"
+#include "services/packer/core/planned_steps.h"
 
 namespace tutti::packer {
 
@@ -74,12 +75,8 @@ class CostSchedule {
 
   mutable absl::Mutex mu_;
   std::vector<CostFitEntry> entries_ ABSL_GUARDED_BY(mu_);
-  mutable uint64_t planned_through_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable uint64_t reserved_through_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable absl::Status frozen_ ABSL_GUARDED_BY(mu_);
+  mutable PlannedSteps planned_ ABSL_GUARDED_BY(mu_);
   RecordFit record_fit_ ABSL_GUARDED_BY(mu_);
-  RecordReservation record_reservation_ ABSL_GUARDED_BY(mu_);
-  uint64_t reserve_chunk_ ABSL_GUARDED_BY(mu_) = 256;
 };
 
 }  // namespace tutti::packer

@@ -20,36 +20,18 @@ absl::StatusOr<std::unique_ptr<LocalitySchedule>> LocalitySchedule::Create(
 LocalitySchedule::LocalitySchedule(std::shared_ptr<const Job> job,
                                    std::shared_ptr<const HomeStaging> homes,
                                    uint64_t planned_through)
-    : job_(std::move(job)),
-      homes_(std::move(homes)),
-      planned_through_(planned_through),
-      reserved_through_(planned_through) {}
+    : job_(std::move(job)), homes_(std::move(homes)), planned_(planned_through) {}
 
 void LocalitySchedule::SetRecord(RecordChanges changes, RecordReservation reservation,
                                  uint64_t reserve_chunk) {
   absl::MutexLock lock(&mu_);
   record_changes_ = std::move(changes);
-  record_reservation_ = std::move(reservation);
-  reserve_chunk_ = std::max<uint64_t>(1, reserve_chunk);
+  planned_.SetReserve(std::move(reservation), reserve_chunk);
 }
 
 std::shared_ptr<const HomeStaging> LocalitySchedule::Note(uint64_t step) const {
   absl::MutexLock lock(&mu_);
-  if (step >= planned_through_) {
-    if (record_reservation_ && frozen_.ok() && step >= reserved_through_) {
-      const uint64_t through = step + reserve_chunk_;
-      if (absl::Status s = record_reservation_(through); s.ok()) {
-        reserved_through_ = through;
-      } else {
-        // Beyond the recorded reservation a successor could not know what
-        // was planned: no change may land there any more.
-        frozen_ = absl::FailedPreconditionError(
-            absl::StrCat("the planned steps could not be recorded (", s.message(),
-                         "); no further node change takes effect"));
-      }
-    }
-    planned_through_ = step + 1;
-  }
+  planned_.Note(step, "node change");
   return homes_;
 }
 
@@ -76,9 +58,9 @@ absl::StatusOr<uint64_t> LocalitySchedule::Announce(std::vector<LocalityChange> 
     uint64_t from = 0;
     {
       absl::MutexLock lock(&mu_);
-      if (!frozen_.ok()) return frozen_;
+      if (!planned_.frozen().ok()) return planned_.frozen();
       base = homes_;
-      from = std::max(earliest, planned_through_);
+      from = std::max(earliest, planned_.planned_through());
     }
     std::vector<LocalityChange> all = base->changes();
     for (LocalityChange& c : changes) {
@@ -89,8 +71,8 @@ absl::StatusOr<uint64_t> LocalitySchedule::Announce(std::vector<LocalityChange> 
         HomeStaging::Create(job_->config(), job_->index(), std::move(all));
     if (!next.ok()) return next.status();
     absl::MutexLock lock(&mu_);
-    if (!frozen_.ok()) return frozen_;
-    if (homes_ != base || std::max(earliest, planned_through_) != from) continue;
+    if (!planned_.frozen().ok()) return planned_.frozen();
+    if (homes_ != base || std::max(earliest, planned_.planned_through()) != from) continue;
     if (record_changes_) {
       if (absl::Status s = record_changes_(changes); !s.ok()) return s;
     }
@@ -101,12 +83,12 @@ absl::StatusOr<uint64_t> LocalitySchedule::Announce(std::vector<LocalityChange> 
 
 uint64_t LocalitySchedule::planned_through() const {
   absl::MutexLock lock(&mu_);
-  return planned_through_;
+  return planned_.planned_through();
 }
 
 absl::Status LocalitySchedule::frozen() const {
   absl::MutexLock lock(&mu_);
-  return frozen_;
+  return planned_.frozen();
 }
 
 }  // namespace tutti::packer

@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "services/packer/core/home_staging.h"
 #include "services/packer/core/job.h"
+#include "services/packer/core/planned_steps.h"
 #include "services/packer/core/planner.h"
 
 namespace tutti::packer {
@@ -83,12 +84,8 @@ class LocalitySchedule final : public ShardStaging {
   const std::shared_ptr<const Job> job_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const HomeStaging> homes_ ABSL_GUARDED_BY(mu_);
-  mutable uint64_t planned_through_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable uint64_t reserved_through_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable absl::Status frozen_ ABSL_GUARDED_BY(mu_);
+  mutable PlannedSteps planned_ ABSL_GUARDED_BY(mu_);
   RecordChanges record_changes_ ABSL_GUARDED_BY(mu_);
-  RecordReservation record_reservation_ ABSL_GUARDED_BY(mu_);
-  uint64_t reserve_chunk_ ABSL_GUARDED_BY(mu_) = 256;
 };
 
 }  // namespace tutti::packer
