@@ -18,46 +18,13 @@
 #include "services/packer/core/planner.h"
 #include "services/packer/locality_record.h"
 #include "services/packer/plan_proto.h"
-#include "services/packer/testing/jobs.h"
+#include "services/packer/testing/locality_jobs.h"
 
 namespace tutti::packer {
 namespace {
 
-using testing::Config;
-using testing::SmallDataset;
-using testing::SyntheticIndex;
-
-std::shared_ptr<const Job> LocalityJob() {
-  static auto* index = new std::shared_ptr<const Index>(SyntheticIndex(SmallDataset(6000)));
-  auto job = Job::Create(Config(R"pb(
-                           seed: 7
-                           world_size: 16
-                           ranks_per_node: 2
-                           batch {
-                             text_samples_per_step: 64
-                             vl_samples_per_step: 48
-                             grad_accum: 2
-                             text_micro_batch: 2
-                             vl_micro_batch: 2
-                             text_vl_ratio: "1:1"
-                             max_patches_per_chunk: 8192
-                           }
-                           curriculum { start_step: 0 max_pixels: 1003520 seq_len: 8192 }
-                           post_balancing { enabled: true }
-                           locality { home_replication: 1 }
-                         )pb"),
-                         *index);
-  EXPECT_TRUE(job.ok()) << job.status();
-  return job.ok() ? *job : nullptr;
-}
-
-std::string PlanBytes(const Planner& planner, uint64_t step) {
-  StepPlanData d;
-  v1::StepPlan plan;
-  absl::Status s = planner.Plan(step, &d);
-  if (s.ok()) s = BuildStepPlan(planner.job(), d, {}, &plan);
-  return s.ok() ? plan.SerializeAsString() : s.ToString();
-}
+using testing::LocalityJob;
+using testing::PlanBytes;
 
 // A packer's locality side as tutti-packerd builds it (packer_server.cc).
 struct Side {

@@ -11,54 +11,16 @@
 #include "services/packer/core/node_liveness.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/plan_proto.h"
-#include "services/packer/testing/jobs.h"
+#include "services/packer/testing/locality_jobs.h"
 
 namespace tutti::packer {
 namespace {
 
-using testing::Config;
-using testing::SmallDataset;
-using testing::SyntheticIndex;
+using testing::LocalityDataset;
+using testing::LocalityJob;
+using testing::PlanBytes;
 
 constexpr uint64_t kLatest = std::numeric_limits<uint64_t>::max();
-
-std::shared_ptr<const Index> Dataset() {
-  static auto* index = new std::shared_ptr<const Index>(SyntheticIndex(SmallDataset(6000)));
-  return *index;
-}
-
-// 16 ranks on 8 nodes, post-balancing, one home per shard.
-std::shared_ptr<const Job> LocalityJob(const std::string& extra = "") {
-  auto job = Job::Create(
-      Config(absl::StrCat(R"pb(
-                            seed: 7
-                            world_size: 16
-                            ranks_per_node: 2
-                            batch {
-                              text_samples_per_step: 64
-                              vl_samples_per_step: 48
-                              grad_accum: 2
-                              text_micro_batch: 2
-                              vl_micro_batch: 2
-                              text_vl_ratio: "1:1"
-                              max_patches_per_chunk: 8192
-                            }
-                            curriculum { start_step: 0 max_pixels: 1003520 seq_len: 8192 }
-                            post_balancing { enabled: true }
-                          )pb",
-                          extra.empty() ? "locality { home_replication: 1 }" : extra)),
-      Dataset());
-  EXPECT_TRUE(job.ok()) << job.status();
-  return job.ok() ? *job : nullptr;
-}
-
-std::string PlanBytes(const Planner& planner, uint64_t step) {
-  StepPlanData d;
-  v1::StepPlan plan;
-  absl::Status s = planner.Plan(step, &d);
-  if (s.ok()) s = BuildStepPlan(planner.job(), d, {}, &plan);
-  return s.ok() ? plan.SerializeAsString() : s.ToString();
-}
 
 // Nodes of loads that are remote in a planned step.
 std::vector<uint32_t> HolderNodes(const Planner& planner, uint64_t step) {
@@ -213,7 +175,7 @@ TEST(LocalityScheduleTest, ACapacityReHomesWithinItOrIsRefused) {
   PlanBytes(planner, 0);
   const uint64_t assigned = (*schedule)->homes()->HomesAt(0).BytesOf(2);
   uint64_t total = 0;
-  for (const IndexShard& s : Dataset()->shards()) total += s.size;
+  for (const IndexShard& s : LocalityDataset()->shards()) total += s.size;
   absl::StatusOr<uint64_t> from =
       (*schedule)->Announce({{LocalityChange::Kind::kCapacity, 2, 0, assigned / 2}});
   ASSERT_TRUE(from.ok()) << from.status();

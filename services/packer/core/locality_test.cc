@@ -14,42 +14,17 @@
 #include "services/packer/core/plan_check.h"
 #include "services/packer/core/planner.h"
 #include "services/packer/plan_proto.h"
-#include "services/packer/testing/jobs.h"
+#include "services/packer/testing/locality_jobs.h"
 
 namespace tutti::packer {
 namespace {
 
 using testing::Config;
-using testing::SmallDataset;
-using testing::SyntheticIndex;
-
-std::shared_ptr<const Index> Dataset() {
-  static auto* index = new std::shared_ptr<const Index>(SyntheticIndex(SmallDataset(6000)));
-  return *index;
-}
-
-// 16 ranks on 8 nodes; `extra` adds locality and post-balancing.
-std::string JobText(const std::string& extra) {
-  return absl::StrCat(R"pb(
-                        seed: 7
-                        world_size: 16
-                        ranks_per_node: 2
-                        batch {
-                          text_samples_per_step: 64
-                          vl_samples_per_step: 48
-                          grad_accum: 2
-                          text_micro_batch: 2
-                          vl_micro_batch: 2
-                          text_vl_ratio: "1:1"
-                          max_patches_per_chunk: 8192
-                        }
-                        curriculum { start_step: 0 max_pixels: 1003520 seq_len: 8192 }
-                      )pb",
-                      extra);
-}
+using testing::LocalityDataset;
+using testing::LocalityJobText;
 
 std::shared_ptr<const Job> MustJob(const std::string& text, JobOptions o = {}) {
-  auto job = Job::Create(Config(text), Dataset(), o);
+  auto job = Job::Create(Config(text), LocalityDataset(), o);
   EXPECT_TRUE(job.ok()) << job.status();
   return job.ok() ? *job : nullptr;
 }
@@ -77,7 +52,7 @@ constexpr const char* kLocality = "locality { home_replication: 1 }";
 class PostBalancingLocality : public ::testing::TestWithParam<std::pair<const char*, double>> {};
 
 TEST_P(PostBalancingLocality, PlacesImagesOnHomeNodes) {
-  const std::string text = JobText(absl::StrCat(GetParam().first, " ", kLocality));
+  const std::string text = LocalityJobText(absl::StrCat(GetParam().first, " ", kLocality));
   const double most = GetParam().second;
   auto on = MustJob(text);
   // The same placement algorithm, node-oblivious: where the homes would put
@@ -143,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(
                                      0.5)));
 
 TEST(LocalityTest, ColocatedPacksRanksOntoHomeNodesWithTheSameBalance) {
-  auto on = MustJob(JobText(kLocality));
+  auto on = MustJob(LocalityJobText(kLocality));
   ASSERT_NE(on, nullptr);
   const ShardHomes& homes = on->homes()->HomesAt(0);
   // Everything staged everywhere: the strategy's own rank bins.
@@ -191,7 +166,8 @@ std::vector<std::string> Hashes(const std::shared_ptr<const Job>& job,
 }
 
 TEST(LocalityTest, PlansAreDeterministicAndARestartedPackerAgrees) {
-  const std::string text = JobText(absl::StrCat(kPost, " locality { home_replication: 2 }"));
+  const std::string text =
+      LocalityJobText(absl::StrCat(kPost, " locality { home_replication: 2 }"));
   const auto first = Hashes(MustJob(text), {0, 1, 2, 3, 4, 5});
   // A restarted packer: another job object, steps planned from the middle.
   const auto restarted = Hashes(MustJob(text), {3, 4, 5, 0, 1, 2});
@@ -200,9 +176,9 @@ TEST(LocalityTest, PlansAreDeterministicAndARestartedPackerAgrees) {
   EXPECT_EQ(std::vector<std::string>(first.begin(), first.begin() + 3),
             std::vector<std::string>(restarted.begin() + 3, restarted.end()));
   // Locality changes the plans; off, they are what they were.
-  EXPECT_NE(Hashes(MustJob(JobText(kPost)), {0}), Hashes(MustJob(text), {0}));
-  EXPECT_EQ(MustJob(JobText(kPost))->homes(), nullptr);
-  auto off = MustJob(JobText(kPost));
+  EXPECT_NE(Hashes(MustJob(LocalityJobText(kPost)), {0}), Hashes(MustJob(text), {0}));
+  EXPECT_EQ(MustJob(LocalityJobText(kPost))->homes(), nullptr);
+  auto off = MustJob(LocalityJobText(kPost));
   StepPlanData d;
   v1::StepPlan plan;
   ASSERT_TRUE(Planner(off).Plan(0, &d).ok());
@@ -211,7 +187,7 @@ TEST(LocalityTest, PlansAreDeterministicAndARestartedPackerAgrees) {
 }
 
 TEST(LocalityTest, ARemovedNodeIsReHomedFromItsStep) {
-  const std::string text = JobText(absl::StrCat(kPost, " ", kLocality));
+  const std::string text = LocalityJobText(absl::StrCat(kPost, " ", kLocality));
   JobOptions o;
   auto removals = ParseNodeRemovals("3@4");
   ASSERT_TRUE(removals.ok());
@@ -247,9 +223,9 @@ TEST(LocalityTest, ARemovedNodeIsReHomedFromItsStep) {
   }
   // Refusals: a node the job lacks, removals without locality.
   o.node_removals = {{8, 1}};
-  EXPECT_FALSE(Job::Create(Config(text), Dataset(), o).ok());
+  EXPECT_FALSE(Job::Create(Config(text), LocalityDataset(), o).ok());
   o.node_removals = {{1, 1}};
-  auto refused = Job::Create(Config(JobText(kPost)), Dataset(), o);
+  auto refused = Job::Create(Config(LocalityJobText(kPost)), LocalityDataset(), o);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(ParseNodeRemovals("3").ok());
   EXPECT_FALSE(ParseNodeRemovals("a@1").ok());
@@ -257,20 +233,20 @@ TEST(LocalityTest, ARemovedNodeIsReHomedFromItsStep) {
 
 TEST(LocalityTest, ACacheTooSmallForTheDatasetIsRefusedAtLoad) {
   uint64_t total = 0;
-  for (const IndexShard& s : Dataset()->shards()) total += s.size;
+  for (const IndexShard& s : LocalityDataset()->shards()) total += s.size;
   // 8 nodes holding 2 copies need 2 x total / 8 each.
   auto job =
-      Job::Create(Config(JobText(absl::StrCat(
+      Job::Create(Config(LocalityJobText(absl::StrCat(
                       "locality { home_replication: 2 node_cache_bytes: ", total / 5, " }"))),
-                  Dataset());
+                  LocalityDataset());
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(job.status().message().find("raise the per-node cache capacity"), std::string::npos)
       << job.status();
   EXPECT_TRUE(
-      Job::Create(Config(JobText(absl::StrCat(
+      Job::Create(Config(LocalityJobText(absl::StrCat(
                       "locality { home_replication: 2 node_cache_bytes: ", total / 2, " }"))),
-                  Dataset())
+                  LocalityDataset())
           .ok());
 }
 
@@ -289,7 +265,7 @@ std::vector<std::string> HeldNames(const v1::StepPlan& plan) {
 TEST(LocalityTest, PlansListTheShardsEachNodeIsHomeToThatTheStepReadsAnywhere) {
   for (const char* mode : {kPost, ""}) {
     SCOPED_TRACE(mode);
-    auto job = MustJob(JobText(absl::StrCat(mode, " locality { home_replication: 2 }")));
+    auto job = MustJob(LocalityJobText(absl::StrCat(mode, " locality { home_replication: 2 }")));
     ASSERT_NE(job, nullptr);
     const Index& ix = job->index();
     Planner planner(job);
@@ -343,7 +319,7 @@ TEST(LocalityTest, PlansListTheShardsEachNodeIsHomeToThatTheStepReadsAnywhere) {
     // The step reads shards some node's ranks do not touch but it is home to.
     EXPECT_GT(only_others, 0u);
     // Without locality: none, for any cut of the plan.
-    auto off = MustJob(JobText(mode));
+    auto off = MustJob(LocalityJobText(mode));
     StepPlanData d;
     ASSERT_TRUE(Planner(off).Plan(0, &d).ok());
     EXPECT_TRUE(d.step_shards.empty());
