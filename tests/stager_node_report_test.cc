@@ -69,6 +69,24 @@ int Count(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// A stager of node `node` over `data` whose packer listens on `port`,
+// reporting its node every `interval`.
+StagerServerOptions ReportingStager(const std::string& root, const testing::Dataset& data, int port,
+                                    uint32_t node, absl::Duration interval) {
+  StagerServerOptions o;
+  o.packer = "127.0.0.1:" + std::to_string(port);
+  o.listen = "127.0.0.1:0";
+  o.metrics = "127.0.0.1:0";
+  o.packer_wait = absl::Seconds(20);
+  o.core.node = node;
+  o.core.cache_dir = root + "/cache";
+  o.core.staging.source_dir = data.dir;
+  o.core.window = 2;
+  o.core.stage_ahead = 2;
+  o.node_report_interval = interval;
+  return o;
+}
+
 TEST(NodeReportTest, AFullCacheIsReportedWithItsCapacityAndTheShardsItRefused) {
   const std::string root = ::testing::TempDir() + "/node_report_" + std::to_string(::getpid());
   fs::remove_all(root);
@@ -84,18 +102,8 @@ TEST(NodeReportTest, AFullCacheIsReportedWithItsCapacityAndTheShardsItRefused) {
   auto grpc_server = StartGrpcServer("127.0.0.1:0", {&packer}, &port);
   ASSERT_TRUE(grpc_server.ok()) << grpc_server.status();
 
-  StagerServerOptions o;
-  o.packer = "127.0.0.1:" + std::to_string(port);
-  o.listen = "127.0.0.1:0";
-  o.metrics = "127.0.0.1:0";
-  o.packer_wait = absl::Seconds(20);
-  o.core.node = 1;
-  o.core.cache_dir = root + "/cache";
+  StagerServerOptions o = ReportingStager(root, data, port, /*node=*/1, absl::Milliseconds(100));
   o.core.cache_capacity_bytes = smallest / 2;  // no shard fits
-  o.core.staging.source_dir = data.dir;
-  o.core.window = 2;
-  o.core.stage_ahead = 2;
-  o.node_report_interval = absl::Milliseconds(100);
   StagerServer server(o);
   ASSERT_TRUE(server.Start().ok());
 
@@ -135,17 +143,7 @@ TEST(NodeReportTest, APackerThatDoesNotActOnReportsIsLoggedOnceNotPerReport) {
   auto grpc_server = StartGrpcServer("127.0.0.1:0", {&packer}, &port);
   ASSERT_TRUE(grpc_server.ok()) << grpc_server.status();
 
-  StagerServerOptions o;
-  o.packer = "127.0.0.1:" + std::to_string(port);
-  o.listen = "127.0.0.1:0";
-  o.metrics = "127.0.0.1:0";
-  o.packer_wait = absl::Seconds(20);
-  o.core.node = 0;
-  o.core.cache_dir = root + "/cache";
-  o.core.staging.source_dir = data.dir;
-  o.core.window = 2;
-  o.core.stage_ahead = 2;
-  o.node_report_interval = absl::Milliseconds(20);
+  StagerServerOptions o = ReportingStager(root, data, port, /*node=*/0, absl::Milliseconds(20));
   const std::string said = "the packer does not act on this node's reports";
   ::testing::internal::CaptureStderr();
   StagerServer server(o);
