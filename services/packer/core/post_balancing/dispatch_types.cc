@@ -32,33 +32,41 @@ bool ShardAvailability::Has(uint32_t shard, uint32_t node) const {
   return (bits_[bit / 64] >> (bit % 64)) & 1;
 }
 
-void ShardAvailability::AppendNodes(uint32_t shard, std::vector<uint32_t>* out) const {
-  if (all_ || shard >= shards_) return;
-  const uint64_t first = uint64_t{shard} * nodes_, last = first + nodes_;
+namespace {
+
+// Calls f(word, base) for each 64-bit word of `bits` holding bits
+// [first, last), masked to them (bit i of the word is bit base + i), until f
+// returns true; returns whether it did.
+template <typename F>
+bool ScanWords(const std::vector<uint64_t>& bits, uint64_t first, uint64_t last, F f) {
   for (uint64_t w = first / 64; w * 64 < last; ++w) {
-    uint64_t word = bits_[w];
+    uint64_t word = bits[w];
     const uint64_t base = w * 64;
     if (base < first) word &= ~uint64_t{0} << (first - base);
     if (last - base < 64) word &= (uint64_t{1} << (last - base)) - 1;
-    while (word != 0) {
-      out->push_back(static_cast<uint32_t>(base + __builtin_ctzll(word) - first));
-      word &= word - 1;
-    }
+    if (f(word, base)) return true;
   }
+  return false;
+}
+
+}  // namespace
+
+void ShardAvailability::AppendNodes(uint32_t shard, std::vector<uint32_t>* out) const {
+  if (all_ || shard >= shards_) return;
+  const uint64_t first = uint64_t{shard} * nodes_;
+  ScanWords(bits_, first, first + nodes_, [&](uint64_t word, uint64_t base) {
+    for (; word != 0; word &= word - 1) {
+      out->push_back(static_cast<uint32_t>(base + __builtin_ctzll(word) - first));
+    }
+    return false;
+  });
 }
 
 bool ShardAvailability::AnyNode(uint32_t shard) const {
   if (all_) return true;
   if (shard >= shards_) return false;
-  const uint64_t first = uint64_t{shard} * nodes_, last = first + nodes_;
-  for (uint64_t w = first / 64; w * 64 < last; ++w) {
-    uint64_t word = bits_[w];
-    const uint64_t base = w * 64;
-    if (base < first) word &= ~uint64_t{0} << (first - base);
-    if (last - base < 64) word &= (uint64_t{1} << (last - base)) - 1;
-    if (word != 0) return true;
-  }
-  return false;
+  const uint64_t first = uint64_t{shard} * nodes_;
+  return ScanWords(bits_, first, first + nodes_, [](uint64_t word, uint64_t) { return word != 0; });
 }
 
 StagingIndex::StagingIndex(const ShardAvailability& a) : all_(a.all()) {
